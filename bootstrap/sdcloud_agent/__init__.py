@@ -1,0 +1,1 @@
+"""The sdcloud host agent: runs on the GPU host, never imports the control plane."""

@@ -1,0 +1,86 @@
+"""The `sdcloud` command line: a root group whose subcommands load lazily.
+
+Each subcommand lives in sdcloud/commands/<module>.py and only parses, calls one function of the
+control plane and renders the result. Loading them lazily keeps `sdcloud --help` instant: no
+boto3, pulumi or torch import at start-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from . import __version__
+from .errors import UserError
+
+# name -> (module under sdcloud.commands, attribute, one-line help shown by --help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "up": ("run", "up", "Run a training job: pick the offer, launch, survive reclaims, report the cost."),
+    "status": ("run", "status", "Show runs, or one run's state, step and attempts."),
+    "logs": ("run", "logs", "Print (or follow) a run's log."),
+    "down": ("run", "down", "Stop a run (or all runs) and terminate its hosts."),
+    "watch": ("run", "watch", "Follow a run's progress."),
+    "ssh": ("run", "ssh", "Open a shell on a run's current host."),
+    "tiers": ("offers", "tiers", "List the workload tiers and what each needs."),
+    "offers": ("offers", "offers", "Rank GPU offers by the expected cost to finish a job."),
+    "catalog": ("catalog", "catalog", "Refresh or show the GPU offer catalog."),
+    "gc": ("gc", "gc", "Find and terminate hosts that sdcloud launched and no run owns."),
+    "infra": ("infra", "infra", "Create, preview, destroy or show the cloud stacks (Pulumi)."),
+    "simulate": ("simulate", "simulate", "Replay spot availability traces through the spot policies."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module_name, attr, _ = entry
+        module = importlib.import_module(f"sdcloud.commands.{module_name}")
+        return getattr(module, attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Short help comes from the registry so that --help imports no command module.
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sdcloud")
+def root() -> None:
+    """sdcloud: Stable Diffusion training and batch generation on cloud GPUs, for the least money."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: every error is one line on stderr and a non-zero exit code."""
+    try:
+        root.main(args=argv, prog_name="sdcloud", standalone_mode=False)
+    except UserError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 1
+    except click.UsageError as exc:
+        hint = f" (see: sdcloud {exc.ctx.command_path.split(' ', 1)[1] if exc.ctx and ' ' in exc.ctx.command_path else ''} --help)"
+        click.echo(f"error: {exc.format_message()}{hint.replace('sdcloud  --help', 'sdcloud --help')}", err=True)
+        return 2
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return 130
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

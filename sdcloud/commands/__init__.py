@@ -1,0 +1,1 @@
+"""One module per group of CLI commands; each command parses, calls one function, renders."""

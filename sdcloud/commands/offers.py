@@ -1,0 +1,84 @@
+"""`sdcloud tiers` and `sdcloud offers`."""
+
+from __future__ import annotations
+
+import click
+
+from ..catalog import load_catalog
+from ..errors import UserError
+from ..optimizer import rank
+from ..render import emit_json, note, table
+from ..tiers import all_tiers, get_tier
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def tiers(as_json: bool) -> None:
+    """List the workload tiers and what each needs."""
+    items = list(all_tiers().values())
+    if as_json:
+        emit_json([t.as_dict() for t in items])
+        return
+    table("Workload tiers", ["tier", "VRAM min/rec", "GPUs", "vCPU", "RAM", "NVMe", "reference job", "description"],
+          [(t.name, f"{t.min_vram_gb:g}/{t.rec_vram_gb:g} GB", t.gpu_count, t.vcpus, f"{t.memory_gb:g} GB", f"{t.nvme_gb:g} GB",
+            f"{t.job_size} {t.unit} @ {t.resolution}px bs{t.batch_size}", t.description) for t in items],
+          caption="Sources of each figure: sdcloud tiers --json, or docs/tiers.md")
+
+
+def _max_price(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        price = float(value)
+    except ValueError:
+        raise UserError(f"--max-price must be a number of USD per hour, got {value!r}") from None
+    if not price > 0:
+        raise UserError(f"--max-price must be a positive number of USD per hour, got {value!r}")
+    return price
+
+
+def _short_notes(est) -> str:
+    """The estimate's warnings, shortened for a table cell (--json has them in full)."""
+    short = {"VRAM": "below rec. VRAM", "no local NVMe": "no NVMe", "NVMe is below": "small NVMe"}
+    return ", ".join(next((v for k, v in short.items() if k in w), w) for w in est.warnings)
+
+
+@click.command()
+@click.option("--tier", "tier_name", required=True, help="Workload tier (sdcloud tiers).")
+@click.option("--spot", "market", flag_value="spot", help="Spot offers only.")
+@click.option("--on-demand", "market", flag_value="on-demand", help="On-demand offers only.")
+@click.option("--max-price", help="Highest price per hour, USD.")
+@click.option("--provider", help="aws or tencent.")
+@click.option("--region", help="One region, e.g. us-east-1 or ap-guangzhou.")
+@click.option("--steps", type=int, help="Job size in steps (images for batch tiers) instead of the tier's reference job.")
+@click.option("--limit", type=int, default=15, show_default=True, help="Rows to show (0 = all).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list ranked by est_cost.")
+def offers(tier_name: str, market: str | None, max_price: str | None, provider: str | None, region: str | None,
+           steps: int | None, limit: int, as_json: bool) -> None:
+    """Rank GPU offers by the expected cost to finish a job (not by price per hour)."""
+    tier = get_tier(tier_name)
+    if steps is not None and steps <= 0:
+        raise UserError(f"--steps must be a positive whole number, got {steps}")
+    if limit < 0:
+        raise UserError(f"--limit must be 0 (all) or more, got {limit}")
+    catalog = load_catalog()
+    ranked = rank(tier, catalog, market=market, max_price=_max_price(max_price), provider=provider, region=region, job_size=steps)
+    if provider:
+        sources = [s for s in catalog.sources if s.provider == provider]
+    else:
+        sources = catalog.sources
+    for source in sources:
+        note(source.describe())
+    shown = ranked[:limit] if limit else ranked
+    if as_json:
+        emit_json([e.as_dict() for e in shown])
+        return
+    job = steps or tier.job_size
+    table(f"{tier.name}: {job} {tier.unit}, cheapest to finish first",
+          ["#", "provider", "region", "type", "GPU", "VRAM", "market", "$/h", "est h", "est $", "interruption", "notes"],
+          [(i + 1, e.offer.row.provider, e.offer.row.region, e.offer.row.instance_type,
+            f"{e.offer.row.gpu_count}x {e.offer.row.gpu}", f"{e.offer.row.vram_gb:g} GB", e.offer.market,
+            f"{e.offer.price_per_hour_usd:.4f}" + ("~" if (e.offer.row.spot_estimate if e.offer.market == "spot" else e.offer.row.ondemand_estimate) else ""),
+            f"{e.est_hours:.2f}", f"{e.est_cost:.2f}", e.as_dict()["interruption"], _short_notes(e))
+           for i, e in enumerate(shown)],
+          caption=f"{len(ranked)} offers fit; ~ = estimated price; prices in USD (CNY converted); est $ = $/h x est h")

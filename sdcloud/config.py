@@ -1,0 +1,65 @@
+"""Where sdcloud keeps its files, and the user's settings ($SDCLOUD_HOME/config.toml)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import UserError
+
+# Default CNY per USD used to rank Tencent Cloud offers priced in yuan against USD ones.
+# Order of magnitude of the 2025-2026 rate (about 7.1-7.3, People's Bank of China central parity);
+# override with SDCLOUD_CNY_PER_USD or [currency] cny_per_usd in config.toml.
+DEFAULT_CNY_PER_USD = 7.1
+
+
+def home() -> Path:
+    """$SDCLOUD_HOME, default ~/.sdcloud; created with mode 0700 on first use."""
+    path = Path(os.environ.get("SDCLOUD_HOME") or Path.home() / ".sdcloud").expanduser()
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+@lru_cache(maxsize=8)
+def _load(path: str, mtime: float) -> dict:
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def settings() -> dict:
+    """The parsed config.toml under $SDCLOUD_HOME, or {} when there is none."""
+    path = home() / "config.toml"
+    if not path.exists():
+        return {}
+    try:
+        return _load(str(path), path.stat().st_mtime)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: not valid TOML ({exc})") from exc
+
+
+def _positive_float(value: object, what: str) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise UserError(f"{what} must be a positive number, got {value!r}") from None
+    if not number > 0:
+        raise UserError(f"{what} must be a positive number, got {value!r}")
+    return number
+
+
+def usd_per(currency: str) -> float:
+    """How many USD one unit of `currency` is worth, for ranking offers in one currency."""
+    currency = currency.upper()
+    if currency == "USD":
+        return 1.0
+    if currency == "CNY":
+        env = os.environ.get("SDCLOUD_CNY_PER_USD")
+        if env is not None:
+            return 1.0 / _positive_float(env, "SDCLOUD_CNY_PER_USD")
+        conf = settings().get("currency", {}).get("cny_per_usd")
+        if conf is not None:
+            return 1.0 / _positive_float(conf, "config.toml [currency] cny_per_usd")
+        return 1.0 / DEFAULT_CNY_PER_USD
+    raise UserError(f"unknown currency {currency!r}: sdcloud knows USD and CNY")

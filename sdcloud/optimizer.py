@@ -1,0 +1,192 @@
+"""Rank GPU offers by the expected cost to finish a job, not by the price per hour.
+
+    hours    = setup + job size / (tier reference rate x GPU speed x multi-GPU speed-up)
+    overhead = 1 + reclaims per hour x (restart hours + checkpoint interval / 2)   (spot only)
+    est_cost = price per hour (USD) x hours x overhead
+
+Inputs and their sources are in docs/offers.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import config
+from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, PROVIDERS, Catalog, CatalogRow
+from .errors import UserError
+from .gpus import multi_gpu_speedup, relative_speed
+from .tiers import Tier
+
+MARKETS = ("spot", "on-demand")
+# Boot, image pull, model download and dataset staging before the first step (assumption).
+SETUP_HOURS = 0.15
+# What one reclaim costs: a new host to the first step again, plus on average half a
+# checkpoint interval of lost work (the agent saves every 15 minutes by default).
+RESTART_HOURS = 0.2
+CHECKPOINT_INTERVAL_HOURS = 0.25
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One way to run a job: an instance type in a region/zone, in one market."""
+
+    row: CatalogRow
+    market: str  # "spot" or "on-demand"
+
+    @property
+    def price_per_hour(self) -> float:
+        price = self.row.spot_price if self.market == "spot" else self.row.ondemand_price
+        assert price is not None
+        return price
+
+    @property
+    def price_per_hour_usd(self) -> float:
+        return self.price_per_hour * config.usd_per(self.row.currency)
+
+    @property
+    def ondemand_price_per_hour_usd(self) -> float | None:
+        if self.row.ondemand_price is None:
+            return None
+        return self.row.ondemand_price * config.usd_per(self.row.currency)
+
+    @property
+    def band(self) -> int | None:
+        if self.market != "spot":
+            return None
+        return self.row.interruption_band if self.row.interruption_band is not None else DEFAULT_BAND
+
+    @property
+    def key(self) -> str:
+        r = self.row
+        return f"{r.provider}/{r.region}/{r.zone or '*'}/{r.instance_type}/{self.market}"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    offer: Offer
+    est_hours: float
+    est_cost: float  # USD
+    overhead: float
+    warnings: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict:
+        o, r = self.offer, self.offer.row
+        band = o.band
+        if band is None:
+            interruption = "none"
+        elif r.interruption_band is None:
+            interruption = f"{BAND_LABELS[band]} (assumed)"
+        else:
+            interruption = BAND_LABELS[band]
+        return {
+            "provider": r.provider,
+            "region": r.region,
+            "zone": r.zone,
+            "instance_type": r.instance_type,
+            "gpu": r.gpu,
+            "gpu_count": r.gpu_count,
+            "vram_gb": r.vram_gb,
+            "vcpus": r.vcpus,
+            "memory_gb": r.memory_gb,
+            "nvme_gb": r.nvme_gb,
+            "market": o.market,
+            "price_per_hour": o.price_per_hour,
+            "ondemand_price_per_hour": r.ondemand_price,
+            "currency": r.currency,
+            "price_per_hour_usd": round(o.price_per_hour_usd, 4),
+            "est_hours": round(self.est_hours, 3),
+            "est_cost": round(self.est_cost, 4),
+            "est_cost_currency": "USD",
+            "overhead": round(self.overhead, 4),
+            "interruption": interruption,
+            "price_estimate": r.spot_estimate if o.market == "spot" else r.ondemand_estimate,
+            "snapshot_date": r.snapshot_date,
+            "warnings": list(self.warnings),
+        }
+
+
+def spot_overhead(band: int | None) -> float:
+    if band is None:
+        return 1.0
+    return 1.0 + BAND_RECLAIMS_PER_HOUR[band] * (RESTART_HOURS + CHECKPOINT_INTERVAL_HOURS / 2)
+
+
+def job_hours(tier: Tier, row: CatalogRow, job_size: int | None = None) -> float | None:
+    """Hours of compute for the job on one host of `row`, without reclaims; None if the GPU is unknown."""
+    rel = relative_speed(row.gpu, tier.kind)
+    if rel is None:
+        return None
+    rate = tier.ref_rate * rel * multi_gpu_speedup(row.gpu_count, tier.kind)
+    return SETUP_HOURS + (job_size or tier.job_size) / rate / 3600.0
+
+
+def estimate(tier: Tier, offer: Offer, job_size: int | None = None) -> Estimate | None:
+    hours = job_hours(tier, offer.row, job_size)
+    if hours is None:
+        return None
+    overhead = spot_overhead(offer.band)
+    warnings = []
+    r = offer.row
+    if r.vram_gb < tier.rec_vram_gb:
+        warnings.append(f"{r.vram_gb:g} GB VRAM is below the recommended {tier.rec_vram_gb:g} GB: smaller batches, slower")
+    if tier.nvme_gb > 0 and r.nvme_gb <= 0:
+        warnings.append("no local NVMe: data and checkpoints on network disk")
+    elif 0 < r.nvme_gb < tier.nvme_gb:
+        warnings.append(f"{r.nvme_gb:g} GB NVMe is below the {tier.nvme_gb:g} GB the tier wants")
+    return Estimate(offer, hours * overhead, offer.price_per_hour_usd * hours * overhead, overhead, tuple(warnings))
+
+
+def fits(tier: Tier, row: CatalogRow) -> bool:
+    return row.vram_gb >= tier.min_vram_gb and row.memory_gb >= tier.memory_gb and row.gpu_count >= tier.gpu_count
+
+
+def rank(
+    tier: Tier,
+    catalog: Catalog,
+    market: str | None = None,
+    max_price: float | None = None,
+    provider: str | None = None,
+    region: str | None = None,
+    job_size: int | None = None,
+) -> list[Estimate]:
+    """Offers that meet the tier, cheapest expected cost to finish first.
+
+    `max_price` is USD per hour. Raises UserError for a filter that nothing matches.
+    """
+    if market is not None and market not in MARKETS:
+        raise UserError(f"unknown market {market!r}; valid: {', '.join(MARKETS)}")
+    if max_price is not None and not max_price > 0:
+        raise UserError(f"--max-price must be a positive number of USD per hour, got {max_price}")
+    if job_size is not None and job_size <= 0:
+        raise UserError(f"--steps must be a positive whole number, got {job_size}")
+    rows = catalog.rows
+    if provider is not None:
+        known = sorted({r.provider for r in rows} | set(PROVIDERS))
+        if provider not in known:
+            raise UserError(f"unknown provider {provider!r}; valid: {', '.join(known)}")
+        rows = [r for r in rows if r.provider == provider]
+    if region is not None:
+        regions = sorted({r.region for r in rows})
+        if region not in regions:
+            raise UserError(f"unknown region {region!r}" + (f" for {provider}" if provider else "") + f"; known: {', '.join(regions)}")
+        rows = [r for r in rows if r.region == region]
+    markets = (market,) if market else MARKETS
+    candidates: list[Estimate] = []
+    for row in rows:
+        if not fits(tier, row):
+            continue
+        for m in markets:
+            if (row.spot_price if m == "spot" else row.ondemand_price) is None:
+                continue
+            est = estimate(tier, Offer(row, m), job_size)
+            if est is not None:
+                candidates.append(est)
+    if max_price is not None:
+        within = [e for e in candidates if e.offer.price_per_hour_usd <= max_price + 1e-9]
+        if candidates and not within:
+            lowest = min(e.offer.price_per_hour_usd for e in candidates)
+            raise UserError(f"no {market or ''} offer for {tier.name} at or below ${max_price:g}/h; "
+                            f"the lowest that qualifies is ${lowest:.4f}/h".replace("  ", " "))
+        candidates = within
+    candidates.sort(key=lambda e: (e.est_cost, e.est_hours, e.offer.key))
+    return candidates

@@ -1,0 +1,221 @@
+"""Run state in SQLite ($SDCLOUD_HOME/state.db, mode 0600).
+
+Every transition is written before its side effect (an attempt row before the launch call, an
+"terminating" mark before the terminate call), so that a restarted controller can reconcile what
+the clouds hold against what it meant to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from . import config
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    tier TEXT NOT NULL,
+    state TEXT NOT NULL,            -- pending, launching, running, recovering, succeeded, failed, stopped
+    spec TEXT NOT NULL,             -- JSON: the run's settings (never secrets)
+    step INTEGER NOT NULL DEFAULT 0,
+    total_steps INTEGER NOT NULL DEFAULT 0,
+    reason TEXT,
+    controller_pid INTEGER,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS attempts (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    n INTEGER NOT NULL,
+    provider TEXT NOT NULL,
+    region TEXT,
+    zone TEXT,
+    instance_type TEXT,
+    market TEXT,
+    price REAL,                     -- USD per hour
+    currency TEXT,
+    instance_id TEXT,
+    token TEXT NOT NULL,
+    state TEXT NOT NULL,            -- launching, running, terminating, ended
+    start REAL,
+    end REAL,
+    end_reason TEXT,                -- succeeded, preempted, failed, stopped, budget, launch-failed, lost
+    PRIMARY KEY (run_id, n)
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS price_samples (
+    provider TEXT NOT NULL,
+    region TEXT NOT NULL,
+    zone TEXT NOT NULL,
+    instance_type TEXT NOT NULL,
+    market TEXT NOT NULL,
+    time REAL NOT NULL,
+    price REAL NOT NULL,
+    currency TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS infra (
+    provider TEXT NOT NULL,
+    region TEXT NOT NULL,
+    outputs TEXT NOT NULL,
+    updated REAL NOT NULL,
+    PRIMARY KEY (provider, region)
+);
+"""
+
+ACTIVE_RUN_STATES = ("pending", "launching", "running", "recovering")
+FINAL_RUN_STATES = ("succeeded", "failed", "stopped")
+
+
+@dataclass
+class Attempt:
+    run_id: str
+    n: int
+    provider: str
+    region: str | None
+    zone: str | None
+    instance_type: str | None
+    market: str | None
+    price: float | None
+    currency: str | None
+    instance_id: str | None
+    token: str
+    state: str
+    start: float | None
+    end: float | None
+    end_reason: str | None
+
+    @property
+    def hours(self) -> float:
+        if self.start is None:
+            return 0.0
+        return max(0.0, ((self.end or time.time()) - self.start) / 3600.0)
+
+    @property
+    def cost(self) -> float:
+        return (self.price or 0.0) * self.hours
+
+
+class StateStore:
+    def __init__(self, path: Path | str | None = None):
+        self.path = Path(path) if path else config.home() / "state.db"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            # Create it 0600 before SQLite opens it: run specs name buckets and hosts.
+            fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
+            os.close(fd)
+        os.chmod(self.path, 0o600)
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(SCHEMA)
+        for suffix in ("-wal", "-shm"):
+            side = Path(str(self.path) + suffix)
+            if side.exists():
+                os.chmod(side, 0o600)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    # runs
+    def create_run(self, run_id: str, tier: str, spec: dict, total_steps: int, name: str | None = None) -> None:
+        now = time.time()
+        with self.tx() as db:
+            db.execute("INSERT INTO runs (id, name, tier, state, spec, total_steps, created, updated) VALUES (?,?,?,?,?,?,?,?)",
+                       (run_id, name, tier, "pending", json.dumps(spec), total_steps, now, now))
+
+    def get_run(self, run_id: str) -> dict | None:
+        row = self._db.execute("SELECT * FROM runs WHERE id = ? OR name = ? ORDER BY created DESC LIMIT 1",
+                               (run_id, run_id)).fetchone()
+        return self._run(row) if row else None
+
+    def _run(self, row: sqlite3.Row) -> dict:
+        run = dict(row)
+        run["spec"] = json.loads(run["spec"])
+        return run
+
+    def list_runs(self, states: tuple[str, ...] | None = None) -> list[dict]:
+        rows = self._db.execute("SELECT * FROM runs ORDER BY created").fetchall()
+        runs = [self._run(r) for r in rows]
+        return [r for r in runs if states is None or r["state"] in states]
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        if not fields:
+            return
+        fields["updated"] = time.time()
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        with self.tx() as db:
+            db.execute(f"UPDATE runs SET {cols} WHERE id = ?", (*fields.values(), run_id))
+
+    def run_is_active(self, run_id: str) -> bool:
+        row = self._db.execute("SELECT state FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return bool(row) and row["state"] in ACTIVE_RUN_STATES
+
+    # attempts
+    def add_attempt(self, run_id: str, n: int, provider: str, token: str, **fields: Any) -> None:
+        cols = ["run_id", "n", "provider", "token", "state", *fields]
+        vals = [run_id, n, provider, token, "launching", *fields.values()]
+        with self.tx() as db:
+            db.execute(f"INSERT INTO attempts ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", vals)
+
+    def update_attempt(self, run_id: str, n: int, **fields: Any) -> None:
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        with self.tx() as db:
+            db.execute(f"UPDATE attempts SET {cols} WHERE run_id = ? AND n = ?", (*fields.values(), run_id, n))
+
+    def attempts(self, run_id: str) -> list[Attempt]:
+        rows = self._db.execute("SELECT * FROM attempts WHERE run_id = ? ORDER BY n", (run_id,)).fetchall()
+        return [Attempt(**dict(r)) for r in rows]
+
+    def open_attempts(self) -> list[Attempt]:
+        rows = self._db.execute("SELECT * FROM attempts WHERE state != 'ended' ORDER BY run_id, n").fetchall()
+        return [Attempt(**dict(r)) for r in rows]
+
+    # events
+    def event(self, run_id: str | None, kind: str, data: dict | None = None) -> None:
+        with self.tx() as db:
+            db.execute("INSERT INTO events (run_id, time, kind, data) VALUES (?,?,?,?)",
+                       (run_id, time.time(), kind, json.dumps(data or {}, default=str)))
+
+    def events(self, run_id: str, after_id: int = 0) -> list[dict]:
+        rows = self._db.execute("SELECT * FROM events WHERE run_id = ? AND id > ? ORDER BY id", (run_id, after_id)).fetchall()
+        return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
+
+    # price samples
+    def add_price_sample(self, provider: str, region: str, zone: str, instance_type: str, market: str,
+                         price: float, currency: str, at: float | None = None) -> None:
+        with self.tx() as db:
+            db.execute("INSERT INTO price_samples VALUES (?,?,?,?,?,?,?,?)",
+                       (provider, region, zone, instance_type, market, at or time.time(), price, currency))
+
+    # infra outputs cache
+    def save_infra(self, provider: str, region: str, outputs: dict) -> None:
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO infra VALUES (?,?,?,?)", (provider, region, json.dumps(outputs), time.time()))
+
+    def infra(self, provider: str, region: str) -> dict | None:
+        row = self._db.execute("SELECT outputs FROM infra WHERE provider = ? AND region = ?", (provider, region)).fetchone()
+        return json.loads(row["outputs"]) if row else None

@@ -1,0 +1,87 @@
+"""Workload tiers: what a job needs from a host, loaded from sdcloud/data/tiers.toml."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    description: str
+    kind: str  # "train" (job size in steps) or "batch" (job size in images)
+    min_vram_gb: float
+    rec_vram_gb: float
+    gpu_count: int
+    vcpus: int
+    memory_gb: float
+    nvme_gb: float
+    job_size: int  # steps or images
+    resolution: int
+    batch_size: int
+    ref_rate: float  # steps/s or images/s on the reference GPU (A10G)
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def unit(self) -> str:
+        return "steps" if self.kind == "train" else "images"
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "kind": self.kind,
+            "min_vram_gb": self.min_vram_gb,
+            "rec_vram_gb": self.rec_vram_gb,
+            "gpu_count": self.gpu_count,
+            "vcpus": self.vcpus,
+            "memory_gb": self.memory_gb,
+            "nvme_gb": self.nvme_gb,
+            self.unit: self.job_size,
+            "resolution": self.resolution,
+            "batch_size": self.batch_size,
+            "ref_rate": self.ref_rate,
+            "ref_gpu": "A10G",
+            "sources": dict(self.sources),
+        }
+
+
+def _tier(name: str, raw: dict) -> Tier:
+    kind = raw["kind"]
+    if kind not in ("train", "batch"):
+        raise ValueError(f"tier {name}: kind must be train or batch")
+    return Tier(
+        name=name,
+        description=raw["description"],
+        kind=kind,
+        min_vram_gb=float(raw["min_vram_gb"]),
+        rec_vram_gb=float(raw["rec_vram_gb"]),
+        gpu_count=int(raw["gpu_count"]),
+        vcpus=int(raw["vcpus"]),
+        memory_gb=float(raw["memory_gb"]),
+        nvme_gb=float(raw["nvme_gb"]),
+        job_size=int(raw["steps"] if kind == "train" else raw["images"]),
+        resolution=int(raw["resolution"]),
+        batch_size=int(raw["batch_size"]),
+        ref_rate=float(raw["ref_rate"]),
+        sources=dict(raw.get("sources", {})),
+    )
+
+
+@lru_cache(maxsize=1)
+def all_tiers() -> dict[str, Tier]:
+    text = resources.files("sdcloud").joinpath("data/tiers.toml").read_text()
+    data = tomllib.loads(text)["tiers"]
+    return {name: _tier(name, raw) for name, raw in data.items()}
+
+
+def get_tier(name: str) -> Tier:
+    tiers = all_tiers()
+    if name not in tiers:
+        raise UserError(f"unknown tier {name!r}; valid tiers: {', '.join(tiers)}")
+    return tiers[name]
