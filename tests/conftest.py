@@ -1,0 +1,54 @@
+"""Shared fixtures. Every test gets its own $SDCLOUD_HOME; servers are real and on loopback."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from servers import SeaweedS3  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture(autouse=True)
+def sdcloud_home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "sdcloud-home"
+    monkeypatch.setenv("SDCLOUD_HOME", str(home))
+    # Never reach a real cloud from a test, and never pick up the developer's credentials.
+    for var in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                "TENCENTCLOUD_SECRET_ID", "TENCENTCLOUD_SECRET_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return home
+
+
+@pytest.fixture(scope="session")
+def seaweed() -> SeaweedS3:
+    """One real S3 server (SeaweedFS `weed mini`) for the session; tests use their own buckets."""
+    server = SeaweedS3().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(seaweed, monkeypatch) -> dict:
+    """Credentials and endpoint for the SeaweedFS server (it accepts any key when no identity is set)."""
+    env = {"AWS_ACCESS_KEY_ID": "sdcloud-test", "AWS_SECRET_ACCESS_KEY": "sdcloud-test-secret",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": seaweed.endpoint}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return {**env, "endpoint_url": seaweed.endpoint}
+
+
+def shared_data(*parts: str) -> Path:
+    path = SHARED.joinpath("data", *parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent: the shared reference data is needed for this test")
+    return path
