@@ -1,0 +1,579 @@
+"""A fake Tencent Cloud CVM API (2017-03-12) on loopback, as the official SDK sees it.
+
+POST / with a JSON body, the action in X-TC-Action, signed with TC3-HMAC-SHA256; every answer is
+HTTP 200 with Content-Type exactly `application/json` (the SDK ignores error bodies of any other
+type) and the `{"Response": {...}}` envelope. Instances live in memory: PENDING, then RUNNING;
+terminated ones show TERMINATING for a while and then vanish, as post-paid instances do.
+
+Control from a test: the FakeCVM methods in-process, or POST /_control with a JSON body
+{"op": "inject" | "reclaim" | "sold_out" | "spot_price" | "instances" | "calls" | "reset", ...}.
+Run alone: `python tests/tencent_fake.py --port 9000 [--secret-id ID --secret-key KEY]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import threading
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+API_VERSION = "2017-03-12"
+SECRET_ID = "AKIDfake0000000000000000000000000000"
+SECRET_KEY = "fake-secret-key-0000000000000000"
+
+# (family, type, cpu, memory GB, GPUs, physical GPU count, on-demand CNY/h, spot CNY/h)
+TYPES = [
+    ("GN7", "GN7.2XLARGE32", 8, 32, 1, 1.0, 9.55, 2.87),
+    ("GN7", "GN7.5XLARGE80", 20, 80, 1, 1.0, 14.63, 4.39),
+    ("GN7", "GN7.10XLARGE160", 40, 160, 2, 2.0, 29.26, 8.78),
+    ("GN10Xp", "GN10Xp.2XLARGE40", 10, 40, 1, 1.0, 21.5, 6.45),
+    ("GT4", "GT4.4XLARGE96", 16, 96, 1, 1.0, 28.64, 8.6),
+    ("PNV4", "PNV4.7XLARGE116", 28, 116, 1, 1.0, 16.07, 4.82),
+    # A quarter of a T4 (vGPU): not a whole GPU, the catalog must skip it.
+    ("GN7vw", "GN7vw.MEDIUM4", 2, 4, 1, 0.25, 1.2, 0.4),
+    # No GPU at all.
+    ("S5", "S5.MEDIUM4", 2, 4, 0, 0.0, 0.3, 0.1),
+]
+ZONES = {
+    "ap-guangzhou": ["ap-guangzhou-3", "ap-guangzhou-4", "ap-guangzhou-6"],
+    "ap-shanghai": ["ap-shanghai-2", "ap-shanghai-4"],
+    "ap-singapore": ["ap-singapore-1", "ap-singapore-2"],
+}
+USD_REGIONS = {"ap-singapore"}  # priced in USD, as an international account sees them
+CNY_PER_USD = 7.1
+PENDING_S = 0.3  # PENDING before RUNNING
+TERMINATING_S = 1.0  # TERMINATING before the instance vanishes
+
+
+class ApiError(Exception):
+    def __init__(self, code: str, message: str = ""):
+        super().__init__(code)
+        self.code = code
+        self.message = message or code
+
+
+@dataclass
+class FakeInstance:
+    id: str
+    region: str
+    zone: str
+    instance_type: str
+    charge_type: str
+    tags: dict[str, str]
+    created: float
+    client_token: str | None = None
+    name: str = ""
+    image_id: str = ""
+    user_data: str = ""
+    max_price: str | None = None
+    launch_template: dict | None = None
+    state: str = "PENDING"
+    fail: bool = False  # ends in LAUNCH_FAILED instead of RUNNING
+    terminated_at: float | None = None
+    private_ip: str = ""
+    public_ip: str = ""
+    request: dict = field(default_factory=dict)
+
+    def tick(self, now: float) -> None:
+        if self.state == "PENDING" and now - self.created >= PENDING_S:
+            self.state = "LAUNCH_FAILED" if self.fail else "RUNNING"
+
+    def as_api(self) -> dict:
+        cpu, mem = next((t[2], t[3]) for t in TYPES if t[1] == self.instance_type)
+        return {
+            "Placement": {"Zone": self.zone, "ProjectId": 0},
+            "InstanceId": self.id,
+            "InstanceType": self.instance_type,
+            "CPU": cpu,
+            "Memory": mem,
+            "RestrictState": "NORMAL",
+            "InstanceName": self.name,
+            "InstanceChargeType": self.charge_type,
+            "PrivateIpAddresses": [self.private_ip],
+            "PublicIpAddresses": [self.public_ip] if self.state == "RUNNING" else None,
+            "ImageId": self.image_id,
+            "CreatedTime": datetime.fromtimestamp(self.created, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "ExpiredTime": None,
+            "InstanceState": self.state,
+            "Tags": [{"Key": k, "Value": v} for k, v in self.tags.items()],
+            "StopChargingMode": "NOT_APPLICABLE",
+            "Uuid": str(uuid.uuid5(uuid.NAMESPACE_OID, self.id)),
+            "LatestOperation": "RunInstances",
+            "LatestOperationState": "SUCCESS" if self.state == "RUNNING" else "OPERATING",
+            "LatestOperationRequestId": None,
+        }
+
+
+@dataclass
+class Injection:
+    action: str
+    code: str
+    message: str
+    times: int
+    zone: str | None = None
+
+
+def _sdk_model(name: str):
+    from tencentcloud.cvm.v20170312 import models  # the SDK's own field names are the contract
+    return getattr(models, name, None)
+
+
+class FakeCVM:
+    """The state and the API actions; thread-safe, one lock."""
+
+    def __init__(self, secret_id: str = SECRET_ID, secret_key: str = SECRET_KEY):
+        self.accounts = {secret_id: secret_key}
+        self.lock = threading.RLock()
+        self.reset()
+
+    def reset(self) -> None:
+        with getattr(self, "lock", threading.RLock()):
+            self.instances: dict[str, FakeInstance] = {}
+            self.tokens: dict[tuple[str, str], list[str]] = {}  # (region, ClientToken) -> ids
+            self.injections: list[Injection] = []
+            self.sold_out: set[tuple[str, str, str]] = set()  # (zone, type, charge type or "*")
+            self.spot_prices: dict[tuple[str, str], float] = {}  # (zone, type) -> current spot price
+            self.calls: list[dict] = []  # every accepted call: action, region, params (for assertions)
+            self.quota = {"spot": 1000, "total": 1000}
+            self.fail_launch: set[tuple[str, str]] = set()  # (zone, type) that end in LAUNCH_FAILED
+
+    # -- control -------------------------------------------------------------------------------
+    def inject(self, action: str, code: str, message: str = "", times: int = 1, zone: str | None = None) -> None:
+        """The next `times` calls of `action` (in `zone`, when given) fail with `code`."""
+        with self.lock:
+            self.injections.append(Injection(action, code, message or f"injected {code}", times, zone))
+
+    def set_sold_out(self, zone: str, instance_type: str, charge_type: str = "*", sold_out: bool = True) -> None:
+        with self.lock:
+            key = (zone, instance_type, charge_type)
+            (self.sold_out.add if sold_out else self.sold_out.discard)(key)
+
+    def set_spot_price(self, zone: str, instance_type: str, price: float) -> None:
+        with self.lock:
+            self.spot_prices[(zone, instance_type)] = price
+
+    def reclaim(self, instance_id: str) -> None:
+        """The spot market takes the instance back: it terminates without being asked."""
+        with self.lock:
+            inst = self.instances[instance_id]
+            inst.state, inst.terminated_at = "TERMINATING", time.time()
+
+    def live(self) -> list[FakeInstance]:
+        with self.lock:
+            self._tick()
+            return [i for i in self.instances.values() if i.state not in ("TERMINATING", "SHUTDOWN", "LAUNCH_FAILED")]
+
+    def control(self, body: dict) -> dict:
+        op = body.get("op")
+        if op == "inject":
+            self.inject(body["action"], body["code"], body.get("message", ""), int(body.get("times", 1)), body.get("zone"))
+        elif op == "reclaim":
+            self.reclaim(body["instance_id"])
+        elif op == "sold_out":
+            self.set_sold_out(body["zone"], body["instance_type"], body.get("charge_type", "*"), body.get("sold_out", True))
+        elif op == "spot_price":
+            self.set_spot_price(body["zone"], body["instance_type"], float(body["price"]))
+        elif op == "reset":
+            self.reset()
+        elif op == "instances":
+            with self.lock:
+                self._tick()
+                return {"instances": [i.as_api() | {"Region": i.region} for i in self.instances.values()]}
+        elif op == "calls":
+            with self.lock:
+                return {"calls": list(self.calls)}
+        else:
+            raise ApiError("InvalidParameter", f"unknown control op {op!r}")
+        return {"ok": True}
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        now = time.time()
+        for iid in list(self.instances):
+            inst = self.instances[iid]
+            inst.tick(now)
+            if inst.terminated_at is not None and now - inst.terminated_at >= TERMINATING_S:
+                del self.instances[iid]
+
+    def _injected(self, action: str, zone: str | None) -> None:
+        for inj in self.injections:
+            if inj.action == action and inj.times > 0 and (inj.zone is None or inj.zone == zone):
+                inj.times -= 1
+                raise ApiError(inj.code, inj.message)
+
+    def _is_sold_out(self, zone: str, itype: str, charge: str) -> bool:
+        return (zone, itype, "*") in self.sold_out or (zone, itype, charge) in self.sold_out
+
+    def _spot_price(self, zone: str, row: tuple) -> float:
+        return self.spot_prices.get((zone, row[1]), self._local(zone, row[7]))
+
+    @staticmethod
+    def _local(zone: str, cny: float) -> float:
+        region = zone.rsplit("-", 1)[0]
+        return round(cny / CNY_PER_USD, 4) if region in USD_REGIONS else cny
+
+    @staticmethod
+    def _check_fields(model_name: str, params: dict) -> None:
+        """Reject field names the SDK's model does not know (the real API says UnknownParameter)."""
+        cls = _sdk_model(model_name)
+        if cls is None:
+            return
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cls()._deserialize(json.loads(json.dumps(params)))
+        useless = [str(w.message) for w in caught if "useless" in str(w.message)]
+        if useless:
+            raise ApiError("UnknownParameter", "; ".join(useless))
+
+    def _region(self, region: str) -> list[str]:
+        if region not in ZONES:
+            raise ApiError("InvalidRegion.NotFound", f"region {region!r} does not exist")
+        return ZONES[region]
+
+    @staticmethod
+    def _filters(params: dict) -> dict[str, list[str]]:
+        return {f["Name"]: [str(v) for v in f.get("Values", [])] for f in params.get("Filters") or []}
+
+    # -- actions --------------------------------------------------------------------------------
+    def handle(self, action: str, region: str, params: dict) -> dict:
+        with self.lock:
+            self._tick()
+            fn = getattr(self, "do_" + action, None)
+            if fn is None:
+                raise ApiError("InvalidAction", f"action {action} is not supported by the fake")
+            self._check_fields(action + "Request", params)
+            zone = (params.get("Placement") or {}).get("Zone")
+            self._injected(action, zone)
+            self.calls.append({"action": action, "region": region, "params": params})
+            return fn(region, params)
+
+    def do_DescribeZones(self, region: str, params: dict) -> dict:
+        zones = self._region(region)
+        return {"TotalCount": len(zones), "ZoneSet": [
+            {"Zone": z, "ZoneName": z, "ZoneId": str(100000 + i), "ZoneState": "AVAILABLE"} for i, z in enumerate(zones)]}
+
+    def do_DescribeZoneInstanceConfigInfos(self, region: str, params: dict) -> dict:
+        zones = self._region(region)
+        flt = self._filters(params)
+        charges = flt.get("instance-charge-type") or ["POSTPAID_BY_HOUR"]
+        items = []
+        for zone in zones:
+            if "zone" in flt and zone not in flt["zone"]:
+                continue
+            for row in TYPES:
+                family, itype, cpu, mem, gpu, gpu_count, od, spot = row
+                if "instance-family" in flt and family not in flt["instance-family"]:
+                    continue
+                if "instance-type" in flt and itype not in flt["instance-type"]:
+                    continue
+                for charge in charges:
+                    if charge not in ("POSTPAID_BY_HOUR", "SPOTPAID"):
+                        raise ApiError("InvalidFilterValue", f"instance-charge-type {charge} is not supported here")
+                    price = self._local(zone, od) if charge == "POSTPAID_BY_HOUR" else self._spot_price(zone, row)
+                    sold = self._is_sold_out(zone, itype, charge)
+                    items.append({
+                        "Zone": zone, "InstanceType": itype, "InstanceChargeType": charge, "NetworkCard": 25,
+                        "Externals": {}, "InstanceFamily": family, "TypeName": f"GPU {family}",
+                        # The real API is not consistent about numbers: some arrive as strings.
+                        "Cpu": cpu, "Memory": str(mem) if family == "GT4" else mem,
+                        "LocalDiskTypeList": [], "Status": "SOLD_OUT" if sold else "SELL",
+                        "Price": {"UnitPrice": round(self._local(zone, od), 4),
+                                  "ChargeUnit": "HOUR",
+                                  "UnitPriceDiscount": str(price) if family == "GN10Xp" else price,
+                                  "Discount": round(100 * price / self._local(zone, od), 1)},
+                        "SoldOutReason": "sold out" if sold else "", "InstanceBandwidth": 10.0,
+                        "InstancePps": 100, "StorageBlockAmount": 0, "CpuType": "Intel Xeon", "Gpu": gpu,
+                        "Fpga": 0, "Remark": "", "GpuCount": gpu_count, "Frequency": "2.5GHz",
+                        "StatusCategory": "WithoutStock" if sold else "EnoughStock",
+                    })
+        return {"InstanceTypeQuotaSet": items}
+
+    def _row(self, itype: str) -> tuple:
+        for row in TYPES:
+            if row[1] == itype:
+                return row
+        raise ApiError("InvalidParameterValue.InstanceTypeNotFound", f"instance type {itype} not found")
+
+    def _check_launch(self, region: str, params: dict) -> tuple[str, tuple, str]:
+        zones = self._region(region)
+        zone = (params.get("Placement") or {}).get("Zone")
+        if not zone:
+            raise ApiError("MissingParameter", "Placement.Zone is required")
+        if zone not in zones:
+            raise ApiError("InvalidZone.MismatchRegion", f"zone {zone} is not in {region}")
+        if not params.get("InstanceType"):
+            raise ApiError("MissingParameter", "InstanceType is required")
+        row = self._row(params["InstanceType"])
+        if not params.get("ImageId") and not (params.get("LaunchTemplate") or {}).get("LaunchTemplateId"):
+            raise ApiError("MissingParameter", "ImageId is required without a launch template")
+        charge = params.get("InstanceChargeType", "POSTPAID_BY_HOUR")
+        if charge not in ("POSTPAID_BY_HOUR", "SPOTPAID", "PREPAID"):
+            raise ApiError("InvalidParameterValue", f"InstanceChargeType {charge}")
+        if self._is_sold_out(zone, row[1], charge):
+            raise ApiError("ResourceInsufficient.SpecifiedInstanceType",
+                           f"The specified instance type {row[1]} is sold out in {zone}")
+        if charge == "SPOTPAID":
+            market = params.get("InstanceMarketOptions") or {}
+            spot = market.get("SpotOptions") or {}
+            if market.get("MarketType") != "spot":
+                raise ApiError("InvalidParameterValue", "InstanceMarketOptions.MarketType must be spot for SPOTPAID")
+            if not isinstance(spot.get("MaxPrice"), str):
+                raise ApiError("InvalidParameterValue", "SpotOptions.MaxPrice must be a string")
+            current = self._spot_price(zone, row)
+            if float(spot["MaxPrice"]) < current:
+                raise ApiError("InvalidParameterValue.InsufficientPrice",
+                               f"The bid price {spot['MaxPrice']} is lower than the current price {current}.")
+        return zone, row, charge
+
+    def do_InquiryPriceRunInstances(self, region: str, params: dict) -> dict:
+        zone, row, charge = self._check_launch(region, params)
+        count = int(params.get("InstanceCount") or 1)
+        list_price = self._local(zone, row[6])
+        price = self._spot_price(zone, row) if charge == "SPOTPAID" else list_price
+        return {"Price": {"InstancePrice": {"UnitPrice": list_price * count, "ChargeUnit": "HOUR",
+                                            "UnitPriceDiscount": round(price * count, 4),
+                                            "Discount": round(100 * price / list_price, 1)},
+                          "BandwidthPrice": {"UnitPrice": 0.8, "ChargeUnit": "GB", "UnitPriceDiscount": 0.8, "Discount": 100}}}
+
+    def do_RunInstances(self, region: str, params: dict) -> dict:
+        token = params.get("ClientToken")
+        if token and len(token) > 64:
+            raise ApiError("InvalidClientToken.TooLong", "ClientToken is longer than 64 characters")
+        if token and (region, token) in self.tokens:
+            return {"InstanceIdSet": list(self.tokens[(region, token)])}
+        zone, row, charge = self._check_launch(region, params)
+        count = int(params.get("InstanceCount") or 1)
+        live = [i for i in self.instances.values() if i.state in ("PENDING", "RUNNING")]
+        if charge == "SPOTPAID" and sum(i.charge_type == "SPOTPAID" for i in live) + count > self.quota["spot"]:
+            raise ApiError("LimitExceeded.SpotQuota", "The spot instance quota of this region is used up")
+        if len(live) + count > self.quota["total"]:
+            raise ApiError("LimitExceeded.InstanceQuota", "The instance quota of this zone is used up")
+        user_data = params.get("UserData") or ""
+        if len(user_data) > 16384:
+            raise ApiError("InvalidParameterValue.InvalidUserDataFormat", "UserData is longer than 16 KB")
+        tags: dict[str, str] = {}
+        for spec in params.get("TagSpecification") or []:
+            if spec.get("ResourceType") == "instance":
+                tags.update({t["Key"]: t["Value"] for t in spec.get("Tags") or []})
+        ids = []
+        for _ in range(count):
+            iid = "ins-" + secrets.token_hex(4)
+            n = len(self.instances) + 2
+            self.instances[iid] = FakeInstance(
+                id=iid, region=region, zone=zone, instance_type=row[1], charge_type=charge, tags=tags,
+                created=time.time(), client_token=token, name=params.get("InstanceName", ""),
+                image_id=params.get("ImageId", ""), user_data=user_data,
+                max_price=((params.get("InstanceMarketOptions") or {}).get("SpotOptions") or {}).get("MaxPrice"),
+                launch_template=params.get("LaunchTemplate"), fail=(zone, row[1]) in self.fail_launch,
+                private_ip=f"10.0.{n // 250}.{n % 250 + 2}", public_ip=f"203.0.113.{n % 250 + 2}", request=params)
+            ids.append(iid)
+        if token:
+            self.tokens[(region, token)] = ids
+        return {"InstanceIdSet": ids}
+
+    def do_DescribeInstances(self, region: str, params: dict) -> dict:
+        zones = self._region(region)
+        ids = params.get("InstanceIds")
+        flt = self._filters(params)
+        if ids and flt:
+            raise ApiError("InvalidParameter", "InstanceIds and Filters cannot be used together")
+        for iid in ids or []:
+            if not re.fullmatch(r"ins-[0-9a-z]{8}", iid):
+                raise ApiError("InvalidInstanceId.Malformed", f"instance id {iid} is malformed")
+        limit = int(params.get("Limit") or 20)
+        if limit > 100:
+            raise ApiError("InvalidParameterValue.LimitExceeded", "Limit is at most 100")
+        offset = int(params.get("Offset") or 0)
+        found = []
+        for inst in self.instances.values():
+            if inst.zone not in zones or (ids and inst.id not in ids):
+                continue
+            ok = True
+            for name, values in flt.items():
+                if name == "instance-id":
+                    ok = inst.id in values
+                elif name == "zone":
+                    ok = inst.zone in values
+                elif name == "instance-state":
+                    ok = inst.state in values
+                elif name == "instance-charge-type":
+                    ok = inst.charge_type in values
+                elif name == "tag-key":
+                    ok = any(k in inst.tags for k in values)
+                elif name.startswith("tag:"):
+                    ok = inst.tags.get(name[4:]) in values
+                else:
+                    raise ApiError("InvalidFilter", f"unknown filter {name}")
+                if not ok:
+                    break
+            if ok:
+                found.append(inst)
+        found.sort(key=lambda i: i.created)
+        return {"TotalCount": len(found), "InstanceSet": [i.as_api() for i in found[offset:offset + limit]]}
+
+    def do_TerminateInstances(self, region: str, params: dict) -> dict:
+        ids = params.get("InstanceIds") or []
+        if not ids or len(ids) > 100:
+            raise ApiError("InvalidParameterValue", "InstanceIds must hold 1 to 100 ids")
+        zones = self._region(region)
+        for iid in ids:
+            inst = self.instances.get(iid)
+            if inst is None or inst.zone not in zones:
+                raise ApiError("InvalidInstanceId.NotFound", f"instance {iid} not found")
+        now = time.time()
+        for iid in ids:
+            inst = self.instances[iid]
+            if inst.state != "TERMINATING":
+                inst.state, inst.terminated_at = "TERMINATING", now
+        return {}
+
+
+# -- TC3-HMAC-SHA256 ---------------------------------------------------------------------------------
+
+_AUTH_RE = re.compile(r"TC3-HMAC-SHA256 Credential=([^/]+)/(\d{4}-\d{2}-\d{2})/([a-z]+)/tc3_request, "
+                      r"SignedHeaders=([a-z;-]+), Signature=([0-9a-f]{64})$")
+
+
+def _hmac(key: bytes, msg: str) -> bytes:
+    return hmac.new(key, msg.encode(), hashlib.sha256).digest()
+
+
+def tc3_signature(secret_key: str, method: str, path: str, query: str, headers: dict[str, str],
+                  signed_headers: str, body: bytes, timestamp: str, date: str, service: str) -> str:
+    """The TC3-HMAC-SHA256 signature, computed from the published algorithm (not from the SDK)."""
+    canonical_headers = "".join(f"{h}:{headers.get(h, '').strip()}\n" for h in signed_headers.split(";"))
+    canonical = "\n".join([method, path, query, canonical_headers, signed_headers, hashlib.sha256(body).hexdigest()])
+    scope = f"{date}/{service}/tc3_request"
+    to_sign = "\n".join(["TC3-HMAC-SHA256", timestamp, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    key = _hmac(_hmac(_hmac(("TC3" + secret_key).encode(), date), service), "tc3_request")
+    return hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "fake-cvm/1"
+    fake: FakeCVM  # set on the subclass
+
+    def log_message(self, fmt, *args):  # quiet
+        pass
+
+    def _send(self, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _verify(self, body: bytes) -> None:
+        auth = self.headers.get("Authorization", "")
+        m = _AUTH_RE.match(auth)
+        if not m:
+            raise ApiError("AuthFailure.InvalidAuthorization", "Authorization header is malformed")
+        secret_id, date, service, signed_headers, signature = m.groups()
+        secret_key = self.fake.accounts.get(secret_id)
+        if secret_key is None:
+            raise ApiError("AuthFailure.SecretIdNotFound", "The SecretId is not found")
+        stamp = self.headers.get("X-TC-Timestamp", "")
+        if not stamp.isdigit() or abs(time.time() - int(stamp)) > 300:
+            raise ApiError("AuthFailure.SignatureExpire", "The signature expired (clock skew over 5 minutes)")
+        if datetime.fromtimestamp(int(stamp), timezone.utc).strftime("%Y-%m-%d") != date:
+            raise ApiError("AuthFailure.SignatureFailure", "The credential date does not match X-TC-Timestamp")
+        if service != "cvm":
+            raise ApiError("AuthFailure.SignatureFailure", f"service {service} in the credential scope is not cvm")
+        if "content-type" not in signed_headers.split(";") or "host" not in signed_headers.split(";"):
+            raise ApiError("AuthFailure.SignatureFailure", "content-type and host must be signed")
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        path, _, query = self.path.partition("?")
+        expected = tc3_signature(secret_key, self.command, path, query, headers, signed_headers, body, stamp, date, service)
+        if not hmac.compare_digest(expected, signature):
+            raise ApiError("AuthFailure.SignatureFailure", "The provided credentials could not be validated")
+        if headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            raise ApiError("InvalidParameter", "Content-Type must be application/json")
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        request_id = str(uuid.uuid4())
+        if self.path == "/_control":
+            try:
+                self._send(self.fake.control(json.loads(body or b"{}")))
+            except (ApiError, KeyError, ValueError) as exc:
+                self._send({"error": str(exc)})
+            return
+        try:
+            self._verify(body)
+            if self.headers.get("X-TC-Version") != API_VERSION:
+                raise ApiError("InvalidParameter", f"X-TC-Version must be {API_VERSION}")
+            action = self.headers.get("X-TC-Action", "")
+            region = self.headers.get("X-TC-Region", "")
+            if not region:
+                raise ApiError("MissingParameter", "X-TC-Region is required")
+            try:
+                params = json.loads(body or b"{}")
+            except ValueError:
+                raise ApiError("InvalidParameter", "the body is not JSON") from None
+            result = self.fake.handle(action, region, params)
+            self._send({"Response": {**result, "RequestId": request_id}})
+        except ApiError as exc:
+            self._send({"Response": {"Error": {"Code": exc.code, "Message": exc.message}, "RequestId": request_id}})
+        except Exception as exc:  # a bug in the fake: answer like the real API's InternalError
+            self._send({"Response": {"Error": {"Code": "InternalError", "Message": repr(exc)}, "RequestId": request_id}})
+
+
+class FakeServer:
+    """The fake on 127.0.0.1 in a thread: `with FakeServer() as srv: srv.endpoint, srv.cvm`."""
+
+    def __init__(self, port: int = 0, secret_id: str = SECRET_ID, secret_key: str = SECRET_KEY):
+        self.cvm = FakeCVM(secret_id, secret_key)
+        handler = type("Handler", (_Handler,), {"fake": self.cvm})
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.thread: threading.Thread | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "FakeServer":
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="fake-cvm", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> "FakeServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="A fake Tencent Cloud CVM API on 127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--secret-id", default=SECRET_ID)
+    ap.add_argument("--secret-key", default=SECRET_KEY)
+    args = ap.parse_args(argv)
+    server = FakeServer(args.port, args.secret_id, args.secret_key)
+    print(f"fake CVM API on {server.endpoint}", flush=True)
+    try:
+        server.httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.httpd.server_close()
+
+
+if __name__ == "__main__":
+    main()
