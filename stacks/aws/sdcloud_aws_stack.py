@@ -1,0 +1,268 @@
+"""The sdcloud AWS stack: network, bucket, host role and a launch template for GPU hosts.
+
+`build(cfg)` declares every resource and returns the stack outputs; `__main__.py` only reads the
+Pulumi config and exports what `build` returns, so that tests can run `build` under Pulumi mocks.
+
+What it makes (all tagged `sdcloud:managed=true`):
+- a VPC with one public subnet per availability zone, an internet gateway and an S3 gateway
+  endpoint (free; keeps checkpoint traffic off the internet gateway);
+- a security group whose only ingress is SSH from `sshCidr` (none when empty), and the VPC's
+  default security group emptied so that nothing falls back to it;
+- a private, encrypted S3 bucket with lifecycle rules for old checkpoints and logs;
+- an IAM role and instance profile that can read and write `s3://<bucket>/<prefix>/*` only;
+- an optional key pair from the user's public key;
+- a launch template: Deep Learning AMI (GPU) resolved through its public SSM parameter, IMDSv2
+  required with hop limit 2, instance-store NVMe mapped, encrypted gp3 root volume, and the
+  generic host user-data from bootstrap/ (no secrets: credentials come from the role).
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+# The Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04): NVIDIA driver and CUDA, no
+# framework (the agent installs its own torch). AWS publishes its id under this public parameter.
+DEFAULT_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+# Instance-store volumes to map. Types with fewer ignore the extra mappings; p4d/p5 have 8.
+INSTANCE_STORE_DEVICES = 8
+# Object tags the agent sets so that lifecycle rules can tell checkpoints and logs from artifacts
+# (S3 lifecycle filters match a key prefix, and checkpoints sit under runs/<id>/ beside artifacts).
+CLASS_TAG = "sdcloud-class"
+
+
+@dataclass
+class StackConfig:
+    stack: str = "dev"
+    region: str = ""
+    prefix: str = "sdcloud"
+    ssh_cidr: str = ""
+    public_key: str = ""
+    root_volume_gb: int = 200
+    owner_tag: str = ""
+    checkpoint_expire_days: int = 30
+    agent_source: str = "sdcloud"
+    ami_parameter: str = DEFAULT_AMI_PARAMETER
+    vpc_cidr: str = "10.77.0.0/16"
+    max_zones: int = 6
+    force_destroy: bool = False
+    extra_tags: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        self.prefix = check_prefix(self.prefix)
+        self.ssh_cidr = check_ssh_cidr(self.ssh_cidr)
+        if self.root_volume_gb < 30:
+            raise ValueError(f"sdcloud:rootVolumeGb must be at least 30 (the Deep Learning AMI needs it), got {self.root_volume_gb}")
+        if self.checkpoint_expire_days < 0:
+            raise ValueError(f"sdcloud:checkpointExpireDays must be 0 (keep forever) or more, got {self.checkpoint_expire_days}")
+        if not 1 <= self.max_zones <= 16:
+            raise ValueError(f"sdcloud:maxZones must be between 1 and 16, got {self.max_zones}")
+
+
+def check_prefix(prefix: str) -> str:
+    """The key prefix inside the bucket: a few path segments of safe characters, no slashes at the ends."""
+    prefix = prefix.strip().strip("/")
+    if not prefix or not re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", prefix) or ".." in prefix:
+        raise ValueError(f"sdcloud:prefix must be path segments of letters, digits, '.', '_' or '-', got {prefix!r}")
+    return prefix
+
+
+def check_ssh_cidr(cidr: str) -> str:
+    """'' (no SSH at all) or one network; never the whole internet."""
+    cidr = (cidr or "").strip()
+    if not cidr:
+        return ""
+    try:
+        net = ipaddress.ip_network(cidr, strict=False)
+    except ValueError:
+        raise ValueError(f"sdcloud:sshCidr must be a network such as 203.0.113.7/32, got {cidr!r}") from None
+    if net.prefixlen == 0:
+        raise ValueError("sdcloud:sshCidr must not be the whole internet: give your own address, e.g. 203.0.113.7/32")
+    return str(net)
+
+
+def load_config() -> StackConfig:
+    """StackConfig from the Pulumi config of the current stack (namespace `sdcloud`)."""
+    conf = pulumi.Config("sdcloud")
+    defaults = StackConfig()
+    cfg = StackConfig(
+        stack=pulumi.get_stack(),
+        region=pulumi.Config("aws").get("region") or "",
+        prefix=conf.get("prefix") or defaults.prefix,
+        ssh_cidr=conf.get("sshCidr") or "",
+        public_key=conf.get("publicKey") or "",
+        root_volume_gb=conf.get_int("rootVolumeGb") or defaults.root_volume_gb,
+        owner_tag=conf.get("ownerTag") or "",
+        checkpoint_expire_days=conf.get_int("checkpointExpireDays") if conf.get("checkpointExpireDays") is not None else defaults.checkpoint_expire_days,
+        agent_source=conf.get("agentSource") or defaults.agent_source,
+        ami_parameter=conf.get("amiParameter") or defaults.ami_parameter,
+        vpc_cidr=conf.get("vpcCidr") or defaults.vpc_cidr,
+        max_zones=conf.get_int("maxZones") or defaults.max_zones,
+        force_destroy=conf.get_bool("forceDestroy") or False,
+    )
+    return cfg
+
+
+def render_user_data(agent_source: str) -> str:
+    """The generic host user-data from bootstrap/ (installs the agent; no run config, no secrets)."""
+    try:
+        from sdcloud_agent.userdata import render_user_data as render
+    except ImportError:
+        # Run alone with `pulumi up` from a checkout: use the bootstrap/ folder beside stacks/.
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bootstrap"))
+        from sdcloud_agent.userdata import render_user_data as render
+    return render(None, agent_source=agent_source)
+
+
+def tags_for(cfg: StackConfig, name: str) -> dict[str, str]:
+    tags = {"Name": f"sdcloud-{cfg.stack}-{name}", "sdcloud:managed": "true", "sdcloud:stack": cfg.stack}
+    if cfg.owner_tag:
+        tags["sdcloud:owner"] = cfg.owner_tag
+    return {**tags, **cfg.extra_tags}
+
+
+def role_policy_document(bucket: str, prefix: str) -> str:
+    """The host role's policy: objects under `<prefix>/` of one bucket, and nothing else of S3."""
+    objects = f"arn:aws:s3:::{bucket}/{prefix}/*"
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "ObjectsUnderPrefix", "Effect": "Allow",
+             "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+                        "s3:ListMultipartUploadParts", "s3:GetObjectTagging", "s3:PutObjectTagging"],
+             "Resource": [objects]},
+            # Listing is a bucket action; the condition keeps it to keys under the prefix.
+            {"Sid": "ListPrefix", "Effect": "Allow", "Action": ["s3:ListBucket"],
+             "Resource": [f"arn:aws:s3:::{bucket}"],
+             "Condition": {"StringLike": {"s3:prefix": [f"{prefix}/*", prefix]}}},
+            # EC2 Describe actions take no resource ARN; read-only, used to see its own instance.
+            {"Sid": "DescribeSelf", "Effect": "Allow", "Action": ["ec2:DescribeInstances", "ec2:DescribeTags"],
+             "Resource": "*"},
+        ],
+    }, indent=1)
+
+
+def _zones(cfg: StackConfig) -> list[str]:
+    # Only the region's own zones: Local and Wavelength zones need an opt-in and carry no GPUs here.
+    found = aws.get_availability_zones(state="available",
+                                       filters=[{"name": "opt-in-status", "values": ["opt-in-not-required"]}])
+    return sorted(found.names)[: cfg.max_zones]
+
+
+def build(cfg: StackConfig) -> dict[str, Any]:
+    """Declare the stack's resources; return the outputs that the providers launch from."""
+    cfg.validate()
+    region = cfg.region or aws.get_region().region
+
+    # Network: one public subnet per zone (hosts need the internet for pip and SSH).
+    vpc = aws.ec2.Vpc("vpc", cidr_block=cfg.vpc_cidr, enable_dns_hostnames=True, enable_dns_support=True,
+                      tags=tags_for(cfg, "vpc"))
+    # Pulumi adopts the VPC's default security group and strips its allow-all-from-itself rules.
+    aws.ec2.DefaultSecurityGroup("default-sg", vpc_id=vpc.id, ingress=[], egress=[], tags=tags_for(cfg, "default-sg"))
+    igw = aws.ec2.InternetGateway("igw", vpc_id=vpc.id, tags=tags_for(cfg, "igw"))
+    routes = aws.ec2.RouteTable("public", vpc_id=vpc.id, routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": igw.id}],
+                                tags=tags_for(cfg, "public"))
+    aws.ec2.VpcEndpoint("s3-endpoint", vpc_id=vpc.id, service_name=f"com.amazonaws.{region}.s3",
+                        vpc_endpoint_type="Gateway", route_table_ids=[routes.id], tags=tags_for(cfg, "s3-endpoint"))
+    blocks = ipaddress.ip_network(cfg.vpc_cidr).subnets(new_prefix=20)
+    subnet_ids: dict[str, pulumi.Output[str]] = {}
+    for zone in _zones(cfg):
+        subnet = aws.ec2.Subnet(f"subnet-{zone}", vpc_id=vpc.id, availability_zone=zone, cidr_block=str(next(blocks)),
+                                map_public_ip_on_launch=True, tags=tags_for(cfg, f"subnet-{zone}"))
+        aws.ec2.RouteTableAssociation(f"subnet-{zone}-routes", subnet_id=subnet.id, route_table_id=routes.id)
+        subnet_ids[zone] = subnet.id
+
+    ingress = []
+    if cfg.ssh_cidr:
+        family = "ipv6_cidr_blocks" if ipaddress.ip_network(cfg.ssh_cidr).version == 6 else "cidr_blocks"
+        ingress.append({"description": "SSH from the sdcloud user", "protocol": "tcp", "from_port": 22, "to_port": 22,
+                        family: [cfg.ssh_cidr]})
+    sg = aws.ec2.SecurityGroup("hosts", vpc_id=vpc.id, description="sdcloud GPU hosts: SSH from the user only",
+                               ingress=ingress,
+                               egress=[{"protocol": "-1", "from_port": 0, "to_port": 0, "cidr_blocks": ["0.0.0.0/0"],
+                                        "ipv6_cidr_blocks": ["::/0"], "description": "downloads, S3, package mirrors"}],
+                               tags=tags_for(cfg, "hosts"))
+
+    # Bucket: private, encrypted at rest, old checkpoints and logs expire.
+    bucket = aws.s3.Bucket("bucket", bucket_prefix=f"sdcloud-{cfg.stack}-"[:37].lower(), force_destroy=cfg.force_destroy,
+                           tags=tags_for(cfg, "bucket"))
+    aws.s3.BucketPublicAccessBlock("bucket-private", bucket=bucket.id, block_public_acls=True, block_public_policy=True,
+                                   ignore_public_acls=True, restrict_public_buckets=True)
+    aws.s3.BucketOwnershipControls("bucket-owner", bucket=bucket.id, rule={"object_ownership": "BucketOwnerEnforced"})
+    aws.s3.BucketServerSideEncryptionConfiguration(
+        "bucket-encryption", bucket=bucket.id,
+        rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}, "bucket_key_enabled": True}])
+    rules: list[dict] = [{"id": "abort-incomplete-uploads", "status": "Enabled", "filter": {"prefix": f"{cfg.prefix}/"},
+                          "abort_incomplete_multipart_upload": {"days_after_initiation": 2}}]
+    if cfg.checkpoint_expire_days:
+        for kind in ("checkpoint", "log"):
+            rules.append({"id": f"expire-old-{kind}s", "status": "Enabled",
+                          "filter": {"and_": {"prefix": f"{cfg.prefix}/runs/", "tags": {CLASS_TAG: kind}}},
+                          "expiration": {"days": cfg.checkpoint_expire_days}})
+    aws.s3.BucketLifecycleConfiguration("bucket-lifecycle", bucket=bucket.id, rules=rules)
+
+    # Host identity: the bucket prefix, nothing more.
+    role = aws.iam.Role("host-role", description="sdcloud GPU hosts: read and write the run prefix of the sdcloud bucket",
+                        assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [
+                            {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}),
+                        tags=tags_for(cfg, "host-role"))
+    aws.iam.RolePolicy("host-bucket-access", role=role.id,
+                       policy=bucket.bucket.apply(lambda name: role_policy_document(name, cfg.prefix)))
+    profile = aws.iam.InstanceProfile("host-profile", role=role.name, tags=tags_for(cfg, "host-profile"))
+
+    key_name: pulumi.Input[str] = ""
+    if cfg.public_key.strip():
+        key = aws.ec2.KeyPair("ssh-key", public_key=cfg.public_key.strip(), tags=tags_for(cfg, "ssh-key"))
+        key_name = key.key_name
+
+    image_id = aws.ssm.get_parameter(name=cfg.ami_parameter).value
+    user_data = render_user_data(cfg.agent_source)
+    devices = [{"device_name": f"/dev/sd{chr(ord('b') + i)}", "virtual_name": f"ephemeral{i}"}
+               for i in range(INSTANCE_STORE_DEVICES)]
+    instance_tags = tags_for(cfg, "host")
+    template = aws.ec2.LaunchTemplate(
+        "host-template",
+        description="sdcloud GPU host",
+        image_id=image_id,
+        update_default_version=True,
+        iam_instance_profile={"arn": profile.arn},
+        vpc_security_group_ids=[sg.id],
+        key_name=key_name or None,
+        user_data=base64.b64encode(user_data.encode()).decode(),
+        metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 2,
+                          "instance_metadata_tags": "enabled"},
+        block_device_mappings=[
+            # The Ubuntu DLAMI's root device.
+            {"device_name": "/dev/sda1", "ebs": {"volume_size": cfg.root_volume_gb, "volume_type": "gp3",
+                                                 "encrypted": "true", "delete_on_termination": "true"}},
+            *devices,
+        ],
+        # Spot hosts terminate rather than stop: sdcloud relaunches from the last checkpoint.
+        instance_initiated_shutdown_behavior="terminate",
+        tag_specifications=[{"resource_type": kind, "tags": instance_tags}
+                            for kind in ("instance", "volume", "network-interface")],
+        tags=tags_for(cfg, "host-template"),
+    )
+
+    return {
+        "bucket": bucket.bucket,
+        "prefix": cfg.prefix,
+        "launch_template_id": template.id,
+        "image_id": image_id,
+        "subnet_ids": subnet_ids,
+        "vpc_id": vpc.id,
+        "security_group_id": sg.id,
+        "instance_profile_arn": profile.arn,
+        "role_arn": role.arn,
+        "key_name": key_name,
+        "region": region,
+    }
