@@ -1,0 +1,90 @@
+"""`sdcloud catalog refresh` and `sdcloud catalog show`."""
+
+from __future__ import annotations
+
+import importlib
+from collections import defaultdict
+
+import click
+
+from ..catalog import PROVIDERS, load_provider
+from ..errors import UserError
+from ..render import emit_json, note, table
+
+
+@click.group()
+def catalog() -> None:
+    """Refresh or show the GPU offer catalog."""
+
+
+def _refresher(provider: str):
+    """The provider module's refresh_catalog(regions) -> (path, rows, errors), imported only now."""
+    try:
+        module = importlib.import_module(f"sdcloud.providers.{provider}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"sdcloud.providers.{provider}":
+            raise UserError(f"catalog refresh for {provider} is not available in this version of sdcloud") from None
+        raise
+    fn = getattr(module, "refresh_catalog", None)
+    if fn is None:
+        raise UserError(f"catalog refresh for {provider} is not available in this version of sdcloud")
+    return fn
+
+
+@catalog.command()
+@click.option("--provider", required=True, type=click.Choice(PROVIDERS), help="Which provider's catalog to refresh.")
+@click.option("--region", "regions", multiple=True, help="Region to refresh (repeatable; default: the catalog's regions).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def refresh(provider: str, regions: tuple[str, ...], as_json: bool) -> None:
+    """Fetch instance facts and current prices from the provider's APIs."""
+    path, rows, errors = _refresher(provider)(list(regions) or None)
+    per_region: dict[str, dict] = defaultdict(lambda: {"types": set(), "zones": set(), "spot_prices": 0, "ondemand_prices": 0})
+    for r in rows:
+        if regions and r.region not in regions:
+            continue
+        s = per_region[r.region]
+        s["types"].add(r.instance_type)
+        if r.zone:
+            s["zones"].add(r.zone)
+        s["spot_prices"] += r.spot_price is not None
+        s["ondemand_prices"] += r.ondemand_price is not None
+    summary = {region: {"types": len(s["types"]), "zones": sorted(s["zones"]), "spot_prices": s["spot_prices"],
+                        "ondemand_prices": s["ondemand_prices"]} for region, s in sorted(per_region.items())}
+    if as_json:
+        emit_json({"provider": provider, "path": str(path), "rows": len(rows), "regions": summary, "errors": errors})
+        return
+    for err in errors:
+        note(f"warning: {err}")
+    table(f"{provider} catalog refreshed: {path}", ["region", "types", "zones", "spot prices", "on-demand prices"],
+          [(region, s["types"], len(s["zones"]), s["spot_prices"], s["ondemand_prices"]) for region, s in summary.items()],
+          caption=f"{len(rows)} rows in all" + (f"; {len(errors)} problems (above)" if errors else ""))
+
+
+@catalog.command()
+@click.option("--provider", type=click.Choice(PROVIDERS), help="One provider (default: all).")
+@click.option("--region", help="One region.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def show(provider: str | None, region: str | None, as_json: bool) -> None:
+    """Show the catalog in use: where it comes from, how old it is, and its rows."""
+    providers = (provider,) if provider else PROVIDERS
+    rows, sources = [], []
+    for p in providers:
+        prov_rows, source = load_provider(p)
+        rows.extend(r for r in prov_rows if region is None or r.region == region)
+        sources.append(source)
+    if region is not None and not rows:
+        raise UserError(f"no catalog rows for region {region!r}")
+    if as_json:
+        emit_json({"sources": [{"provider": s.provider, "origin": s.origin, "as_of": s.as_of.isoformat(),
+                                "path": s.path} for s in sources], "rows": [r.as_dict() for r in rows]})
+        return
+    for s in sources:
+        note(s.describe())
+    table("GPU offer catalog", ["provider", "region", "zone", "type", "GPU", "VRAM", "vCPU", "RAM", "NVMe",
+                                "on-demand", "spot", "cur", "band"],
+          [(r.provider, r.region, r.zone or "*", r.instance_type, f"{r.gpu_count}x {r.gpu}", f"{r.vram_gb:g}", r.vcpus,
+            f"{r.memory_gb:g}", f"{r.nvme_gb:g}",
+            "" if r.ondemand_price is None else f"{r.ondemand_price:g}" + ("~" if r.ondemand_estimate else ""),
+            "" if r.spot_price is None else f"{r.spot_price:g}" + ("~" if r.spot_estimate else ""),
+            r.currency, "" if r.interruption_band is None else r.interruption_band) for r in rows],
+          caption="~ = estimated price; zone * = the price holds in every zone of the region")

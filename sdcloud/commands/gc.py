@@ -1,0 +1,67 @@
+"""`sdcloud gc`: find and terminate hosts that sdcloud launched and no active run owns.
+
+A host is a stray when its `sdcloud:run` tag names a run that is finished, or one this machine's
+state does not know (a controller that died between the launch and the state write).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict
+
+import click
+
+from ..render import emit_json, note, table
+
+
+def _row(inst) -> dict:
+    d = asdict(inst)
+    d["run_id"] = inst.run_id
+    return d
+
+
+@click.command()
+@click.option("--provider", required=True, type=click.Choice(["aws", "tencent"]), help="Which cloud to search.")
+@click.option("--region", "regions", multiple=True, help="Region to search (repeatable; default: the catalog's regions).")
+@click.option("--yes", is_flag=True, help="Terminate without asking.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def gc(provider: str, regions: tuple[str, ...], yes: bool, as_json: bool) -> None:
+    """Find and terminate hosts that sdcloud launched and no run owns."""
+    from ..providers import get_provider
+    from ..state import StateStore
+
+    prov = get_provider(provider)
+    found = prov.find_tagged(regions=list(regions) or None)
+    errors = list(getattr(prov, "last_errors", []) or [])
+    store = StateStore()
+    try:
+        strays = [i for i in found if not i.run_id or not store.run_is_active(i.run_id)]
+        kept = [i for i in found if i not in strays]
+        for err in errors:
+            note(f"warning: {err}")
+        if not as_json:
+            table(f"{provider}: {len(strays)} stray host(s) of {len(found)} tagged",
+                  ["instance", "region", "zone", "type", "market", "state", "run", "attempt", "launched"],
+                  [(i.id, i.region, i.zone, i.instance_type, i.market, i.state, i.run_id, i.tags.get("sdcloud:attempt"),
+                    i.launched_at) for i in strays])
+        terminated: list[str] = []
+        if strays and (yes or click.confirm(f"terminate {len(strays)} stray host(s)?", default=False, err=True)):
+            by_region: dict[str, list] = defaultdict(list)
+            for inst in strays:
+                by_region[inst.region].append(inst)
+            for region, insts in sorted(by_region.items()):
+                prov.terminate([i.id for i in insts], region=region)
+                for i in insts:
+                    terminated.append(i.id)
+                    store.event(i.run_id, "gc.terminated", {"provider": provider, "instance_id": i.id, "region": region})
+        elif strays:
+            note("nothing terminated (not confirmed)")
+    finally:
+        store.close()
+    if as_json:
+        emit_json({"provider": provider, "found": len(found), "strays": [_row(i) for i in strays],
+                   "kept": [_row(i) for i in kept], "terminated": terminated, "errors": errors})
+    elif terminated:
+        note(f"terminated {len(terminated)} host(s): {', '.join(terminated)}")
+    elif not strays:
+        note("no stray hosts")

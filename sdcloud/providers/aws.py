@@ -1,0 +1,505 @@
+"""AWS EC2 behind the Provider protocol (boto3).
+
+Launch is idempotent on `spec.token`: before it calls RunInstances it looks for a live instance
+tagged `sdcloud:token` = token and adopts it, because a ClientToken alone does not survive a new
+zone, a new instance type or an AWS-compatible endpoint that ignores it. Throttling is retried
+here (tenacity), not inside botocore, so that every retry is reported as a run event.
+
+Credentials come from boto3's standard chain; `AWS_ENDPOINT_URL` (and the per-service
+`AWS_ENDPOINT_URL_EC2` etc.) work as boto3 documents them. Nothing here logs or stores a secret.
+
+This module imports boto3 at the top: only commands that need AWS import it, lazily.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from ..catalog import CatalogRow, load_provider
+from ..errors import UserError
+from ..optimizer import Offer, fits
+from .base import (
+    FAILED, PENDING, RUNNING, STOPPING, TAG_RUN, TAG_TOKEN, TERMINATED,
+    CapacityError, CredentialsError, EventSink, Instance, LaunchSpec, PriceTooLowError, ProviderError,
+    QuotaError, no_events,
+)
+
+NAME = "aws"
+DEFAULT_REGION = "us-east-1"
+# Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04): NVIDIA driver, CUDA, NVMe mounted at
+# /opt/dlami/nvme. The public SSM parameter always names the newest build in each region.
+DEFAULT_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+
+CAPACITY_CODES = frozenset({"InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity"})
+# The type is not offered in this zone: as good as no capacity there, try the next zone.
+ZONE_UNSUPPORTED_CODES = frozenset({"Unsupported"})
+PRICE_CODES = frozenset({"SpotMaxPriceTooLow"})
+QUOTA_CODES = frozenset({"MaxSpotInstanceCountExceeded", "VcpuLimitExceeded", "InstanceLimitExceeded"})
+THROTTLE_CODES = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException", "RequestThrottled",
+                            "RequestThrottledException", "TooManyRequestsException", "SlowDown",
+                            "EC2ThrottledException", "ServiceUnavailable", "Unavailable", "InternalError"})
+AUTH_CODES = frozenset({"AuthFailure", "UnauthorizedOperation", "OptInRequired", "InvalidClientTokenId",
+                        "SignatureDoesNotMatch", "ExpiredToken", "RequestExpired", "UnrecognizedClientException",
+                        "AccessDenied", "AccessDeniedException"})
+
+_STATES = {"pending": PENDING, "running": RUNNING, "stopping": STOPPING, "shutting-down": STOPPING,
+           # A stopped host still bills its volumes: keep it visible (live) so that gc reaps it.
+           "stopped": STOPPING, "terminated": TERMINATED}
+# States find_tagged and gc look at: everything that still costs money.
+_FIND_STATES = ["pending", "running", "stopping", "stopped"]
+_ADOPT_STATES = ["pending", "running", "stopping"]
+
+# Service Quotas codes, per market and instance family letter (the quotas count vCPUs).
+_QUOTAS = {
+    ("spot", "g"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+    ("spot", "p"): ("L-7212CCBC", "All P Spot Instance Requests"),
+    ("on-demand", "g"): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    ("on-demand", "p"): ("L-417A185B", "Running On-Demand P instances"),
+}
+
+T = TypeVar("T")
+
+
+def error_code(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def error_message(exc: BaseException, limit: int = 300) -> str:
+    if isinstance(exc, ClientError):
+        text = str(exc.response.get("Error", {}).get("Message", "")) or str(exc)
+    else:
+        text = str(exc)
+    # Authorization failures carry a long encoded blob: keep the line readable.
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def is_throttle(exc: BaseException) -> bool:
+    return error_code(exc) in THROTTLE_CODES
+
+
+def region_of_zone(zone: str) -> str:
+    return zone[:-1] if zone and zone[-1].isalpha() else zone
+
+
+def check_region(region: str) -> str:
+    parts = region.split("-")
+    if len(parts) < 3 or not parts[-1].isdigit() or not all(p.isalpha() and p.islower() for p in parts[:-1]):
+        raise UserError(f"not an AWS region name: {region!r} (e.g. us-east-1)")
+    return region
+
+
+def new_session(region: str | None = None, profile: str | None = None) -> boto3.session.Session:
+    """A boto3 session on the standard credential chain; no credentials is one clear line."""
+    try:
+        session = boto3.session.Session(profile_name=profile, region_name=region)
+    except BotoCoreError as exc:  # e.g. a profile that does not exist
+        raise CredentialsError(f"AWS credentials: {exc}") from None
+    if session.get_credentials() is None:
+        raise CredentialsError("no AWS credentials found: set AWS_PROFILE (aws configure / aws sso login) "
+                               "or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    return session
+
+
+# Retries belong to tenacity (so that each is reported); botocore tries each call once.
+CLIENT_CONFIG = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60,
+                       user_agent_extra="sdcloud")
+
+
+class Retry:
+    """Bounded exponential backoff with jitter for throttling, reporting each retry."""
+
+    def __init__(self, attempts: int = 6, base: float = 0.5, cap: float = 20.0):
+        self.attempts, self.base, self.cap = attempts, base, cap
+
+    def call(self, fn: Callable[[], T], what: str, events: EventSink = no_events, **info: Any) -> T:
+        def report(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            events("retry", {"provider": NAME, "call": what, "attempt": state.attempt_number,
+                             "code": error_code(exc) if exc else "", "wait_s": round(state.upcoming_sleep, 3), **info})
+
+        retrying = Retrying(retry=retry_if_exception(is_throttle), stop=stop_after_attempt(self.attempts),
+                            wait=wait_random_exponential(multiplier=self.base, max=self.cap),
+                            before_sleep=report, reraise=True)
+        try:
+            return retrying(fn)
+        except NoCredentialsError:
+            raise CredentialsError("no AWS credentials found: set AWS_PROFILE (aws configure / aws sso login) "
+                                   "or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY") from None
+        except ClientError as exc:
+            code = error_code(exc)
+            if code in THROTTLE_CODES:
+                raise ProviderError(f"AWS {what}: still throttled ({code}) after {self.attempts} tries") from exc
+            if code in AUTH_CODES:
+                raise UserError(f"AWS {what} denied ({code}): {error_message(exc)}") from None
+            raise
+
+
+def client_token(spec: LaunchSpec, instance_type: str, zone: str, market: str) -> str:
+    """RunInstances ClientToken: from run and attempt, and distinct per type/zone/market.
+
+    AWS rejects one ClientToken reused with other parameters, and failing over to the next zone
+    changes them; the `sdcloud:token` tag stays the same on every try.
+    """
+    detail = hashlib.sha256(f"{instance_type}/{zone}/{market}".encode()).hexdigest()[:12]
+    return f"{spec.token}-{detail}"  # 36 + 13 characters, under the limit of 64
+
+
+def quota_message(code: str, region: str, instance_type: str, market: str, detail: str) -> str:
+    family = instance_type[:1].lower()
+    quota = _QUOTAS.get((market, family))
+    if quota:
+        qcode, qname = quota
+        how = (f"raise the quota '{qname}' ({qcode}, counted in vCPUs) in {region}: Service Quotas console, or "
+               f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {qcode} "
+               f"--desired-value <vCPUs> --region {region}")
+    else:
+        how = f"raise the EC2 instance quota for {instance_type} in {region} in the Service Quotas console"
+    return f"AWS quota reached ({code}) launching {market} {instance_type} in {region}: {how} ({detail})"
+
+
+class AwsProvider:
+    """EC2 adapter. `regions` bounds where find_tagged/gc look (default: the catalog's regions)."""
+
+    name = NAME
+
+    def __init__(self, region: str | None = None, regions: list[str] | None = None, profile: str | None = None,
+                 ami_parameter: str = DEFAULT_AMI_PARAMETER, image_id: str | None = None,
+                 retry_attempts: int = 6, retry_base: float = 0.5, retry_cap: float = 20.0,
+                 session: boto3.session.Session | None = None):
+        self.session = session or new_session(region, profile)
+        self.region = check_region(region) if region else (self.session.region_name or DEFAULT_REGION)
+        self.regions = [check_region(r) for r in regions] if regions else None
+        self.ami_parameter = ami_parameter
+        self.image_id = image_id
+        self.retry = Retry(retry_attempts, retry_base, retry_cap)
+        self._clients: dict[tuple[str, str], Any] = {}
+        self._lock = threading.Lock()
+        self.last_errors: list[str] = []  # regions find_tagged could not read
+
+    # clients
+    def client(self, service: str, region: str | None = None):
+        """One cached client per (service, region); boto3 clients are thread-safe once made."""
+        key = (service, region or self.region)
+        with self._lock:
+            if key not in self._clients:
+                self._clients[key] = self.session.client(service, region_name=key[1], config=CLIENT_CONFIG)
+            return self._clients[key]
+
+    def _call(self, service: str, region: str, op: str, events: EventSink = no_events, **params: Any) -> dict:
+        cl = self.client(service, region)
+        return self.retry.call(lambda: getattr(cl, op)(**params), op, events, region=region)
+
+    def _paginate(self, service: str, region: str, op: str, key: str, **params: Any) -> list:
+        cl = self.client(service, region)
+
+        def run() -> list:
+            out: list = []
+            for page in cl.get_paginator(op).paginate(**params):
+                out.extend(page.get(key, []))
+            return out
+
+        return self.retry.call(run, op, region=region)
+
+    # catalog
+    def offers(self, tier, market: str | None = None, regions: list[str] | None = None) -> list[Offer]:
+        rows, _ = load_provider(NAME)
+        markets = (market,) if market else ("spot", "on-demand")
+        out = []
+        for row in rows:
+            if regions and row.region not in regions or not fits(tier, row):
+                continue
+            for m in markets:
+                if (row.spot_price if m == "spot" else row.ondemand_price) is not None:
+                    out.append(Offer(row, m))
+        return out
+
+    def catalog_regions(self) -> list[str]:
+        rows, _ = load_provider(NAME)
+        return sorted({r.region for r in rows} | {self.region})
+
+    # images and zones
+    def resolve_image(self, region: str, infra: dict) -> str:
+        explicit = infra.get("image_id") or self.image_id
+        if explicit:
+            return str(explicit)
+        name = infra.get("ami_parameter") or self.ami_parameter
+        try:
+            resp = self._call("ssm", region, "get_parameter", Name=name)
+        except ClientError as exc:
+            raise UserError(f"cannot resolve the Deep Learning AMI in {region} from SSM parameter {name}: "
+                            f"{error_code(exc)} {error_message(exc)}") from None
+        return str(resp["Parameter"]["Value"])
+
+    def _root_device(self, region: str, image_id: str) -> str:
+        try:
+            images = self._call("ec2", region, "describe_images", ImageIds=[image_id]).get("Images", [])
+        except ClientError as exc:
+            if error_code(exc).startswith("InvalidAMIID"):
+                raise UserError(f"AMI {image_id} does not exist in {region}") from None
+            raise
+        if not images:
+            raise UserError(f"AMI {image_id} does not exist in {region}")
+        return images[0].get("RootDeviceName") or "/dev/sda1"
+
+    def zones(self, region: str) -> list[str]:
+        resp = self._call("ec2", region, "describe_availability_zones",
+                          Filters=[{"Name": "state", "Values": ["available"]},
+                                   {"Name": "zone-type", "Values": ["availability-zone"]}])
+        return sorted(z["ZoneName"] for z in resp.get("AvailabilityZones", []))
+
+    def current_spot_prices(self, region: str, instance_type: str) -> dict[str, float]:
+        """The spot price in effect now, per zone."""
+        items = self._paginate("ec2", region, "describe_spot_price_history", "SpotPriceHistory",
+                               InstanceTypes=[instance_type], ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
+                               StartTime=datetime.now(timezone.utc))
+        newest: dict[str, tuple[datetime, float]] = {}
+        for item in items:
+            zone, stamp = item["AvailabilityZone"], item["Timestamp"]
+            if zone not in newest or stamp > newest[zone][0]:
+                newest[zone] = (stamp, float(item["SpotPrice"]))
+        return {z: p for z, (_, p) in newest.items()}
+
+    def _launch_zones(self, offer: Offer, region: str, market: str, subnets: dict[str, str], events: EventSink) -> list[str]:
+        if offer.row.zone:
+            return [offer.row.zone]
+        zones = sorted(subnets) if subnets else self.zones(region)
+        if market == "spot" and len(zones) > 1:
+            # Cheapest zone first; a failed price lookup keeps the name order.
+            try:
+                prices = self.current_spot_prices(region, offer.row.instance_type)
+                zones.sort(key=lambda z: (prices.get(z, float("inf")), z))
+            except (ClientError, ProviderError) as exc:
+                events("price-lookup-failed", {"provider": NAME, "region": region, "code": error_code(exc)})
+        return zones
+
+    # launch
+    def find_token(self, token: str, region: str) -> Instance | None:
+        found = self._describe_filtered(region, [{"Name": f"tag:{TAG_TOKEN}", "Values": [token]},
+                                                 {"Name": "instance-state-name", "Values": _ADOPT_STATES}])
+        if not found:
+            return None
+        found.sort(key=lambda i: i.launched_at or datetime.min.replace(tzinfo=timezone.utc))
+        return found[0]
+
+    def launch(self, offer: Offer, spec: LaunchSpec, market: str, max_price: float | None = None,
+               events: EventSink = no_events) -> Instance:
+        if market not in ("spot", "on-demand"):
+            raise UserError(f"unknown market {market!r}; valid: spot, on-demand")
+        if max_price is not None and not max_price > 0:
+            raise UserError(f"max price must be a positive number of USD per hour, got {max_price}")
+        row = offer.row
+        region = check_region(row.region)
+        infra = spec.infra or {}
+
+        existing = self.find_token(spec.token, region)
+        if existing is not None:
+            existing.adopted = True
+            events("adopted", {"provider": NAME, "region": region, "instance_id": existing.id, "token": spec.token})
+            return existing
+
+        subnets: dict[str, str] = dict(infra.get("subnet_ids") or {})
+        zones = self._launch_zones(offer, region, market, subnets, events)
+        if not zones:
+            raise CapacityError(f"no usable zone for {row.instance_type} in {region}")
+        image_id = self.resolve_image(region, infra)
+        root_device = self._root_device(region, image_id)
+        price_errors: list[tuple[str, float | None]] = []
+        capacity_errors: list[str] = []
+
+        for i, zone in enumerate(zones):
+            nxt = zones[i + 1] if i + 1 < len(zones) else None
+            if subnets and zone not in subnets:
+                capacity_errors.append(f"{zone}: no subnet in the stack")
+                events("failover", {"provider": NAME, "region": region, "zone": zone, "next_zone": nxt,
+                                    "instance_type": row.instance_type, "reason": "no subnet for this zone"})
+                continue
+            params = self._run_params(spec, row.instance_type, zone, market, max_price, image_id, root_device,
+                                      infra, subnets.get(zone))
+            try:
+                resp = self._call("ec2", region, "run_instances", events, **params)
+            except ClientError as exc:
+                code, msg = error_code(exc), error_message(exc)
+                if code in QUOTA_CODES:
+                    events("quota", {"provider": NAME, "region": region, "zone": zone, "code": code,
+                                     "instance_type": row.instance_type, "market": market})
+                    raise QuotaError(quota_message(code, region, row.instance_type, market, msg)) from None
+                if code in CAPACITY_CODES or code in ZONE_UNSUPPORTED_CODES:
+                    capacity_errors.append(f"{zone}: {code}")
+                    events("failover", {"provider": NAME, "region": region, "zone": zone, "next_zone": nxt,
+                                        "instance_type": row.instance_type, "market": market, "code": code})
+                    continue
+                if code in PRICE_CODES:
+                    current = self._spot_price_now(region, zone, row.instance_type)
+                    price_errors.append((zone, current))
+                    events("failover", {"provider": NAME, "region": region, "zone": zone, "next_zone": nxt,
+                                        "instance_type": row.instance_type, "code": code, "max_price": max_price,
+                                        "current_price": current})
+                    continue
+                raise ProviderError(f"AWS RunInstances {row.instance_type} in {zone}: {code}: {msg}") from None
+            raw = resp["Instances"][0]
+            inst = self._instance(raw, region)
+            inst.price_per_hour = max_price if (market == "spot" and max_price) else offer.price_per_hour
+            events("launched", {"provider": NAME, "region": region, "zone": inst.zone, "instance_id": inst.id,
+                                "instance_type": row.instance_type, "market": market, "token": spec.token})
+            return inst
+
+        if price_errors:
+            known = [p for _, p in price_errors if p is not None]
+            current = min(known) if known else None
+            now = f"${current:.4f}/h" if current is not None else "unknown"
+            raise PriceTooLowError(f"spot max price ${max_price}/h is below the current spot price of "
+                                   f"{row.instance_type} in {region} (lowest now: {now})", current)
+        raise CapacityError(f"no capacity for {market} {row.instance_type} in {region}: " + "; ".join(capacity_errors))
+
+    def _spot_price_now(self, region: str, zone: str, instance_type: str) -> float | None:
+        try:
+            return self.current_spot_prices(region, instance_type).get(zone)
+        except (ClientError, ProviderError):
+            return None
+
+    def _run_params(self, spec: LaunchSpec, instance_type: str, zone: str, market: str, max_price: float | None,
+                    image_id: str, root_device: str, infra: dict, subnet_id: str | None) -> dict:
+        tags = [{"Key": k, "Value": v} for k, v in spec.tags.items()]
+        tags.append({"Key": "Name", "Value": f"sdcloud-{spec.run_id}-{spec.attempt}"})
+        params: dict[str, Any] = {
+            "MinCount": 1, "MaxCount": 1,
+            "ClientToken": client_token(spec, instance_type, zone, market),
+            "InstanceType": instance_type,
+            "ImageId": image_id,
+            # IMDSv2 only; hop limit 2 so that a container on the host can read the spot notice.
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
+            # A host that shuts itself down is gone, not a stopped volume that bills.
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            "BlockDeviceMappings": [{"DeviceName": root_device, "Ebs": {
+                "VolumeSize": int(spec.root_volume_gb), "VolumeType": "gp3", "DeleteOnTermination": True, "Encrypted": True}}],
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}],
+        }
+        if infra.get("launch_template_id"):
+            params["LaunchTemplate"] = {"LaunchTemplateId": str(infra["launch_template_id"]),
+                                        "Version": str(infra.get("launch_template_version", "$Latest"))}
+        if subnet_id:
+            params["SubnetId"] = subnet_id
+        else:
+            params["Placement"] = {"AvailabilityZone": zone}
+        if infra.get("security_group_id"):
+            params["SecurityGroupIds"] = [str(infra["security_group_id"])]
+        if infra.get("instance_profile_arn"):
+            params["IamInstanceProfile"] = {"Arn": str(infra["instance_profile_arn"])}
+        if spec.ssh_key_name:
+            params["KeyName"] = spec.ssh_key_name
+        if spec.user_data:
+            params["UserData"] = spec.user_data  # boto3 base64-encodes it
+        if market == "spot":
+            spot: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+            if max_price is not None:
+                spot["MaxPrice"] = f"{max_price:.6f}".rstrip("0").rstrip(".")
+            params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
+        return params
+
+    # describe, terminate, find
+    def _instance(self, raw: dict, region: str) -> Instance:
+        tags = {t["Key"]: t["Value"] for t in raw.get("Tags", []) or []}
+        zone = raw.get("Placement", {}).get("AvailabilityZone", "")
+        return Instance(
+            provider=NAME, id=raw["InstanceId"], region=region or region_of_zone(zone), zone=zone,
+            instance_type=raw.get("InstanceType", ""),
+            market="spot" if raw.get("InstanceLifecycle") == "spot" else "on-demand",
+            state=_STATES.get(raw.get("State", {}).get("Name", ""), FAILED),
+            public_ip=raw.get("PublicIpAddress"), private_ip=raw.get("PrivateIpAddress"),
+            launched_at=raw.get("LaunchTime"), tags=tags,
+        )
+
+    def _describe_filtered(self, region: str, filters: list[dict], ids: list[str] | None = None) -> list[Instance]:
+        params: dict[str, Any] = {"Filters": filters} if filters else {}
+        if ids:
+            params["InstanceIds"] = ids
+        reservations = self._paginate("ec2", region, "describe_instances", "Reservations", **params)
+        return [self._instance(raw, region) for res in reservations for raw in res.get("Instances", [])]
+
+    def describe(self, ids: list[str], region: str | None = None) -> list[Instance]:
+        """The instances among `ids` that AWS still knows; ids it has forgotten are left out."""
+        if not ids:
+            return []
+        region = region or self.region
+        try:
+            return self._describe_filtered(region, [], ids)
+        except ClientError as exc:
+            if error_code(exc) != "InvalidInstanceID.NotFound":
+                raise
+        # One id unknown fails the whole call: ask one at a time.
+        out = []
+        for one in ids:
+            try:
+                out.extend(self._describe_filtered(region, [], [one]))
+            except ClientError as exc:
+                if error_code(exc) not in ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"):
+                    raise
+        return out
+
+    def terminate(self, ids: list[str], region: str | None = None) -> None:
+        if not ids:
+            return
+        region = region or self.region
+        try:
+            self._call("ec2", region, "terminate_instances", InstanceIds=list(ids))
+        except ClientError as exc:
+            if error_code(exc) != "InvalidInstanceID.NotFound":
+                raise
+            if len(ids) > 1:  # one id already gone fails the whole call: the others still go
+                for one in ids:
+                    self.terminate([one], region)
+
+    def find_tagged(self, run_id: str | None = None, regions: list[str] | None = None) -> list[Instance]:
+        """Instances that still cost money and carry `sdcloud:run` (= run_id when given), in every region."""
+        regions = [check_region(r) for r in regions] if regions else (self.regions or self.catalog_regions())
+        tag_filter = ({"Name": f"tag:{TAG_RUN}", "Values": [run_id]} if run_id
+                      else {"Name": "tag-key", "Values": [TAG_RUN]})
+        filters = [tag_filter, {"Name": "instance-state-name", "Values": _FIND_STATES}]
+        errors: list[str] = []
+        found: list[Instance] = []
+
+        def one(region: str) -> list[Instance]:
+            return self._describe_filtered(region, filters)
+
+        with ThreadPoolExecutor(max_workers=min(8, len(regions))) as pool:
+            futures = {r: pool.submit(one, r) for r in regions}
+            for region, fut in futures.items():
+                try:
+                    found.extend(fut.result())
+                except (ClientError, ProviderError, UserError, BotoCoreError) as exc:
+                    errors.append(f"{region}: {error_code(exc) or type(exc).__name__}: {error_message(exc, 200)}")
+        self.last_errors = errors
+        if errors and len(errors) == len(regions):
+            raise UserError("AWS: no region could be searched for sdcloud instances: " + errors[0])
+        return found
+
+    def price_history(self, instance_type: str, zone: str, start: datetime, end: datetime) -> list[tuple[datetime, float]]:
+        """Spot price changes for one type in one zone over [start, end], oldest first (for cost reports)."""
+        region = region_of_zone(zone)
+        items = self._paginate("ec2", region, "describe_spot_price_history", "SpotPriceHistory",
+                               InstanceTypes=[instance_type], AvailabilityZone=zone, StartTime=start, EndTime=end,
+                               ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"])
+        points = sorted({(i["Timestamp"], float(i["SpotPrice"])) for i in items if i["AvailabilityZone"] == zone})
+        return points
+
+
+def refresh_catalog(regions: list[str] | None = None, **kwargs: Any) -> tuple[Path, list[CatalogRow], list[str]]:
+    """`sdcloud catalog refresh --provider aws`: see aws_catalog.refresh."""
+    from .aws_catalog import refresh
+
+    return refresh(regions, **kwargs)
+
+
+PROVIDER_CLASS = AwsProvider
