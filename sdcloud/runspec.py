@@ -1,0 +1,146 @@
+"""What a run is asked to do: `sdcloud up` flags over an optional run file (YAML or TOML).
+
+Validation happens here, before anything is launched: every bad value is one UserError line.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from .errors import UserError
+from .providers import NAMES as PROVIDER_NAMES
+from .tiers import get_tier
+
+TRAINERS = ("builtin", "diffusers", "kohya", "command")
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*d)?\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$")
+
+
+def parse_duration(text: str | float | int, what: str = "--deadline") -> float:
+    """Hours from '36h', '1d12h', '90m', '2.5h' or a bare number of hours."""
+    if isinstance(text, (int, float)):
+        hours = float(text)
+    else:
+        raw = str(text).strip().lower()
+        try:
+            hours = float(raw)
+        except ValueError:
+            m = _DURATION.match(raw)
+            if not raw or not m or not any(m.groups()):
+                raise UserError(f"{what} must be a duration such as 36h, 1d12h or 90m, got {text!r}") from None
+            d, h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+            hours = d * 24 + h + mi / 60 + s / 3600
+    if not hours > 0:
+        raise UserError(f"{what} must be longer than zero, got {text!r}")
+    return hours
+
+
+@dataclass
+class RunSpec:
+    tier: str
+    provider: str = "local"
+    market: str = "spot"  # "spot" or "on-demand"
+    max_price: float | None = None  # USD per hour
+    region: str | None = None
+    deadline_hours: float | None = None
+    budget: float | None = None  # USD
+    name: str | None = None
+    dataset: str | None = None
+    trainer: str = "builtin"
+    trainer_args: list[str] = field(default_factory=list)
+    model: str = "tiny"
+    steps: int | None = None
+    checkpoint_every: int | None = None
+    simulate_preemption: float | None = None  # seconds into the first attempt (local provider)
+    store: str | None = None  # bucket URL override, e.g. s3://bucket/prefix or file:///dir
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+FIELDS = {f.name for f in fields(RunSpec)}
+# Names a run file may use for the same fields as the flags.
+ALIASES = {"deadline": "deadline_hours", "max-price": "max_price", "simulate-preemption": "simulate_preemption",
+           "trainer-args": "trainer_args", "checkpoint-every": "checkpoint_every"}
+
+
+def load_runfile(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"run file {path} does not exist")
+    text = p.read_text()
+    try:
+        if p.suffix in (".toml",):
+            data = tomllib.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as exc:  # a parse error of either format: one line
+        raise UserError(f"run file {path} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"run file {path} must hold a mapping of fields (tier, provider, steps, ...)")
+    out = {}
+    for key, value in data.items():
+        name = ALIASES.get(key, key.replace("-", "_"))
+        if name == "spot":
+            name, value = "market", ("spot" if value else "on-demand")
+        elif name == "on_demand":
+            name, value = "market", ("on-demand" if value else "spot")
+        if name not in FIELDS:
+            raise UserError(f"run file {path}: unknown field {key!r}; known: {', '.join(sorted(FIELDS))}")
+        out[name] = value
+    return out
+
+
+def _positive(value, what: str, integer: bool = False):
+    try:
+        number = int(value) if integer else float(value)
+        if integer and float(value) != int(value):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise UserError(f"{what} must be a positive {'whole ' if integer else ''}number, got {value!r}") from None
+    if not number > 0:
+        raise UserError(f"{what} must be a positive {'whole ' if integer else ''}number, got {value!r}")
+    return number
+
+
+def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
+    """Flags (non-None values in `overrides`) override the run file; the result is validated."""
+    data = load_runfile(runfile) if runfile else {}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if "tier" not in data:
+        raise UserError("--tier is required (or `tier:` in the run file); see: sdcloud tiers")
+    get_tier(str(data["tier"]))
+    if data.get("provider", "local") not in PROVIDER_NAMES:
+        raise UserError(f"unknown provider {data['provider']!r}; valid: {', '.join(PROVIDER_NAMES)}")
+    if data.get("market", "spot") not in ("spot", "on-demand"):
+        raise UserError(f"market must be spot or on-demand, got {data['market']!r}")
+    if data.get("trainer", "builtin") not in TRAINERS:
+        raise UserError(f"unknown trainer {data['trainer']!r}; valid: {', '.join(TRAINERS)}")
+    if data.get("max_price") is not None:
+        data["max_price"] = _positive(data["max_price"], "--max-price")
+    if data.get("budget") is not None:
+        data["budget"] = _positive(data["budget"], "--budget")
+    if data.get("deadline_hours") is not None:
+        data["deadline_hours"] = parse_duration(data["deadline_hours"])
+    if data.get("steps") is not None:
+        data["steps"] = _positive(data["steps"], "--steps", integer=True)
+    if data.get("checkpoint_every") is not None:
+        data["checkpoint_every"] = _positive(data["checkpoint_every"], "--checkpoint-every", integer=True)
+    if data.get("simulate_preemption") is not None:
+        data["simulate_preemption"] = _positive(data["simulate_preemption"], "--simulate-preemption")
+        if data.get("provider", "local") != "local":
+            raise UserError("--simulate-preemption works with the local provider only")
+    if data.get("name") is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", str(data["name"])):
+        raise UserError(f"--name must be letters, digits, '.', '_' or '-' (at most 63), got {data['name']!r}")
+    dataset = data.get("dataset")
+    if dataset and "://" not in str(dataset) and not Path(str(dataset)).expanduser().exists():
+        raise UserError(f"dataset path {dataset} does not exist")
+    if isinstance(data.get("trainer_args"), str):
+        import shlex
+
+        data["trainer_args"] = shlex.split(data["trainer_args"])
+    return RunSpec(**data)
