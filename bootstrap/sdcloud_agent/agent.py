@@ -1,0 +1,365 @@
+"""The host agent's lifecycle: NVMe, GPU check, staging, restore, train, sync, watch, report.
+
+    starting -> staging -> restoring -> training -> (saving -> uploading) -> succeeded | failed | preempted
+
+Exit codes: 0 succeeded, 3 preempted, 1 failed.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from . import gpu, manifest as mf, nvme, staging
+from .config import AgentConfig
+from .status import StatusReporter
+from .store import Cancelled, StoreError, open_store, retry
+from .sync import CheckpointSync, SyncWorker
+from .trainers.base import Context, Trainer
+from .watchers import Notice, WatchThread, make_watcher
+
+log = logging.getLogger("sdcloud_agent")
+trainer_log = logging.getLogger("sdcloud_agent.trainer")
+
+EXIT_SUCCEEDED, EXIT_FAILED, EXIT_PREEMPTED = 0, 1, 3
+# Seconds we assume we have when the agent itself gets SIGTERM (systemd stop at host shutdown).
+SIGTERM_GRACE_S = 90.0
+TAIL_LINES = 40
+
+
+def make_trainer(name: str) -> Trainer:
+    if name == "builtin":
+        from .trainers.builtin_adapter import BuiltinTrainer
+        return BuiltinTrainer()
+    if name == "diffusers":
+        from .trainers.diffusers import DiffusersTrainer
+        return DiffusersTrainer()
+    if name == "kohya":
+        from .trainers.kohya import KohyaTrainer
+        return KohyaTrainer()
+    if name == "command":
+        from .trainers.command import CommandTrainer
+        return CommandTrainer()
+    raise ValueError(f"unknown trainer {name!r}")
+
+
+class Failure(Exception):
+    """A run-ending problem with a reason for status.json."""
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig):
+        self.cfg = cfg
+        self.workdir = Path(cfg.workdir)
+        self.notice: Notice | None = None
+        self.notice_event = threading.Event()
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.trainer = make_trainer(cfg.trainer)
+        self.store = None
+        self.status: StatusReporter | None = None
+        self.worker: SyncWorker | None = None
+        self.log_path: Path | None = None
+
+    # -- setup ------------------------------------------------------------------------------
+    def _setup_logging(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.workdir / f"attempt-{self.cfg.attempt}.log"
+        handler = logging.FileHandler(self.log_path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root = logging.getLogger("sdcloud_agent")
+        root.setLevel(logging.INFO)
+        root.addHandler(handler)
+        self._handlers = [handler]
+
+    def _on_notice(self, notice: Notice) -> None:
+        if notice.kind == "terminate":
+            if self.notice is None:
+                self.notice = notice
+                self.notice_event.set()
+        elif notice.kind == "rebalance":
+            # Elevated reclaim risk: take a checkpoint now if the trainer can, and keep training.
+            proc = getattr(self, "proc", None)
+            if proc is not None and proc.poll() is None and self.trainer.request_save(proc):
+                log.info("rebalance recommendation: asked the trainer for a checkpoint")
+
+    def _on_sigterm(self, signum, frame) -> None:
+        now = time.time()
+        self._on_notice(Notice("terminate", now + SIGTERM_GRACE_S, now, "agent got SIGTERM (host shutdown)"))
+
+    def _gauges(self) -> dict:
+        out = {"disk_free_gb": staging.disk_free_gb(self.workdir)}
+        if self.cfg.require_gpu:
+            out["gpu_util"] = gpu.utilisation()
+        return out
+
+    # -- phases -----------------------------------------------------------------------------
+    def _prepare_disk(self) -> None:
+        mount = self.cfg.mount_point
+        if mount is None:
+            return
+        path, p = nvme.setup(mount)
+        if path is not None:
+            # Everything bulky (dataset, checkpoints) goes on the fast local disk.
+            self.workdir = path / "sdcloud" / self.cfg.run_id
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            log.info("working on local NVMe: %s", self.workdir)
+
+    def _check_gpu(self) -> None:
+        gpus = gpu.query()
+        for g in gpus:
+            log.info("GPU: %s, %.1f GB, driver %s", g.name, g.vram_gb, g.driver)
+        res = gpu.check(gpus, self.cfg.min_vram_gb, self.cfg.rec_vram_gb, self.cfg.require_gpu)
+        for w in res.warnings:
+            log.warning(w)
+        if not res.ok:
+            raise Failure(res.reason)
+
+    def _stage(self) -> Path | None:
+        if not self.cfg.dataset:
+            return None
+        self.status.set_phase("staging")
+        opts = {k: v for k, v in self.cfg.store.items() if k != "url"}
+        try:
+            return staging.stage(self.cfg.dataset, self.workdir / "dataset", opts).path
+        except (StoreError, OSError) as exc:
+            raise Failure(f"staging the dataset failed: {exc}") from exc
+
+    def _restore(self, ctx: Context) -> None:
+        self.status.set_phase("restoring")
+        sync = self.worker.sync
+        steps = mf.complete_steps(self.store, self.cfg.run_prefix)
+        for step in reversed(steps):
+            m = mf.read(self.store, self.cfg.run_prefix, step)
+            if m is None:
+                continue
+            dest = self.trainer.restore_dir(ctx, m.name)
+            t0 = time.monotonic()
+            try:
+                retry(lambda: mf.download(self.store, self.cfg.run_prefix, m, dest), attempts=3,
+                      log=log.warning, what=f"restore of step {step}")
+            except (StoreError, mf.CorruptCheckpoint) as exc:
+                log.error("checkpoint %d cannot be restored (%s); trying an older one", step, exc)
+                continue
+            secs = time.monotonic() - t0
+            log.info("restored checkpoint %d (%.1f MB in %.2fs) to %s", step, m.total_bytes / 1e6, secs, dest)
+            ctx.resume, ctx.resume_step = dest, step
+            sync.durable_step = max(sync.durable_step, step)
+            self.status.update(step=step)
+            return
+        log.info("no complete checkpoint in the bucket: starting from step 0")
+
+    def _start_trainer(self, ctx: Context) -> subprocess.Popen:
+        cmd = self.trainer.command(ctx)
+        env = {**os.environ, **self.trainer.environment(ctx), **ctx.env}
+        log.info("starting trainer: %s", " ".join(cmd))
+        # Its own session and process group: a notice signals it (and accelerate's workers) on
+        # purpose, and a Ctrl-C or SIGTERM aimed at the agent does not reach it by accident.
+        proc = subprocess.Popen(cmd, cwd=ctx.workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0)
+        threading.Thread(target=self._read_output, args=(proc,), name="sdcloud-trainer-out", daemon=True).start()
+        return proc
+
+    def _read_output(self, proc: subprocess.Popen) -> None:
+        buf = b""
+        while True:
+            chunk = proc.stdout.read(65536)
+            if not chunk:
+                break
+            buf += chunk
+            # tqdm redraws with \r: every fragment is a line for us.
+            *lines, buf = buf.replace(b"\r", b"\n").split(b"\n")
+            for raw in lines:
+                self._handle_line(raw.decode("utf-8", "replace").rstrip())
+        if buf:
+            self._handle_line(buf.decode("utf-8", "replace").rstrip())
+
+    def _handle_line(self, line: str) -> None:
+        if not line:
+            return
+        self.tail.append(line)
+        trainer_log.info("%s", line)
+        prog = self.trainer.parse_line(line)
+        if prog:
+            self.status.update(**prog)
+
+    def _submit_finished(self, ctx: Context, exited: bool = False, killed: bool = False) -> None:
+        for c in self.trainer.finished(ctx, trainer_exited=exited, killed=killed):
+            if c.step > self.worker.durable_step and c.path.resolve() != (ctx.resume.resolve() if ctx.resume else None):
+                self.worker.submit(c.step, self._snapshot(c.step, c.path))
+
+    def _snapshot(self, step: int, path: Path) -> Path:
+        """Hard-link a finished checkpoint into a folder the trainer never touches, so that its
+        clean-up of old checkpoints cannot pull files from under an upload."""
+        snap = self.workdir / "snapshots" / path.name
+        if snap.exists():
+            return snap
+        tmp = snap.with_name(f".tmp-{path.name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            shutil.copytree(path, tmp, copy_function=_link_or_copy)
+            os.replace(tmp, snap)
+        except OSError as exc:
+            log.warning("cannot snapshot %s (%s); uploading in place", path, exc)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return path
+        return snap
+
+    def _upload_artifacts(self, ctx: Context) -> int:
+        files = self.trainer.artifacts(ctx)
+        base = ctx.checkpoint_dir if self.cfg.trainer in ("diffusers", "kohya") else ctx.output_dir
+        for p in files:
+            key = f"{self.cfg.run_prefix}/artifacts/{p.relative_to(base).as_posix()}"
+            retry(lambda: self.store.put_file(key, p), log=log.warning, what=f"upload of {key}")
+        log.info("uploaded %d artifact files", len(files))
+        return len(files)
+
+    # -- the reclaim path -------------------------------------------------------------------
+    def _handle_notice(self, ctx: Context, proc: subprocess.Popen) -> int:
+        notice = self.notice
+        assert notice is not None
+        t0 = time.monotonic()
+        left = lambda: notice.deadline - time.time()  # noqa: E731
+        log.warning("reclaim notice (%s): %.0fs left; saving", notice.detail, left())
+        self.status.set_phase("saving", notice.detail)
+        self.worker.set_urgent()
+        stop_by = min(left() - self.cfg.upload_reserve_seconds, left() * 0.6)
+        killed = False
+        if proc.poll() is None:
+            if not self.trainer.saves_on_sigterm:
+                # It cannot save on demand: let it reach its next periodic checkpoint if that fits.
+                self._await_next_checkpoint(ctx, proc, time.monotonic() + max(0.0, stop_by))
+            self.trainer.request_stop(proc)
+            end = t0 + max(1.0, min(left() - self.cfg.upload_reserve_seconds, left() * 0.6))
+            while proc.poll() is None and time.monotonic() < end:
+                self._submit_finished(ctx)
+                time.sleep(0.1)
+            if proc.poll() is None:
+                log.warning("trainer did not stop in time: killing it")
+                self.trainer.kill(proc)
+                killed = True
+                proc.wait(10)
+        self._submit_finished(ctx, exited=True, killed=killed or proc.returncode not in (0, 143, -15))
+        self.status.set_phase("uploading", notice.detail)
+        done = self.worker.wait_idle(timeout=max(1.0, left() - 2))
+        durable = self.worker.durable_step
+        secs = time.monotonic() - t0
+        log.warning("notice_to_durable_s=%.2f durable_step=%d uploads_done=%s", secs, durable, done)
+        self.status.update(step=max(durable, 0))
+        self.status.set_phase("preempted", f"spot reclaim: newest durable checkpoint is step {durable}"
+                              + ("" if done else " (an upload did not finish in time)"))
+        return EXIT_PREEMPTED
+
+    def _await_next_checkpoint(self, ctx: Context, proc: subprocess.Popen, until: float) -> None:
+        it_s = self.status.state.get("it_per_s") or 0
+        step = self.status.state.get("step") or 0
+        nxt = (step // self.cfg.checkpoint_every + 1) * self.cfg.checkpoint_every
+        if it_s <= 0 or (nxt - step) / it_s > until - time.monotonic():
+            return
+        log.info("waiting for the checkpoint at step %d (about %.0fs)", nxt, (nxt - step) / it_s)
+        while proc.poll() is None and time.monotonic() < until:
+            self._submit_finished(ctx)
+            if any(c.step >= nxt for c in self.trainer.finished(ctx)):
+                return
+            time.sleep(0.2)
+
+    # -- main -------------------------------------------------------------------------------
+    def run(self) -> int:
+        self._setup_logging()
+        cfg = self.cfg
+        log.info("sdcloud agent: run %s attempt %d, trainer %s, %d steps", cfg.run_id, cfg.attempt, cfg.trainer, cfg.steps)
+        try:
+            self.store = open_store(cfg.store)
+        except Exception as exc:  # noqa: BLE001
+            log.error("cannot open the store: %s", exc)
+            return EXIT_FAILED
+        self.status = StatusReporter(self.store, cfg.run_prefix, cfg.run_id, cfg.attempt, cfg.steps,
+                                     local_path=self.workdir / "status.json", log_path=self.log_path,
+                                     extra=self._gauges)
+        self.status.flush()
+        self.status.start(cfg.heartbeat_seconds)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        watcher = make_watcher(cfg.metadata)
+        watch = WatchThread(watcher, self._on_notice, cfg.poll_seconds).start() if watcher else None
+        sync = CheckpointSync(self.store, cfg.run_prefix, keep=cfg.keep_checkpoints, run=cfg.run_id,
+                              attempt=cfg.attempt, trainer=cfg.trainer)
+        self.worker = SyncWorker(sync)
+        try:
+            return self._run()
+        except Failure as exc:
+            log.error("failed: %s", exc)
+            self.status.set_phase("failed", str(exc))
+            return EXIT_FAILED
+        except Exception as exc:  # noqa: BLE001 - whatever happens, say so in status.json
+            log.exception("agent crashed")
+            self.status.set_phase("failed", f"agent error: {type(exc).__name__}: {exc}")
+            return EXIT_FAILED
+        finally:
+            if watch:
+                watch.stop()
+            self.worker.close()
+            self.status.stop()
+            self.status.flush()
+            for h in self._handlers:
+                logging.getLogger("sdcloud_agent").removeHandler(h)
+                h.close()
+
+    def _run(self) -> int:
+        cfg = self.cfg
+        self._prepare_disk()
+        self._check_gpu()
+        dataset = self._stage()
+        ctx = Context(steps=cfg.steps, checkpoint_every=cfg.checkpoint_every, model=cfg.model, workdir=self.workdir,
+                      checkpoint_dir=self.workdir / "checkpoints", output_dir=self.workdir / "output",
+                      dataset=dataset, trainer_args=cfg.trainer_args)
+        ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.worker.sync.seed()
+        self._restore(ctx)
+        if self.notice_event.is_set():
+            self.status.set_phase("preempted", "spot reclaim before training started")
+            return EXIT_PREEMPTED
+        self.status.set_phase("training")
+        self.proc = proc = self._start_trainer(ctx)
+        while proc.poll() is None:
+            self._submit_finished(ctx)
+            if self.notice_event.wait(0.25):
+                return self._handle_notice(ctx, proc)
+        rc = proc.wait()
+        time.sleep(0.2)  # let the reader thread drain the last lines
+        if self.notice_event.is_set():
+            return self._handle_notice(ctx, proc)
+        if rc != 0:
+            self._submit_finished(ctx, exited=True, killed=True)
+            self.worker.wait_idle(timeout=300)
+            tail = "\n".join(list(self.tail)[-15:])
+            raise Failure(f"trainer exited with code {rc}; last output:\n{tail}")
+        self._submit_finished(ctx, exited=True)
+        self.status.set_phase("uploading")
+        while not self.worker.wait_idle(timeout=0.5):
+            if self.notice_event.is_set():
+                return self._handle_notice(ctx, proc)
+        if self.worker.failed and max(self.worker.failed) > self.worker.durable_step:
+            log.warning("checkpoint(s) %s could not be uploaded", self.worker.failed)
+        try:
+            self._upload_artifacts(ctx)
+        except (StoreError, Cancelled, OSError) as exc:
+            raise Failure(f"uploading the finished model failed: {exc}") from exc
+        self.status.update(step=cfg.steps)
+        self.status.set_phase("succeeded")
+        log.info("run succeeded")
+        return EXIT_SUCCEEDED
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst

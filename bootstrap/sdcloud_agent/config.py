@@ -1,0 +1,94 @@
+"""The agent's config: one JSON file written by the control plane (no secrets; see docs/host-agent.md)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+TRAINERS = ("builtin", "diffusers", "kohya", "command")
+SECRET_WORDS = ("secret", "password", "access_key", "secretkey", "secret_key", "token_value", "session_token")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class AgentConfig:
+    run_id: str
+    attempt: int = 1
+    tier: str = ""
+    min_vram_gb: float = 0.0
+    rec_vram_gb: float = 0.0
+    trainer: str = "builtin"
+    trainer_args: Any = field(default_factory=dict)  # dict of flags, or a list (argv; the command for "command")
+    model: str = "tiny"
+    steps: int = 100
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 3
+    store: dict = field(default_factory=dict)  # {"url", "endpoint_url", "region", "addressing_style"}
+    dataset: str | None = None
+    metadata: dict = field(default_factory=lambda: {"kind": "none"})
+    workdir: str = "/var/lib/sdcloud"
+    nvme: bool | str = True
+    heartbeat_seconds: float = 5.0
+    poll_seconds: float = 5.0
+    require_gpu: bool = True
+    # Seconds kept in hand before the notice deadline for the final upload; the trainer gets the rest.
+    upload_reserve_seconds: float = 30.0
+
+    @property
+    def run_prefix(self) -> str:
+        return f"runs/{self.run_id}"
+
+    @property
+    def mount_point(self) -> str | None:
+        if self.nvme is False or self.nvme is None:
+            return None
+        return self.nvme if isinstance(self.nvme, str) else "/mnt/nvme"
+
+
+def _check_no_secrets(obj: Any, path: str = "") -> None:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if any(w in str(k).lower() for w in SECRET_WORDS):
+                raise ConfigError(f"config key {path + str(k)!r} looks like a secret: credentials come from the environment")
+            _check_no_secrets(v, f"{path}{k}.")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            _check_no_secrets(v, f"{path}{i}.")
+
+
+def from_dict(d: dict) -> AgentConfig:
+    _check_no_secrets(d)
+    known = {f.name for f in fields(AgentConfig)}
+    unknown = set(d) - known
+    if unknown:
+        raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
+    if not d.get("run_id"):
+        raise ConfigError("config needs run_id")
+    store = d.get("store")
+    if isinstance(store, str):
+        d = {**d, "store": {"url": store}}
+    elif not isinstance(store, dict) or not store.get("url"):
+        raise ConfigError("config needs store.url (s3://bucket/prefix or file:///dir)")
+    cfg = AgentConfig(**d)
+    if cfg.trainer not in TRAINERS:
+        raise ConfigError(f"trainer must be one of {', '.join(TRAINERS)}, not {cfg.trainer!r}")
+    if cfg.steps <= 0 or cfg.checkpoint_every <= 0:
+        raise ConfigError("steps and checkpoint_every must be positive")
+    if cfg.trainer == "command" and not cfg.trainer_args:
+        raise ConfigError("trainer 'command' needs trainer_args: the command line (a list, or {'command': [...]})")
+    return cfg
+
+
+def load(path: str | Path) -> AgentConfig:
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    if not isinstance(d, dict):
+        raise ConfigError("config must be a JSON object")
+    return from_dict(d)

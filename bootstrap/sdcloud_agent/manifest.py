@@ -1,0 +1,181 @@
+"""The checkpoint manifest: THE one module that owns its format (agent and control plane both use it).
+
+Bucket layout, relative to the run's prefix (`runs/<run_id>`):
+
+    checkpoints/<step:09d>/<file>...          the checkpoint's files (paths relative to its folder)
+    checkpoints/<step:09d>/manifest.json      written last; the checkpoint exists only once it is there
+
+manifest.json (format 1):
+
+    {"format": 1, "step": 120, "name": "checkpoint-120", "created": 1700000000.0,
+     "trainer": "diffusers", "run": "r-1", "attempt": 2,
+     "files": [{"path": "model.safetensors", "size": 123, "sha256": "..."}, ...]}
+
+`name` is the folder name the trainer gave the checkpoint, so that a restore recreates it exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .store import NotFound, ObjectStore, sha256_file
+
+FORMAT = 1
+MANIFEST_NAME = "manifest.json"
+CHECKPOINTS = "checkpoints"
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass
+class Manifest:
+    step: int
+    files: list[FileEntry]
+    name: str = ""
+    created: float = field(default_factory=time.time)
+    trainer: str = ""
+    run: str = ""
+    attempt: int = 0
+    format: int = FORMAT
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        return json.dumps(d, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "Manifest":
+        d = json.loads(data)
+        if d.get("format") != FORMAT:
+            raise ValueError(f"unknown manifest format {d.get('format')!r}")
+        files = [FileEntry(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in d["files"]]
+        for f in files:
+            if f.path.startswith("/") or ".." in f.path.split("/"):
+                raise ValueError(f"bad path in manifest: {f.path!r}")
+        return cls(step=int(d["step"]), files=files, name=str(d.get("name", "")),
+                   created=float(d.get("created", 0)), trainer=str(d.get("trainer", "")),
+                   run=str(d.get("run", "")), attempt=int(d.get("attempt", 0)))
+
+
+def checkpoint_prefix(run_prefix: str, step: int) -> str:
+    return "/".join(p for p in (run_prefix.strip("/"), CHECKPOINTS, f"{step:09d}") if p)
+
+
+def local_files(folder: Path) -> list[Path]:
+    """Every regular file under a checkpoint folder, sorted (temp files of a local store excluded)."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
+
+
+def build(folder: str | Path, step: int, *, workers: int = 4, **fields) -> Manifest:
+    """Hash every file of a local checkpoint folder (in parallel) into a manifest."""
+    folder = Path(folder)
+    paths = local_files(folder)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        digests = list(pool.map(sha256_file, paths))
+    files = [FileEntry(p.relative_to(folder).as_posix(), p.stat().st_size, d) for p, d in zip(paths, digests)]
+    fields.setdefault("name", folder.name)
+    return Manifest(step=step, files=files, **fields)
+
+
+def write(store: ObjectStore, run_prefix: str, manifest: Manifest) -> str:
+    """Commit a checkpoint: call only after every file is durable in the store."""
+    key = f"{checkpoint_prefix(run_prefix, manifest.step)}/{MANIFEST_NAME}"
+    store.put(key, manifest.to_json())
+    return key
+
+
+def read(store: ObjectStore, run_prefix: str, step: int) -> Manifest | None:
+    try:
+        return Manifest.from_json(store.get(f"{checkpoint_prefix(run_prefix, step)}/{MANIFEST_NAME}"))
+    except NotFound:
+        return None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def list_steps(store: ObjectStore, run_prefix: str) -> dict[int, dict[str, int]]:
+    """step -> {relative key: size} for every checkpoint folder in the bucket, complete or not."""
+    base = "/".join(p for p in (run_prefix.strip("/"), CHECKPOINTS) if p) + "/"
+    out: dict[int, dict[str, int]] = {}
+    for obj in store.list(base):
+        rest = obj.key[len(base):]
+        step_s, _, rel = rest.partition("/")
+        if step_s.isdigit() and rel:
+            out.setdefault(int(step_s), {})[rel] = obj.size
+    return out
+
+
+def complete_steps(store: ObjectStore, run_prefix: str) -> list[int]:
+    """Steps with a readable manifest whose files are all present with the right sizes, ascending."""
+    found = list_steps(store, run_prefix)
+    good = []
+    for step in sorted(found):
+        if MANIFEST_NAME not in found[step]:
+            continue
+        m = read(store, run_prefix, step)
+        if m is None or m.step != step:
+            continue
+        if all(found[step].get(f.path) == f.size for f in m.files):
+            good.append(step)
+    return good
+
+
+def newest_complete(store: ObjectStore, run_prefix: str) -> Manifest | None:
+    """The manifest of the newest complete checkpoint of a run (prefix `runs/<run_id>`), or None."""
+    steps = complete_steps(store, run_prefix)
+    return read(store, run_prefix, steps[-1]) if steps else None
+
+
+class CorruptCheckpoint(Exception):
+    pass
+
+
+def download(store: ObjectStore, run_prefix: str, manifest: Manifest, dest: str | Path, *,
+             workers: int = 4) -> Path:
+    """Fetch a checkpoint into `dest` (created atomically: a temp folder renamed when every file's
+    sha256 matched). Raises CorruptCheckpoint on a mismatch."""
+    dest = Path(dest)
+    tmp = dest.parent / f".tmp-restore-{uuid.uuid4().hex}"
+    tmp.mkdir(parents=True)
+    base = checkpoint_prefix(run_prefix, manifest.step)
+
+    def fetch(f: FileEntry) -> None:
+        target = tmp / f.path
+        store.get_file(f"{base}/{f.path}", target)
+        if target.stat().st_size != f.size or sha256_file(target) != f.sha256:
+            raise CorruptCheckpoint(f"{base}/{f.path}: size or sha256 differs from the manifest")
+
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(fetch, manifest.files))
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def delete_checkpoint(store: ObjectStore, run_prefix: str, step: int) -> None:
+    """Remove one checkpoint, manifest first so that it is never seen complete but partial."""
+    base = checkpoint_prefix(run_prefix, step)
+    store.delete(f"{base}/{MANIFEST_NAME}")
+    keys = [o.key for o in store.list(base + "/")]
+    if keys:
+        store.delete(keys)

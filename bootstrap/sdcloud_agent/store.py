@@ -1,0 +1,449 @@
+"""Object store over S3 / COS (S3-compatible endpoint) or a local directory.
+
+Shared by the host agent and the control plane (`sdcloud.storage` re-exports it), so it stays
+small: keys are relative to the store's root (`s3://bucket/prefix` or `file:///dir`), and every
+write is atomic (S3 PUT/complete-multipart are; the local store writes a temp file and renames).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+from urllib.parse import unquote, urlparse
+
+MiB = 1024 * 1024
+DEFAULT_PART_SIZE = 16 * MiB
+DEFAULT_WORKERS = 8
+# Hidden names in a local store: temp files and metadata sidecars never show up in list().
+_LOCAL_META_DIR = ".sdcloud-meta"
+_LOCAL_TMP_PREFIX = ".tmp-"
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+class StoreError(Exception):
+    """An object store operation failed for good (after retries)."""
+
+
+class NotFound(StoreError):
+    pass
+
+
+class ObjectStore(Protocol):
+    url: str
+
+    def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> None: ...
+    def create(self, key: str, data: bytes) -> bool: ...
+    def put_file(self, key: str, path: str | Path, metadata: dict[str, str] | None = None,
+                 cancel: threading.Event | None = None) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def get_file(self, key: str, path: str | Path) -> None: ...
+    def head(self, key: str) -> ObjectInfo | None: ...
+    def list(self, prefix: str = "") -> list[ObjectInfo]: ...
+    def delete(self, keys: str | list[str]) -> None: ...
+    def copy(self, src_key: str, dst_key: str) -> None: ...
+
+
+class Cancelled(StoreError):
+    """An upload was abandoned on purpose (a newer checkpoint superseded it)."""
+
+
+def sha256_file(path: str | Path, bufsize: int = 4 * MiB) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(bufsize):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Local directory
+# ----------------------------------------------------------------------------------------------
+
+class LocalStore:
+    """A directory as an object store. Crash-safe: temp file + fsync + rename for every write."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.url = f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        key = key.strip("/")
+        if not key or ".." in key.split("/"):
+            raise ValueError(f"bad key {key!r}")
+        return self.root / key
+
+    def _meta_path(self, key: str) -> Path:
+        return self.root / _LOCAL_META_DIR / (key.strip("/") + ".json")
+
+    def _write_tmp(self, final: Path, writer: Callable[[Any], None]) -> Path:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f"{_LOCAL_TMP_PREFIX}{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb") as f:
+                writer(f)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
+
+    @staticmethod
+    def _fsync_dir(path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _set_meta(self, key: str, metadata: dict[str, str] | None) -> None:
+        mp = self._meta_path(key)
+        if not metadata:
+            mp.unlink(missing_ok=True)
+            return
+        tmp = self._write_tmp(mp, lambda f: f.write(json.dumps(metadata).encode()))
+        os.replace(tmp, mp)
+
+    def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> None:
+        final = self._path(key)
+        # Metadata first: a reader that sees the object also sees its metadata.
+        self._set_meta(key, metadata)
+        tmp = self._write_tmp(final, lambda f: f.write(data))
+        os.replace(tmp, final)
+        self._fsync_dir(final.parent)
+
+    def create(self, key: str, data: bytes) -> bool:
+        final = self._path(key)
+        tmp = self._write_tmp(final, lambda f: f.write(data))
+        try:
+            os.link(tmp, final)  # fails if the name exists: an atomic create-if-absent
+            self._fsync_dir(final.parent)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def put_file(self, key: str, path: str | Path, metadata: dict[str, str] | None = None,
+                 cancel: threading.Event | None = None) -> None:
+        final = self._path(key)
+        self._set_meta(key, metadata)
+
+        def copy(f):
+            with open(path, "rb") as src:
+                while chunk := src.read(8 * MiB):
+                    if cancel is not None and cancel.is_set():
+                        raise Cancelled(key)
+                    f.write(chunk)
+        tmp = self._write_tmp(final, copy)
+        os.replace(tmp, final)
+        self._fsync_dir(final.parent)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise NotFound(key) from None
+
+    def get_file(self, key: str, path: str | Path) -> None:
+        src = self._path(key)
+        if not src.is_file():
+            raise NotFound(key)
+        dest = Path(path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f"{_LOCAL_TMP_PREFIX}{uuid.uuid4().hex}"
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        p = self._path(key)
+        if not p.is_file():
+            return None
+        try:
+            meta = json.loads(self._meta_path(key).read_text())
+        except (OSError, ValueError):
+            meta = {}
+        return ObjectInfo(key.strip("/"), p.stat().st_size, meta)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        base = self.root
+        out = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = [d for d in dirnames if d != _LOCAL_META_DIR]
+            for name in filenames:
+                if name.startswith(_LOCAL_TMP_PREFIX):
+                    continue
+                p = Path(dirpath) / name
+                key = p.relative_to(base).as_posix()
+                if key.startswith(prefix):
+                    try:
+                        out.append(ObjectInfo(key, p.stat().st_size))
+                    except FileNotFoundError:
+                        pass
+        return sorted(out, key=lambda o: o.key)
+
+    def delete(self, keys: str | list[str]) -> None:
+        for key in [keys] if isinstance(keys, str) else keys:
+            for p in (self._path(key), self._meta_path(key)):
+                p.unlink(missing_ok=True)
+                self._prune_dirs(p.parent)
+
+    def _prune_dirs(self, d: Path) -> None:
+        # Empty folders are invisible in S3; remove them here too so listings match.
+        while d != self.root and self.root in d.parents:
+            try:
+                d.rmdir()
+            except OSError:
+                return
+            d = d.parent
+
+    def copy(self, src_key: str, dst_key: str) -> None:
+        info = self.head(src_key)
+        if info is None:
+            raise NotFound(src_key)
+        self.put_file(dst_key, self._path(src_key), info.metadata)
+
+
+# ----------------------------------------------------------------------------------------------
+# S3 / COS
+# ----------------------------------------------------------------------------------------------
+
+class S3Store:
+    """A bucket (and key prefix) on S3 or an S3-compatible endpoint (COS, SeaweedFS, MinIO)."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
+                 region: str | None = None, addressing_style: str | None = None,
+                 part_size: int = DEFAULT_PART_SIZE, workers: int = DEFAULT_WORKERS, client: Any = None):
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self.part_size = part_size
+        self.workers = workers
+        if client is None:
+            import boto3
+            from botocore.config import Config
+            cfg = Config(retries={"max_attempts": 5, "mode": "standard"},
+                         max_pool_connections=max(16, workers * 2),
+                         s3={"addressing_style": addressing_style or "auto"},
+                         # Checksums on every request where the server supports them (CRC32 by default).
+                         request_checksum_calculation="when_supported",
+                         connect_timeout=5, read_timeout=60)
+            client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region, config=cfg)
+        self.client = client
+
+    def _k(self, key: str) -> str:
+        return _join(self.prefix, key)
+
+    def _rel(self, full: str) -> str:
+        return full[len(self.prefix) + 1:] if self.prefix else full
+
+    @staticmethod
+    def _missing(exc: Exception) -> bool:
+        code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+        return code in ("404", "NoSuchKey", "NotFound")
+
+    def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, Metadata=metadata or {})
+
+    def create(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, IfNoneMatch="*")
+            return True
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                return False
+            if code in ("NotImplemented", "501"):
+                # An older S3-compatible server: best effort head-then-put.
+                if self.head(key) is not None:
+                    return False
+                self.put(key, data)
+                return True
+            raise
+
+    def put_file(self, key: str, path: str | Path, metadata: dict[str, str] | None = None,
+                 cancel: threading.Event | None = None) -> None:
+        size = os.path.getsize(path)
+        full = self._k(key)
+        if size <= self.part_size:
+            with open(path, "rb") as f:
+                data = f.read()
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(key)
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, Metadata=metadata or {})
+            return
+        mpu = self.client.create_multipart_upload(Bucket=self.bucket, Key=full, Metadata=metadata or {})
+        upload_id = mpu["UploadId"]
+        nparts = (size + self.part_size - 1) // self.part_size
+        fd = os.open(path, os.O_RDONLY)
+
+        def part(n: int) -> dict:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(key)
+            offset = (n - 1) * self.part_size
+            body = os.pread(fd, min(self.part_size, size - offset), offset)
+            resp = self.client.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id,
+                                           PartNumber=n, Body=body)
+            return {"PartNumber": n, "ETag": resp["ETag"]}
+
+        try:
+            with ThreadPoolExecutor(max_workers=min(self.workers, nparts)) as pool:
+                parts = list(pool.map(part, range(1, nparts + 1)))
+            self.client.complete_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id,
+                                                  MultipartUpload={"Parts": parts})
+        except BaseException:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+            except Exception:
+                pass
+            raise
+        finally:
+            os.close(fd)
+
+    def get(self, key: str) -> bytes:
+        from botocore.exceptions import ClientError
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._k(key))["Body"].read()
+        except ClientError as exc:
+            if self._missing(exc):
+                raise NotFound(key) from None
+            raise
+
+    def get_file(self, key: str, path: str | Path) -> None:
+        """Ranged GETs in parallel into a temp file, renamed into place when complete."""
+        info = self.head(key)
+        if info is None:
+            raise NotFound(key)
+        dest = Path(path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f"{_LOCAL_TMP_PREFIX}{uuid.uuid4().hex}"
+        full = self._k(key)
+        try:
+            with open(tmp, "wb") as f:
+                f.truncate(info.size)
+            fd = os.open(tmp, os.O_WRONLY)
+            try:
+                def rng(offset: int) -> None:
+                    end = min(offset + self.part_size, info.size) - 1
+                    body = self.client.get_object(Bucket=self.bucket, Key=full,
+                                                  Range=f"bytes={offset}-{end}")["Body"].read()
+                    if len(body) != end - offset + 1:
+                        raise StoreError(f"short read on {key} at {offset}")
+                    os.pwrite(fd, body, offset)
+                offsets = list(range(0, info.size, self.part_size))
+                if offsets:
+                    with ThreadPoolExecutor(max_workers=min(self.workers, len(offsets))) as pool:
+                        list(pool.map(rng, offsets))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def head(self, key: str) -> ObjectInfo | None:
+        from botocore.exceptions import ClientError
+        try:
+            r = self.client.head_object(Bucket=self.bucket, Key=self._k(key))
+        except ClientError as exc:
+            if self._missing(exc):
+                return None
+            raise
+        return ObjectInfo(key.strip("/"), int(r["ContentLength"]), dict(r.get("Metadata") or {}))
+
+    def _iter(self, prefix: str) -> Iterator[dict]:
+        full = self._k(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        if prefix.endswith("/") and not full.endswith("/"):
+            full += "/"
+        pager = self.client.get_paginator("list_objects_v2")
+        for page in pager.paginate(Bucket=self.bucket, Prefix=full):
+            yield from page.get("Contents", [])
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        return sorted((ObjectInfo(self._rel(o["Key"]), int(o["Size"])) for o in self._iter(prefix)),
+                      key=lambda o: o.key)
+
+    def delete(self, keys: str | list[str]) -> None:
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": self._k(k)} for k in keys[i:i + 1000]]
+            if batch:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+
+    def copy(self, src_key: str, dst_key: str) -> None:
+        self.client.copy({"Bucket": self.bucket, "Key": self._k(src_key)}, self.bucket, self._k(dst_key))
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket if it is absent (tests, the local demo; real runs get it from the stacks)."""
+        from botocore.exceptions import ClientError
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError:
+            self.client.create_bucket(Bucket=self.bucket)
+
+
+def open_store(spec: str | dict, **overrides: Any) -> LocalStore | S3Store:
+    """A store from a URL (`s3://bucket/prefix`, `cos://bucket/prefix`, `file:///dir`, a plain
+    path) or a config dict `{"url", "endpoint_url", "region", "addressing_style"}`."""
+    opts: dict[str, Any] = {}
+    if isinstance(spec, dict):
+        opts = {k: v for k, v in spec.items() if k != "url" and v is not None}
+        url = spec["url"]
+    else:
+        url = spec
+    opts.update({k: v for k, v in overrides.items() if v is not None})
+    parsed = urlparse(url)
+    if parsed.scheme in ("s3", "cos"):
+        if not parsed.netloc:
+            raise ValueError(f"store URL {url!r} has no bucket")
+        allowed = {"endpoint_url", "region", "addressing_style", "part_size", "workers", "client"}
+        return S3Store(parsed.netloc, parsed.path, **{k: v for k, v in opts.items() if k in allowed})
+    if parsed.scheme == "file":
+        return LocalStore(unquote(parsed.netloc + parsed.path))
+    if parsed.scheme == "":
+        return LocalStore(Path(url).expanduser().resolve())
+    raise ValueError(f"unsupported store URL {url!r}: use s3://bucket/prefix or file:///dir")
+
+
+def retry(fn: Callable[[], Any], *, attempts: int = 5, base_delay: float = 0.5, max_delay: float = 8.0,
+          log: Callable[[str], None] | None = None, what: str = "",
+          stop: threading.Event | None = None) -> Any:
+    """Call fn with bounded retries and exponential backoff; Cancelled is never retried."""
+    for i in range(attempts):
+        try:
+            return fn()
+        except Cancelled:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the store raises many kinds; all are retryable here
+            if i == attempts - 1:
+                raise StoreError(f"{what or 'store operation'} failed after {attempts} attempts: {exc}") from exc
+            delay = min(max_delay, base_delay * 2 ** i)
+            if log:
+                log(f"{what or 'store operation'} failed ({exc}); retry {i + 1}/{attempts - 1} in {delay:.1f}s")
+            if stop is not None and stop.wait(delay):
+                raise Cancelled(what) from exc
+            elif stop is None:
+                time.sleep(delay)
+    raise AssertionError("unreachable")

@@ -1,0 +1,223 @@
+"""The trainer adapter: how to start a trainer, where its checkpoints land, how to resume it,
+how to ask it to save, and how to read its progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Seconds a checkpoint folder must stay unchanged before an external trainer's save counts as done.
+SETTLE_SECONDS = 3.0
+STEP_LINE = "SDCLOUD_STEP "
+CHECKPOINT_LINE = "SDCLOUD_CHECKPOINT "
+DONE_LINE = "SDCLOUD_DONE "
+
+
+@dataclass
+class LocalCheckpoint:
+    step: int  # the run's global step
+    path: Path
+
+
+@dataclass
+class Context:
+    """What an adapter needs to build the trainer's command line."""
+    steps: int
+    checkpoint_every: int
+    model: str
+    workdir: Path
+    checkpoint_dir: Path
+    output_dir: Path
+    dataset: Path | None = None
+    resume: Path | None = None  # the restored checkpoint folder
+    resume_step: int = 0  # its global step (0: a fresh start)
+    trainer_args: object = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def flag_args(args: dict) -> list[str]:
+    """{"learning_rate": 1e-4, "gradient_checkpointing": True} -> ["--learning_rate", "0.0001", "--gradient_checkpointing"]."""
+    out: list[str] = []
+    for k, v in args.items():
+        flag = k if k.startswith("-") else f"--{k}"
+        if v is True:
+            out.append(flag)
+        elif v is False or v is None:
+            continue
+        elif isinstance(v, (list, tuple)):
+            out += [flag, *map(str, v)]
+        else:
+            out += [flag, str(v)]
+    return out
+
+
+def folder_mtime(path: Path) -> float:
+    """Newest modification time of a folder and everything under it."""
+    newest = path.stat().st_mtime
+    for p in path.rglob("*"):
+        try:
+            newest = max(newest, p.stat().st_mtime)
+        except FileNotFoundError:
+            pass
+    return newest
+
+
+def parse_protocol(line: str) -> tuple[str, dict] | None:
+    """The builtin protocol: `SDCLOUD_STEP {...}`, `SDCLOUD_CHECKPOINT {...}`, `SDCLOUD_DONE {...}`."""
+    for tag in (STEP_LINE, CHECKPOINT_LINE, DONE_LINE):
+        if line.startswith(tag):
+            try:
+                return tag.strip(), json.loads(line[len(tag):])
+            except ValueError:
+                return None
+    return None
+
+
+_TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]*?(?:,\s*([\d.]+)(it/s|s/it))?[,\]]")
+_LOSS = re.compile(r"(?:avr_loss|loss)=([-\d.e+]+)")
+
+
+def parse_tqdm(line: str) -> dict | None:
+    """Progress from a tqdm bar such as `Steps: 5%|| 5/100 [00:01<00:19, 4.9it/s, loss=0.12]`."""
+    m = _TQDM.search(line)
+    if not m:
+        return None
+    out: dict = {"step": int(m.group(1))}
+    if m.group(3):
+        rate = float(m.group(3))
+        out["it_per_s"] = rate if m.group(4) == "it/s" else (1 / rate if rate else 0.0)
+    lm = _LOSS.search(line)
+    if lm:
+        try:
+            out["loss"] = float(lm.group(1))
+        except ValueError:
+            pass
+    return out
+
+
+class Trainer:
+    """Base adapter. Subclasses set `name` and override what differs."""
+
+    name = "base"
+    saves_on_sigterm = False  # does SIGTERM make it save before exiting?
+    signal_group = True  # signal the whole process group (accelerate launch does not forward signals)
+
+    def __init__(self) -> None:
+        self.announced: dict[int, Path] = {}  # checkpoints the trainer told us about (protocol lines)
+        self.step_offset = 0  # added to the trainer's own step numbers to get the run's global step
+
+    # -- start ------------------------------------------------------------------------------
+    def restore_dir(self, ctx: Context, name: str) -> Path:
+        """Where a restored checkpoint folder goes (outside the folder we scan, by default)."""
+        return ctx.workdir / "restore" / (name or "checkpoint")
+
+    def command(self, ctx: Context) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self, ctx: Context) -> dict[str, str]:
+        env = {"SDCLOUD_CHECKPOINT_DIR": str(ctx.checkpoint_dir),
+               "SDCLOUD_RESUME_FROM": str(ctx.resume) if ctx.resume else "",
+               "SDCLOUD_RESUME_STEP": str(ctx.resume_step),
+               "SDCLOUD_STEPS": str(ctx.steps),
+               "SDCLOUD_CHECKPOINT_EVERY": str(ctx.checkpoint_every),
+               "SDCLOUD_OUTPUT_DIR": str(ctx.output_dir),
+               "PYTHONUNBUFFERED": "1"}
+        if ctx.dataset:
+            env["SDCLOUD_DATASET"] = str(ctx.dataset)
+        return env
+
+    # -- progress ---------------------------------------------------------------------------
+    def parse_line(self, line: str) -> dict | None:
+        """Progress fields (global step, loss, it_per_s) from one output line, or None."""
+        proto = parse_protocol(line)
+        if proto:
+            tag, doc = proto
+            if tag == "SDCLOUD_CHECKPOINT" and "step" in doc and "path" in doc:
+                self.announced[int(doc["step"]) + self.step_offset] = Path(doc["path"])
+            if tag == "SDCLOUD_STEP" and "step" in doc:
+                return {k: doc[k] for k in ("loss", "it_per_s") if k in doc} | {"step": int(doc["step"]) + self.step_offset}
+            return None
+        prog = parse_tqdm(line)
+        if prog:
+            prog["step"] += self.step_offset
+        return prog
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def local_step(self, path: Path) -> int | None:
+        """The trainer's own step number of a checkpoint folder, from its name."""
+        m = re.search(r"(\d+)(?!.*\d)", path.name)
+        return int(m.group(1)) if m else None
+
+    def is_complete(self, path: Path) -> bool:
+        """A marker file that the trainer writes last, if it has one."""
+        return True
+
+    def candidates(self, ctx: Context) -> list[LocalCheckpoint]:
+        out = []
+        if not ctx.checkpoint_dir.is_dir():
+            return out
+        for p in ctx.checkpoint_dir.iterdir():
+            if not p.is_dir() or p.name.startswith("."):
+                continue
+            step = self.local_step(p)
+            if step is not None:
+                out.append(LocalCheckpoint(step + self.step_offset, p))
+        return sorted(out, key=lambda c: c.step)
+
+    def finished(self, ctx: Context, trainer_exited: bool = False, killed: bool = False) -> list[LocalCheckpoint]:
+        """Checkpoints whose save is over: announced, superseded by a newer one, or settled."""
+        cands = self.candidates(ctx)
+        out = []
+        now = time.time()
+        for i, c in enumerate(cands):
+            if c.step in self.announced:
+                out.append(c)
+                continue
+            if not self.is_complete(c.path):
+                continue
+            newer = i < len(cands) - 1
+            if newer or (trainer_exited and not killed):
+                out.append(c)
+                continue
+            try:
+                if now - folder_mtime(c.path) >= SETTLE_SECONDS:
+                    out.append(c)
+            except FileNotFoundError:
+                pass
+        return out
+
+    # -- signals ----------------------------------------------------------------------------
+    def _signal(self, proc: subprocess.Popen, sig: int) -> None:
+        try:
+            if self.signal_group:
+                os.killpg(proc.pid, sig)
+            else:
+                os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def request_save(self, proc: subprocess.Popen) -> bool:
+        """Ask for a checkpoint without stopping; False if the trainer cannot."""
+        return False
+
+    def request_stop(self, proc: subprocess.Popen) -> None:
+        self._signal(proc, signal.SIGTERM)
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    # -- results ----------------------------------------------------------------------------
+    def artifacts(self, ctx: Context) -> list[Path]:
+        """Files of the finished model (uploaded to artifacts/)."""
+        if not ctx.output_dir.is_dir():
+            return []
+        return sorted(p for p in ctx.output_dir.rglob("*") if p.is_file())

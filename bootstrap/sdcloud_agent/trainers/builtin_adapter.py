@@ -1,0 +1,46 @@
+"""Adapter for sdcloud's builtin trainer (`python -m sdcloud_agent.trainers.builtin`).
+
+It speaks the agent protocol: `SDCLOUD_STEP/CHECKPOINT/DONE` lines, checkpoints renamed
+atomically to `step-<n:09d>/`, SIGTERM = finish the step, save, exit 143; SIGUSR1 = save, go on.
+Its step count is global, so the agent never shifts it.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from .base import Context, Trainer, flag_args
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class BuiltinTrainer(Trainer):
+    name = "builtin"
+    saves_on_sigterm = True
+    signal_group = False  # it handles the signal itself; its helper processes must not see it
+
+    def command(self, ctx: Context) -> list[str]:
+        cmd = [sys.executable, "-m", "sdcloud_agent.trainers.builtin", "--model", ctx.model,
+               "--steps", str(ctx.steps), "--checkpoint-every", str(ctx.checkpoint_every),
+               "--checkpoint-dir", str(ctx.checkpoint_dir), "--output", str(ctx.output_dir)]
+        if ctx.resume:
+            cmd += ["--resume-from", str(ctx.resume)]
+        args = ctx.trainer_args
+        cmd += flag_args(args) if isinstance(args, dict) else [str(a) for a in (args or [])]
+        return cmd
+
+    def local_step(self, path: Path) -> int | None:
+        m = _STEP_DIR.match(path.name)
+        return int(m.group(1)) if m else None
+
+    def finished(self, ctx: Context, trainer_exited: bool = False, killed: bool = False):
+        # The trainer renames `.tmp-*` to `step-*` when the save is complete: what we see is done.
+        return self.candidates(ctx)
+
+    def request_save(self, proc: subprocess.Popen) -> bool:
+        self._signal(proc, signal.SIGUSR1)
+        return True

@@ -1,0 +1,62 @@
+"""Adapter for the diffusers example scripts (train_dreambooth_lora_sdxl.py and siblings).
+
+They save `checkpoint-<global_step>/` (accelerate `save_state`) every `--checkpointing_steps` and
+resume with `--resume_from_checkpoint latest`, restoring the global step. With
+`--checkpoints_total_limit` they delete old checkpoints *before* saving, so we keep at least two.
+They do not save on SIGTERM: a notice stops them and the newest periodic checkpoint is uploaded.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .base import Context, Trainer, flag_args
+
+_CKPT = re.compile(r"^checkpoint-(\d+)$")
+# Flags the agent owns; a value in trainer_args for them is replaced (or bounded).
+OWNED = ("output_dir", "max_train_steps", "checkpointing_steps", "resume_from_checkpoint")
+
+
+class DiffusersTrainer(Trainer):
+    name = "diffusers"
+
+    def _opts(self, ctx: Context) -> tuple[list[str], str, dict]:
+        args = dict(ctx.trainer_args) if isinstance(ctx.trainer_args, dict) else {}
+        launcher = args.pop("launcher", ["accelerate", "launch"])
+        script = args.pop("script", "train_dreambooth_lora_sdxl.py")
+        return list(launcher), script, args
+
+    def restore_dir(self, ctx: Context, name: str) -> Path:
+        # `--resume_from_checkpoint latest` looks in output_dir for the newest checkpoint-N.
+        return ctx.checkpoint_dir / (name if _CKPT.match(name or "") else f"checkpoint-{ctx.resume_step}")
+
+    def command(self, ctx: Context) -> list[str]:
+        launcher, script, args = self._opts(ctx)
+        for k in OWNED:
+            args.pop(k, None)
+        args.setdefault("pretrained_model_name_or_path", ctx.model)
+        if ctx.dataset is not None:
+            args.setdefault("instance_data_dir", str(ctx.dataset))
+        limit = args.get("checkpoints_total_limit")
+        if limit is not None:
+            args["checkpoints_total_limit"] = max(2, int(limit))
+        flags = {"output_dir": str(ctx.checkpoint_dir), "max_train_steps": ctx.steps,
+                 "checkpointing_steps": ctx.checkpoint_every, **args}
+        if ctx.resume is not None:
+            flags["resume_from_checkpoint"] = "latest"
+        return [*launcher, script, *flag_args(flags)]
+
+    def local_step(self, path: Path) -> int | None:
+        m = _CKPT.match(path.name)
+        return int(m.group(1)) if m else None
+
+    def is_complete(self, path: Path) -> bool:
+        # accelerate's save_state writes the RNG states last.
+        return any(path.glob("random_states_*.pkl"))
+
+    def artifacts(self, ctx: Context) -> list[Path]:
+        if not ctx.checkpoint_dir.is_dir():
+            return []
+        return sorted(p for p in ctx.checkpoint_dir.rglob("*")
+                      if p.is_file() and not any(_CKPT.match(part) for part in p.relative_to(ctx.checkpoint_dir).parts))

@@ -1,0 +1,260 @@
+"""Fakes for the agent tests: local metadata servers (AWS IMDSv2, Tencent), a throttling TCP
+proxy in front of the S3 server, and a fake trainer that speaks the builtin trainer's protocol.
+
+Run as a script, this file IS the fake trainer (see `fake_trainer`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+# ----------------------------------------------------------------------------------------------
+# Metadata servers
+# ----------------------------------------------------------------------------------------------
+
+
+class _MetadataServer:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, str]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):  # quiet
+                pass
+
+            def do_GET(self):
+                server._handle(self, "GET")
+
+            def do_PUT(self):
+                server._handle(self, "PUT")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def _handle(self, h, method):
+        with self.lock:
+            self.requests.append((method, h.path))
+            status, body = self.respond(method, h.path, dict(h.headers))
+        data = body.encode()
+        h.send_response(status)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+
+class AwsMetadataServer(_MetadataServer):
+    """IMDSv2: tokens required; a spot instance-action and a rebalance recommendation on demand."""
+
+    def __init__(self):
+        super().__init__()
+        self.tokens: set[str] = set()
+        self.action: dict | None = None
+        self.rebalance: dict | None = None
+
+    def announce(self, seconds: float = 120.0, action: str = "terminate") -> None:
+        when = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+        with self.lock:
+            self.action = {"action": action, "time": when.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+    def recommend_rebalance(self) -> None:
+        with self.lock:
+            self.rebalance = {"noticeTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+    def reset(self) -> None:
+        with self.lock:
+            self.action = self.rebalance = None
+
+    def expire_tokens(self) -> None:
+        with self.lock:
+            self.tokens.clear()
+
+    def respond(self, method, path, headers):
+        if path == "/latest/api/token":
+            if method != "PUT" or "X-aws-ec2-metadata-token-ttl-seconds" not in headers:
+                return 400, ""
+            token = uuid.uuid4().hex
+            self.tokens.add(token)
+            return 200, token
+        if headers.get("X-aws-ec2-metadata-token") not in self.tokens:
+            return 401, ""
+        if path == "/latest/meta-data/spot/instance-action":
+            return (200, json.dumps(self.action)) if self.action else (404, "")
+        if path == "/latest/meta-data/events/recommendations/rebalance":
+            return (200, json.dumps(self.rebalance)) if self.rebalance else (404, "")
+        return 404, ""
+
+
+class TencentMetadataServer(_MetadataServer):
+    def __init__(self):
+        super().__init__()
+        self.when: datetime | None = None
+
+    def announce(self, seconds: float = 120.0) -> None:
+        with self.lock:
+            self.when = datetime.now(timezone(timedelta(hours=8))) + timedelta(seconds=seconds)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.when = None
+
+    def respond(self, method, path, headers):
+        if path == "/latest/meta-data/spot/termination-time" and self.when is not None:
+            return 200, self.when.strftime("%Y-%m-%d %H:%M:%S")
+        return 404, ""
+
+
+# ----------------------------------------------------------------------------------------------
+# A throttling proxy in front of the S3 server: slows uploads and tells when one is running
+# ----------------------------------------------------------------------------------------------
+
+
+class SlowProxy:
+    def __init__(self, upstream_port: int, bytes_per_s: float = 0.0, marker: bytes = b"/checkpoints/"):
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.rate = bytes_per_s
+        self.marker = marker
+        self.upload_seen = threading.Event()
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def stop(self):
+        self._stop = True
+        self.sock.close()
+
+    def _accept(self):
+        while not self._stop:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            up = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pump, args=(client, up, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(up, client, False), daemon=True).start()
+
+    def _pump(self, src, dst, upstream: bool):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if upstream and b"PUT " in data and self.marker in data and b"manifest.json" not in data:
+                    self.upload_seen.set()
+                if upstream and self.rate:
+                    time.sleep(len(data) / self.rate)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# The fake trainer (the builtin protocol, no torch): run this file as a script
+# ----------------------------------------------------------------------------------------------
+
+
+def _payload(step: int, size: int) -> bytes:
+    seed = hashlib.sha256(f"weights-{step}".encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def fake_trainer() -> int:
+    """Env: SDCLOUD_CHECKPOINT_DIR, SDCLOUD_RESUME_FROM, SDCLOUD_STEPS, SDCLOUD_CHECKPOINT_EVERY,
+    SDCLOUD_OUTPUT_DIR; FAKE_STEP_SECONDS, FAKE_CKPT_BYTES, FAKE_FAIL_AT (crash at that step)."""
+    ckpt_dir = Path(os.environ["SDCLOUD_CHECKPOINT_DIR"])
+    steps = int(os.environ["SDCLOUD_STEPS"])
+    every = int(os.environ["SDCLOUD_CHECKPOINT_EVERY"])
+    out = Path(os.environ["SDCLOUD_OUTPUT_DIR"])
+    step_s = float(os.environ.get("FAKE_STEP_SECONDS", "0.02"))
+    size = int(os.environ.get("FAKE_CKPT_BYTES", "100000"))
+    fail_at = int(os.environ.get("FAKE_FAIL_AT", "0"))
+    step = 0
+    resume = os.environ.get("SDCLOUD_RESUME_FROM")
+    if resume:
+        state = json.loads((Path(resume) / "state.json").read_text())
+        data = (Path(resume) / "weights.bin").read_bytes()
+        # A corrupted or partial resume must never pass silently.
+        if hashlib.sha256(data).hexdigest() != state["sha256"] or data != _payload(state["step"], len(data)):
+            print(f"CORRUPT RESUME from {resume}", flush=True)
+            return 2
+        step = state["step"]
+        print(f"resumed at step {step}", flush=True)
+    stop = {"term": False, "save": False}
+    signal.signal(signal.SIGTERM, lambda *a: stop.__setitem__("term", True))
+    signal.signal(signal.SIGUSR1, lambda *a: stop.__setitem__("save", True))
+
+    def save(n: int) -> None:
+        final = ckpt_dir / f"step-{n:09d}"
+        if final.exists():
+            return
+        tmp = ckpt_dir / f".tmp-{n}-{os.getpid()}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        data = _payload(n, size)
+        (tmp / "weights.bin").write_bytes(data)
+        (tmp / "sub").mkdir(exist_ok=True)
+        (tmp / "sub" / "optimizer.bin").write_bytes(data[: size // 3])
+        (tmp / "state.json").write_text(json.dumps({"step": n, "sha256": hashlib.sha256(data).hexdigest()}))
+        os.replace(tmp, final)
+        print("SDCLOUD_CHECKPOINT " + json.dumps({"step": n, "path": str(final)}), flush=True)
+
+    t0 = time.time()
+    while step < steps:
+        time.sleep(step_s)
+        step += 1
+        if fail_at and step == fail_at:
+            print("Traceback (most recent call last):\nRuntimeError: CUDA out of memory (fake)", flush=True)
+            return 1
+        print("SDCLOUD_STEP " + json.dumps({"step": step, "loss": 1.0 / step, "it_per_s": step / (time.time() - t0)}),
+              flush=True)
+        if step % every == 0 or stop["save"]:
+            stop["save"] = False
+            save(step)
+        if stop["term"]:
+            save(step)
+            return 143
+    save(step)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "model.bin").write_bytes(_payload(step, 1000))
+    print("SDCLOUD_DONE " + json.dumps({"step": step}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(fake_trainer())
