@@ -46,6 +46,7 @@ TYPES = [
 ZONES = {
     "ap-guangzhou": ["ap-guangzhou-3", "ap-guangzhou-4", "ap-guangzhou-6"],
     "ap-shanghai": ["ap-shanghai-2", "ap-shanghai-4"],
+    "ap-beijing": ["ap-beijing-5", "ap-beijing-7"],
     "ap-singapore": ["ap-singapore-1", "ap-singapore-2"],
 }
 USD_REGIONS = {"ap-singapore"}  # priced in USD, as an international account sees them

@@ -1,0 +1,409 @@
+"""The Tencent Cloud provider against the fake CVM API (tests/tencent_fake.py) through the real SDK."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import tencent_fake
+from servers import free_port
+from tencent_fake import SECRET_ID, SECRET_KEY, FakeServer
+
+from sdcloud.catalog import CatalogRow, load_provider
+from sdcloud.cli import main
+from sdcloud.errors import UserError
+from sdcloud.optimizer import Offer
+from sdcloud.providers import base, get_provider, tencent
+from sdcloud.providers.base import LaunchSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+REGION = "ap-guangzhou"
+INFRA = {"image_id": "img-fake0001", "launch_template_id": "lt-fake0001", "vpc_id": "vpc-fake",
+         "subnet_ids": {"ap-guangzhou-3": "subnet-3", "ap-guangzhou-4": "subnet-4", "ap-guangzhou-6": "subnet-6"},
+         "security_group_id": "sg-fake", "cam_role_name": "sdcloud-host"}
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    monkeypatch.setattr(tencent_fake, "PENDING_S", 0.1)
+    monkeypatch.setattr(tencent_fake, "TERMINATING_S", 0.2)
+    monkeypatch.setenv("TENCENTCLOUD_SECRET_ID", SECRET_ID)
+    monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", SECRET_KEY)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no developer profile file
+    monkeypatch.setattr(tencent, "METADATA_URL", "http://127.0.0.1:9/")  # no metadata service, no network
+    with FakeServer() as srv:
+        monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", srv.endpoint)
+        yield srv
+
+
+def provider(**kw) -> tencent.TencentProvider:
+    opts = dict(poll_interval=0.03, launch_timeout=10, backoff=0.01, backoff_max=0.05)
+    opts.update(kw)
+    return tencent.TencentProvider(**opts)
+
+
+def row(itype="GN7.2XLARGE32", zone="", region=REGION, od=9.55, spot=2.87, currency="CNY") -> CatalogRow:
+    return CatalogRow("tencent", region, zone, itype, "T4", 1, 16, 8, 32, 0, od, spot, currency, None,
+                      "2026-01-01", False, False, "test")
+
+
+def spec(run="run-1", attempt=1, **kw) -> LaunchSpec:
+    kw.setdefault("user_data", "#!/bin/sh\necho hello\n")
+    return LaunchSpec(run_id=run, attempt=attempt, infra=dict(INFRA), **kw)
+
+
+class Events(list):
+    def __call__(self, kind: str, data: dict) -> None:
+        self.append((kind, data))
+
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self]
+
+
+def calls(srv, action: str) -> list[dict]:
+    return [c for c in srv.cvm.calls if c["action"] == action]
+
+
+# -- the SDK, credentials, the endpoint ---------------------------------------------------------------
+
+def test_help_and_import_do_not_load_the_sdk():
+    code = ("import sys; from sdcloud.cli import main; import sdcloud.providers.tencent, sdcloud.providers.tencent_cos\n"
+            "try: main(['--help'])\nexcept SystemExit: pass\n"
+            "bad = [m for m in sys.modules if m.startswith(('tencentcloud', 'boto3'))]\n"
+            "assert not bad, bad")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+
+
+def test_wrong_secret_is_refused_by_signature(fake, monkeypatch):
+    monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", "not-the-secret")
+    with pytest.raises(base.CredentialsError, match="AuthFailure.SignatureFailure"):
+        provider().find_tagged(regions=[REGION])
+
+
+def test_unknown_secret_id(fake, monkeypatch):
+    monkeypatch.setenv("TENCENTCLOUD_SECRET_ID", "AKIDnobody")
+    with pytest.raises(base.CredentialsError, match="AuthFailure.SecretIdNotFound"):
+        provider().find_tagged(regions=[REGION])
+
+
+def test_no_credentials_is_one_clear_line(fake, monkeypatch):
+    monkeypatch.delenv("TENCENTCLOUD_SECRET_ID")
+    monkeypatch.delenv("TENCENTCLOUD_SECRET_KEY")
+    with pytest.raises(base.CredentialsError) as err:
+        provider().find_tagged(regions=[REGION])
+    assert "TENCENTCLOUD_SECRET_ID" in str(err.value) and "\n" not in str(err.value)
+    assert main(["gc", "--provider", "tencent", "--region", REGION, "--yes"]) == 2
+
+
+def test_half_set_credentials(fake, monkeypatch):
+    monkeypatch.delenv("TENCENTCLOUD_SECRET_KEY")
+    with pytest.raises(base.CredentialsError, match="TENCENTCLOUD_SECRET_KEY is not set"):
+        provider().find_tagged(regions=[REGION])
+
+
+def test_profile_file_credentials(fake, monkeypatch, tmp_path):
+    monkeypatch.delenv("TENCENTCLOUD_SECRET_ID")
+    monkeypatch.delenv("TENCENTCLOUD_SECRET_KEY")
+    creds = tmp_path / "home" / ".tencentcloud" / "credentials"
+    creds.parent.mkdir(parents=True)
+    creds.write_text(f"[default]\nsecret_id = {SECRET_ID}\nsecret_key = {SECRET_KEY}\n")
+    assert provider().find_tagged(regions=[REGION]) == []
+
+
+@pytest.mark.parametrize("value", ["127.0.0.1:9000", "ftp://host", "http://host/path", "http://"])
+def test_bad_endpoint_override(fake, monkeypatch, value):
+    monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", value)
+    with pytest.raises(UserError, match="SDCLOUD_TENCENT_ENDPOINT"):
+        provider().find_tagged(regions=[REGION])
+
+
+def test_fake_answers_in_the_real_envelope(fake):
+    from tencentcloud.common.exception.tencent_cloud_sdk_exception import TencentCloudSDKException
+    req = urllib.request.Request(fake.endpoint + "/", data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json", "X-TC-Action": "DescribeZones"})
+    with urllib.request.urlopen(req) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"] == "application/json"
+        body = json.loads(resp.read())
+    assert body["Response"]["Error"]["Code"].startswith("AuthFailure") and body["Response"]["RequestId"]
+    # Field names are checked against the SDK's models.
+    with pytest.raises(TencentCloudSDKException) as err:
+        provider().call(REGION, "RunInstances", {"Placement": {"Zone": "ap-guangzhou-3"}, "MaxPrice": "1"})
+    assert err.value.code == "UnknownParameter"
+
+
+# -- catalog ---------------------------------------------------------------------------------------
+
+def test_refresh_catalog_from_fake(fake):
+    fake.cvm.set_sold_out("ap-guangzhou-4", "GN7.2XLARGE32", "SPOTPAID")
+    path, rows, errors = tencent.refresh_catalog([REGION, "ap-singapore"])
+    assert errors == [] and path.exists()
+    by = {(r.zone, r.instance_type): r for r in rows}
+    assert {r.gpu for r in rows} == {"T4", "V100-32GB", "A100", "A10"}  # vGPU slice and CPU types left out
+    assert not any(t.startswith(("GN7vw", "S5")) for _, t in by)
+    t4 = by[("ap-guangzhou-3", "GN7.2XLARGE32")]
+    assert (t4.ondemand_price, t4.spot_price, t4.currency, t4.vcpus, t4.memory_gb, t4.vram_gb) == (9.55, 2.87, "CNY", 8, 32, 16)
+    assert not t4.spot_estimate and not t4.ondemand_estimate and t4.interruption_band is None
+    assert by[("ap-guangzhou-4", "GN7.2XLARGE32")].spot_price is None  # sold out for spot
+    assert by[("ap-guangzhou-4", "GN7.2XLARGE32")].ondemand_price == 9.55
+    assert by[("ap-guangzhou-3", "GN10Xp.2XLARGE40")].spot_price == 6.45  # arrived as a string
+    assert by[("ap-guangzhou-3", "GT4.4XLARGE96")].memory_gb == 96  # arrived as a string
+    sg = by[("ap-singapore-1", "GN7.2XLARGE32")]
+    assert sg.currency == "USD" and sg.ondemand_price == pytest.approx(9.55 / 7.1, abs=1e-3)
+    loaded, source = load_provider("tencent")
+    assert source.origin == "refreshed" and len(loaded) == len(rows)
+    charges = {c["params"]["Filters"][1]["Values"][0] for c in calls(fake, "DescribeZoneInstanceConfigInfos")}
+    assert charges == {"POSTPAID_BY_HOUR", "SPOTPAID"}
+
+
+def test_refreshed_catalog_ranks_in_offers(fake, capsys):
+    assert main(["catalog", "refresh", "--provider", "tencent", "--region", REGION, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] > 0
+    assert main(["offers", "--tier", "sd15-lora", "--provider", "tencent", "--limit", "0", "--json"]) == 0
+    captured = capsys.readouterr()
+    ranked = json.loads(captured.out)
+    assert "refreshed catalog" in captured.err
+    assert ranked and all(e["provider"] == "tencent" and e["zone"].startswith(REGION) for e in ranked)
+    costs = [e["est_cost"] for e in ranked]
+    assert costs == sorted(costs)
+    assert any(e["market"] == "spot" and not e["price_estimate"] for e in ranked)
+
+
+def test_refresh_reports_a_bad_region_and_keeps_the_rest(fake):
+    _, rows, errors = tencent.refresh_catalog([REGION, "ap-nowhere"])
+    assert rows and len(errors) == 1 and "InvalidRegion.NotFound" in errors[0]
+    with pytest.raises(UserError, match="previous catalog is kept"):
+        tencent.refresh_catalog(["ap-nowhere"])
+
+
+# -- launch ----------------------------------------------------------------------------------------
+
+def test_spot_launch_with_max_price(fake, monkeypatch):
+    monkeypatch.setenv("SDCLOUD_CNY_PER_USD", "7.0")
+    events = Events()
+    inst = provider().launch(Offer(row(zone="ap-guangzhou-4"), "spot"), spec(), "spot", max_price=0.5, events=events)
+    assert inst.state == base.RUNNING and inst.market == "spot" and inst.zone == "ap-guangzhou-4"
+    assert inst.tags == spec().tags and inst.run_id == "run-1" and not inst.adopted
+    assert inst.public_ip and inst.private_ip and inst.price_per_hour == pytest.approx(3.5)
+    (call,) = calls(fake, "RunInstances")
+    p = call["params"]
+    assert p["InstanceChargeType"] == "SPOTPAID"
+    assert p["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {"MaxPrice": "3.5000", "SpotInstanceType": "one-time"}}
+    assert p["ClientToken"].startswith(spec().token) and len(p["ClientToken"]) <= 64
+    assert base64.b64decode(p["UserData"]).decode() == spec().user_data
+    assert p["LaunchTemplate"] == {"LaunchTemplateId": "lt-fake0001"}
+    assert p["VirtualPrivateCloud"] == {"VpcId": "vpc-fake", "SubnetId": "subnet-4"}
+    assert p["CamRoleName"] == "sdcloud-host" and p["SecurityGroupIds"] == ["sg-fake"]
+    assert {t["Key"]: t["Value"] for t in p["TagSpecification"][0]["Tags"]} == spec().tags
+    assert calls(fake, "InquiryPriceRunInstances") and "quote" in events.kinds() and "launched" in events.kinds()
+
+
+def test_on_demand_launch(fake):
+    inst = provider().launch(Offer(row(zone="ap-guangzhou-3"), "on-demand"), spec(), "on-demand")
+    assert inst.market == "on-demand" and inst.state == base.RUNNING and inst.price_per_hour == 9.55
+    p = calls(fake, "RunInstances")[0]["params"]
+    assert p["InstanceChargeType"] == "POSTPAID_BY_HOUR" and "InstanceMarketOptions" not in p
+
+
+def test_idempotent_retry_adopts(fake):
+    prov = provider()
+    offer = Offer(row(), "spot")
+    first = prov.launch(offer, spec(), "spot")
+    events = Events()
+    again = provider().launch(offer, spec(), "spot", events=events)  # a new controller, same run and attempt
+    assert again.id == first.id and again.adopted and events.kinds() == ["adopted"]
+    assert len(calls(fake, "RunInstances")) == 1
+    other = prov.launch(offer, spec(attempt=2), "spot")
+    assert other.id != first.id and len(fake.cvm.live()) == 2
+
+
+def test_crash_between_run_and_wait_is_adopted(fake):
+    """RunInstances went through but the controller died before it saw the id: the retry adopts it."""
+    prov = provider()
+    params = prov._run_params(Offer(row(), "spot"), spec(), "spot", "ap-guangzhou-6", "9.0")
+    ids = prov.call(REGION, "RunInstances", params)["InstanceIdSet"]
+    # The same ClientToken again gives the same instance, not a second one.
+    assert prov.call(REGION, "RunInstances", params)["InstanceIdSet"] == ids
+    inst = provider().launch(Offer(row(), "spot"), spec(), "spot")
+    assert inst.adopted and inst.id == ids[0] and inst.state == base.RUNNING
+    assert len(fake.cvm.live()) == 1
+
+
+def test_sold_out_fails_over_across_zones(fake):
+    fake.cvm.set_sold_out("ap-guangzhou-3", "GN7.2XLARGE32")
+    fake.cvm.inject("RunInstances", "ResourcesSoldOut.SpecifiedInstanceType", zone="ap-guangzhou-4")
+    events = Events()
+    inst = provider().launch(Offer(row(), "spot"), spec(), "spot", events=events)
+    assert inst.zone == "ap-guangzhou-6"
+    hops = [d for k, d in events if k == "zone_failover"]
+    # The zone the catalog says is sold out is tried last, after the in-stock ones.
+    assert [h["zone"] for h in hops] == ["ap-guangzhou-4"]
+    fake.cvm.set_sold_out("ap-guangzhou-4", "GN7.2XLARGE32")
+    fake.cvm.set_sold_out("ap-guangzhou-6", "GN7.2XLARGE32")
+    events = Events()
+    with pytest.raises(base.CapacityError, match="every zone"):
+        provider().launch(Offer(row(), "spot"), spec(attempt=2), "spot", events=events)
+    assert [d["code"] for k, d in events if k == "zone_failover"] == ["ResourceInsufficient.SpecifiedInstanceType"] * 3
+    assert len(fake.cvm.live()) == 1
+
+
+def test_offer_with_a_zone_tries_only_that_zone(fake):
+    fake.cvm.set_sold_out("ap-guangzhou-3", "GN7.2XLARGE32")
+    with pytest.raises(base.CapacityError):
+        provider().launch(Offer(row(zone="ap-guangzhou-3"), "spot"), spec(), "spot")
+    assert fake.cvm.live() == []
+
+
+def test_price_too_low(fake):
+    events = Events()
+    with pytest.raises(base.PriceTooLowError) as err:
+        provider().launch(Offer(row(zone="ap-guangzhou-3"), "spot"), spec(), "spot", max_price=0.1, events=events)
+    assert err.value.current_price == pytest.approx(2.87)
+    assert not calls(fake, "RunInstances")  # the quote already said no
+    # The API's own refusal carries the current price in its message.
+    fake.cvm.inject("RunInstances", "InvalidParameterValue.InsufficientPrice",
+                    "The bid price 1.0 is lower than the current price 3.21.")
+    with pytest.raises(base.PriceTooLowError) as err:
+        provider().launch(Offer(row(zone="ap-guangzhou-3"), "spot"), spec(), "spot", max_price=1.0)
+    assert err.value.current_price == pytest.approx(3.21)
+    assert fake.cvm.live() == []
+
+
+def test_throttling_is_retried_with_backoff(fake):
+    fake.cvm.inject("RunInstances", "RequestLimitExceeded", times=2)
+    fake.cvm.inject("DescribeInstances", "RequestLimitExceeded.UinLimitExceeded", times=1)
+    events = Events()
+    inst = provider().launch(Offer(row(), "spot"), spec(), "spot", events=events)
+    assert inst.state == base.RUNNING and len(fake.cvm.live()) == 1
+    retries = [d for k, d in events if k == "retry"]
+    assert [r["action"] for r in retries] == ["DescribeInstances", "RunInstances", "RunInstances"]
+    assert all(r["wait_s"] >= 0 for r in retries)
+
+
+def test_throttling_is_bounded(fake):
+    fake.cvm.inject("RunInstances", "RequestLimitExceeded", times=100)
+    with pytest.raises(base.ProviderError, match="after 4 tries"):
+        provider(max_attempts=4).launch(Offer(row(zone="ap-guangzhou-3"), "spot"), spec(), "spot")
+    assert fake.cvm.injections[0].times == 96 and fake.cvm.live() == []
+
+
+@pytest.mark.parametrize("code", ["LimitExceeded.SpotQuota", "LimitExceeded.UserSpotQuota", "LimitExceeded.InstanceQuota"])
+def test_quota_stops_with_a_clear_message(fake, code):
+    fake.cvm.inject("RunInstances", code, times=10)
+    with pytest.raises(base.QuotaError, match=code) as err:
+        provider().launch(Offer(row(), "spot"), spec(), "spot")
+    assert isinstance(err.value, UserError) and "\n" not in str(err.value) and "quota" in str(err.value)
+    assert fake.cvm.injections[0].times == 9 and fake.cvm.live() == []  # asked once, never again
+
+
+def test_launch_failed_moves_to_next_zone_and_cleans_up(fake):
+    fake.cvm.fail_launch.add(("ap-guangzhou-3", "GN7.2XLARGE32"))
+    events = Events()
+    inst = provider().launch(Offer(row(), "spot"), spec(), "spot", events=events)
+    assert inst.zone == "ap-guangzhou-4" and "launch_failed" in events.kinds()
+    assert [i.id for i in fake.cvm.live()] == [inst.id]
+    assert len(calls(fake, "TerminateInstances")) == 1
+
+
+def test_launch_needs_an_image_or_template(fake):
+    with pytest.raises(UserError, match="SDCLOUD_TENCENT_IMAGE_ID"):
+        provider().launch(Offer(row(), "spot"), LaunchSpec("run-1", 1), "spot")
+    with pytest.raises(UserError, match="user-data"):
+        provider().launch(Offer(row(), "spot"), spec(user_data=os.urandom(20000).hex()), "spot")
+
+
+# -- describe, reclaim, terminate, gc ----------------------------------------------------------------
+
+def test_reclaim_then_describe(fake):
+    prov = provider()
+    inst = prov.launch(Offer(row(), "spot"), spec(), "spot")
+    fake.cvm.reclaim(inst.id)
+    assert prov.describe([inst.id], REGION)[0].state == base.TERMINATED
+    time.sleep(0.3)  # gone from the API altogether
+    (gone,) = prov.describe([inst.id], REGION)
+    assert gone.state == base.TERMINATED and not gone.live
+    assert prov.find_tagged("run-1", [REGION]) == []
+
+
+def test_crash_then_gc_leaves_zero_instances(fake, capsys):
+    from sdcloud.state import StateStore
+
+    prov = provider()
+    store = StateStore()
+    store.create_run("live-run", "sd15-lora", {}, 100)
+    store.update_run("live-run", state="running")
+    store.close()
+    keep = prov.launch(Offer(row(), "spot"), spec("live-run"), "spot")
+    stray = prov.launch(Offer(row(), "spot"), spec("crashed-run"), "spot")
+    stray2 = prov.launch(Offer(row(region="ap-shanghai"), "on-demand"), spec("crashed-run", 2), "on-demand")
+    del prov  # the controller dies here
+    assert {i.id for i in provider().find_tagged(regions=[REGION, "ap-shanghai"])} == {keep.id, stray.id, stray2.id}
+    assert main(["gc", "--provider", "tencent", "--region", REGION, "--region", "ap-shanghai", "--yes", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert sorted(out["terminated"]) == sorted([stray.id, stray2.id])
+    assert [i.id for i in fake.cvm.live()] == [keep.id]
+    # The run ends: everything goes, nothing leaks.
+    provider().terminate([keep.id])
+    assert fake.cvm.live() == []
+    assert provider().find_tagged(regions=[REGION, "ap-shanghai"]) == []
+
+
+def test_terminate_skips_instances_already_gone(fake):
+    prov = provider()
+    a = prov.launch(Offer(row(), "spot"), spec("r", 1), "spot")
+    b = prov.launch(Offer(row(), "spot"), spec("r", 2), "spot")
+    fake.cvm.reclaim(a.id)
+    time.sleep(0.3)
+    prov.terminate([a.id, b.id], REGION)
+    assert fake.cvm.live() == []
+
+
+def test_find_tagged_reports_a_bad_region(fake):
+    prov = provider()
+    assert prov.find_tagged(regions=["ap-nowhere", REGION]) == []
+    assert len(prov.last_errors) == 1 and "ap-nowhere" in prov.last_errors[0]
+
+
+def test_get_provider_and_price_history(fake):
+    prov = get_provider("tencent")
+    assert isinstance(prov, tencent.TencentProvider) and isinstance(prov, base.Provider)
+    (sample,) = prov.price_history("GN7.2XLARGE32", "ap-guangzhou-3", None, None)
+    assert sample[1] == pytest.approx(2.87)
+
+
+# -- the fake as a subprocess, with its control API ----------------------------------------------------
+
+def test_fake_runs_as_a_subprocess_with_control(monkeypatch, tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "tencent_fake.py"), "--port", str(port)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert "fake CVM API" in proc.stdout.readline()
+        endpoint = f"http://127.0.0.1:{port}"
+
+        def control(**body) -> dict:
+            req = urllib.request.Request(endpoint + "/_control", data=json.dumps(body).encode(), method="POST")
+            with urllib.request.urlopen(req) as resp:
+                return json.loads(resp.read())
+
+        monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", endpoint)
+        monkeypatch.setenv("TENCENTCLOUD_SECRET_ID", SECRET_ID)
+        monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", SECRET_KEY)
+        control(op="inject", action="RunInstances", code="ResourceInsufficient.AvailabilityZoneSoldOut", zone="ap-guangzhou-3")
+        inst = provider(poll_interval=0.1).launch(Offer(row(), "spot"), spec(), "spot")
+        assert inst.zone == "ap-guangzhou-4"
+        control(op="reclaim", instance_id=inst.id)
+        states = {i["InstanceId"]: i["InstanceState"] for i in control(op="instances")["instances"]}
+        assert states == {inst.id: "TERMINATING"}
+        assert any(c["action"] == "RunInstances" for c in control(op="calls")["calls"])
+    finally:
+        proc.terminate()
+        proc.wait(5)
