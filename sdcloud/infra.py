@@ -346,6 +346,8 @@ def down(provider: str, region: str, on_output: Echo | None = None) -> None:
     stack = _stack(provider, region, create=False)
     with _lock(provider, region):
         _run(lambda: stack.destroy(on_output=on_output, color="never"))
+        # Drop the emptied stack record too, so that the backend lists only live stacks.
+        _run(lambda: stack.workspace.remove_stack(region))
     store = _store()
     try:
         with store.tx() as db:

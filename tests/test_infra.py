@@ -99,8 +99,10 @@ class FakeStack:
         self.ups = 0
         self.destroyed = False
         self.plugins: list[tuple] = []
+        self.removed: list[str] = []
         self.workspace = SimpleNamespace(install_plugin=lambda *a: self.plugins.append(a),
-                                         install_plugin_from_server=lambda *a: self.plugins.append(a))
+                                         install_plugin_from_server=lambda *a: self.plugins.append(a),
+                                         remove_stack=self.removed.append)
 
     def set_all_config(self, values):
         self.config.update({k: v.value for k, v in values.items()})
@@ -188,7 +190,7 @@ def test_down_destroys_and_forgets_the_cache(fake_stack):
     store.save_infra("aws", "us-east-1", OUTPUTS)
     store.close()
     infra.down("aws", "us-east-1")
-    assert fake_stack.destroyed
+    assert fake_stack.destroyed and fake_stack.removed == ["us-east-1"]
     assert infra.cached_outputs("aws", "us-east-1") is None
 
 
