@@ -119,6 +119,38 @@ def test_profile_file_credentials(fake, monkeypatch, tmp_path):
     assert provider().find_tagged(regions=[REGION]) == []
 
 
+def test_cvm_role_credentials(fake, monkeypatch):
+    """On a CVM host with a CAM role, temporary keys come from the metadata service."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    monkeypatch.delenv("TENCENTCLOUD_SECRET_ID")
+    monkeypatch.delenv("TENCENTCLOUD_SECRET_KEY")
+    fake.cvm.accounts["AKIDtemporary"] = "temporary-key"
+    creds = {"Code": "Success", "TmpSecretId": "AKIDtemporary", "TmpSecretKey": "temporary-key",
+             "Token": "session-token", "ExpiredTime": int(time.time()) + 3600}
+
+    class Metadata(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            body = {"/latest/meta-data/cam/security-credentials/": b"sdcloud-host",
+                    "/latest/meta-data/cam/security-credentials/sdcloud-host": json.dumps(creds).encode()}.get(self.path)
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Metadata)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(tencent, "METADATA_URL", f"http://127.0.0.1:{httpd.server_address[1]}/latest/meta-data/")
+        assert provider().find_tagged(regions=[REGION]) == []
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
 @pytest.mark.parametrize("value", ["127.0.0.1:9000", "ftp://host", "http://host/path", "http://"])
 def test_bad_endpoint_override(fake, monkeypatch, value):
     monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", value)

@@ -139,7 +139,11 @@ def credentials():
         raise CredentialsError(f"Tencent Cloud credentials are not usable: {exc.message}") from None
     role = _cvm_role()
     if role:
-        return credential.CVMRoleCredential(role)
+        cred = credential.CVMRoleCredential(role)
+        cred._role_endpoint = METADATA_URL + "cam/security-credentials/"  # the service we just asked
+        if cred.get_credential() is None:
+            raise CredentialsError(f"the CVM role {role!r} gave no credentials: check the role's trust policy")
+        return cred
     raise CredentialsError("no Tencent Cloud credentials: set TENCENTCLOUD_SECRET_ID and TENCENTCLOUD_SECRET_KEY, "
                            "write ~/.tencentcloud/credentials, or run on a CVM with a CAM role")
 
