@@ -217,6 +217,9 @@ def _stack(provider: str, region: str, create: bool = True) -> Any:
     project = f"sdcloud-{provider}"
     backend = backend_dir()
     backend.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # The CLI prefers PULUMI_CONFIG_PASSPHRASE over the file; a user's own passphrase for other
+    # projects must not re-key (or fail to open) these stacks.
+    os.environ.pop("PULUMI_CONFIG_PASSPHRASE", None)
     work_dir = backend / "work" / provider  # keeps Pulumi.<stack>.yaml (the secrets salt) between runs
     work_dir.mkdir(parents=True, exist_ok=True)
     url = f"file://{backend}"
@@ -240,8 +243,13 @@ def _stack(provider: str, region: str, create: bool = True) -> Any:
 
 def _short(exc: Exception) -> str:
     """The useful line of a Pulumi CLI failure (its output is long)."""
-    text = str(exc)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(("code:", "stdout:", "stderr:"))]
+    lines = []
+    for line in str(exc).splitlines():
+        line = line.strip()
+        for label in ("code:", "stdout:", "stderr:"):
+            line = line.removeprefix(label).strip()
+        if line and not line.lstrip("-").isdigit():
+            lines.append(line)
     errors = [ln for ln in lines if "error" in ln.lower()]
     return "pulumi: " + (errors[-1] if errors else (lines[-1] if lines else "failed"))[:400]
 

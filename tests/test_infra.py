@@ -245,3 +245,31 @@ def test_help_does_not_import_pulumi():
             "sys.stdout.flush(); print('PULUMI' if 'pulumi' in sys.modules else 'CLEAN')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out.strip().endswith("CLEAN")
+
+
+def test_real_workspace_gets_the_file_backend_and_passphrase_file(tmp_path, monkeypatch, sdcloud_home, capsys):
+    """Through the real Automation API with a stand-in CLI: what the CLI is handed, and its failure as one line."""
+    pytest.importorskip("pulumi")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "cli.log"
+    cli = bin_dir / "pulumi"
+    cli.write_text('#!/bin/sh\n'
+                   'echo "ARGS $* BACKEND=$PULUMI_BACKEND_URL FILE=$PULUMI_CONFIG_PASSPHRASE_FILE '
+                   'PASS=$PULUMI_CONFIG_PASSPHRASE" >> "$FAKE_PULUMI_LOG"\n'
+                   'if [ "$1" = version ]; then echo v3.200.0; exit 0; fi\n'
+                   'echo "error: the stand-in CLI refuses" >&2; exit 255\n')
+    cli.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_PULUMI_LOG", str(log))
+    monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "someone-elses")  # must not reach the CLI
+    assert main(["infra", "outputs", "--provider", "aws", "--region", "us-east-1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "error: pulumi: error: the stand-in CLI refuses"
+    calls = [line for line in log.read_text().splitlines() if "ARGS version" not in line]
+    assert calls, "the CLI was not called for the stack"
+    passphrase = (sdcloud_home / "pulumi" / "passphrase").read_text()
+    for line in calls:
+        assert f"BACKEND=file://{sdcloud_home / 'pulumi'} " in line
+        assert f"FILE={sdcloud_home / 'pulumi' / 'passphrase'} " in line
+        assert passphrase not in line and line.endswith("PASS=")
