@@ -235,25 +235,28 @@ def optimal_costs(windows: np.ndarray, gap_seconds: int, setting: Setting) -> np
     r_index = {r: i for i, r in enumerate(rests)}
     prices = [setting.spot_price] * z_n + [setting.ondemand_price]
     inf = np.inf
-    idle = np.full((b_n, width), inf)
-    idle[:, 0] = 0.0
-    run = [[np.full((b_n, width), inf) for _ in rests] for _ in prices]
+    # Waste cannot exceed the time elapsed: after tick k only the first hi(k) columns can be finite,
+    # so the arrays start narrow and widen to w_max + 1.
+    idle = np.zeros((b_n, 1))
+    run = [[np.full((b_n, 1), inf) for _ in rests] for _ in prices]
     best = np.full(b_n, inf)
     waste_s = np.arange(width) * u
 
-    def shifted(a: np.ndarray, n: int, add: float) -> np.ndarray:
-        out = np.full_like(a, inf)
-        if n < width:
-            np.add(a[:, : width - n], add, out=out[:, n:])
+    def shifted(a: np.ndarray, n: int, add: float, hi: int) -> np.ndarray:
+        out = np.full((b_n, hi), inf)
+        m = min(a.shape[1], hi - n)
+        if m > 0:
+            np.add(a[:, :m], add, out=out[:, n: n + m])
         return out
 
     for k in range(k_n):
         t = k * g
+        hi = min(width, (t + g) // u + 1)
         low = idle
         for states in run:
             for a in states:
                 low = np.minimum(low, a)
-        new_idle = shifted(low, g // u, 0.0)
+        new_idle = shifted(low, g // u, 0.0, hi)
         new_run = []
         for m, price in enumerate(prices):
             per_s = price / 3600
@@ -262,17 +265,17 @@ def optimal_costs(windows: np.ndarray, gap_seconds: int, setting: Setting) -> np
             for src, r in sources:
                 used = min(r, g)
                 gain = g - used
-                out = shifted(src, used // u, per_s * g)
+                out = shifted(src, used // u, per_s * g, hi)
                 # Jobs that reach C within this tick end here, paying only the part they used.
                 w_fin = math.floor((t + gain - c) / u + 1e-9)
                 if gain > 0 and w_fin >= 0:
-                    top = min(w_fin, w_max - used // u)
+                    top = min(w_fin, w_max - used // u, src.shape[1] - 1)
                     if top >= 0:
                         fin = src[:, : top + 1] + per_s * (used + c - t + waste_s[: top + 1])
                         if m < z_n:
                             fin = np.where(windows[:, m, k][:, None], fin, inf)
                         np.minimum(best, fin.min(axis=1), out=best)
-                    out[:, : min(w_fin + used // u + 1, width)] = inf
+                    out[:, : min(w_fin + used // u + 1, hi)] = inf
                 i = r_index[r - used]
                 targets[i] = out if targets[i] is None else np.minimum(targets[i], out)
             if m < z_n:  # spot: only where this zone has spot in tick k
@@ -280,7 +283,7 @@ def optimal_costs(windows: np.ndarray, gap_seconds: int, setting: Setting) -> np
                 for a in targets:
                     if a is not None:
                         a[shut] = inf
-            new_run.append([a if a is not None else np.full((b_n, width), inf) for a in targets])
+            new_run.append([a if a is not None else np.full((b_n, hi), inf) for a in targets])
         idle, run = new_idle, new_run
     return best
 
@@ -322,7 +325,7 @@ def simulate(avail: np.ndarray, keys: Sequence[str], gap_seconds: int, setting: 
 
 
 def optimal_batch(avail: np.ndarray, gap_seconds: int, setting: Setting, begin: np.ndarray, zone0: np.ndarray,
-                  single_zone: bool, chunk: int = 100) -> tuple[np.ndarray, np.ndarray]:
+                  single_zone: bool, chunk: int = 30) -> tuple[np.ndarray, np.ndarray]:
     span = ticks_needed(setting, gap_seconds)
     if single_zone or avail.shape[0] == 1:
         windows = np.stack([avail[z, s: s + span][None, :] for s, z in zip(begin, zone0)])
