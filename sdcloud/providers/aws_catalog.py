@@ -120,6 +120,8 @@ def latest_spot(items: Iterable[dict]) -> dict[tuple[str, str], tuple[datetime, 
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, (UserError, ProviderError)):
+        return str(exc)
     code = error_code(exc)
     return f"{code}: {error_message(exc, 160)}" if code else f"{type(exc).__name__}: {error_message(exc, 160)}"
 

@@ -1,0 +1,200 @@
+"""`sdcloud catalog refresh --provider aws`: facts from moto's describe_instance_types, spot prices per
+zone, and on-demand prices parsed from the real Price List response shape through botocore's Stubber
+(moto has no pricing service)."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+from botocore.awsrequest import AWSResponse
+from botocore.stub import Stubber
+from moto import mock_aws
+
+from sdcloud.catalog import bundled_rows, load_provider
+from sdcloud.cli import main
+from sdcloud.providers.aws import CLIENT_CONFIG, Retry
+from sdcloud.providers.aws_catalog import gpu_model, instance_facts, parse_price_list, refresh, refresh_region
+
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def aws_env(monkeypatch):
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": REGION}.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.fixture
+def moto(aws_env):
+    with mock_aws():
+        yield
+
+
+def product(itype: str, usd: str, region: str = REGION, os_: str = "Linux", capacity: str = "Used") -> str:
+    """One PriceList item as get_products returns it: a JSON document in a string."""
+    sku = f"SKU{abs(hash((itype, region, os_, capacity))) % 10**8:08d}"
+    return json.dumps({
+        "product": {"productFamily": "Compute Instance", "sku": sku, "attributes": {
+            "instanceType": itype, "regionCode": region, "location": "US East (N. Virginia)", "operatingSystem": os_,
+            "tenancy": "Shared", "preInstalledSw": "NA", "capacitystatus": capacity, "licenseModel": "No License required",
+            "instanceFamily": "GPU instance", "vcpu": "4", "memory": "16 GiB", "gpu": "1", "servicecode": "AmazonEC2"}},
+        "serviceCode": "AmazonEC2",
+        "terms": {
+            "OnDemand": {f"{sku}.JRTCKXETXF": {
+                "priceDimensions": {f"{sku}.JRTCKXETXF.6YS6EN2CT7": {
+                    "unit": "Hrs", "endRange": "Inf", "beginRange": "0", "appliesTo": [],
+                    "description": f"${usd} per On Demand {os_} {itype} Instance Hour",
+                    "rateCode": f"{sku}.JRTCKXETXF.6YS6EN2CT7", "pricePerUnit": {"USD": usd}}},
+                "sku": sku, "effectiveDate": "2026-06-01T00:00:00Z", "offerTermCode": "JRTCKXETXF", "termAttributes": {}}},
+            "Reserved": {f"{sku}.4NA7Y494T4": {
+                "priceDimensions": {f"{sku}.4NA7Y494T4.6YS6EN2CT7": {
+                    "unit": "Hrs", "pricePerUnit": {"USD": "0.0100000000"}, "description": "reserved"}},
+                "sku": sku, "offerTermCode": "4NA7Y494T4",
+                "termAttributes": {"LeaseContractLength": "1yr", "PurchaseOption": "No Upfront"}}}},
+        "version": "20260601000000", "publicationDate": "2026-06-01T00:00:00Z"})
+
+
+def stubbed_pricing(pages: list[list[str]]):
+    client = boto3.client("pricing", region_name="us-east-1", config=CLIENT_CONFIG)
+    stub = Stubber(client)
+    for i, items in enumerate(pages):
+        resp = {"FormatVersion": "aws_v1", "PriceList": items}
+        if i + 1 < len(pages):
+            resp["NextToken"] = f"page-{i + 1}"
+        expected = {"ServiceCode": "AmazonEC2", "Filters": [
+            {"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in (
+                ("regionCode", REGION), ("operatingSystem", "Linux"), ("tenancy", "Shared"), ("preInstalledSw", "NA"),
+                ("capacitystatus", "Used"), ("instanceFamily", "GPU instance"))]}
+        if i:
+            expected["NextToken"] = f"page-{i}"
+        stub.add_response("get_products", resp, expected)
+    stub.activate()
+    return client, stub
+
+
+def test_gpu_names_map_to_the_ranked_gpus():
+    assert gpu_model("T4", 16384) == "T4"
+    assert gpu_model("A10G", 22888) == "A10G"
+    assert gpu_model("L4", 22888) == "L4"
+    assert gpu_model("L40S", 45776) == "L40S"
+    assert gpu_model("V100", 16384) == "V100"
+    assert gpu_model("V100", 32768) == "V100-32GB"
+    assert gpu_model("A100", 40960) == "A100"
+    assert gpu_model("A100", 81920) == "A100-80GB"
+    assert gpu_model("H100", 81920) == "H100"
+    assert gpu_model("Radeon Pro V520", 8192) is None
+
+
+def test_price_list_parsing_keeps_linux_shared_on_demand_hours():
+    items = [product("g5.xlarge", "1.0060000000"), product("g5.xlarge", "2.0", os_="Windows"),
+             product("g5.xlarge", "0.9", capacity="UnusedCapacityReservation"),
+             product("g4dn.xlarge", "0.5260000000"), product("g6.xlarge", "0.8", region="eu-west-1")]
+    assert parse_price_list(items, REGION) == {"g5.xlarge": 1.006, "g4dn.xlarge": 0.526}
+    # botocore may hand the items over decoded (the shape is marked jsonvalue): both work.
+    assert parse_price_list([json.loads(items[0])], REGION) == {"g5.xlarge": 1.006}
+
+
+def test_refresh_finds_gpu_facts_zone_spot_prices_and_stubbed_on_demand_prices(moto):
+    ec2 = boto3.client("ec2", region_name=REGION, config=CLIENT_CONFIG)
+    pricing, stub = stubbed_pricing([[product("g5.xlarge", "1.0060000000"), product("g4dn.xlarge", "0.5260000000")],
+                                     [product("p4d.24xlarge", "32.7726000000")]])
+    bundled = {(r.region, r.instance_type): r for r in bundled_rows("aws") if not r.zone}
+    rows, errors = refresh_region(REGION, ec2, pricing, Retry(base=0), [], bundled, "2026-07-01")
+    stub.assert_no_pending_responses()
+    assert errors == []
+    region_rows = {r.instance_type: r for r in rows if not r.zone}
+    expect = {"g4dn.xlarge": ("T4", 1, 16, 125), "g5.xlarge": ("A10G", 1, 24, 250), "g6.xlarge": ("L4", 1, 24, 250),
+              "p4d.24xlarge": ("A100", 8, 40, 8000), "g5.48xlarge": ("A10G", 8, 24, 7600)}
+    for itype, (gpu, count, vram, nvme) in expect.items():
+        r = region_rows[itype]
+        assert (r.gpu, r.gpu_count, r.vram_gb, r.nvme_gb) == (gpu, count, vram, nvme), itype
+    assert region_rows["g4dn.xlarge"].vcpus == 4 and region_rows["g4dn.xlarge"].memory_gb == 16
+    # On-demand: from the API where it answered, the bundled list price where it did not.
+    assert region_rows["g5.xlarge"].ondemand_price == 1.006 and not region_rows["g5.xlarge"].ondemand_estimate
+    assert region_rows["p4d.24xlarge"].ondemand_price == 32.7726
+    assert region_rows["g6.xlarge"].ondemand_price == bundled[(REGION, "g6.xlarge")].ondemand_price
+    assert "bundled" in region_rows["g6.xlarge"].source
+    # The bundled interruption band is kept; spot prices come per zone.
+    assert region_rows["g5.xlarge"].interruption_band == bundled[(REGION, "g5.xlarge")].interruption_band
+    zone_rows = [r for r in rows if r.instance_type == "g5.xlarge" and r.zone]
+    assert len(zone_rows) >= 2 and all(r.zone.startswith(REGION) and r.spot_price > 0 for r in zone_rows)
+    assert all(r.ondemand_price is None and r.interruption_band == 4 for r in zone_rows)
+    assert region_rows["g5.xlarge"].spot_price is None
+
+
+def test_failing_region_and_pricing_are_named_and_do_not_sink_the_refresh(moto):
+    session = boto3.session.Session(region_name=REGION)
+
+    def opt_in_required(params, **kwargs):
+        if "eu-west-1" in params.get("url", ""):
+            return AWSResponse(params["url"], 401, {}, None), {
+                "Error": {"Code": "OptInRequired", "Message": "region not enabled"}, "ResponseMetadata": {}}
+        return None
+
+    session.events.register("before-call.ec2.DescribeInstanceTypes", opt_in_required)
+    path, rows, errors = refresh([REGION, "eu-west-1"], session=session, retry=Retry(base=0))
+    assert any(e.startswith("eu-west-1: ec2 describe_instance_types failed") and "OptInRequired" in e for e in errors)
+    # moto has no Price List API: named, and the bundled on-demand prices stay in use.
+    assert any(e.startswith(f"{REGION}: pricing get_products failed") and "bundled on-demand" in e for e in errors)
+    eu = [r for r in rows if r.region == "eu-west-1"]
+    assert eu and set(eu) == {r for r in bundled_rows("aws") if r.region == "eu-west-1"}
+    us = {(r.instance_type, r.zone): r for r in rows if r.region == REGION}
+    assert us[("g5.xlarge", "")].ondemand_price == 1.006 and any(z for (t, z) in us if t == "g5.xlarge")
+    # Regions not asked for stay as they were.
+    assert {r.region for r in rows} == {r.region for r in bundled_rows("aws")}
+    loaded, source = load_provider("aws")
+    assert source.origin == "refreshed" and source.path == str(path) and len(loaded) == len(rows)
+    assert json.loads(path.read_text())["errors"] == errors
+
+
+def test_spot_failure_keeps_the_bundled_spot_estimate(moto):
+    ec2 = boto3.client("ec2", region_name=REGION, config=CLIENT_CONFIG)
+    ec2.meta.events.register("before-call.ec2.DescribeSpotPriceHistory", lambda params, **kw: (
+        AWSResponse(params["url"], 403, {}, None), {"Error": {"Code": "UnauthorizedOperation", "Message": "no"}}))
+    bundled = {(r.region, r.instance_type): r for r in bundled_rows("aws") if not r.zone}
+    rows, errors = refresh_region(REGION, ec2, None, Retry(base=0), [], bundled, "2026-07-01")
+    assert any("describe_spot_price_history failed" in e and "UnauthorizedOperation" in e for e in errors)
+    g5 = next(r for r in rows if r.instance_type == "g5.xlarge")
+    assert not any(r.zone for r in rows)
+    assert g5.spot_price == bundled[(REGION, "g5.xlarge")].spot_price and g5.spot_estimate
+
+
+def test_cli_refresh_then_show_and_offers_rank_zone_prices(moto, capsys):
+    code = main(["catalog", "refresh", "--provider", "aws", "--region", REGION, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["regions"][REGION]["types"] >= 20 and len(doc["regions"][REGION]["zones"]) >= 3
+    assert any("pricing get_products failed" in e for e in doc["errors"])
+    assert main(["catalog", "show", "--provider", "aws", "--region", REGION, "--json"]) == 0
+    shown = json.loads(capsys.readouterr()[0])
+    assert shown["sources"][0]["origin"] == "refreshed"
+    assert main(["offers", "--tier", "sdxl-lora", "--provider", "aws", "--region", REGION, "--spot", "--json"]) == 0
+    ranked = json.loads(capsys.readouterr()[0])
+    assert ranked and all(e["zone"].startswith(REGION) for e in ranked)
+
+
+def test_cli_refresh_without_credentials_or_with_a_bad_region(capsys):
+    assert main(["catalog", "refresh", "--provider", "aws"]) == 2
+    assert "no AWS credentials found" in capsys.readouterr()[1]
+    assert main(["catalog", "refresh", "--provider", "aws", "--region", "nowhere"]) == 2
+    assert "not an AWS region" in capsys.readouterr()[1]
+
+
+def test_instance_facts_skip_non_nvidia_and_arm():
+    items = [
+        {"InstanceType": "g4ad.xlarge", "GpuInfo": {"Gpus": [{"Name": "Radeon Pro V520", "Manufacturer": "AMD",
+                                                               "Count": 1, "MemoryInfo": {"SizeInMiB": 8192}}]},
+         "VCpuInfo": {"DefaultVCpus": 4}, "MemoryInfo": {"SizeInMiB": 16384}},
+        {"InstanceType": "g5g.xlarge", "ProcessorInfo": {"SupportedArchitectures": ["arm64"]},
+         "GpuInfo": {"Gpus": [{"Name": "T4g", "Manufacturer": "NVIDIA", "Count": 1, "MemoryInfo": {"SizeInMiB": 16384}}]}},
+        {"InstanceType": "p3.2xlarge", "ProcessorInfo": {"SupportedArchitectures": ["x86_64"]},
+         "GpuInfo": {"Gpus": [{"Name": "V100", "Manufacturer": "NVIDIA", "Count": 1, "MemoryInfo": {"SizeInMiB": 16384}}]},
+         "VCpuInfo": {"DefaultVCpus": 8}, "MemoryInfo": {"SizeInMiB": 62464}},
+    ]
+    facts = instance_facts(items)
+    assert list(facts) == ["p3.2xlarge"]
+    assert facts["p3.2xlarge"].nvme_gb == 0 and facts["p3.2xlarge"].memory_gb == 61
