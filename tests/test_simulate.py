@@ -1,0 +1,220 @@
+"""The simulator's accounting against cases computed by hand (docs/policies.md, "Accounting")."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from sdcloud.cli import main
+from sdcloud.policy import ON_DEMAND, SPOT, WAIT, Action, Policy
+from sdcloud.simulate import (Setting, coarsen, load_trace, optimal_batch, optimal_costs, replay, simulate, stack,
+                              Trace)
+
+TICK = 600  # seconds: 1/6 h, so d = 0.2 h is 1.2 ticks and the partial tick is exercised
+G = TICK / 3600
+# Easy prices: spot 1 $/h, on-demand 3 $/h.
+S, K = 1.0, 3.0
+ONLINE = ["on-demand", "greedy", "uniform-progress", "sdcloud"]
+
+
+def setting(c: float, r: float, d: float = 0.2) -> Setting:
+    return Setting(c, r, d, S, K)
+
+
+def run_all(avail: np.ndarray, st: Setting, start: int = 0) -> dict:
+    keys = [f"z{i}" for i in range(avail.shape[0])]
+    out = {name: replay(__import__("sdcloud.policy", fromlist=["get_policy"]).get_policy(name), avail, keys, TICK,
+                        start, 0, st) for name in ONLINE}
+    span = int(np.ceil(st.deadline_hours / G - 1e-9))
+    cost, met = optimal_batch(avail, TICK, st, np.array([start]), np.array([0]), single_zone=False)
+    out["optimal"] = (float(cost[0]), bool(met[0]))
+    assert avail.shape[1] >= start + span
+    return out
+
+
+def test_always_available_spot_from_the_start():
+    # Every spot policy: one launch (0.2 h) + 1 h of work on spot = 1.2 h at 1 $/h, done at 1.2 h.
+    st = setting(1.0, 2.0)
+    res = run_all(np.ones((1, 20), bool), st)
+    for name in ("greedy", "uniform-progress", "sdcloud"):
+        assert res[name].cost == pytest.approx(1.2)
+        assert res[name].finish_hours == pytest.approx(1.2)
+        assert res[name].spot_hours == pytest.approx(1.2) and res[name].ondemand_hours == 0
+    assert res["on-demand"].cost == pytest.approx(3.6)  # 1.2 h at 3 $/h
+    assert res["optimal"] == (pytest.approx(1.2), True)
+
+
+def test_never_available():
+    st = setting(1.0, 2.0)
+    res = run_all(np.zeros((1, 20), bool), st)
+    # Greedy waits while time left >= work left + 2d = 1.4 h: ticks at 0, 1/6, 2/6, 3/6; on-demand at 4/6.
+    assert res["greedy"].cost == pytest.approx(3.6)
+    assert res["greedy"].finish_hours == pytest.approx(4 * G + 1.2)
+    # Uniform progress: behind ep(1/6) = 1/12 at the second tick, so on-demand from 1/6 h.
+    for name in ("uniform-progress", "sdcloud"):
+        assert res[name].finish_hours == pytest.approx(G + 1.2)
+        assert res[name].cost == pytest.approx(3.6)
+    assert res["optimal"] == (pytest.approx(3.6), True)
+    assert all(res[n].deadline_met(st) for n in ONLINE)
+
+
+def test_one_preemption():
+    # Spot in every tick but tick 3 ([0.5 h, 0.667 h)). Slack is ample (R = 3 h) so all spot
+    # policies wait out the gap: progress 0.3 h when reclaimed, a second launch at 4/6 h, and
+    # 1.4 h of spot paid in all (C + 2d); finish = 1.4 h + one idle tick.
+    avail = np.ones((1, 30), bool)
+    avail[0, 3] = False
+    st = setting(1.0, 3.0)
+    res = run_all(avail, st)
+    for name in ("greedy", "uniform-progress", "sdcloud"):
+        assert res[name].cost == pytest.approx(1.4)
+        assert res[name].finish_hours == pytest.approx(1.4 + G)
+        assert res[name].launches == 2
+    # The optimum knows the reclaim is coming: it waits for tick 4 and launches once, 1.2 h of spot.
+    assert res["optimal"] == (pytest.approx(1.2), True)
+
+
+def test_one_preemption_with_a_second_zone_moves_instead_of_waiting():
+    avail = np.ones((2, 30), bool)
+    avail[0, 3] = False
+    st = setting(1.0, 3.0)
+    keys = ["a", "b"]
+    from sdcloud.policy import get_policy
+    moved = replay(get_policy("sdcloud"), avail, keys, TICK, 0, 0, st)
+    stayed = replay(get_policy("uniform-progress"), avail, keys, TICK, 0, 0, st)
+    assert moved.cost == pytest.approx(1.4) and moved.finish_hours == pytest.approx(1.4)  # no idle tick
+    assert stayed.finish_hours == pytest.approx(1.4 + G)
+
+
+def test_deadline_forces_on_demand_at_the_start():
+    # R = C + d: only a run with a single launch and no wait makes it. Online policies cannot
+    # trust spot, so on-demand from t = 0: 1.2 h x 3 $/h. The optimum knows spot will stay.
+    st = setting(1.0, 1.2)
+    res = run_all(np.ones((1, 20), bool), st)
+    for name in ONLINE:
+        assert res[name].cost == pytest.approx(3.6)
+        assert res[name].ondemand_hours == pytest.approx(1.2)
+        assert res[name].deadline_met(st)
+    assert res["optimal"] == (pytest.approx(1.2), True)
+    # With a reclaim ahead the optimum must take on-demand too.
+    avail = np.ones((1, 20), bool)
+    avail[0, 3] = False
+    assert run_all(avail, st)["optimal"] == (pytest.approx(3.6), True)
+
+
+class Scripted(Policy):
+    """Plays a fixed list of actions, one per tick (for brute force)."""
+
+    name = "scripted"
+    multi_zone = True
+
+    def __init__(self, actions):
+        self.actions = actions
+
+    def decide(self, obs):
+        k = round(obs.elapsed / obs.tick_hours)
+        return self.actions[min(k, len(self.actions) - 1)]
+
+
+@pytest.mark.parametrize("tick,d,zones", [(600, 0.2, 1), (300, 0.2, 1), (600, 0.1, 2), (600, 0.0, 1)])
+def test_optimum_equals_brute_force(tick, d, zones):
+    """The DP against every action sequence replayed through the same simulator."""
+    rng = np.random.default_rng(tick + zones)
+    g = tick / 3600
+    st = Setting(0.5, 0.5 + 3 * g + 0.01, d, S, K)
+    n = int(np.ceil(st.deadline_hours / g))
+    choices = [Action(WAIT), Action(ON_DEMAND, "z0")] + [Action(SPOT, f"z{i}") for i in range(zones)]
+    keys = [f"z{i}" for i in range(zones)]
+    for _ in range(4):
+        avail = rng.random((zones, n + 12)) < 0.6
+        best = np.inf
+        for seq in itertools.product(choices, repeat=n):
+            try:
+                out = replay(Scripted(list(seq) + [Action(ON_DEMAND, "z0")]), avail, keys, tick, 0, 0, st)
+            except RuntimeError:
+                continue  # spot chosen where there was none
+            if out.deadline_met(st):
+                best = min(best, out.cost)
+        got = optimal_costs(avail[None, :, :n], tick, st)[0]
+        assert got == pytest.approx(best, abs=1e-9)
+
+
+def test_optimum_is_a_lower_bound_for_every_policy_on_random_traces():
+    rng = np.random.default_rng(7)
+    avail = rng.random((2, 400)) < 0.5
+    st = Setting(6.0, 9.0, 0.2, 0.9731, 3.06)
+    for single in (True, False):
+        res = {r.policy: r for r in simulate(avail, ["a", "b"], TICK, st, ONLINE + ["optimal"], starts=20, seed=1,
+                                             single_zone=single)}
+        assert res["optimal"].met.all()
+        for name in ONLINE:
+            assert (res["optimal"].costs <= res[name].costs + 1e-9).all()
+
+
+def test_coarsen_and_stack(tmp_path):
+    t = Trace("z", 32, np.array([1, 1, 0, 1, 1, 1, 1, 1, 1, 1], bool))
+    assert coarsen(t, 64).avail.tolist() == [True, False, True, True, True]
+    a = tmp_path / "a.json"
+    b = tmp_path / "b.json"
+    a.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [0, 3, 1]}))
+    b.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [1, 0]}))
+    avail, gap, keys = stack([load_trace(a), load_trace(b)])
+    assert gap == 600 and keys == ["a", "b"] and avail.tolist() == [[False, True], [True, False]]
+
+
+def write(tmp_path, name, doc):
+    p = tmp_path / name
+    p.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return str(p)
+
+
+def test_cli_json_and_table(tmp_path, capsys):
+    f = write(tmp_path, "z1.json", {"metadata": {"gap_seconds": 600}, "data": [1] * 50})
+    args = ["simulate", "--trace", f, "--job-hours", "1", "--deadline-hours", "2", "--restart-hours", "0.2",
+            "--spot-price", "1", "--ondemand-price", "3", "--starts", "5"]
+    assert main(args + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == ONLINE + ["optimal"]
+    by = {r["policy"]: r for r in rows}
+    assert by["sdcloud"]["mean_savings"] == pytest.approx(0.6) and by["sdcloud"]["deadline_met"] == 1.0
+    assert by["sdcloud"]["mean_cost"] == pytest.approx(1.2) and by["sdcloud"]["starts"] == 5
+    assert set(rows[0]) == {"policy", "mean_savings", "deadline_met", "mean_cost", "starts"}
+    assert main(args + ["--policy", "greedy", "--single-zone"]) == 0
+    out = capsys.readouterr().out
+    assert "greedy" in out and "60.0%" in out and "sdcloud" not in out
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--job-hours", "0"], "--job-hours must be more than 0"),
+    (["--deadline-hours", "0.5"], "impossible deadline"),
+    (["--restart-hours", "-0.1"], "--restart-hours must be 0 or more"),
+    (["--policy", "cheapest"], "unknown policy 'cheapest'; choose from: on-demand, greedy, uniform-progress, sdcloud, optimal"),
+    (["--starts", "0"], "--starts must be at least 1"),
+    (["--deadline-hours", "100"], "less than the deadline window"),
+])
+def test_cli_rejects_bad_input(tmp_path, capsys, extra, message):
+    f = write(tmp_path, "z1.json", {"metadata": {"gap_seconds": 600}, "data": [1] * 50})
+    base = {"--job-hours": "1", "--deadline-hours": "2", "--restart-hours": "0.2"}
+    for i in range(0, len(extra), 2):
+        base[extra[i]] = extra[i + 1]
+    args = ["simulate", "--trace", f] + [x for kv in base.items() for x in kv]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("doc,message", [
+    (None, "does not exist"),
+    ("{not json", "is not readable JSON"),
+    ({"data": [1, 0]}, "must be a JSON object with 'metadata'"),
+    ({"metadata": {"gap_seconds": 0}, "data": [1]}, "gap_seconds must be a positive whole number"),
+    ({"metadata": {"gap_seconds": 600}, "data": [1, "x"]}, "must be a non-empty list of numbers"),
+    ({"metadata": {"gap_seconds": 600}, "data": []}, "must be a non-empty list of numbers"),
+])
+def test_cli_rejects_bad_traces(tmp_path, capsys, doc, message):
+    f = str(tmp_path / "missing.json") if doc is None else write(tmp_path, "t.json", doc)
+    assert main(["simulate", "--trace", f, "--job-hours", "1", "--deadline-hours", "2", "--restart-hours", "0.2"]) == 2
+    assert message in capsys.readouterr().err
