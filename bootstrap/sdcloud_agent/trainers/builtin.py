@@ -60,6 +60,10 @@ class UsageError(Exception):
     """Bad flags or an unusable checkpoint: exit 2 with one line on stderr."""
 
 
+class Stopped(Exception):
+    """SIGTERM/SIGINT before training started: nothing new to save."""
+
+
 def emit(kind: str, payload: dict[str, Any]) -> None:
     sys.stdout.write(f"SDCLOUD_{kind} {json.dumps(payload, separators=(', ', ': '))}\n")
     sys.stdout.flush()
@@ -295,9 +299,11 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
 
         t0 = time.monotonic()
-        self._load_model()
-        self._encode_dataset()
-        self._setup_training()
+        # Start-up takes seconds on a real model: honour a stop request between the phases.
+        for phase in (self._load_model, self._encode_dataset, self._setup_training):
+            if signals.stop:
+                raise Stopped()
+            phase()
         log(f"ready in {time.monotonic() - t0:.2f}s: model={args.model} mode={args.mode} "
             f"device={self.device} precision={mp} images={self.n_images} "
             f"trainable={sum(p.numel() for p in self.params)}")
@@ -626,11 +632,16 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download weights from a training host
     try:
         resume = resolve_resume(args.resume_from, args.checkpoint_dir)
+        if signals.stop:
+            raise Stopped()
         trainer = Trainer(args, signals)
         return trainer.run(resume)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    except Stopped:
+        log(f"stopped by signal {signals.stop} during start-up")
+        return signals.exit_code()
 
 
 if __name__ == "__main__":
