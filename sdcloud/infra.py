@@ -66,13 +66,20 @@ class InfraOptions:
         if not isinstance(conf, dict):
             raise UserError("config.toml [infra] must be a table")
         pick = lambda name, default: getattr(self, name) if getattr(self, name) is not None else conf.get(name, default)  # noqa: E731
+        def whole(name: str, default: int) -> int:
+            value = pick(name, default)
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                raise UserError(f"infra: {name} must be a whole number, got {value!r}") from None
+
         out = InfraOptions(
             prefix=str(pick("prefix", "sdcloud")),
             ssh_cidr=pick("ssh_cidr", None),
             public_key=pick("public_key", None),
-            root_volume_gb=int(pick("root_volume_gb", 200)),
+            root_volume_gb=whole("root_volume_gb", 200),
             owner_tag=str(pick("owner_tag", "") or _user()),
-            checkpoint_expire_days=int(pick("checkpoint_expire_days", 30)),
+            checkpoint_expire_days=whole("checkpoint_expire_days", 30),
             agent_source=str(pick("agent_source", os.environ.get("SDCLOUD_AGENT_SOURCE", "sdcloud"))),
             extra={**{str(k): str(v) for k, v in (conf.get("extra") or {}).items()}, **self.extra},
         )

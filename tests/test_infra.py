@@ -273,3 +273,11 @@ def test_real_workspace_gets_the_file_backend_and_passphrase_file(tmp_path, monk
         assert f"BACKEND=file://{sdcloud_home / 'pulumi'} " in line
         assert f"FILE={sdcloud_home / 'pulumi' / 'passphrase'} " in line
         assert passphrase not in line and line.endswith("PASS=")
+
+
+def test_bad_number_in_config_toml_is_a_user_error(fake_stack, sdcloud_home):
+    sdcloud_home.mkdir(parents=True, exist_ok=True)
+    (sdcloud_home / "config.toml").write_text('[infra]\nroot_volume_gb = "big"\n')
+    with pytest.raises(UserError, match="root_volume_gb") as info:
+        infra.up("aws", "us-east-1", infra.InfraOptions(ssh_cidr="", public_key=""))
+    assert info.value.exit_code == 2 and fake_stack.ups == 0
