@@ -246,10 +246,17 @@ def test_launch_from_stack_outputs_uses_template_subnet_and_group(provider, ec2)
         "InstanceInitiatedShutdownBehavior": "terminate"})["LaunchTemplate"]["LaunchTemplateId"]
     inject(provider, "RunInstances", lambda body: fail_with("InsufficientInstanceCapacity")
            if body.get("SubnetId") == subnets[zones[0]] else None)
+    ec2.create_key_pair(KeyName="sdcloud-key")
+    sent: list[dict] = []
+    provider.client("ec2", REGION).meta.events.register(
+        "before-parameter-build.ec2.RunInstances", lambda params, **kw: sent.append(dict(params)))
     spec = LaunchSpec("run-stack", 1, infra={"launch_template_id": lt, "subnet_ids": subnets, "security_group_id": sg,
-                                             "bucket": "sdcloud-bucket"})
+                                             "bucket": "sdcloud-bucket", "key_name": "sdcloud-key"})
     inst = provider.launch(offer(market="on-demand"), spec, "on-demand")
     raw = ec2.describe_instances(InstanceIds=[inst.id])["Reservations"][0]["Instances"][0]
+    assert sent[-1]["LaunchTemplate"] == {"LaunchTemplateId": lt, "Version": "$Latest"}
+    assert "BlockDeviceMappings" not in sent[-1]  # the template's disks (root + NVMe) stay
+    assert raw["KeyName"] == "sdcloud-key"
     assert raw["SubnetId"] == subnets[zones[1]] and inst.zone == zones[1]
     assert sg in [g["GroupId"] for g in raw["SecurityGroups"]]
     assert raw["MetadataOptions"]["HttpTokens"] == "required"

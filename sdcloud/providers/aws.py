@@ -314,7 +314,7 @@ class AwsProvider:
         if not zones:
             raise CapacityError(f"no usable zone for {row.instance_type} in {region}")
         image_id = self.resolve_image(region, infra)
-        root_device = self._root_device(region, image_id)
+        root_device = "" if infra.get("launch_template_id") else self._root_device(region, image_id)
         price_errors: list[tuple[str, float | None]] = []
         capacity_errors: list[str] = []
 
@@ -382,13 +382,16 @@ class AwsProvider:
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
             # A host that shuts itself down is gone, not a stopped volume that bills.
             "InstanceInitiatedShutdownBehavior": "terminate",
-            "BlockDeviceMappings": [{"DeviceName": root_device, "Ebs": {
-                "VolumeSize": int(spec.root_volume_gb), "VolumeType": "gp3", "DeleteOnTermination": True, "Encrypted": True}}],
             "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}],
         }
         if infra.get("launch_template_id"):
+            # The stack's template maps the root disk and the instance-store NVMe: a mapping given
+            # here would replace the template's whole list, so leave the disks to it.
             params["LaunchTemplate"] = {"LaunchTemplateId": str(infra["launch_template_id"]),
                                         "Version": str(infra.get("launch_template_version", "$Latest"))}
+        else:
+            params["BlockDeviceMappings"] = [{"DeviceName": root_device, "Ebs": {
+                "VolumeSize": int(spec.root_volume_gb), "VolumeType": "gp3", "DeleteOnTermination": True, "Encrypted": True}}]
         if subnet_id:
             params["SubnetId"] = subnet_id
         else:
@@ -397,8 +400,9 @@ class AwsProvider:
             params["SecurityGroupIds"] = [str(infra["security_group_id"])]
         if infra.get("instance_profile_arn"):
             params["IamInstanceProfile"] = {"Arn": str(infra["instance_profile_arn"])}
-        if spec.ssh_key_name:
-            params["KeyName"] = spec.ssh_key_name
+        key_name = spec.ssh_key_name or infra.get("key_name")
+        if key_name:
+            params["KeyName"] = str(key_name)
         if spec.user_data:
             params["UserData"] = spec.user_data  # boto3 base64-encodes it
         if market == "spot":
