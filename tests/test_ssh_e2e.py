@@ -1,0 +1,53 @@
+"""`sdcloud up --provider ssh` end to end: the CLI, the controller, a real sshd on 127.0.0.1, the
+real agent uploaded as a zip, the builtin trainer on the tiny model, and nothing left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sshd import write_hosts
+from test_ssh_provider import sshd  # noqa: F401 - the session fixture
+
+pytestmark = pytest.mark.slow
+
+
+def agent_processes(workdir) -> list[int]:
+    """Agent (and trainer) processes started from this test's host workdir."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = open(f"/proc/{entry}/cmdline", "rb").read()
+            environ = open(f"/proc/{entry}/environ", "rb").read()
+        except OSError:
+            continue
+        if b"sdcloud_agent" in cmd and str(workdir).encode() in environ:
+            pids.append(int(entry))
+    return pids
+
+
+def test_up_on_an_ssh_host(sshd, sdcloud_home, tmp_path):  # noqa: F811
+    workdir = tmp_path / "host-workdir"
+    write_hosts(sdcloud_home / "ssh-hosts.toml", [sshd.host_entry("box", workdir, python=sys.executable)])
+    proc = subprocess.run([sys.executable, "-m", "sdcloud.cli", "up", "--provider", "ssh", "--tier", "sd15-lora",
+                           "--model", "tiny", "--steps", "12", "--yes", "--json"],
+                          capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["state"] == "succeeded" and out["step"] == 12, out
+    assert out["provider"] == "ssh"
+    [attempt] = out["attempts"]
+    assert attempt["zone"] == "box" and attempt["instance_id"].startswith("box:")
+    assert attempt["end_reason"] == "succeeded"
+    assert not agent_processes(workdir), "an agent or trainer is still running on the host"
+    # What ran on the host stayed in its workdir: the zip, the private config, the log.
+    [token_dir] = [p for p in workdir.iterdir() if p.is_dir()]
+    assert (token_dir / "agent.zip").is_file() and (token_dir / "agent.log").stat().st_size > 0
+    assert (token_dir / "cfg.json").stat().st_mode & 0o777 == 0o600
+    assert json.loads((token_dir / "instance.json").read_text()).get("ended")
