@@ -58,7 +58,7 @@ class _MetadataServer:
     def _handle(self, h, method):
         with self.lock:
             self.requests.append((method, h.path))
-            status, body = self.respond(method, h.path, dict(h.headers))
+            status, body = self.respond(method, h.path, h.headers)  # case-insensitive, like IMDS
         data = body.encode()
         h.send_response(status)
         h.send_header("Content-Length", str(len(data)))
@@ -94,7 +94,7 @@ class AwsMetadataServer(_MetadataServer):
 
     def respond(self, method, path, headers):
         if path == "/latest/api/token":
-            if method != "PUT" or "X-aws-ec2-metadata-token-ttl-seconds" not in headers:
+            if method != "PUT" or headers.get("X-aws-ec2-metadata-token-ttl-seconds") is None:
                 return 400, ""
             token = uuid.uuid4().hex
             self.tokens.add(token)

@@ -1,0 +1,185 @@
+"""End to end: the agent against SeaweedFS and a local metadata server, preempted at random points
+and resumed by a fresh agent in a fresh working directory, until the run finishes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+
+from agent_fakes import AwsMetadataServer, SlowProxy, TencentMetadataServer
+
+from sdcloud_agent import manifest as mf
+from sdcloud_agent.store import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = str(Path(__file__).parent / "agent_fakes.py")
+STEP_RE = re.compile(r"SDCLOUD_STEP (\{.*\})")
+
+
+def _bucket(s3_env) -> str:
+    name = f"agent-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=s3_env["endpoint_url"]).create_bucket(Bucket=name)
+    return name
+
+
+def _config(tmp: Path, attempt: int, store: dict, meta_url: str, *, kind="aws", trainer="command",
+            trainer_args=None, steps=40, every=10, **extra) -> Path:
+    cfg = {"run_id": "e2e", "attempt": attempt, "trainer": trainer,
+           "trainer_args": trainer_args if trainer_args is not None else [sys.executable, FAKE],
+           "steps": steps, "checkpoint_every": every, "keep_checkpoints": 2, "store": store,
+           "metadata": {"kind": kind, "base_url": meta_url}, "workdir": str(tmp / f"work-{attempt}"),
+           "nvme": False, "require_gpu": False, "heartbeat_seconds": 0.5, "poll_seconds": 0.2, **extra}
+    path = tmp / f"agent-{attempt}.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def _start_agent(cfg: Path, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sdcloud_agent", "run", "--config", str(cfg)],
+                            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _steps_in(text: str) -> list[int]:
+    return [json.loads(m.group(1))["step"] for m in STEP_RE.finditer(text)]
+
+
+def _wait_step(log: Path, target: int, proc: subprocess.Popen, timeout: float = 120) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and any(s >= target for s in _steps_in(log.read_text(errors="replace"))):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _run_chain(tmp: Path, store_cfg: dict, env: dict, points: list[tuple[str, int]], proxy: SlowProxy | None,
+               meta, kind="aws", steps=40, every=10, trainer="command", trainer_args=None, extra_env=None):
+    """Run attempts until one succeeds; attempt i is preempted at points[i]: ("after", n) steps after
+    its start, or ("upload", _) while it uploads its first checkpoint."""
+    store = open_store(store_cfg)
+    history = []
+    attempt = 0
+    while True:
+        attempt += 1
+        assert attempt <= len(points) + 3, "the run never finished"
+        meta.reset()
+        if proxy:
+            proxy.upload_seen.clear()
+        before = mf.newest_complete(store, "runs/e2e")
+        cfg = _config(tmp, attempt, store_cfg, meta.base_url, kind=kind, steps=steps, every=every,
+                      trainer=trainer, trainer_args=trainer_args)
+        proc = _start_agent(cfg, {**env, **(extra_env or {})})
+        log = tmp / f"work-{attempt}" / f"attempt-{attempt}.log"
+        point = points[attempt - 1] if attempt <= len(points) else None
+        if point is not None:
+            mode, target = point
+            if mode == "after":  # n steps after where this attempt resumed
+                fired = _wait_step(log, (before.step if before else 0) + target, proc)
+            else:
+                fired = proxy.upload_seen.wait(60) and proc.poll() is None
+            if fired:
+                meta.announce(120)
+        _, err = proc.communicate(timeout=180)
+        text = log.read_text(errors="replace")
+        status = json.loads(store.get("runs/e2e/status.json"))
+        shipped = store.get(f"runs/e2e/logs/attempt-{attempt}.log").decode(errors="replace")
+        after = mf.newest_complete(store, "runs/e2e")
+        history.append({"attempt": attempt, "rc": proc.returncode, "status": status, "log": text,
+                        "shipped": shipped, "before": before.step if before else 0,
+                        "after": after.step if after else 0, "stderr": err.decode(errors="replace")})
+        assert proc.returncode in (0, 3), f"attempt {attempt} rc {proc.returncode}: {status}\n{err.decode()[-3000:]}"
+        if proc.returncode == 0:
+            assert status["phase"] == "succeeded"
+            return history
+        assert status["phase"] == "preempted", status
+
+
+def _check_history(history: list[dict], steps: int) -> None:
+    trained: list[int] = []
+    for h in history:
+        assert "CORRUPT RESUME" not in h["log"]
+        s = _steps_in(h["log"])
+        # A fresh agent starts exactly after the newest complete checkpoint it found ...
+        if s:
+            assert s[0] == h["before"] + 1, (h["attempt"], s[:3], h["before"])
+            assert s == list(range(s[0], s[0] + len(s))), "steps must be consecutive"
+        if h["rc"] == 3:
+            # ... and the trainer saved on the notice, so nothing it trained is lost.
+            assert h["after"] == (s[-1] if s else h["before"]), (h["attempt"], h["after"], s[-1:])
+            assert "notice_to_durable_s=" in h["log"]
+        trained += s
+        assert _steps_in(h["shipped"])[: len(s) // 2] == s[: len(s) // 2]  # the log reached the bucket
+    assert sorted(trained) == list(range(1, steps + 1)), "each step trained exactly once"
+
+
+@pytest.mark.slow
+def test_twenty_random_preemptions_resume_without_loss(tmp_path, s3_env, seaweed):
+    rng = random.Random(int(os.environ.get("SDCLOUD_TEST_SEED", "0")) or None)
+    bucket = _bucket(s3_env)
+    # A throttled path to the bucket, so that some notices land in the middle of an upload.
+    proxy = SlowProxy(seaweed.port, bytes_per_s=20e6)
+    meta = AwsMetadataServer().start()
+    steps, every = 250, 10
+    points = [("upload", 0) if i % 4 == 3 else ("after", rng.randint(1, 5)) for i in range(20)]
+    env = {"FAKE_STEP_SECONDS": "0.08", "FAKE_CKPT_BYTES": str(3_000_000)}
+    try:
+        history = _run_chain(tmp_path, {"url": f"s3://{bucket}/p", "endpoint_url": proxy.endpoint},
+                             s3_env, points, proxy, meta, steps=steps, every=every, extra_env=env)
+    finally:
+        meta.stop()
+        proxy.stop()
+    preempted = [h for h in history if h["rc"] == 3]
+    assert len(preempted) >= 20
+    _check_history(history, steps)
+    store = open_store({"url": f"s3://{bucket}/p", "endpoint_url": s3_env["endpoint_url"]})
+    assert store.head("runs/e2e/artifacts/model.bin") is not None
+    assert len(mf.complete_steps(store, "runs/e2e")) <= 2  # keep_checkpoints
+
+
+def test_preempt_and_resume_on_a_file_store_with_tencent_notice(tmp_path):
+    meta = TencentMetadataServer().start()
+    try:
+        history = _run_chain(tmp_path, {"url": f"file://{tmp_path}/bucket"}, {}, [("after", 7), ("after", 9)], None,
+                             meta, kind="tencent", steps=25, every=10)
+    finally:
+        meta.stop()
+    assert [h["rc"] for h in history] == [3, 3, 0]
+    _check_history(history, 25)
+
+
+def test_trainer_crash_is_failed_with_the_log_tail(tmp_path):
+    cfg = _config(tmp_path, 1, {"url": f"file://{tmp_path}/bucket"}, "http://127.0.0.1:9", kind="none", steps=30)
+    proc = _start_agent(cfg, {"FAKE_FAIL_AT": "14"})
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err.decode()[-2000:]
+    status = json.loads((tmp_path / "bucket/runs/e2e/status.json").read_text())
+    assert status["phase"] == "failed"
+    assert "exited with code 1" in status["reason"] and "CUDA out of memory" in status["reason"]
+    # The checkpoint finished before the crash is in the bucket for the next attempt.
+    assert mf.complete_steps(open_store(f"file://{tmp_path}/bucket"), "runs/e2e") == [10]
+
+
+def test_vram_below_minimum_refuses_to_start(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    smi = bindir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'name, memory.total [MiB], driver_version'\necho 'Tesla T4, 15360 MiB, 535.104.05'\n")
+    smi.chmod(0o755)
+    cfg = _config(tmp_path, 1, {"url": f"file://{tmp_path}/bucket"}, "", kind="none", require_gpu=True,
+                  min_vram_gb=24, rec_vram_gb=40)
+    proc = _start_agent(cfg, {"PATH": f"{bindir}:{os.environ['PATH']}"})
+    proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    status = json.loads((tmp_path / "bucket/runs/e2e/status.json").read_text())
+    assert status["phase"] == "failed" and "at least 24 GB" in status["reason"]
