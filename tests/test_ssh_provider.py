@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -165,7 +164,10 @@ def test_sigkill_after_grace_and_trainer_cleanup(provider, tmp_path, monkeypatch
         prov.close()
 
 
-def test_agent_that_exits_at_once_is_a_user_error(provider, tmp_path):
+def test_agent_that_exits_at_once_is_a_user_error(provider, tmp_path, monkeypatch):
+    import sdcloud.providers.ssh as ssh_mod
+
+    monkeypatch.setattr(ssh_mod, "START_CHECK_SECONDS", 5.0)  # room for a slow interpreter start on CI
     spec = spec_for(tmp_path, trainer="nonsense")
     with pytest.raises(UserError, match="agent exited at once"):
         provider.launch(provider.offers()[0], spec, "on-demand")
