@@ -193,6 +193,24 @@ def test_three_throttles_then_success(provider, ec2):
     assert [i["InstanceId"] for i in live(ec2)] == [inst.id]
 
 
+def test_a_lost_connection_is_retried_with_the_same_client_token(provider, ec2):
+    from botocore.exceptions import ReadTimeoutError
+    left = [2]
+
+    def drop(body):
+        if left[0]:
+            left[0] -= 1
+            raise ReadTimeoutError(endpoint_url="https://ec2.us-east-1.amazonaws.com/")
+        return None
+
+    calls = inject(provider, "RunInstances", drop)
+    events = Events()
+    inst = provider.launch(offer(), LaunchSpec("run-net", 1), "spot", events=events)
+    assert [d["code"] for k, d in events if k == "retry"] == ["ReadTimeoutError"] * 2
+    assert len(calls) == 3 and len({c["ClientToken"] for c in calls}) == 1
+    assert [i["InstanceId"] for i in live(ec2)] == [inst.id]
+
+
 def test_throttling_retries_are_bounded(ec2, ami):
     prov = get_provider("aws", region=REGION, image_id=ami, retry_attempts=3, retry_base=0, retry_cap=0)
     calls = inject(prov, "RunInstances", lambda body: fail_with("Throttling", "Rate exceeded", 400))

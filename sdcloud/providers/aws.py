@@ -22,7 +22,10 @@ from typing import Any, Callable, TypeVar
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.exceptions import (
+    BotoCoreError, ClientError, ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError, NoCredentialsError,
+    ReadTimeoutError,
+)
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from ..catalog import CatalogRow, load_provider
@@ -85,8 +88,13 @@ def error_message(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def is_throttle(exc: BaseException) -> bool:
-    return error_code(exc) in THROTTLE_CODES
+# Network failures are retried too: RunInstances repeats its ClientToken, so a retry after a lost
+# answer gets the instance that was started, not a second one.
+_NETWORK_ERRORS = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    return error_code(exc) in THROTTLE_CODES or isinstance(exc, _NETWORK_ERRORS)
 
 
 def region_of_zone(zone: str) -> str:
@@ -127,9 +135,9 @@ class Retry:
         def report(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             events("retry", {"provider": NAME, "call": what, "attempt": state.attempt_number,
-                             "code": error_code(exc) if exc else "", "wait_s": round(state.upcoming_sleep, 3), **info})
+                             "code": (error_code(exc) or type(exc).__name__) if exc else "", "wait_s": round(state.upcoming_sleep, 3), **info})
 
-        retrying = Retrying(retry=retry_if_exception(is_throttle), stop=stop_after_attempt(self.attempts),
+        retrying = Retrying(retry=retry_if_exception(is_retryable), stop=stop_after_attempt(self.attempts),
                             wait=wait_random_exponential(multiplier=self.base, max=self.cap),
                             before_sleep=report, reraise=True)
         try:
@@ -144,6 +152,8 @@ class Retry:
             if code in AUTH_CODES:
                 raise UserError(f"AWS {what} denied ({code}): {error_message(exc)}") from None
             raise
+        except BotoCoreError as exc:  # the network, after the last try, or a bad parameter
+            raise ProviderError(f"AWS {what}: {exc}") from exc
 
 
 def client_token(spec: LaunchSpec, instance_type: str, zone: str, market: str) -> str:
