@@ -246,3 +246,50 @@ def test_list_and_resolve_checkpoints(tmp_path):
     assert builtin.resolve_resume(None, d) is None
     with pytest.raises(builtin.UsageError):
         builtin.resolve_resume(str(d / "step-000000012"), d)
+
+
+@pytest.mark.slow
+def test_dreambooth_from_local_folder_with_captions_resumes_exactly(tmp_path):
+    """--model PATH (the tiny pipeline saved as a diffusers folder), --data-dir with captions,
+    --mode dreambooth: the whole UNet trains, resumes bitwise, and the output is a pipeline."""
+    import numpy as np
+    from PIL import Image
+    from safetensors.torch import load_file
+
+    from sdcloud_agent.trainers import tiny
+
+    model = tiny.save_pipeline(tmp_path / "model")
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):  # odd sizes: resized and centre-cropped to 32x32
+        Image.fromarray(rng.integers(0, 255, (40, 48 + i, 3), dtype=np.uint8)).save(data / f"{i}.png")
+    (data / "0.txt").write_text("a photo of sks dog\n")
+
+    def args(tag: str, *extra: str) -> list[str]:
+        return ["--model", str(model), "--mode", "dreambooth", "--data-dir", str(data),
+                "--resolution", "32", "--steps", "4", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                "--output", str(tmp_path / tag), *extra]
+
+    full = Run(tmp_path, *args("full", "--checkpoint-every", "2"))
+    assert full.finish() == 0, full.stderr()
+    ckpt = tmp_path / "ckpt" / "step-000000002"
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    assert state["mode"] == "dreambooth" and "unet.safetensors" in state["files"]
+    resumed = Run(tmp_path, *args("resumed", "--resume-from", str(ckpt)))
+    assert resumed.finish() == 0, resumed.stderr()
+    assert resumed.steps() == [3, 4]
+
+    def unet(tag: str) -> dict:
+        (f,) = (tmp_path / tag / "unet").glob("*.safetensors")
+        return load_file(str(f))
+
+    assert_same_weights(unet("resumed"), unet("full"))
+    base = load_file(str(next((model / "unet").glob("*.safetensors"))))
+    assert any(not (base[k] == v).all() for k, v in unet("full").items())  # it did train
+    assert (tmp_path / "full" / "model_index.json").is_file()
+
+    # A LoRA checkpoint cannot resume a DreamBooth run: exit 2, one line, no training.
+    bad = Run(tmp_path, *args("bad", "--mode", "lora", "--resume-from", str(ckpt)))
+    assert bad.finish() == 2 and bad.steps() == []
+    assert "mode" in bad.stderr()

@@ -64,9 +64,22 @@ class Stopped(Exception):
     """SIGTERM/SIGINT before training started: nothing new to save."""
 
 
-def emit(kind: str, payload: dict[str, Any]) -> None:
-    sys.stdout.write(f"SDCLOUD_{kind} {json.dumps(payload, separators=(', ', ': '))}\n")
+_protocol = sys.stdout  # replaced by reserve_stdout() in main()
+
+
+def reserve_stdout() -> None:
+    """Keep stdout for protocol lines only: protocol writes go to a duplicate of fd 1, and fd 1
+    itself (Python prints, C libraries, tqdm misconfigured to stdout) now points at stderr."""
+    global _protocol
     sys.stdout.flush()
+    _protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+
+def emit(kind: str, payload: dict[str, Any]) -> None:
+    _protocol.write(f"SDCLOUD_{kind} {json.dumps(payload, separators=(', ', ': '))}\n")
+    _protocol.flush()
 
 
 def log(msg: str) -> None:
@@ -629,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     signals = Signals()
     signals.install()  # before the slow imports: a SIGTERM during start-up still exits cleanly
     args = parse_args(argv)
+    reserve_stdout()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download weights from a training host
     try:
         resume = resolve_resume(args.resume_from, args.checkpoint_dir)

@@ -95,7 +95,8 @@ def build_components(resolution: int = 32, model_seed: int = 0) -> dict[str, Any
     finally:
         torch.set_rng_state(saved)
     scheduler = DDPMScheduler(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012,
-                              beta_schedule="scaled_linear")
+                              beta_schedule="scaled_linear", clip_sample=False,
+                              steps_offset=1)
     return {"unet": unet, "vae": vae, "text_encoder": text_encoder, "tokenizer": tokenizer,
             "scheduler": scheduler}
 
