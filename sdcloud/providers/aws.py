@@ -126,7 +126,7 @@ CLIENT_CONFIG = Config(retries={"total_max_attempts": 1, "mode": "standard"}, co
 
 
 class Retry:
-    """Bounded exponential backoff with jitter for throttling, reporting each retry."""
+    """Bounded exponential backoff with jitter for throttling and lost connections, reporting each retry."""
 
     def __init__(self, attempts: int = 6, base: float = 0.5, cap: float = 20.0):
         self.attempts, self.base, self.cap = attempts, base, cap
@@ -134,8 +134,9 @@ class Retry:
     def call(self, fn: Callable[[], T], what: str, events: EventSink = no_events, **info: Any) -> T:
         def report(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            events("retry", {"provider": NAME, "call": what, "attempt": state.attempt_number,
-                             "code": (error_code(exc) or type(exc).__name__) if exc else "", "wait_s": round(state.upcoming_sleep, 3), **info})
+            code = (error_code(exc) or type(exc).__name__) if exc else ""
+            events("retry", {"provider": NAME, "call": what, "attempt": state.attempt_number, "code": code,
+                             "wait_s": round(state.upcoming_sleep, 3), **info})
 
         retrying = Retrying(retry=retry_if_exception(is_retryable), stop=stop_after_attempt(self.attempts),
                             wait=wait_random_exponential(multiplier=self.base, max=self.cap),
@@ -360,7 +361,8 @@ class AwsProvider:
                 raise ProviderError(f"AWS RunInstances {row.instance_type} in {zone}: {code}: {msg}") from None
             raw = resp["Instances"][0]
             inst = self._instance(raw, region)
-            inst.price_per_hour = max_price if (market == "spot" and max_price) else offer.price_per_hour
+            listed = row.spot_price if market == "spot" else row.ondemand_price
+            inst.price_per_hour = max_price if (market == "spot" and max_price) else listed
             events("launched", {"provider": NAME, "region": region, "zone": inst.zone, "instance_id": inst.id,
                                 "instance_type": row.instance_type, "market": market, "token": spec.token})
             return inst
