@@ -183,3 +183,27 @@ def test_vram_below_minimum_refuses_to_start(tmp_path, monkeypatch):
     assert proc.returncode == 1
     status = json.loads((tmp_path / "bucket/runs/e2e/status.json").read_text())
     assert status["phase"] == "failed" and "at least 24 GB" in status["reason"]
+
+
+@pytest.mark.slow
+def test_builtin_trainer_preempted_at_random_points_resumes_from_the_bucket(tmp_path, s3_env, seaweed):
+    """The real builtin trainer (tiny model, CPU, synthetic images): preempted at a random step,
+    then during an upload; fresh agents resume from the bucket and finish, each step trained once."""
+    rng = random.Random()
+    bucket = _bucket(s3_env)
+    proxy = SlowProxy(seaweed.port, bytes_per_s=1e6)
+    meta = AwsMetadataServer().start()
+    steps = 16
+    try:
+        history = _run_chain(tmp_path, {"url": f"s3://{bucket}/p", "endpoint_url": proxy.endpoint}, s3_env,
+                             [("after", rng.randint(2, 6)), ("upload", 0)], proxy, meta, steps=steps, every=5,
+                             trainer="builtin", trainer_args={"synthetic": 4, "device": "cpu"})
+    finally:
+        meta.stop()
+        proxy.stop()
+    assert [h["rc"] for h in history][-1] == 0 and sum(h["rc"] == 3 for h in history) >= 1
+    _check_history(history, steps)
+    for h in history[1:]:
+        assert '"resumed_from"' in h["log"] and h["before"] > 0
+    store = open_store({"url": f"s3://{bucket}/p", "endpoint_url": s3_env["endpoint_url"]})
+    assert any(o.key.startswith("runs/e2e/artifacts/") for o in store.list("runs/e2e/artifacts/"))

@@ -30,6 +30,9 @@ class BuiltinTrainer(Trainer):
         if ctx.resume:
             cmd += ["--resume-from", str(ctx.resume)]
         args = ctx.trainer_args
+        given = args if isinstance(args, (dict, list)) else {}
+        if ctx.dataset is not None and "data_dir" not in given and "data-dir" not in given and "--data-dir" not in given:
+            cmd += ["--data-dir", str(ctx.dataset)]
         cmd += flag_args(args) if isinstance(args, dict) else [str(a) for a in (args or [])]
         return cmd
 
