@@ -1,0 +1,203 @@
+"""ObjectStore (local directory and SeaweedFS S3), the checkpoint manifest and checkpoint sync."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+
+from sdcloud_agent import manifest as mf
+from sdcloud_agent.staging import stage
+from sdcloud_agent.status import StatusReporter
+from sdcloud_agent.store import Cancelled, LocalStore, S3Store, open_store
+from sdcloud_agent.sync import CheckpointSync, SyncWorker
+
+RUN = "runs/r1"
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    if request.param == "local":
+        return LocalStore(tmp_path / "bucket")
+    s3_env = request.getfixturevalue("s3_env")
+    bucket = f"st-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=s3_env["endpoint_url"]).create_bucket(Bucket=bucket)
+    # A small part size so that multipart (parallel parts) runs on small files.
+    return open_store({"url": f"s3://{bucket}/pre/fix", "endpoint_url": s3_env["endpoint_url"]},
+                      part_size=5 * 1024 * 1024)
+
+
+def _ckpt(folder: Path, step: int, big: int = 0) -> Path:
+    d = folder / f"step-{step:09d}"
+    (d / "sub").mkdir(parents=True, exist_ok=True)
+    (d / "weights.bin").write_bytes(hashlib.sha256(f"w{step}".encode()).digest() * 1000)
+    (d / "sub" / "config.json").write_text('{"same": "in every checkpoint"}')
+    if big:
+        (d / "big.bin").write_bytes(os.urandom(big))
+    return d
+
+
+def test_open_store_urls(tmp_path):
+    assert isinstance(open_store(f"file://{tmp_path}/a"), LocalStore)
+    assert isinstance(open_store(str(tmp_path / "b")), LocalStore)
+    s = open_store({"url": "s3://bkt/some/prefix", "endpoint_url": "http://127.0.0.1:1", "region": "us-east-1"})
+    assert isinstance(s, S3Store) and s.bucket == "bkt" and s.prefix == "some/prefix"
+    with pytest.raises(ValueError):
+        open_store("gs://nope")
+
+
+def test_put_get_list_delete_create_and_multipart(store, tmp_path):
+    store.put("a/b.txt", b"hello", {"sha256": "x"})
+    assert store.get("a/b.txt") == b"hello"
+    assert store.head("a/b.txt").metadata.get("sha256") == "x"
+    assert store.head("a/none") is None
+    assert store.create("lock", b"1") is True
+    assert store.create("lock", b"2") is False and store.get("lock") == b"1"
+    big = tmp_path / "big.bin"
+    data = os.urandom(12 * 1024 * 1024 + 123)
+    big.write_bytes(data)
+    store.put_file("c/big.bin", big, {"sha256": "y"})
+    assert store.head("c/big.bin").size == len(data)
+    out = tmp_path / "back.bin"
+    store.get_file("c/big.bin", out)
+    assert out.read_bytes() == data
+    assert [o.key for o in store.list("")] == ["a/b.txt", "c/big.bin", "lock"]
+    assert [o.key for o in store.list("a/")] == ["a/b.txt"]
+    store.copy("a/b.txt", "d/copy.txt")
+    assert store.get("d/copy.txt") == b"hello"
+    store.delete(["a/b.txt", "c/big.bin"])
+    assert [o.key for o in store.list("")] == ["d/copy.txt", "lock"]
+
+
+def test_cancelled_multipart_leaves_no_object(store, tmp_path):
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(11 * 1024 * 1024))
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(Cancelled):
+        store.put_file("x/big.bin", big, cancel=cancel)
+    assert store.head("x/big.bin") is None
+
+
+def test_manifest_is_last_and_newest_complete_ignores_partial_and_corrupt(store, tmp_path):
+    sync = CheckpointSync(store, RUN, keep=5)
+    for step in (10, 20):
+        sync.upload(_ckpt(tmp_path, step), step)
+    assert mf.newest_complete(store, RUN).step == 20
+    # A newer checkpoint whose upload died before its manifest: invisible.
+    store.put(f"{mf.checkpoint_prefix(RUN, 30)}/weights.bin", b"partial")
+    # A manifest whose file is missing or has the wrong size: not complete either.
+    m = mf.build(_ckpt(tmp_path, 40), 40)
+    store.put(f"{mf.checkpoint_prefix(RUN, 40)}/manifest.json", m.to_json())
+    store.put(f"{mf.checkpoint_prefix(RUN, 50)}/manifest.json", b"{not json")
+    assert mf.complete_steps(store, RUN) == [10, 20]
+    got = mf.newest_complete(store, RUN)
+    assert got.step == 20 and {f.path for f in got.files} == {"weights.bin", "sub/config.json"}
+    dest = mf.download(store, RUN, got, tmp_path / "restored" / got.name)
+    assert (dest / "weights.bin").read_bytes() == (tmp_path / "step-000000020" / "weights.bin").read_bytes()
+    # A file changed in the bucket after commit fails the sha256 check; nothing is left behind.
+    size = next(f.size for f in got.files if f.path == "weights.bin")
+    store.put(f"{mf.checkpoint_prefix(RUN, 20)}/weights.bin", b"x" * size)
+    with pytest.raises(mf.CorruptCheckpoint):
+        mf.download(store, RUN, got, tmp_path / "restored2" / got.name)
+    assert not (tmp_path / "restored2" / got.name).exists()
+
+
+def test_sync_skips_uploaded_content_copies_shared_files_and_keeps_k(store, tmp_path):
+    sync = CheckpointSync(store, RUN, keep=2)
+    r1 = sync.upload(_ckpt(tmp_path, 10), 10)
+    assert r1.skipped == 0 and r1.copied == 0 and r1.bytes_sent == r1.bytes_total
+    again = sync.upload(tmp_path / "step-000000010", 10)  # a retry after a crash: nothing re-sent
+    assert again.skipped == 2 and again.bytes_sent == 0
+    r2 = sync.upload(_ckpt(tmp_path, 20), 20)
+    assert r2.copied == 1  # config.json is the same content: server-side copy
+    sync.upload(_ckpt(tmp_path, 30), 30)
+    assert mf.complete_steps(store, RUN) == [20, 30]
+    assert not [o for o in store.list(f"{RUN}/checkpoints/000000010/")]
+    fresh = CheckpointSync(store, RUN, keep=2)
+    fresh.seed()
+    assert fresh.durable_step == 30
+
+
+class Flaky:
+    """A store whose first N put_file calls fail: bounded retries with backoff must cope."""
+
+    def __init__(self, inner, failures):
+        self.inner, self.failures, self.calls = inner, failures, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def put_file(self, *a, **kw):
+        self.calls += 1
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionResetError("injected")
+        return self.inner.put_file(*a, **kw)
+
+
+def test_failed_uploads_are_retried_and_never_committed_early(tmp_path):
+    inner = LocalStore(tmp_path / "bucket")
+    flaky = Flaky(inner, failures=2)
+    sync = CheckpointSync(flaky, RUN, base_delay=0.01)
+    sync.upload(_ckpt(tmp_path, 10), 10)
+    assert mf.complete_steps(inner, RUN) == [10] and flaky.calls >= 4
+    dead = Flaky(inner, failures=10 ** 6)
+    worker = SyncWorker(CheckpointSync(dead, RUN, base_delay=0.001, attempts=3), checkpoint_tries=2)
+    worker.submit(20, _ckpt(tmp_path, 20))
+    assert worker.wait_idle(timeout=30)
+    worker.close()
+    assert worker.failed == [20] and mf.complete_steps(inner, RUN) == [10]
+    assert inner.head(f"{mf.checkpoint_prefix(RUN, 20)}/manifest.json") is None
+
+
+def test_worker_in_urgent_mode_uploads_the_newest_first(tmp_path):
+    class Slow(LocalStore):
+        def put_file(self, key, path, metadata=None, cancel=None):
+            if "000000010" in key:
+                assert cancel is not None and cancel.wait(10), "the old upload was not cancelled"
+                raise Cancelled(key)
+            return super().put_file(key, path, metadata, cancel)
+
+    store = Slow(tmp_path / "bucket")
+    worker = SyncWorker(CheckpointSync(store, RUN))
+    worker.submit(10, _ckpt(tmp_path, 10))
+    worker.set_urgent()
+    worker.submit(15, _ckpt(tmp_path, 15))
+    assert worker.wait_idle(timeout=20)
+    worker.close()
+    assert mf.complete_steps(store, RUN) == [15]
+
+
+def test_staging_downloads_in_parallel_and_skips_present_files(store, tmp_path):
+    for i in range(12):
+        store.put(f"ds/img{i:02d}.png", os.urandom(1000 + i))
+    url = store.url + "/ds"
+    opts = {"endpoint_url": store.client.meta.endpoint_url} if isinstance(store, S3Store) else {}
+    res = stage(url, tmp_path / "data", opts)
+    assert res.files == 12 and len(list((tmp_path / "data").iterdir())) == 12
+    assert stage(url, tmp_path / "data", opts).skipped == 12
+
+
+def test_status_json_is_written_atomically_with_the_log(store, tmp_path):
+    logf = tmp_path / "a.log"
+    logf.write_text("hello\n")
+    st = StatusReporter(store, RUN, "r1", 2, 100, local_path=tmp_path / "status.json", log_path=logf)
+    st.update(step=5, loss=0.1)
+    st.set_phase("training")
+    doc = json.loads(store.get(f"{RUN}/status.json"))
+    assert doc["phase"] == "training" and doc["step"] == 5 and doc["attempt"] == 2
+    assert set(doc) >= {"run", "attempt", "phase", "step", "total_steps", "it_per_s", "loss", "gpu_util",
+                        "disk_free_gb", "time", "reason"}
+    assert json.loads((tmp_path / "status.json").read_text())["phase"] == "training"
+    assert store.get(f"{RUN}/logs/attempt-2.log") == b"hello\n"
+    st.set_phase("preempted", "reclaim")
+    st.set_phase("training")  # a final status is never overwritten
+    assert json.loads(store.get(f"{RUN}/status.json"))["phase"] == "preempted"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
