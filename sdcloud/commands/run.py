@@ -158,7 +158,8 @@ def up(tier, market, max_price, provider, region, deadline, budget, name, datase
         if spec.provider in ("aws", "tencent") and not spec.store:
             from ..infra import ensure_infra
 
-            outputs = ensure_infra(spec.provider, spec.region or _default_region(spec.provider), state=state)
+            outputs = ensure_infra(spec.provider, spec.region or _default_region(spec.provider),
+                                   on_output=lambda line: click.echo(line, err=True))
             state.save_infra(spec.provider, spec.region or "", outputs)
         if spec.provider in ("aws", "tencent") and not yes:
             if not sys.stdin.isatty():
