@@ -79,6 +79,13 @@ class Run:
         return self.stderr_path.read_text(errors="replace")[-3000:]
 
 
+def caught(pid: int, sig: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (sig - 1)))
+    return False
+
+
 def lora(output: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -203,7 +210,12 @@ def test_kill9_during_save_leaves_only_tmp_which_resume_ignores(tmp_path, refere
 
 def test_sigterm_at_start_exits_143_without_training(tmp_path):
     run = Run(tmp_path, *common(tmp_path))
-    time.sleep(0.3)  # inside the imports: the handler is installed before them
+    # Signal as soon as the SIGTERM handler is in (before the slow imports), not before: the
+    # kernel's caught-signals mask says when.
+    deadline = time.monotonic() + 30
+    while not caught(run.proc.pid, signal.SIGTERM):
+        assert time.monotonic() < deadline and run.proc.poll() is None
+        time.sleep(0.005)
     os.killpg(run.proc.pid, signal.SIGTERM)
     assert run.finish() == 143, run.stderr()
     assert run.steps() == [] and not run.of("CHECKPOINT")
