@@ -435,6 +435,8 @@ def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, sto
         "dataset": spec.dataset,
         "nvme": not local and spec.provider != "ssh",
         "require_gpu": not local and spec.provider != "ssh",
+        # Which reclaim notice the host watches; the local provider points it at its own endpoint.
+        "metadata": {"kind": spec.provider if spec.provider in ("aws", "tencent") else "none"},
         "heartbeat_seconds": 2 if local else 10,
         "poll_seconds": 1 if local else 5,
     }

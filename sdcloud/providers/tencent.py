@@ -407,6 +407,11 @@ class TencentProvider:
         live = [i for i in live if i.state in LIVE_STATES]
         return live[0] if live else None
 
+    def zones(self, region: str) -> list[str]:
+        """The region's available zones (the controller splits offers per zone, so a reclaim cools down one zone)."""
+        resp = self.call(region, "DescribeZones", {}, no_events)
+        return sorted(z["Zone"] for z in resp.get("ZoneSet") or [] if z.get("ZoneState", "AVAILABLE") == "AVAILABLE")
+
     # -- launch ----------------------------------------------------------------------------------
     def _zones(self, region: str, instance_type: str, charge: str, events: EventSink) -> list[str]:
         """Zones of `region` that sell `instance_type` in this market, in-stock ones first."""
