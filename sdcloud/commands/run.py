@@ -362,9 +362,14 @@ def ssh(run: str) -> None:
         return
     ctl = Controller(state, found["id"])
     inst = next(iter(ctl.provider.describe([a.instance_id], region=a.region)), None)
-    target = getattr(inst, "public_ip", None) or getattr(inst, "private_ip", None)
-    if not target:
-        raise UserError(f"instance {a.instance_id} has no reachable address")
-    argv = ["ssh"]
-    user = os.environ.get("SDCLOUD_SSH_USER", "ubuntu")
-    os.execvp("ssh", argv + [f"{user}@{target}"])
+    if inst is None or not inst.live:
+        raise UserError(f"instance {a.instance_id} is not running")
+    argv_of = getattr(ctl.provider, "ssh_argv", None)
+    if argv_of is not None:
+        argv = list(argv_of(inst))
+    else:
+        target = inst.public_ip or inst.private_ip
+        if not target:
+            raise UserError(f"instance {a.instance_id} has no reachable address")
+        argv = ["ssh", f"{os.environ.get('SDCLOUD_SSH_USER', 'ubuntu')}@{target}"]
+    os.execvp(argv[0], argv)
