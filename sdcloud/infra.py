@@ -365,8 +365,7 @@ def down(provider: str, region: str, on_output: Echo | None = None) -> None:
         _run(lambda: stack.workspace.remove_stack(region))
     store = _store()
     try:
-        with store.tx() as db:
-            db.execute("DELETE FROM infra WHERE provider = ? AND region = ?", (provider, region))
+        store.delete_infra(provider, region)
     finally:
         store.close()
 

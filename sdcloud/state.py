@@ -216,6 +216,10 @@ class StateStore:
         with self.tx() as db:
             db.execute("INSERT OR REPLACE INTO infra VALUES (?,?,?,?)", (provider, region, json.dumps(outputs), time.time()))
 
+    def delete_infra(self, provider: str, region: str) -> None:
+        with self.tx() as db:
+            db.execute("DELETE FROM infra WHERE provider = ? AND region = ?", (provider, region))
+
     def infra(self, provider: str, region: str) -> dict | None:
         row = self._db.execute("SELECT outputs FROM infra WHERE provider = ? AND region = ?", (provider, region)).fetchone()
         return json.loads(row["outputs"]) if row else None

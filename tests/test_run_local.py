@@ -139,3 +139,15 @@ def test_kill_9_controller_then_restart_reconciles(sdcloud_home, crash):
         # The running host was adopted, not launched again.
         assert len(out["attempts"]) == 1 and out["attempts"][0]["end_reason"] == "succeeded"
     assert not agent_processes(sdcloud_home)
+
+
+@pytest.mark.parametrize("provider, needle", [("aws", "no AWS credentials"), ("tencent", "TENCENTCLOUD_SECRET_ID")])
+def test_up_without_credentials_is_one_line(capsys, sdcloud_home, monkeypatch, tmp_path, provider, needle):
+    from sdcloud.providers import tencent
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no profile files
+    monkeypatch.setattr(tencent, "METADATA_URL", "http://127.0.0.1:9/")  # no CVM role either
+    code = main(["up", "--provider", provider, "--tier", "sdxl-lora", "--yes"])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and needle in err
+    assert not (sdcloud_home / "pulumi").exists()

@@ -195,6 +195,11 @@ class TencentProvider:
         self._clients: dict[str, Any] = {}
         self.last_errors: list[str] = []
 
+    def check_credentials(self) -> None:
+        """Raise CredentialsError (one line) now, before a run is created, when none can be found."""
+        if self._cred is None:
+            self._cred = credentials()
+
     # -- the API ---------------------------------------------------------------------------------
     def _client(self, region: str):
         client = self._clients.get(region)
