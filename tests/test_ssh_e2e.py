@@ -42,12 +42,15 @@ def test_up_on_an_ssh_host(sshd, sdcloud_home, tmp_path):  # noqa: F811
     out = json.loads(proc.stdout)
     assert out["state"] == "succeeded" and out["step"] == 12, out
     assert out["provider"] == "ssh"
-    [attempt] = out["attempts"]
-    assert attempt["zone"] == "box" and attempt["instance_id"].startswith("box:")
-    assert attempt["end_reason"] == "succeeded"
+    # A loaded machine may need a second launch; the last attempt is the one that finished.
+    last = out["attempts"][-1]
+    assert last["zone"] == "box" and last["instance_id"].startswith("box:"), out
+    assert last["end_reason"] == "succeeded", out
     assert not agent_processes(workdir), "an agent or trainer is still running on the host"
-    # What ran on the host stayed in its workdir: the zip, the private config, the log.
-    [token_dir] = [p for p in workdir.iterdir() if p.is_dir()]
-    assert (token_dir / "agent.zip").is_file() and (token_dir / "agent.log").stat().st_size > 0
-    assert (token_dir / "cfg.json").stat().st_mode & 0o777 == 0o600
-    assert json.loads((token_dir / "instance.json").read_text()).get("ended")
+    # What ran on the host stayed in its workdir: the zip, the private config, the log; all ended.
+    token_dirs = [p for p in workdir.iterdir() if p.is_dir()]
+    assert token_dirs
+    for token_dir in token_dirs:
+        assert (token_dir / "agent.zip").is_file() and (token_dir / "agent.log").stat().st_size > 0
+        assert (token_dir / "cfg.json").stat().st_mode & 0o777 == 0o600
+        assert json.loads((token_dir / "instance.json").read_text()).get("ended")
