@@ -1,0 +1,142 @@
+"""Benchmark: checkpoint upload against SeaweedFS on loopback, the agent vs awscli vs s5cmd.
+
+    python bench/checkpoint_sync.py [--sizes 100,1000] [--workdir DIR]
+
+For each checkpoint folder size (MB) it measures, on the same folder and server:
+  - the agent's upload throughput (CheckpointSync.upload: sha256 of every file, parallel files,
+    parallel multipart parts, manifest last),
+  - notice_to_durable_s: a reclaim notice arrives while that upload is a third of the way
+    through; the trainer's save on notice is a new folder of the same size (already on disk, so
+    the trainer's own save time is not counted); seconds from the notice to its manifest,
+  - `aws s3 sync` (awscli) and `s5cmd cp` throughput (no checksums of their own beyond the
+    transport's, no manifest).
+The last line is: checkpoint_sync size_mb=<n> sdcloud_MBps=<x> awscli_MBps=<y> s5cmd_MBps=<z>
+notice_to_durable_s=<t> for the largest size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bootstrap"))
+
+from servers import SeaweedS3  # noqa: E402
+
+from sdcloud_agent import manifest as mf  # noqa: E402
+from sdcloud_agent.store import open_store  # noqa: E402
+from sdcloud_agent.sync import CheckpointSync, SyncWorker  # noqa: E402
+
+MB = 1_000_000
+
+
+def make_checkpoint(folder: Path, size_mb: int) -> Path:
+    """A checkpoint shaped like a LoRA/DreamBooth save: one big weights file, an optimizer state
+    about half its size, and a few small files. Random bytes (incompressible)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    total = size_mb * MB
+    small = 4096
+    parts = {"model.safetensors": int(total * 0.6), "optimizer.bin": int(total * 0.3),
+             "scheduler.bin": small, "random_states_0.pkl": small, "trainer_state.json": small}
+    parts["ema.safetensors"] = total - sum(parts.values())
+    rnd = os.urandom(16 * MB)  # fresh bytes per checkpoint: nothing to skip or copy between them
+    for name, size in parts.items():
+        with open(folder / name, "wb") as f:
+            left = size
+            while left > 0:
+                n = min(left, len(rnd))
+                f.write(rnd[:n])
+                left -= n
+    return folder
+
+
+def timed(cmd: list[str], env: dict) -> float:
+    t0 = time.monotonic()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return time.monotonic() - t0
+
+
+def bench_size(size_mb: int, work: Path, endpoint: str, env: dict) -> dict:
+    import boto3
+    bucket = f"bench-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    store = open_store({"url": f"s3://{bucket}/agent", "endpoint_url": endpoint})
+    a = make_checkpoint(work / f"{size_mb}/step-000000100", size_mb)
+    b = make_checkpoint(work / f"{size_mb}/step-000000150", size_mb)
+    nbytes = sum(p.stat().st_size for p in a.iterdir())
+
+    sync = CheckpointSync(store, "runs/bench", keep=10)
+    t0 = time.monotonic()
+    sync.upload(a, 100)
+    agent_s = time.monotonic() - t0
+    assert mf.newest_complete(store, "runs/bench").step == 100
+
+    # A notice a third of the way into uploading checkpoint 200 (a copy of size B under a new step).
+    run2 = "runs/bench-notice"
+    worker = SyncWorker(CheckpointSync(store, run2, keep=10))
+    c = make_checkpoint(work / f"{size_mb}/step-000000200", size_mb)
+    worker.submit(200, c)
+    time.sleep(agent_s / 3)
+    t_notice = time.monotonic()
+    worker.set_urgent()
+    worker.submit(250, b)  # the save the trainer made on the notice
+    worker.wait_idle()
+    notice_s = time.monotonic() - t_notice
+    worker.close()
+    newest = mf.newest_complete(store, run2)
+    assert newest is not None and newest.step == 250, newest
+
+    aws = shutil.which("aws")
+    s5 = shutil.which("s5cmd")
+    aws_s = timed([aws, "s3", "sync", str(a), f"s3://{bucket}/awscli/", "--endpoint-url", endpoint,
+                   "--only-show-errors"], env) if aws else float("nan")
+    s5_s = timed([s5, "--endpoint-url", endpoint, "cp", f"{a}/*", f"s3://{bucket}/s5cmd/"], env) if s5 else float("nan")
+    for d in (a, b, c):
+        shutil.rmtree(d, ignore_errors=True)
+    res = {"size_mb": size_mb, "sdcloud_MBps": nbytes / MB / agent_s, "awscli_MBps": nbytes / MB / aws_s,
+           "s5cmd_MBps": nbytes / MB / s5_s, "notice_to_durable_s": notice_s}
+    print(f"size={size_mb}MB agent={agent_s:.2f}s ({res['sdcloud_MBps']:.1f} MB/s, sha256 included) "
+          f"awscli={aws_s:.2f}s ({res['awscli_MBps']:.1f} MB/s) s5cmd={s5_s:.2f}s ({res['s5cmd_MBps']:.1f} MB/s) "
+          f"notice_to_durable={notice_s:.2f}s", flush=True)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="100,1000", help="checkpoint sizes in MB, comma-separated")
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="sdcloud-bench-"))
+    # Start the server before the credentials are in the environment: weed would turn them into
+    # an identity and refuse anonymous health checks.
+    server = SeaweedS3().start(timeout=180)
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED"):
+        os.environ[k] = env[k]
+    os.environ.pop("AWS_PROFILE", None)
+    try:
+        results = [bench_size(s, work, server.endpoint, env) for s in sizes]
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    r = results[-1]
+    print(f"checkpoint_sync size_mb={r['size_mb']} sdcloud_MBps={r['sdcloud_MBps']:.1f} "
+          f"awscli_MBps={r['awscli_MBps']:.1f} s5cmd_MBps={r['s5cmd_MBps']:.1f} "
+          f"notice_to_durable_s={r['notice_to_durable_s']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
