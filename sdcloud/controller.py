@@ -49,6 +49,8 @@ class Timing:
     def for_provider(cls, provider: str) -> "Timing":
         if provider == "local":
             return cls(poll_seconds=1.0, boot_timeout=300.0, heartbeat_timeout=90.0)
+        if provider == "ssh":  # no image to boot: a lost box shows soon
+            return cls(poll_seconds=2.0, boot_timeout=600.0, heartbeat_timeout=120.0)
         return cls(poll_seconds=5.0, boot_timeout=1800.0, heartbeat_timeout=600.0)
 
 

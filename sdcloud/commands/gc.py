@@ -21,7 +21,7 @@ def _row(inst) -> dict:
 
 
 @click.command()
-@click.option("--provider", required=True, type=click.Choice(["aws", "tencent"]), help="Which cloud to search.")
+@click.option("--provider", required=True, type=click.Choice(["aws", "tencent", "ssh", "local"]), help="Where to search: a cloud, your SSH hosts, or this machine.")
 @click.option("--region", "regions", multiple=True, help="Region to search (repeatable; default: the catalog's regions).")
 @click.option("--yes", is_flag=True, help="Terminate without asking.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
