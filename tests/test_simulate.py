@@ -139,7 +139,7 @@ def test_optimum_equals_brute_force(tick, d, zones):
             if out.deadline_met(st):
                 best = min(best, out.cost)
         got = optimal_costs(avail[None, :, :n], tick, st)[0]
-        assert got == pytest.approx(best, abs=1e-9)
+        assert got == pytest.approx(best, abs=1e-4)  # float32 DP
 
 
 def test_optimum_is_a_lower_bound_for_every_policy_on_random_traces():
@@ -151,7 +151,7 @@ def test_optimum_is_a_lower_bound_for_every_policy_on_random_traces():
                                              single_zone=single)}
         assert res["optimal"].met.all()
         for name in ONLINE:
-            assert (res["optimal"].costs <= res[name].costs + 1e-9).all()
+            assert (res["optimal"].costs <= res[name].costs + 1e-3).all()  # float32 DP
 
 
 def test_coarsen_and_stack(tmp_path):
