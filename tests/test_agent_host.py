@@ -284,4 +284,7 @@ def test_user_data_carries_the_config_and_no_secrets():
     assert "systemctl enable --now sdcloud-agent.service" in text and "@@" not in text
     with pytest.raises(ValueError, match="secret"):
         render_user_data({**cfg, "store": {"url": "s3://b", "secret_key": "x"}}, "sdcloud")
-    assert "sdcloud-agent.service" not in render_user_data(None, "sdcloud").split("fi\n")[-1]
+    with pytest.raises(ValueError, match="credential"):
+        render_user_data({**cfg, "trainer_args": {"note": "AKIAIOSFODNN7EXAMPLE"}}, "sdcloud")
+    generic = render_user_data(None, "sdcloud")
+    assert "sdcloud_agent nvme" in generic and '[ "0" = "1" ]' in generic  # no service without a config

@@ -12,9 +12,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run one training attempt from a config file")
     run.add_argument("--config", required=True, help="the agent config (JSON)")
+    disk = sub.add_parser("nvme", help="RAID0, format and mount the local NVMe disks (needs root)")
+    disk.add_argument("--mount", default="/mnt/nvme")
+    disk.add_argument("--dry-run", action="store_true", help="print the plan and the commands only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.cmd == "nvme":
+        return _nvme(args.mount, args.dry_run)
     from .agent import EXIT_FAILED, Agent
     from .config import ConfigError, load
     try:
@@ -23,6 +28,19 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("sdcloud_agent").error("%s", exc)
         return EXIT_FAILED
     return Agent(cfg).run()
+
+
+def _nvme(mount: str, dry_run: bool) -> int:
+    import json
+
+    from . import nvme
+    if dry_run:
+        p = nvme.plan(nvme.read_lsblk(), mount)
+        print(json.dumps({"plan": p.__dict__, "commands": nvme.commands(p)}, indent=1))
+        return 0
+    path, _ = nvme.setup(mount)
+    print(path or "")
+    return 0
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ class Agent:
         self.status: StatusReporter | None = None
         self.worker: SyncWorker | None = None
         self.log_path: Path | None = None
+        self._snaps: dict[int, Path] = {}
 
     # -- setup ------------------------------------------------------------------------------
     def _setup_logging(self) -> None:
@@ -193,6 +194,12 @@ class Agent:
         for c in self.trainer.finished(ctx, trainer_exited=exited, killed=killed):
             if c.step > self.worker.durable_step and c.path.resolve() != (ctx.resume.resolve() if ctx.resume else None):
                 self.worker.submit(c.step, self._snapshot(c.step, c.path))
+        # Snapshots of durable (or superseded) checkpoints only hold disk space now.
+        durable = self.worker.durable_step
+        for step, snap in list(self._snaps.items()):
+            if step <= durable and self.worker.idle():
+                shutil.rmtree(snap, ignore_errors=True)
+                del self._snaps[step]
 
     def _snapshot(self, step: int, path: Path) -> Path:
         """Hard-link a finished checkpoint into a folder the trainer never touches, so that its
@@ -200,6 +207,7 @@ class Agent:
         snap = self.workdir / "snapshots" / path.name
         if snap.exists():
             return snap
+        self._snaps[step] = snap
         tmp = snap.with_name(f".tmp-{path.name}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-FORBIDDEN_KEYS = ("secret", "password", "access_key", "secretkey", "secret_key", "token_value", "session_token")
+from .config import SECRET_WORDS as FORBIDDEN_KEYS  # one list for the renderer and the agent
+
+# Values that look like credentials even under an innocent key (AWS key ids, PEM blocks).
+_SECRET_VALUE_PREFIXES = ("AKIA", "ASIA", "-----BEGIN")
 
 
 def _check_no_secrets(obj, path: str = "") -> None:
@@ -22,6 +25,8 @@ def _check_no_secrets(obj, path: str = "") -> None:
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
             _check_no_secrets(v, f"{path}{i}.")
+    elif isinstance(obj, str) and obj.startswith(_SECRET_VALUE_PREFIXES) and len(obj) >= 16:
+        raise ValueError(f"agent config value at {path.rstrip('.')!r} looks like a credential")
 
 
 def render_user_data(agent_config: dict | None = None, agent_source: str = "sdcloud") -> str:
