@@ -193,10 +193,14 @@ def test_builtin_trainer_preempted_at_random_points_resumes_from_the_bucket(tmp_
     bucket = _bucket(s3_env)
     proxy = SlowProxy(seaweed.port, bytes_per_s=1e6)
     meta = AwsMetadataServer().start()
-    steps = 16
+    # Two points by default (the tiny model takes ~20 s per attempt here, mostly imports); set
+    # SDCLOUD_E2E_BUILTIN_POINTS=20 for the full acceptance run with the real trainer.
+    n = int(os.environ.get("SDCLOUD_E2E_BUILTIN_POINTS", "2"))
+    points = [("upload", 0) if i % 2 else ("after", rng.randint(1, 4)) for i in range(n)]
+    steps = 5 * n + 6
     try:
         history = _run_chain(tmp_path, {"url": f"s3://{bucket}/p", "endpoint_url": proxy.endpoint}, s3_env,
-                             [("after", rng.randint(2, 6)), ("upload", 0)], proxy, meta, steps=steps, every=5,
+                             points, proxy, meta, steps=steps, every=5,
                              trainer="builtin", trainer_args={"synthetic": 4, "device": "cpu"})
     finally:
         meta.stop()
@@ -207,3 +211,30 @@ def test_builtin_trainer_preempted_at_random_points_resumes_from_the_bucket(tmp_
         assert '"resumed_from"' in h["log"] and h["before"] > 0
     store = open_store({"url": f"s3://{bucket}/p", "endpoint_url": s3_env["endpoint_url"]})
     assert any(o.key.startswith("runs/e2e/artifacts/") for o in store.list("runs/e2e/artifacts/"))
+
+
+def test_agent_sigterm_is_a_reclaim_and_rebalance_asks_for_a_checkpoint(tmp_path):
+    """systemd stopping the agent at shutdown = a notice; a rebalance recommendation = SIGUSR1."""
+    meta = AwsMetadataServer().start()
+    try:
+        cfg = _config(tmp_path, 1, {"url": f"file://{tmp_path}/bucket"}, meta.base_url, steps=400, every=100,
+                      trainer_args={"command": [sys.executable, FAKE], "save_signal": "SIGUSR1"})
+        proc = _start_agent(cfg, {"FAKE_STEP_SECONDS": "0.05"})
+        log = tmp_path / "work-1" / "attempt-1.log"
+        assert _wait_step(log, 5, proc, timeout=60)
+        meta.recommend_rebalance()
+        deadline = time.time() + 20
+        store = open_store(f"file://{tmp_path}/bucket")
+        while not mf.complete_steps(store, "runs/e2e") and time.time() < deadline:
+            time.sleep(0.05)
+        extra = mf.complete_steps(store, "runs/e2e")
+        assert extra and extra[0] < 100, "the rebalance recommendation did not produce a checkpoint"
+        proc.send_signal(15)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        meta.stop()
+    assert proc.returncode == 3, err.decode()[-2000:]
+    status = json.loads((tmp_path / "bucket/runs/e2e/status.json").read_text())
+    assert status["phase"] == "preempted"
+    last = _steps_in(log.read_text())[-1]
+    assert mf.newest_complete(store, "runs/e2e").step == last == status["step"]

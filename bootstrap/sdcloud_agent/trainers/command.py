@@ -7,11 +7,15 @@ global step (`step-000000120`), ideally by renaming a `.`-prefixed temp folder; 
 as finished once a newer one exists, it has not changed for a few seconds, the trainer printed
 `SDCLOUD_CHECKPOINT {"step": n, "path": ...}`, or the trainer exited on its own. SIGTERM is sent
 to its process group on a reclaim notice; a trainer that saves then is given until the deadline.
+With `trainer_args = {"command": [...], "save_signal": "SIGUSR1"}` a rebalance recommendation sends
+that signal to ask for a checkpoint without stopping (unknown commands get none: SIGUSR1 kills a
+program that does not handle it).
 """
 
 from __future__ import annotations
 
-import shlex
+import signal
+import subprocess
 
 from .base import Context, Trainer
 
@@ -29,3 +33,19 @@ class CommandTrainer(Trainer):
         if not args:
             raise ValueError("trainer 'command' needs trainer_args: the command line")
         return [str(a) for a in args]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.save_signal: int | None = None
+
+    def environment(self, ctx: Context) -> dict[str, str]:
+        args = ctx.trainer_args
+        name = args.get("save_signal") if isinstance(args, dict) else None
+        self.save_signal = int(getattr(signal, name)) if name else None
+        return super().environment(ctx)
+
+    def request_save(self, proc: subprocess.Popen) -> bool:
+        if self.save_signal is None:
+            return False
+        self._signal(proc, self.save_signal)
+        return True
