@@ -256,5 +256,77 @@ def fake_trainer() -> int:
     return 0
 
 
+def fake_external(kind: str, argv: list[str]) -> int:
+    """Mimics an external trainer that cannot save on demand (SIGTERM just kills it):
+    kind "diffusers": checkpoint-<global step>/ written file by file (RNG state last), old ones
+    deleted *before* a save beyond --checkpoints_total_limit, `--resume_from_checkpoint latest`.
+    kind "kohya-db": <name>-step<local:08d>-state/ with train_state.json; on --resume it loads the
+    state but counts its steps from 0 again (like sd-scripts' DreamBooth scripts).
+    Prints `FAKESTEP <global step>` (stdout) and tqdm bars (stderr)."""
+    import argparse
+    ap = argparse.ArgumentParser()
+    for flag in ("--output_dir", "--max_train_steps", "--checkpointing_steps", "--resume_from_checkpoint",
+                 "--checkpoints_total_limit", "--save_every_n_steps", "--resume", "--output_name"):
+        ap.add_argument(flag)
+    a, _ = ap.parse_known_args(argv)
+    out = Path(a.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    step_s = float(os.environ.get("FAKE_STEP_SECONDS", "0.05"))
+    total = int(a.max_train_steps)
+    every = int(a.checkpointing_steps or a.save_every_n_steps)
+    done = 0  # what the saved state says was trained before this process
+    local = 0
+    if kind == "diffusers" and a.resume_from_checkpoint == "latest":
+        ckpts = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+        if ckpts:
+            local = int(ckpts[-1].name.split("-")[1])
+            done = _check_state(ckpts[-1])
+            assert done == local, (done, local)
+    if kind == "kohya-db" and a.resume:
+        done = _check_state(Path(a.resume))
+    t0 = time.time()
+    while local < total:
+        time.sleep(step_s)
+        local += 1
+        glob = local if kind == "diffusers" else done + local
+        print(f"FAKESTEP {glob}", flush=True)
+        sys.stderr.write(f"\rSteps: {100 * local // total}%|##| {local}/{total} "
+                         f"[00:01<00:01, {local / (time.time() - t0):.2f}it/s, loss={1 / glob:.4f}]")
+        sys.stderr.flush()
+        if local % every == 0:
+            if kind == "diffusers":
+                limit = int(a.checkpoints_total_limit or 0)
+                old = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+                import shutil
+                for d in old[: max(0, len(old) - limit + 1)] if limit else []:
+                    shutil.rmtree(d)
+                d = out / f"checkpoint-{local}"
+            else:
+                d = out / f"{a.output_name}-step{local:08d}-state"
+            _save_state(d, glob, slow=step_s)
+    (out / "final_weights.safetensors").write_bytes(_payload(total, 500))
+    return 0
+
+
+def _save_state(d: Path, glob: int, slow: float) -> None:
+    d.mkdir(parents=True)
+    data = _payload(glob, 50_000)
+    (d / "model.safetensors").write_bytes(data)
+    time.sleep(slow)  # not atomic: a watcher can see a half-written folder
+    (d / "train_state.json").write_text(json.dumps({"global": glob, "sha256": hashlib.sha256(data).hexdigest()}))
+    (d / "random_states_0.pkl").write_bytes(b"rng")
+
+
+def _check_state(d: Path) -> int:
+    state = json.loads((d / "train_state.json").read_text())
+    data = (d / "model.safetensors").read_bytes()
+    if hashlib.sha256(data).hexdigest() != state["sha256"] or data != _payload(state["global"], len(data)):
+        print(f"CORRUPT RESUME from {d}", flush=True)
+        sys.exit(2)
+    return int(state["global"])
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] in ("diffusers", "sdxl_train.py"):
+        sys.exit(fake_external("diffusers" if sys.argv[1] == "diffusers" else "kohya-db", sys.argv[2:]))
     sys.exit(fake_trainer())

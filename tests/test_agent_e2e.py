@@ -238,3 +238,53 @@ def test_agent_sigterm_is_a_reclaim_and_rebalance_asks_for_a_checkpoint(tmp_path
     assert status["phase"] == "preempted"
     last = _steps_in(log.read_text())[-1]
     assert mf.newest_complete(store, "runs/e2e").step == last == status["step"]
+
+
+FAKESTEP = re.compile(r"FAKESTEP (\d+)")
+
+
+@pytest.mark.parametrize("trainer, script", [("diffusers", "diffusers"), ("kohya", "sdxl_train.py")])
+def test_external_trainer_preempted_resumes_at_the_global_step(tmp_path, trainer, script):
+    """Trainers that cannot save on a signal (and, for kohya's DreamBooth scripts, restart their
+    step count): the agent waits for their next checkpoint if it fits, resumes them from the
+    bucket, and keeps the global step."""
+    meta = AwsMetadataServer().start()
+    store_cfg = {"url": f"file://{tmp_path}/bucket"}
+    store = open_store(store_cfg)
+    steps, every = 30, 5
+    args = {"launcher": [sys.executable, FAKE], "script": script, "checkpoints_total_limit": 1}
+    seen: list[list[int]] = []
+    try:
+        for attempt in range(1, 6):
+            meta.reset()
+            before = mf.newest_complete(store, "runs/e2e")
+            start = before.step if before else 0
+            cfg = _config(tmp_path, attempt, store_cfg, meta.base_url, trainer=trainer, trainer_args=args,
+                          steps=steps, every=every)
+            proc = _start_agent(cfg, {"FAKE_STEP_SECONDS": "0.1"})
+            log = tmp_path / f"work-{attempt}" / f"attempt-{attempt}.log"
+            target = start + 3
+            while proc.poll() is None and attempt < 3:
+                text = log.read_text(errors="replace") if log.exists() else ""
+                if any(int(n) >= target for n in FAKESTEP.findall(text)):
+                    meta.announce(120)
+                    break
+                time.sleep(0.02)
+            _, err = proc.communicate(timeout=120)
+            text = log.read_text(errors="replace")
+            assert "CORRUPT RESUME" not in text
+            got = [int(n) for n in FAKESTEP.findall(text)]
+            assert got[0] == start + 1, (attempt, got[:3], start)  # the global step carries on
+            seen.append(got)
+            status = json.loads(store.get("runs/e2e/status.json"))
+            if proc.returncode == 0:
+                break
+            assert proc.returncode == 3 and status["phase"] == "preempted", err.decode()[-2000:]
+            # It waited for the periodic checkpoint after the notice instead of losing the steps.
+            assert mf.newest_complete(store, "runs/e2e").step == (target // every + 1) * every
+    finally:
+        meta.stop()
+    assert proc.returncode == 0 and len(seen) == 3
+    assert sorted(set(sum(seen, []))) == list(range(1, steps + 1))
+    assert store.head("runs/e2e/artifacts/final_weights.safetensors") is not None
+    assert status["phase"] == "succeeded" and status["step"] == steps
