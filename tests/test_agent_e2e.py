@@ -130,7 +130,7 @@ def test_twenty_random_preemptions_resume_without_loss(tmp_path, s3_env, seaweed
     # A throttled path to the bucket, so that some notices land in the middle of an upload.
     proxy = SlowProxy(seaweed.port, bytes_per_s=20e6)
     meta = AwsMetadataServer().start()
-    steps, every = 250, 10
+    steps, every = 400, 10
     points = [("upload", 0) if i % 4 == 3 else ("after", rng.randint(1, 5)) for i in range(20)]
     env = {"FAKE_STEP_SECONDS": "0.08", "FAKE_CKPT_BYTES": str(3_000_000)}
     try:
@@ -151,7 +151,7 @@ def test_preempt_and_resume_on_a_file_store_with_tencent_notice(tmp_path):
     meta = TencentMetadataServer().start()
     try:
         history = _run_chain(tmp_path, {"url": f"file://{tmp_path}/bucket"}, {}, [("after", 7), ("after", 9)], None,
-                             meta, kind="tencent", steps=25, every=10)
+                             meta, kind="tencent", steps=25, every=10, extra_env={"FAKE_STEP_SECONDS": "0.1"})
     finally:
         meta.stop()
     assert [h["rc"] for h in history] == [3, 3, 0]
