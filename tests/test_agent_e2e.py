@@ -9,7 +9,6 @@ import random
 import re
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
