@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sdcloud.cli import main
-from sdcloud.policy import ON_DEMAND, SPOT, WAIT, Action, Policy
+from sdcloud.policy import ON_DEMAND, SPOT, WAIT, Action, Policy, get_policy
 from sdcloud.simulate import (Setting, coarsen, load_trace, optimal_batch, optimal_costs, replay, simulate, stack,
                               Trace)
 
@@ -26,8 +26,7 @@ def setting(c: float, r: float, d: float = 0.2) -> Setting:
 
 def run_all(avail: np.ndarray, st: Setting, start: int = 0) -> dict:
     keys = [f"z{i}" for i in range(avail.shape[0])]
-    out = {name: replay(__import__("sdcloud.policy", fromlist=["get_policy"]).get_policy(name), avail, keys, TICK,
-                        start, 0, st) for name in ONLINE}
+    out = {name: replay(get_policy(name), avail, keys, TICK, start, 0, st) for name in ONLINE}
     span = int(np.ceil(st.deadline_hours / G - 1e-9))
     cost, met = optimal_batch(avail, TICK, st, np.array([start]), np.array([0]), single_zone=False)
     out["optimal"] = (float(cost[0]), bool(met[0]))
@@ -82,7 +81,6 @@ def test_one_preemption_with_a_second_zone_moves_instead_of_waiting():
     avail[0, 3] = False
     st = setting(1.0, 3.0)
     keys = ["a", "b"]
-    from sdcloud.policy import get_policy
     moved = replay(get_policy("sdcloud"), avail, keys, TICK, 0, 0, st)
     stayed = replay(get_policy("uniform-progress"), avail, keys, TICK, 0, 0, st)
     assert moved.cost == pytest.approx(1.4) and moved.finish_hours == pytest.approx(1.4)  # no idle tick
