@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,9 @@ def from_dict(d: dict) -> AgentConfig:
     known = {f.name for f in fields(AgentConfig)}
     unknown = set(d) - known
     if unknown:
-        raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
+        # A newer control plane may send keys this agent does not know: say so, do not fail.
+        logging.getLogger("sdcloud_agent").warning("ignoring unknown config keys: %s", ", ".join(sorted(unknown)))
+        d = {k: v for k, v in d.items() if k in known}
     if not d.get("run_id"):
         raise ConfigError("config needs run_id")
     store = d.get("store")

@@ -126,11 +126,16 @@ class LocalStore:
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> None:
         final = self._path(key)
-        # Metadata first: a reader that sees the object also sees its metadata.
-        self._set_meta(key, metadata)
         tmp = self._write_tmp(final, lambda f: f.write(data))
+        self._replace(key, tmp, final, metadata)
+
+    def _replace(self, key: str, tmp: Path, final: Path, metadata: dict[str, str] | None) -> None:
+        # Old metadata goes before the new bytes land and new metadata after: a crash in between
+        # leaves an object without metadata (re-uploaded), never one with another object's sha256.
+        self._meta_path(key).unlink(missing_ok=True)
         os.replace(tmp, final)
         self._fsync_dir(final.parent)
+        self._set_meta(key, metadata)
 
     def create(self, key: str, data: bytes) -> bool:
         final = self._path(key)
@@ -147,7 +152,6 @@ class LocalStore:
     def put_file(self, key: str, path: str | Path, metadata: dict[str, str] | None = None,
                  cancel: threading.Event | None = None) -> None:
         final = self._path(key)
-        self._set_meta(key, metadata)
 
         def copy(f):
             with open(path, "rb") as src:
@@ -156,8 +160,7 @@ class LocalStore:
                         raise Cancelled(key)
                     f.write(chunk)
         tmp = self._write_tmp(final, copy)
-        os.replace(tmp, final)
-        self._fsync_dir(final.parent)
+        self._replace(key, tmp, final, metadata)
 
     def get(self, key: str) -> bytes:
         try:
