@@ -289,3 +289,16 @@ def test_user_data_carries_the_config_and_no_secrets():
         render_user_data({**cfg, "trainer_args": {"note": "AKIAIOSFODNN7EXAMPLE"}}, "sdcloud")
     generic = render_user_data(None, "sdcloud")
     assert "sdcloud_agent nvme" in generic and '[ "0" = "1" ]' in generic  # no service without a config
+
+
+def test_command_trainer_partial_folder_of_a_killed_trainer_is_not_a_checkpoint(tmp_path):
+    c = CommandTrainer()
+    ctx = _ctx(tmp_path, trainer_args=["true"])
+    (ctx.checkpoint_dir / "step-000000010").mkdir(parents=True)
+    (ctx.checkpoint_dir / "step-000000020").mkdir()
+    (ctx.checkpoint_dir / ".tmp-step-30").mkdir()  # a temp folder never counts
+    assert [x.step for x in c.finished(ctx)] == [10]  # 20 may still be written
+    assert [x.step for x in c.finished(ctx, trainer_exited=True, killed=True)] == [10]
+    assert [x.step for x in c.finished(ctx, trainer_exited=True)] == [10, 20]  # it exited on its own
+    c.parse_line('SDCLOUD_CHECKPOINT {"step": 20, "path": "x"}')
+    assert [x.step for x in c.finished(ctx, trainer_exited=True, killed=True)] == [10, 20]  # announced

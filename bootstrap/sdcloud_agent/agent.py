@@ -84,7 +84,7 @@ class Agent:
             if self.notice is None:
                 self.notice = notice
                 self.notice_event.set()
-        elif notice.kind == "rebalance":
+        elif notice.kind == "rebalance" and self.notice is None:
             # Elevated reclaim risk: take a checkpoint now if the trainer can, and keep training.
             proc = getattr(self, "proc", None)
             if proc is not None and proc.poll() is None and self.trainer.request_save(proc):
@@ -237,14 +237,16 @@ class Agent:
         log.warning("reclaim notice (%s): %.0fs left; saving", notice.detail, left())
         self.status.set_phase("saving", notice.detail)
         self.worker.set_urgent()
-        stop_by = min(left() - self.cfg.upload_reserve_seconds, left() * 0.6)
+        # The trainer gets the notice less a reserve for the final upload (at most 40% of it, so
+        # that a short notice, as the local provider may give, still leaves time to save).
+        reserve = min(self.cfg.upload_reserve_seconds, 0.4 * max(0.0, left()))
+        end = t0 + max(1.0, left() - reserve)
         killed = False
         if proc.poll() is None:
             if not self.trainer.saves_on_sigterm:
                 # It cannot save on demand: let it reach its next periodic checkpoint if that fits.
-                self._await_next_checkpoint(ctx, proc, time.monotonic() + max(0.0, stop_by))
+                self._await_next_checkpoint(ctx, proc, end - 5)
             self.trainer.request_stop(proc)
-            end = t0 + max(1.0, min(left() - self.cfg.upload_reserve_seconds, left() * 0.6))
             while proc.poll() is None and time.monotonic() < end:
                 self._submit_finished(ctx)
                 time.sleep(0.1)
@@ -252,8 +254,13 @@ class Agent:
                 log.warning("trainer did not stop in time: killing it")
                 self.trainer.kill(proc)
                 killed = True
-                proc.wait(10)
-        self._submit_finished(ctx, exited=True, killed=killed or proc.returncode not in (0, 143, -15))
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    log.error("trainer survived SIGKILL; uploading what is finished")
+        # Exit 143 = it handled SIGTERM and saved; death by the signal itself (-15) may have cut a
+        # save short, so only checkpoints that settled (or carry their trainer's marker) count.
+        self._submit_finished(ctx, exited=True, killed=killed or proc.returncode not in (0, 143))
         self.status.set_phase("uploading", notice.detail)
         done = self.worker.wait_idle(timeout=max(1.0, left() - 2))
         durable = self.worker.durable_step

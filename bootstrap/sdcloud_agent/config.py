@@ -51,19 +51,26 @@ class AgentConfig:
         return self.nvme if isinstance(self.nvme, str) else "/mnt/nvme"
 
 
-def _check_no_secrets(obj: Any, path: str = "") -> None:
+# Values that look like credentials even under an innocent key (AWS key ids, PEM blocks).
+SECRET_VALUE_PREFIXES = ("AKIA", "ASIA", "-----BEGIN")
+
+
+def check_no_secrets(obj: Any, path: str = "") -> None:
+    """Refuse anything that looks like a credential: the config travels in user-data and logs."""
     if isinstance(obj, dict):
         for k, v in obj.items():
             if any(w in str(k).lower() for w in SECRET_WORDS):
-                raise ConfigError(f"config key {path + str(k)!r} looks like a secret: credentials come from the environment")
-            _check_no_secrets(v, f"{path}{k}.")
+                raise ConfigError(f"config key {path + str(k)!r} looks like a secret: credentials come from the instance role or the environment")
+            check_no_secrets(v, f"{path}{k}.")
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
-            _check_no_secrets(v, f"{path}{i}.")
+            check_no_secrets(v, f"{path}{i}.")
+    elif isinstance(obj, str) and obj.startswith(SECRET_VALUE_PREFIXES) and len(obj) >= 16:
+        raise ConfigError(f"config value at {path.rstrip('.')!r} looks like a credential")
 
 
 def from_dict(d: dict) -> AgentConfig:
-    _check_no_secrets(d)
+    check_no_secrets(d)
     known = {f.name for f in fields(AgentConfig)}
     unknown = set(d) - known
     if unknown:

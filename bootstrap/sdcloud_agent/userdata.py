@@ -10,23 +10,8 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-from .config import SECRET_WORDS as FORBIDDEN_KEYS  # one list for the renderer and the agent
-
-# Values that look like credentials even under an innocent key (AWS key ids, PEM blocks).
-_SECRET_VALUE_PREFIXES = ("AKIA", "ASIA", "-----BEGIN")
-
-
-def _check_no_secrets(obj, path: str = "") -> None:
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            if any(word in str(k).lower() for word in FORBIDDEN_KEYS):
-                raise ValueError(f"agent config key {path + str(k)!r} looks like a secret: credentials come from the instance role")
-            _check_no_secrets(v, f"{path}{k}.")
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            _check_no_secrets(v, f"{path}{i}.")
-    elif isinstance(obj, str) and obj.startswith(_SECRET_VALUE_PREFIXES) and len(obj) >= 16:
-        raise ValueError(f"agent config value at {path.rstrip('.')!r} looks like a credential")
+from .config import SECRET_WORDS as FORBIDDEN_KEYS  # noqa: F401 - kept for callers of the old name
+from .config import check_no_secrets as _check_no_secrets
 
 
 def render_user_data(agent_config: dict | None = None, agent_source: str = "sdcloud") -> str:

@@ -107,6 +107,7 @@ class Trainer:
     name = "base"
     saves_on_sigterm = False  # does SIGTERM make it save before exiting?
     signal_group = True  # signal the whole process group (accelerate launch does not forward signals)
+    has_marker = False  # is_complete() checks a file the trainer writes last (so a killed save shows)
 
     def __init__(self) -> None:
         self.announced: dict[int, Path] = {}  # checkpoints the trainer told us about (protocol lines)
@@ -182,7 +183,7 @@ class Trainer:
             if not self.is_complete(c.path):
                 continue
             newer = i < len(cands) - 1
-            if newer or (trainer_exited and not killed):
+            if newer or (trainer_exited and (not killed or self.has_marker)):
                 out.append(c)
                 continue
             try:

@@ -20,6 +20,7 @@ OWNED = ("output_dir", "max_train_steps", "checkpointing_steps", "resume_from_ch
 
 class DiffusersTrainer(Trainer):
     name = "diffusers"
+    has_marker = True  # accelerate save_state writes random_states_*.pkl last
 
     def _opts(self, ctx: Context) -> tuple[list[str], str, dict]:
         args = dict(ctx.trainer_args) if isinstance(ctx.trainer_args, dict) else {}

@@ -22,6 +22,7 @@ OWNED = ("output_dir", "max_train_steps", "save_every_n_steps", "save_state", "r
 
 class KohyaTrainer(Trainer):
     name = "kohya"
+    has_marker = True  # accelerate save_state writes random_states_*.pkl last
 
     def _opts(self, ctx: Context) -> tuple[list[str], str, dict]:
         args = dict(ctx.trainer_args) if isinstance(ctx.trainer_args, dict) else {}
