@@ -123,14 +123,16 @@ def _check_history(history: list[dict], steps: int) -> None:
 
 
 @pytest.mark.slow
-def test_twenty_random_preemptions_resume_without_loss(tmp_path, s3_env, seaweed):
+def test_protocol_trainer_random_preemptions_with_big_checkpoints_mid_upload(tmp_path, s3_env, seaweed):
+    """A fake trainer with the builtin protocol and 4 MB checkpoints behind a 20 MB/s link, so that
+    many notices land while an upload runs (the builtin test below has tiny checkpoints)."""
     rng = random.Random(int(os.environ.get("SDCLOUD_TEST_SEED", "0")) or None)
     bucket = _bucket(s3_env)
     # A throttled path to the bucket, so that some notices land in the middle of an upload.
     proxy = SlowProxy(seaweed.port, bytes_per_s=20e6)
     meta = AwsMetadataServer().start()
-    steps, every = 400, 10
-    points = [("upload", 0) if i % 4 == 3 else ("after", rng.randint(1, 5)) for i in range(20)]
+    steps, every = 300, 10
+    points = [("upload", 0) if i % 3 == 2 else ("after", rng.randint(1, 5)) for i in range(12)]
     env = {"FAKE_STEP_SECONDS": "0.08", "FAKE_CKPT_BYTES": str(3_000_000)}
     try:
         history = _run_chain(tmp_path, {"url": f"s3://{bucket}/p", "endpoint_url": proxy.endpoint},
@@ -139,7 +141,8 @@ def test_twenty_random_preemptions_resume_without_loss(tmp_path, s3_env, seaweed
         meta.stop()
         proxy.stop()
     preempted = [h for h in history if h["rc"] == 3]
-    assert len(preempted) >= 20
+    assert len(preempted) >= len(points)
+    assert sum("abandoning upload" in h["log"] for h in preempted) >= 1, "no notice landed mid-upload"
     _check_history(history, steps)
     store = open_store({"url": f"s3://{bucket}/p", "endpoint_url": s3_env["endpoint_url"]})
     assert store.head("runs/e2e/artifacts/model.bin") is not None
@@ -185,18 +188,19 @@ def test_vram_below_minimum_refuses_to_start(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_builtin_trainer_preempted_at_random_points_resumes_from_the_bucket(tmp_path, s3_env, seaweed):
-    """The real builtin trainer (tiny model, CPU, synthetic images): preempted at a random step,
-    then during an upload; fresh agents resume from the bucket and finish, each step trained once."""
-    rng = random.Random()
+def test_builtin_trainer_twenty_random_preemptions_resume_from_the_bucket(tmp_path, s3_env, seaweed):
+    """The acceptance test: the real builtin trainer (tiny model, CPU, synthetic images) preempted
+    at 20 random points (every fourth while a checkpoint uploads); each time a fresh agent in a
+    fresh working directory resumes from the bucket; in the end every step was trained exactly
+    once and no resume was corrupt or partial. About 6 s per attempt on an idle 2-core machine
+    (mostly torch imports); SDCLOUD_E2E_BUILTIN_POINTS=N runs fewer while developing."""
+    rng = random.Random(int(os.environ.get("SDCLOUD_TEST_SEED", "0")) or None)
     bucket = _bucket(s3_env)
     proxy = SlowProxy(seaweed.port, bytes_per_s=1e6)
     meta = AwsMetadataServer().start()
-    # Two points by default (the tiny model takes ~20 s per attempt here, mostly imports); set
-    # SDCLOUD_E2E_BUILTIN_POINTS=20 for the full acceptance run with the real trainer.
-    n = int(os.environ.get("SDCLOUD_E2E_BUILTIN_POINTS", "2"))
-    points = [("upload", 0) if i % 2 else ("after", rng.randint(1, 4)) for i in range(n)]
-    steps = 5 * n + 6
+    n = int(os.environ.get("SDCLOUD_E2E_BUILTIN_POINTS", "20"))
+    points = [("upload", 0) if i % 4 == 3 else ("after", rng.randint(1, 4)) for i in range(n)]
+    steps = 7 * n + 10
     try:
         history = _run_chain(tmp_path, {"url": f"s3://{bucket}/p", "endpoint_url": proxy.endpoint}, s3_env,
                              points, proxy, meta, steps=steps, every=5,
@@ -204,7 +208,7 @@ def test_builtin_trainer_preempted_at_random_points_resumes_from_the_bucket(tmp_
     finally:
         meta.stop()
         proxy.stop()
-    assert [h["rc"] for h in history][-1] == 0 and sum(h["rc"] == 3 for h in history) >= 1
+    assert [h["rc"] for h in history][-1] == 0 and sum(h["rc"] == 3 for h in history) >= n
     _check_history(history, steps)
     for h in history[1:]:
         assert '"resumed_from"' in h["log"] and h["before"] > 0
