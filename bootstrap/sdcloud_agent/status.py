@@ -22,6 +22,8 @@ log = logging.getLogger("sdcloud_agent.status")
 PHASES = ("starting", "staging", "restoring", "training", "saving", "uploading", "succeeded", "failed", "preempted")
 FINAL = ("succeeded", "failed", "preempted")
 MAX_LOG_SHIP = 8 * 1024 * 1024  # ship at most the last 8 MB of a log
+# The log is re-uploaded whole (S3 has no append): at most this often, and at every phase change.
+LOG_SHIP_SECONDS = 10.0
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -48,6 +50,7 @@ class StatusReporter:
                       "it_per_s": None, "loss": None, "gpu_util": None, "disk_free_gb": None,
                       "time": time.time(), "reason": ""}
         self._shipped_size = -1
+        self._shipped_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -78,8 +81,8 @@ class StatusReporter:
         doc["time"] = time.time()
         return doc
 
-    def flush(self) -> bool:
-        """Write status.json now (and ship the log). Returns False if the bucket write failed."""
+    def flush(self, ship_log: bool = True) -> bool:
+        """Write status.json now (and ship the log if due). Returns False if the bucket write failed."""
         with self._write_lock:
             doc = self.snapshot()
             data = json.dumps(doc, sort_keys=True).encode()
@@ -95,7 +98,8 @@ class StatusReporter:
                 except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
                     log.warning("status upload failed: %s", exc)
                     ok = False
-                self.ship_log()
+                if ship_log or time.monotonic() - self._shipped_at >= LOG_SHIP_SECONDS:
+                    self.ship_log()
             return ok
 
     def ship_log(self) -> None:
@@ -111,13 +115,14 @@ class StatusReporter:
         try:
             self.store.put(f"{self.run_prefix}/logs/attempt-{self.state['attempt']}.log", data)
             self._shipped_size = size
+            self._shipped_at = time.monotonic()
         except Exception as exc:  # noqa: BLE001
             log.debug("log upload failed: %s", exc)
 
     def start(self, every: float) -> "StatusReporter":
         def loop() -> None:
             while not self._stop.wait(every):
-                self.flush()
+                self.flush(ship_log=False)
         self._thread = threading.Thread(target=loop, name="sdcloud-heartbeat", daemon=True)
         self._thread.start()
         return self
