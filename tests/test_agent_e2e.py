@@ -291,3 +291,28 @@ def test_external_trainer_preempted_resumes_at_the_global_step(tmp_path, trainer
     assert sorted(set(sum(seen, []))) == list(range(1, steps + 1))
     assert store.head("runs/e2e/artifacts/final_weights.safetensors") is not None
     assert status["phase"] == "succeeded" and status["step"] == steps
+
+
+def test_a_killed_agent_takes_its_trainer_with_it(tmp_path):
+    # A trainer that prints nothing more (a long GPU step): a broken stdout pipe would not stop it.
+    cfg = _config(tmp_path, 1, {"url": f"file://{tmp_path}/bucket"}, "", kind="none",
+                  trainer_args=["/bin/sh", "-c", "echo started; exec sleep 60"])
+    proc = _start_agent(cfg, {})
+    log = tmp_path / "work-1" / "attempt-1.log"
+    deadline = time.time() + 30
+    while not (log.exists() and "trainer: started" in log.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    pid = int(re.search(r"trainer pid (\d+)", log.read_text()).group(1))
+    os.kill(pid, 0)  # alive, in its own session
+    proc.kill()
+    proc.wait(10)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        if Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            return  # a zombie: dead, waiting for init to reap it
+        time.sleep(0.05)
+    pytest.fail("the trainer outlived its agent")

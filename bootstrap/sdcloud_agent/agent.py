@@ -163,8 +163,11 @@ class Agent:
         # Its own session and process group: a notice signals it (and accelerate's workers) on
         # purpose, and a Ctrl-C or SIGTERM aimed at the agent does not reach it by accident.
         proc = subprocess.Popen(cmd, cwd=ctx.workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0)
-        threading.Thread(target=self._read_output, args=(proc,), name="sdcloud-trainer-out", daemon=True).start()
+                                stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0,
+                                preexec_fn=_die_with_parent)
+        log.info("trainer pid %d", proc.pid)
+        self._reader = threading.Thread(target=self._read_output, args=(proc,), name="sdcloud-trainer-out", daemon=True)
+        self._reader.start()
         return proc
 
     def _read_output(self, proc: subprocess.Popen) -> None:
@@ -347,7 +350,7 @@ class Agent:
             if self.notice_event.wait(0.25):
                 return self._handle_notice(ctx, proc)
         rc = proc.wait()
-        time.sleep(0.2)  # let the reader thread drain the last lines
+        self._reader.join(timeout=5)  # its last lines (the failure's tail, the final step)
         if self.notice_event.is_set():
             return self._handle_notice(ctx, proc)
         if rc != 0:
@@ -370,6 +373,24 @@ class Agent:
         self.status.set_phase("succeeded")
         log.info("run succeeded")
         return EXIT_SUCCEEDED
+
+
+def _load_prctl():
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()  # looked up before any fork: the child only makes the call
+
+
+def _die_with_parent() -> None:
+    """In the trainer's child process: take a SIGKILL when the agent dies, so that a killed agent
+    (its own session is not signalled with it) never leaves a trainer holding the GPU."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _link_or_copy(src: str, dst: str) -> str:
