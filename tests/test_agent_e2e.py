@@ -315,4 +315,5 @@ def test_a_killed_agent_takes_its_trainer_with_it(tmp_path):
         if Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
             return  # a zombie: dead, waiting for init to reap it
         time.sleep(0.05)
+    os.kill(pid, 9)
     pytest.fail("the trainer outlived its agent")
