@@ -263,6 +263,13 @@ def test_builtin_and_command_adapters(tmp_path):
     cmd = b.command(ctx)
     assert cmd[1:3] == ["-m", "sdcloud_agent.trainers.builtin"] and cmd_flag(cmd, "--rank") == "8"
     assert cmd_flag(cmd, "--data-dir") == str(tmp_path / "data") and "--resume-from" not in cmd
+    assert cmd_flag(cmd, "--keep-checkpoints") == "2"
+    ctx.trainer_args = ["--keep-checkpoints=5", "--data-dir", "/elsewhere"]
+    cmd = b.command(ctx)
+    assert cmd.count("--data-dir") == 1 and "--keep-checkpoints" not in cmd and "--keep-checkpoints=5" in cmd
+    ctx.trainer_args = {"lr_warmup_steps": 10}
+    assert cmd_flag(b.command(ctx), "--lr-warmup-steps") == "10"
+    ctx.trainer_args = {"rank": 8, "synthetic": 4}
     assert b.parse_line('SDCLOUD_STEP {"step": 7, "loss": 0.5, "it_per_s": 2.0}') == {"step": 7, "loss": 0.5, "it_per_s": 2.0}
     (ctx.checkpoint_dir / ".tmp-step-000000009").mkdir(parents=True)
     (ctx.checkpoint_dir / "step-000000008").mkdir()

@@ -31,9 +31,15 @@ class BuiltinTrainer(Trainer):
             cmd += ["--resume-from", str(ctx.resume)]
         args = ctx.trainer_args
         given = args if isinstance(args, (dict, list)) else {}
-        if ctx.dataset is not None and "data_dir" not in given and "data-dir" not in given and "--data-dir" not in given:
+        if ctx.dataset is not None and not _given(given, "data-dir"):
             cmd += ["--data-dir", str(ctx.dataset)]
-        cmd += flag_args(args) if isinstance(args, dict) else [str(a) for a in (args or [])]
+        if not _given(given, "keep-checkpoints"):
+            # The agent uploads from hard-linked snapshots, so the trainer may delete old folders.
+            cmd += ["--keep-checkpoints", "2"]
+        if isinstance(args, dict):  # its flags use dashes: {"keep_checkpoints": 2} -> --keep-checkpoints 2
+            cmd += flag_args({k.replace("_", "-"): v for k, v in args.items()})
+        else:
+            cmd += [str(a) for a in (args or [])]
         return cmd
 
     def local_step(self, path: Path) -> int | None:
@@ -47,3 +53,9 @@ class BuiltinTrainer(Trainer):
     def request_save(self, proc: subprocess.Popen) -> bool:
         self._signal(proc, signal.SIGUSR1)
         return True
+
+
+def _given(args, flag: str) -> bool:
+    """Whether trainer_args (dict or argv list) already sets --flag (dashes or underscores)."""
+    names = {flag, flag.replace("-", "_"), f"--{flag}", f"--{flag.replace('-', '_')}"}
+    return any(str(a).split("=")[0] in names for a in args)
