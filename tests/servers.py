@@ -54,7 +54,10 @@ class SeaweedS3:
         data.mkdir(parents=True, exist_ok=True)
         args = [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"] + [f"-{k}={v}" for k, v in ports.items()]
         self.log = open(self.workdir / "weed.log", "wb")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        # weed turns AWS credentials in its environment into an identity and then refuses anonymous
+        # requests (the health check below); the tests' clients sign with any key.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
