@@ -417,6 +417,19 @@ class Controller:
             self.provider.terminate([i.id for i in strays], region=strays[0].region)
 
 
+# The tiny model trains at ~30 steps/s on a CPU: too fast to watch. On the local provider it runs at
+# a demo pace of one step per second, so that `--simulate-preemption 20` lands mid-run.
+DEMO_STEP_SECONDS = 1.0
+
+
+def _trainer_args(spec: RunSpec) -> list[str]:
+    args = [str(a) for a in spec.trainer_args]
+    if (spec.provider == "local" and spec.trainer == "builtin" and spec.model == "tiny"
+            and not any(a.startswith("--min-step-seconds") for a in args)):
+        args += ["--min-step-seconds", str(DEMO_STEP_SECONDS)]
+    return args
+
+
 def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, store_conf: dict) -> dict:
     """The agent's config for one attempt (no secrets: credentials come from the instance role or env)."""
     tier = get_tier(spec.tier)
@@ -428,7 +441,7 @@ def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, sto
         "min_vram_gb": tier.min_vram_gb,
         "rec_vram_gb": tier.rec_vram_gb,
         "trainer": spec.trainer,
-        "trainer_args": list(spec.trainer_args),
+        "trainer_args": _trainer_args(spec),
         "model": spec.model,
         "steps": total_steps,
         "checkpoint_every": spec.checkpoint_every or max(1, min(500, total_steps // 8 or 1)),

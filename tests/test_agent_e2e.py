@@ -283,8 +283,11 @@ def test_external_trainer_preempted_resumes_at_the_global_step(tmp_path, trainer
             if proc.returncode == 0:
                 break
             assert proc.returncode == 3 and status["phase"] == "preempted", err.decode()[-2000:]
-            # It waited for the periodic checkpoint after the notice instead of losing the steps.
-            assert mf.newest_complete(store, "runs/e2e").step == (target // every + 1) * every
+            # It waited for the periodic checkpoint after the notice instead of losing the steps: the
+            # newest checkpoint is a periodic one past the notice (how far past depends on when the
+            # watcher's poll saw it).
+            ck = mf.newest_complete(store, "runs/e2e").step
+            assert ck % every == 0 and ck >= (target // every + 1) * every
     finally:
         meta.stop()
     assert proc.returncode == 0 and len(seen) == 3

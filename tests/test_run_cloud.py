@@ -18,6 +18,9 @@ from servers import free_port
 pytestmark = pytest.mark.slow
 
 AMI = "ami-12c6146b"  # one of moto's stock images
+# Paced so that the reclaim lands mid-run however fast this machine trains the tiny model.
+STEPS = 80
+PACE = ["--min-step-seconds", "0.3"]
 
 
 def _drive(run_spec: dict, provider, steps: int):
@@ -83,16 +86,16 @@ def test_aws_reclaim_relaunches_in_another_zone_and_finishes(moto_server, monkey
 
     hosts = HostEmulator(listing, tmp_path / "hosts", env).start()
     try:
-        spec = {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1", "model": "tiny", "steps": 30,
-                "checkpoint_every": 5, "store": "s3://sdcloud-e2e/runs-prefix", "market": "spot"}
-        ctl, thread, result, events, state = _drive(spec, provider, 30)
+        spec = {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1", "model": "tiny", "steps": STEPS,
+                "checkpoint_every": 5, "store": "s3://sdcloud-e2e/runs-prefix", "market": "spot", "trainer_args": PACE}
+        ctl, thread, result, events, state = _drive(spec, provider, STEPS)
         _wait(lambda: _status_step(ctl, 1) >= 8)
         first = state.attempts(ctl.run_id)[0]
         ec2.terminate_instances(InstanceIds=[first.instance_id])  # the reclaim
         thread.join(600)
         assert not thread.is_alive()
         assert result["state"] == "succeeded", result
-        assert result["step"] == 30
+        assert result["step"] == STEPS
         attempts = result["attempts"]
         assert len(attempts) == 2 and attempts[0]["end_reason"] == "preempted" and attempts[1]["end_reason"] == "succeeded"
         assert attempts[1]["zone"] != attempts[0]["zone"]
@@ -134,15 +137,15 @@ def test_tencent_reclaim_relaunches_in_another_zone_and_finishes(monkeypatch, tm
         hosts = HostEmulator(listing, tmp_path / "hosts", agent_env).start()
         try:
             provider = get_provider("tencent", poll_interval=0.2, launch_timeout=30)
-            spec = {"tier": "sd15-lora", "provider": "tencent", "region": "ap-guangzhou", "model": "tiny", "steps": 30,
-                    "checkpoint_every": 5, "store": "s3://ckpt-1250000000/sdcloud", "market": "spot"}
-            ctl, thread, result, events, state = _drive(spec, provider, 30)
+            spec = {"tier": "sd15-lora", "provider": "tencent", "region": "ap-guangzhou", "model": "tiny", "steps": STEPS,
+                    "checkpoint_every": 5, "store": "s3://ckpt-1250000000/sdcloud", "market": "spot", "trainer_args": PACE}
+            ctl, thread, result, events, state = _drive(spec, provider, STEPS)
             _wait(lambda: _status_step(ctl, 1) >= 8)
             first = state.attempts(ctl.run_id)[0]
             cvm.reclaim(first.instance_id)
             thread.join(600)
             assert result["state"] == "succeeded", result
-            assert result["step"] == 30
+            assert result["step"] == STEPS
             attempts = result["attempts"]
             assert [a["end_reason"] for a in attempts] == ["preempted", "succeeded"]
             assert attempts[1]["zone"] != attempts[0]["zone"]

@@ -107,6 +107,12 @@ class Signals:
     def exit_code(self) -> int:
         return EXIT_SIGINT if self.stop == signal.SIGINT else EXIT_SIGTERM
 
+    def wait(self, seconds: float) -> None:
+        """Sleep up to `seconds`, waking early when a signal asks to stop or save."""
+        end = time.monotonic() + seconds
+        while not (self.stop or self.save) and (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.05))
+
 
 # ---------------------------------------------------------------------------------------------
 # Flags
@@ -139,6 +145,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mixed-precision", choices=["auto", "no", "fp16", "bf16"], default="auto",
                    help="auto: bf16 on CUDA when supported, else fp16 on CUDA, no on CPU")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--min-step-seconds", type=float, default=0.0, metavar="S",
+                   help="pace: let each step take at least S seconds (demos of the tiny model, so a "
+                        "person can watch a reclaim land mid-run); 0 = full speed")
     p.add_argument("--checkpoint-dir", type=Path,
                    default=Path(env.get("SDCLOUD_CHECKPOINT_DIR") or "checkpoints"))
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
@@ -617,6 +626,9 @@ class Trainer:
             self.global_step += 1
             loss = self.train_step(self.global_step)
             dt = time.perf_counter() - t0
+            if args.min_step_seconds > dt:
+                sig.wait(args.min_step_seconds - dt)
+                dt = time.perf_counter() - t0
             emit("STEP", {"step": self.global_step, "loss": round(loss, 6),
                           "lr": self.lr_scheduler.get_last_lr()[0],
                           "it_per_s": round(1.0 / dt, 3) if dt > 0 else None})
