@@ -79,6 +79,12 @@ def store_url(spec: RunSpec, infra: dict | None) -> dict:
         for key in ("endpoint_url", "region", "addressing_style"):
             if infra.get(key):
                 conf[key] = infra[key]
+        if spec.provider == "tencent":
+            # COS through its S3 endpoint; the host signs with its CVM role's temporary keys.
+            conf.update({"endpoint_url": infra.get("endpoint") or infra.get("endpoint_url")
+                         or f"https://cos.{infra.get('region') or spec.region}.myqcloud.com",
+                         "region": infra.get("region") or spec.region, "addressing_style": "virtual",
+                         "credentials": "tencent-cvm-role"})
         return conf
     raise UserError(f"no bucket for provider {spec.provider}: run `sdcloud infra up --provider {spec.provider}` or pass --store s3://BUCKET/PREFIX")
 
@@ -107,9 +113,9 @@ class Controller:
         self._last_sweep = 0.0
         self._infra = state.infra(self.spec.provider, self.spec.region or "") or {}
         self.store_conf = store_url(self.spec, self._infra)
-        from sdcloud_agent.store import open_store
+        from .storage import open_run_store
 
-        self.store = open_store(self.store_conf)
+        self.store = open_run_store(self.store_conf)
         self.candidates = self._candidates()
 
     # events

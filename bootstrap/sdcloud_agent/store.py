@@ -236,7 +236,8 @@ class S3Store:
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, addressing_style: str | None = None,
-                 part_size: int = DEFAULT_PART_SIZE, workers: int = DEFAULT_WORKERS, client: Any = None):
+                 part_size: int = DEFAULT_PART_SIZE, workers: int = DEFAULT_WORKERS, client: Any = None,
+                 credentials: str | None = None):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
@@ -251,7 +252,16 @@ class S3Store:
                          # Checksums on every request where the server supports them (CRC32 by default).
                          request_checksum_calculation="when_supported",
                          connect_timeout=5, read_timeout=60)
-            client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region, config=cfg)
+            # "tencent-cvm-role": COS keys from the CVM's CAM role (boto3 only knows AWS's roles).
+            if credentials == "tencent-cvm-role":
+                from .cloudcreds import tencent_role_session
+
+                session: Any = tencent_role_session()
+            elif credentials in (None, "default"):
+                session = boto3
+            else:
+                raise ValueError(f"unknown store credentials {credentials!r}: use tencent-cvm-role or leave it out")
+            client = session.client("s3", endpoint_url=endpoint_url, region_name=region, config=cfg)
         self.client = client
 
     def _k(self, key: str) -> str:
@@ -421,7 +431,7 @@ def open_store(spec: str | dict, **overrides: Any) -> LocalStore | S3Store:
     if parsed.scheme in ("s3", "cos"):
         if not parsed.netloc:
             raise ValueError(f"store URL {url!r} has no bucket")
-        allowed = {"endpoint_url", "region", "addressing_style", "part_size", "workers", "client"}
+        allowed = {"endpoint_url", "region", "addressing_style", "part_size", "workers", "client", "credentials"}
         return S3Store(parsed.netloc, parsed.path, **{k: v for k, v in opts.items() if k in allowed})
     if parsed.scheme == "file":
         return LocalStore(unquote(parsed.netloc + parsed.path))

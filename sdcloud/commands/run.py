@@ -229,19 +229,18 @@ def status(run: str | None, as_json: bool) -> None:
 
 
 def _store_for(run: dict):
-    from sdcloud_agent.store import open_store
-
     from ..controller import store_url
     from ..runspec import RunSpec
+    from ..storage import open_run_store
 
     spec = RunSpec(**run["spec"])
     state = _state()
-    return open_store(store_url(spec, state.infra(spec.provider, spec.region or "")))
+    return open_run_store(store_url(spec, state.infra(spec.provider, spec.region or "")))
 
 
 def _log_lines(run: dict, offsets: dict) -> list[str]:
     """New lines of the run's events and of each attempt's host log since `offsets`."""
-    from sdcloud_agent.store import StoreError
+    from ..storage import StoreError
 
     state = _state()
     lines = []
