@@ -5,7 +5,6 @@ in another zone, the agent resumes from the bucket, the run finishes, nothing is
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import time
 import tomllib
 import zipfile
 from dataclasses import dataclass

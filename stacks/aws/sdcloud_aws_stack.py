@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,10 @@ from typing import Any
 
 import pulumi
 import pulumi_aws as aws
+
+# The checks and user-data both stacks share live beside them, in stacks/stack_common.py.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # stacks/stack_common.py
+from stack_common import check_prefix, check_ssh_cidr, generic_user_data  # noqa: E402
 
 # The Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04): NVIDIA driver and CUDA, no
 # framework (the agent installs its own torch). AWS publishes its id under this public parameter.
@@ -68,26 +71,6 @@ class StackConfig:
             raise ValueError(f"sdcloud:maxZones must be between 1 and 16, got {self.max_zones}")
 
 
-def check_prefix(prefix: str) -> str:
-    """The key prefix inside the bucket: a few path segments of safe characters, no slashes at the ends."""
-    prefix = prefix.strip().strip("/")
-    if not prefix or not re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", prefix) or ".." in prefix:
-        raise ValueError(f"sdcloud:prefix must be path segments of letters, digits, '.', '_' or '-', got {prefix!r}")
-    return prefix
-
-
-def check_ssh_cidr(cidr: str) -> str:
-    """'' (no SSH at all) or one network; never the whole internet."""
-    cidr = (cidr or "").strip()
-    if not cidr:
-        return ""
-    try:
-        net = ipaddress.ip_network(cidr, strict=False)
-    except ValueError:
-        raise ValueError(f"sdcloud:sshCidr must be a network such as 203.0.113.7/32, got {cidr!r}") from None
-    if net.prefixlen == 0:
-        raise ValueError("sdcloud:sshCidr must not be the whole internet: give your own address, e.g. 203.0.113.7/32")
-    return str(net)
 
 
 def load_config() -> StackConfig:
@@ -112,15 +95,9 @@ def load_config() -> StackConfig:
     return cfg
 
 
+
 def render_user_data(agent_source: str) -> str:
-    """The generic host user-data from bootstrap/ (installs the agent; no run config, no secrets)."""
-    try:
-        from sdcloud_agent.userdata import render_user_data as render
-    except ImportError:
-        # Run alone with `pulumi up` from a checkout: use the bootstrap/ folder beside stacks/.
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bootstrap"))
-        from sdcloud_agent.userdata import render_user_data as render
-    return render(None, agent_source=agent_source)
+    return generic_user_data(agent_source)
 
 
 def tags_for(cfg: StackConfig, name: str) -> dict[str, str]:

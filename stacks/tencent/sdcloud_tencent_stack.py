@@ -28,6 +28,10 @@ from typing import Any
 import pulumi
 import tencentcloud_iac_pulumi as tencentcloud
 
+# The checks and user-data both stacks share live beside them, in stacks/stack_common.py.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # stacks/stack_common.py
+from stack_common import check_prefix, check_ssh_cidr, generic_user_data  # noqa: E402
+
 DEFAULT_IMAGE_REGEX = r"^Ubuntu Server 22\.04 LTS 64"
 DEFAULT_DRIVER = "535-server"
 
@@ -67,24 +71,6 @@ class StackConfig:
             raise ValueError(f"sdcloud:nvidiaDriver must look like 535 or 535-server, got {self.nvidia_driver!r}")
 
 
-def check_prefix(prefix: str) -> str:
-    prefix = prefix.strip().strip("/")
-    if not prefix or not re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", prefix) or ".." in prefix:
-        raise ValueError(f"sdcloud:prefix must be path segments of letters, digits, '.', '_' or '-', got {prefix!r}")
-    return prefix
-
-
-def check_ssh_cidr(cidr: str) -> str:
-    cidr = (cidr or "").strip()
-    if not cidr:
-        return ""
-    try:
-        net = ipaddress.ip_network(cidr, strict=False)
-    except ValueError:
-        raise ValueError(f"sdcloud:sshCidr must be a network such as 203.0.113.7/32, got {cidr!r}") from None
-    if net.prefixlen == 0:
-        raise ValueError("sdcloud:sshCidr must not be the whole internet: give your own address, e.g. 203.0.113.7/32")
-    return str(net)
 
 
 def load_config() -> StackConfig:
@@ -130,12 +116,7 @@ fi
 
 def render_user_data(agent_source: str, driver: str) -> str:
     """The generic host user-data from bootstrap/, with the driver install before the agent."""
-    try:
-        from sdcloud_agent.userdata import render_user_data as render
-    except ImportError:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bootstrap"))
-        from sdcloud_agent.userdata import render_user_data as render
-    text = render(None, agent_source=agent_source)
+    text = generic_user_data(agent_source)
     lines = text.splitlines(keepends=True)
     # After the logging redirect, so that the driver install shows in the bootstrap log.
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("exec ")), 1)
