@@ -371,7 +371,29 @@ class Controller:
                 self.provider.terminate([cur.instance_id], region=cur.region)
             except ProviderError as exc:
                 self.event("terminate-failed", {"attempt": cur.n, "error": str(exc)})
-        self.state.update_attempt(self.run_id, cur.n, state="ended", end=time.time())
+        end = time.time()
+        self.state.update_attempt(self.run_id, cur.n, state="ended", end=end)
+        self._price_from_history(cur, end)
+
+    def _price_from_history(self, cur: Attempt, end: float) -> None:
+        """Re-price a spot attempt from its zone's price history over its own hours (AWS keeps one)."""
+        history = getattr(self.provider, "price_history", None)
+        if cur.market != SPOT or cur.provider != "aws" or history is None or not cur.start or not cur.zone:
+            return
+        from .costs import time_weighted_price, utc
+
+        try:
+            points = history(cur.instance_type, cur.zone, utc(cur.start - 3600), utc(end))
+        except (ProviderError, UserError, OSError) as exc:
+            self.event("price-history-failed", {"attempt": cur.n, "error": str(exc)})
+            return
+        for at, price in points:
+            self.state.add_price_sample("aws", cur.region or "", cur.zone, cur.instance_type or "", SPOT, price, "USD",
+                                        at=at.timestamp())
+        mean = time_weighted_price(points, utc(cur.start), utc(end))
+        if mean is not None:
+            self.state.update_attempt(self.run_id, cur.n, price=mean)
+            self.event("repriced", {"attempt": cur.n, "price_usd": round(mean, 5), "samples": len(points)})
 
     def _end_run(self, state: str, reason: str | None) -> None:
         self.state.update_run(self.run_id, state=state, reason=reason)
