@@ -151,3 +151,29 @@ def test_up_without_credentials_is_one_line(capsys, sdcloud_home, monkeypatch, t
     _, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and needle in err
     assert not (sdcloud_home / "pulumi").exists()
+
+
+def test_detach_then_watch_state_then_down_stops_everything(sdcloud_home):
+    from sdcloud.state import StateStore
+
+    proc = sdcloud("up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "300",
+                   "--name", "bg", "--detach", "--json")
+    assert proc.returncode == 0, proc.stderr
+    run_id = json.loads(proc.stdout)["run"]
+    state = StateStore()
+    _wait_for(lambda: state.get_run(run_id)["step"] >= 2, timeout=240)
+    # A second controller for the same run is refused while the first is alive.
+    again = sdcloud("up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "300", "--name", "bg")
+    assert again.returncode == 2 and "sdcloud watch" in again.stderr
+    down = sdcloud("down", run_id, "--json")
+    assert down.returncode == 0, down.stderr
+    assert json.loads(down.stdout) == [{"run": run_id, "state": "stopped"}]
+    st = json.loads(sdcloud("status", run_id, "--json").stdout)
+    assert st["state"] == "stopped" and st["attempts"][-1]["end_reason"] == "stopped"
+    assert not agent_processes(sdcloud_home)
+    # The host saved on the way out: the newest checkpoint in the bucket is at the step reached.
+    from sdcloud_agent import manifest
+    from sdcloud_agent.store import open_store
+
+    newest = manifest.newest_complete(open_store((sdcloud_home / "bucket").as_uri()), f"runs/{run_id}")
+    assert newest is not None and newest.step >= 2
