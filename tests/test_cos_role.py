@@ -49,10 +49,10 @@ class RoleMetadata:
 
 def test_cos_store_uses_the_cvm_role_and_refreshes(seaweed, monkeypatch):
     boto3.client("s3", endpoint_url=seaweed.endpoint, region_name="ap-guangzhou",
-                 aws_access_key_id="x", aws_secret_access_key="y").create_bucket(Bucket="ckpt-1250000000")
+                 aws_access_key_id="x", aws_secret_access_key="y").create_bucket(Bucket="role-ckpt-1250000000")
     meta = RoleMetadata(expires_in=60)  # inside botocore's refresh window: every call refreshes
     monkeypatch.setenv("SDCLOUD_TENCENT_METADATA_URL", meta.url)
-    store = open_store({"url": "s3://ckpt-1250000000/sdcloud", "endpoint_url": seaweed.endpoint,
+    store = open_store({"url": "s3://role-ckpt-1250000000/sdcloud", "endpoint_url": seaweed.endpoint,
                         "region": "ap-guangzhou", "addressing_style": "path", "credentials": "tencent-cvm-role"})
     store.put("runs/r/status.json", b"{}")
     assert store.get("runs/r/status.json") == b"{}"
@@ -64,8 +64,8 @@ def test_cos_store_uses_the_cvm_role_and_refreshes(seaweed, monkeypatch):
 
 def test_controller_gives_the_host_a_role_backed_cos_store():
     spec = RunSpec(tier="sd15-lora", provider="tencent", region="ap-guangzhou")
-    conf = store_url(spec, {"bucket": "ckpt-1250000000", "prefix": "sdcloud", "region": "ap-guangzhou",
+    conf = store_url(spec, {"bucket": "role-ckpt-1250000000", "prefix": "sdcloud", "region": "ap-guangzhou",
                             "endpoint": "https://cos.ap-guangzhou.myqcloud.com"})
-    assert conf == {"url": "s3://ckpt-1250000000/sdcloud", "endpoint_url": "https://cos.ap-guangzhou.myqcloud.com",
+    assert conf == {"url": "s3://role-ckpt-1250000000/sdcloud", "endpoint_url": "https://cos.ap-guangzhou.myqcloud.com",
                     "region": "ap-guangzhou", "addressing_style": "virtual", "credentials": "tencent-cvm-role"}
     assert not any("secret" in k.lower() for k in conf)

@@ -122,7 +122,7 @@ def test_tencent_reclaim_relaunches_in_another_zone_and_finishes(monkeypatch, tm
     monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", SECRET_KEY)
     monkeypatch.setenv("SDCLOUD_TENCENT_IMAGE_ID", "img-e2e")
     monkeypatch.setattr(tencent, "METADATA_URL", "http://127.0.0.1:9/")
-    boto3.client("s3", endpoint_url=s3_env["endpoint_url"]).create_bucket(Bucket="ckpt-1250000000")
+    boto3.client("s3", endpoint_url=s3_env["endpoint_url"]).create_bucket(Bucket="e2e-ckpt-1250000000")
     with FakeServer() as srv:
         monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", srv.endpoint)
         cvm = srv.cvm if hasattr(srv, "cvm") else srv.fake
@@ -137,7 +137,7 @@ def test_tencent_reclaim_relaunches_in_another_zone_and_finishes(monkeypatch, tm
         try:
             provider = get_provider("tencent", poll_interval=0.2, launch_timeout=30)
             spec = {"tier": "sd15-lora", "provider": "tencent", "region": "ap-guangzhou", "model": "tiny", "steps": STEPS,
-                    "checkpoint_every": 5, "store": "s3://ckpt-1250000000/sdcloud", "market": "spot", "trainer_args": PACE}
+                    "checkpoint_every": 5, "store": "s3://e2e-ckpt-1250000000/sdcloud", "market": "spot", "trainer_args": PACE}
             ctl, thread, result, events, state = _drive(spec, provider, STEPS)
             _wait(lambda: _status_step(ctl, 1) >= 8)
             first = state.attempts(ctl.run_id)[0]
