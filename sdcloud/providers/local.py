@@ -155,7 +155,7 @@ class LocalProvider:
         rec = {"id": instance_id, "pid": proc.pid, "market": market, "price_per_hour": self.price_per_hour,
                "tags": spec.tags, "created": time.time(), "host_dir": str(host_dir), "metadata_url": metadata.base_url}
         self._write_record(rec)
-        events("launched", {"instance": instance_id, "pid": proc.pid})
+        events("host-started", {"instance": instance_id, "pid": proc.pid})
         return self._instance(rec)
 
     def schedule_reclaim(self, instance_id: str, after_seconds: float, events: EventSink = no_events) -> None:
