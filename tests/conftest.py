@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from servers import SeaweedS3  # noqa: E402
+from servers import SeaweedS3, free_port  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -51,3 +51,22 @@ def shared_data(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is absent: the shared reference data is needed for this test")
     return path
+
+
+@pytest.fixture
+def aws_env(monkeypatch) -> None:
+    """Fake AWS credentials in us-east-1, for moto."""
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.fixture(scope="module")
+def moto_server() -> str:
+    """moto's ThreadedMotoServer on a free loopback port: AWS over real HTTP."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()

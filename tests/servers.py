@@ -81,3 +81,21 @@ class SeaweedS3:
                 os.killpg(self.proc.pid, 9)
                 self.proc.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def agent_processes(environ_marker: str) -> list[int]:
+    """Pids of host agents (and their trainers) whose environment contains `environ_marker`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if b"sdcloud_agent" in cmd and environ_marker.encode() in environ:
+            pids.append(int(entry))
+    return pids

@@ -27,12 +27,6 @@ from sdcloud.providers.base import (
 REGION = "us-east-1"
 
 
-@pytest.fixture
-def aws_env(monkeypatch):
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": REGION}.items():
-        monkeypatch.setenv(k, v)
-
 
 @pytest.fixture
 def ec2(aws_env):

@@ -20,12 +20,6 @@ from sdcloud.providers.aws_catalog import gpu_model, instance_facts, parse_price
 REGION = "us-east-1"
 
 
-@pytest.fixture
-def aws_env(monkeypatch):
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": REGION}.items():
-        monkeypatch.setenv(k, v)
-
 
 @pytest.fixture
 def moto(aws_env):

@@ -15,9 +15,7 @@ import urllib.request
 import boto3
 import pytest
 from click.testing import CliRunner
-from moto.server import ThreadedMotoServer
 
-from servers import free_port
 from sdcloud.catalog import bundled_rows
 from sdcloud.cli import main, root
 from sdcloud.optimizer import Offer
@@ -30,14 +28,6 @@ AMI = "ami-12c6146b"  # one of moto's stock images
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def moto_server():
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import boto3
 import pytest
 
 from host_emulator import HostEmulator
-from servers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -52,16 +51,6 @@ def _status_step(ctl, attempt: int) -> int:
     st = ctl.read_status()
     return st.get("step") or 0 if st and st.get("attempt") == attempt else 0
 
-
-@pytest.fixture(scope="module")
-def moto_server():
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 def test_aws_reclaim_relaunches_in_another_zone_and_finishes(moto_server, monkeypatch, tmp_path):

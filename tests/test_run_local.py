@@ -13,6 +13,7 @@ import time
 import pytest
 
 from sdcloud.cli import main
+from servers import agent_processes as running_agents
 
 pytestmark = pytest.mark.slow
 
@@ -22,19 +23,9 @@ def sdcloud(*args: str, timeout: float = 600, env: dict | None = None) -> subpro
                           env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
 
 
+
 def agent_processes(home) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmd = open(f"/proc/{entry}/cmdline", "rb").read()
-            environ = open(f"/proc/{entry}/environ", "rb").read()
-        except OSError:
-            continue
-        if b"sdcloud_agent" in cmd and f"SDCLOUD_HOME={home}".encode() in environ:
-            pids.append(int(entry))
-    return pids
+    return running_agents(f"SDCLOUD_HOME={home}")
 
 
 def test_up_local_survives_a_simulated_reclaim(sdcloud_home):

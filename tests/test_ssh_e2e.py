@@ -10,26 +10,17 @@ import sys
 
 import pytest
 
+from servers import agent_processes as running_agents
 from sshd import write_hosts
 from test_ssh_provider import sshd  # noqa: F401 - the session fixture
 
 pytestmark = pytest.mark.slow
 
 
+
 def agent_processes(workdir) -> list[int]:
     """Agent (and trainer) processes started from this test's host workdir."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmd = open(f"/proc/{entry}/cmdline", "rb").read()
-            environ = open(f"/proc/{entry}/environ", "rb").read()
-        except OSError:
-            continue
-        if b"sdcloud_agent" in cmd and str(workdir).encode() in environ:
-            pids.append(int(entry))
-    return pids
+    return running_agents(str(workdir))
 
 
 def test_up_on_an_ssh_host(sshd, sdcloud_home, tmp_path):  # noqa: F811
