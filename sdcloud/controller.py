@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from . import config
@@ -294,8 +295,31 @@ class Controller:
         if len(failed) >= 12:
             self._end_run("failed", f"{len(failed)} launches failed (capacity or price); see: sdcloud logs {self.run_id}")
 
+    def dataset_for_host(self) -> str | None:
+        """The dataset as the host sees it: a local folder is uploaded once to the run's bucket."""
+        ds = self.spec.dataset
+        if not ds or "://" in ds or self.spec.provider == "local":
+            return ds
+        if getattr(self, "_dataset_url", None):
+            return self._dataset_url
+        root = Path(ds).expanduser()
+        prefix = f"runs/{self.run_id}/dataset"
+        have = {o.key: o.size for o in self.store.list(prefix + "/")}
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        start, sent, size = time.time(), 0, 0
+        for f in files:
+            key = f"{prefix}/{f.relative_to(root).as_posix() if root.is_dir() else f.name}"
+            if have.get(key) != f.stat().st_size:  # a restarted controller sends only what is missing
+                self.store.put_file(key, f)
+                sent, size = sent + 1, size + f.stat().st_size
+        self.event("dataset-uploaded", {"files": len(files), "sent": sent, "mb": round(size / 1e6, 2),
+                                        "seconds": round(time.time() - start, 2)})
+        self._dataset_url = self.store_conf["url"].rstrip("/") + "/" + prefix
+        return self._dataset_url
+
     def _launch_spec(self, n: int) -> LaunchSpec:
         agent = agent_config(self.spec, self.run_id, n, self.total_steps, self.store_conf)
+        agent["dataset"] = self.dataset_for_host()
         user_data = ""
         if self.spec.provider in ("aws", "tencent"):
             from sdcloud_agent.userdata import render_user_data

@@ -47,6 +47,15 @@ def _wait(predicate, timeout=300.0):
     raise AssertionError("timed out waiting")
 
 
+def _write_images(folder, n: int) -> None:
+    """A few small real PNG images with captions, as a user's dataset folder would hold."""
+    from PIL import Image
+
+    for i in range(n):
+        Image.new("RGB", (64, 64), (40 * i, 255 - 40 * i, 128)).save(folder / f"img{i}.png")
+        (folder / f"img{i}.txt").write_text(f"a photo of sks, variant {i}")
+
+
 def _status_step(ctl, attempt: int) -> int:
     st = ctl.read_status()
     return st.get("step") or 0 if st and st.get("attempt") == attempt else 0
@@ -73,8 +82,12 @@ def test_aws_reclaim_relaunches_in_another_zone_and_finishes(moto_server, monkey
                 yield inst["InstanceId"], running, ud
 
     hosts = HostEmulator(listing, tmp_path / "hosts", env).start()
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    _write_images(photos, 4)
     try:
         spec = {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1", "model": "tiny", "steps": STEPS,
+                "dataset": str(photos),
                 "checkpoint_every": 5, "store": "s3://sdcloud-e2e/runs-prefix", "market": "spot", "trainer_args": PACE}
         ctl, thread, result, events, state = _drive(spec, provider, STEPS)
         _wait(lambda: _status_step(ctl, 1) >= 8)
@@ -94,6 +107,11 @@ def test_aws_reclaim_relaunches_in_another_zone_and_finishes(moto_server, monkey
                 for i in r["Instances"]]
         assert live == []
         assert any(k == "reclaimed" for k, _ in events)
+        # The local dataset went to the bucket once; both hosts staged it from there.
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="sdcloud-e2e", Prefix=f"runs-prefix/runs/{ctl.run_id}/dataset/")["Contents"]]
+        assert len(keys) == 8
+        assert {c["dataset"] for c in hosts.configs.values()} == {f"s3://sdcloud-e2e/runs-prefix/runs/{ctl.run_id}/dataset"}
+        assert [k for k, _ in events].count("dataset-uploaded") == 1
     finally:
         hosts.stop()
     assert hosts.alive() == []
