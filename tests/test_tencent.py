@@ -238,6 +238,13 @@ def test_spot_launch_with_max_price(fake, monkeypatch):
     assert calls(fake, "InquiryPriceRunInstances") and "quote" in events.kinds() and "launched" in events.kinds()
 
 
+def test_per_zone_launch_template_from_the_stack(fake):
+    infra = {**INFRA, "launch_template_ids": {"ap-guangzhou-3": "lt-gz3", "ap-guangzhou-4": "lt-gz4"}}
+    s = LaunchSpec(run_id="run-lt", attempt=1, infra=infra)
+    provider().launch(Offer(row(zone="ap-guangzhou-4"), "on-demand"), s, "on-demand")
+    assert calls(fake, "RunInstances")[0]["params"]["LaunchTemplate"] == {"LaunchTemplateId": "lt-gz4"}
+
+
 def test_on_demand_launch(fake):
     inst = provider().launch(Offer(row(zone="ap-guangzhou-3"), "on-demand"), spec(), "on-demand")
     assert inst.market == "on-demand" and inst.state == base.RUNNING and inst.price_per_hour == 9.55

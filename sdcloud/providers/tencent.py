@@ -445,8 +445,10 @@ class TencentProvider:
         if market == "spot":
             params["InstanceMarketOptions"] = {"MarketType": "spot",
                                                "SpotOptions": {"MaxPrice": max_price, "SpotInstanceType": "one-time"}}
-        if infra.get("launch_template_id"):
-            template = {"LaunchTemplateId": infra["launch_template_id"]}
+        # The stack makes one template per zone (Tencent binds a template to its zone).
+        template_id = (infra.get("launch_template_ids") or {}).get(zone) or infra.get("launch_template_id")
+        if template_id:
+            template = {"LaunchTemplateId": template_id}
             if infra.get("launch_template_version"):
                 template["LaunchTemplateVersion"] = int(infra["launch_template_version"])
             params["LaunchTemplate"] = template
