@@ -222,3 +222,19 @@ class Trainer:
         if not ctx.output_dir.is_dir():
             return []
         return sorted(p for p in ctx.output_dir.rglob("*") if p.is_file())
+
+
+class AccelerateTrainer(Trainer):
+    """A training script started through `accelerate launch`: diffusers examples, kohya sd-scripts.
+
+    trainer_args (a dict) may name the `launcher` argv and the `script`; the rest are the script's flags.
+    """
+
+    has_marker = True  # accelerate save_state writes random_states_*.pkl last
+    default_script = ""
+
+    def _opts(self, ctx: Context) -> tuple[list[str], str, dict]:
+        args = dict(ctx.trainer_args) if isinstance(ctx.trainer_args, dict) else {}
+        launcher = args.pop("launcher", ["accelerate", "launch"])
+        script = args.pop("script", self.default_script)
+        return list(launcher), script, args

@@ -11,22 +11,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .base import Context, Trainer, flag_args
+from .base import AccelerateTrainer, Context, flag_args
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 # Flags the agent owns; a value in trainer_args for them is replaced (or bounded).
 OWNED = ("output_dir", "max_train_steps", "checkpointing_steps", "resume_from_checkpoint")
 
 
-class DiffusersTrainer(Trainer):
+class DiffusersTrainer(AccelerateTrainer):
     name = "diffusers"
-    has_marker = True  # accelerate save_state writes random_states_*.pkl last
-
-    def _opts(self, ctx: Context) -> tuple[list[str], str, dict]:
-        args = dict(ctx.trainer_args) if isinstance(ctx.trainer_args, dict) else {}
-        launcher = args.pop("launcher", ["accelerate", "launch"])
-        script = args.pop("script", "train_dreambooth_lora_sdxl.py")
-        return list(launcher), script, args
+    default_script = "train_dreambooth_lora_sdxl.py"
 
     def restore_dir(self, ctx: Context, name: str) -> Path:
         # `--resume_from_checkpoint latest` looks in output_dir for the newest checkpoint-N.

@@ -13,22 +13,16 @@ import json
 import re
 from pathlib import Path
 
-from .base import Context, Trainer, flag_args
+from .base import AccelerateTrainer, Context, flag_args
 
 _STATE = re.compile(r"-step(\d+)-state$")
 STEP_LOSING_SCRIPTS = ("train_db.py", "sdxl_train.py", "fine_tune.py", "sd3_train.py", "flux_train.py")
 OWNED = ("output_dir", "max_train_steps", "save_every_n_steps", "save_state", "resume", "skip_until_initial_step")
 
 
-class KohyaTrainer(Trainer):
+class KohyaTrainer(AccelerateTrainer):
     name = "kohya"
-    has_marker = True  # accelerate save_state writes random_states_*.pkl last
-
-    def _opts(self, ctx: Context) -> tuple[list[str], str, dict]:
-        args = dict(ctx.trainer_args) if isinstance(ctx.trainer_args, dict) else {}
-        launcher = args.pop("launcher", ["accelerate", "launch"])
-        script = args.pop("script", "sdxl_train_network.py")
-        return list(launcher), script, args
+    default_script = "sdxl_train_network.py"
 
     def restores_step(self, ctx: Context) -> bool:
         _, script, _ = self._opts(ctx)
