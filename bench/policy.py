@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sdcloud.simulate import PAPER, Setting, coarsen, load_trace, simulate, stack  # noqa: E402
+from sdcloud.spot.simulate import PAPER, Setting, coarsen, load_trace, simulate, stack  # noqa: E402
 
 RATIOS = (0.6, 0.7, 0.8, 0.9)
 POLICIES = ["greedy", "uniform-progress", "sdcloud", "optimal"]

@@ -15,9 +15,9 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from moto import mock_aws
 
-from sdcloud.catalog import bundled_rows
+from sdcloud.offers.catalog import bundled_rows
 from sdcloud.errors import UserError
-from sdcloud.optimizer import Offer
+from sdcloud.offers.optimizer import Offer
 from sdcloud.providers import get_provider
 from sdcloud.providers.base import (
     TAG_ATTEMPT, TAG_RUN, TAG_TOKEN, CapacityError, CredentialsError, LaunchSpec, PriceTooLowError, ProviderError,

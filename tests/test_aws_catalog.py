@@ -12,10 +12,10 @@ from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from sdcloud.catalog import bundled_rows, load_provider
+from sdcloud.offers.catalog import bundled_rows, load_provider
 from sdcloud.cli import main
-from sdcloud.providers.aws import CLIENT_CONFIG, Retry
-from sdcloud.providers.aws_catalog import gpu_model, instance_facts, parse_price_list, refresh, refresh_region
+from sdcloud.providers.aws.compute import CLIENT_CONFIG, Retry
+from sdcloud.providers.aws.catalog import gpu_model, instance_facts, parse_price_list, refresh, refresh_region
 
 REGION = "us-east-1"
 

@@ -16,12 +16,12 @@ import boto3
 import pytest
 from click.testing import CliRunner
 
-from sdcloud.catalog import bundled_rows
+from sdcloud.offers.catalog import bundled_rows
 from sdcloud.cli import main, root
-from sdcloud.optimizer import Offer
+from sdcloud.offers.optimizer import Offer
 from sdcloud.providers import get_provider
 from sdcloud.providers.base import TAG_RUN, LaunchSpec
-from sdcloud.state import StateStore
+from sdcloud.runs.state import StateStore
 
 REGION = "us-east-1"
 AMI = "ami-12c6146b"  # one of moto's stock images
@@ -54,8 +54,8 @@ def running_sdcloud_instances() -> dict[str, str]:
 
 CRASHING_CONTROLLER = textwrap.dedent(f"""
     import os, signal
-    from sdcloud.catalog import bundled_rows
-    from sdcloud.optimizer import Offer
+    from sdcloud.offers.catalog import bundled_rows
+    from sdcloud.offers.optimizer import Offer
     from sdcloud.providers import get_provider
     from sdcloud.providers.base import LaunchSpec
     row = next(r for r in bundled_rows("aws") if r.region == "{REGION}" and r.instance_type == "g5.xlarge")

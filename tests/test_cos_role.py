@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
 
-from sdcloud.controller import store_url
-from sdcloud.runspec import RunSpec
+from sdcloud.runs.controller import store_url
+from sdcloud.runs.spec import RunSpec
 from sdcloud_agent.store import open_store
 
 

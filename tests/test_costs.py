@@ -2,7 +2,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from sdcloud.costs import time_weighted_price
+from sdcloud.costs.pricing import time_weighted_price
 
 T0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
 

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from sdcloud import infra
+from sdcloud.infra import automation as infra
 from sdcloud.cli import main
 from sdcloud.errors import UserError
-from sdcloud.state import StateStore
+from sdcloud.runs.state import StateStore
 
 OUTPUTS = {"bucket": "sdcloud-b", "prefix": "sdcloud", "launch_template_id": "lt-1", "subnet_ids": {"us-east-1a": "subnet-1"},
            "security_group_id": "sg-1", "instance_profile_arn": "arn:ip", "role_arn": "arn:role", "key_name": "",

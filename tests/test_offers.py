@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from sdcloud.catalog import CatalogRow, bundled_rows, load_catalog, write_refreshed
+from sdcloud.offers.catalog import CatalogRow, bundled_rows, load_catalog, write_refreshed
 from sdcloud.cli import main
-from sdcloud.optimizer import Offer, estimate, rank
-from sdcloud.tiers import all_tiers, get_tier
+from sdcloud.offers.optimizer import Offer, estimate, rank
+from sdcloud.offers.tiers import all_tiers, get_tier
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -165,7 +165,7 @@ def test_help_imports_no_heavy_library():
 
 
 def test_every_catalog_gpu_has_a_throughput_figure():
-    from sdcloud.gpus import gpu_table
+    from sdcloud.offers.gpus import gpu_table
     table = gpu_table()
     for provider in ("aws", "tencent"):
         for row in bundled_rows(provider):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from sdcloud.errors import UserError
-from sdcloud.policy import (ON_DEMAND, SPOT, WAIT, Observation, ZoneView, get_policy, policy_names)
-from sdcloud.simulate import Setting, load_trace, simulate, stack
+from sdcloud.spot.policy import (ON_DEMAND, SPOT, WAIT, Observation, ZoneView, get_policy, policy_names)
+from sdcloud.spot.simulate import Setting, load_trace, simulate, stack
 
 
 def obs(t=0.0, p=0.0, zone=None, market=None, zones=(("a", True),), c=10.0, r=20.0, d=0.2, tick=1 / 6, prices=None):

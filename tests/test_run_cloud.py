@@ -22,8 +22,8 @@ PACE = ["--min-step-seconds", "0.3"]
 
 
 def _drive(run_spec: dict, provider, steps: int):
-    from sdcloud.controller import Controller, Timing, new_run_id
-    from sdcloud.state import StateStore
+    from sdcloud.runs.controller import Controller, Timing, new_run_id
+    from sdcloud.runs.state import StateStore
 
     state = StateStore()
     run_id = new_run_id()
@@ -121,7 +121,8 @@ def test_tencent_reclaim_relaunches_in_another_zone_and_finishes(monkeypatch, tm
     import tencent_fake
     from tencent_fake import SECRET_ID, SECRET_KEY, FakeServer
 
-    from sdcloud.providers import get_provider, tencent
+    from sdcloud.providers import get_provider
+    from sdcloud.providers.tencent import compute as tencent
 
     monkeypatch.setattr(tencent_fake, "PENDING_S", 0.2)
     monkeypatch.setattr(tencent_fake, "TERMINATING_S", 0.3)

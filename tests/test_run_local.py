@@ -73,7 +73,7 @@ def test_up_bad_input_is_one_line_exit_2_nothing_launched(capsys, sdcloud_home, 
 
 
 def test_runfile_fields_and_flag_override(tmp_path):
-    from sdcloud.runspec import build_spec
+    from sdcloud.runs.spec import build_spec
 
     rf = tmp_path / "run.yaml"
     rf.write_text("tier: sdxl-lora\nprovider: local\nsteps: 30\ndeadline: 2h\nspot: false\n")
@@ -102,7 +102,7 @@ def _launched_hosts(home) -> int:
 
 @pytest.mark.parametrize("crash", ["after-offer", "after-launch", "during-run"])
 def test_kill_9_controller_then_restart_reconciles(sdcloud_home, crash):
-    from sdcloud.state import StateStore
+    from sdcloud.runs.state import StateStore
 
     args = ["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "24", "--name", f"k9-{crash}",
             "--yes", "--json"]
@@ -134,7 +134,7 @@ def test_kill_9_controller_then_restart_reconciles(sdcloud_home, crash):
 
 @pytest.mark.parametrize("provider, needle", [("aws", "no AWS credentials"), ("tencent", "TENCENTCLOUD_SECRET_ID")])
 def test_up_without_credentials_is_one_line(capsys, sdcloud_home, monkeypatch, tmp_path, provider, needle):
-    from sdcloud.providers import tencent
+    from sdcloud.providers.tencent import compute as tencent
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no profile files
     monkeypatch.setattr(tencent, "METADATA_URL", "http://127.0.0.1:9/")  # no CVM role either
@@ -145,7 +145,7 @@ def test_up_without_credentials_is_one_line(capsys, sdcloud_home, monkeypatch, t
 
 
 def test_detach_then_watch_state_then_down_stops_everything(sdcloud_home):
-    from sdcloud.state import StateStore
+    from sdcloud.runs.state import StateStore
 
     proc = sdcloud("up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "300",
                    "--name", "bg", "--detach", "--json")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from sdcloud.cli import main
-from sdcloud.policy import ON_DEMAND, SPOT, WAIT, Action, Policy, get_policy
-from sdcloud.simulate import (Setting, coarsen, load_trace, optimal_batch, optimal_costs, replay, simulate, stack,
+from sdcloud.spot.policy import ON_DEMAND, SPOT, WAIT, Action, Policy, get_policy
+from sdcloud.spot.simulate import (Setting, coarsen, load_trace, optimal_batch, optimal_costs, replay, simulate, stack,
                               Trace)
 
 TICK = 600  # seconds: 1/6 h, so d = 0.2 h is 1.2 ticks and the partial tick is exercised

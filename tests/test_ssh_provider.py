@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from sdcloud.errors import UserError
-from sdcloud.optimizer import Offer
+from sdcloud.offers.optimizer import Offer
 from sdcloud.providers.base import RUNNING, TAG_TOKEN, TERMINATED, CapacityError, LaunchSpec
-from sdcloud.providers.ssh import SshProvider, load_hosts
-from sdcloud.tiers import get_tier
+from sdcloud.providers.ssh.provider import SshProvider, load_hosts
+from sdcloud.offers.tiers import get_tier
 from sshd import Sshd, free_port, write_hosts
 
 
@@ -146,7 +146,7 @@ def _ppid(pid: int) -> int | None:
 
 def test_sigkill_after_grace_and_trainer_cleanup(provider, tmp_path, monkeypatch):
     """An agent that ignores SIGTERM is killed after the grace period, its trainer with it."""
-    import sdcloud.providers.ssh as ssh_mod
+    import sdcloud.providers.ssh.provider as ssh_mod
 
     monkeypatch.setattr(ssh_mod, "TERMINATE_GRACE_SECONDS", 2.0)
     stub = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -165,7 +165,7 @@ def test_sigkill_after_grace_and_trainer_cleanup(provider, tmp_path, monkeypatch
 
 
 def test_agent_that_exits_at_once_is_a_user_error(provider, tmp_path, monkeypatch):
-    import sdcloud.providers.ssh as ssh_mod
+    import sdcloud.providers.ssh.provider as ssh_mod
 
     monkeypatch.setattr(ssh_mod, "START_CHECK_SECONDS", 5.0)  # room for a slow interpreter start on CI
     spec = spec_for(tmp_path, trainer="nonsense")

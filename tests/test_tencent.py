@@ -17,11 +17,12 @@ import tencent_fake
 from servers import free_port
 from tencent_fake import SECRET_ID, SECRET_KEY, FakeServer
 
-from sdcloud.catalog import CatalogRow, load_provider
+from sdcloud.offers.catalog import CatalogRow, load_provider
 from sdcloud.cli import main
 from sdcloud.errors import UserError
-from sdcloud.optimizer import Offer
-from sdcloud.providers import base, get_provider, tencent
+from sdcloud.offers.optimizer import Offer
+from sdcloud.providers import base, get_provider
+from sdcloud.providers.tencent import compute as tencent
 from sdcloud.providers.base import LaunchSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +76,7 @@ def calls(srv, action: str) -> list[dict]:
 # -- the SDK, credentials, the endpoint ---------------------------------------------------------------
 
 def test_help_and_import_do_not_load_the_sdk():
-    code = ("import sys; from sdcloud.cli import main; import sdcloud.providers.tencent, sdcloud.providers.tencent_cos\n"
+    code = ("import sys; from sdcloud.cli import main; import sdcloud.providers.tencent.compute, sdcloud.providers.tencent.storage\n"
             "try: main(['--help'])\nexcept SystemExit: pass\n"
             "bad = [m for m in sys.modules if m.startswith(('tencentcloud', 'boto3'))]\n"
             "assert not bad, bad")
@@ -373,7 +374,7 @@ def test_reclaim_then_describe(fake):
 
 
 def test_crash_then_gc_leaves_zero_instances(fake, capsys):
-    from sdcloud.state import StateStore
+    from sdcloud.runs.state import StateStore
 
     prov = provider()
     store = StateStore()

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from sdcloud.errors import UserError
-from sdcloud.providers import tencent_cos as cos
+from sdcloud.providers.tencent import storage as cos
 
 REGION = "ap-guangzhou"
 

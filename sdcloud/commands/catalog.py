@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import click
 
-from ..catalog import PROVIDERS, load_provider
+from ..offers.catalog import PROVIDERS, load_provider
 from ..errors import UserError
 from ..render import emit_json, note, table
 
@@ -19,12 +19,11 @@ def catalog() -> None:
 
 def _refresher(provider: str):
     """The provider module's refresh_catalog(regions) -> (path, rows, errors), imported only now."""
-    try:
-        module = importlib.import_module(f"sdcloud.providers.{provider}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"sdcloud.providers.{provider}":
-            raise UserError(f"catalog refresh for {provider} is not available in this version of sdcloud") from None
-        raise
+    from ..providers import MODULES
+
+    if provider not in MODULES:
+        raise UserError(f"catalog refresh for {provider} is not available in this version of sdcloud")
+    module = importlib.import_module(MODULES[provider])
     fn = getattr(module, "refresh_catalog", None)
     if fn is None:
         raise UserError(f"catalog refresh for {provider} is not available in this version of sdcloud")

@@ -28,7 +28,7 @@ def _row(inst) -> dict:
 def gc(provider: str, regions: tuple[str, ...], yes: bool, as_json: bool) -> None:
     """Find and terminate hosts that sdcloud launched and no run owns."""
     from ..providers import get_provider
-    from ..state import StateStore
+    from ..runs.state import StateStore
 
     prov = get_provider(provider)
     found = prov.find_tagged(regions=list(regions) or None)

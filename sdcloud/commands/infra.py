@@ -26,7 +26,7 @@ def _settings(f):
 
 def _options(ssh_cidr, public_key, prefix, root_volume_gb, checkpoint_expire_days, extra):
     from ..errors import UserError
-    from ..infra import InfraOptions
+    from ..infra.automation import InfraOptions
 
     pairs = {}
     for item in extra:
@@ -54,7 +54,7 @@ def infra() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the outputs as JSON.")
 def up(provider, region, as_json, **settings) -> None:
     """Create or update the stack, and cache its outputs for `sdcloud up`."""
-    from .. import infra as ops
+    from ..infra import automation as ops
 
     outputs = ops.up(provider, region, _options(**settings), on_output=None if as_json else _echo)
     _show(outputs, as_json)
@@ -67,7 +67,7 @@ def up(provider, region, as_json, **settings) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the change counts as JSON.")
 def preview(provider, region, as_json, **settings) -> None:
     """Show what `infra up` would change."""
-    from .. import infra as ops
+    from ..infra import automation as ops
 
     changes = ops.preview(provider, region, _options(**settings), on_output=None if as_json else _echo)
     if as_json:
@@ -82,7 +82,7 @@ def preview(provider, region, as_json, **settings) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def down(provider, region, yes) -> None:
     """Destroy the stack (the bucket must be empty unless forceDestroy was set)."""
-    from .. import infra as ops
+    from ..infra import automation as ops
 
     ops.check_target(provider, region)
     ops.pulumi_root()  # a missing CLI is reported before the question
@@ -98,7 +98,7 @@ def down(provider, region, yes) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def outputs(provider, region, as_json) -> None:
     """Show the stack outputs the providers launch from."""
-    from .. import infra as ops
+    from ..infra import automation as ops
 
     _show(ops.outputs(provider, region), as_json)
 

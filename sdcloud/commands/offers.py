@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ..catalog import load_catalog
+from ..offers.catalog import load_catalog
 from ..errors import UserError
-from ..optimizer import rank
+from ..offers.optimizer import rank
 from ..render import emit_json, note, table
-from ..tiers import all_tiers, get_tier
+from ..offers.tiers import all_tiers, get_tier
 
 
 @click.command()

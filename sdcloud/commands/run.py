@@ -14,7 +14,7 @@ from ..render import emit_json, note, table
 
 
 def _state():
-    from ..state import StateStore
+    from ..runs.state import StateStore
 
     return StateStore()
 
@@ -67,8 +67,8 @@ def _check_estimates(spec, tier, total_steps: int) -> None:
     """Refuse a deadline or budget that no offer can meet, before anything is launched."""
     if spec.provider not in ("aws", "tencent") or (spec.deadline_hours is None and spec.budget is None):
         return
-    from ..catalog import load_catalog
-    from ..optimizer import rank
+    from ..offers.catalog import load_catalog
+    from ..offers.optimizer import rank
 
     market = None if spec.market == "spot" else "on-demand"
     ranked = rank(tier, load_catalog([spec.provider]), market=market, max_price=spec.max_price, provider=spec.provider,
@@ -128,9 +128,9 @@ def render_summary(summ: dict) -> None:
 def up(tier, market, max_price, provider, region, deadline, budget, name, dataset, trainer, model, steps, checkpoint_every,
        store, simulate_preemption, runfile, detach, yes, as_json) -> None:
     """Run a training job: pick the offer, launch, survive reclaims, report the cost."""
-    from ..controller import ACTIVE_RUN_STATES, Controller, controller_alive, detach as detach_run, new_run_id, summary
-    from ..runspec import build_spec
-    from ..tiers import get_tier
+    from ..runs.controller import ACTIVE_RUN_STATES, Controller, controller_alive, detach as detach_run, new_run_id, summary
+    from ..runs.spec import build_spec
+    from ..offers.tiers import get_tier
 
     spec = build_spec(runfile, {"tier": tier, "market": market, "max_price": max_price, "provider": provider, "region": region,
                                 "deadline_hours": deadline, "budget": budget, "name": name, "dataset": dataset, "trainer": trainer,
@@ -155,7 +155,7 @@ def up(tier, market, max_price, provider, region, deadline, budget, name, datase
         if check:
             check()
         if spec.provider in ("aws", "tencent") and not spec.store:
-            from ..infra import ensure_infra
+            from ..infra.automation import ensure_infra
 
             outputs = ensure_infra(spec.provider, spec.region or _default_region(spec.provider),
                                    on_output=lambda line: click.echo(line, err=True))
@@ -208,7 +208,7 @@ def _default_region(provider: str) -> str:
 @click.option("--json", "as_json", is_flag=True)
 def status(run: str | None, as_json: bool) -> None:
     """Show runs, or one run's state, step and attempts."""
-    from ..controller import summary
+    from ..runs.controller import summary
 
     state = _state()
     if run:
@@ -228,9 +228,9 @@ def status(run: str | None, as_json: bool) -> None:
 
 
 def _store_for(run: dict):
-    from ..controller import store_url
-    from ..runspec import RunSpec
-    from ..storage import open_run_store
+    from ..runs.controller import store_url
+    from ..runs.spec import RunSpec
+    from ..runs.store import open_run_store
 
     spec = RunSpec(**run["spec"])
     state = _state()
@@ -239,7 +239,7 @@ def _store_for(run: dict):
 
 def _log_lines(run: dict, offsets: dict) -> list[str]:
     """New lines of the run's events and of each attempt's host log since `offsets`."""
-    from ..storage import StoreError
+    from ..runs.store import StoreError
 
     state = _state()
     lines = []
@@ -266,7 +266,7 @@ def _log_lines(run: dict, offsets: dict) -> list[str]:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
 def logs(run: str, follow: bool) -> None:
     """Print (or follow) a run's log: controller events and the hosts' logs from the bucket."""
-    from ..state import FINAL_RUN_STATES
+    from ..runs.state import FINAL_RUN_STATES
 
     state = _state()
     found = _find_run(state, run)
@@ -288,7 +288,7 @@ def logs(run: str, follow: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def down(run: str | None, all_runs: bool, as_json: bool) -> None:
     """Stop a run (or all runs): the host saves a checkpoint and every instance is terminated."""
-    from ..controller import ACTIVE_RUN_STATES, Controller, controller_alive
+    from ..runs.controller import ACTIVE_RUN_STATES, Controller, controller_alive
 
     if not run and not all_runs:
         raise UserError("name a run or pass --all; see: sdcloud status")
@@ -317,8 +317,8 @@ def down(run: str | None, all_runs: bool, as_json: bool) -> None:
 @click.argument("run")
 def watch(run: str) -> None:
     """Follow a run's progress until it ends."""
-    from ..controller import summary
-    from ..state import FINAL_RUN_STATES
+    from ..runs.controller import summary
+    from ..runs.state import FINAL_RUN_STATES
 
     state = _state()
     found = _find_run(state, run)
@@ -343,7 +343,7 @@ def watch(run: str) -> None:
 @click.argument("run")
 def ssh(run: str) -> None:
     """Open a shell on a run's current host."""
-    from ..controller import Controller
+    from ..runs.controller import Controller
 
     state = _state()
     found = _find_run(state, run)
@@ -353,7 +353,7 @@ def ssh(run: str) -> None:
         raise UserError(f"run {found['id']} has no running host")
     a = live[-1]
     if a.provider == "local":
-        from ..providers.local import LocalProvider
+        from ..providers.local.provider import LocalProvider
 
         host_dir = LocalProvider().host_dir(a.instance_id)
         click.echo(f"the local provider's host is this machine; its working folder is {host_dir}")

@@ -28,7 +28,7 @@ def simulate(traces: tuple[str, ...], job_hours: float, deadline_hours: float, r
              ondemand_price: float, policies: tuple[str, ...], starts: int, seed: int, single_zone: bool,
              tick_seconds: int | None, as_json: bool) -> None:
     """Replay spot availability traces through the spot policies; savings are against on-demand."""
-    from .. import simulate as sim
+    from ..spot import simulate as sim
 
     setting = sim.Setting(job_hours, deadline_hours, restart_hours, spot_price, ondemand_price)
     setting.check()

@@ -6,12 +6,19 @@ import importlib
 
 from ..errors import UserError
 
-NAMES = ("aws", "tencent", "local", "ssh")
+# Each provider's adapter module; a module's PROVIDER_CLASS is the Provider.
+MODULES = {
+    "aws": "sdcloud.providers.aws.compute",
+    "tencent": "sdcloud.providers.tencent.compute",
+    "local": "sdcloud.providers.local.provider",
+    "ssh": "sdcloud.providers.ssh.provider",
+}
+NAMES = tuple(MODULES)
 
 
 def get_provider(name: str, **kwargs):
     """Instantiate a provider by name, importing only that adapter."""
     if name not in NAMES:
         raise UserError(f"unknown provider {name!r}; valid: {', '.join(NAMES)}")
-    module = importlib.import_module(f"sdcloud.providers.{name}")
+    module = importlib.import_module(MODULES[name])
     return module.PROVIDER_CLASS(**kwargs)

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Callable, Protocol, runtime_checkable
 
 from ..errors import UserError
-from ..optimizer import Offer
+from ..offers.optimizer import Offer
 
 TAG_RUN = "sdcloud:run"
 TAG_ATTEMPT = "sdcloud:attempt"

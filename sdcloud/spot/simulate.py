@@ -23,7 +23,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .errors import UserError
+from ..errors import UserError
 from .policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, ZoneView, get_policy, policy_names
 
 OPTIMAL = "optimal"

@@ -28,10 +28,10 @@ from botocore.exceptions import (
 )
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from ..catalog import CatalogRow, load_provider
-from ..errors import UserError
-from ..optimizer import Offer, fits
-from .base import (
+from ...offers.catalog import CatalogRow, load_provider
+from ...errors import UserError
+from ...offers.optimizer import Offer, fits
+from ..base import (
     FAILED, PENDING, RUNNING, STOPPING, TAG_RUN, TAG_TOKEN, TERMINATED,
     CapacityError, CredentialsError, EventSink, Instance, LaunchSpec, PriceTooLowError, ProviderError,
     QuotaError, no_events,
@@ -528,8 +528,8 @@ class AwsProvider:
 
 
 def refresh_catalog(regions: list[str] | None = None, **kwargs: Any) -> tuple[Path, list[CatalogRow], list[str]]:
-    """`sdcloud catalog refresh --provider aws`: see aws_catalog.refresh."""
-    from .aws_catalog import refresh
+    """`sdcloud catalog refresh --provider aws`: see catalog.refresh."""
+    from .catalog import refresh
 
     return refresh(regions, **kwargs)
 

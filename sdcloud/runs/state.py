@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import config
+from .. import config
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

@@ -10,9 +10,9 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from .errors import UserError
-from .providers import NAMES as PROVIDER_NAMES
-from .tiers import get_tier
+from ..errors import UserError
+from ..providers import NAMES as PROVIDER_NAMES
+from ..offers.tiers import get_tier
 
 TRAINERS = ("builtin", "diffusers", "kohya", "command")
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*d)?\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$")

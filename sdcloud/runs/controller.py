@@ -20,16 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import config
-from .catalog import CatalogRow, load_catalog
-from .errors import UserError
-from .optimizer import RESTART_HOURS, Estimate, Offer, job_hours, rank
-from .policy import ON_DEMAND, SPOT, WAIT, Observation, ZoneView, get_policy
-from .providers import get_provider
-from .providers.base import TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
-from .runspec import RunSpec
+from .. import config
+from ..offers.catalog import CatalogRow, load_catalog
+from ..errors import UserError
+from ..offers.optimizer import RESTART_HOURS, Estimate, Offer, job_hours, rank
+from ..spot.policy import ON_DEMAND, SPOT, WAIT, Observation, ZoneView, get_policy
+from ..providers import get_provider
+from ..providers.base import TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
+from .spec import RunSpec
 from .state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore
-from .tiers import get_tier
+from ..offers.tiers import get_tier
 
 # How long a zone counts as "no spot now" after a reclaim or a capacity error there.
 COOLDOWN_SECONDS = 1800
@@ -114,7 +114,7 @@ class Controller:
         self._last_sweep = 0.0
         self._infra = state.infra(self.spec.provider, self.spec.region or "") or {}
         self.store_conf = store_url(self.spec, self._infra)
-        from .storage import open_run_store
+        from .store import open_run_store
 
         self.store = open_run_store(self.store_conf)
         self.candidates = self._candidates()
@@ -404,7 +404,7 @@ class Controller:
         history = getattr(self.provider, "price_history", None)
         if cur.market != SPOT or cur.provider != "aws" or history is None or not cur.start or not cur.zone:
             return
-        from .costs import time_weighted_price, utc
+        from ..costs.pricing import time_weighted_price, utc
 
         try:
             points = history(cur.instance_type, cur.zone, utc(cur.start - 3600), utc(end))
@@ -571,14 +571,14 @@ def detach(run_id: str) -> int:
     log_dir = config.home() / "runs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log = open(log_dir / f"{run_id}.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "sdcloud.controller", run_id], stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([sys.executable, "-m", "sdcloud.runs.controller", run_id], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     log.close()
     return proc.pid
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m sdcloud.controller RUN_ID`: drive a run in the background (sdcloud up --detach)."""
+    """`python -m sdcloud.runs.controller RUN_ID`: drive a run in the background (sdcloud up --detach)."""
     args = argv if argv is not None else sys.argv[1:]
     state = StateStore()
     ctl = Controller(state, args[0], emit=lambda k, d: print(json.dumps({"event": k, **d}, default=str), flush=True))

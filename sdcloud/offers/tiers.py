@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
-from .errors import UserError
+from ..errors import UserError
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from ..errors import UserError
+from ...errors import UserError
 
 # <name>-<appid>: the name is lower-case letters, digits and hyphens, neither starting nor ending
 # with a hyphen; the APPID is the account's numeric id (10 digits today, shorter for old accounts).

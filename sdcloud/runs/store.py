@@ -13,7 +13,7 @@ def open_run_store(conf: dict) -> ObjectStore:
     if conf.get("credentials") == "tencent-cvm-role":
         from urllib.parse import urlparse
 
-        from .providers import tencent_cos
+        from ..providers.tencent import storage as tencent_cos
 
         url = urlparse(conf["url"])
         return tencent_cos.open_store(url.netloc, url.path.strip("/"), conf.get("region", ""), conf.get("endpoint_url"))

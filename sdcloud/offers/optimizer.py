@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import config
+from .. import config
 from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, PROVIDERS, Catalog, CatalogRow
-from .errors import UserError
+from ..errors import UserError
 from .gpus import multi_gpu_speedup, relative_speed
 from .tiers import Tier
 

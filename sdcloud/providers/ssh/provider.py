@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import config
-from ..catalog import CatalogRow
-from ..errors import UserError
-from ..optimizer import Offer
-from .base import (PENDING, RUNNING, TAG_RUN, TAG_TOKEN, TERMINATED, CapacityError, CredentialsError, EventSink,
+from ... import config
+from ...offers.catalog import CatalogRow
+from ...errors import UserError
+from ...offers.optimizer import Offer
+from ..base import (PENDING, RUNNING, TAG_RUN, TAG_TOKEN, TERMINATED, CapacityError, CredentialsError, EventSink,
                    Instance, LaunchSpec, ProviderError, no_events)
 
 log = logging.getLogger(__name__)
@@ -464,7 +464,7 @@ class SshProvider:
     # offers
     def offers(self, tier=None, market: str | None = None, regions: list[str] | None = None) -> list[Offer]:
         if isinstance(tier, str):
-            from ..tiers import get_tier
+            from ...offers.tiers import get_tier
 
             tier = get_tier(tier)
         need = tier.min_vram_gb if tier is not None else 0.0

@@ -32,8 +32,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterator
 
-from . import config
-from .errors import UserError
+from .. import config
+from ..errors import UserError
 
 PROVIDERS = ("aws", "tencent")
 INSTALL_HINT = ("the pulumi CLI is not installed (sdcloud infra needs it): install it with "
@@ -157,7 +157,7 @@ def pulumi_root() -> str | None:
 
 
 def stacks_dir() -> Path:
-    path = Path(os.environ.get("SDCLOUD_STACKS_DIR") or Path(__file__).resolve().parents[1] / "stacks")
+    path = Path(os.environ.get("SDCLOUD_STACKS_DIR") or Path(__file__).resolve().parents[2] / "stacks")
     if not (path / "aws").is_dir():
         raise UserError(f"the Pulumi stacks are not at {path}: set SDCLOUD_STACKS_DIR to the stacks/ folder of sdcloud")
     return path
@@ -318,7 +318,7 @@ def _run(op: Callable[[], Any]) -> Any:
 
 
 def _store():
-    from .state import StateStore
+    from ..runs.state import StateStore
 
     return StateStore()
 

@@ -19,12 +19,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import config
-from ..catalog import CatalogRow
-from ..errors import UserError
-from ..optimizer import Offer
-from .base import (FAILED, PENDING, RUNNING, TAG_TOKEN, TERMINATED, EventSink, Instance, LaunchSpec, no_events)
-from .local_metadata import MetadataServer
+from ... import config
+from ...offers.catalog import CatalogRow
+from ...errors import UserError
+from ...offers.optimizer import Offer
+from ..base import (FAILED, PENDING, RUNNING, TAG_TOKEN, TERMINATED, EventSink, Instance, LaunchSpec, no_events)
+from .metadata import MetadataServer
 
 # Seconds between the simulated reclaim notice and the kill. AWS gives 120 s, Tencent about the
 # same; a local demo does not need to wait that long for a tiny model to save.

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .errors import UserError
+from ..errors import UserError
 
 SPOT = "spot"
 ON_DEMAND = "on-demand"

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from .. import config
-from ..catalog import CatalogRow, bundled_rows, load_provider, write_refreshed
-from ..errors import UserError
-from ..optimizer import Offer
-from .base import (FAILED, LIVE_STATES, PENDING, RUNNING, STOPPING, TAG_RUN, TAG_TOKEN, TERMINATED, CapacityError,
+from ... import config
+from ...offers.catalog import CatalogRow, bundled_rows, load_provider, write_refreshed
+from ...errors import UserError
+from ...offers.optimizer import Offer
+from ..base import (FAILED, LIVE_STATES, PENDING, RUNNING, STOPPING, TAG_RUN, TAG_TOKEN, TERMINATED, CapacityError,
                    CredentialsError, EventSink, Instance, LaunchSpec, PriceTooLowError, ProviderError, QuotaError,
                    no_events)
 
@@ -252,7 +252,7 @@ class TencentProvider:
     # -- catalog ---------------------------------------------------------------------------------
     def fetch_region(self, region: str) -> list[CatalogRow]:
         """Catalog rows of one region: one per zone and GPU type, on-demand and spot prices, stock."""
-        from ..gpus import gpu_table
+        from ...offers.gpus import gpu_table
 
         gpus = gpu_table()
         today = date.today().isoformat()
@@ -299,8 +299,8 @@ class TencentProvider:
         return total
 
     def offers(self, tier, market: str | None = None, regions: list[str] | None = None) -> list[Offer]:
-        from ..catalog import load_catalog
-        from ..optimizer import rank
+        from ...offers.catalog import load_catalog
+        from ...offers.optimizer import rank
 
         ranked = rank(tier, load_catalog([NAME]), market=market, provider=NAME)
         return [e.offer for e in ranked if not regions or e.offer.row.region in regions]

@@ -1,0 +1,1 @@
+"""What runs cost: prices over an attempt's own hours (and, as it grows, the ledger and the reports)."""

@@ -1,0 +1,1 @@
+"""GPU boxes the user owns, reached over SSH (provider.py)."""

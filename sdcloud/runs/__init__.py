@@ -1,0 +1,1 @@
+"""Training runs: the run spec, the state store, the run's object store and the run controller."""
