@@ -14,7 +14,7 @@ from moto import mock_aws
 
 from sdcloud.offers.catalog import bundled_rows, load_provider
 from sdcloud.cli import main
-from sdcloud.providers.aws.compute import CLIENT_CONFIG, Retry
+from sdcloud.providers.aws.session import CLIENT_CONFIG, Retry
 from sdcloud.providers.aws.catalog import gpu_model, instance_facts, parse_price_list, refresh, refresh_region
 
 REGION = "us-east-1"

@@ -26,7 +26,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ...offers.catalog import CatalogRow, bundled_rows, load_provider, write_refreshed
 from ...errors import UserError
 from ...offers.gpus import gpu_table
-from .compute import CLIENT_CONFIG, ProviderError, Retry, check_region, error_code, error_message, new_session
+from ..base import ProviderError
+from .session import CLIENT_CONFIG, Retry, check_region, error_code, error_message, new_session
 
 PRICING_REGION = "us-east-1"  # the Price List API answers in us-east-1 (also eu-central-1, ap-south-1)
 # Families with NVIDIA GPUs that the Deep Learning AMI (x86_64) supports.
