@@ -72,6 +72,8 @@ def self_signed_cert(directory: Path, names: tuple[str, ...] = ("127.0.0.1", "lo
 TEST_KEYS: dict[str, str] = {
     "sdcloud-test": "sdcloud-test-secret",
     "x": "y",
+    # moto's conventional keys: boto3's default session caches whichever keys it saw first in a process.
+    "testing": "testing",
     **{f"AKID-tmp-{n}": "tmp-secret" for n in range(1, 41)},
 }
 

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -62,10 +63,57 @@ def _wait_step(log: Path, target: int, proc: subprocess.Popen, timeout: float = 
     return False
 
 
+TRAINER_PID = re.compile(r"trainer pid (\d+)")
+# The tests' default seed: the preemption points are the same on every run unless asked otherwise.
+DEFAULT_SEED = 20261201
+
+
+def _rng() -> random.Random:
+    return random.Random(int(os.environ.get("SDCLOUD_TEST_SEED", DEFAULT_SEED)))
+
+
+def _frozen_notice(log: Path, proc: subprocess.Popen, meta, timeout: float = 60) -> None:
+    """Announce the reclaim with the trainer frozen (SIGSTOP) until the agent has seen the notice.
+
+    So the notice lands at the step (or upload) the test chose, however fast or loaded this machine
+    is: the trainer cannot run on while the agent's metadata poll catches up. The agent's save
+    request is queued while the trainer is stopped and delivered when it continues.
+    """
+    found = TRAINER_PID.search(log.read_text(errors="replace")) if log.exists() else None
+    pid = int(found.group(1)) if found else None
+    if pid:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pid = None
+    try:
+        meta.announce(120)
+        deadline = time.time() + timeout
+        while time.time() < deadline and proc.poll() is None:
+            if "reclaim notice (" in log.read_text(errors="replace"):
+                return
+            time.sleep(0.02)
+        raise AssertionError("the agent never saw the reclaim notice")
+    finally:
+        if pid:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
+def chain_steps(points: list[tuple[str, int]], every: int, tail: int = 20) -> int:
+    """A job long enough that it cannot finish before its last point fires: each "after" point uses
+    at most its steps plus the one the trainer is inside when frozen, each "upload" point at most a
+    checkpoint interval plus that step; `tail` more remain for the final attempt."""
+    return sum((n if mode == "after" else every) + 2 for mode, n in points) + tail
+
+
 def _run_chain(tmp: Path, store_cfg: dict, env: dict, points: list[tuple[str, int]], proxy: SlowProxy | None,
                meta, kind="aws", steps=40, every=10, trainer="command", trainer_args=None, extra_env=None):
     """Run attempts until one succeeds; attempt i is preempted at points[i]: ("after", n) steps after
-    its start, or ("upload", _) while it uploads its first checkpoint."""
+    its start, or ("upload", _) while it uploads its first checkpoint. A point that cannot fire (the
+    attempt finished first) fails the test with its index."""
     store = open_store(store_cfg)
     history = []
     attempt = 0
@@ -87,8 +135,12 @@ def _run_chain(tmp: Path, store_cfg: dict, env: dict, points: list[tuple[str, in
                 fired = _wait_step(log, (before.step if before else 0) + target, proc)
             else:
                 fired = proxy.upload_seen.wait(60) and proc.poll() is None
-            if fired:
-                meta.announce(120)
+            if not fired:
+                proc.kill()
+                proc.communicate(timeout=60)
+                raise AssertionError(f"preemption point {attempt - 1} {point} did not fire (attempt {attempt} "
+                                     f"resumed at {before.step if before else 0} of {steps} steps)")
+            _frozen_notice(log, proc, meta)
         _, err = proc.communicate(timeout=180)
         text = log.read_text(errors="replace")
         status = json.loads(store.get("runs/e2e/status.json"))
@@ -100,6 +152,7 @@ def _run_chain(tmp: Path, store_cfg: dict, env: dict, points: list[tuple[str, in
         assert proc.returncode in (0, 3), f"attempt {attempt} rc {proc.returncode}: {status}\n{err.decode()[-3000:]}"
         if proc.returncode == 0:
             assert status["phase"] == "succeeded"
+            assert point is None, f"preemption point {attempt - 1} {point} fired but the attempt succeeded"
             return history
         assert status["phase"] == "preempted", status
 
@@ -126,13 +179,14 @@ def _check_history(history: list[dict], steps: int) -> None:
 def test_protocol_trainer_random_preemptions_with_big_checkpoints_mid_upload(tmp_path, s3_env, seaweed):
     """A fake trainer with the builtin protocol and 4 MB checkpoints behind a 20 MB/s link, so that
     many notices land while an upload runs (the builtin test below has tiny checkpoints)."""
-    rng = random.Random(int(os.environ.get("SDCLOUD_TEST_SEED", "0")) or None)
+    rng = _rng()
     bucket = _bucket(s3_env)
     # A throttled path to the bucket, so that some notices land in the middle of an upload.
     proxy = SlowProxy(seaweed.port, bytes_per_s=20e6)
     meta = AwsMetadataServer().start()
-    steps, every = 300, 10
+    every = 10
     points = [("upload", 0) if i % 3 == 2 else ("after", rng.randint(1, 5)) for i in range(12)]
+    steps = chain_steps(points, every)
     env = {"FAKE_STEP_SECONDS": "0.08", "FAKE_CKPT_BYTES": str(3_000_000)}
     try:
         history = _run_chain(tmp_path, {"url": f"s3://{bucket}/p", "endpoint_url": proxy.endpoint},
@@ -188,19 +242,20 @@ def test_vram_below_minimum_refuses_to_start(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # about 3 minutes on an idle 2-core machine; far more on a loaded one
 def test_builtin_trainer_twenty_random_preemptions_resume_from_the_bucket(tmp_path, s3_env, seaweed):
     """The acceptance test: the real builtin trainer (tiny model, CPU, synthetic images) preempted
     at 20 random points (every fourth while a checkpoint uploads); each time a fresh agent in a
     fresh working directory resumes from the bucket; in the end every step was trained exactly
     once and no resume was corrupt or partial. About 6 s per attempt on an idle 2-core machine
     (mostly torch imports); SDCLOUD_E2E_BUILTIN_POINTS=N runs fewer while developing."""
-    rng = random.Random(int(os.environ.get("SDCLOUD_TEST_SEED", "0")) or None)
+    rng = _rng()
     bucket = _bucket(s3_env)
     proxy = SlowProxy(seaweed.port, bytes_per_s=1e6)
     meta = AwsMetadataServer().start()
     n = int(os.environ.get("SDCLOUD_E2E_BUILTIN_POINTS", "20"))
     points = [("upload", 0) if i % 4 == 3 else ("after", rng.randint(1, 4)) for i in range(n)]
-    steps = 7 * n + 10
+    steps = chain_steps(points, 5)
     try:
         history = _run_chain(tmp_path, {"url": f"s3://{bucket}/p", "endpoint_url": proxy.endpoint}, s3_env,
                              points, proxy, meta, steps=steps, every=5,

@@ -139,7 +139,7 @@ def test_tencent_reclaim_relaunches_in_another_zone_and_finishes(monkeypatch, tm
             for inst in list(cvm.instances.values()):
                 yield inst.id, inst.state == "RUNNING", inst.user_data
 
-        agent_env = {k: s3_env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+        agent_env = {k: s3_env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_CA_BUNDLE")}
         monkeypatch.setenv("SDCLOUD_STORE_ENDPOINT", s3_env["endpoint_url"])
         hosts = HostEmulator(listing, tmp_path / "hosts", agent_env).start()
         try:

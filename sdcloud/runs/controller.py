@@ -1,10 +1,11 @@
-"""The run controller: choose, launch, watch, recover from reclaims, finish, and account.
+"""The run controller: a training run's own logic over the fleet's host lifecycle.
 
-State discipline: every transition is written to the state store before its side effect (the
-attempt row before the launch call, `terminating` with its reason before the terminate call), so a
+The fleet (sdcloud.fleet) chooses offers, launches, watches instances and heartbeats, replaces
+reclaimed hosts, cools down zones and sweeps strays. The run decides what the host's status means
+(steps, succeeded, failed), when the deadline asks for on-demand, when the budget is spent, and it
+accounts for cost. Every transition is written to the state store before its side effect, so a
 controller killed at any point and started again (`sdcloud up --name NAME`, or a detached
-controller) reconciles: it adopts the live instance of the open attempt, terminates strays, and
-carries on. The host agent resumes from the newest complete checkpoint in the bucket.
+controller) reconciles and carries on; the host agent resumes from the newest complete checkpoint.
 """
 
 from __future__ import annotations
@@ -16,49 +17,21 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from .. import config
-from ..offers.catalog import CatalogRow, load_catalog
 from ..errors import UserError
-from ..offers.optimizer import RESTART_HOURS, Estimate, Offer, job_hours, rank
-from ..spot.policy import ON_DEMAND, SPOT, WAIT, Observation, ZoneView, get_policy
+from ..fleet.candidates import candidates as fleet_candidates
+from ..fleet.lifecycle import Fleet, Progress, Timing
+from ..offers.catalog import load_catalog
+from ..offers.optimizer import Offer, job_hours, rank
+from ..offers.tiers import get_tier
 from ..providers import get_provider
-from ..providers.base import TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
+from ..providers.base import LaunchSpec, ProviderError
+from ..spot.policy import ON_DEMAND, SPOT, WAIT, get_policy
 from .spec import RunSpec
 from .state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore
-from ..offers.tiers import get_tier
-
-# How long a zone counts as "no spot now" after a reclaim or a capacity error there.
-COOLDOWN_SECONDS = 1800
-# The local host is always there again after a simulated reclaim.
-LOCAL_COOLDOWN_SECONDS = 0
-STRAY_SWEEP_SECONDS = 30
-# Without a deadline the policy still needs one: a month, far beyond any job here.
-NO_DEADLINE_HOURS = 24 * 30.0
-
-
-@dataclass
-class Timing:
-    poll_seconds: float
-    boot_timeout: float  # launch to first heartbeat
-    heartbeat_timeout: float  # heartbeat older than this = host lost
-
-    @classmethod
-    def for_provider(cls, provider: str) -> "Timing":
-        if provider == "local":
-            return cls(poll_seconds=1.0, boot_timeout=300.0, heartbeat_timeout=90.0)
-        if provider == "ssh":  # no image to boot: a lost box shows soon
-            return cls(poll_seconds=2.0, boot_timeout=600.0, heartbeat_timeout=120.0)
-        return cls(poll_seconds=5.0, boot_timeout=1800.0, heartbeat_timeout=600.0)
-
-
-def crash_point(name: str) -> None:
-    """Fault injection for the crash tests: SDCLOUD_CRASH_AT=<name> kills this controller with SIGKILL here."""
-    if os.environ.get("SDCLOUD_CRASH_AT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def new_run_id() -> str:
@@ -108,65 +81,28 @@ class Controller:
         self.provider = provider or get_provider(self.spec.provider)
         self.emit = emit or (lambda kind, data: None)
         self.timing = timing or Timing.for_provider(self.spec.provider)
-        self.policy = get_policy("sdcloud")
-        self.cooldown: dict[str, float] = {}
         self._stop_reason: str | None = None
-        self._last_sweep = 0.0
         self._infra = state.infra(self.spec.provider, self.spec.region or "") or {}
         self.store_conf = store_url(self.spec, self._infra)
         from .store import open_run_store
 
         self.store = open_run_store(self.store_conf)
-        self.candidates = self._candidates()
+        self.provider_name = getattr(self.provider, "name", None) or self.spec.provider
+        offers = fleet_candidates(_Named(self.provider, self.spec.provider), self.tier, self.spec.market,
+                                  max_price=self.spec.max_price, region=self.spec.region, job_size=self.total_steps,
+                                  events=self.event)
+        self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
+                           self.event, self.timing, spec_market=self.spec.market, max_price=self.spec.max_price)
+
+    @property
+    def candidates(self) -> list[Offer]:
+        return self.fleet.candidates
 
     # events
     def event(self, kind: str, data: dict | None = None) -> None:
         data = data or {}
         self.state.event(self.run_id, kind, data)
         self.emit(kind, data)
-
-    # offers
-    def _candidates(self) -> list[Estimate | Offer]:
-        if self.spec.provider in ("local", "ssh"):
-            return list(self.provider.offers(self.tier, self.spec.market))
-        ranked = rank(self.tier, load_catalog([self.spec.provider]), market=None, max_price=self.spec.max_price,
-                      provider=self.spec.provider, region=self.spec.region, job_size=self.total_steps)
-        spot = [e for e in ranked if e.offer.market == SPOT][:6]
-        ondemand = [e for e in ranked if e.offer.market == ON_DEMAND][:2]
-        return self._per_zone([e.offer for e in (spot + ondemand)])
-
-    def _per_zone(self, offers: list[Offer]) -> list[Offer]:
-        """Split region-wide offers into one per zone, so that a reclaim cools down one zone, not the region."""
-        zones_of = getattr(self.provider, "zones", None)
-        if zones_of is None:
-            return offers
-        out: list[Offer] = []
-        cache: dict[str, list[str]] = {}
-        for offer in offers:
-            r = offer.row
-            if r.zone:
-                out.append(offer)
-                continue
-            if r.region not in cache:
-                try:
-                    cache[r.region] = list(zones_of(r.region))
-                except (ProviderError, UserError, OSError) as exc:
-                    self.event("zones-unknown", {"region": r.region, "error": str(exc)})
-                    cache[r.region] = []
-            zones = cache[r.region] or [""]
-            out += [Offer(CatalogRow(**{**r.as_dict(), "zone": z}), offer.market) for z in zones]
-        return out
-
-    def _by_key(self, key: str | None, market: str) -> Offer | None:
-        for offer in self.candidates:
-            if offer.row.instance_type and self._zone_key(offer) == key:
-                return Offer(offer.row, market)
-        return None
-
-    @staticmethod
-    def _zone_key(offer: Offer) -> str:
-        r = offer.row
-        return f"{r.provider}/{r.region}/{r.zone or '*'}/{r.instance_type}"
 
     def _job_hours(self) -> float:
         rows = [o.row for o in self.candidates if o.row.ondemand_price is not None]
@@ -181,43 +117,18 @@ class Controller:
         return sum(a.cost for a in self.attempts())
 
     def current(self) -> Attempt | None:
-        open_ = [a for a in self.attempts() if a.state != "ended"]
-        return open_[-1] if open_ else None
+        return self.fleet.current()
 
     # the policy
-    def decide(self, running: Attempt | None) -> tuple[str, Offer | None]:
-        keys = []
-        seen = set()
-        for o in self.candidates:
-            k = self._zone_key(o)
-            if k not in seen:
-                seen.add(k)
-                keys.append(o)
-        if self.spec.market == ON_DEMAND:
-            best = next((o for o in self.candidates if o.market == ON_DEMAND), None) or self.candidates[0]
-            return ON_DEMAND, Offer(best.row, ON_DEMAND)
-        now = time.time()
-        zones = [ZoneView(self._zone_key(o), self.cooldown.get(self._zone_key(o), 0) <= now and o.row.spot_price is not None,
-                          o.row.spot_price if o.row.spot_price is not None else float("inf"),
-                          o.row.ondemand_price if o.row.ondemand_price is not None else float("inf")) for o in keys]
+    def progress(self) -> Progress:
         run = self.state.get_run(self.run_id)
         c = self._job_hours()
-        progress = c * (run["step"] / self.total_steps if self.total_steps else 0.0)
-        last = self.attempts()[-1] if self.attempts() else None
-        obs = Observation(
-            elapsed=(now - run["created"]) / 3600.0, progress=progress, job_hours=c,
-            deadline_hours=self.spec.deadline_hours or NO_DEADLINE_HOURS, restart_hours=RESTART_HOURS,
-            zone=(f"{last.provider}/{last.region}/{last.zone or '*'}/{last.instance_type}" if last else None),
-            market=running.market if running else None, zones=zones, tick_hours=self.timing.poll_seconds / 3600.0)
-        action = self.policy.decide(obs)
-        if action.kind == WAIT:
-            return WAIT, None
-        key = action.zone or zones[0].key
-        offer = self._by_key(key, action.kind)
-        if offer is None or (action.kind == ON_DEMAND and offer.row.ondemand_price is None):
-            od = next((o for o in self.candidates if o.row.ondemand_price is not None), self.candidates[0])
-            offer = Offer(od.row, action.kind)
-        return action.kind, offer
+        done = c * (run["step"] / self.total_steps if self.total_steps else 0.0)
+        return Progress(elapsed_hours=(time.time() - run["created"]) / 3600.0, done_hours=done, job_hours=c,
+                        deadline_hours=self.spec.deadline_hours)
+
+    def decide(self, running: Attempt | None) -> tuple[str, Offer | None]:
+        return self.fleet.decide(self.progress(), running)
 
     # the loop
     def request_stop(self, reason: str = "stopped") -> None:
@@ -238,7 +149,7 @@ class Controller:
                 self._start_attempt()
             else:
                 self._watch(cur)
-            if time.time() - self._last_sweep > STRAY_SWEEP_SECONDS:
+            if self.fleet.sweep_due():
                 self.sweep_strays()
             time.sleep(self.timing.poll_seconds)
         self.sweep_strays()
@@ -254,46 +165,21 @@ class Controller:
         if kind == WAIT or offer is None:
             self.state.update_run(self.run_id, state="recovering")
             return
-        n = len(self.attempts()) + 1
-        usd = offer.price_per_hour_usd
-        spec = self._launch_spec(n)
-        # The attempt is written before the launch: a crash in between is reconciled by its token.
-        self.state.add_attempt(self.run_id, n, offer.row.provider, spec.token, region=offer.row.region, zone=offer.row.zone,
-                               instance_type=offer.row.instance_type, market=kind, price=usd, currency="USD")
         self.state.update_run(self.run_id, state="launching")
-        self.event("launching", {"attempt": n, "offer": offer.key, "market": kind, "price_usd": round(usd, 4)})
-        crash_point("after-offer")
         try:
-            inst = self.provider.launch(offer, spec, kind, self.spec.max_price, events=lambda k, d: self.event(k, {"attempt": n, **d}))
-        except (CapacityError, PriceTooLowError) as exc:
-            self.state.update_attempt(self.run_id, n, state="ended", end=time.time(), end_reason="launch-failed")
-            self.cooldown[self._zone_key(offer)] = time.time() + self._cooldown_seconds()
-            self.event("launch-failed", {"attempt": n, "offer": offer.key, "error": str(exc)})
-            self._give_up_if_nothing_left()
-            return
+            inst = self.fleet.launch(kind, offer, self._launch_spec)
         except UserError as exc:
-            self.state.update_attempt(self.run_id, n, state="ended", end=time.time(), end_reason="launch-failed")
             self._end_run("failed", str(exc))
             raise
-        except ProviderError as exc:
-            self.state.update_attempt(self.run_id, n, state="ended", end=time.time(), end_reason="launch-failed")
-            self.event("launch-failed", {"attempt": n, "offer": offer.key, "error": str(exc)})
+        if inst is None:
+            if self.fleet.exhausted():
+                self._end_run("failed", f"{self.fleet.failed_launches()} launches failed (capacity or price); "
+                                        f"see: sdcloud logs {self.run_id}")
             return
-        crash_point("after-launch")
-        self.state.update_attempt(self.run_id, n, instance_id=inst.id, zone=inst.zone or offer.row.zone, state="running",
-                                  start=time.time())
         self.state.update_run(self.run_id, state="running")
-        self.event("launched", {"attempt": n, "instance": inst.id, "zone": inst.zone, "adopted": inst.adopted})
+        n = len(self.attempts())
         if self.spec.simulate_preemption and n == 1 and hasattr(self.provider, "schedule_reclaim"):
             self.provider.schedule_reclaim(inst.id, self.spec.simulate_preemption, events=lambda k, d: self.event(k, {"attempt": n, **d}))
-
-    def _cooldown_seconds(self) -> float:
-        return LOCAL_COOLDOWN_SECONDS if self.spec.provider in ("local", "ssh") else COOLDOWN_SECONDS
-
-    def _give_up_if_nothing_left(self) -> None:
-        failed = [a for a in self.attempts() if a.end_reason == "launch-failed"]
-        if len(failed) >= 12:
-            self._end_run("failed", f"{len(failed)} launches failed (capacity or price); see: sdcloud logs {self.run_id}")
 
     def dataset_for_host(self) -> str | None:
         """The dataset as the host sees it: a local folder is uploaded once to the run's bucket."""
@@ -364,21 +250,10 @@ class Controller:
             self._end_attempt(cur, "failed")
             self._end_run("failed", status.get("reason") or "the host agent failed")
             return
-        inst = next(iter(self.provider.describe([cur.instance_id], region=cur.region)), None) if cur.instance_id else None
-        gone = inst is None or not inst.live
-        if phase == "preempted" or gone:
-            reason = "preempted" if (phase == "preempted" or cur.market == SPOT) else "lost"
-            self.event("reclaimed" if reason == "preempted" else "host-lost",
-                       {"attempt": cur.n, "instance": cur.instance_id, "phase": phase, "step": status.get("step") if status else None})
-            self._end_attempt(cur, reason)
-            self.cooldown[f"{cur.provider}/{cur.region}/{cur.zone or '*'}/{cur.instance_type}"] = time.time() + self._cooldown_seconds()
-            self.state.update_run(self.run_id, state="recovering")
-            return
-        age = time.time() - (status["time"] if status and status.get("time") else (cur.start or time.time()))
-        limit = self.timing.heartbeat_timeout if status else self.timing.boot_timeout
-        if age > limit:
-            self.event("host-lost", {"attempt": cur.n, "instance": cur.instance_id, "heartbeat_age_s": round(age)})
-            self._end_attempt(cur, "lost")
+        outcome = self.fleet.check(cur, phase, status.get("time") if status else None,
+                                   status.get("step") if status else None)
+        if outcome != "ok":
+            self._price_from_history(cur, time.time())
             self.state.update_run(self.run_id, state="recovering")
             return
         if cur.market == SPOT and self.spec.deadline_hours:
@@ -388,19 +263,12 @@ class Controller:
                 self._end_attempt(cur, "switched")
 
     def _end_attempt(self, cur: Attempt, reason: str) -> None:
-        # Mark first, then terminate: a crash in between is finished by reconcile().
-        self.state.update_attempt(self.run_id, cur.n, state="terminating", end_reason=reason)
-        if cur.instance_id:
-            try:
-                self.provider.terminate([cur.instance_id], region=cur.region)
-            except ProviderError as exc:
-                self.event("terminate-failed", {"attempt": cur.n, "error": str(exc)})
-        end = time.time()
-        self.state.update_attempt(self.run_id, cur.n, state="ended", end=end)
+        end = self.fleet.end(cur, reason)
         self._price_from_history(cur, end)
 
     def _price_from_history(self, cur: Attempt, end: float) -> None:
         """Re-price a spot attempt from its zone's price history over its own hours (AWS keeps one)."""
+        cur = next((a for a in self.attempts() if a.n == cur.n), cur)
         history = getattr(self.provider, "price_history", None)
         if cur.market != SPOT or cur.provider != "aws" or history is None or not cur.start or not cur.zone:
             return
@@ -431,42 +299,22 @@ class Controller:
 
     def reconcile(self) -> None:
         """Bring the state store and the provider into agreement after a restart."""
-        for a in self.attempts():
-            if a.state == "ended":
-                continue
-            if a.state == "terminating":
-                self.event("reconcile", {"attempt": a.n, "action": "finish-terminate"})
-                self._end_attempt(a, a.end_reason or "stopped")
-                continue
-            if a.instance_id is None:
-                found = [i for i in self.provider.find_tagged(self.run_id) if i.tags.get(TAG_TOKEN) == a.token]
-                if found:
-                    inst = found[0]
-                    self.state.update_attempt(self.run_id, a.n, instance_id=inst.id, zone=inst.zone, state="running",
-                                              start=inst.launched_at.timestamp() if inst.launched_at else time.time())
-                    self.event("reconcile", {"attempt": a.n, "action": "adopted", "instance": inst.id})
-                else:
-                    self.state.update_attempt(self.run_id, a.n, state="ended", end=time.time(), end_reason="launch-failed")
-                    self.event("reconcile", {"attempt": a.n, "action": "no-instance"})
-                continue
-            inst = next(iter(self.provider.describe([a.instance_id], region=a.region)), None)
-            if inst is not None and inst.live:
-                self.event("reconcile", {"attempt": a.n, "action": "resumed-watch", "instance": a.instance_id})
+        self.fleet.reconcile(on_end=self._price_from_history)
         self.sweep_strays()
 
     def sweep_strays(self) -> None:
         """Terminate instances of this run that no open attempt owns (zero leaked instances)."""
-        self._last_sweep = time.time()
-        cur = self.current()
-        keep = {cur.token} if cur and self.state.get_run(self.run_id)["state"] in ACTIVE_RUN_STATES else set()
-        try:
-            strays = [i for i in self.provider.find_tagged(self.run_id) if i.tags.get(TAG_TOKEN) not in keep]
-        except ProviderError as exc:
-            self.event("sweep-failed", {"error": str(exc)})
-            return
-        if strays:
-            self.event("strays", {"instances": [i.id for i in strays]})
-            self.provider.terminate([i.id for i in strays], region=strays[0].region)
+        self.fleet.sweep_strays(keep_open=self.state.get_run(self.run_id)["state"] in ACTIVE_RUN_STATES)
+
+
+class _Named:
+    """A provider seen under the name the run chose (test doubles may not carry `name`)."""
+
+    def __init__(self, provider, name: str):
+        self._provider, self.name = provider, name
+
+    def __getattr__(self, attr):
+        return getattr(self._provider, attr)
 
 
 # The tiny model trains at ~30 steps/s on a CPU: too fast to watch. On the local provider it runs at

@@ -67,6 +67,13 @@ CREATE TABLE IF NOT EXISTS price_samples (
     price REAL NOT NULL,
     currency TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS zone_cooldowns (
+    key TEXT PRIMARY KEY,           -- provider/region/zone/instance_type
+    until REAL NOT NULL,            -- unix seconds: no spot launch there before this
+    reason TEXT NOT NULL,           -- preempted, lost, capacity
+    run_id TEXT,                    -- the run (or job) that saw it
+    time REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS infra (
     provider TEXT NOT NULL,
     region TEXT NOT NULL,
@@ -203,6 +210,19 @@ class StateStore:
     def events(self, run_id: str, after_id: int = 0) -> list[dict]:
         rows = self._db.execute("SELECT * FROM events WHERE run_id = ? AND id > ? ORDER BY id", (run_id, after_id)).fetchall()
         return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
+
+    # zone cooldowns: shared by every run, so that a restarted controller (or the next run) skips a
+    # zone that was just reclaimed
+    def set_zone_cooldown(self, key: str, until: float, reason: str, owner_id: str | None = None) -> None:
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO zone_cooldowns VALUES (?,?,?,?,?)",
+                       (key, until, reason, owner_id, time.time()))
+
+    def zone_cooldowns(self, now: float | None = None) -> dict[str, float]:
+        """Zones cooling down now: key -> until."""
+        rows = self._db.execute("SELECT key, until FROM zone_cooldowns WHERE until > ?",
+                                (now if now is not None else time.time(),)).fetchall()
+        return {r["key"]: r["until"] for r in rows}
 
     # price samples
     def add_price_sample(self, provider: str, region: str, zone: str, instance_type: str, market: str,

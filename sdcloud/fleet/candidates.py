@@ -1,0 +1,61 @@
+"""Which offers a fleet may launch: the optimizer's best, split into one candidate per zone."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import UserError
+from ..offers.catalog import CatalogRow, load_catalog
+from ..offers.optimizer import Offer, rank
+from ..offers.tiers import Tier
+from ..providers.base import ProviderError
+from ..spot.policy import ON_DEMAND, SPOT
+
+# How many of the best offers of each market a fleet keeps as candidates.
+SPOT_CANDIDATES = 6
+ONDEMAND_CANDIDATES = 2
+
+
+def zone_key(offer: Offer) -> str:
+    """One zone's offer of one type, as cooldowns and the policy name it."""
+    r = offer.row
+    return f"{r.provider}/{r.region}/{r.zone or '*'}/{r.instance_type}"
+
+
+def attempt_zone_key(provider: str, region: str | None, zone: str | None, instance_type: str | None) -> str:
+    return f"{provider}/{region}/{zone or '*'}/{instance_type}"
+
+
+def candidates(provider, tier: Tier, market: str, *, max_price: float | None, region: str | None, job_size: int,
+               events: Callable[[str, dict], None]) -> list[Offer]:
+    """The offers to choose from. Local and SSH providers list their own; clouds rank the catalog."""
+    if provider.name in ("local", "ssh"):
+        return list(provider.offers(tier, market))
+    ranked = rank(tier, load_catalog([provider.name]), market=None, max_price=max_price, provider=provider.name,
+                  region=region, job_size=job_size)
+    spot = [e for e in ranked if e.offer.market == SPOT][:SPOT_CANDIDATES]
+    ondemand = [e for e in ranked if e.offer.market == ON_DEMAND][:ONDEMAND_CANDIDATES]
+    return per_zone(provider, [e.offer for e in (spot + ondemand)], events)
+
+
+def per_zone(provider, offers: list[Offer], events: Callable[[str, dict], None]) -> list[Offer]:
+    """Split region-wide offers into one per zone, so that a reclaim cools down one zone, not the region."""
+    zones_of = getattr(provider, "zones", None)
+    if zones_of is None:
+        return offers
+    out: list[Offer] = []
+    cache: dict[str, list[str]] = {}
+    for offer in offers:
+        r = offer.row
+        if r.zone:
+            out.append(offer)
+            continue
+        if r.region not in cache:
+            try:
+                cache[r.region] = list(zones_of(r.region))
+            except (ProviderError, UserError, OSError) as exc:
+                events("zones-unknown", {"region": r.region, "error": str(exc)})
+                cache[r.region] = []
+        zones = cache[r.region] or [""]
+        out += [Offer(CatalogRow(**{**r.as_dict(), "zone": z}), offer.market) for z in zones]
+    return out

@@ -1,0 +1,293 @@
+"""One host-lifecycle loop: keep N hosts alive through the spot policy, for a run (N = 1) or a batch job (N = K).
+
+State discipline (the owner's controller relies on it): every transition is written to the state store
+before its side effect. The attempt row is written before the launch call, `terminating` with its
+reason before the terminate call. So a controller killed at any point and started again reconciles:
+it adopts the live instance of an open attempt by its `sdcloud:token` tag, finishes interrupted
+terminations and terminates strays. Zone cooldowns live in the state store too, so a restarted
+controller does not go straight back to the zone that was just reclaimed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from ..errors import UserError
+from ..offers.optimizer import RESTART_HOURS, Offer
+from ..providers.base import TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
+from ..spot.policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, ZoneView
+from .candidates import attempt_zone_key, zone_key
+
+# How long a zone counts as "no spot now" after a reclaim or a capacity error there.
+COOLDOWN_SECONDS = 1800
+# The local host (and a box of the user's) is always there again after a simulated reclaim.
+LOCAL_COOLDOWN_SECONDS = 0
+STRAY_SWEEP_SECONDS = 30
+# Launches that failed (capacity or price) before a fleet gives up on its owner.
+MAX_FAILED_LAUNCHES = 12
+# Without a deadline the policy still needs one: a month, far beyond any job here.
+NO_DEADLINE_HOURS = 24 * 30.0
+
+Events = Callable[[str, dict], None]
+
+
+def crash_point(name: str) -> None:
+    """Fault injection for the crash tests: SDCLOUD_CRASH_AT=<name> kills this controller with SIGKILL here."""
+    if os.environ.get("SDCLOUD_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class Timing:
+    poll_seconds: float
+    boot_timeout: float  # launch to first heartbeat
+    heartbeat_timeout: float  # heartbeat older than this = host lost
+
+    @classmethod
+    def for_provider(cls, provider: str) -> "Timing":
+        if provider == "local":
+            return cls(poll_seconds=1.0, boot_timeout=300.0, heartbeat_timeout=90.0)
+        if provider == "ssh":  # no image to boot: a lost box shows soon
+            return cls(poll_seconds=2.0, boot_timeout=600.0, heartbeat_timeout=120.0)
+        return cls(poll_seconds=5.0, boot_timeout=1800.0, heartbeat_timeout=600.0)
+
+
+@dataclass
+class Progress:
+    """Where the owner stands, in the policy's units (hours of work on the fastest on-demand candidate)."""
+    elapsed_hours: float
+    done_hours: float
+    job_hours: float
+    deadline_hours: float | None
+
+
+class Records(Protocol):
+    """What a fleet needs of the state store (runs.state.StateStore provides it)."""
+
+    def attempts(self, owner_id: str) -> list[Any]: ...
+    def add_attempt(self, owner_id: str, n: int, provider: str, token: str, **fields: Any) -> None: ...
+    def update_attempt(self, owner_id: str, n: int, **fields: Any) -> None: ...
+    def zone_cooldowns(self, now: float | None = None) -> dict[str, float]: ...
+    def set_zone_cooldown(self, key: str, until: float, reason: str, owner_id: str | None = None) -> None: ...
+
+
+class Fleet:
+    """Launches, watches, replaces and reaps the hosts of one owner (its id tags every instance)."""
+
+    def __init__(self, owner_id: str, provider: Any, provider_name: str, records: Records, candidates: Sequence[Offer],
+                 policy: Policy, events: Events, timing: Timing, spec_market: str | None = None,
+                 max_price: float | None = None):
+        self.owner_id = owner_id
+        self.provider = provider
+        self.provider_name = provider_name
+        self.records = records
+        self.candidates = list(candidates)
+        self.policy = policy
+        self.event = events
+        self.timing = timing
+        self.market = spec_market
+        self.max_price = max_price
+        self._last_sweep = 0.0
+
+    # attempts
+    def attempts(self) -> list[Any]:
+        return self.records.attempts(self.owner_id)
+
+    def open_attempts(self) -> list[Any]:
+        return [a for a in self.attempts() if a.state != "ended"]
+
+    def current(self) -> Any | None:
+        open_ = self.open_attempts()
+        return open_[-1] if open_ else None
+
+    # cooldowns
+    def cooldown_seconds(self) -> float:
+        return LOCAL_COOLDOWN_SECONDS if self.provider_name in ("local", "ssh") else COOLDOWN_SECONDS
+
+    def cool_down(self, key: str, reason: str) -> None:
+        seconds = self.cooldown_seconds()
+        if seconds > 0:
+            self.records.set_zone_cooldown(key, time.time() + seconds, reason, self.owner_id)
+
+    def _zone_views(self, now: float) -> list[ZoneView]:
+        cooled = self.records.zone_cooldowns(now)
+        seen: set[str] = set()
+        views = []
+        for o in self.candidates:
+            k = zone_key(o)
+            if k in seen:
+                continue
+            seen.add(k)
+            views.append(ZoneView(k, cooled.get(k, 0) <= now and o.row.spot_price is not None,
+                                  o.row.spot_price if o.row.spot_price is not None else float("inf"),
+                                  o.row.ondemand_price if o.row.ondemand_price is not None else float("inf")))
+        return views
+
+    def _by_key(self, key: str | None, market: str) -> Offer | None:
+        for offer in self.candidates:
+            if offer.row.instance_type and zone_key(offer) == key:
+                return Offer(offer.row, market)
+        return None
+
+    # the policy
+    def decide(self, progress: Progress, running: Any | None) -> tuple[str, Offer | None]:
+        if self.market == ON_DEMAND:
+            best = next((o for o in self.candidates if o.market == ON_DEMAND), None) or self.candidates[0]
+            return ON_DEMAND, Offer(best.row, ON_DEMAND)
+        now = time.time()
+        zones = self._zone_views(now)
+        attempts = self.attempts()
+        last = attempts[-1] if attempts else None
+        obs = Observation(
+            elapsed=progress.elapsed_hours, progress=progress.done_hours, job_hours=progress.job_hours,
+            deadline_hours=progress.deadline_hours or NO_DEADLINE_HOURS, restart_hours=RESTART_HOURS,
+            zone=attempt_zone_key(last.provider, last.region, last.zone, last.instance_type) if last else None,
+            market=running.market if running else None, zones=zones, tick_hours=self.timing.poll_seconds / 3600.0)
+        action = self.policy.decide(obs)
+        if action.kind == WAIT:
+            return WAIT, None
+        key = action.zone or zones[0].key
+        offer = self._by_key(key, action.kind)
+        if offer is None or (action.kind == ON_DEMAND and offer.row.ondemand_price is None):
+            od = next((o for o in self.candidates if o.row.ondemand_price is not None), self.candidates[0])
+            offer = Offer(od.row, action.kind)
+        return action.kind, offer
+
+    # launch
+    def launch(self, kind: str, offer: Offer, spec_for: Callable[[int], LaunchSpec]) -> Any | None:
+        """Write the attempt, launch it, record the instance. None when the launch failed (and was reported).
+
+        A UserError (bad credentials, a quota) ends the attempt and propagates: the owner stops.
+        """
+        n = len(self.attempts()) + 1
+        usd = offer.price_per_hour_usd
+        spec = spec_for(n)
+        # The attempt is written before the launch: a crash in between is reconciled by its token.
+        self.records.add_attempt(self.owner_id, n, offer.row.provider, spec.token, region=offer.row.region,
+                                 zone=offer.row.zone, instance_type=offer.row.instance_type, market=kind, price=usd,
+                                 currency="USD")
+        self.event("launching", {"attempt": n, "offer": offer.key, "market": kind, "price_usd": round(usd, 4)})
+        crash_point("after-offer")
+        try:
+            inst = self.provider.launch(offer, spec, kind, self.max_price,
+                                        events=lambda k, d: self.event(k, {"attempt": n, **d}))
+        except (CapacityError, PriceTooLowError) as exc:
+            self._launch_failed(n)
+            self.cool_down(zone_key(offer), "capacity")
+            self.event("launch-failed", {"attempt": n, "offer": offer.key, "error": str(exc)})
+            return None
+        except UserError:
+            self._launch_failed(n)
+            raise
+        except ProviderError as exc:
+            self._launch_failed(n)
+            self.event("launch-failed", {"attempt": n, "offer": offer.key, "error": str(exc)})
+            return None
+        crash_point("after-launch")
+        self.records.update_attempt(self.owner_id, n, instance_id=inst.id, zone=inst.zone or offer.row.zone,
+                                    state="running", start=time.time())
+        self.event("launched", {"attempt": n, "instance": inst.id, "zone": inst.zone, "adopted": inst.adopted})
+        return inst
+
+    def _launch_failed(self, n: int) -> None:
+        self.records.update_attempt(self.owner_id, n, state="ended", end=time.time(), end_reason="launch-failed")
+
+    def failed_launches(self) -> int:
+        return sum(1 for a in self.attempts() if a.end_reason == "launch-failed")
+
+    def exhausted(self) -> bool:
+        return self.failed_launches() >= MAX_FAILED_LAUNCHES
+
+    # watch
+    def check(self, cur: Any, phase: str | None, heartbeat: float | None, step: int | None = None) -> str:
+        """'ok', or why the host is gone: 'preempted' or 'lost' (the attempt is then ended and its zone cooled)."""
+        inst = (next(iter(self.provider.describe([cur.instance_id], region=cur.region)), None)
+                if cur.instance_id else None)
+        gone = inst is None or not inst.live
+        if phase == "preempted" or gone:
+            reason = "preempted" if (phase == "preempted" or cur.market == SPOT) else "lost"
+            self.event("reclaimed" if reason == "preempted" else "host-lost",
+                       {"attempt": cur.n, "instance": cur.instance_id, "phase": phase, "step": step})
+            self.end(cur, reason)
+            self.cool_down(attempt_zone_key(cur.provider, cur.region, cur.zone, cur.instance_type), reason)
+            return reason
+        age = time.time() - (heartbeat if heartbeat else (cur.start or time.time()))
+        limit = self.timing.heartbeat_timeout if heartbeat else self.timing.boot_timeout
+        if age > limit:
+            self.event("host-lost", {"attempt": cur.n, "instance": cur.instance_id, "heartbeat_age_s": round(age)})
+            self.end(cur, "lost")
+            return "lost"
+        return "ok"
+
+    def end(self, cur: Any, reason: str) -> float:
+        """Mark, then terminate: a crash in between is finished by reconcile(). Returns the end time."""
+        self.records.update_attempt(self.owner_id, cur.n, state="terminating", end_reason=reason)
+        if cur.instance_id:
+            try:
+                self.provider.terminate([cur.instance_id], region=cur.region)
+            except ProviderError as exc:
+                self.event("terminate-failed", {"attempt": cur.n, "error": str(exc)})
+        end = time.time()
+        self.records.update_attempt(self.owner_id, cur.n, state="ended", end=end)
+        return end
+
+    # after a restart
+    def reconcile(self, on_end: Callable[[Any, float], None] | None = None) -> None:
+        """Bring the state store and the provider into agreement after a restart."""
+        for a in self.attempts():
+            if a.state == "ended":
+                continue
+            if a.state == "terminating":
+                self.event("reconcile", {"attempt": a.n, "action": "finish-terminate"})
+                end = self.end(a, a.end_reason or "stopped")
+                if on_end:
+                    on_end(a, end)
+                continue
+            if a.instance_id is None:
+                found = [i for i in self.provider.find_tagged(self.owner_id) if i.tags.get(TAG_TOKEN) == a.token]
+                if found:
+                    inst = found[0]
+                    self.records.update_attempt(self.owner_id, a.n, instance_id=inst.id, zone=inst.zone,
+                                                state="running",
+                                                start=inst.launched_at.timestamp() if inst.launched_at else time.time())
+                    self.event("reconcile", {"attempt": a.n, "action": "adopted", "instance": inst.id})
+                else:
+                    self._launch_failed(a.n)
+                    self.event("reconcile", {"attempt": a.n, "action": "no-instance"})
+                continue
+            inst = next(iter(self.provider.describe([a.instance_id], region=a.region)), None)
+            if inst is not None and inst.live:
+                self.event("reconcile", {"attempt": a.n, "action": "resumed-watch", "instance": a.instance_id})
+
+    def sweep_due(self) -> bool:
+        return time.time() - self._last_sweep > STRAY_SWEEP_SECONDS
+
+    def sweep_strays(self, keep_open: bool = True) -> None:
+        """Terminate instances of this owner that no open attempt owns (zero leaked instances)."""
+        self._last_sweep = time.time()
+        keep = {a.token for a in self.open_attempts()} if keep_open else set()
+        try:
+            strays = [i for i in self.provider.find_tagged(self.owner_id) if i.tags.get(TAG_TOKEN) not in keep]
+        except ProviderError as exc:
+            self.event("sweep-failed", {"error": str(exc)})
+            return
+        if strays:
+            self.event("strays", {"instances": [i.id for i in strays]})
+            self.provider.terminate([i.id for i in strays], region=strays[0].region)
+
+    # N hosts
+    def keep_alive(self, hosts: int, progress: Progress, spec_for: Callable[[int], LaunchSpec]) -> list[Any]:
+        """Launch until `hosts` attempts are open (or the policy says wait). Returns the instances launched."""
+        launched = []
+        for _ in range(max(0, hosts - len(self.open_attempts()))):
+            kind, offer = self.decide(progress, None)
+            if kind == WAIT or offer is None:
+                break
+            inst = self.launch(kind, offer, spec_for)
+            if inst is not None:
+                launched.append(inst)
+        return launched

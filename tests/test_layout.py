@@ -1,0 +1,138 @@
+"""The house by domain: no module imports from a domain above it, no import cycles, and the host
+agent (bootstrap/) imports nothing from the control plane. Walks every import, lazy ones included,
+with the standard library's ast."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Lower ranks are lower in the house: a module may import its own rank or below, never above.
+RANKS = {
+    "config": 0, "errors": 0, "render": 0, "__init__": 0, "__main__": 0,
+    "offers": 1, "spot": 1,
+    "providers": 2,
+    "fleet": 3,
+    "runs": 4, "batch": 4, "costs": 4, "infra": 4,
+    "commands": 5, "cli": 5,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every sdcloud module or package that `path` imports, with relative imports resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            found.add(mod)
+            # "from . import config" names a module, not an attribute
+            found |= {f"{mod}.{a.name}" for a in node.names}
+    return found
+
+
+def sdcloud_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in (ROOT / "sdcloud").rglob("*.py")}
+
+
+def domain(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_domain_has_a_rank():
+    missing = {domain(m) for m in sdcloud_modules()} - set(RANKS)
+    assert not missing, f"give these domains a rank in RANKS (and docs/architecture.md): {sorted(missing)}"
+
+
+def test_no_import_runs_upward():
+    mods = sdcloud_modules()
+    bad = []
+    for mod, path in mods.items():
+        for target in imports_of(path):
+            if target not in mods:
+                continue
+            src, dst = domain(mod), domain(target)
+            if RANKS[dst] > RANKS[src]:
+                bad.append(f"{mod} -> {target} ({src} is below {dst})")
+    assert not bad, "imports that run upward:\n" + "\n".join(sorted(bad))
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    cycles, state, stack = [], {}, []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                cycles.append(stack[stack.index(m):] + [m])
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    return cycles
+
+
+def test_no_import_cycles_between_modules_or_domains():
+    mods = sdcloud_modules()
+    graph = {m: {t for t in imports_of(p) if t in mods and t != m
+                 and not (mods[t].name == "__init__.py" and m.startswith(t + "."))} for m, p in mods.items()}
+    assert not _cycles(graph), f"module import cycles: {_cycles(graph)}"
+    dgraph: dict[str, set[str]] = {}
+    for m, targets in graph.items():
+        for t in targets:
+            if domain(t) != domain(m):
+                dgraph.setdefault(domain(m), set()).add(domain(t))
+    assert not _cycles(dgraph), f"domain import cycles: {_cycles(dgraph)}"
+
+
+def test_the_ast_walk_sees_lazy_and_relative_imports(tmp_path):
+    # The checks above must be able to fail: a function-level relative import is resolved and seen.
+    mods = sdcloud_modules()
+    path = mods["sdcloud.runs.controller"]
+    assert "sdcloud.fleet.lifecycle" in imports_of(path)
+    assert "sdcloud.runs.store" in imports_of(path)  # imported inside Controller.__init__
+    assert _cycles({"a": {"b"}, "b": {"a"}})
+
+
+def test_the_agent_imports_nothing_from_the_control_plane():
+    bad = []
+    for path in (ROOT / "bootstrap").rglob("*.py"):
+        rel = path.relative_to(ROOT / "bootstrap")
+        for target in imports_of_agent(path, rel):
+            if target == "sdcloud" or target.startswith("sdcloud."):
+                bad.append(f"{rel}: {target}")
+    assert not bad, bad
+
+
+def imports_of_agent(path: Path, rel: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add(node.module or "")
+    return found
