@@ -1,4 +1,8 @@
-"""Credentials for COS on a Tencent Cloud host, from the CVM's CAM role.
+"""Store credentials that boto3 cannot find by itself: a CVM's CAM role, or a file the controller renews.
+
+A Tencent Cloud host signs COS requests with its CVM role's keys (below). A box of the user's,
+reached over SSH, gets short-lived, prefix-scoped keys from the controller, written to a 0600 file
+beside the agent's config and rewritten before they expire (`file_session`).
 
 boto3 knows AWS's instance roles but not Tencent's: on a CVM the role's temporary keys are served
 by the metadata service at /latest/meta-data/cam/security-credentials/<role>, as TmpSecretId,
@@ -45,6 +49,27 @@ def tencent_role_session():
 
     creds = RefreshableCredentials.create_from_metadata(metadata=tencent_role_keys(), refresh_using=tencent_role_keys,
                                                         method="tencent-cvm-role")
+    core = get_session()
+    core._credentials = creds  # botocore has no public setter for a ready credential provider
+    return boto3.Session(botocore_session=core)
+
+
+def file_keys(path: str) -> dict:
+    """The keys in the controller's credentials file (AWS STS shape), in botocore's metadata shape."""
+    with open(path) as f:
+        doc = json.load(f)
+    return {"access_key": doc["AccessKeyId"], "secret_key": doc["SecretAccessKey"], "token": doc.get("SessionToken"),
+            "expiry_time": doc["Expiration"]}
+
+
+def file_session(path: str):
+    """A boto3 session on the keys in `path`; botocore re-reads the file as they near their expiry."""
+    import boto3
+    from botocore.credentials import RefreshableCredentials
+    from botocore.session import get_session
+
+    creds = RefreshableCredentials.create_from_metadata(metadata=file_keys(path), refresh_using=lambda: file_keys(path),
+                                                        method="sdcloud-credentials-file")
     core = get_session()
     core._credentials = creds  # botocore has no public setter for a ready credential provider
     return boto3.Session(botocore_session=core)

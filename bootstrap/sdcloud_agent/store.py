@@ -257,10 +257,14 @@ class S3Store:
                 from .cloudcreds import tencent_role_session
 
                 session: Any = tencent_role_session()
+            elif credentials and credentials.startswith("file:"):
+                from .cloudcreds import file_session
+
+                session = file_session(credentials[len("file:"):])
             elif credentials in (None, "default"):
                 session = boto3
             else:
-                raise ValueError(f"unknown store credentials {credentials!r}: use tencent-cvm-role or leave it out")
+                raise ValueError(f"unknown store credentials {credentials!r}: use tencent-cvm-role, file:PATH or leave it out")
             client = session.client("s3", endpoint_url=endpoint_url, region_name=region, config=cfg)
         self.client = client
 

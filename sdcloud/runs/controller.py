@@ -252,6 +252,10 @@ class Controller:
             return
         outcome = self.fleet.check(cur, phase, status.get("time") if status else None,
                                    status.get("step") if status else None)
+        renew = getattr(self.provider, "renew_credentials", None)
+        if outcome == "ok" and renew is not None and cur.instance_id:
+            # A box of the user's holds short-lived store keys only: keep them fresh while it trains.
+            renew(cur.instance_id, self.run_id, self.store_conf, events=lambda k, d: self.event(k, {"attempt": cur.n, **d}))
         if outcome != "ok":
             self._price_from_history(cur, time.time())
             self.state.update_run(self.run_id, state="recovering")

@@ -33,6 +33,7 @@ from ... import config
 from ...offers.catalog import CatalogRow
 from ...errors import UserError
 from ...offers.optimizer import Offer
+from .credentials import StoreCredentials
 from ..base import (PENDING, RUNNING, TAG_RUN, TAG_TOKEN, TERMINATED, CapacityError, CredentialsError, EventSink,
                    Instance, LaunchSpec, ProviderError, no_events)
 
@@ -225,6 +226,11 @@ def main():
         os.replace(zpath + ".tmp", zpath)
         cfg = req["config"]
         cfg.setdefault("workdir", os.path.join(tdir, "work"))
+        if req.get("credentials"):
+            # Short-lived keys for the store: a 0600 file the agent re-reads, never its config or argv.
+            cpath = os.path.join(tdir, "store-credentials.json")
+            write_json(cpath, req["credentials"])
+            cfg["store"] = dict(cfg["store"], credentials="file:" + cpath)
         write_json(os.path.join(tdir, "cfg.json"), cfg)
         env = dict(os.environ)
         env["PYTHONPATH"] = zpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -250,6 +256,12 @@ def main():
             return {"exited": code, "log": tail, "dir": tdir}
         rec["alive"] = True
         return {"started": rec}
+    if op == "credentials":
+        for r in records(wd):
+            if r["pid"] == req["pid"] and r["alive"]:
+                write_json(os.path.join(wd, r["token"], "store-credentials.json"), req["credentials"])
+                return {"renewed": r["pid"]}
+        return {"gone": req["pid"]}
     if op == "terminate":
         want = set(req["pids"])
         recs = [r for r in records(wd) if r["pid"] in want and r["alive"]]
@@ -288,6 +300,11 @@ def main():
                 r.pop("alive", None)
                 r["ended"] = time.time()
                 write_json(os.path.join(wd, r["token"], "instance.json"), r)
+            if r["pid"] in want:
+                try:  # the keys die with the attempt
+                    os.unlink(os.path.join(wd, r["token"], "store-credentials.json"))
+                except OSError:
+                    pass
         return {"terminated": [r["pid"] for r in recs], "killed": killed}
     raise SystemExit("unknown op " + op)
 
@@ -322,6 +339,9 @@ class SshProvider:
         self._clients: dict[str, object] = {}
         self._zip: str | None = None
         self._seen: dict[str, Instance] = {}  # last known instance per id, for hosts that stop answering
+        # Short-lived store keys per run, held in memory only; which issue each instance holds.
+        self._store_keys: dict[str, StoreCredentials] = {}
+        self._keys_sent: dict[str, float] = {}
         self.last_errors: list[str] = []
         self.events: EventSink = no_events
 
@@ -512,10 +532,13 @@ class SshProvider:
                     return inst
         if self._zip is None:
             self._zip = base64.b64encode(agent_zip()).decode()
+        keys = self._keys_for(spec.run_id, spec.agent_config.get("store") or {})
         for h in reachable:
             payload = {"op": "start", "token": spec.token, "tags": spec.tags, "config": dict(spec.agent_config),
                        "zip": self._zip, "argv": self.agent_argv, "market": market,
                        "price_per_hour": h.price_per_hour, "check_seconds": START_CHECK_SECONDS}
+            if keys is not None:
+                payload["credentials"] = keys.current()
             try:
                 res = self._call(h, payload)
             except HostUnreachable as exc:
@@ -538,8 +561,41 @@ class SshProvider:
                 inst.adopted = True
             else:
                 events("launched", {"instance": inst.id, "host": h.name, "pid": rec["pid"]})
+            if keys is not None:
+                self._keys_sent[inst.id] = keys.issued
+                events("store-credentials", {"instance": inst.id, "expires": keys.expiry()})
             return inst
         raise CapacityError("no free ssh host: " + ("; ".join(why) or "none fits"))
+
+    def _keys_for(self, run_id: str, store_conf: dict) -> StoreCredentials | None:
+        if not StoreCredentials.needed(store_conf):
+            return None
+        if run_id not in self._store_keys:
+            self._store_keys[run_id] = StoreCredentials(store_conf, run_id)
+        return self._store_keys[run_id]
+
+    def renew_credentials(self, instance_id: str, run_id: str, store_conf: dict, events: EventSink = no_events) -> bool:
+        """Hand the host fresh store keys when its current ones are past half their life. True if renewed."""
+        keys = self._keys_for(run_id, store_conf)
+        if keys is None:
+            return False
+        if not keys.due() and self._keys_sent.get(instance_id) == keys.issued:
+            return False
+        fresh = keys.current()
+        name, pid = self._split_id(instance_id)
+        h = self.host(name)
+        if h is None:
+            return False
+        try:
+            res = self._call(h, {"op": "credentials", "pid": pid, "credentials": fresh})
+        except HostUnreachable as exc:
+            events("store-credentials-failed", {"instance": instance_id, "error": str(exc)})
+            return False
+        if "renewed" not in res:
+            return False
+        self._keys_sent[instance_id] = keys.issued
+        events("store-credentials-renewed", {"instance": instance_id, "expires": keys.expiry()})
+        return True
 
     def describe(self, ids: list[str], region: str | None = None) -> list[Instance]:
         out = []
