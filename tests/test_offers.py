@@ -51,8 +51,8 @@ def test_spot_offers_meet_the_tier_and_are_sorted(capsys):
 
 
 def test_cheapest_per_hour_is_not_cheapest_to_finish():
-    """SDXL LoRA: a T4 is the cheapest per hour but so slow that an L4/A10G host finishes for less."""
-    tier = get_tier("sdxl-lora")
+    """SD 1.5 LoRA: a T4 is the cheapest per hour but so slow that a faster host finishes for less."""
+    tier = get_tier("sd15-lora")
     ranked = rank(tier, load_catalog(["aws"]), market="spot", region="us-east-1")
     cheapest_hourly = min(ranked, key=lambda e: e.offer.price_per_hour_usd)
     assert cheapest_hourly.offer.row.gpu == "T4"
@@ -170,7 +170,27 @@ def test_every_catalog_gpu_has_a_throughput_figure():
     for provider in ("aws", "tencent"):
         for row in bundled_rows(provider):
             assert row.gpu in table, f"{row.instance_type}: GPU {row.gpu} missing from gpus.csv"
-            assert row.source and row.snapshot_date
+            assert row.source
+
+
+def test_every_price_names_its_basis_source_and_date():
+    from sdcloud.offers.catalog import PRICE_BASES
+    for provider in ("aws", "tencent"):
+        for row in bundled_rows(provider):
+            for market in ("spot", "on-demand"):
+                price = row.spot_price if market == "spot" else row.ondemand_price
+                basis, source = row.market_basis(market), row.market_source(market)
+                assert basis in PRICE_BASES and source, (row.instance_type, market)
+                if price is None:
+                    assert basis == "none" and source.startswith("no "), (row, market)
+                    continue
+                assert basis != "none"
+                if basis == "estimate":
+                    assert source.startswith("estimate: ")
+                if basis == "derived":
+                    assert "median of" in source
+                # A date, or the source says that none was published.
+                assert row.market_date(market) or "no publication date" in source or source.startswith("estimate: "), (row, market)
 
 
 def test_all_tiers_rank_something():

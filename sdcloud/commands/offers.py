@@ -19,10 +19,10 @@ def tiers(as_json: bool) -> None:
     if as_json:
         emit_json([t.as_dict() for t in items])
         return
-    table("Workload tiers", ["tier", "VRAM min/rec", "GPUs", "vCPU", "RAM", "NVMe", "reference job", "description"],
+    table("Workload tiers", ["tier", "VRAM min/rec", "GPUs", "vCPU", "RAM", "NVMe", "reference job", "fits", "description"],
           [(t.name, f"{t.min_vram_gb:g}/{t.rec_vram_gb:g} GB", t.gpu_count, t.vcpus, f"{t.memory_gb:g} GB", f"{t.nvme_gb:g} GB",
-            f"{t.job_size} {t.unit} @ {t.resolution}px bs{t.batch_size}", t.description) for t in items],
-          caption="Sources of each figure: sdcloud tiers --json, or docs/tiers.md")
+            f"{t.job_size} {t.unit} @ {t.resolution}px bs{t.batch_size}", " ".join(t.gpus_fit()), t.description) for t in items],
+          caption="VRAM is usable memory as the driver reports it; sources of each figure: sdcloud tiers --json, or docs/tiers.md")
 
 
 def _max_price(value: str | None) -> float | None:
