@@ -189,10 +189,10 @@ def build_tencent(shared: Path, cny_per_usd: float = config.DEFAULT_CNY_PER_USD,
                           f"mainland CNY figure in the sources); {TENCENT_INTL_SOURCE}")
             elif region in MAINLAND:
                 od, cur, basis = e["cny"], "CNY", "estimate"
-                od_src = f"estimate: {src['unpriced_source']}"
+                od_src = f"estimate: {src['unpriced_source']}, in CNY"
             else:
                 od, cur, basis = round(e["cny"] / cny_per_usd, 4), "USD", "estimate"
-                od_src = f"estimate: {src['unpriced_source']}, / {cny_per_usd:g} CNY/USD"
+                od_src = f"estimate: {src['unpriced_source']}, / {cny_per_usd:g} CNY/USD"  # not reached: documented in mainland only
             rows.append(CatalogRow(
                 provider="tencent", region=region, zone="", instance_type=e["type"], gpu=e["gpu"],
                 gpu_count=e["gpu_count"], vram_gb=table[e["gpu"]].vram_gb, vcpus=e["vcpus"], memory_gb=e["memory_gb"],
