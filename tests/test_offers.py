@@ -191,6 +191,7 @@ def test_every_price_names_its_basis_source_and_date():
                     assert "median of" in source
                 # A date, or the source says that none was published.
                 assert row.market_date(market) or "no publication date" in source or source.startswith("estimate: "), (row, market)
+                assert len(source) < 100, source  # short enough for --explain; the row's source cites in full
 
 
 def test_all_tiers_rank_something():
@@ -282,7 +283,7 @@ def test_tencent_prices_regions_and_spot_assumption(monkeypatch, capsys):
             assert r.market_basis("on-demand") == "estimate" and "CNY" in r.ondemand_source
         elif r.instance_type in intl:
             assert r.ondemand_price == intl[r.instance_type] and r.market_basis("on-demand") == "listed"
-        assert "documented zones: " + r.region in r.source
+        assert "documented zones: " + r.region in r.source and "intlcloud-documents" in r.source
         assert r.market_basis("spot") == "estimate"
         assert r.spot_price == pytest.approx(r.ondemand_price * 0.4, abs=1e-4)
     assert not any(r.gpu_count < 1 for r in rows)

@@ -33,10 +33,19 @@ def _refresher(provider: str):
 @catalog.command()
 @click.option("--provider", required=True, type=click.Choice(PROVIDERS), help="Which provider's catalog to refresh.")
 @click.option("--region", "regions", multiple=True, help="Region to refresh (repeatable; default: the catalog's regions).")
+@click.option("--public", is_flag=True, help="AWS: on-demand prices from the public bulk price list and bands from the "
+              "spot advisor data, without credentials (per-zone spot prices stay as they were).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def refresh(provider: str, regions: tuple[str, ...], as_json: bool) -> None:
-    """Fetch instance facts and current prices from the provider's APIs."""
-    path, rows, errors = _refresher(provider)(list(regions) or None)
+def refresh(provider: str, regions: tuple[str, ...], public: bool, as_json: bool) -> None:
+    """Fetch instance facts and current prices from the provider's APIs (or, with --public, what AWS publishes)."""
+    if public:
+        if provider != "aws":
+            raise UserError("--public is for --provider aws (Tencent publishes no machine-readable price list)")
+        from ..offers.public_prices import refresh_public
+
+        path, rows, errors = refresh_public(list(regions) or None)
+    else:
+        path, rows, errors = _refresher(provider)(list(regions) or None)
     per_region: dict[str, dict] = defaultdict(lambda: {"types": set(), "zones": set(), "spot_prices": 0, "ondemand_prices": 0})
     for r in rows:
         if regions and r.region not in regions:

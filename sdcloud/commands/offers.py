@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..offers.catalog import load_catalog
+from ..offers.catalog import BAND_RECLAIMS_PER_HOUR, load_catalog, stale_warning
 from ..errors import UserError
 from ..offers.optimizer import rank
 from ..render import emit_json, note, table
@@ -52,9 +52,10 @@ def _short_notes(est) -> str:
 @click.option("--region", help="One region, e.g. us-east-1 or ap-guangzhou.")
 @click.option("--steps", type=int, help="Job size in steps (images for batch tiers) instead of the tier's reference job.")
 @click.option("--limit", type=int, default=15, show_default=True, help="Rows to show (0 = all).")
+@click.option("--explain", is_flag=True, help="Show why each row ranks where it does: price source and age, speed source, band, overhead.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list ranked by est_cost.")
 def offers(tier_name: str, market: str | None, max_price: str | None, provider: str | None, region: str | None,
-           steps: int | None, limit: int, as_json: bool) -> None:
+           steps: int | None, limit: int, explain: bool, as_json: bool) -> None:
     """Rank GPU offers by the expected cost to finish a job (not by price per hour)."""
     tier = get_tier(tier_name)
     if steps is not None and steps <= 0:
@@ -69,11 +70,17 @@ def offers(tier_name: str, market: str | None, max_price: str | None, provider: 
         sources = catalog.sources
     for source in sources:
         note(source.describe())
+    warning = stale_warning(sources)
+    if warning:
+        note(warning)
     shown = ranked[:limit] if limit else ranked
     if as_json:
         emit_json([e.as_dict() for e in shown])
         return
     job = steps or tier.job_size
+    if explain:
+        _explain(tier, job, shown, len(ranked))
+        return
     table(f"{tier.name}: {job} {tier.unit}, cheapest to finish first",
           ["#", "provider", "region", "type", "GPU", "VRAM", "market", "$/h", "est h", "est $", "interruption", "notes"],
           [(i + 1, e.offer.row.provider, e.offer.row.region, e.offer.row.instance_type,
@@ -82,3 +89,31 @@ def offers(tier_name: str, market: str | None, max_price: str | None, provider: 
             f"{e.est_hours:.2f}", f"{e.est_cost:.2f}", e.as_dict()["interruption"], _short_notes(e))
            for i, e in enumerate(shown)],
           caption=f"{len(ranked)} offers fit; ~ = estimated price; prices in USD (CNY converted); est $ = $/h x est h")
+
+
+def _age(days: float | None) -> str:
+    if days is None:
+        return "no date"
+    return f"{days * 24:.0f} h" if days < 2 else f"{days:.0f} d"
+
+
+def _explain(tier, job: int, shown, total: int) -> None:
+    """`offers --explain`: the inputs of each row's estimate, so a user can see why it ranks where it does."""
+    from ..offers.optimizer import CHECKPOINT_INTERVAL_HOURS, RESTART_HOURS, SETUP_HOURS
+
+    rows = []
+    for i, e in enumerate(shown):
+        d = e.as_dict()
+        r = e.offer.row
+        band = e.offer.band
+        reclaim = "" if band is None else f" ({BAND_RECLAIMS_PER_HOUR[band]:g}/h)"
+        rows.append((i + 1, f"{r.provider} {r.region} {r.instance_type}", e.offer.market, f"{d['price_per_hour_usd']:.4f}",
+                     f"{d['price_basis']}, {_age(d['price_age_days'])}", d["price_source"],
+                     f"{d['speed_rel']:g}x{r.gpu_count} {r.gpu}", d["speed_source"], d["interruption"] + reclaim,
+                     f"{e.overhead:.3f}", f"{e.est_hours:.2f}", f"{e.est_cost:.2f}"))
+    table(f"{tier.name}: {job} {tier.unit}, why each offer ranks where it does",
+          ["#", "offer", "market", "$/h", "price basis, age", "price source", "speed (A10G=1)", "speed source",
+           "interruption", "overhead", "est h", "est $"], rows,
+          caption=f"{total} offers fit; est h = ({SETUP_HOURS:g} h setup + job / (tier rate x speed x GPUs)) x overhead; "
+                  f"overhead = 1 + reclaims/h x ({RESTART_HOURS:g} h restart + {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2); "
+                  "docs/offers.md explains each column")

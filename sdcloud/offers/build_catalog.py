@@ -88,23 +88,23 @@ def _fmt(x: float) -> str:
 def build_aws(shared: Path) -> list[CatalogRow]:
     sky = _read_csv(shared / SKYPILOT)
     listed, listed_date, listed_file = _ondemand_list(shared)
-    listed_source = (f"AWS Price List, us-east-1 Linux on-demand, generated {listed_date} into aws/karpenter-provider-aws "
-                     f"pkg/providers/pricing/zz_generated.pricing_aws.go (shared/data/prices/{listed_file})")
+    listed_source = f"AWS Price List, us-east-1, generated {listed_date}"
+    listed_cite = (f"{listed_source} into aws/karpenter-provider-aws pkg/providers/pricing/zz_generated.pricing_aws.go "
+                   f"(shared/data/prices/{listed_file})")
     bands = {(r["region"], r["instance_type"]): int(r["interruption_range_index"]) for r in _read_csv(shared / ADVISOR)}
     facts = {r["instance_type"]: r for r in csv.DictReader(io.StringIO(_data("aws_instance_facts.csv")))}
     rows: list[CatalogRow] = []
     seen: set[tuple[str, str]] = set()
 
     def make(itype: str, region: str, gpu: str, count: int, vcpus: int, memory: float, reported_mib: int | None,
-             od: float | None, od_src: str, od_date: str, quotes: list[float]) -> CatalogRow:
+             od: float | None, od_src: str, od_cite: str, od_date: str, quotes: list[float]) -> CatalogRow:
         fact = facts.get(itype)
         if fact is None:
             raise SystemExit(f"{itype}: no row in sdcloud/data/aws_instance_facts.csv (local NVMe unknown)")
         if quotes:
             spot = round(statistics.median(quotes), 4)
             spot_basis = "derived"
-            spot_src = (f"median of {len(quotes)} zone quotes ({_fmt(min(quotes))}-{_fmt(max(quotes))}) in the {SKYPILOT_SOURCE}; "
-                        "zone names not kept in the source")
+            spot_src = f"median of {len(quotes)} zone quotes ({_fmt(min(quotes))}-{_fmt(max(quotes))}), SkyPilot snapshot"
             spot_date = SKYPILOT_DATE
         else:
             spot, spot_basis, spot_date = None, "none", ""
@@ -117,7 +117,8 @@ def build_aws(shared: Path) -> list[CatalogRow]:
             vram_gb=gpu_table()[gpu].vram_gb, vcpus=vcpus, memory_gb=memory, nvme_gb=float(fact["nvme_gb"]),
             ondemand_price=od, spot_price=spot, currency="USD", interruption_band=band,
             snapshot_date=min(dates) if dates else "", ondemand_estimate=False, spot_estimate=False,
-            source=f"on-demand: {od_src}; spot: {spot_src}; {band_src}; NVMe: {fact['source']}",
+            source=(f"on-demand: {od_cite}; spot: {spot_src}" + (f" (zone names not kept) in the {SKYPILOT_SOURCE}" if quotes else "")
+                    + f"; {band_src}; NVMe: {fact['source']}"),
             vram_mib=_usable_mib(gpu, reported_mib), ondemand_basis="listed" if od is not None else "none",
             spot_basis=spot_basis, ondemand_date=od_date, spot_date=spot_date, ondemand_source=od_src, spot_source=spot_src)
 
@@ -126,11 +127,12 @@ def build_aws(shared: Path) -> list[CatalogRow]:
         gpu = facts[itype]["gpu"] if itype in facts else r["gpu"]
         quotes = [float(q) for q in r["spot_usd_per_hour_by_zone"].split(";") if q.strip()]
         if region == "us-east-1" and itype in listed:
-            od, od_src, od_date = listed[itype], listed_source, listed_date
+            od, od_src, od_cite, od_date = listed[itype], listed_source, listed_cite, listed_date
         else:
-            od, od_src, od_date = float(r["ondemand_usd_per_hour"]), SKYPILOT_SOURCE, SKYPILOT_DATE
+            od, od_src, od_cite, od_date = (float(r["ondemand_usd_per_hour"]), "SkyPilot snapshot (undated, June 2025 or later)",
+                                            SKYPILOT_SOURCE, SKYPILOT_DATE)
         rows.append(make(itype, region, gpu, int(r["gpu_count"]), int(float(r["vcpus"])), float(r["memory_gib"]),
-                         int(r["gpu_memory_mib"]), od, od_src, od_date, quotes))
+                         int(r["gpu_memory_mib"]), od, od_src, od_cite, od_date, quotes))
         seen.add((region, itype))
     # Types the dated list has and the snapshot lacks (p4de, g6.24xlarge, g6e.16x/24x): us-east-1 only,
     # on-demand only; facts from aws_instance_facts.csv.
@@ -141,7 +143,7 @@ def build_aws(shared: Path) -> list[CatalogRow]:
         if fact is None:
             raise SystemExit(f"{itype}: no row in sdcloud/data/aws_instance_facts.csv")
         rows.append(make(itype, "us-east-1", fact["gpu"], int(fact["gpu_count"]), int(fact["vcpus"]),
-                         float(fact["memory_gb"]), None, price, listed_source + f"; facts: {fact['source']}",
+                         float(fact["memory_gb"]), None, price, listed_source, listed_cite + f"; facts: {fact['source']}",
                          listed_date, []))
     rows.sort(key=lambda x: (x.instance_type.split(".")[0], x.gpu_count, x.vcpus, x.instance_type, x.region))
     return rows
@@ -170,8 +172,9 @@ def build_tencent(shared: Path, cny_per_usd: float = config.DEFAULT_CNY_PER_USD,
     for family, spec in src["unpriced"].items():
         for t in spec["types"]:
             entries.append({**t, "gpu": spec["gpu"], "cny": float(t["cny"])})
-    spot_src = (f"estimate: on-demand x (1 - {spot_discount:g}), the assumed Tencent spot discount (Tencent publishes no spot "
-                "prices; the default is the median AWS GPU spot discount in shared/data/prices; set [tencent] spot_discount)")
+    spot_src = f"estimate: on-demand x (1 - {spot_discount:g}), the assumed Tencent spot discount ([tencent] spot_discount)"
+    spot_cite = (f"{spot_src}; Tencent publishes no spot prices; the default is the median AWS GPU spot discount in "
+                 "shared/data/prices")
     rows: list[CatalogRow] = []
     for e in entries:
         family = _family(e["type"])
@@ -182,23 +185,24 @@ def build_tencent(shared: Path, cny_per_usd: float = config.DEFAULT_CNY_PER_USD,
                 continue  # Tencent does not document the family here
             zone_note = f"documented zones: {', '.join(in_region)} ({src['zones_source']})"
             if "usd" in e and region not in MAINLAND:
-                od, cur, basis, od_src = e["usd"], "USD", "listed", TENCENT_INTL_SOURCE
+                od, cur, basis, od_src = e["usd"], "USD", "listed", "Tencent international price overview (no publication date)"
+                od_cite = TENCENT_INTL_SOURCE
             elif "usd" in e:
                 od, cur, basis = round(e["usd"] * cny_per_usd, 2), "CNY", "estimate"
-                od_src = (f"estimate: the international-site USD price {e['usd']:g} x {cny_per_usd:g} CNY/USD (no published "
-                          f"mainland CNY figure in the sources); {TENCENT_INTL_SOURCE}")
+                od_src = f"estimate: international USD {e['usd']:g} x {cny_per_usd:g} CNY/USD (no published CNY figure)"
+                od_cite = f"{od_src}; {TENCENT_INTL_SOURCE}"
             elif region in MAINLAND:
                 od, cur, basis = e["cny"], "CNY", "estimate"
-                od_src = f"estimate: {src['unpriced_source']}, in CNY"
+                od_src = "estimate: unverified CNY figure, no published price"
+                od_cite = f"estimate: {src['unpriced_source']}, in CNY"
             else:
-                od, cur, basis = round(e["cny"] / cny_per_usd, 4), "USD", "estimate"
-                od_src = f"estimate: {src['unpriced_source']}, / {cny_per_usd:g} CNY/USD"  # not reached: documented in mainland only
+                continue  # an unpriced family outside the mainland: nothing to base a figure on
             rows.append(CatalogRow(
                 provider="tencent", region=region, zone="", instance_type=e["type"], gpu=e["gpu"],
                 gpu_count=e["gpu_count"], vram_gb=table[e["gpu"]].vram_gb, vcpus=e["vcpus"], memory_gb=e["memory_gb"],
                 nvme_gb=0.0, ondemand_price=od, spot_price=round(od * (1 - spot_discount), 4), currency=cur,
                 interruption_band=None, snapshot_date="", ondemand_estimate=basis == "estimate", spot_estimate=True,
-                source=f"on-demand: {od_src}; spot: {spot_src}; {zone_note}; band: none published (the middle band is assumed)",
+                source=f"on-demand: {od_cite}; spot: {spot_cite}; {zone_note}; band: none published (the middle band is assumed)",
                 vram_mib=table[e["gpu"]].usable_mib, ondemand_basis=basis, spot_basis="estimate", ondemand_date="",
                 spot_date="", ondemand_source=od_src, spot_source=spot_src))
     rows.sort(key=lambda x: (_family(x.instance_type), x.gpu_count, x.vcpus, x.instance_type, TENCENT_REGIONS.index(x.region)))

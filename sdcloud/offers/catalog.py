@@ -145,6 +145,7 @@ class CatalogSource:
     origin: str  # "bundled" or "refreshed"
     as_of: datetime | None  # None: no row of the catalog carries a published date
     path: str
+    oldest: datetime | None = None  # the oldest dated price in it (a refresh may keep older spot prices)
 
     def age_days(self, now: datetime | None = None) -> float | None:
         if self.as_of is None:
@@ -174,7 +175,7 @@ DEFAULT_MAX_AGE_DAYS = 7.0
 # 60.4%), rounded down. [tencent] spot_discount in config.toml or SDCLOUD_TENCENT_SPOT_DISCOUNT.
 DEFAULT_TENCENT_SPOT_DISCOUNT = 0.60
 REFRESH_HINT = {
-    "aws": "`sdcloud catalog refresh --provider aws --public` (no credentials; without --public, per-zone spot with credentials)",
+    "aws": "`sdcloud catalog refresh --provider aws --public` (no credentials) or without --public (per-zone spot, credentials)",
     "tencent": "`sdcloud catalog refresh --provider tencent`",
 }
 
@@ -210,12 +211,15 @@ def stale_warning(sources: list[CatalogSource], now: datetime | None = None) -> 
     """One line naming every catalog older than max_age_days (or undated), with the refresh command; None if all fresh."""
     limit = max_age_days()
     old = []
+    now = now or datetime.now(timezone.utc)
     for s in sources:
-        days = s.age_days(now)
-        if days is None:
-            old.append((s, "prices of no published date"))
-        elif days > limit:
-            old.append((s, f"{days:.0f} days old"))
+        stamp = s.oldest or s.as_of
+        if stamp is None:
+            old.append((s, "has prices of no published date"))
+            continue
+        days = (now - stamp).total_seconds() / 86400
+        if days > limit:
+            old.append((s, f"has prices from {stamp.date().isoformat()} ({days:.0f} days old)"))
     if not old:
         return None
     parts = "; ".join(f"{s.provider} {s.origin} catalog {why}, refresh: {REFRESH_HINT.get(s.provider, f'`sdcloud catalog refresh --provider {s.provider}`')}"
@@ -251,16 +255,22 @@ def _parse_time(text: str) -> datetime:
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
 
 
+def _oldest_price(rows: list[CatalogRow]) -> datetime | None:
+    dates = [r.market_date(m) for r in rows for m, p in (("spot", r.spot_price), ("on-demand", r.ondemand_price))
+             if p is not None and r.market_date(m)]
+    return _parse_time(min(dates)) if dates else None
+
+
 def load_provider(provider: str) -> tuple[list[CatalogRow], CatalogSource]:
     path = refreshed_path(provider)
     if path.exists():
         doc = json.loads(path.read_text())
         rows = _apply_spot_assumption([row_from_mapping(r) for r in doc["rows"]])
-        return rows, CatalogSource(provider, "refreshed", _parse_time(doc["fetched_at"]), str(path))
+        return rows, CatalogSource(provider, "refreshed", _parse_time(doc["fetched_at"]), str(path), _oldest_price(rows))
     rows = bundled_rows(provider)
     dated = [r.snapshot_date for r in rows if r.snapshot_date]
     as_of = _parse_time(max(dated)) if dated else None
-    return rows, CatalogSource(provider, "bundled", as_of, f"sdcloud/data/catalog/{provider}.csv")
+    return rows, CatalogSource(provider, "bundled", as_of, f"sdcloud/data/catalog/{provider}.csv", _oldest_price(rows))
 
 
 def load_catalog(providers: tuple[str, ...] | list[str] = PROVIDERS) -> Catalog:

@@ -40,12 +40,13 @@ class GpuPerf:
         return self.usable_mib / 1024
 
     def speed_source(self) -> str:
-        """One line: where the inference figure comes from (for --explain)."""
+        """One short line: where the inference figure comes from (for --explain)."""
+        label = benchmarks()["benchmarks"].get(self.benchmark, {}).get("label", self.benchmark)
         if self.infer_basis == "measured":
-            return f"measured: {self.benchmark}" + (f" (ratio to {self.from_gpu})" if self.from_gpu else "")
+            return f"measured: {label}"
         if self.infer_basis == "scaled":
-            return f"scaled: {self.from_gpu} x the {self.benchmark} ratio"
-        return f"estimate: {self.from_gpu} x sqrt(TFLOPS ratio x bandwidth ratio), datasheets"
+            return f"scaled: {self.from_gpu} x {label} ratio"
+        return f"estimate: {self.from_gpu} x datasheet rule"
 
 
 @lru_cache(maxsize=1)

@@ -117,7 +117,7 @@ class Estimate:
         perf = gpu_table().get(self.offer.row.gpu)
         if perf is None:
             return "unknown GPU"
-        kind = "training: scaled from inference 1:1; inference " if self.kind == "train" else ""
+        kind = "train = inference, " if self.kind == "train" else ""
         return kind + perf.speed_source()
 
 
