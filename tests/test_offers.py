@@ -365,3 +365,73 @@ def test_a_speed_off_its_benchmark_is_caught():
         table = dict(gpu_table())
         table[gpu] = dc_replace(table[gpu], infer_rel=table[gpu].infer_rel * 1.1)
         assert any(e.startswith(gpu) for e in _speed_errors(table)), gpu
+
+
+# --- price age --------------------------------------------------------------------------------
+
+def test_an_old_catalog_is_named_in_one_stderr_line_and_offers_still_answer(capsys, monkeypatch):
+    monkeypatch.setenv("SDCLOUD_CATALOG_MAX_AGE_DAYS", "30")
+    code, out, err = run_cli(capsys, "offers", "--tier", "sdxl-lora", "--provider", "aws", "--json", "--limit", "0")
+    assert code == 0 and json.loads(out)
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1
+    assert "older than 30 days" in warnings[0] and "sdcloud catalog refresh --provider aws --public" in warnings[0]
+    for row in json.loads(out):
+        assert row["price_age_days"] is not None and row["price_age_days"] > 30
+        assert row["price_basis"] in ("listed", "derived") and row["price_source"] and row["price_date"]
+    # The same catalog within a larger limit: no warning, same answer.
+    monkeypatch.setenv("SDCLOUD_CATALOG_MAX_AGE_DAYS", "100000")
+    code, out2, err = run_cli(capsys, "offers", "--tier", "sdxl-lora", "--provider", "aws", "--json", "--limit", "0")
+    assert code == 0 and "warning:" not in err and len(json.loads(out2)) == len(json.loads(out))
+
+
+def test_a_fresh_refreshed_catalog_raises_no_warning_and_ages_from_its_dates(capsys, sdcloud_home):
+    from datetime import date
+    today = date.today().isoformat()
+    rows = [_with(r, snapshot_date=today, ondemand_date=today, spot_date=today) for r in bundled_rows("aws")
+            if r.region == "us-east-1"]
+    write_refreshed("aws", rows)
+    sdcloud_home.mkdir(parents=True, exist_ok=True)
+    (sdcloud_home / "config.toml").write_text("[catalog]\nmax_age_days = 3\n")
+    code, out, err = run_cli(capsys, "offers", "--tier", "sd15-lora", "--provider", "aws", "--json", "--limit", "0")
+    assert code == 0 and "warning:" not in err
+    assert all(r["price_age_days"] < 1 for r in json.loads(out))
+    # Tencent's bundled prices carry no published date: said so, and its rows say null.
+    code, out, err = run_cli(capsys, "offers", "--tier", "sd15-lora", "--provider", "tencent", "--json", "--limit", "0")
+    assert code == 0 and "tencent bundled catalog has prices of no published date" in err
+    assert all(r["price_age_days"] is None for r in json.loads(out))
+
+
+@pytest.mark.parametrize("value", ["-1", "soon"])
+def test_a_bad_max_age_is_refused(capsys, monkeypatch, value):
+    monkeypatch.setenv("SDCLOUD_CATALOG_MAX_AGE_DAYS", value)
+    code, out, err = run_cli(capsys, "offers", "--tier", "sd15-lora")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "SDCLOUD_CATALOG_MAX_AGE_DAYS" in err
+
+
+def test_up_says_when_prices_are_old(capsys, monkeypatch):
+    """`up` warns in the same one line before it launches anything (the launch itself is refused: no --yes)."""
+    monkeypatch.setenv("SDCLOUD_CATALOG_MAX_AGE_DAYS", "30")
+    from sdcloud.commands.run import _warn_if_prices_old
+    _warn_if_prices_old("aws")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("warning: prices older than 30 days: aws bundled catalog")
+    _warn_if_prices_old("local")
+    assert capsys.readouterr().err == ""
+
+
+# --- --explain --------------------------------------------------------------------------------
+
+def test_explain_shows_each_rows_inputs(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    code, out, err = run_cli(capsys, "offers", "--tier", "sdxl-lora", "--provider", "aws", "--region", "us-east-1",
+                             "--limit", "5", "--explain")
+    assert code == 0
+    for header in ("price basis, age", "price source", "speed source", "interruption", "overhead"):
+        assert header in out
+    assert "median of" in out and "zone quotes" in out  # spot price source
+    assert "MLPerf" in out or "diffusers" in out or "datasheet rule" in out  # speed source
+    _, js, _ = run_cli(capsys, "offers", "--tier", "sdxl-lora", "--provider", "aws", "--region", "us-east-1",
+                       "--limit", "5", "--json")
+    top = json.loads(js)[0]
+    assert top["instance_type"] in out and f"{top['overhead']:.3f}" in out

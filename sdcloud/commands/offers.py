@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..offers.catalog import BAND_RECLAIMS_PER_HOUR, load_catalog, stale_warning
+from ..offers.catalog import BAND_RECLAIMS_PER_HOUR, load_catalog, max_age_days, stale_warning
 from ..errors import UserError
 from ..offers.optimizer import rank
 from ..render import emit_json, note, table
@@ -62,6 +62,7 @@ def offers(tier_name: str, market: str | None, max_price: str | None, provider: 
         raise UserError(f"--steps must be a positive whole number, got {steps}")
     if limit < 0:
         raise UserError(f"--limit must be 0 (all) or more, got {limit}")
+    max_age_days()  # a bad setting is refused before anything is printed
     catalog = load_catalog()
     ranked = rank(tier, catalog, market=market, max_price=_max_price(max_price), provider=provider, region=region, job_size=steps)
     if provider:

@@ -109,6 +109,9 @@ def refresh_public(regions: list[str] | None = None, *, price_list_url: str | No
         raise UserError("AWS public price refresh failed: " + "; ".join(errors))
     out: list[CatalogRow] = []
     for r in rows:
+        if r.region not in targets:
+            out.append(r)  # a region not asked for stays exactly as it was
+            continue
         if r.region in ondemand and not r.zone:
             prices, published, url = ondemand[r.region]
             if r.instance_type in prices:
@@ -118,7 +121,7 @@ def refresh_public(regions: list[str] | None = None, *, price_list_url: str | No
             else:
                 errors.append(f"{r.region}: {r.instance_type} is not in the price list; its on-demand price was kept")
         band_src = "band: as before"
-        if bands is not None and r.region in targets:
+        if bands is not None:
             band = bands.get((r.region, r.instance_type))
             if band is not None:
                 r = replace(r, interruption_band=band)
