@@ -144,7 +144,7 @@ def test_failing_region_and_pricing_are_named_and_do_not_sink_the_refresh(moto):
     assert json.loads(path.read_text())["errors"] == errors
 
 
-def test_spot_failure_keeps_the_bundled_spot_estimate(moto):
+def test_spot_failure_keeps_the_bundled_spot_price_with_its_basis_and_date(moto):
     ec2 = boto3.client("ec2", region_name=REGION, config=CLIENT_CONFIG)
     ec2.meta.events.register("before-call.ec2.DescribeSpotPriceHistory", lambda params, **kw: (
         AWSResponse(params["url"], 403, {}, None), {"Error": {"Code": "UnauthorizedOperation", "Message": "no"}}))
@@ -153,7 +153,12 @@ def test_spot_failure_keeps_the_bundled_spot_estimate(moto):
     assert any("describe_spot_price_history failed" in e and "UnauthorizedOperation" in e for e in errors)
     g5 = next(r for r in rows if r.instance_type == "g5.xlarge")
     assert not any(r.zone for r in rows)
-    assert g5.spot_price == bundled[(REGION, "g5.xlarge")].spot_price and g5.spot_estimate
+    old = bundled[(REGION, "g5.xlarge")]
+    assert g5.spot_price == old.spot_price
+    # Kept as it was: the bundled median of zone quotes, with the bundled date, not the refresh's.
+    assert (g5.spot_basis, g5.spot_date, g5.spot_source) == (old.spot_basis, old.spot_date, old.spot_source) == \
+        ("derived", "2025-06-01", old.spot_source)
+    assert g5.price_age_days("spot") > g5.price_age_days("on-demand") or g5.ondemand_price is None
 
 
 def test_cli_refresh_then_show_and_offers_rank_zone_prices(moto, capsys):
@@ -169,6 +174,8 @@ def test_cli_refresh_then_show_and_offers_rank_zone_prices(moto, capsys):
     assert main(["offers", "--tier", "sdxl-lora", "--provider", "aws", "--region", REGION, "--spot", "--json"]) == 0
     ranked = json.loads(capsys.readouterr()[0])
     assert ranked and all(e["zone"].startswith(REGION) for e in ranked)
+    # Zone quotes from the API are "quoted", dated by their own timestamp (moto's is a fixed 2006 date), not the refresh's.
+    assert all(e["price_basis"] == "quoted" and e["price_date"] and e["price_age_days"] is not None for e in ranked)
 
 
 def test_cli_refresh_without_credentials_or_with_a_bad_region(capsys):
