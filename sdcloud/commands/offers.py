@@ -85,11 +85,12 @@ def offers(tier_name: str, market: str | None, max_price: str | None, provider: 
     table(f"{tier.name}: {job} {tier.unit}, cheapest to finish first",
           ["#", "provider", "region", "type", "GPU", "VRAM", "market", "$/h", "est h", "est $", "interruption", "notes"],
           [(i + 1, e.offer.row.provider, e.offer.row.region, e.offer.row.instance_type,
-            f"{e.offer.row.gpu_count}x {e.offer.row.gpu}", f"{e.offer.row.vram_gb:g} GB", e.offer.market,
+            f"{e.offer.row.gpu_count}x {e.offer.row.gpu}", f"{e.offer.row.usable_vram_mib / 1024:.1f}/{e.offer.row.vram_gb:g} GB", e.offer.market,
             f"{e.offer.price_per_hour_usd:.4f}" + ("~" if (e.offer.row.spot_estimate if e.offer.market == "spot" else e.offer.row.ondemand_estimate) else ""),
             f"{e.est_hours:.2f}", f"{e.est_cost:.2f}", e.as_dict()["interruption"], _short_notes(e))
            for i, e in enumerate(shown)],
-          caption=f"{len(ranked)} offers fit; ~ = estimated price; prices in USD (CNY converted); est $ = $/h x est h")
+          caption=f"{len(ranked)} offers fit; VRAM = usable (as the driver reports it)/nominal; ~ = estimated price; "
+                  "prices in USD (CNY converted); est $ = $/h x est h; --explain shows each row's inputs")
 
 
 def _age(days: float | None) -> str:
