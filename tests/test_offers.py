@@ -435,3 +435,10 @@ def test_explain_shows_each_rows_inputs(capsys, monkeypatch):
                        "--limit", "5", "--json")
     top = json.loads(js)[0]
     assert top["instance_type"] in out and f"{top['overhead']:.3f}" in out
+
+
+def test_gpus_csv_speeds_are_the_build_output():
+    """The speed columns are computed from gpu_benchmarks.toml by the one rule, not typed in."""
+    from importlib import resources
+    from sdcloud.offers.build_catalog import build_gpus
+    assert build_gpus() == resources.files("sdcloud").joinpath("data/gpus.csv").read_text()

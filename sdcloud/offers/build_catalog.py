@@ -10,7 +10,8 @@ Inputs (docs/offers.md, "Where every number comes from"):
   tencent  shared/data/prices/tencent_intl_gpu_payg_usd.csv           international-site pay-as-you-go USD
            sdcloud/data/tencent_sources.toml                          documented zones, unpriced families
 
-Every row names its source and date per market; a figure computed from others is marked
+It also recomputes the speed columns of sdcloud/data/gpus.csv from sdcloud/data/gpu_benchmarks.toml
+and the datasheet columns (build_gpus). Every row names its source and date per market; a figure computed from others is marked
 "derived" with the formula, one with no published figure "estimate" with its basis, a missing
 one "none". --check compares the result with the bundled files and exits 1 if they differ
 (tests/test_offers.py runs it).
@@ -220,6 +221,51 @@ def to_csv(rows: list[CatalogRow]) -> str:
     return out.getvalue()
 
 
+def build_gpus(reference: str = "A10G") -> str:
+    """sdcloud/data/gpus.csv with infer_rel/train_rel recomputed from gpu_benchmarks.toml and the datasheet columns.
+
+    The one rule (gpu_benchmarks.toml): measured/scaled = the from_gpu's figure x the benchmark's ratio;
+    estimate = the from_gpu's figure x sqrt(dense FP16 TFLOPS ratio x memory bandwidth ratio). The GPU
+    measured without a from_gpu anchors the chain; all figures are then divided by the reference's.
+    """
+    text = _data("gpus.csv")
+    rows = list(csv.DictReader(io.StringIO(text)))
+    by = {r["gpu"]: r for r in rows}
+    bench = tomllib.loads(_data("gpu_benchmarks.toml"))["benchmarks"]
+    raw: dict[str, float] = {}
+
+    def resolve(gpu: str, seen: tuple[str, ...] = ()) -> float:
+        if gpu in raw:
+            return raw[gpu]
+        if gpu in seen:
+            raise SystemExit(f"gpus.csv: from_gpu loop through {gpu}")
+        r = by[gpu]
+        frm = r["from_gpu"]
+        if not frm:
+            if r["infer_basis"] != "measured":
+                raise SystemExit(f"gpus.csv: {gpu} has no from_gpu and is not the measured anchor")
+            value = 1.0
+        elif r["infer_basis"] in ("measured", "scaled"):
+            values = bench[r["benchmark"]]["values"]
+            value = resolve(frm, seen + (gpu,)) * values[gpu] / values[frm]
+        else:
+            b = by[frm]
+            ratio = (float(r["fp16_tflops"]) / float(b["fp16_tflops"])) * (float(r["mem_bw_gbs"]) / float(b["mem_bw_gbs"]))
+            value = resolve(frm, seen + (gpu,)) * ratio ** 0.5
+        raw[gpu] = value
+        return value
+
+    ref = resolve(reference)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        rel = f"{resolve(r['gpu']) / ref:.3f}"
+        writer.writerow({**r, "infer_rel": rel, "train_rel": rel,
+                         "estimate": "false" if r["infer_basis"] == "measured" else "true"})
+    return out.getvalue()
+
+
 def build_all(shared: Path) -> dict[str, str]:
     """{provider: CSV text} as the bundled files must read."""
     return {"aws": to_csv(build_aws(shared)), "tencent": to_csv(build_tencent(shared))}
@@ -227,6 +273,9 @@ def build_all(shared: Path) -> dict[str, str]:
 
 def bundled_path(provider: str) -> Path:
     return REPO / "sdcloud" / "data" / "catalog" / f"{provider}.csv"
+
+
+GPUS_PATH = "sdcloud/data/gpus.csv"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,6 +288,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     built = build_all(args.shared)
     stale = []
+    gpus_text, gpus_path = build_gpus(), REPO / GPUS_PATH
+    if args.check:
+        if not gpus_path.exists() or gpus_path.read_text() != gpus_text:
+            stale.append(str(gpus_path))
+    elif gpus_path.read_text() != gpus_text:
+        gpus_path.write_text(gpus_text)
+        gpu_table.cache_clear()
+        built = build_all(args.shared)  # usable MiB and names come from gpus.csv
+        print(f"wrote {gpus_path}")
     for provider, text in built.items():
         path = bundled_path(provider)
         if args.check:
