@@ -223,10 +223,16 @@ def test_build_check_mode_fails_on_a_stale_file(tmp_path, monkeypatch):
     (fake_repo / "sdcloud" / "data" / "catalog").mkdir(parents=True)
     for p in ("aws", "tencent"):
         shutil.copy(build_catalog.bundled_path(p), fake_repo / "sdcloud" / "data" / "catalog" / f"{p}.csv")
+    shutil.copy(build_catalog.REPO / build_catalog.GPUS_PATH, fake_repo / build_catalog.GPUS_PATH)
     monkeypatch.setattr(build_catalog, "REPO", fake_repo)
     assert build_catalog.main(["--shared", str(shared), "--check"]) == 0
     stale = fake_repo / "sdcloud" / "data" / "catalog" / "aws.csv"
-    stale.write_text(stale.read_text().replace("55.04", "98.32"))
+    good = stale.read_text()
+    stale.write_text(good.replace("55.04", "98.32"))
+    assert build_catalog.main(["--shared", str(shared), "--check"]) == 1
+    stale.write_text(good)
+    gpus_csv = fake_repo / build_catalog.GPUS_PATH
+    gpus_csv.write_text(gpus_csv.read_text().replace("L40S,48,45776,362,864,2.540", "L40S,48,45776,362,864,2.600"))
     assert build_catalog.main(["--shared", str(shared), "--check"]) == 1
     assert build_catalog.main(["--shared", str(tmp_path / "nowhere"), "--check"]) == 2
 
