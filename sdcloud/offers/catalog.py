@@ -158,7 +158,10 @@ class CatalogSource:
         if days is None or self.as_of is None:
             return f"{self.provider}: {self.origin} catalog, prices of no published date"
         age = f"{days * 24:.0f} h" if days < 2 else f"{days:.0f} days"
-        return f"{self.provider}: {self.origin} catalog of {self.as_of.date().isoformat()} ({age} old)"
+        line = f"{self.provider}: {self.origin} catalog of {self.as_of.date().isoformat()} ({age} old)"
+        if self.oldest is not None and self.oldest.date() < self.as_of.date():
+            line += f", its oldest price from {self.oldest.date().isoformat()}"
+        return line
 
 
 @dataclass
