@@ -9,7 +9,8 @@
 Per-zone spot prices are not published: they stay as they were (bundled median of zone quotes, or
 a refresh with credentials), with their own source and date. The rows of the catalog in use are
 updated in place and written as the refreshed catalog; types the catalog does not have are left out
-(their local NVMe and GPU model are not in the price list). Only urllib: no SDK, no credentials.
+(their local NVMe and GPU model are not in the price list). urllib and ijson only: no SDK, no credentials; the offer file is downloaded to a temporary file and
+streamed (a big region's file is hundreds of MB), never held in memory whole.
 SDCLOUD_AWS_PRICE_LIST_URL (with {region}) and SDCLOUD_SPOT_ADVISOR_URL point elsewhere, e.g. a mirror.
 """
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -40,28 +43,62 @@ def _fetch_json(url: str) -> Any:
         raise RuntimeError(f"{url}: {getattr(exc, 'reason', exc)}") from exc
 
 
-def parse_bulk_price_list(doc: dict, types: set[str] | None = None) -> tuple[dict[str, float], str]:
-    """A bulk offer file -> ({instance type: USD per hour}, publication date YYYY-MM-DD)."""
-    products = doc.get("products") or {}
-    ondemand = (doc.get("terms") or {}).get("OnDemand") or {}
-    prices: dict[str, float] = {}
-    for sku, product in products.items():
-        attrs = product.get("attributes") or {}
-        itype = attrs.get("instanceType")
-        if not itype or (types is not None and itype not in types):
-            continue
-        if (attrs.get("operatingSystem") != "Linux" or attrs.get("tenancy") != "Shared"
-                or attrs.get("preInstalledSw", "NA") != "NA" or attrs.get("capacitystatus", "Used") != "Used"
-                or attrs.get("licenseModel", "No License required") != "No License required"):
-            continue
-        for term in (ondemand.get(sku) or {}).values():
-            for dim in (term.get("priceDimensions") or {}).values():
-                if dim.get("unit") != "Hrs":
+def _download(url: str) -> Path:
+    """The document at `url` in a temporary file (the caller removes it)."""
+    fd, name = tempfile.mkstemp(prefix="sdcloud-price-list-", suffix=".json")
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:  # noqa: S310
+            shutil.copyfileobj(resp, out, length=1 << 20)
+    except (urllib.error.URLError, OSError) as exc:
+        os.unlink(name)
+        raise RuntimeError(f"{url}: {getattr(exc, 'reason', exc)}") from exc
+    return Path(name)
+
+
+def _wanted(attrs: dict, types: set[str] | None) -> str | None:
+    """The instance type of a Linux, shared-tenancy, no-software, in-use product; None for anything else."""
+    itype = attrs.get("instanceType")
+    if not itype or (types is not None and itype not in types):
+        return None
+    if (attrs.get("operatingSystem") != "Linux" or attrs.get("tenancy") != "Shared"
+            or attrs.get("preInstalledSw", "NA") != "NA" or attrs.get("capacitystatus", "Used") != "Used"
+            or attrs.get("licenseModel", "No License required") != "No License required"):
+        return None
+    return itype
+
+
+def parse_bulk_price_list(path: Path, types: set[str] | None = None) -> tuple[dict[str, float], str]:
+    """A bulk offer file -> ({instance type: USD per hour}, publication date YYYY-MM-DD), streamed in two passes."""
+    import ijson  # lazily: only this refresh needs it
+
+    skus: dict[str, str] = {}
+    published = ""
+    try:
+        with open(path, "rb") as f:
+            for prefix, event, value in ijson.parse(f):
+                if prefix == "publicationDate" and event == "string":
+                    published = str(value)[:10]
+                    break
+        with open(path, "rb") as f:
+            for sku, product in ijson.kvitems(f, "products"):
+                itype = _wanted((product or {}).get("attributes") or {}, types)
+                if itype:
+                    skus[sku] = itype
+        prices: dict[str, float] = {}
+        with open(path, "rb") as f:
+            for sku, terms in ijson.kvitems(f, "terms.OnDemand"):
+                itype = skus.get(sku)
+                if itype is None:
                     continue
-                usd = float((dim.get("pricePerUnit") or {}).get("USD") or 0)
-                if usd > 0:
-                    prices[itype] = min(usd, prices.get(itype, usd))
-    published = str(doc.get("publicationDate") or "")[:10]
+                for term in (terms or {}).values():
+                    for dim in (term.get("priceDimensions") or {}).values():
+                        if dim.get("unit") != "Hrs":
+                            continue
+                        usd = float((dim.get("pricePerUnit") or {}).get("USD") or 0)
+                        if usd > 0:
+                            prices[itype] = min(usd, prices.get(itype, usd))
+    except ijson.JSONError as exc:
+        raise RuntimeError(f"not a price list offer file ({exc})") from exc
     return prices, published
 
 
@@ -101,7 +138,11 @@ def refresh_public(regions: list[str] | None = None, *, price_list_url: str | No
         url = price_list_url.replace("{region}", region)
         types = {r.instance_type for r in rows if r.region == region}
         try:
-            prices, published = parse_bulk_price_list(_fetch_json(url), types)
+            local = _download(url)
+            try:
+                prices, published = parse_bulk_price_list(local, types)
+            finally:
+                local.unlink(missing_ok=True)
             ondemand[region] = (prices, published or today, url)
         except RuntimeError as exc:
             errors.append(f"{region}: price list: {exc}; on-demand prices kept")
