@@ -249,7 +249,7 @@ def test_public_refresh_reads_the_price_list_and_advisor_without_credentials(pub
     assert code == 0, err
     doc = json.loads(out)
     assert doc["regions"]["eu-west-1"]["ondemand_prices"] >= 2
-    assert any("g5.2xlarge is not in the price list" in e for e in doc["errors"])
+    assert [e for e in doc["errors"] if "not in the price list" in e and "g5.2xlarge" in e]
     assert {"/eu-west-1/index.json", "/spot-advisor-data.json"} <= set(hits)
     rows, source = load_provider("aws")
     assert source.origin == "refreshed"

@@ -149,6 +149,7 @@ def refresh_public(regions: list[str] | None = None, *, price_list_url: str | No
     if not ondemand and bands is None:
         raise UserError("AWS public price refresh failed: " + "; ".join(errors))
     out: list[CatalogRow] = []
+    missing: dict[str, list[str]] = {}
     for r in rows:
         if r.region not in targets:
             out.append(r)  # a region not asked for stays exactly as it was
@@ -160,7 +161,7 @@ def refresh_public(regions: list[str] | None = None, *, price_list_url: str | No
                 r = replace(r, ondemand_price=prices[r.instance_type], ondemand_basis="listed", ondemand_estimate=False,
                             ondemand_date=published, ondemand_source=src)
             else:
-                errors.append(f"{r.region}: {r.instance_type} is not in the price list; its on-demand price was kept")
+                missing.setdefault(r.region, []).append(r.instance_type)
         band_src = "band: as before"
         if bands is not None:
             band = bands.get((r.region, r.instance_type))
@@ -171,5 +172,7 @@ def refresh_public(regions: list[str] | None = None, *, price_list_url: str | No
         r = replace(r, snapshot_date=min(dates) if dates else r.snapshot_date,
                     source=f"on-demand: {r.market_source('on-demand')}; spot: {r.market_source('spot')}; {band_src}")
         out.append(r)
+    for region, types in sorted(missing.items()):
+        errors.append(f"{region}: not in the price list, on-demand kept as it was: {', '.join(sorted(types))}")
     path = write_refreshed("aws", out, errors, fetched_at=now)
     return path, out, errors
