@@ -144,7 +144,7 @@ def test_failing_region_and_pricing_are_named_and_do_not_sink_the_refresh(moto):
     assert json.loads(path.read_text())["errors"] == errors
 
 
-def test_spot_failure_keeps_the_bundled_spot_estimate(moto):
+def test_spot_failure_keeps_the_bundled_spot_price_with_its_basis_and_date(moto):
     ec2 = boto3.client("ec2", region_name=REGION, config=CLIENT_CONFIG)
     ec2.meta.events.register("before-call.ec2.DescribeSpotPriceHistory", lambda params, **kw: (
         AWSResponse(params["url"], 403, {}, None), {"Error": {"Code": "UnauthorizedOperation", "Message": "no"}}))
@@ -153,7 +153,12 @@ def test_spot_failure_keeps_the_bundled_spot_estimate(moto):
     assert any("describe_spot_price_history failed" in e and "UnauthorizedOperation" in e for e in errors)
     g5 = next(r for r in rows if r.instance_type == "g5.xlarge")
     assert not any(r.zone for r in rows)
-    assert g5.spot_price == bundled[(REGION, "g5.xlarge")].spot_price and g5.spot_estimate
+    old = bundled[(REGION, "g5.xlarge")]
+    assert g5.spot_price == old.spot_price
+    # Kept as it was: the bundled median of zone quotes, with the bundled date, not the refresh's.
+    assert (g5.spot_basis, g5.spot_date, g5.spot_source) == (old.spot_basis, old.spot_date, old.spot_source) == \
+        ("derived", "2025-06-01", old.spot_source)
+    assert g5.price_age_days("spot") > g5.price_age_days("on-demand") or g5.ondemand_price is None
 
 
 def test_cli_refresh_then_show_and_offers_rank_zone_prices(moto, capsys):
@@ -169,6 +174,8 @@ def test_cli_refresh_then_show_and_offers_rank_zone_prices(moto, capsys):
     assert main(["offers", "--tier", "sdxl-lora", "--provider", "aws", "--region", REGION, "--spot", "--json"]) == 0
     ranked = json.loads(capsys.readouterr()[0])
     assert ranked and all(e["zone"].startswith(REGION) for e in ranked)
+    # Zone quotes from the API are "quoted", dated by their own timestamp (moto's is a fixed 2006 date), not the refresh's.
+    assert all(e["price_basis"] == "quoted" and e["price_date"] and e["price_age_days"] is not None for e in ranked)
 
 
 def test_cli_refresh_without_credentials_or_with_a_bad_region(capsys):
@@ -192,3 +199,92 @@ def test_instance_facts_skip_non_nvidia_and_arm():
     facts = instance_facts(items)
     assert list(facts) == ["p3.2xlarge"]
     assert facts["p3.2xlarge"].nvme_gb == 0 and facts["p3.2xlarge"].memory_gb == 61
+
+
+# --- `catalog refresh --provider aws --public`: the bulk price list and advisor data, no credentials ---
+
+import http.server
+import threading
+from pathlib import Path
+
+PUBLIC = Path(__file__).parent / "data" / "public_prices"
+
+
+@pytest.fixture
+def public_server(tmp_path):
+    """The recorded excerpts served over HTTP on loopback, as pricing.us-east-1.amazonaws.com and the advisor bucket would."""
+    root = tmp_path / "www"
+    (root / "eu-west-1").mkdir(parents=True)
+    (root / "eu-west-1" / "index.json").write_text((PUBLIC / "eu-west-1" / "index.json").read_text())
+    advisor = json.loads((PUBLIC / "spot-advisor-data.json").read_text())
+    advisor["spot_advisor"]["eu-west-1"]["Linux"]["g5.xlarge"]["r"] = 4  # a later file: g5.xlarge moved to >20%
+    (root / "spot-advisor-data.json").write_text(json.dumps(advisor))
+    hits: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(root), **kw)
+
+        def log_message(self, *args):
+            hits.append(self.path)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield base, hits
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_public_refresh_reads_the_price_list_and_advisor_without_credentials(public_server, monkeypatch, capsys):
+    base, hits = public_server
+    monkeypatch.setenv("SDCLOUD_AWS_PRICE_LIST_URL", base + "/{region}/index.json")
+    monkeypatch.setenv("SDCLOUD_SPOT_ADVISOR_URL", base + "/spot-advisor-data.json")
+    before = {(r.region, r.instance_type): r for r in bundled_rows("aws")}
+    code = main(["catalog", "refresh", "--provider", "aws", "--public", "--region", "eu-west-1", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["regions"]["eu-west-1"]["ondemand_prices"] >= 2
+    assert [e for e in doc["errors"] if "not in the price list" in e and "g5.2xlarge" in e]
+    assert {"/eu-west-1/index.json", "/spot-advisor-data.json"} <= set(hits)
+    rows, source = load_provider("aws")
+    assert source.origin == "refreshed"
+    after = {(r.region, r.instance_type): r for r in rows}
+    g5 = after[("eu-west-1", "g5.xlarge")]
+    assert g5.ondemand_price == 1.123 and g5.ondemand_basis == "listed" and g5.ondemand_date == "2026-02-09"
+    assert "bulk price list" in g5.ondemand_source and base in g5.ondemand_source
+    assert g5.interruption_band == 4 and before[("eu-west-1", "g5.xlarge")].interruption_band == 2
+    # Spot stays as it was, with its own (older) date; other regions are untouched.
+    assert g5.spot_price == before[("eu-west-1", "g5.xlarge")].spot_price and g5.spot_date == "2025-06-01"
+    assert after[("us-east-1", "p5.4xlarge")] == before[("us-east-1", "p5.4xlarge")]
+    assert ("eu-west-1", "g6e.xlarge") not in after  # not a row of the catalog: left out
+    assert source.oldest is not None and source.oldest.date().isoformat() == "2025-06-01"
+
+
+def test_public_refresh_failures_are_one_line(public_server, monkeypatch, capsys):
+    base, _ = public_server
+    monkeypatch.setenv("SDCLOUD_AWS_PRICE_LIST_URL", base + "/missing/{region}.json")
+    monkeypatch.setenv("SDCLOUD_SPOT_ADVISOR_URL", base + "/missing.json")
+    code = main(["catalog", "refresh", "--provider", "aws", "--public", "--region", "eu-west-1"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and "AWS public price refresh failed" in err
+    code = main(["catalog", "refresh", "--provider", "aws", "--public", "--region", "mars-1"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "mars-1" in err and err.count("\n") == 1
+    code = main(["catalog", "refresh", "--provider", "tencent", "--public"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "--public is for --provider aws" in err
+    assert not load_provider("aws")[1].origin == "refreshed"
+
+
+def test_bulk_price_list_reader_keeps_only_linux_shared_hourly_rows():
+    from sdcloud.offers.public_prices import parse_bulk_price_list
+    prices, published = parse_bulk_price_list(PUBLIC / "eu-west-1" / "index.json")
+    assert published == "2026-02-09"
+    # Windows 1.307, dedicated 1.235, SQL Web 1.2 and the 1-year reserved 0.707 are all skipped.
+    assert prices == {"g5.xlarge": 1.123, "g4dn.xlarge": 0.587, "g6e.xlarge": 2.047}
+    assert parse_bulk_price_list(PUBLIC / "eu-west-1" / "index.json", {"g4dn.xlarge"})[0] == {"g4dn.xlarge": 0.587}

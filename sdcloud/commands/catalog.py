@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import click
 
-from ..offers.catalog import PROVIDERS, load_provider
+from ..offers.catalog import PROVIDERS, load_provider, stale_warning
 from ..errors import UserError
 from ..render import emit_json, note, table
 
@@ -33,10 +33,19 @@ def _refresher(provider: str):
 @catalog.command()
 @click.option("--provider", required=True, type=click.Choice(PROVIDERS), help="Which provider's catalog to refresh.")
 @click.option("--region", "regions", multiple=True, help="Region to refresh (repeatable; default: the catalog's regions).")
+@click.option("--public", is_flag=True, help="AWS: on-demand prices from the public bulk price list and bands from the "
+              "spot advisor data, without credentials (per-zone spot prices stay as they were).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def refresh(provider: str, regions: tuple[str, ...], as_json: bool) -> None:
-    """Fetch instance facts and current prices from the provider's APIs."""
-    path, rows, errors = _refresher(provider)(list(regions) or None)
+def refresh(provider: str, regions: tuple[str, ...], public: bool, as_json: bool) -> None:
+    """Fetch instance facts and current prices from the provider's APIs (or, with --public, what AWS publishes)."""
+    if public:
+        if provider != "aws":
+            raise UserError("--public is for --provider aws (Tencent publishes no machine-readable price list)")
+        from ..offers.public_prices import refresh_public
+
+        path, rows, errors = refresh_public(list(regions) or None)
+    else:
+        path, rows, errors = _refresher(provider)(list(regions) or None)
     per_region: dict[str, dict] = defaultdict(lambda: {"types": set(), "zones": set(), "spot_prices": 0, "ondemand_prices": 0})
     for r in rows:
         if regions and r.region not in regions:
@@ -74,16 +83,25 @@ def show(provider: str | None, region: str | None, as_json: bool) -> None:
     if region is not None and not rows:
         raise UserError(f"no catalog rows for region {region!r}")
     if as_json:
-        emit_json({"sources": [{"provider": s.provider, "origin": s.origin, "as_of": s.as_of.isoformat(),
-                                "path": s.path} for s in sources], "rows": [r.as_dict() for r in rows]})
+        emit_json({"sources": [{"provider": s.provider, "origin": s.origin,
+                                "as_of": s.as_of.isoformat() if s.as_of else None,
+                                "oldest_price": s.oldest.isoformat() if s.oldest else None,
+                                "path": s.path} for s in sources],
+                   "rows": [{**r.as_dict(), "vram_mib": r.usable_vram_mib,
+                             "ondemand_age_days": r.price_age_days("on-demand"), "spot_age_days": r.price_age_days("spot")}
+                            for r in rows]})
         return
     for s in sources:
         note(s.describe())
-    table("GPU offer catalog", ["provider", "region", "zone", "type", "GPU", "VRAM", "vCPU", "RAM", "NVMe",
+    warning = stale_warning(sources)
+    if warning:
+        note(warning)
+    table("GPU offer catalog", ["provider", "region", "zone", "type", "GPU", "VRAM MiB/GB", "vCPU", "RAM", "NVMe",
                                 "on-demand", "spot", "cur", "band"],
-          [(r.provider, r.region, r.zone or "*", r.instance_type, f"{r.gpu_count}x {r.gpu}", f"{r.vram_gb:g}", r.vcpus,
+          [(r.provider, r.region, r.zone or "*", r.instance_type, f"{r.gpu_count}x {r.gpu}", f"{r.usable_vram_mib}/{r.vram_gb:g}", r.vcpus,
             f"{r.memory_gb:g}", f"{r.nvme_gb:g}",
             "" if r.ondemand_price is None else f"{r.ondemand_price:g}" + ("~" if r.ondemand_estimate else ""),
             "" if r.spot_price is None else f"{r.spot_price:g}" + ("~" if r.spot_estimate else ""),
             r.currency, "" if r.interruption_band is None else r.interruption_band) for r in rows],
-          caption="~ = estimated price; zone * = the price holds in every zone of the region")
+          caption="VRAM = usable MiB as the driver reports it / nominal GB; ~ = estimated price; "
+                  "zone * = the price holds in every zone of the region; --json has each price's basis, source and date")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..offers.catalog import load_catalog
+from ..offers.catalog import BAND_RECLAIMS_PER_HOUR, load_catalog, max_age_days, stale_warning
 from ..errors import UserError
 from ..offers.optimizer import rank
 from ..render import emit_json, note, table
@@ -19,10 +19,10 @@ def tiers(as_json: bool) -> None:
     if as_json:
         emit_json([t.as_dict() for t in items])
         return
-    table("Workload tiers", ["tier", "VRAM min/rec", "GPUs", "vCPU", "RAM", "NVMe", "reference job", "description"],
+    table("Workload tiers", ["tier", "VRAM min/rec", "GPUs", "vCPU", "RAM", "NVMe", "reference job", "fits", "description"],
           [(t.name, f"{t.min_vram_gb:g}/{t.rec_vram_gb:g} GB", t.gpu_count, t.vcpus, f"{t.memory_gb:g} GB", f"{t.nvme_gb:g} GB",
-            f"{t.job_size} {t.unit} @ {t.resolution}px bs{t.batch_size}", t.description) for t in items],
-          caption="Sources of each figure: sdcloud tiers --json, or docs/tiers.md")
+            f"{t.job_size} {t.unit} @ {t.resolution}px bs{t.batch_size}", " ".join(t.gpus_fit()), t.description) for t in items],
+          caption="VRAM is usable memory as the driver reports it; sources of each figure: sdcloud tiers --json, or docs/tiers.md")
 
 
 def _max_price(value: str | None) -> float | None:
@@ -52,15 +52,17 @@ def _short_notes(est) -> str:
 @click.option("--region", help="One region, e.g. us-east-1 or ap-guangzhou.")
 @click.option("--steps", type=int, help="Job size in steps (images for batch tiers) instead of the tier's reference job.")
 @click.option("--limit", type=int, default=15, show_default=True, help="Rows to show (0 = all).")
+@click.option("--explain", is_flag=True, help="Show why each row ranks where it does: price source and age, speed source, band, overhead.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list ranked by est_cost.")
 def offers(tier_name: str, market: str | None, max_price: str | None, provider: str | None, region: str | None,
-           steps: int | None, limit: int, as_json: bool) -> None:
+           steps: int | None, limit: int, explain: bool, as_json: bool) -> None:
     """Rank GPU offers by the expected cost to finish a job (not by price per hour)."""
     tier = get_tier(tier_name)
     if steps is not None and steps <= 0:
         raise UserError(f"--steps must be a positive whole number, got {steps}")
     if limit < 0:
         raise UserError(f"--limit must be 0 (all) or more, got {limit}")
+    max_age_days()  # a bad setting is refused before anything is printed
     catalog = load_catalog()
     ranked = rank(tier, catalog, market=market, max_price=_max_price(max_price), provider=provider, region=region, job_size=steps)
     if provider:
@@ -69,16 +71,51 @@ def offers(tier_name: str, market: str | None, max_price: str | None, provider: 
         sources = catalog.sources
     for source in sources:
         note(source.describe())
+    warning = stale_warning(sources)
+    if warning:
+        note(warning)
     shown = ranked[:limit] if limit else ranked
     if as_json:
         emit_json([e.as_dict() for e in shown])
         return
     job = steps or tier.job_size
+    if explain:
+        _explain(tier, job, shown, len(ranked))
+        return
     table(f"{tier.name}: {job} {tier.unit}, cheapest to finish first",
           ["#", "provider", "region", "type", "GPU", "VRAM", "market", "$/h", "est h", "est $", "interruption", "notes"],
           [(i + 1, e.offer.row.provider, e.offer.row.region, e.offer.row.instance_type,
-            f"{e.offer.row.gpu_count}x {e.offer.row.gpu}", f"{e.offer.row.vram_gb:g} GB", e.offer.market,
+            f"{e.offer.row.gpu_count}x {e.offer.row.gpu}", f"{e.offer.row.usable_vram_mib / 1024:.1f}/{e.offer.row.vram_gb:g} GB", e.offer.market,
             f"{e.offer.price_per_hour_usd:.4f}" + ("~" if (e.offer.row.spot_estimate if e.offer.market == "spot" else e.offer.row.ondemand_estimate) else ""),
             f"{e.est_hours:.2f}", f"{e.est_cost:.2f}", e.as_dict()["interruption"], _short_notes(e))
            for i, e in enumerate(shown)],
-          caption=f"{len(ranked)} offers fit; ~ = estimated price; prices in USD (CNY converted); est $ = $/h x est h")
+          caption=f"{len(ranked)} offers fit; VRAM = usable (as the driver reports it)/nominal; ~ = estimated price; "
+                  "prices in USD (CNY converted); est $ = $/h x est h; --explain shows each row's inputs")
+
+
+def _age(days: float | None) -> str:
+    if days is None:
+        return "no date"
+    return f"{days * 24:.0f} h" if days < 2 else f"{days:.0f} d"
+
+
+def _explain(tier, job: int, shown, total: int) -> None:
+    """`offers --explain`: the inputs of each row's estimate, so a user can see why it ranks where it does."""
+    from ..offers.optimizer import CHECKPOINT_INTERVAL_HOURS, RESTART_HOURS, SETUP_HOURS
+
+    rows = []
+    for i, e in enumerate(shown):
+        d = e.as_dict()
+        r = e.offer.row
+        band = e.offer.band
+        reclaim = "" if band is None else f" ({BAND_RECLAIMS_PER_HOUR[band]:g}/h)"
+        rows.append((i + 1, f"{r.provider} {r.region} {r.instance_type}", e.offer.market, f"{d['price_per_hour_usd']:.4f}",
+                     f"{d['price_basis']}, {_age(d['price_age_days'])}", d["price_source"],
+                     f"{d['speed_rel']:g}x{r.gpu_count} {r.gpu}", d["speed_source"], d["interruption"] + reclaim,
+                     f"{e.overhead:.3f}", f"{e.est_hours:.2f}", f"{e.est_cost:.2f}"))
+    table(f"{tier.name}: {job} {tier.unit}, why each offer ranks where it does",
+          ["#", "offer", "market", "$/h", "price basis, age", "price source", "speed (A10G=1)", "speed source",
+           "interruption", "overhead", "est h", "est $"], rows,
+          caption=f"{total} offers fit; est h = ({SETUP_HOURS:g} h setup + job / (tier rate x speed x GPUs)) x overhead; "
+                  f"overhead = 1 + reclaims/h x ({RESTART_HOURS:g} h restart + {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2); "
+                  "docs/offers.md explains each column")

@@ -87,6 +87,16 @@ def _check_estimates(spec, tier, total_steps: int) -> None:
                             f"on {cheapest.offer.row.instance_type} ({cheapest.offer.market})")
 
 
+def _warn_if_prices_old(provider: str) -> None:
+    """One stderr line when the catalog that picks the offer is older than [catalog] max_age_days."""
+    if provider in ("aws", "tencent"):
+        from ..offers.catalog import load_catalog, stale_warning
+
+        warning = stale_warning(load_catalog([provider]).sources)
+        if warning:
+            note(warning)
+
+
 def render_summary(summ: dict) -> None:
     table(f"run {summ['run']} ({summ['tier']}): {summ['state']}" + (f" ({summ['reason']})" if summ.get("reason") else ""),
           ["#", "provider", "region", "zone", "type", "market", "$/h", "hours", "cost $", "ended by"],
@@ -148,6 +158,7 @@ def up(tier, market, max_price, provider, region, deadline, budget, name, datase
         tier_obj = get_tier(spec.tier)
         total = spec.steps or tier_obj.job_size
         _check_estimates(spec, tier_obj, total)
+        _warn_if_prices_old(spec.provider)
         from ..providers import get_provider
 
         prov = get_provider(spec.provider)

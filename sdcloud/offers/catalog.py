@@ -10,14 +10,23 @@ import csv
 import io
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import date, datetime, timezone
 from importlib import resources
 from pathlib import Path
 
 from .. import config
+from ..errors import UserError
+from .gpus import gpu_table
 
 PROVIDERS = ("aws", "tencent")
+# How a price was obtained (docs/offers.md, "Where every number comes from"):
+#   listed   a published list price, read as published (AWS Price List, Tencent's price overview)
+#   quoted   a spot price quoted by the provider's API for one zone (describe_spot_price_history)
+#   derived  computed from published figures by the formula the row's source states
+#   estimate no published figure: an assumption, with its basis in the row's source
+#   none     no figure at all (the market column is empty)
+PRICE_BASES = ("listed", "quoted", "derived", "estimate", "none")
 
 # Reclaim rate per hour for each AWS Spot Instance Advisor band (0: <5% ... 4: >20% a month).
 # The advisor's monthly figures are fleet-wide; a GPU host kept alive is reclaimed far more often.
@@ -50,9 +59,48 @@ class CatalogRow:
     ondemand_estimate: bool
     spot_estimate: bool
     source: str
+    # Added for "prices you can trust": each market's own source, basis and date, and the GPU
+    # memory the driver exposes. Defaults keep older refreshed files and callers working.
+    vram_mib: int = 0  # usable MiB per GPU as the driver reports it; 0 = take it from gpus.csv
+    ondemand_basis: str = ""  # one of PRICE_BASES, "" = unknown (an older catalog)
+    spot_basis: str = ""
+    ondemand_date: str = ""  # YYYY-MM-DD the figure was published or fetched; "" = not published
+    spot_date: str = ""
+    ondemand_source: str = ""
+    spot_source: str = ""
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def usable_vram_mib(self) -> int:
+        """Usable memory per GPU in MiB: the row's own figure, else the GPU table's, else nominal."""
+        if self.vram_mib:
+            return self.vram_mib
+        perf = gpu_table().get(self.gpu)
+        if perf is not None and perf.usable_mib:
+            return perf.usable_mib
+        return int(self.vram_gb * 1024)
+
+    def market_basis(self, market: str) -> str:
+        basis = self.spot_basis if market == "spot" else self.ondemand_basis
+        if basis:
+            return basis
+        return "estimate" if (self.spot_estimate if market == "spot" else self.ondemand_estimate) else "listed"
+
+    def market_date(self, market: str) -> str:
+        return (self.spot_date if market == "spot" else self.ondemand_date) or self.snapshot_date
+
+    def market_source(self, market: str) -> str:
+        return (self.spot_source if market == "spot" else self.ondemand_source) or self.source
+
+    def price_age_days(self, market: str, now: datetime | None = None) -> float | None:
+        """Days since the price of `market` was published or fetched; None when no date is known."""
+        text = self.market_date(market)
+        if not text:
+            return None
+        now = now or datetime.now(timezone.utc)
+        return round((now - _parse_time(text)).total_seconds() / 86400, 1)
 
 
 def _opt_float(text: str | None) -> float | None:
@@ -81,6 +129,13 @@ def row_from_mapping(raw: dict) -> CatalogRow:
         ondemand_estimate=str(raw.get("ondemand_estimate")).lower() == "true",
         spot_estimate=str(raw.get("spot_estimate")).lower() == "true",
         source=str(raw.get("source") or ""),
+        vram_mib=int(float(raw.get("vram_mib") or 0)),
+        ondemand_basis=str(raw.get("ondemand_basis") or ""),
+        spot_basis=str(raw.get("spot_basis") or ""),
+        ondemand_date=str(raw.get("ondemand_date") or ""),
+        spot_date=str(raw.get("spot_date") or ""),
+        ondemand_source=str(raw.get("ondemand_source") or ""),
+        spot_source=str(raw.get("spot_source") or ""),
     )
 
 
@@ -88,17 +143,25 @@ def row_from_mapping(raw: dict) -> CatalogRow:
 class CatalogSource:
     provider: str
     origin: str  # "bundled" or "refreshed"
-    as_of: datetime
+    as_of: datetime | None  # None: no row of the catalog carries a published date
     path: str
+    oldest: datetime | None = None  # the oldest dated price in it (a refresh may keep older spot prices)
 
-    def age_days(self, now: datetime | None = None) -> float:
+    def age_days(self, now: datetime | None = None) -> float | None:
+        if self.as_of is None:
+            return None
         now = now or datetime.now(timezone.utc)
         return (now - self.as_of).total_seconds() / 86400
 
     def describe(self, now: datetime | None = None) -> str:
         days = self.age_days(now)
+        if days is None or self.as_of is None:
+            return f"{self.provider}: {self.origin} catalog, prices of no published date"
         age = f"{days * 24:.0f} h" if days < 2 else f"{days:.0f} days"
-        return f"{self.provider}: {self.origin} catalog of {self.as_of.date().isoformat()} ({age} old)"
+        line = f"{self.provider}: {self.origin} catalog of {self.as_of.date().isoformat()} ({age} old)"
+        if self.oldest is not None and self.oldest.date() < self.as_of.date():
+            line += f", its oldest price from {self.oldest.date().isoformat()}"
+        return line
 
 
 @dataclass
@@ -107,13 +170,87 @@ class Catalog:
     sources: list[CatalogSource]
 
 
+# How old a catalog may be before `offers` and `up` say so: [catalog] max_age_days in config.toml or
+# SDCLOUD_CATALOG_MAX_AGE_DAYS. Spot prices move within days; a week keeps the warning meaningful.
+DEFAULT_MAX_AGE_DAYS = 7.0
+# Default spot discount assumed for Tencent Cloud, which publishes no spot prices: the median
+# discount of AWS GPU spot quotes against on-demand in shared/data/prices (155 region/type pairs,
+# 60.4%), rounded down. [tencent] spot_discount in config.toml or SDCLOUD_TENCENT_SPOT_DISCOUNT.
+DEFAULT_TENCENT_SPOT_DISCOUNT = 0.60
+REFRESH_HINT = {
+    "aws": "`sdcloud catalog refresh --provider aws --public` (no credentials) or without --public (per-zone spot, credentials)",
+    "tencent": "`sdcloud catalog refresh --provider tencent`",
+}
+
+
+def _setting(env: str, section: str, key: str, default: float, low: float, high: float | None = None) -> float:
+    raw: object = os.environ.get(env)
+    what = env
+    if raw is None:
+        raw = config.settings().get(section, {}).get(key)
+        what = f"config.toml [{section}] {key}"
+    if raw is None:
+        return default
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise UserError(f"{what} must be a number, got {raw!r}") from None
+    if value < low or (high is not None and value >= high):
+        bound = f"from {low:g} up to (not including) {high:g}" if high is not None else f"{low:g} or more"
+        raise UserError(f"{what} must be {bound}, got {raw!r}")
+    return value
+
+
+def max_age_days() -> float:
+    return _setting("SDCLOUD_CATALOG_MAX_AGE_DAYS", "catalog", "max_age_days", DEFAULT_MAX_AGE_DAYS, 0.0)
+
+
+def tencent_spot_discount() -> float:
+    """The spot discount assumed for Tencent Cloud, which publishes no spot prices (docs/offers.md)."""
+    return _setting("SDCLOUD_TENCENT_SPOT_DISCOUNT", "tencent", "spot_discount", DEFAULT_TENCENT_SPOT_DISCOUNT, 0.0, 1.0)
+
+
+def stale_warning(sources: list[CatalogSource], now: datetime | None = None) -> str | None:
+    """One line naming every catalog older than max_age_days (or undated), with the refresh command; None if all fresh."""
+    limit = max_age_days()
+    old = []
+    now = now or datetime.now(timezone.utc)
+    for s in sources:
+        stamp = s.oldest or s.as_of
+        if stamp is None:
+            old.append((s, "has prices of no published date"))
+            continue
+        days = (now - stamp).total_seconds() / 86400
+        if days > limit:
+            old.append((s, f"has prices from {stamp.date().isoformat()} ({days:.0f} days old)"))
+    if not old:
+        return None
+    parts = "; ".join(f"{s.provider} {s.origin} catalog {why}, refresh: {REFRESH_HINT.get(s.provider, f'`sdcloud catalog refresh --provider {s.provider}`')}"
+                      for s, why in old)
+    return f"warning: prices older than {limit:g} days: {parts}"
+
+
 def refreshed_path(provider: str) -> Path:
     return config.home() / "catalog" / f"{provider}.json"
 
 
+def _apply_spot_assumption(rows: list[CatalogRow]) -> list[CatalogRow]:
+    """Tencent spot prices are on-demand x (1 - the configured discount); recompute them with the user's figure."""
+    discount = None
+    out = []
+    for r in rows:
+        if r.provider == "tencent" and r.spot_basis == "estimate" and r.ondemand_price is not None:
+            if discount is None:
+                discount = tencent_spot_discount()
+            src = f"estimate: on-demand x (1 - {discount:g}), the assumed Tencent spot discount ([tencent] spot_discount)"
+            r = replace(r, spot_price=round(r.ondemand_price * (1 - discount), 4), spot_source=src)
+        out.append(r)
+    return out
+
+
 def bundled_rows(provider: str) -> list[CatalogRow]:
     text = resources.files("sdcloud").joinpath(f"data/catalog/{provider}.csv").read_text()
-    return [row_from_mapping(r) for r in csv.DictReader(io.StringIO(text))]
+    return _apply_spot_assumption([row_from_mapping(r) for r in csv.DictReader(io.StringIO(text))])
 
 
 def _parse_time(text: str) -> datetime:
@@ -121,15 +258,22 @@ def _parse_time(text: str) -> datetime:
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
 
 
+def _oldest_price(rows: list[CatalogRow]) -> datetime | None:
+    dates = [r.market_date(m) for r in rows for m, p in (("spot", r.spot_price), ("on-demand", r.ondemand_price))
+             if p is not None and r.market_date(m)]
+    return _parse_time(min(dates)) if dates else None
+
+
 def load_provider(provider: str) -> tuple[list[CatalogRow], CatalogSource]:
     path = refreshed_path(provider)
     if path.exists():
         doc = json.loads(path.read_text())
-        rows = [row_from_mapping(r) for r in doc["rows"]]
-        return rows, CatalogSource(provider, "refreshed", _parse_time(doc["fetched_at"]), str(path))
+        rows = _apply_spot_assumption([row_from_mapping(r) for r in doc["rows"]])
+        return rows, CatalogSource(provider, "refreshed", _parse_time(doc["fetched_at"]), str(path), _oldest_price(rows))
     rows = bundled_rows(provider)
-    newest = max((r.snapshot_date for r in rows if r.snapshot_date), default="1970-01-01")
-    return rows, CatalogSource(provider, "bundled", _parse_time(newest), f"sdcloud/data/catalog/{provider}.csv")
+    dated = [r.snapshot_date for r in rows if r.snapshot_date]
+    as_of = _parse_time(max(dated)) if dated else None
+    return rows, CatalogSource(provider, "bundled", as_of, f"sdcloud/data/catalog/{provider}.csv", _oldest_price(rows))
 
 
 def load_catalog(providers: tuple[str, ...] | list[str] = PROVIDERS) -> Catalog:

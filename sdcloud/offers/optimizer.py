@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from .. import config
 from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, PROVIDERS, Catalog, CatalogRow
 from ..errors import UserError
-from .gpus import multi_gpu_speedup, relative_speed
+from .gpus import gpu_table, multi_gpu_speedup, relative_speed
 from .tiers import Tier
 
 MARKETS = ("spot", "on-demand")
@@ -68,6 +68,7 @@ class Estimate:
     est_cost: float  # USD
     overhead: float
     warnings: tuple[str, ...] = field(default=())
+    kind: str = ""  # the tier's kind, "train" or "batch": which speed figure was used
 
     def as_dict(self) -> dict:
         o, r = self.offer, self.offer.row
@@ -86,6 +87,7 @@ class Estimate:
             "gpu": r.gpu,
             "gpu_count": r.gpu_count,
             "vram_gb": r.vram_gb,
+            "vram_mib": r.usable_vram_mib,
             "vcpus": r.vcpus,
             "memory_gb": r.memory_gb,
             "nvme_gb": r.nvme_gb,
@@ -99,10 +101,24 @@ class Estimate:
             "est_cost_currency": "USD",
             "overhead": round(self.overhead, 4),
             "interruption": interruption,
-            "price_estimate": r.spot_estimate if o.market == "spot" else r.ondemand_estimate,
+            "price_estimate": r.market_basis(o.market) == "estimate",
             "snapshot_date": r.snapshot_date,
+            "price_basis": r.market_basis(o.market),
+            "price_date": r.market_date(o.market) or None,
+            "price_age_days": r.price_age_days(o.market),
+            "price_source": r.market_source(o.market),
+            "speed_rel": relative_speed(r.gpu, self.kind) if self.kind else None,
+            "speed_source": self.speed_source,
             "warnings": list(self.warnings),
         }
+
+    @property
+    def speed_source(self) -> str:
+        perf = gpu_table().get(self.offer.row.gpu)
+        if perf is None:
+            return "unknown GPU"
+        kind = "train = inference, " if self.kind == "train" else ""
+        return kind + perf.speed_source()
 
 
 def spot_overhead(band: int | None) -> float:
@@ -127,17 +143,20 @@ def estimate(tier: Tier, offer: Offer, job_size: int | None = None) -> Estimate 
     overhead = spot_overhead(offer.band)
     warnings = []
     r = offer.row
-    if r.vram_gb < tier.rec_vram_gb:
-        warnings.append(f"{r.vram_gb:g} GB VRAM is below the recommended {tier.rec_vram_gb:g} GB: smaller batches, slower")
+    usable_gb = r.usable_vram_mib / 1024
+    if usable_gb < tier.rec_vram_gb:
+        warnings.append(f"{usable_gb:.1f} GB usable VRAM is below the recommended {tier.rec_vram_gb:g} GB: smaller batches, slower")
     if tier.nvme_gb > 0 and r.nvme_gb <= 0:
         warnings.append("no local NVMe: data and checkpoints on network disk")
     elif 0 < r.nvme_gb < tier.nvme_gb:
         warnings.append(f"{r.nvme_gb:g} GB NVMe is below the {tier.nvme_gb:g} GB the tier wants")
-    return Estimate(offer, hours * overhead, offer.price_per_hour_usd * hours * overhead, overhead, tuple(warnings))
+    return Estimate(offer, hours * overhead, offer.price_per_hour_usd * hours * overhead, overhead, tuple(warnings), tier.kind)
 
 
 def fits(tier: Tier, row: CatalogRow) -> bool:
-    return row.vram_gb >= tier.min_vram_gb and row.memory_gb >= tier.memory_gb and row.gpu_count >= tier.gpu_count
+    """The tier's floors against the host: VRAM compared as the driver reports it (usable MiB), not the card's size."""
+    return (row.usable_vram_mib / 1024 >= tier.min_vram_gb and row.memory_gb >= tier.memory_gb
+            and row.gpu_count >= tier.gpu_count)
 
 
 def rank(

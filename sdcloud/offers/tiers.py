@@ -8,6 +8,7 @@ from functools import lru_cache
 from importlib import resources
 
 from ..errors import UserError
+from .gpus import gpu_table
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,11 @@ class Tier:
     batch_size: int
     ref_rate: float  # steps/s or images/s on the reference GPU (A10G)
     sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def gpus_fit(self) -> list[str]:
+        """GPUs whose usable memory (as the driver reports it) meets the tier's floor, smallest first."""
+        fit = [g for g in gpu_table().values() if g.usable_gb >= self.min_vram_gb]
+        return [g.gpu for g in sorted(fit, key=lambda g: (g.usable_mib, g.gpu))]
 
     @property
     def unit(self) -> str:
@@ -47,6 +53,8 @@ class Tier:
             "batch_size": self.batch_size,
             "ref_rate": self.ref_rate,
             "ref_gpu": "A10G",
+            "vram_compared": "usable MiB as the driver reports it",
+            "gpus_fit": self.gpus_fit(),
             "sources": dict(self.sources),
         }
 

@@ -184,8 +184,14 @@ def refresh_region(region: str, ec2, pricing, retry: Retry, previous: list[Catal
         od_price = (ondemand or {}).get(itype)
         od_est = False
         od_src = "on-demand: AWS Price List API"
+        # Each market keeps its own basis and date: a price carried from the bundled catalog keeps the bundled date.
+        od_meta = dict(ondemand_basis="listed", ondemand_date=today, ondemand_source=f"AWS Price List API, fetched {today}")
         if od_price is None and old is not None and old.ondemand_price is not None:
             od_price, od_est, od_src = old.ondemand_price, old.ondemand_estimate, "on-demand: bundled list price"
+            od_meta = dict(ondemand_basis=old.market_basis("on-demand"), ondemand_date=old.market_date("on-demand"),
+                           ondemand_source=old.market_source("on-demand"))
+        elif od_price is None:
+            od_meta = dict(ondemand_basis="none", ondemand_date="", ondemand_source="no on-demand price in the Price List")
         zone_spots = {z: v for (z, t), v in (spot or {}).items() if t == itype}
         region_spot = None
         spot_src = ""
@@ -195,15 +201,21 @@ def refresh_region(region: str, ec2, pricing, retry: Retry, previous: list[Catal
                       vram_gb=f.vram_gb, vcpus=f.vcpus, memory_gb=f.memory_gb, nvme_gb=f.nvme_gb, currency="USD",
                       interruption_band=band, snapshot_date=today)
         if od_price is not None or region_spot is not None:
+            spot_meta = (dict(spot_basis=old.market_basis("spot"), spot_date=old.market_date("spot"),
+                              spot_source=old.market_source("spot")) if region_spot is not None and old is not None
+                         else dict(spot_basis="none", spot_date="", spot_source="no spot quote for the region as a whole"))
             rows.append(CatalogRow(zone="", ondemand_price=od_price, spot_price=region_spot,
-                                   ondemand_estimate=od_est, spot_estimate=region_spot is not None,
+                                   ondemand_estimate=od_est, spot_estimate=region_spot is not None and spot_meta["spot_basis"] == "estimate",
                                    source=f"refreshed {today}: facts: describe_instance_types; {od_src}{spot_src}",
-                                   **common))
+                                   **od_meta, **spot_meta, **common))
         for zone, (stamp, price) in sorted(zone_spots.items()):
             rows.append(CatalogRow(zone=zone, ondemand_price=None, spot_price=price, ondemand_estimate=False,
                                    spot_estimate=False,
                                    source=f"refreshed {today}: facts: describe_instance_types; "
                                           f"spot: describe_spot_price_history {zone} as of {stamp.isoformat()}",
+                                   ondemand_basis="none", ondemand_source="no on-demand price on a zone row (the region row has it)",
+                                   spot_basis="quoted", spot_date=stamp.date().isoformat(),
+                                   spot_source=f"describe_spot_price_history {zone}, {stamp.isoformat()}",
                                    **common))
     return rows, errors
 
