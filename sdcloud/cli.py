@@ -18,6 +18,8 @@ from .errors import UserError
 # name -> (module under sdcloud.commands, attribute, one-line help shown by --help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "up": ("run", "up", "Run a training job: pick the offer, launch, survive reclaims, report the cost."),
+    "resume": ("run", "resume", "Continue a stopped or failed run from its durable checkpoint."),
+    "config": ("config", "config", "Show the settings in effect and where they come from."),
     "status": ("run", "status", "Show runs, or one run's state, step and attempts."),
     "logs": ("run", "logs", "Print (or follow) a run's log."),
     "down": ("run", "down", "Stop a run (or all runs) and terminate its hosts."),

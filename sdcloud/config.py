@@ -63,3 +63,18 @@ def usd_per(currency: str) -> float:
             return 1.0 / _positive_float(conf, "config.toml [currency] cny_per_usd")
         return 1.0 / DEFAULT_CNY_PER_USD
     raise UserError(f"unknown currency {currency!r}: sdcloud knows USD and CNY")
+
+
+DEFAULT_KEYS = ("provider", "region", "tier")
+
+
+def defaults() -> dict:
+    """[defaults] in config.toml: provider, region and tier used when a command is not given them."""
+    raw = settings().get("defaults", {})
+    if not isinstance(raw, dict):
+        raise UserError(f"{home() / 'config.toml'}: [defaults] must be a table")
+    unknown = set(raw) - set(DEFAULT_KEYS)
+    if unknown:
+        raise UserError(f"{home() / 'config.toml'}: unknown key(s) in [defaults]: {', '.join(sorted(unknown))}; "
+                        f"known: {', '.join(DEFAULT_KEYS)}")
+    return {k: str(v) for k, v in raw.items()}

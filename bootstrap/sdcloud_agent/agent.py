@@ -152,7 +152,8 @@ class Agent:
             log.info("restored checkpoint %d (%.1f MB in %.2fs) to %s", step, m.total_bytes / 1e6, secs, dest)
             ctx.resume, ctx.resume_step = dest, step
             sync.durable_step = max(sync.durable_step, step)
-            self.status.update(step=step)
+            # resumed_from: where this attempt took up the work (the controller tells the user).
+            self.status.update(step=step, resumed_from=step)
             return
         log.info("no complete checkpoint in the bucket: starting from step 0")
 

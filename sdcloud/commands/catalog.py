@@ -9,7 +9,7 @@ import click
 
 from ..offers.catalog import PROVIDERS, load_provider, stale_warning
 from ..errors import UserError
-from ..render import emit_json, note, table
+from ..render import emit_json, note, table, output_options
 
 
 @click.group()
@@ -31,6 +31,7 @@ def _refresher(provider: str):
 
 
 @catalog.command()
+@output_options
 @click.option("--provider", required=True, type=click.Choice(PROVIDERS), help="Which provider's catalog to refresh.")
 @click.option("--region", "regions", multiple=True, help="Region to refresh (repeatable; default: the catalog's regions).")
 @click.option("--public", is_flag=True, help="AWS: on-demand prices from the public bulk price list and bands from the "
@@ -69,6 +70,7 @@ def refresh(provider: str, regions: tuple[str, ...], public: bool, as_json: bool
 
 
 @catalog.command()
+@output_options
 @click.option("--provider", type=click.Choice(PROVIDERS), help="One provider (default: all).")
 @click.option("--region", help="One region.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")

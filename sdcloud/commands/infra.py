@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..render import emit_json
+from ..render import emit_json, output_options
 
 _provider = click.option("--provider", required=True, type=click.Choice(["aws", "tencent"]), help="Which cloud.")
 _region = click.option("--region", required=True, help="Region, e.g. us-east-1 or ap-guangzhou.")
@@ -48,6 +48,7 @@ def infra() -> None:
 
 
 @infra.command()
+@output_options
 @_provider
 @_region
 @_settings
@@ -61,6 +62,7 @@ def up(provider, region, as_json, **settings) -> None:
 
 
 @infra.command()
+@output_options
 @_provider
 @_region
 @_settings
@@ -77,6 +79,7 @@ def preview(provider, region, as_json, **settings) -> None:
 
 
 @infra.command()
+@output_options
 @_provider
 @_region
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
@@ -93,6 +96,7 @@ def down(provider, region, yes) -> None:
 
 
 @infra.command()
+@output_options
 @_provider
 @_region
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

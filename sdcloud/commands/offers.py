@@ -7,11 +7,14 @@ import click
 from ..offers.catalog import BAND_RECLAIMS_PER_HOUR, load_catalog, max_age_days, stale_warning
 from ..errors import UserError
 from ..offers.optimizer import rank
-from ..render import emit_json, note, table
+from .common import complete_providers, complete_regions, complete_tiers, market_of, market_options
+from ..render import emit_json, note, output_options, table, wide_option
 from ..offers.tiers import all_tiers, get_tier
 
 
 @click.command()
+@output_options
+@wide_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def tiers(as_json: bool) -> None:
     """List the workload tiers and what each needs."""
@@ -22,6 +25,7 @@ def tiers(as_json: bool) -> None:
     table("Workload tiers", ["tier", "VRAM min/rec", "GPUs", "vCPU", "RAM", "NVMe", "reference job", "fits", "description"],
           [(t.name, f"{t.min_vram_gb:g}/{t.rec_vram_gb:g} GB", t.gpu_count, t.vcpus, f"{t.memory_gb:g} GB", f"{t.nvme_gb:g} GB",
             f"{t.job_size} {t.unit} @ {t.resolution}px bs{t.batch_size}", " ".join(t.gpus_fit()), t.description) for t in items],
+          drop=["description", "fits", "NVMe", "reference job", "RAM", "vCPU", "GPUs"], wrap=["description", "fits"],
           caption="VRAM is usable memory as the driver reports it; sources of each figure: sdcloud tiers --json, or docs/tiers.md")
 
 
@@ -39,25 +43,33 @@ def _max_price(value: str | None) -> float | None:
 
 def _short_notes(est) -> str:
     """The estimate's warnings, shortened for a table cell (--json has them in full)."""
-    short = {"VRAM": "below rec. VRAM", "no local NVMe": "no NVMe", "NVMe is below": "small NVMe"}
+    short = {"vCPUs is below": "few vCPUs", "VRAM": "below rec. VRAM", "no local NVMe": "no NVMe", "NVMe is below": "small NVMe"}
     return ", ".join(next((v for k, v in short.items() if k in w), w) for w in est.warnings)
 
 
 @click.command()
-@click.option("--tier", "tier_name", required=True, help="Workload tier (sdcloud tiers).")
-@click.option("--spot", "market", flag_value="spot", help="Spot offers only.")
-@click.option("--on-demand", "market", flag_value="on-demand", help="On-demand offers only.")
-@click.option("--max-price", help="Highest price per hour, USD.")
-@click.option("--provider", help="aws or tencent.")
-@click.option("--region", help="One region, e.g. us-east-1 or ap-guangzhou.")
-@click.option("--steps", type=int, help="Job size in steps (images for batch tiers) instead of the tier's reference job.")
-@click.option("--limit", type=int, default=15, show_default=True, help="Rows to show (0 = all).")
+@output_options
+@wide_option
+@click.option("--tier", "tier_name", required=True, metavar="TIER", shell_complete=complete_tiers,
+              help="Workload tier (sdcloud tiers).")
+@market_options
+@click.option("--max-price", metavar="USD", help="Highest price per hour, USD.")
+@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws or tencent.")
+@click.option("--region", metavar="REGION", shell_complete=complete_regions, help="One region, e.g. us-east-1 or ap-guangzhou.")
+@click.option("--steps", type=int, metavar="N", help="Job size in steps (images for batch tiers) instead of the tier's reference job.")
+@click.option("--limit", type=int, default=15, show_default=True, metavar="N", help="Rows to show (0 = all).")
 @click.option("--explain", is_flag=True, help="Show why each row ranks where it does: price source and age, speed source, band, overhead.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list ranked by est_cost.")
-def offers(tier_name: str, market: str | None, max_price: str | None, provider: str | None, region: str | None,
-           steps: int | None, limit: int, explain: bool, as_json: bool) -> None:
+def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price: str | None, provider: str | None,
+           region: str | None, steps: int | None, limit: int, explain: bool, as_json: bool) -> None:
     """Rank GPU offers by the expected cost to finish a job (not by price per hour)."""
+    market = market_of(spot, on_demand)
     tier = get_tier(tier_name)
+    if provider:
+        from ..names import match_name
+        from ..offers.catalog import PROVIDERS
+
+        provider = match_name(provider, PROVIDERS, "provider")
     if steps is not None and steps <= 0:
         raise UserError(f"--steps must be a positive whole number, got {steps}")
     if limit < 0:
@@ -89,6 +101,8 @@ def offers(tier_name: str, market: str | None, max_price: str | None, provider: 
             f"{e.offer.price_per_hour_usd:.4f}" + ("~" if (e.offer.row.spot_estimate if e.offer.market == "spot" else e.offer.row.ondemand_estimate) else ""),
             f"{e.est_hours:.2f}", f"{e.est_cost:.2f}", e.as_dict()["interruption"], _short_notes(e))
            for i, e in enumerate(shown)],
+          drop=[c for c, fixed in (("provider", provider), ("region", region), ("market", market)) if fixed]
+          + ["notes", "interruption", "GPU", "est h", "VRAM", "#"],
           caption=f"{len(ranked)} offers fit; VRAM = usable (as the driver reports it)/nominal; ~ = estimated price; "
                   "prices in USD (CNY converted); est $ = $/h x est h; --explain shows each row's inputs")
 
@@ -116,6 +130,8 @@ def _explain(tier, job: int, shown, total: int) -> None:
     table(f"{tier.name}: {job} {tier.unit}, why each offer ranks where it does",
           ["#", "offer", "market", "$/h", "price basis, age", "price source", "speed (A10G=1)", "speed source",
            "interruption", "overhead", "est h", "est $"], rows,
+          drop=["price source", "speed source", "overhead", "est h", "interruption", "#"],
+          wrap=["price source", "speed source"],
           caption=f"{total} offers fit; est h = ({SETUP_HOURS:g} h setup + job / (tier rate x speed x GPUs)) x overhead; "
                   f"overhead = 1 + reclaims/h x ({RESTART_HOURS:g} h restart + {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2); "
                   "docs/offers.md explains each column")

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
+from pathlib import Path
 
 import click
 
+from .. import render
 from ..errors import UserError
-from ..render import emit_json, note, table
+from ..render import emit_json, note, output_options, table, wide_option
+from .common import complete_providers, complete_regions, complete_runs, complete_tiers, market_of, market_options
+
+# Exit codes (docs/runs.md): 0 the run succeeded, 1 it stopped or failed, 2 bad input (nothing
+# launched), 4 no controller is driving an unfinished run, 130 interrupted by Ctrl-C.
+EXIT_NOT_SUCCEEDED = 1
+EXIT_NO_CONTROLLER = 4
+EXIT_INTERRUPTED = 130
+# When output is not a terminal (a CI log), one progress line this often.
+PIPE_PROGRESS_SECONDS = 60.0
 
 
 def _state():
@@ -26,15 +38,55 @@ def _find_run(state, run: str) -> dict:
     return found
 
 
-class ProgressView:
-    """Shows a run as it goes: a rich progress bar on a terminal, one line per event otherwise."""
+def plain(kind: str, data: dict) -> str | None:
+    """An event told in plain words, or None for events only -v shows."""
+    n = data.get("attempt")
+    where = " ".join(str(x) for x in (data.get("instance_type"), data.get("zone") and f"in {data['zone']}") if x)
+    if kind == "launching":
+        return f"attempt {n}: launching {data.get('offer')} ({data.get('market')}, ${data.get('price_usd')}/h)"
+    if kind == "launched":
+        return f"attempt {n}: host {data.get('instance')} is up" + (" (adopted: it was already running)" if data.get("adopted") else "")
+    if kind == "launch-failed":
+        return f"attempt {n}: could not launch ({data.get('error')}); trying the next offer"
+    if kind == "reclaimed":
+        step = data.get("step")
+        saved = "the host saved its checkpoint" if data.get("phase") == "preempted" else "the host is gone"
+        return f"spot reclaim of attempt {n}" + (f" at step {step}" if step is not None else "") + f": {saved}"
+    if kind == "host-lost":
+        return f"attempt {n}: host {data.get('instance')} lost" + (
+            f" (no heartbeat for {data['heartbeat_age_s']} s)" if data.get("heartbeat_age_s") else "")
+    if kind == "resumed":
+        lost = data.get("lost_steps") or 0
+        return (f"attempt {n}{' on ' + where if where else ''} resumed from step {data.get('from_step')}, "
+                f"{lost} step{'s' if lost != 1 else ''} lost")
+    if kind == "deadline-fallback":
+        return f"the deadline is at risk: moving from spot to on-demand ({data.get('to')})"
+    if kind == "budget":
+        return f"budget ${data.get('budget')} reached (${data.get('spent')} spent): stopping with the checkpoint kept"
+    if kind == "dataset-uploaded":
+        return f"dataset: {data.get('files')} files in the run's bucket ({data.get('sent')} sent, {data.get('mb')} MB)"
+    if kind == "resume":
+        return f"resuming a {data.get('from_state')} run from step {data.get('step')} (${data.get('spent_usd')} already spent)"
+    if kind.startswith("run-"):
+        reason = data.get("reason")
+        return f"run {kind[4:]}" + (f": {reason}" if reason else "")
+    if kind in ("strays", "terminate-failed", "sweep-failed", "price-history-failed", "store-credentials-failed"):
+        return f"{kind}: " + " ".join(f"{k}={v}" for k, v in data.items() if v is not None)
+    return None
 
-    def __init__(self, total: int, quiet: bool):
-        self.quiet = quiet
+
+class ProgressView:
+    """Shows a run as it goes: a rich progress bar on a terminal; otherwise one line per event and a
+    progress line a minute, so that a CI log is never silent for hours. Events carry their own time."""
+
+    def __init__(self, total: int, quiet: bool, clock=time.time):
+        self.quiet = quiet or render.VERBOSITY < 0
         self.total = total
+        self.clock = clock
         self.progress = None
         self.task = None
-        if not quiet and sys.stderr.isatty():
+        self._last_line = 0.0
+        if not self.quiet and sys.stderr.isatty():
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -44,19 +96,39 @@ class ProgressView:
             self.task = self.progress.add_task("run", total=total, phase="starting", rate="", cost=0.0)
             self.progress.start()
 
-    def __call__(self, kind: str, data: dict) -> None:
+    def _print(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress.console.print(line, markup=False, highlight=False)
+        else:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+    def __call__(self, kind: str, data: dict, at: float | None = None) -> None:
+        if self.quiet:
+            return
         if kind == "progress":
+            rate = f"{data['it_per_s']:.2f} it/s" if data.get("it_per_s") else ""
             if self.progress is not None:
-                rate = f"{data['it_per_s']:.2f} it/s" if data.get("it_per_s") else ""
                 self.progress.update(self.task, completed=data.get("step") or 0, phase=data.get("phase") or "",
                                      rate=rate, cost=data.get("cost") or 0.0)
+            elif self.clock() - self._last_line >= PIPE_PROGRESS_SECONDS:
+                self._last_line = self.clock()
+                eta = ""
+                if data.get("it_per_s") and data.get("step") is not None:
+                    left = max(0, (data.get("total") or self.total) - data["step"]) / data["it_per_s"]
+                    eta = f", about {left / 60:.0f} min left"
+                self._print(f"[{time.strftime('%H:%M:%S', time.localtime(self.clock()))}] {data.get('phase') or ''} "
+                            f"step {data.get('step')}/{data.get('total') or self.total}"
+                            f"{', ' + rate if rate else ''}{eta}, ${data.get('cost') or 0:.4f} so far")
             return
-        detail = " ".join(f"{k}={v}" for k, v in data.items() if v is not None)
-        line = f"[{time.strftime('%H:%M:%S')}] {kind} {detail}"
-        if self.progress is not None:
-            self.progress.console.print(line)
-        elif not self.quiet or kind not in ("progress",):
-            note(line)
+        stamp = time.strftime("%H:%M:%S", time.localtime(at if at is not None else self.clock()))
+        text = plain(kind, data)
+        if render.VERBOSITY > 0 or text is None:
+            detail = " ".join(f"{k}={v}" for k, v in data.items() if v is not None)
+            if render.VERBOSITY > 0:
+                self._print(f"[{stamp}] {kind} {detail}")
+            return
+        self._print(f"[{stamp}] {text}")
 
     def close(self) -> None:
         if self.progress is not None:
@@ -102,7 +174,7 @@ def render_summary(summ: dict) -> None:
           ["#", "provider", "region", "zone", "type", "market", "$/h", "hours", "cost $", "ended by"],
           [(a["n"], a["provider"], a["region"], a["zone"], a["instance_type"], a["market"],
             f"{a['price']:.4f}" if a["price"] is not None else "", f"{a['hours']:.3f}", f"{a['cost']:.4f}", a["end_reason"] or "running")
-           for a in summ["attempts"]])
+           for a in summ["attempts"]], drop=["provider", "region", "hours", "#"])
     c = summ["cost"]
     line = f"step {summ['step']}/{summ['total_steps']}; total ${c['total']:.4f}"
     if c.get("savings_pct") is not None:
@@ -114,40 +186,134 @@ def render_summary(summ: dict) -> None:
                    f"{best['market']} at ${best['price_per_hour_usd']:.4f}/h, about {best['est_hours']:.2f} h, ${best['est_cost']:.4f}")
 
 
+def _budget(value: str | None) -> str | None:
+    """--budget as given; `$20` is read as 20, and a 0 that the shell made from `$20` gets a hint."""
+    if value is None:
+        return None
+    text = str(value).strip().lstrip("$")
+    try:
+        if float(text) == 0:
+            raise UserError("--budget 0 cannot buy anything: if you typed --budget $20, the shell ate the '$20'; "
+                            "write --budget 20 (USD) or quote it: --budget '$20'")
+    except ValueError:
+        pass
+    return text
+
+
+def _local_path(value: str | None) -> str | None:
+    """A local path made absolute against the directory the user is in (a URL or a model id is left alone)."""
+    if not value or "://" in value:
+        return value
+    path = Path(value).expanduser()
+    return str(path.resolve()) if path.exists() else value
+
+
+def _run_ended(ctl, state, run_id: str, as_json: bool, interrupted: bool = False) -> None:
+    from ..runs.controller import summary
+
+    summ = summary(state, run_id)
+    if as_json:
+        emit_json(summ)
+    else:
+        render_summary(summ)
+    if interrupted:
+        raise SystemExit(EXIT_INTERRUPTED)
+    if summ["state"] != "succeeded":
+        raise SystemExit(EXIT_NOT_SUCCEEDED)
+
+
+def drive(state, run_id: str, detach: bool, as_json: bool) -> None:
+    """Drive a run to its end here (or in the background with --detach), then report it."""
+    from ..runs.controller import Controller, detach as detach_run
+
+    if detach:
+        pid = detach_run(run_id)
+        if as_json:
+            emit_json({"run": run_id, "controller_pid": pid, "state": "running"})
+        else:
+            click.echo(f"run {run_id} continues in the background (pid {pid}); follow it with: sdcloud watch {run_id}")
+        return
+    view = ProgressView(state.get_run(run_id)["total_steps"], quiet=as_json)
+    ctl = Controller(state, run_id, emit=view)
+    previous = signal.signal(signal.SIGTERM, lambda *_: ctl.request_stop("stopped: the controller got SIGTERM"))
+    interrupted = False
+    try:
+        try:
+            ctl.run()
+        except KeyboardInterrupt:
+            # Ctrl-C stops the run cleanly: the host saves and is terminated. A second Ctrl-C does
+            # not cut the stop short (that would leave a host billing): it says what is going on.
+            interrupted = True
+            name = state.get_run(run_id).get("name") or run_id
+
+            def again(*_):
+                note(f"still stopping run {run_id}: the host is saving its checkpoint and will be terminated; "
+                     f"if this is cut short, stop it with: sdcloud down {name}")
+
+            signal.signal(signal.SIGINT, again)
+            note(f"stopping run {run_id}: saving the checkpoint and terminating the host ...")
+            ctl.request_stop("interrupted")
+            ctl._finish_stop("interrupted (Ctrl-C); checkpoint kept")
+            ctl.sweep_strays()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        view.close()
+        close = getattr(ctl.provider, "close", None)
+        if close:
+            close()
+    _run_ended(ctl, state, run_id, as_json, interrupted)
+
+
 @click.command()
-@click.option("--tier", help="Workload tier (sdcloud tiers).")
-@click.option("--spot", "market", flag_value="spot", default=None, help="Spot capacity, with on-demand to meet a deadline (default).")
-@click.option("--on-demand", "market", flag_value="on-demand", help="On-demand only.")
-@click.option("--max-price", help="Highest spot price per hour, USD.")
-@click.option("--provider", help="aws, tencent, local (default) or ssh.")
-@click.option("--region", help="Region to run in (default: any).")
-@click.option("--deadline", help="Finish within this long, e.g. 36h, 1d12h, 90m.")
-@click.option("--budget", help="Stop before spending more than this many USD (checkpoint kept).")
-@click.option("--name", help="A name for the run; an unfinished run of that name is picked up again.")
-@click.option("--dataset", help="Images (and captions): a local folder or s3:// / cos:// URL.")
-@click.option("--trainer", help="builtin (default), diffusers, kohya or command.")
-@click.option("--model", help="Base model: tiny (demo), a local diffusers folder, or a model id the host can load.")
-@click.option("--steps", help="Training steps (default: the tier's reference job).")
-@click.option("--checkpoint-every", help="Save a checkpoint every N steps.")
-@click.option("--store", help="Bucket URL for checkpoints instead of the stack's (s3://BUCKET/PREFIX or file:///DIR).")
-@click.option("--simulate-preemption", help="Local provider: announce a reclaim this many seconds into the first attempt.")
-@click.option("-f", "--file", "runfile", help="Run file (YAML or TOML) with the same fields; flags override it.")
+@output_options
+@click.option("--tier", metavar="TIER", shell_complete=complete_tiers, help="Workload tier (sdcloud tiers).")
+@market_options
+@click.option("--max-price", metavar="USD", help="Highest spot price per hour, USD.")
+@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws, tencent, local (default) or ssh.")
+@click.option("--region", metavar="REGION", shell_complete=complete_regions, help="Region to run in (default: any).")
+@click.option("--deadline", metavar="DURATION", help="Finish within this long, e.g. 36h, 1d12h, 90m.")
+@click.option("--budget", metavar="USD", help="Stop before spending more than this many USD (checkpoint kept).")
+@click.option("--name", metavar="NAME", shell_complete=complete_runs,
+              help="A name for the run; an unfinished, stopped or failed run of that name is continued.")
+@click.option("--dataset", metavar="PATH", help="Images (and captions): a local folder or s3:// / cos:// URL.")
+@click.option("--trainer", metavar="TRAINER", help="builtin (default), diffusers, kohya or command.")
+@click.option("--model", metavar="MODEL", help="Base model: tiny (demo), a local diffusers folder, or a model id the host can load.")
+@click.option("--steps", metavar="N", help="Training steps (default: the tier's reference job).")
+@click.option("--checkpoint-every", metavar="N", help="Save a checkpoint every N steps.")
+@click.option("--store", metavar="URL", help="Bucket URL for checkpoints instead of the stack's (s3://BUCKET/PREFIX or file:///DIR).")
+@click.option("--simulate-preemption", metavar="SECONDS", help="Local provider: announce a reclaim this many seconds into the first attempt.")
+@click.option("-f", "--file", "runfile", metavar="PATH", help="Run file (YAML or TOML) with the same fields; flags override it.")
 @click.option("--detach", is_flag=True, help="Run the controller in the background; follow with sdcloud watch RUN.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation before launching paid hosts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
-def up(tier, market, max_price, provider, region, deadline, budget, name, dataset, trainer, model, steps, checkpoint_every,
-       store, simulate_preemption, runfile, detach, yes, as_json) -> None:
+def up(tier, spot, on_demand, max_price, provider, region, deadline, budget, name, dataset, trainer, model, steps,
+       checkpoint_every, store, simulate_preemption, runfile, detach, yes, as_json) -> None:
     """Run a training job: pick the offer, launch, survive reclaims, report the cost."""
-    from ..runs.controller import ACTIVE_RUN_STATES, Controller, controller_alive, detach as detach_run, new_run_id, summary
-    from ..runs.spec import build_spec
+    from .. import config
     from ..offers.tiers import get_tier
+    from ..runs.controller import ACTIVE_RUN_STATES, controller_alive, new_run_id
 
-    spec = build_spec(runfile, {"tier": tier, "market": market, "max_price": max_price, "provider": provider, "region": region,
-                                "deadline_hours": deadline, "budget": budget, "name": name, "dataset": dataset, "trainer": trainer,
-                                "model": model, "steps": steps, "checkpoint_every": checkpoint_every, "store": store,
-                                "simulate_preemption": simulate_preemption})
+    flags = {"tier": tier, "market": market_of(spot, on_demand), "max_price": max_price, "provider": provider,
+             "region": region, "deadline_hours": deadline, "budget": _budget(budget), "name": name,
+             "dataset": _local_path(dataset), "trainer": trainer, "model": _local_path(model), "steps": steps,
+             "checkpoint_every": checkpoint_every, "store": store, "simulate_preemption": simulate_preemption}
     state = _state()
+    existing = state.get_run(name) if name else None
+    if existing and existing["state"] in ("stopped", "failed"):
+        _resume(state, existing, flags, runfile, detach, as_json)
+        return
+    from ..runs.spec import build_spec, load_runfile
+
+    in_file = set(load_runfile(_local_path(runfile))) if runfile else set()
+    for key, value in config.defaults().items():  # [defaults] in config.toml: below the run file and the flags
+        if flags.get(key) is None and key not in in_file:
+            flags[key] = value
+    spec = build_spec(_local_path(runfile), flags)
     existing = state.get_run(spec.name) if spec.name else None
+    if existing and existing["state"] in ("stopped", "failed"):
+        _resume(state, existing, flags, runfile, detach, as_json)
+        return
     if existing and existing["state"] in ACTIVE_RUN_STATES:
         if controller_alive(existing):
             raise UserError(f"run {existing['id']} ({spec.name}) is being driven by process {existing['controller_pid']}; "
@@ -178,44 +344,74 @@ def up(tier, market, max_price, provider, region, deadline, budget, name, datase
         run_id = new_run_id()
         state.create_run(run_id, spec.tier, spec.as_dict(), total, spec.name)
         note(f"run {run_id}: {spec.tier} on {spec.provider}, {total} steps")
-    if detach:
-        pid = detach_run(run_id)
-        if as_json:
-            emit_json({"run": run_id, "controller_pid": pid, "state": "running"})
-        else:
-            click.echo(f"run {run_id} continues in the background (pid {pid}); follow it with: sdcloud watch {run_id}")
+    drive(state, run_id, detach, as_json)
+
+
+def _resume(state, run: dict, flags: dict, runfile, detach: bool, as_json: bool) -> None:
+    """Continue a stopped or failed run under its own id; the flags given override its stored spec where safe."""
+    from ..runs.controller import prepare_resume
+    from ..runs.spec import build_spec, load_runfile
+
+    given = dict(load_runfile(_local_path(runfile))) if runfile else {}
+    given.update({k: v for k, v in flags.items() if v is not None})
+    given.pop("name", None)
+    checked = build_spec(None, {**run["spec"], **given}).as_dict()  # validated and normalised as a new run would be
+    changed = prepare_resume(state, run, {k: checked[k] for k in given if k in checked})
+    note(f"resuming run {run['id']}" + (f" ({run['name']})" if run.get("name") else "") + f" from step {run['step']}"
+         + (f" with new {', '.join(changed)}" if changed else ""))
+    drive(state, run["id"], detach, as_json)
+
+
+@click.command()
+@output_options
+@click.argument("run", metavar="RUN", shell_complete=complete_runs)
+@click.option("--budget", metavar="USD", help="A new budget for the whole run (what was spent counts).")
+@click.option("--deadline", metavar="DURATION", help="A new deadline, counted from the run's start.")
+@click.option("--max-price", metavar="USD", help="A new highest spot price per hour.")
+@market_options
+@click.option("--steps", metavar="N", help="A new total number of steps (not below those done).")
+@click.option("--detach", is_flag=True, help="Run the controller in the background; follow with sdcloud watch RUN.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
+def resume(run, budget, deadline, max_price, spot, on_demand, steps, detach, as_json) -> None:
+    """Continue a stopped or failed run from its durable checkpoint, under its own run id."""
+    from ..runs.controller import ACTIVE_RUN_STATES
+
+    state = _state()
+    found = _find_run(state, run)
+    if found["state"] == "succeeded":
+        raise UserError(f"run {found['id']} has already succeeded; start a new one with sdcloud up")
+    flags = {"budget": _budget(budget), "deadline_hours": deadline, "max_price": max_price,
+             "market": market_of(spot, on_demand), "steps": steps}
+    if found["state"] in ACTIVE_RUN_STATES:
+        from ..runs.controller import controller_alive
+
+        if controller_alive(found):
+            raise UserError(f"run {found['id']} is running; follow it with: sdcloud watch {found['id']}")
+        note(f"picking up unfinished run {found['id']}")
+        drive(state, found["id"], detach, as_json)
         return
-    view = ProgressView(state.get_run(run_id)["total_steps"], quiet=as_json)
-    ctl = Controller(state, run_id, emit=view)
-    previous = signal.signal(signal.SIGTERM, lambda *_: ctl.request_stop("stopped: the controller got SIGTERM"))
-    try:
-        try:
-            summ = ctl.run()
-        except KeyboardInterrupt:
-            # Ctrl-C stops the run cleanly: the host saves, is terminated; pick it up later by name.
-            ctl.request_stop("interrupted")
-            ctl._finish_stop("interrupted (Ctrl-C); checkpoint kept")
-            summ = summary(state, run_id)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        view.close()
-        close = getattr(ctl.provider, "close", None)
-        if close:
-            close()
-    if as_json:
-        emit_json(summ)
-    else:
-        render_summary(summ)
-    if summ["state"] != "succeeded":
-        raise SystemExit(1)
+    _resume(state, found, flags, None, detach, as_json)
 
 
 def _default_region(provider: str) -> str:
     return {"aws": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"), "tencent": "ap-guangzhou"}.get(provider, "")
 
 
+def controller_note(run: dict) -> str | None:
+    """For an unfinished run that no live controller drives: what to do about it (hosts may be billing)."""
+    from ..runs.controller import ACTIVE_RUN_STATES, controller_alive
+
+    if run["state"] not in ACTIVE_RUN_STATES or controller_alive(run):
+        return None
+    name = run.get("name") or run["id"]
+    return (f"no controller: nothing is watching run {run['id']}, and its host may still be billing; "
+            f"resume it with: sdcloud resume {name}; or stop it with: sdcloud down {name}")
+
+
 @click.command()
-@click.argument("run", required=False)
+@output_options
+@wide_option
+@click.argument("run", required=False, metavar="RUN", shell_complete=complete_runs)
 @click.option("--json", "as_json", is_flag=True)
 def status(run: str | None, as_json: bool) -> None:
     """Show runs, or one run's state, step and attempts."""
@@ -223,19 +419,33 @@ def status(run: str | None, as_json: bool) -> None:
 
     state = _state()
     if run:
-        summ = summary(state, _find_run(state, run)["id"])
+        found = _find_run(state, run)
+        summ = summary(state, found["id"])
+        dead = controller_note(found)
+        summ["controller"] = "none" if dead else ("alive" if found["state"] not in ("succeeded", "failed", "stopped") else "ended")
         if as_json:
             emit_json(summ)
         else:
             render_summary(summ)
+            if dead:
+                click.echo(dead)
         return
-    runs = [summary(state, r["id"]) for r in state.list_runs()]
+    runs = state.list_runs()
+    summs = []
+    for r in runs:
+        s = summary(state, r["id"])
+        s["controller"] = "none" if controller_note(r) else "ok"
+        summs.append(s)
     if as_json:
-        emit_json(runs)
+        emit_json(summs)
         return
     table("runs", ["run", "name", "tier", "provider", "state", "step", "attempts", "cost $"],
-          [(r["run"], r["name"] or "", r["tier"], r["provider"], r["state"], f"{r['step']}/{r['total_steps']}",
-            len(r["attempts"]), f"{r['cost']['total']:.4f}") for r in runs])
+          [(r["run"], r["name"] or "", r["tier"], r["provider"],
+            "no controller" if r["controller"] == "none" else r["state"], f"{r['step']}/{r['total_steps']}",
+            len(r["attempts"]), f"{r['cost']['total']:.4f}") for r in summs],
+          drop=["attempts", "provider", "name"])
+    if any(r["controller"] == "none" for r in summs):
+        click.echo("no controller: resume a run with: sdcloud resume RUN; or stop it with: sdcloud down RUN")
 
 
 def _store_for(run: dict):
@@ -248,56 +458,114 @@ def _store_for(run: dict):
     return open_run_store(store_url(spec, state.infra(spec.provider, spec.region or "")))
 
 
-def _log_lines(run: dict, offsets: dict) -> list[str]:
-    """New lines of the run's events and of each attempt's host log since `offsets`."""
+_LOG_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(?:[.,](\d+))?")
+_STEP_LINE = re.compile(r"SDCLOUD_STEP \{")
+
+
+def _parse_time(line: str) -> float | None:
+    m = _LOG_TIME.match(line)
+    if not m:
+        return None
+    try:
+        stamp = time.mktime(time.strptime(m.group(1).replace("T", " "), "%Y-%m-%d %H:%M:%S"))
+    except ValueError:
+        return None
+    return stamp + (float("0." + m.group(2)) if m.group(2) else 0.0)
+
+
+def log_records(run: dict, offsets: dict, steps: bool = False) -> list[dict]:
+    """New records of the run's events and hosts' logs since `offsets`, each with its own time.
+
+    Host log lines carry the agent's timestamp; a line without one (a trainer's traceback) takes the
+    time of the line before it, so that a merge by time keeps it in place.
+    """
     from ..runs.store import StoreError
 
     state = _state()
-    lines = []
+    out = []
     for ev in state.events(run["id"], after_id=offsets.get("events", 0)):
         offsets["events"] = ev["id"]
-        detail = " ".join(f"{k}={v}" for k, v in ev["data"].items())
-        lines.append(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ev['time']))} controller {ev['kind']} {detail}")
+        out.append({"time": ev["time"], "source": "controller", "attempt": ev["data"].get("attempt"),
+                    "kind": ev["kind"], "text": plain(ev["kind"], ev["data"]) or ev["kind"],
+                    "detail": " ".join(f"{k}={v}" for k, v in ev["data"].items())})
     try:
         store = _store_for(run)
         for info in store.list(f"runs/{run['id']}/logs/"):
             data = store.get(info.key)
             seen = offsets.get(info.key, 0)
-            if len(data) > seen:
-                name = info.key.rsplit("/", 1)[-1]
-                lines += [f"{name}: {line}" for line in data[seen:].decode(errors="replace").splitlines()]
-                offsets[info.key] = len(data)
+            if len(data) <= seen:
+                continue
+            name = info.key.rsplit("/", 1)[-1]
+            m = re.search(r"attempt-(\d+)", name)
+            attempt = int(m.group(1)) if m else None
+            last = offsets.get(info.key + "#t", 0.0)
+            for line in data[seen:].decode(errors="replace").splitlines():
+                at = _parse_time(line) or last
+                last = at
+                if not steps and _STEP_LINE.search(line):
+                    continue
+                out.append({"time": at, "source": name.removesuffix(".log"), "attempt": attempt, "kind": "log",
+                            "text": line, "detail": ""})
+            offsets[info.key] = len(data)
+            offsets[info.key + "#t"] = last
     except (StoreError, OSError, ValueError):
         pass
-    return lines
+    out.sort(key=lambda r: r["time"])
+    return out
+
+
+def _log_line(r: dict) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"]))
+    if r["source"] == "controller":
+        text = f"{r['kind']} {r['detail']}".strip() if render.VERBOSITY > 0 else r["text"]
+        return f"{stamp} controller {text}"
+    return f"{stamp} {r['source']}: {r['text']}"
 
 
 @click.command()
-@click.argument("run")
+@output_options
+@click.argument("run", metavar="RUN", shell_complete=complete_runs)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
-def logs(run: str, follow: bool) -> None:
-    """Print (or follow) a run's log: controller events and the hosts' logs from the bucket."""
+@click.option("--tail", "tail_n", type=int, metavar="N", help="Only the last N lines.")
+@click.option("--attempt", type=int, metavar="N", help="Only attempt N (and the controller's events about it).")
+@click.option("--steps", is_flag=True, help="Include the trainer's per-step lines.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON record per line: time, source, attempt, kind, text.")
+def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps: bool, as_json: bool) -> None:
+    """Print (or follow) a run's log: controller events and the hosts' logs, merged in time order."""
+    import json as _json
+
     from ..runs.state import FINAL_RUN_STATES
 
+    if tail_n is not None and tail_n < 0:
+        raise UserError(f"--tail must be 0 or more, got {tail_n}")
     state = _state()
     found = _find_run(state, run)
     offsets: dict = {}
-    while True:
-        for line in _log_lines(found, offsets):
-            click.echo(line)
-        if not follow or state.get_run(found["id"])["state"] in FINAL_RUN_STATES:
-            if follow:
-                for line in _log_lines(found, offsets):
-                    click.echo(line)
-            return
+
+    def show(records: list[dict], first: bool) -> None:
+        if attempt is not None:
+            records = [r for r in records if r["attempt"] in (attempt, None) and
+                       (r["attempt"] == attempt or r["source"] == "controller" and r["kind"].startswith("run-"))]
+        if first and tail_n is not None:
+            records = records[-tail_n:] if tail_n else []
+        for r in records:
+            click.echo(_json.dumps(r) if as_json else _log_line(r))
+
+    show(log_records(found, offsets, steps), True)
+    while follow and state.get_run(found["id"])["state"] not in FINAL_RUN_STATES:
         time.sleep(2)
+        show(log_records(found, offsets, steps), False)
+    if follow:
+        show(log_records(found, offsets, steps), False)
 
 
 @click.command()
-@click.argument("run", required=False)
+@output_options
+@click.argument("run", required=False, metavar="RUN", shell_complete=complete_runs)
 @click.option("--all", "all_runs", is_flag=True, help="Every unfinished run.")
+@click.option("--yes", is_flag=True, help="Do not ask before stopping every run (--all).")
 @click.option("--json", "as_json", is_flag=True)
-def down(run: str | None, all_runs: bool, as_json: bool) -> None:
+def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
     """Stop a run (or all runs): the host saves a checkpoint and every instance is terminated."""
     from ..runs.controller import ACTIVE_RUN_STATES, Controller, controller_alive
 
@@ -305,6 +573,8 @@ def down(run: str | None, all_runs: bool, as_json: bool) -> None:
         raise UserError("name a run or pass --all; see: sdcloud status")
     state = _state()
     runs = state.list_runs(ACTIVE_RUN_STATES) if all_runs else [_find_run(state, run)]
+    if all_runs and runs and not yes:
+        click.confirm(f"Stop {len(runs)} run(s): {', '.join(r['id'] for r in runs)}?", abort=True, err=True)
     done = []
     for r in runs:
         if controller_alive(r):
@@ -325,9 +595,11 @@ def down(run: str | None, all_runs: bool, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("run")
-def watch(run: str) -> None:
-    """Follow a run's progress until it ends."""
+@output_options
+@click.argument("run", metavar="RUN", shell_complete=complete_runs)
+@click.option("--interval", type=float, default=2.0, show_default=True, metavar="SECONDS", help="How often to look.")
+def watch(run: str, interval: float) -> None:
+    """Follow a run's progress until it ends; exit with the run's own exit code."""
     from ..runs.controller import summary
     from ..runs.state import FINAL_RUN_STATES
 
@@ -335,23 +607,42 @@ def watch(run: str) -> None:
     found = _find_run(state, run)
     view = ProgressView(found["total_steps"], quiet=False)
     offsets: dict = {}
+    # A controller that was just started writes its pid at once; give it a moment before judging.
+    grace_until = time.time() + 2 * interval
     try:
         while True:
             r = state.get_run(found["id"])
             for ev in state.events(found["id"], after_id=offsets.get("events", 0)):
                 offsets["events"] = ev["id"]
-                view(ev["kind"], ev["data"])
-            view("progress", {"step": r["step"], "phase": r["state"], "cost": summary(state, r["id"])["cost"]["total"]})
+                view(ev["kind"], ev["data"], at=ev["time"])
+            summ = summary(state, r["id"])
+            view("progress", {"step": r["step"], "phase": r["state"], "cost": summ["cost"]["total"],
+                              "total": r["total_steps"]})
             if r["state"] in FINAL_RUN_STATES:
                 break
-            time.sleep(2)
+            dead = controller_note(r)
+            if dead and time.time() > grace_until:
+                view.close()
+                click.echo(dead, err=True)
+                raise SystemExit(EXIT_NO_CONTROLLER)
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        view.close()
+        name = found.get("name") or found["id"]
+        click.echo(f"stopped watching; run {found['id']} continues (sdcloud watch {name} to follow it again, "
+                   f"sdcloud down {name} to stop it)", err=True)
+        raise SystemExit(EXIT_INTERRUPTED)
     finally:
         view.close()
-    render_summary(summary(state, found["id"]))
+    summ = summary(state, found["id"])
+    render_summary(summ)
+    if summ["state"] != "succeeded":
+        raise SystemExit(EXIT_NOT_SUCCEEDED)
 
 
 @click.command()
-@click.argument("run")
+@output_options
+@click.argument("run", metavar="RUN", shell_complete=complete_runs)
 def ssh(run: str) -> None:
     """Open a shell on a run's current host."""
     from ..runs.controller import Controller

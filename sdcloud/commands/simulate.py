@@ -5,10 +5,11 @@ from __future__ import annotations
 import click
 
 from ..errors import UserError
-from ..render import emit_json, note, table
+from ..render import emit_json, note, table, output_options
 
 
 @click.command()
+@output_options
 @click.option("--trace", "traces", multiple=True, required=True, metavar="FILE",
               help="Availability trace (JSON, one value per tick, > 0 = spot). Several = several zones.")
 @click.option("--job-hours", type=float, required=True, help="C: hours of work the job needs.")

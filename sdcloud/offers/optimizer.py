@@ -146,6 +146,9 @@ def estimate(tier: Tier, offer: Offer, job_size: int | None = None) -> Estimate 
     usable_gb = r.usable_vram_mib / 1024
     if usable_gb < tier.rec_vram_gb:
         warnings.append(f"{usable_gb:.1f} GB usable VRAM is below the recommended {tier.rec_vram_gb:g} GB: smaller batches, slower")
+    if r.vcpus and r.vcpus < tier.vcpus:
+        # RAM below the tier's is filtered out (fits); fewer vCPUs only slows data loading: warned.
+        warnings.append(f"{r.vcpus} vCPUs is below the {tier.vcpus} the tier asks for: image decoding may slow the GPU")
     if tier.nvme_gb > 0 and r.nvme_gb <= 0:
         warnings.append("no local NVMe: data and checkpoints on network disk")
     elif 0 < r.nvme_gb < tier.nvme_gb:

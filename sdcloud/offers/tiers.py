@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
-from ..errors import UserError
 from .gpus import gpu_table
 
 
@@ -89,7 +88,8 @@ def all_tiers() -> dict[str, Tier]:
 
 
 def get_tier(name: str) -> Tier:
+    """The tier by name, in any case (`SDXL-LoRA`); a near miss gets a "did you mean"."""
+    from ..names import match_name
+
     tiers = all_tiers()
-    if name not in tiers:
-        raise UserError(f"unknown tier {name!r}; valid tiers: {', '.join(tiers)}")
-    return tiers[name]
+    return tiers[match_name(name, tiers, "tier")]

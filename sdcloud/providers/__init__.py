@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..errors import UserError
+from ..names import match_name
 
 # Each provider's adapter module; a module's PROVIDER_CLASS is the Provider.
 MODULES = {
@@ -18,7 +18,6 @@ NAMES = tuple(MODULES)
 
 def get_provider(name: str, **kwargs):
     """Instantiate a provider by name, importing only that adapter."""
-    if name not in NAMES:
-        raise UserError(f"unknown provider {name!r}; valid: {', '.join(NAMES)}")
+    name = match_name(name, NAMES, "provider")
     module = importlib.import_module(MODULES[name])
     return module.PROVIDER_CLASS(**kwargs)

@@ -82,6 +82,7 @@ class Controller:
         self.emit = emit or (lambda kind, data: None)
         self.timing = timing or Timing.for_provider(self.spec.provider)
         self._stop_reason: str | None = None
+        self._seen_attempts: set[int] = set()
         self._infra = state.infra(self.spec.provider, self.spec.region or "") or {}
         self.store_conf = store_url(self.spec, self._infra)
         from .store import open_run_store
@@ -232,6 +233,10 @@ class Controller:
         phase = status.get("phase") if status else None
         if status and status.get("step") is not None:
             step = int(status["step"])
+            if cur.n not in self._seen_attempts and phase in ("training", "saving", "uploading", "succeeded"):
+                self._seen_attempts.add(cur.n)
+                if cur.n > 1:
+                    self._announce_resume(cur, status)
             self.state.update_run(self.run_id, step=step)
             self.emit("progress", {"attempt": cur.n, "phase": phase, "step": step, "total": self.total_steps,
                                    "it_per_s": status.get("it_per_s"), "cost": self.cost_so_far()})
@@ -266,6 +271,15 @@ class Controller:
                 self.event("deadline-fallback", {"attempt": cur.n, "to": offer.key if offer else None})
                 self._end_attempt(cur, "switched")
 
+    def _announce_resume(self, cur: Attempt, status: dict) -> None:
+        """Tell where attempt n took up the work: the step it resumed from and the steps redone."""
+        resumed = status.get("resumed_from")
+        if resumed is None:
+            resumed = max(0, int(status["step"]) - 1)
+        done_before = self.state.get_run(self.run_id)["step"]
+        self.event("resumed", {"attempt": cur.n, "from_step": int(resumed), "lost_steps": max(0, done_before - int(resumed)),
+                               "zone": cur.zone, "instance_type": cur.instance_type})
+
     def _end_attempt(self, cur: Attempt, reason: str) -> None:
         end = self.fleet.end(cur, reason)
         self._price_from_history(cur, end)
@@ -292,6 +306,10 @@ class Controller:
             self.event("repriced", {"attempt": cur.n, "price_usd": round(mean, 5), "samples": len(points)})
 
     def _end_run(self, state: str, reason: str | None) -> None:
+        if state in ("stopped", "failed") and reason and "sdcloud resume" not in reason:
+            # Every stop says how to carry on from the durable checkpoint.
+            run = self.state.get_run(self.run_id)
+            reason += f"; resume with: sdcloud resume {run.get('name') or self.run_id}"
         self.state.update_run(self.run_id, state=state, reason=reason)
         self.event("run-" + state, {"reason": reason} if reason else {})
 
@@ -400,6 +418,40 @@ def summary(state: StateStore, run_id: str) -> dict:
     return out
 
 
+# What a resume may change in the stored spec: how the run is bought and bounded, not what it trains.
+RESUME_SAFE = ("market", "max_price", "region", "deadline_hours", "budget", "steps", "checkpoint_every", "store")
+RESUME_FIXED = ("tier", "model", "trainer", "dataset", "provider")
+
+
+def prepare_resume(state: StateStore, run: dict, overrides: dict) -> dict:
+    """Make a stopped or failed run active again with its stored spec, with the safe overrides applied.
+
+    The run keeps its id, bucket prefix and attempts (so the budget counts what was spent); the
+    next attempt restores the durable checkpoint. A conflicting tier or model is refused.
+    """
+    spec = dict(run["spec"])
+    for key in RESUME_FIXED:
+        given = overrides.get(key)
+        if given is not None and str(given) != str(spec.get(key)):
+            raise UserError(f"run {run['id']} ({run.get('name') or run['id']}) trains {key} {spec.get(key)!r}; "
+                            f"it cannot resume with {key} {given!r} (start a new run with another --name)")
+    changed = {k: v for k, v in overrides.items() if k in RESUME_SAFE and v is not None and v != spec.get(k)}
+    spec.update(changed)
+    total = run["total_steps"]
+    if changed.get("steps"):
+        if int(changed["steps"]) < run["step"]:
+            raise UserError(f"--steps {changed['steps']} is below the {run['step']} steps already done")
+        total = int(changed["steps"])
+    spent = sum(a.cost for a in state.attempts(run["id"]))
+    if spec.get("budget") is not None and spent >= float(spec["budget"]):
+        raise UserError(f"run {run['id']} has already spent ${spent:.4f} of its ${float(spec['budget']):g} budget: "
+                        f"resume with a larger one, e.g. --budget {max(spent * 2, spent + 1):.2f}")
+    state.update_run(run["id"], spec=json.dumps(spec), total_steps=total, state="recovering", reason=None)
+    state.event(run["id"], "resume", {"from_state": run["state"], "step": run["step"], "changed": sorted(changed),
+                                      "spent_usd": round(spent, 4)})
+    return changed
+
+
 def controller_alive(run: dict) -> bool:
     pid = run.get("controller_pid")
     if not pid or pid == os.getpid():
@@ -433,7 +485,11 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m sdcloud.runs.controller RUN_ID`: drive a run in the background (sdcloud up --detach)."""
     args = argv if argv is not None else sys.argv[1:]
     state = StateStore()
-    ctl = Controller(state, args[0], emit=lambda k, d: print(json.dumps({"event": k, **d}, default=str), flush=True))
+    def emit(kind: str, data: dict) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        print(json.dumps({"time": stamp, "event": kind, **data}, default=str), flush=True)
+
+    ctl = Controller(state, args[0], emit=emit)
     signal.signal(signal.SIGTERM, lambda *_: ctl.request_stop("stopped by sdcloud down"))
     try:
         ctl.run()

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..errors import UserError
+from ..names import match_name
 from ..providers import NAMES as PROVIDER_NAMES
 from ..offers.tiers import get_tier
 
@@ -82,6 +83,8 @@ def load_runfile(path: str) -> dict:
         raise UserError(f"run file {path} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise UserError(f"run file {path} must hold a mapping of fields (tier, provider, steps, ...)")
+    if {"spot", "on-demand", "on_demand"} & set(data) and len({"spot", "on-demand", "on_demand", "market"} & set(data)) > 1:
+        raise UserError(f"run file {path}: spot, on-demand and market exclude each other: give one of them")
     out = {}
     for key, value in data.items():
         name = ALIASES.get(key, key.replace("-", "_"))
@@ -91,6 +94,13 @@ def load_runfile(path: str) -> dict:
             name, value = "market", ("on-demand" if value else "spot")
         if name not in FIELDS:
             raise UserError(f"run file {path}: unknown field {key!r}; known: {', '.join(sorted(FIELDS))}")
+        if name in ("dataset", "model") and isinstance(value, str) and "://" not in value:
+            # A relative path: from the directory the user is in, else from the run file's folder.
+            for base in (Path.cwd(), p.parent):
+                candidate = (base / value).expanduser()
+                if candidate.exists():
+                    value = str(candidate.resolve())
+                    break
         out[name] = value
     return out
 
@@ -113,13 +123,11 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
     data.update({k: v for k, v in overrides.items() if v is not None})
     if "tier" not in data:
         raise UserError("--tier is required (or `tier:` in the run file); see: sdcloud tiers")
-    get_tier(str(data["tier"]))
-    if data.get("provider", "local") not in PROVIDER_NAMES:
-        raise UserError(f"unknown provider {data['provider']!r}; valid: {', '.join(PROVIDER_NAMES)}")
+    data["tier"] = get_tier(str(data["tier"])).name
+    data["provider"] = match_name(data.get("provider", "local"), PROVIDER_NAMES, "provider")
     if data.get("market", "spot") not in ("spot", "on-demand"):
         raise UserError(f"market must be spot or on-demand, got {data['market']!r}")
-    if data.get("trainer", "builtin") not in TRAINERS:
-        raise UserError(f"unknown trainer {data['trainer']!r}; valid: {', '.join(TRAINERS)}")
+    data["trainer"] = match_name(data.get("trainer", "builtin"), TRAINERS, "trainer")
     if data.get("max_price") is not None:
         data["max_price"] = _positive(data["max_price"], "--max-price")
     if data.get("budget") is not None:

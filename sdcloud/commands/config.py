@@ -1,0 +1,39 @@
+"""`sdcloud config show`: the settings in effect, and where each comes from."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from ..render import emit_json, output_options, table
+
+
+@click.group()
+def config() -> None:
+    """Show the settings in effect ($SDCLOUD_HOME/config.toml and the environment)."""
+
+
+@config.command()
+@output_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def show(as_json: bool) -> None:
+    """The defaults `up` and `offers` use, the currency rate, and where sdcloud keeps its files."""
+    from .. import config as cfg
+
+    home = cfg.home()
+    settings = cfg.settings()
+    defaults = cfg.defaults()
+    rows = [("home", str(home), "SDCLOUD_HOME" if os.environ.get("SDCLOUD_HOME") else "default (~/.sdcloud)"),
+            ("config file", str(home / "config.toml"), "present" if (home / "config.toml").exists() else "absent"),
+            ("state store", str(home / "state.db"), "")]
+    for key in cfg.DEFAULT_KEYS:
+        rows.append((f"defaults.{key}", defaults.get(key, ""), "config.toml [defaults]" if key in defaults else "not set"))
+    rate = 1 / cfg.usd_per("CNY")
+    source = ("SDCLOUD_CNY_PER_USD" if os.environ.get("SDCLOUD_CNY_PER_USD")
+              else "config.toml [currency]" if settings.get("currency", {}).get("cny_per_usd") else "built-in default")
+    rows.append(("currency.cny_per_usd", f"{rate:g}", source))
+    if as_json:
+        emit_json({name: {"value": value, "source": source} for name, value, source in rows})
+        return
+    table("sdcloud settings", ["setting", "value", "source"], rows, wrap=["value"])
