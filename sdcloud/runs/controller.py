@@ -25,6 +25,7 @@ from ..offers.catalog import CatalogRow, load_catalog
 from ..errors import UserError
 from ..offers.optimizer import RESTART_HOURS, Estimate, Offer, job_hours, rank
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, Observation, ZoneView, get_policy
+from ..costs import ledger as cost_ledger
 from ..providers import get_provider
 from ..providers.base import TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
 from .spec import RunSpec
@@ -284,6 +285,7 @@ class Controller:
                                   start=time.time())
         self.state.update_run(self.run_id, state="running")
         self.event("launched", {"attempt": n, "instance": inst.id, "zone": inst.zone, "adopted": inst.adopted})
+        cost_ledger.started(self.state, self.run_id, n, offer, kind, spec.root_volume_gb, zone=inst.zone or offer.row.zone)
         if self.spec.simulate_preemption and n == 1 and hasattr(self.provider, "schedule_reclaim"):
             self.provider.schedule_reclaim(inst.id, self.spec.simulate_preemption, events=lambda k, d: self.event(k, {"attempt": n, **d}))
 
@@ -344,6 +346,7 @@ class Controller:
         if status and status.get("attempt") != cur.n:
             status = None
         phase = status.get("phase") if status else None
+        cost_ledger.observe(self.state, self.run_id, cur, status, sample=lambda: self._price_sample(cur))
         if status and status.get("step") is not None:
             step = int(status["step"])
             self.state.update_run(self.run_id, step=step)
@@ -397,27 +400,17 @@ class Controller:
                 self.event("terminate-failed", {"attempt": cur.n, "error": str(exc)})
         end = time.time()
         self.state.update_attempt(self.run_id, cur.n, state="ended", end=end)
-        self._price_from_history(cur, end)
+        # Price every item of the attempt (AWS spot from its zone's own price history) into the ledger.
+        cost_ledger.closed(self.state, self.run_id, cur.n, self.provider, self.store, events=self.event,
+                           heartbeat_s=agent_config(self.spec, self.run_id, cur.n, 0, {})["heartbeat_seconds"],
+                           poll_s=self.timing.poll_seconds)
 
-    def _price_from_history(self, cur: Attempt, end: float) -> None:
-        """Re-price a spot attempt from its zone's price history over its own hours (AWS keeps one)."""
-        history = getattr(self.provider, "price_history", None)
-        if cur.market != SPOT or cur.provider != "aws" or history is None or not cur.start or not cur.zone:
-            return
-        from ..costs.pricing import time_weighted_price, utc
+    def _price_sample(self, cur: Attempt) -> list:
+        """The current spot price of the attempt's own type and zone (Tencent: its one quote)."""
+        from ..costs.pricing import utc
 
-        try:
-            points = history(cur.instance_type, cur.zone, utc(cur.start - 3600), utc(end))
-        except (ProviderError, UserError, OSError) as exc:
-            self.event("price-history-failed", {"attempt": cur.n, "error": str(exc)})
-            return
-        for at, price in points:
-            self.state.add_price_sample("aws", cur.region or "", cur.zone, cur.instance_type or "", SPOT, price, "USD",
-                                        at=at.timestamp())
-        mean = time_weighted_price(points, utc(cur.start), utc(end))
-        if mean is not None:
-            self.state.update_attempt(self.run_id, cur.n, price=mean)
-            self.event("repriced", {"attempt": cur.n, "price_usd": round(mean, 5), "samples": len(points)})
+        now = utc(time.time())
+        return self.provider.price_history(cur.instance_type, cur.zone, now, now)
 
     def _end_run(self, state: str, reason: str | None) -> None:
         self.state.update_run(self.run_id, state=state, reason=reason)
