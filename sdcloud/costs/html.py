@@ -65,6 +65,7 @@ def _charts(report: dict) -> list[tuple[str, str]]:
     ax.bar([i - 0.2 for i in x], [r["total_usd"] for r in runs], width=0.4, label="this run")
     ax.bar([i + 0.2 for i in x], [r["ondemand_usd"] for r in runs], width=0.4, label="on-demand, same work")
     ax.set_xticks(x, labels, rotation=20)
+    ax.set_xlim(-0.8, max(len(runs), 2) - 0.2)
     ax.set_ylabel("USD")
     ax.legend(fontsize=7)
     charts.append(("Spot against the on-demand counterfactual", _svg(fig)))
@@ -72,8 +73,9 @@ def _charts(report: dict) -> list[tuple[str, str]]:
 
     # 3. Time lost to reclaims (boot to first step plus redone steps), per run.
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    ax.bar(x, [r["lost_hours"] for r in runs], color="#d9534f")
+    ax.bar(x, [r["lost_hours"] for r in runs], width=0.5, color="#d9534f")
     ax.set_xticks(x, labels, rotation=20)
+    ax.set_xlim(-0.8, max(len(runs), 2) - 0.2)
     ax.set_ylabel("hours lost")
     charts.append(("Time lost to reclaims", _svg(fig)))
     plt.close(fig)

@@ -261,4 +261,12 @@ def live_cost_usd(state, run: dict, now: float | None = None) -> float:
     return run_cost(state, run, now=now)["estimate_usd"]
 
 
-__all__ = ["started", "observe", "closed", "record_egress", "price_attempt", "run_cost", "live_cost_usd", "mean_price"]
+def summary_cost(state, run: dict, now: float | None = None) -> dict:
+    """The cost block of a run's summary (`up`, `status`, `watch`): the ledger's totals so far."""
+    c = run_cost(state, run, now=now)
+    return {"total": c["total_usd"], "currency": "USD", "source": c["total_source"], "estimate": c["estimate_usd"],
+            "billed": c["billed_usd"], "ondemand_equivalent": c["ondemand_usd"], "savings": c["savings_usd"],
+            "savings_pct": c["savings_pct"], "reclaims": c["reclaims"], "lost_hours": c["lost_hours"]}
+
+
+__all__ = ["summary_cost", "started", "observe", "closed", "record_egress", "price_attempt", "run_cost", "live_cost_usd", "mean_price"]

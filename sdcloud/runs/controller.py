@@ -179,7 +179,7 @@ class Controller:
         return self.state.attempts(self.run_id)
 
     def cost_so_far(self) -> float:
-        return sum(a.cost for a in self.attempts())
+        return cost_ledger.live_cost_usd(self.state, self.state.get_run(self.run_id))
 
     def current(self) -> Attempt | None:
         open_ = [a for a in self.attempts() if a.state != "ended"]
@@ -354,8 +354,10 @@ class Controller:
                                    "it_per_s": status.get("it_per_s"), "cost": self.cost_so_far()})
         if self.spec.budget is not None:
             price = cur.price or 0.0
-            if self.cost_so_far() + price * 2 * self.timing.poll_seconds / 3600 >= self.spec.budget:
-                self.event("budget", {"attempt": cur.n, "budget": self.spec.budget, "spent": round(self.cost_so_far(), 4)})
+            spent = self.cost_so_far()
+            self._budget_warnings(spent)
+            if spent + price * 2 * self.timing.poll_seconds / 3600 >= self.spec.budget:
+                self.event("budget", {"attempt": cur.n, "budget": self.spec.budget, "spent": round(spent, 4)})
                 self._end_attempt(cur, "budget")
                 self._end_run("stopped", f"budget ${self.spec.budget:g} reached; checkpoint kept in the bucket")
                 return
@@ -389,6 +391,16 @@ class Controller:
             if kind == ON_DEMAND:
                 self.event("deadline-fallback", {"attempt": cur.n, "to": offer.key if offer else None})
                 self._end_attempt(cur, "switched")
+
+    def _budget_warnings(self, spent: float) -> None:
+        """Log once each when the run has spent 50% and 80% of its budget (also across restarts)."""
+        from ..costs.budget import warnings_due
+
+        if not hasattr(self, "_budget_logged"):
+            self._budget_logged = {e["data"].get("pct") for e in self.state.events(self.run_id) if e["kind"] == "budget-warning"}
+        for pct in warnings_due(spent, self.spec.budget, self._budget_logged):
+            self._budget_logged.add(pct)
+            self.event("budget-warning", {"pct": pct, "budget": self.spec.budget, "spent": round(spent, 4)})
 
     def _end_attempt(self, cur: Attempt, reason: str) -> None:
         # Mark first, then terminate: a crash in between is finished by reconcile().
@@ -509,27 +521,16 @@ def summary(state: StateStore, run_id: str) -> dict:
         raise UserError(f"no run {run_id!r}; see: sdcloud status")
     spec = RunSpec(**run["spec"])
     attempts = state.attempts(run["id"])
-    catalog = None
     rows = []
-    total = ondemand_equiv = 0.0
     for a in attempts:
-        od_price = a.price
-        if a.market == SPOT and a.provider in ("aws", "tencent"):
-            catalog = catalog or load_catalog([a.provider])
-            row = next((r for r in catalog.rows if r.region == a.region and r.instance_type == a.instance_type), None)
-            if row is not None and row.ondemand_price is not None:
-                od_price = row.ondemand_price * config.usd_per(row.currency)
-        total += a.cost
-        ondemand_equiv += (od_price or 0.0) * a.hours
         rows.append({"n": a.n, "provider": a.provider, "region": a.region, "zone": a.zone, "instance_type": a.instance_type,
                      "market": a.market, "price": a.price, "hours": round(a.hours, 4), "cost": round(a.cost, 4),
                      "instance_id": a.instance_id, "start": a.start, "end": a.end, "end_reason": a.end_reason})
     out = {
         "run": run["id"], "name": run["name"], "tier": run["tier"], "provider": spec.provider, "state": run["state"],
         "reason": run["reason"], "step": run["step"], "total_steps": run["total_steps"], "attempts": rows,
-        "cost": {"total": round(total, 4), "currency": "USD", "ondemand_equivalent": round(ondemand_equiv, 4),
-                 "savings": round(ondemand_equiv - total, 4),
-                 "savings_pct": round(100 * (1 - total / ondemand_equiv), 1) if ondemand_equiv > 0 else None},
+        # From the cost ledger: every item, open attempts priced up to now (sdcloud cost report has the detail).
+        "cost": cost_ledger.summary_cost(state, run),
     }
     if spec.provider in ("local", "ssh"):
         try:
