@@ -245,3 +245,26 @@ def test_unwritable_output(tmp_path, capsys):
         target = str(ro / "x.csv")
     assert main(["cost", "report", "--all", "--format", "csv", "--output", target]) == 2
     assert capsys.readouterr().err.startswith("error: --output")
+
+
+def test_egress_is_a_run_item_that_adds_up(costed_run, capsys):
+    state, run_id, _ = costed_run
+    before = json.loads(cli_out(capsys, "cost", "report", run_id, "--format", "json"))["runs"][0]
+    ledger.record_egress(state, run_id, "aws", 2 * GIB)
+    ledger.record_egress(state, run_id, "aws", GIB)  # pulled again: bytes add up
+    (run,) = json.loads(cli_out(capsys, "cost", "report", run_id, "--format", "json"))["runs"]
+    assert run["run_items"]["egress"]["detail"]["bytes"] == 3 * GIB
+    assert run["run_items"]["egress"]["usd"] == pytest.approx(3 * 0.09)
+    assert run["estimate_usd"] == pytest.approx(before["estimate_usd"] + 0.27, abs=1e-4)
+
+
+def test_end_of_run_summary_uses_the_ledger(costed_run):
+    from sdcloud.runs.controller import summary
+
+    state, run_id, _ = costed_run
+    s = summary(state, run_id)
+    hand = by_hand()
+    assert [a["cost"] for a in s["attempts"]] == [round(c, 4) for c in hand["cost"]]
+    assert s["cost"]["total"] == pytest.approx(hand["total"], abs=1e-4)
+    assert s["cost"]["ondemand_equivalent"] == pytest.approx(hand["ondemand"], abs=1e-4)
+    assert s["cost"]["reclaims"] == 2

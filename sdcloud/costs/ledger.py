@@ -261,6 +261,11 @@ def live_cost_usd(state, run: dict, now: float | None = None) -> float:
     return run_cost(state, run, now=now)["estimate_usd"]
 
 
+def attempt_costs_usd(state, run: dict, now: float | None = None) -> dict[int, float]:
+    """Each attempt's cost in USD from the ledger (every item), by attempt number."""
+    return {a["n"]: a["cost_usd"] for a in run_cost(state, run, now=now)["attempts"]}
+
+
 def summary_cost(state, run: dict, now: float | None = None) -> dict:
     """The cost block of a run's summary (`up`, `status`, `watch`): the ledger's totals so far."""
     c = run_cost(state, run, now=now)
@@ -269,4 +274,4 @@ def summary_cost(state, run: dict, now: float | None = None) -> dict:
             "savings_pct": c["savings_pct"], "reclaims": c["reclaims"], "lost_hours": c["lost_hours"]}
 
 
-__all__ = ["summary_cost", "started", "observe", "closed", "record_egress", "price_attempt", "run_cost", "live_cost_usd", "mean_price"]
+__all__ = ["summary_cost", "attempt_costs_usd", "started", "observe", "closed", "record_egress", "price_attempt", "run_cost", "live_cost_usd", "mean_price"]

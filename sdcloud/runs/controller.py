@@ -522,9 +522,11 @@ def summary(state: StateStore, run_id: str) -> dict:
     spec = RunSpec(**run["spec"])
     attempts = state.attempts(run["id"])
     rows = []
+    ledger_cost = cost_ledger.attempt_costs_usd(state, run)
     for a in attempts:
         rows.append({"n": a.n, "provider": a.provider, "region": a.region, "zone": a.zone, "instance_type": a.instance_type,
-                     "market": a.market, "price": a.price, "hours": round(a.hours, 4), "cost": round(a.cost, 4),
+                     "market": a.market, "price": a.price, "hours": round(a.hours, 4),
+                     "cost": ledger_cost.get(a.n, round(a.cost, 4)),
                      "instance_id": a.instance_id, "start": a.start, "end": a.end, "end_reason": a.end_reason})
     out = {
         "run": run["id"], "name": run["name"], "tier": run["tier"], "provider": spec.provider, "state": run["state"],
