@@ -7,7 +7,7 @@
 - Tencent Cloud (CVM): pay-as-you-go and spot are billed per second and settled hourly, with no
   minimum; a reclaimed spot instance is charged up to the reclaim. Tencent publishes no spot price
   history, so spot is priced from the samples sdcloud took at launch and while the host ran.
-- local: this machine, free. ssh: the box's own price when the user gave one, else free.
+- local and ssh: the machine's own price per hour when the user gave one (per second), else free.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def compute_charge(provider: str, market: str, start: float, end: float, end_rea
     price history (AWS) or samples (Tencent) of the attempt's own zone, in `currency`.
     """
     seconds = max(0.0, end - start)
-    if provider == "local" or (provider == "ssh" and not quote):
+    if provider in ("local", "ssh") and not quote:
         return Charge(0.0, currency, "free", {"seconds": seconds})
     billed = seconds
     rule = None
