@@ -112,6 +112,14 @@ def test_aws_reclaim_relaunches_in_another_zone_and_finishes(moto_server, monkey
         assert len(keys) == 8
         assert {c["dataset"] for c in hosts.configs.values()} == {f"s3://sdcloud-e2e/runs-prefix/runs/{ctl.run_id}/dataset"}
         assert [k for k, _ in events].count("dataset-uploaded") == 1
+        # The ledger priced both attempts; the reclaimed spot one from its zone's own price history.
+        from sdcloud.costs.ledger import run_cost
+
+        cost = run_cost(state, state.get_run(ctl.run_id))
+        assert [sorted(a["items"]) for a in cost["attempts"]] == [["bucket", "compute", "disk", "requests"]] * 2
+        assert cost["attempts"][0]["items"]["compute"]["source"] in ("rule", "price-history")
+        assert cost["reclaims"] == 1 and cost["attempts"][1]["overhead"]["after_attempt"] == 1
+        assert state.attempt_costs(ctl.run_id)[2]["bucket_bytes"] > 0
     finally:
         hosts.stop()
     assert hosts.alive() == []
@@ -157,6 +165,12 @@ def test_tencent_reclaim_relaunches_in_another_zone_and_finishes(monkeypatch, tm
             assert [a["end_reason"] for a in attempts] == ["preempted", "succeeded"]
             assert attempts[1]["zone"] != attempts[0]["zone"]
             assert [i for i in cvm.instances.values() if i.state in ("PENDING", "RUNNING")] == []
+            # Tencent spot is priced from the samples taken at launch (Tencent keeps no price history).
+            from sdcloud.costs.ledger import run_cost
+
+            cost = run_cost(state, state.get_run(ctl.run_id))
+            assert cost["attempts"][0]["items"]["compute"]["source"] == "samples"
+            assert cost["attempts"][0]["currency"] == "CNY" and cost["currencies"] == ["CNY"]
         finally:
             hosts.stop()
         assert hosts.alive() == []

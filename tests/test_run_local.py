@@ -61,7 +61,7 @@ def test_up_local_survives_a_simulated_reclaim(sdcloud_home):
     (["--tier", "sd15-lora", "--steps", "0"], "--steps"),
     (["--tier", "sd15-lora", "--deadline", "soon"], "--deadline"),
     (["--tier", "sdxl-lora", "--provider", "aws", "--deadline", "10m", "--yes"], "shorter than the fastest estimate"),
-    (["--tier", "sdxl-lora", "--provider", "aws", "--budget", "0.01", "--yes"], "below the cheapest estimate"),
+    (["--tier", "sdxl-lora", "--provider", "aws", "--budget", "0.01", "--yes"], "below the predicted cost of the whole job"),
     (["--tier", "sd15-lora", "--provider", "aws", "--simulate-preemption", "5"], "local provider only"),
 ])
 def test_up_bad_input_is_one_line_exit_2_nothing_launched(capsys, sdcloud_home, args, needle):

@@ -23,6 +23,19 @@ from urllib.parse import unquote, urlparse
 MiB = 1024 * 1024
 DEFAULT_PART_SIZE = 16 * MiB
 DEFAULT_WORKERS = 8
+# The object tag the stacks' lifecycle rules match (stacks/aws: objects under <prefix>/runs/ tagged
+# sdcloud-class=checkpoint or log expire after checkpointExpireDays). S3 lifecycle filters match a
+# key prefix, and a run's checkpoints sit under runs/<id>/ beside its artifacts, so the class must
+# travel with the object: every checkpoint and log upload carries it.
+CLASS_TAG = "sdcloud-class"
+
+
+def lifecycle_class(key: str) -> str | None:
+    """`checkpoint` for runs/<id>/checkpoints/..., `log` for runs/<id>/logs/..., else None (kept)."""
+    parts = key.strip("/").split("/")
+    if len(parts) >= 4 and parts[0] == "runs":
+        return {"checkpoints": "checkpoint", "logs": "log"}.get(parts[2])
+    return None
 # Hidden names in a local store: temp files and metadata sidecars never show up in list().
 _LOCAL_META_DIR = ".sdcloud-meta"
 _LOCAL_TMP_PREFIX = ".tmp-"
@@ -243,6 +256,8 @@ class S3Store:
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.part_size = part_size
         self.workers = workers
+        # COS takes object tags in its own header and its lifecycle rules cannot filter on them: tag on S3 only.
+        self.tag_objects = credentials != "tencent-cvm-role" and "myqcloud.com" not in (endpoint_url or "")
         if client is None:
             import boto3
             from botocore.config import Config
@@ -279,8 +294,13 @@ class S3Store:
         code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
         return code in ("404", "NoSuchKey", "NotFound")
 
+    def _tagging(self, key: str) -> dict[str, str]:
+        cls = lifecycle_class(key) if self.tag_objects else None
+        return {"Tagging": f"{CLASS_TAG}={cls}"} if cls else {}
+
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, Metadata=metadata or {})
+        self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, Metadata=metadata or {},
+                               **self._tagging(key))
 
     def create(self, key: str, data: bytes) -> bool:
         from botocore.exceptions import ClientError
@@ -308,9 +328,10 @@ class S3Store:
                 data = f.read()
             if cancel is not None and cancel.is_set():
                 raise Cancelled(key)
-            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, Metadata=metadata or {})
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, Metadata=metadata or {}, **self._tagging(key))
             return
-        mpu = self.client.create_multipart_upload(Bucket=self.bucket, Key=full, Metadata=metadata or {})
+        mpu = self.client.create_multipart_upload(Bucket=self.bucket, Key=full, Metadata=metadata or {},
+                                                  **self._tagging(key))
         upload_id = mpu["UploadId"]
         nparts = (size + self.part_size - 1) // self.part_size
         fd = os.open(path, os.O_RDONLY)

@@ -153,10 +153,12 @@ def _check_estimates(spec, tier, total_steps: int) -> None:
             raise UserError(f"deadline {spec.deadline_hours:g} h is shorter than the fastest estimate, {fastest.est_hours:.2f} h "
                             f"on {fastest.offer.row.instance_type} ({fastest.offer.market})")
     if spec.budget is not None:
-        cheapest = ranked[0]
-        if spec.budget < cheapest.est_cost:
-            raise UserError(f"budget ${spec.budget:g} is below the cheapest estimate, ${cheapest.est_cost:.2f} "
-                            f"on {cheapest.offer.row.instance_type} ({cheapest.offer.market})")
+        from ..costs.budget import predict
+
+        # The whole job: expected reclaims, the disk, and the on-demand fallback a deadline may force.
+        predicted, what = predict(ranked, spec.market, spec.deadline_hours)
+        if spec.budget < predicted:
+            raise UserError(f"budget ${spec.budget:g} is below the predicted cost of the whole job, ${predicted:.2f} on {what}")
 
 
 def _warn_if_prices_old(provider: str) -> None:

@@ -27,8 +27,9 @@ from ..fleet.lifecycle import Fleet, Progress, Timing
 from ..offers.catalog import load_catalog
 from ..offers.optimizer import Offer, job_hours, rank
 from ..offers.tiers import get_tier
+from ..costs import ledger as cost_ledger
 from ..providers import get_provider
-from ..providers.base import LaunchSpec, ProviderError
+from ..providers.base import LaunchSpec
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, get_policy
 from .spec import RunSpec
 from .state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore
@@ -115,7 +116,7 @@ class Controller:
         return self.state.attempts(self.run_id)
 
     def cost_so_far(self) -> float:
-        return sum(a.cost for a in self.attempts())
+        return cost_ledger.live_cost_usd(self.state, self.state.get_run(self.run_id))
 
     def current(self) -> Attempt | None:
         return self.fleet.current()
@@ -179,6 +180,8 @@ class Controller:
             return
         self.state.update_run(self.run_id, state="running")
         n = len(self.attempts())
+        cost_ledger.started(self.state, self.run_id, n, offer, kind, self._launched_spec.root_volume_gb,
+                            zone=inst.zone or offer.row.zone)
         if self.spec.simulate_preemption and n == 1 and hasattr(self.provider, "schedule_reclaim"):
             self.provider.schedule_reclaim(inst.id, self.spec.simulate_preemption, events=lambda k, d: self.event(k, {"attempt": n, **d}))
 
@@ -216,7 +219,9 @@ class Controller:
         if self.spec.provider == "local":
             # Credentials for an S3 store reach a local host through its environment, never a file.
             env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "TENCENTCLOUD_"))}
-        return LaunchSpec(run_id=self.run_id, attempt=n, user_data=user_data, agent_config=agent, infra=self._infra, env=env)
+        self._launched_spec = LaunchSpec(run_id=self.run_id, attempt=n, user_data=user_data, agent_config=agent,
+                                         infra=self._infra, env=env)
+        return self._launched_spec
 
     def read_status(self) -> dict | None:
         from sdcloud_agent.store import StoreError
@@ -231,6 +236,7 @@ class Controller:
         if status and status.get("attempt") != cur.n:
             status = None
         phase = status.get("phase") if status else None
+        cost_ledger.observe(self.state, self.run_id, cur, status, sample=lambda: self._price_sample(cur))
         if status and status.get("step") is not None:
             step = int(status["step"])
             if cur.n not in self._seen_attempts and phase in ("training", "saving", "uploading", "succeeded"):
@@ -242,8 +248,10 @@ class Controller:
                                    "it_per_s": status.get("it_per_s"), "cost": self.cost_so_far()})
         if self.spec.budget is not None:
             price = cur.price or 0.0
-            if self.cost_so_far() + price * 2 * self.timing.poll_seconds / 3600 >= self.spec.budget:
-                self.event("budget", {"attempt": cur.n, "budget": self.spec.budget, "spent": round(self.cost_so_far(), 4)})
+            spent = self.cost_so_far()
+            self._budget_warnings(spent)
+            if spent + price * 2 * self.timing.poll_seconds / 3600 >= self.spec.budget:
+                self.event("budget", {"attempt": cur.n, "budget": self.spec.budget, "spent": round(spent, 4)})
                 self._end_attempt(cur, "budget")
                 self._end_run("stopped", f"budget ${self.spec.budget:g} reached; checkpoint kept in the bucket")
                 return
@@ -262,7 +270,7 @@ class Controller:
             # A box of the user's holds short-lived store keys only: keep them fresh while it trains.
             renew(cur.instance_id, self.run_id, self.store_conf, events=lambda k, d: self.event(k, {"attempt": cur.n, **d}))
         if outcome != "ok":
-            self._price_from_history(cur, time.time())
+            self._closed(cur, time.time())
             self.state.update_run(self.run_id, state="recovering")
             return
         if cur.market == SPOT and self.spec.deadline_hours:
@@ -280,30 +288,31 @@ class Controller:
         self.event("resumed", {"attempt": cur.n, "from_step": int(resumed), "lost_steps": max(0, done_before - int(resumed)),
                                "zone": cur.zone, "instance_type": cur.instance_type})
 
+    def _budget_warnings(self, spent: float) -> None:
+        """Log once each when the run has spent 50% and 80% of its budget (also across restarts)."""
+        from ..costs.budget import warnings_due
+
+        if not hasattr(self, "_budget_logged"):
+            self._budget_logged = {e["data"].get("pct") for e in self.state.events(self.run_id) if e["kind"] == "budget-warning"}
+        for pct in warnings_due(spent, self.spec.budget, self._budget_logged):
+            self._budget_logged.add(pct)
+            self.event("budget-warning", {"pct": pct, "budget": self.spec.budget, "spent": round(spent, 4)})
+
     def _end_attempt(self, cur: Attempt, reason: str) -> None:
-        end = self.fleet.end(cur, reason)
-        self._price_from_history(cur, end)
+        self._closed(cur, self.fleet.end(cur, reason))
 
-    def _price_from_history(self, cur: Attempt, end: float) -> None:
-        """Re-price a spot attempt from its zone's price history over its own hours (AWS keeps one)."""
-        cur = next((a for a in self.attempts() if a.n == cur.n), cur)
-        history = getattr(self.provider, "price_history", None)
-        if cur.market != SPOT or cur.provider != "aws" or history is None or not cur.start or not cur.zone:
-            return
-        from ..costs.pricing import time_weighted_price, utc
+    def _closed(self, cur: Attempt, end: float) -> None:
+        """Price every item of an ended attempt (AWS spot from its zone's own price history) into the ledger."""
+        cost_ledger.closed(self.state, self.run_id, cur.n, self.provider, self.store, events=self.event,
+                           heartbeat_s=agent_config(self.spec, self.run_id, cur.n, 0, {})["heartbeat_seconds"],
+                           poll_s=self.timing.poll_seconds)
 
-        try:
-            points = history(cur.instance_type, cur.zone, utc(cur.start - 3600), utc(end))
-        except (ProviderError, UserError, OSError) as exc:
-            self.event("price-history-failed", {"attempt": cur.n, "error": str(exc)})
-            return
-        for at, price in points:
-            self.state.add_price_sample("aws", cur.region or "", cur.zone, cur.instance_type or "", SPOT, price, "USD",
-                                        at=at.timestamp())
-        mean = time_weighted_price(points, utc(cur.start), utc(end))
-        if mean is not None:
-            self.state.update_attempt(self.run_id, cur.n, price=mean)
-            self.event("repriced", {"attempt": cur.n, "price_usd": round(mean, 5), "samples": len(points)})
+    def _price_sample(self, cur: Attempt) -> list:
+        """The current spot price of the attempt's own type and zone (Tencent: its one quote)."""
+        from ..costs.pricing import utc
+
+        now = utc(time.time())
+        return self.provider.price_history(cur.instance_type, cur.zone, now, now)
 
     def _end_run(self, state: str, reason: str | None) -> None:
         if state in ("stopped", "failed") and reason and "sdcloud resume" not in reason:
@@ -321,7 +330,7 @@ class Controller:
 
     def reconcile(self) -> None:
         """Bring the state store and the provider into agreement after a restart."""
-        self.fleet.reconcile(on_end=self._price_from_history)
+        self.fleet.reconcile(on_end=self._closed)
         self.sweep_strays()
 
     def sweep_strays(self) -> None:
@@ -386,27 +395,18 @@ def summary(state: StateStore, run_id: str) -> dict:
         raise UserError(f"no run {run_id!r}; see: sdcloud status")
     spec = RunSpec(**run["spec"])
     attempts = state.attempts(run["id"])
-    catalog = None
     rows = []
-    total = ondemand_equiv = 0.0
+    ledger_cost = cost_ledger.attempt_costs_usd(state, run)
     for a in attempts:
-        od_price = a.price
-        if a.market == SPOT and a.provider in ("aws", "tencent"):
-            catalog = catalog or load_catalog([a.provider])
-            row = next((r for r in catalog.rows if r.region == a.region and r.instance_type == a.instance_type), None)
-            if row is not None and row.ondemand_price is not None:
-                od_price = row.ondemand_price * config.usd_per(row.currency)
-        total += a.cost
-        ondemand_equiv += (od_price or 0.0) * a.hours
         rows.append({"n": a.n, "provider": a.provider, "region": a.region, "zone": a.zone, "instance_type": a.instance_type,
-                     "market": a.market, "price": a.price, "hours": round(a.hours, 4), "cost": round(a.cost, 4),
+                     "market": a.market, "price": a.price, "hours": round(a.hours, 4),
+                     "cost": ledger_cost.get(a.n, round(a.cost, 4)),
                      "instance_id": a.instance_id, "start": a.start, "end": a.end, "end_reason": a.end_reason})
     out = {
         "run": run["id"], "name": run["name"], "tier": run["tier"], "provider": spec.provider, "state": run["state"],
         "reason": run["reason"], "step": run["step"], "total_steps": run["total_steps"], "attempts": rows,
-        "cost": {"total": round(total, 4), "currency": "USD", "ondemand_equivalent": round(ondemand_equiv, 4),
-                 "savings": round(ondemand_equiv - total, 4),
-                 "savings_pct": round(100 * (1 - total / ondemand_equiv), 1) if ondemand_equiv > 0 else None},
+        # From the cost ledger: every item, open attempts priced up to now (sdcloud cost report has the detail).
+        "cost": cost_ledger.summary_cost(state, run),
     }
     if spec.provider in ("local", "ssh"):
         try:
@@ -442,7 +442,7 @@ def prepare_resume(state: StateStore, run: dict, overrides: dict) -> dict:
         if int(changed["steps"]) < run["step"]:
             raise UserError(f"--steps {changed['steps']} is below the {run['step']} steps already done")
         total = int(changed["steps"])
-    spent = sum(a.cost for a in state.attempts(run["id"]))
+    spent = cost_ledger.live_cost_usd(state, run)
     if spec.get("budget") is not None and spent >= float(spec["budget"]):
         raise UserError(f"run {run['id']} has already spent ${spent:.4f} of its ${float(spec['budget']):g} budget: "
                         f"resume with a larger one, e.g. --budget {max(spent * 2, spent + 1):.2f}")

@@ -74,6 +74,47 @@ CREATE TABLE IF NOT EXISTS zone_cooldowns (
     run_id TEXT,                    -- the run (or job) that saw it
     time REAL NOT NULL
 );
+-- Cost ledger (sdcloud/costs/ledger.py). What each attempt was launched at and did, as billing needs it.
+CREATE TABLE IF NOT EXISTS attempt_costs (
+    run_id TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    currency TEXT,                  -- the provider's billing currency for this attempt
+    quote_price REAL,               -- per hour, in `currency`, at launch
+    ondemand_price REAL,            -- the list price per hour of the same type, in `currency`
+    disk_gb REAL,
+    first_step_at REAL,             -- when the host first reported a training step
+    start_step INTEGER,             -- the step it resumed from
+    last_step INTEGER,
+    last_step_at REAL,
+    it_per_s REAL,
+    bucket_bytes INTEGER,           -- bytes under the run's prefix when the attempt ended
+    bucket_objects INTEGER,
+    last_sample REAL,               -- when the spot price was last sampled
+    PRIMARY KEY (run_id, n)
+);
+-- One row per priced item of an attempt (n = 0: the run's own items, e.g. egress).
+CREATE TABLE IF NOT EXISTS ledger (
+    run_id TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    item TEXT NOT NULL,             -- compute, disk, bucket, requests, egress
+    amount REAL NOT NULL,
+    currency TEXT NOT NULL,
+    usd REAL NOT NULL,
+    source TEXT NOT NULL,           -- price-history, samples, quote, list, estimate, rule
+    detail TEXT NOT NULL,           -- JSON: the quantities the amount was computed from
+    PRIMARY KEY (run_id, n, item)
+);
+-- What the cloud's billing says a run cost (sdcloud cost reconcile).
+CREATE TABLE IF NOT EXISTS billed (
+    run_id TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    amount REAL NOT NULL,
+    currency TEXT NOT NULL,
+    usd REAL NOT NULL,
+    source TEXT NOT NULL,
+    fetched REAL NOT NULL,
+    PRIMARY KEY (run_id, provider)
+);
 CREATE TABLE IF NOT EXISTS infra (
     provider TEXT NOT NULL,
     region TEXT NOT NULL,
@@ -230,6 +271,49 @@ class StateStore:
         with self.tx() as db:
             db.execute("INSERT INTO price_samples VALUES (?,?,?,?,?,?,?,?)",
                        (provider, region, zone, instance_type, market, at or time.time(), price, currency))
+
+    def price_samples(self, provider: str, zone: str, instance_type: str, market: str,
+                      start: float | None = None, end: float | None = None) -> list[tuple[float, float, str]]:
+        """(time, price, currency) of one type in one zone, oldest first."""
+        rows = self._db.execute(
+            "SELECT time, price, currency FROM price_samples WHERE provider = ? AND zone = ? AND instance_type = ? AND market = ?"
+            " AND time >= ? AND time <= ? ORDER BY time",
+            (provider, zone, instance_type, market, start if start is not None else 0.0,
+             end if end is not None else float("inf"))).fetchall()
+        return [(r["time"], r["price"], r["currency"]) for r in rows]
+
+    # cost ledger
+    def set_attempt_costs(self, run_id: str, n: int, **fields: Any) -> None:
+        with self.tx() as db:
+            db.execute("INSERT OR IGNORE INTO attempt_costs (run_id, n) VALUES (?, ?)", (run_id, n))
+            if fields:
+                cols = ", ".join(f"{k} = ?" for k in fields)
+                db.execute(f"UPDATE attempt_costs SET {cols} WHERE run_id = ? AND n = ?", (*fields.values(), run_id, n))
+
+    def attempt_costs(self, run_id: str) -> dict[int, dict]:
+        rows = self._db.execute("SELECT * FROM attempt_costs WHERE run_id = ?", (run_id,)).fetchall()
+        return {r["n"]: dict(r) for r in rows}
+
+    def put_ledger(self, run_id: str, n: int, items: list[dict]) -> None:
+        """Replace the priced items of one attempt (pricing an attempt again gives the same rows)."""
+        with self.tx() as db:
+            db.execute("DELETE FROM ledger WHERE run_id = ? AND n = ?", (run_id, n))
+            for it in items:
+                db.execute("INSERT INTO ledger VALUES (?,?,?,?,?,?,?,?)",
+                           (run_id, n, it["item"], it["amount"], it["currency"], it["usd"], it["source"],
+                            json.dumps(it.get("detail") or {}, default=str)))
+
+    def ledger(self, run_id: str) -> list[dict]:
+        rows = self._db.execute("SELECT * FROM ledger WHERE run_id = ? ORDER BY n, item", (run_id,)).fetchall()
+        return [{**dict(r), "detail": json.loads(r["detail"])} for r in rows]
+
+    def set_billed(self, run_id: str, provider: str, amount: float, currency: str, usd: float, source: str) -> None:
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO billed VALUES (?,?,?,?,?,?,?)",
+                       (run_id, provider, amount, currency, usd, source, time.time()))
+
+    def billed(self, run_id: str) -> list[dict]:
+        return [dict(r) for r in self._db.execute("SELECT * FROM billed WHERE run_id = ? ORDER BY provider", (run_id,))]
 
     # infra outputs cache
     def save_infra(self, provider: str, region: str, outputs: dict) -> None:

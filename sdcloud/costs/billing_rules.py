@@ -1,0 +1,115 @@
+"""How each provider bills a host's compute, as documented by the provider.
+
+- AWS (EC2): per second with a 60 s minimum for Linux. A spot instance that EC2 interrupts within
+  its first hour is not charged for compute (EC2's rule for interrupted spot instances; an
+  instance the user stops or terminates is charged). Spot is priced at the zone's own price
+  history over the attempt's own seconds.
+- Tencent Cloud (CVM): pay-as-you-go and spot are billed per second and settled hourly, with no
+  minimum; a reclaimed spot instance is charged up to the reclaim. Tencent publishes no spot price
+  history, so spot is priced from the samples sdcloud took at launch and while the host ran.
+- local and ssh: the machine's own price per hour when the user gave one (per second), else free.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+
+from .pricing import time_weighted_price, utc
+
+AWS_MIN_SECONDS = 60.0
+AWS_FREE_INTERRUPT_SECONDS = 3600.0
+HOURS_PER_MONTH = 730.0
+
+
+@dataclass
+class Charge:
+    amount: float
+    currency: str
+    source: str  # price-history, samples, quote, list, rule, free
+    detail: dict = field(default_factory=dict)
+
+
+@lru_cache(maxsize=1)
+def storage_prices() -> dict:
+    """sdcloud/data/storage_prices.toml: disks, bucket, requests, egress per provider."""
+    with resources.files("sdcloud").joinpath("data/storage_prices.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+def storage_price(provider: str, key: str) -> float:
+    return float(storage_prices().get(provider, storage_prices()["local"]).get(key, 0.0))
+
+
+def native_currency(provider: str) -> str:
+    return str(storage_prices().get(provider, {}).get("currency", "USD"))
+
+
+def mean_price(points: list[tuple[float, float]], start: float, end: float) -> float | None:
+    """Time-weighted mean of a price that changes at `points` ((unix time, price), any order)."""
+    if not points:
+        return None
+    if end <= start:
+        return sorted(points)[-1][1]
+    return time_weighted_price([(utc(t), p) for t, p in points], utc(start), utc(end))
+
+
+def compute_charge(provider: str, market: str, start: float, end: float, end_reason: str | None,
+                   quote: float | None, currency: str, points: list[tuple[float, float]] | None = None) -> Charge:
+    """The compute charge of one attempt that ran from `start` to `end` (unix seconds).
+
+    `quote` is the price per hour at launch (the list price for on-demand); `points` the spot
+    price history (AWS) or samples (Tencent) of the attempt's own zone, in `currency`.
+    """
+    seconds = max(0.0, end - start)
+    if provider in ("local", "ssh") and not quote:
+        return Charge(0.0, currency, "free", {"seconds": seconds})
+    billed = seconds
+    rule = None
+    if provider == "aws":
+        billed = max(AWS_MIN_SECONDS, seconds) if seconds > 0 else 0.0
+        if market == "spot" and end_reason == "preempted" and seconds < AWS_FREE_INTERRUPT_SECONDS:
+            return Charge(0.0, currency, "rule", {"seconds": seconds, "billed_seconds": 0.0,
+                                                  "rule": "spot interrupted by EC2 in its first hour: no compute charge"})
+        if billed > seconds:
+            rule = "60 s minimum"
+    price, source = quote, ("list" if market != "spot" else "quote")
+    if market == "spot" and points:
+        mean = mean_price(points, start, end)
+        if mean is not None:
+            price, source = mean, ("price-history" if provider == "aws" else "samples")
+    price = price or 0.0
+    detail = {"seconds": round(seconds, 3), "billed_seconds": round(billed, 3), "price_per_hour": price}
+    if rule:
+        detail["rule"] = rule
+    return Charge(price * billed / 3600.0, currency, source, detail)
+
+
+def disk_charge(provider: str, disk_gb: float, seconds: float) -> Charge:
+    """Root and data disks for the host's lifetime (a disk is charged even when compute is not)."""
+    rate = storage_price(provider, "disk_gb_month")
+    hours = max(0.0, seconds) / 3600.0
+    return Charge(disk_gb * hours * rate / HOURS_PER_MONTH, native_currency(provider), "list",
+                  {"gb": disk_gb, "hours": round(hours, 6), "gb_month": rate})
+
+
+def bucket_charge(provider: str, bytes_before: int, bytes_after: int, seconds: float) -> Charge:
+    """GB-hours of the run's objects while the attempt ran (mean of the sizes at its start and end)."""
+    rate = storage_price(provider, "bucket_gb_month")
+    gb = (bytes_before + bytes_after) / 2 / 2**30
+    hours = max(0.0, seconds) / 3600.0
+    return Charge(gb * hours * rate / HOURS_PER_MONTH, native_currency(provider), "estimate",
+                  {"gb_hours": round(gb * hours, 6), "gb_month": rate})
+
+
+def request_charge(provider: str, puts: float, gets: float) -> Charge:
+    put, get = storage_price(provider, "put_per_1000"), storage_price(provider, "get_per_1000")
+    return Charge(puts / 1000 * put + gets / 1000 * get, native_currency(provider), "estimate",
+                  {"puts": round(puts), "gets": round(gets), "put_per_1000": put, "get_per_1000": get})
+
+
+def egress_charge(provider: str, nbytes: int) -> Charge:
+    rate = storage_price(provider, "egress_gb")
+    return Charge(nbytes / 2**30 * rate, native_currency(provider), "list", {"gb": round(nbytes / 2**30, 6), "per_gb": rate})

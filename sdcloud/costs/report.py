@@ -1,0 +1,154 @@
+"""`sdcloud cost report`: runs added up from the ledger, as a table, JSON, CSV or HTML.
+
+Every format is made from the one dict `build_report` returns, with amounts already rounded to
+ledger.DECIMALS, so that the table, the CSV and the HTML print exactly the JSON's numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from datetime import datetime, timezone
+
+from .. import config
+from ..errors import UserError
+from .ledger import DECIMALS, run_cost
+
+FORMATS = ("table", "json", "csv", "html")
+GROUPINGS = ("tier", "provider", "day")
+ITEMS = ("compute", "disk", "bucket", "requests")
+
+
+def select_runs(state, run_ids: tuple[str, ...] | list[str] = (), since_seconds: float | None = None,
+                all_runs: bool = False, now: float | None = None) -> list[dict]:
+    """The runs a report covers: named ones (every name must exist), those since a time, or all."""
+    if run_ids:
+        runs = []
+        for rid in run_ids:
+            found = state.get_run(rid)
+            if found is None:
+                raise UserError(f"no run {rid!r}; see: sdcloud status")
+            runs.append(found)
+        return runs
+    runs = state.list_runs()
+    if all_runs or since_seconds is None:
+        return runs
+    cutoff = (now or time.time()) - since_seconds
+    return [r for r in runs if r["created"] >= cutoff or r["updated"] >= cutoff]
+
+
+def _day(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d")
+
+
+def build_report(state, runs: list[dict], by: str | None = None, now: float | None = None) -> dict:
+    now = now or time.time()
+    if by is not None and by not in GROUPINGS:
+        raise UserError(f"--by must be one of {', '.join(GROUPINGS)}, got {by!r}")
+    per_run = [run_cost(state, r, now=now) for r in runs]
+    totals = {k: round(sum(r[k] for r in per_run), DECIMALS)
+              for k in ("estimate_usd", "total_usd", "ondemand_usd", "savings_usd", "lost_hours", "hours", "lost_usd")}
+    totals["runs"] = len(per_run)
+    totals["attempts"] = sum(len(r["attempts"]) for r in per_run)
+    totals["reclaims"] = sum(r["reclaims"] for r in per_run)
+    totals["savings_pct"] = (round(100 * (1 - totals["total_usd"] / totals["ondemand_usd"]), 1)
+                             if totals["ondemand_usd"] > 0 else None)
+    currencies = sorted({c for r in per_run for c in r["currencies"]} - {"USD"})
+    out = {
+        "generated": now, "currency": "USD",
+        # How amounts billed in another currency were converted (sdcloud/config.py usd_per).
+        "rates": {c: {"usd_per_unit": round(config.usd_per(c), 6)} for c in currencies},
+        "runs": per_run, "totals": totals,
+    }
+    if by:
+        groups: dict[str, dict] = {}
+        for r in per_run:
+            key = {"tier": r["tier"], "provider": r["provider"] or "", "day": _day(r["created"])}[by]
+            g = groups.setdefault(key, {"key": key, "runs": 0, "total_usd": 0.0, "ondemand_usd": 0.0, "savings_usd": 0.0,
+                                        "lost_hours": 0.0})
+            g["runs"] += 1
+            for k in ("total_usd", "ondemand_usd", "savings_usd", "lost_hours"):
+                g[k] += r[k]
+        out["by"] = by
+        out["groups"] = [{**g, **{k: round(g[k], DECIMALS) for k in ("total_usd", "ondemand_usd", "savings_usd", "lost_hours")}}
+                         for _, g in sorted(groups.items())]
+    return out
+
+
+def fmt(value) -> str:
+    """Amounts as every format prints them."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.{DECIMALS}f}"
+    return str(value)
+
+
+CSV_COLUMNS = ["level", "run", "name", "tier", "provider", "attempt", "region", "zone", "instance_type", "market", "hours",
+               "end_reason", *[f"{i}_usd" for i in ITEMS], "compute_source", "lost_hours", "cost_usd", "ondemand_usd",
+               "billed_usd", "total_usd", "savings_usd", "savings_pct", "cost_per_1k_steps", "cost_per_image", "reclaims"]
+
+
+def to_csv(report: dict) -> str:
+    """One row per attempt, one per run (level=run), one for the whole report (level=total)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    for r in report["runs"]:
+        base = {"run": r["run"], "name": r["name"] or "", "tier": r["tier"], "provider": r["provider"]}
+        for a in r["attempts"]:
+            w.writerow({**base, "level": "attempt", "attempt": a["n"], "region": a["region"], "zone": a["zone"],
+                        "instance_type": a["instance_type"], "market": a["market"], "hours": fmt(a["hours"]),
+                        "end_reason": a["end_reason"] or "running",
+                        **{f"{i}_usd": fmt(a["items"][i]["usd"]) for i in ITEMS if i in a["items"]},
+                        "compute_source": a["items"]["compute"]["source"],
+                        "lost_hours": fmt(a["overhead"]["lost_hours"]) if a["overhead"] else fmt(0.0),
+                        "cost_usd": fmt(a["cost_usd"]), "ondemand_usd": fmt(a["ondemand_usd"])})
+        w.writerow({**base, "level": "run", "hours": fmt(r["hours"]), "lost_hours": fmt(r["lost_hours"]),
+                    "cost_usd": fmt(r["estimate_usd"]), "ondemand_usd": fmt(r["ondemand_usd"]), "billed_usd": fmt(r["billed_usd"]),
+                    "total_usd": fmt(r["total_usd"]), "savings_usd": fmt(r["savings_usd"]), "savings_pct": fmt(r["savings_pct"]),
+                    "cost_per_1k_steps": fmt(r["cost_per_1k_steps"]), "cost_per_image": fmt(r["cost_per_image"]),
+                    "reclaims": r["reclaims"]})
+    t = report["totals"]
+    w.writerow({"level": "total", "hours": fmt(t["hours"]), "lost_hours": fmt(t["lost_hours"]), "cost_usd": fmt(t["estimate_usd"]),
+                "ondemand_usd": fmt(t["ondemand_usd"]), "total_usd": fmt(t["total_usd"]), "savings_usd": fmt(t["savings_usd"]),
+                "savings_pct": fmt(t["savings_pct"]), "reclaims": t["reclaims"]})
+    return buf.getvalue()
+
+
+def print_tables(report: dict) -> None:
+    """The report as rich tables on stdout: one per run, then the period's totals."""
+    import click
+
+    from ..render import table
+
+    for r in report["runs"]:
+        title = f"run {r['run']}" + (f" ({r['name']})" if r["name"] else "") + f": {r['tier']}, {r['state']}"
+        table(title, ["#", "provider", "zone", "type", "market", "hours", "ended by", *[f"{i} $" for i in ITEMS],
+                      "source", "lost h", "cost $", "on-demand $"],
+              [(a["n"], a["provider"], a["zone"], a["instance_type"], a["market"], fmt(a["hours"]), a["end_reason"] or "running",
+                *[fmt(a["items"][i]["usd"]) if i in a["items"] else "" for i in ITEMS], a["items"]["compute"]["source"],
+                fmt(a["overhead"]["lost_hours"]) if a["overhead"] else fmt(0.0), fmt(a["cost_usd"]), fmt(a["ondemand_usd"]))
+               for a in r["attempts"]])
+        line = (f"total ${fmt(r['total_usd'])} ({r['total_source']}); estimate ${fmt(r['estimate_usd'])}; "
+                f"on-demand ${fmt(r['ondemand_usd'])}; saved ${fmt(r['savings_usd'])}")
+        if r["savings_pct"] is not None:
+            line += f" ({r['savings_pct']:.1f}%)"
+        line += f"; reclaims {r['reclaims']}, lost {fmt(r['lost_hours'])} h"
+        if r["cost_per_1k_steps"] is not None:
+            line += f"; ${fmt(r['cost_per_1k_steps'])} per 1k steps"
+        if r["cost_per_image"] is not None:
+            line += f"; ${fmt(r['cost_per_image'])} per image"
+        if r["billed_usd"] is not None:
+            line += f"; billed ${fmt(r['billed_usd'])}"
+        click.echo(line)
+    if report.get("groups"):
+        table(f"by {report['by']}", [report["by"], "runs", "total $", "on-demand $", "saved $", "lost h"],
+              [(g["key"], g["runs"], fmt(g["total_usd"]), fmt(g["ondemand_usd"]), fmt(g["savings_usd"]), fmt(g["lost_hours"]))
+               for g in report["groups"]])
+    t = report["totals"]
+    click.echo(f"all {t['runs']} runs: total ${fmt(t['total_usd'])}; on-demand ${fmt(t['ondemand_usd'])}; "
+               f"saved ${fmt(t['savings_usd'])}; reclaims {t['reclaims']}, lost {fmt(t['lost_hours'])} h")
+    for cur, rate in report["rates"].items():
+        click.echo(f"{cur} converted at {rate['usd_per_unit']} USD per {cur}")
