@@ -174,3 +174,14 @@ def agent_processes(environ_marker: str) -> list[int]:
         if b"sdcloud_agent" in cmd and environ_marker.encode() in environ:
             pids.append(int(entry))
     return pids
+
+
+def wait_until(predicate, timeout: float = 300.0, every: float = 0.3):
+    """The predicate's first truthy value, polled until `timeout`; a timeout fails the test."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:g} s waiting")

@@ -6,12 +6,12 @@ in another zone, the agent resumes from the bucket, the run finishes, nothing is
 from __future__ import annotations
 
 import threading
-import time
 
 import boto3
 import pytest
 
 from host_emulator import HostEmulator
+from servers import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -37,14 +37,6 @@ def _drive(run_spec: dict, provider, steps: int):
     return ctl, thread, result, events, state
 
 
-def _wait(predicate, timeout=300.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError("timed out waiting")
 
 
 def _write_images(folder, n: int) -> None:
@@ -90,7 +82,7 @@ def test_aws_reclaim_relaunches_in_another_zone_and_finishes(moto_server, monkey
                 "dataset": str(photos),
                 "checkpoint_every": 5, "store": "s3://sdcloud-e2e/runs-prefix", "market": "spot", "trainer_args": PACE}
         ctl, thread, result, events, state = _drive(spec, provider, STEPS)
-        _wait(lambda: _status_step(ctl, 1) >= 8)
+        wait_until(lambda: _status_step(ctl, 1) >= 8)
         first = state.attempts(ctl.run_id)[0]
         ec2.terminate_instances(InstanceIds=[first.instance_id])  # the reclaim
         thread.join(600)
@@ -155,7 +147,7 @@ def test_tencent_reclaim_relaunches_in_another_zone_and_finishes(monkeypatch, tm
             spec = {"tier": "sd15-lora", "provider": "tencent", "region": "ap-guangzhou", "model": "tiny", "steps": STEPS,
                     "checkpoint_every": 5, "store": "s3://e2e-ckpt-1250000000/sdcloud", "market": "spot", "trainer_args": PACE}
             ctl, thread, result, events, state = _drive(spec, provider, STEPS)
-            _wait(lambda: _status_step(ctl, 1) >= 8)
+            wait_until(lambda: _status_step(ctl, 1) >= 8)
             first = state.attempts(ctl.run_id)[0]
             cvm.reclaim(first.instance_id)
             thread.join(600)

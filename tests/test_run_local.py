@@ -8,12 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from sdcloud.cli import main
-from servers import agent_processes as running_agents
+from servers import agent_processes as running_agents, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -85,14 +84,6 @@ def test_runfile_fields_and_flag_override(tmp_path):
         build_spec(str(tf), {})
 
 
-def _wait_for(predicate, timeout: float = 120, every: float = 0.5):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("timed out")
 
 
 def _launched_hosts(home) -> int:
@@ -113,7 +104,7 @@ def test_kill_9_controller_then_restart_reconciles(sdcloud_home, crash):
                              stderr=subprocess.PIPE, text=True)
     if crash == "during-run":
         state = StateStore()
-        _wait_for(lambda: (r := state.get_run(f"k9-{crash}")) and r["step"] >= 3, timeout=240)
+        wait_until(lambda: (r := state.get_run(f"k9-{crash}")) and r["step"] >= 3, timeout=240)
         first.send_signal(signal.SIGKILL)
     first.wait(240)
     assert first.returncode == -signal.SIGKILL
@@ -152,7 +143,7 @@ def test_detach_then_watch_state_then_down_stops_everything(sdcloud_home):
     assert proc.returncode == 0, proc.stderr
     run_id = json.loads(proc.stdout)["run"]
     state = StateStore()
-    _wait_for(lambda: state.get_run(run_id)["step"] >= 2, timeout=240)
+    wait_until(lambda: state.get_run(run_id)["step"] >= 2, timeout=240)
     # A second controller for the same run is refused while the first is alive.
     again = sdcloud("up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "300", "--name", "bg")
     assert again.returncode == 2 and "sdcloud watch" in again.stderr
