@@ -108,7 +108,7 @@ def test_budget_stop_then_resume_with_a_larger_budget_counts_both_attempts(sdclo
     stopped_at = durable_step(sdcloud_home, out["run"])
     done = check_resumed(sdcloud_home, name, stopped_at, sdcloud("resume", name, "--budget", "5", "--json"), out["run"])
     # The budget counts both attempts: the total is their sum, and more than the first alone.
-    assert abs(done["cost"]["total"] - sum(a["cost"] for a in done["attempts"])) < 1e-6
+    assert abs(done["cost"]["total"] - sum(a["cost"] for a in done["attempts"])) < 1e-3  # both rounded to 4 places
     assert done["cost"]["total"] > spent_first and len(done["attempts"]) == 2
 
 
