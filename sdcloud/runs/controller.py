@@ -28,6 +28,7 @@ from ..spot.policy import ON_DEMAND, SPOT, WAIT, Observation, ZoneView, get_poli
 from ..providers import get_provider
 from ..providers.base import TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
 from .spec import RunSpec
+from .agent_reports import report_agent_problems
 from .state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore
 from ..offers.tiers import get_tier
 
@@ -344,6 +345,7 @@ class Controller:
         if status and status.get("attempt") != cur.n:
             status = None
         phase = status.get("phase") if status else None
+        report_agent_problems(self, cur.n, status)
         if status and status.get("step") is not None:
             step = int(status["step"])
             self.state.update_run(self.run_id, step=step)
