@@ -146,6 +146,13 @@ class FakeCVM:
             self.calls: list[dict] = []  # every accepted call: action, region, params (for assertions)
             self.quota = {"spot": 1000, "total": 1000}
             self.fail_launch: set[tuple[str, str]] = set()  # (zone, type) that end in LAUNCH_FAILED
+            # What the real RunInstances refuses, each with its documented code:
+            self.spot_out_of_stock: set[tuple[str, str]] = set()  # (zone, type): InsufficientOffering
+            self.not_sold: set[tuple[str, str]] = set()  # (zone, type): ResourceUnavailable.InstanceType
+            self.no_spot: set[str] = set()  # types never sold as spot: NoInstanceTypeSupportSpot
+            self.full_subnets: set[str] = set()  # NoAvailableIpAddressCountInSubnet
+            self.passable_roles: set[str] | None = None  # None: any CAM role may be passed
+            self.balance_ok = True  # False: InvalidAccount.InsufficientBalance
 
     # -- control -------------------------------------------------------------------------------
     def inject(self, action: str, code: str, message: str = "", times: int = 1, zone: str | None = None) -> None:
@@ -319,20 +326,27 @@ class FakeCVM:
         charge = params.get("InstanceChargeType", "POSTPAID_BY_HOUR")
         if charge not in ("POSTPAID_BY_HOUR", "SPOTPAID", "PREPAID"):
             raise ApiError("InvalidParameterValue", f"InstanceChargeType {charge}")
+        if (zone, row[1]) in self.not_sold:
+            raise ApiError("ResourceUnavailable.InstanceType", f"The zone {zone} does not sell {row[1]}")
         if self._is_sold_out(zone, row[1], charge):
             raise ApiError("ResourceInsufficient.SpecifiedInstanceType",
                            f"The specified instance type {row[1]} is sold out in {zone}")
         if charge == "SPOTPAID":
-            market = params.get("InstanceMarketOptions") or {}
-            spot = market.get("SpotOptions") or {}
-            if market.get("MarketType") != "spot":
-                raise ApiError("InvalidParameterValue", "InstanceMarketOptions.MarketType must be spot for SPOTPAID")
-            if not isinstance(spot.get("MaxPrice"), str):
-                raise ApiError("InvalidParameterValue", "SpotOptions.MaxPrice must be a string")
-            current = self._spot_price(zone, row)
-            if float(spot["MaxPrice"]) < current:
-                raise ApiError("InvalidParameterValue.InsufficientPrice",
-                               f"The bid price {spot['MaxPrice']} is lower than the current price {current}.")
+            if row[1] in self.no_spot:
+                raise ApiError("UnsupportedOperation.NoInstanceTypeSupportSpot", f"{row[1]} does not support spot")
+            market = params.get("InstanceMarketOptions")
+            if market is not None:  # without it, SPOTPAID bids the market price (no cap)
+                spot = market.get("SpotOptions") or {}
+                if market.get("MarketType") != "spot":
+                    raise ApiError("InvalidParameterValue", "InstanceMarketOptions.MarketType must be spot for SPOTPAID")
+                if "MaxPrice" in spot and not isinstance(spot.get("MaxPrice"), str):
+                    raise ApiError("InvalidParameterValue", "SpotOptions.MaxPrice must be a string")
+                current = self._spot_price(zone, row)
+                if "MaxPrice" in spot and float(spot["MaxPrice"]) < current:
+                    raise ApiError("InvalidParameterValue.InsufficientPrice",
+                                   f"The bid price {spot['MaxPrice']} is lower than the current price {current}.")
+            if (zone, row[1]) in self.spot_out_of_stock:
+                raise ApiError("InvalidParameterValue.InsufficientOffering", f"Spot stock of {row[1]} in {zone} is insufficient")
         return zone, row, charge
 
     def do_InquiryPriceRunInstances(self, region: str, params: dict) -> dict:
@@ -353,6 +367,14 @@ class FakeCVM:
             return {"InstanceIdSet": list(self.tokens[(region, token)])}
         zone, row, charge = self._check_launch(region, params)
         count = int(params.get("InstanceCount") or 1)
+        role = params.get("CamRoleName")
+        if role and self.passable_roles is not None and role not in self.passable_roles:
+            raise ApiError("AuthFailure.CamRoleNameAuthenticateFailed", f"The role {role} cannot be passed to CVM")
+        subnet = (params.get("VirtualPrivateCloud") or {}).get("SubnetId")
+        if subnet in self.full_subnets:
+            raise ApiError("FailedOperation.NoAvailableIpAddressCountInSubnet", f"The subnet {subnet} has no free IP address")
+        if not self.balance_ok and charge != "PREPAID":
+            raise ApiError("InvalidAccount.InsufficientBalance", "The account balance is insufficient")
         live = [i for i in self.instances.values() if i.state in ("PENDING", "RUNNING")]
         if charge == "SPOTPAID" and sum(i.charge_type == "SPOTPAID" for i in live) + count > self.quota["spot"]:
             raise ApiError("LimitExceeded.SpotQuota", "The spot instance quota of this region is used up")
@@ -430,6 +452,14 @@ class FakeCVM:
             inst = self.instances.get(iid)
             if inst is None or inst.zone not in zones:
                 raise ApiError("InvalidInstanceId.NotFound", f"instance {iid} not found")
+        # As the real API: an instance that failed to launch is not billed and cannot be terminated,
+        # and one call may not mix charge types (spot with pay-as-you-go).
+        for iid in ids:
+            if self.instances[iid].state == "LAUNCH_FAILED":
+                raise ApiError("UnsupportedOperation.InstanceStateLaunchFailed", f"instance {iid} failed to launch")
+        if len({self.instances[iid].charge_type for iid in ids}) > 1:
+            raise ApiError("UnsupportedOperation.InstanceMixedPricingModel",
+                           "instances of different charge types cannot be terminated together")
         now = time.time()
         for iid in ids:
             inst = self.instances[iid]

@@ -344,13 +344,41 @@ def test_quota_stops_with_a_clear_message(fake, code):
     assert fake.cvm.injections[0].times == 9 and fake.cvm.live() == []  # asked once, never again
 
 
-def test_launch_failed_moves_to_next_zone_and_cleans_up(fake):
+def test_launch_failed_moves_to_next_zone_and_is_left_alone(fake):
     fake.cvm.fail_launch.add(("ap-guangzhou-3", "GN7.2XLARGE32"))
     events = Events()
     inst = provider().launch(Offer(row(), "spot"), spec(), "spot", events=events)
     assert inst.zone == "ap-guangzhou-4" and "launch_failed" in events.kinds()
     assert [i.id for i in fake.cvm.live()] == [inst.id]
-    assert len(calls(fake, "TerminateInstances")) == 1
+    # A LAUNCH_FAILED instance is not billed and TerminateInstances refuses it: never asked.
+    assert calls(fake, "TerminateInstances") == []
+
+
+def test_terminate_leaves_launch_failed_alone_and_never_mixes_charge_types(fake):
+    prov = provider()
+    fake.cvm.fail_launch.add(("ap-guangzhou-3", "GN7.2XLARGE32"))
+    with pytest.raises(base.CapacityError):
+        prov.launch(Offer(row(zone="ap-guangzhou-3"), "spot"), spec("r", 1), "spot")
+    (failed,) = [i for i in fake.cvm.instances.values() if i.state == "LAUNCH_FAILED"]
+    spot = prov.launch(Offer(row(zone="ap-guangzhou-4"), "spot"), spec("r", 2), "spot")
+    ondemand = prov.launch(Offer(row(zone="ap-guangzhou-4"), "on-demand"), spec("r", 3), "on-demand")
+    prov.terminate([failed.id, spot.id, ondemand.id], REGION)
+    assert fake.cvm.live() == []
+    batches = [c["params"]["InstanceIds"] for c in calls(fake, "TerminateInstances")]
+    assert failed.id not in sum(batches, [])
+    charge = {spot.id: "SPOTPAID", ondemand.id: "POSTPAID_BY_HOUR"}
+    assert all(len({charge[i] for i in b}) == 1 for b in batches) and sorted(sum(batches, [])) == sorted(charge)
+    prov.terminate([spot.id, ondemand.id])  # again, and without a region: nothing left to do, no error
+
+
+def test_gc_survives_mixed_leftovers(fake, capsys):
+    prov = provider()
+    a = prov.launch(Offer(row(zone="ap-guangzhou-3"), "spot"), spec("crashed", 1), "spot")
+    b = prov.launch(Offer(row(zone="ap-guangzhou-3"), "on-demand"), spec("crashed", 2), "on-demand")
+    c = prov.launch(Offer(row(zone="ap-guangzhou-6"), "spot"), spec("crashed", 3), "spot")
+    assert main(["gc", "--provider", "tencent", "--region", REGION, "--yes", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert sorted(out["terminated"]) == sorted([a.id, b.id, c.id]) and fake.cvm.live() == []
 
 
 def test_launch_needs_an_image_or_template(fake):

@@ -27,6 +27,7 @@ from ... import config
 from ...offers.catalog import CatalogRow, bundled_rows, load_provider, write_refreshed
 from ...errors import UserError
 from ...offers.optimizer import Offer
+from . import errors as codes
 from ..base import (FAILED, LIVE_STATES, PENDING, RUNNING, STOPPING, TAG_RUN, TAG_TOKEN, TERMINATED, CapacityError,
                    CredentialsError, EventSink, Instance, LaunchSpec, PriceTooLowError, ProviderError, QuotaError,
                    no_events)
@@ -65,13 +66,7 @@ STATE_MAP = {
     "LAUNCH_FAILED": FAILED,
 }
 
-CAPACITY_PREFIXES = ("ResourceInsufficient", "ResourcesSoldOut")
-PRICE_CODE = "InvalidParameterValue.InsufficientPrice"
-QUOTA_HELP = {
-    "LimitExceeded.SpotQuota": "the spot instance quota of the region is used up",
-    "LimitExceeded.UserSpotQuota": "your account's spot instance quota is used up",
-    "LimitExceeded.InstanceQuota": "the instance quota of the zone is used up",
-}
+# What each RunInstances error code means for the launch: sdcloud/providers/tencent/errors.py.
 RETRY_PREFIXES = ("RequestLimitExceeded", "ClientNetworkError", "ServerNetworkError", "InternalError")
 # Fields of RunInstances that InquiryPriceRunInstances also takes.
 INQUIRY_FIELDS = ("Placement", "ImageId", "InstanceChargeType", "InstanceType", "SystemDisk", "VirtualPrivateCloud",
@@ -238,6 +233,8 @@ class TencentProvider:
                     return client.call_json(action, params)["Response"]
         except TencentCloudSDKException as exc:
             code = _code(exc)
+            if code in codes.ROLE:  # the host's role, not the caller's credentials
+                raise UserError(f"{codes.ROLE[code].format(role=repr(params.get('CamRoleName', '')))} ({code})") from None
             if code.startswith("AuthFailure"):
                 raise CredentialsError(f"Tencent Cloud rejected the credentials ({code}): {exc.message}") from None
             if code.startswith("UnauthorizedOperation"):
@@ -362,32 +359,38 @@ class TencentProvider:
         return [result.get(i) or Instance(NAME, i, region or "", "", "", "", TERMINATED) for i in ids]
 
     def terminate(self, ids: list[str], region: str | None = None) -> None:
-        """Terminate `ids`; ones already gone are skipped."""
+        """Terminate `ids`; ones already gone are skipped.
+
+        TerminateInstances refuses LAUNCH_FAILED instances (they are not billed and go by
+        themselves) and batches that mix charge types, so ids are described first, then sent per
+        region and charge type, at most 100 at a time.
+        """
         from tencentcloud.common.exception.tencent_cloud_sdk_exception import TencentCloudSDKException
 
         if not ids:
             return
-        by_region: dict[str, list[str]] = {}
-        if region:
-            by_region[region] = list(ids)
-        else:
-            for inst in self.describe(ids):
-                if inst.region and inst.state != TERMINATED:
-                    by_region.setdefault(inst.region, []).append(inst.id)
-        for reg, reg_ids in by_region.items():
+        groups: dict[tuple[str, str], list[str]] = {}
+        for inst in self.describe(list(dict.fromkeys(ids)), region):
+            if inst.state in (TERMINATED, FAILED) or not (inst.region or region):
+                continue
+            groups.setdefault((inst.region or region or "", inst.market), []).append(inst.id)
+        gone = ("InvalidInstanceId.NotFound", "UnsupportedOperation.InstanceStateLaunchFailed",
+                "UnsupportedOperation.InstanceStateTerminating", "UnsupportedOperation.InstanceStateTerminated")
+        for (reg, _market), reg_ids in groups.items():
             for start in range(0, len(reg_ids), 100):
                 batch = reg_ids[start:start + 100]
                 try:
                     self.call(reg, "TerminateInstances", {"InstanceIds": batch})
                 except TencentCloudSDKException as exc:
-                    if not _code(exc).startswith("InvalidInstanceId.NotFound"):
+                    if _code(exc) not in gone:
                         raise ProviderError(f"TerminateInstances in {reg}: {_code(exc)}: {exc.message}") from exc
-                    # One id is gone and the call refuses the batch: terminate the rest one by one.
+                    # One id changed state since it was described and the call refuses the batch:
+                    # terminate the rest one by one.
                     for iid in batch:
                         try:
                             self.call(reg, "TerminateInstances", {"InstanceIds": [iid]})
                         except TencentCloudSDKException as one:
-                            if not _code(one).startswith("InvalidInstanceId.NotFound"):
+                            if _code(one) not in gone:
                                 raise ProviderError(f"TerminateInstances {iid}: {_code(one)}: {one.message}") from one
 
     def find_tagged(self, run_id: str | None = None, regions: list[str] | None = None) -> list[Instance]:
@@ -429,7 +432,15 @@ class TencentProvider:
             zones[item["Zone"]] = zones.get(item["Zone"], False) or in_stock
         return sorted(zones, key=lambda z: (not zones[z], z))
 
-    def _run_params(self, offer: Offer, spec: LaunchSpec, market: str, zone: str, max_price: str | None) -> dict:
+    @staticmethod
+    def _subnets(infra: dict, zone: str) -> list[str]:
+        """The zone's subnets from the stack (one, or a list tried in order when one runs out of addresses)."""
+        subnets = infra.get("subnet_ids") or {}
+        found = subnets.get(zone) if isinstance(subnets, dict) else None
+        return [found] if isinstance(found, str) else list(found or [])
+
+    def _run_params(self, offer: Offer, spec: LaunchSpec, market: str, zone: str, max_price: str | None,
+                    subnet: str | None = None) -> dict:
         infra = spec.infra or {}
         params: dict[str, Any] = {
             "InstanceChargeType": CHARGE_TYPES[market],
@@ -458,8 +469,7 @@ class TencentProvider:
         elif "LaunchTemplate" not in params:
             raise UserError("no image for the Tencent Cloud host: run `sdcloud infra up --provider tencent` "
                             "(it makes a launch template) or set SDCLOUD_TENCENT_IMAGE_ID")
-        subnets = infra.get("subnet_ids") or {}
-        subnet = subnets.get(zone) if isinstance(subnets, dict) else None
+        subnet = subnet or next(iter(self._subnets(infra, zone)), None)
         if infra.get("vpc_id") and subnet:
             params["VirtualPrivateCloud"] = {"VpcId": infra["vpc_id"], "SubnetId": subnet}
         groups = infra.get("security_group_ids") or ([infra["security_group_id"]] if infra.get("security_group_id") else [])
@@ -527,49 +537,64 @@ class TencentProvider:
         sold_out: list[str] = []
         too_low: list[tuple[str, float | None]] = []
         for i, zone in enumerate(zones):
-            params = self._run_params(offer, spec, market, zone, price_text)
-            try:
-                quote = self.call(region, "InquiryPriceRunInstances", {k: params[k] for k in INQUIRY_FIELDS if k in params}, events)
-                quoted = _num(((quote.get("Price") or {}).get("InstancePrice") or {}).get("UnitPriceDiscount"))
-                events("quote", {"provider": NAME, "zone": zone, "instance_type": row.instance_type, "market": market,
-                                 "price": quoted, "currency": row.currency, "max_price": local_max})
-                if market == "spot" and quoted is not None and local_max is not None and quoted > local_max + 1e-9:
-                    raise _PriceTooLow(quoted)
-                resp = self.call(region, "RunInstances", params, events)
-            except _PriceTooLow as low:
-                too_low.append((zone, low.price))
-                events("price_too_low", {"provider": NAME, "zone": zone, "current_price": low.price, "max_price": local_max,
-                                         "currency": row.currency})
-                continue
-            except TencentCloudSDKException as exc:
-                code = _code(exc)
-                if code.startswith(CAPACITY_PREFIXES):
-                    sold_out.append(zone)
-                    events("zone_failover", {"provider": NAME, "zone": zone, "code": code,
-                                             "next_zone": zones[i + 1] if i + 1 < len(zones) else None})
-                    continue
-                if code == PRICE_CODE:
-                    current = _parse_price(exc.message)
-                    too_low.append((zone, current))
-                    events("price_too_low", {"provider": NAME, "zone": zone, "current_price": current,
-                                             "max_price": local_max, "currency": row.currency})
-                    continue
-                if code in QUOTA_HELP:
-                    raise QuotaError(f"Tencent Cloud {code}: {QUOTA_HELP[code]} ({region}); raise it in the CVM console "
-                                     f"(Instances > quota) or terminate other instances") from None
-                raise ProviderError(f"Tencent Cloud {code} launching {row.instance_type} in {zone}: {exc.message}") from exc
-            instance_id = resp["InstanceIdSet"][0]
-            events("launched", {"provider": NAME, "instance": instance_id, "zone": zone, "market": market,
-                                "instance_type": row.instance_type, "max_price": local_max, "currency": row.currency})
-            inst = self._wait(region, instance_id, events)
-            if inst.state == RUNNING:
-                inst.price_per_hour = local_max if market == "spot" else (quoted or row.ondemand_price)
-                return inst
-            # LAUNCH_FAILED (often a spot capacity shortfall): clean up, try the next zone.
-            events("launch_failed", {"provider": NAME, "instance": instance_id, "zone": zone, "state": inst.state})
-            if inst.state == FAILED:
-                self.terminate([instance_id], region)
-            sold_out.append(zone)
+            next_zone = zones[i + 1] if i + 1 < len(zones) else None
+            subnets = self._subnets(spec.infra or {}, zone) or [None]
+            for k, subnet in enumerate(subnets):
+                params = self._run_params(offer, spec, market, zone, price_text, subnet)
+                try:
+                    quote = self.call(region, "InquiryPriceRunInstances", {k: params[k] for k in INQUIRY_FIELDS if k in params}, events)
+                    quoted = _num(((quote.get("Price") or {}).get("InstancePrice") or {}).get("UnitPriceDiscount"))
+                    events("quote", {"provider": NAME, "zone": zone, "instance_type": row.instance_type, "market": market,
+                                     "price": quoted, "currency": row.currency, "max_price": local_max})
+                    if market == "spot" and quoted is not None and local_max is not None and quoted > local_max + 1e-9:
+                        raise _PriceTooLow(quoted)
+                    resp = self.call(region, "RunInstances", params, events)
+                except _PriceTooLow as low:
+                    too_low.append((zone, low.price))
+                    events("price_too_low", {"provider": NAME, "zone": zone, "current_price": low.price, "max_price": local_max,
+                                             "currency": row.currency})
+                    break
+                except TencentCloudSDKException as exc:
+                    code = _code(exc)
+                    meaning = codes.meaning(code)
+                    if meaning == "zone":
+                        sold_out.append(zone)
+                        events("zone_failover", {"provider": NAME, "zone": zone, "code": code,
+                                                 "reason": codes.ZONE_UNAVAILABLE[code], "next_zone": next_zone})
+                        break
+                    if meaning == "subnet":
+                        more = k + 1 < len(subnets)
+                        events("subnet_full", {"provider": NAME, "zone": zone, "subnet": subnet, "code": code,
+                                               "next_subnet": subnets[k + 1] if more else None,
+                                               "next_zone": None if more else next_zone})
+                        if not more:
+                            sold_out.append(zone)
+                        continue
+                    if meaning == "price":
+                        current = _parse_price(exc.message)
+                        too_low.append((zone, current))
+                        events("price_too_low", {"provider": NAME, "zone": zone, "current_price": current,
+                                                 "max_price": local_max, "currency": row.currency})
+                        break
+                    if meaning == "quota":
+                        what = codes.QUOTAS.get(code, f"the quota {code.split('.', 1)[-1]}")
+                        raise QuotaError(f"Tencent Cloud {code}: {what} is used up ({region}); raise it in the CVM console "
+                                         f"(Instances > quota) or terminate other instances") from None
+                    if meaning == "billing":
+                        raise UserError(f"Tencent Cloud {code}: {codes.BILLING[code]}") from None
+                    raise ProviderError(f"Tencent Cloud {code} launching {row.instance_type} in {zone}: {exc.message}") from exc
+                instance_id = resp["InstanceIdSet"][0]
+                events("launched", {"provider": NAME, "instance": instance_id, "zone": zone, "market": market,
+                                    "instance_type": row.instance_type, "max_price": local_max, "currency": row.currency})
+                inst = self._wait(region, instance_id, events)
+                if inst.state == RUNNING:
+                    inst.price_per_hour = local_max if market == "spot" else (quoted or row.ondemand_price)
+                    return inst
+                # LAUNCH_FAILED (often a spot capacity shortfall): try the next zone. Such an instance
+                # is not billed, and TerminateInstances refuses it; it vanishes by itself.
+                events("launch_failed", {"provider": NAME, "instance": instance_id, "zone": zone, "state": inst.state})
+                sold_out.append(zone)
+                break
         if too_low:
             prices = [p for _, p in too_low if p is not None]
             current = min(prices) if prices else None
