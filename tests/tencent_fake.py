@@ -49,7 +49,9 @@ ZONES = {
     "ap-beijing": ["ap-beijing-5", "ap-beijing-7"],
     "ap-singapore": ["ap-singapore-1", "ap-singapore-2"],
 }
-USD_REGIONS = {"ap-singapore"}  # priced in USD, as an international account sees them
+# Prices follow the account's site, in every region: a China-site account sees CNY, an
+# international-site one USD (here the CNY list price at this rate).
+SITES = ("china", "international")
 CNY_PER_USD = 7.1
 PENDING_S = 0.3  # PENDING before RUNNING
 TERMINATING_S = 1.0  # TERMINATING before the instance vanishes
@@ -131,7 +133,9 @@ def _sdk_model(name: str):
 class FakeCVM:
     """The state and the API actions; thread-safe, one lock."""
 
-    def __init__(self, secret_id: str = SECRET_ID, secret_key: str = SECRET_KEY):
+    def __init__(self, secret_id: str = SECRET_ID, secret_key: str = SECRET_KEY, site: str = "china"):
+        assert site in SITES, site
+        self.site = site
         self.accounts = {secret_id: secret_key}
         self.lock = threading.RLock()
         self.reset()
@@ -224,10 +228,9 @@ class FakeCVM:
     def _spot_price(self, zone: str, row: tuple) -> float:
         return self.spot_prices.get((zone, row[1]), self._local(zone, row[7]))
 
-    @staticmethod
-    def _local(zone: str, cny: float) -> float:
-        region = zone.rsplit("-", 1)[0]
-        return round(cny / CNY_PER_USD, 4) if region in USD_REGIONS else cny
+    def _local(self, zone: str, cny: float) -> float:
+        """A list price in the account's currency (the site decides it, not the region)."""
+        return round(cny / CNY_PER_USD, 4) if self.site == "international" else cny
 
     @staticmethod
     def _check_fields(model_name: str, params: dict) -> None:

@@ -190,7 +190,8 @@ def test_refresh_catalog_from_fake(fake):
     assert by[("ap-guangzhou-3", "GN10Xp.2XLARGE40")].spot_price == 6.45  # arrived as a string
     assert by[("ap-guangzhou-3", "GT4.4XLARGE96")].memory_gb == 96  # arrived as a string
     sg = by[("ap-singapore-1", "GN7.2XLARGE32")]
-    assert sg.currency == "USD" and sg.ondemand_price == pytest.approx(9.55 / 7.1, abs=1e-3)
+    # The account's site decides the currency, not the region: a China-site account pays CNY in Singapore too.
+    assert sg.currency == "CNY" and sg.ondemand_price == 9.55
     loaded, source = load_provider("tencent")
     assert source.origin == "refreshed" and len(loaded) == len(rows)
     charges = {c["params"]["Filters"][1]["Values"][0] for c in calls(fake, "DescribeZoneInstanceConfigInfos")}
@@ -475,3 +476,50 @@ def test_fake_runs_as_a_subprocess_with_control(monkeypatch, tmp_path):
     finally:
         proc.terminate()
         proc.wait(5)
+
+
+# -- the account's currency ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("site, region, sent", [
+    # An international account in a mainland region: its prices (and MaxPrice) are USD.
+    ("international", "ap-guangzhou", "0.5000"),
+    # A China-site account outside the mainland: CNY, at the documented rate.
+    ("china", "ap-singapore", "3.5500"),
+])
+def test_max_price_is_sent_in_the_accounts_currency(fake, monkeypatch, site, region, sent):
+    monkeypatch.setenv("SDCLOUD_CNY_PER_USD", "7.1")
+    fake.cvm.site = site
+    zone = tencent_fake.ZONES[region][0]
+    bundled = next(r for r in tencent.bundled_rows("tencent") if r.region == region and r.instance_type == "GN7.2XLARGE32")
+    provider().launch(Offer(CatalogRow(**{**bundled.as_dict(), "zone": zone}), "spot"), spec(), "spot", max_price=0.5)
+    (call,) = calls(fake, "RunInstances")
+    assert call["params"]["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] == sent
+
+
+def test_the_site_can_be_set_in_config_and_wins(fake, monkeypatch, sdcloud_home):
+    monkeypatch.setenv("SDCLOUD_CNY_PER_USD", "7.1")
+    fake.cvm.site = "international"
+    sdcloud_home.mkdir(parents=True, exist_ok=True)
+    (sdcloud_home / "config.toml").write_text('[tencent]\nsite = "international"\n')
+    prov = provider()
+    assert prov.account_currency(REGION) == "USD"
+    assert not calls(fake, "DescribeZoneInstanceConfigInfos")  # set, not asked
+    (sdcloud_home / "config.toml").write_text('[tencent]\nsite = "mars"\n')
+    with pytest.raises(UserError, match="china or international"):
+        provider().account_currency(REGION)
+
+
+def test_refreshed_catalog_is_in_the_accounts_currency(fake, monkeypatch):
+    monkeypatch.setenv("SDCLOUD_CNY_PER_USD", "7.1")
+    fake.cvm.site = "international"
+    _, rows, _ = tencent.refresh_catalog([REGION, "ap-singapore"])
+    assert {r.currency for r in rows} == {"USD"}
+    gz = next(r for r in rows if r.region == REGION and r.instance_type == "GN7.2XLARGE32")
+    assert gz.ondemand_price == pytest.approx(9.55 / 7.1, abs=1e-3)
+    # Ranking converts with the documented rate: the same host costs the same in USD on both sites.
+    from sdcloud.offers.optimizer import Offer as RankedOffer
+    fake.cvm.site = "china"
+    _, cny_rows, _ = tencent.refresh_catalog([REGION])
+    cny = next(r for r in cny_rows if r.instance_type == "GN7.2XLARGE32" and r.zone == gz.zone)
+    assert cny.currency == "CNY"
+    assert RankedOffer(cny, "on-demand").price_per_hour_usd == pytest.approx(RankedOffer(gz, "on-demand").price_per_hour_usd, rel=1e-3)

@@ -4,9 +4,10 @@ Spot hosts are SPOTPAID instances (one-time, with a max price); on-demand ones P
 Every instance carries the sdcloud tags, and launch() adopts a live instance with the same
 `sdcloud:token` before it launches, so a retried or crashed launch never starts a second host.
 
-Prices: the catalog keeps Tencent's own currency (CNY in mainland regions, USD elsewhere, as an
-international account is billed); the `max_price` handed to launch() is USD per hour, like every
-provider's, and is converted to the region's currency for SpotOptions.MaxPrice.
+Prices: the catalog keeps Tencent's own currency, which the account's site decides (CNY on the
+China site, USD on the international one, in every region: see site.py); the `max_price` handed
+to launch() is USD per hour, like every provider's, and is converted to the account's currency
+for SpotOptions.MaxPrice.
 
 The SDK is imported lazily: `sdcloud --help` must not pay for it.
 """
@@ -28,6 +29,7 @@ from ...offers.catalog import CatalogRow, bundled_rows, load_provider, write_ref
 from ...errors import UserError
 from ...offers.optimizer import Offer
 from . import errors as codes
+from . import site
 from ..base import (FAILED, LIVE_STATES, PENDING, RUNNING, STOPPING, TAG_RUN, TAG_TOKEN, TERMINATED, CapacityError,
                    CredentialsError, EventSink, Instance, LaunchSpec, PriceTooLowError, ProviderError, QuotaError,
                    no_events)
@@ -35,7 +37,6 @@ from ..base import (FAILED, LIVE_STATES, PENDING, RUNNING, STOPPING, TAG_RUN, TA
 NAME = "tencent"
 API_VERSION = "2017-03-12"
 ENDPOINT_ENV = "SDCLOUD_TENCENT_ENDPOINT"
-CURRENCY_ENV = "SDCLOUD_TENCENT_CURRENCY"
 # The CVM metadata service hands out CAM role credentials on a CVM host.
 METADATA_URL = "http://metadata.tencentyun.com/latest/meta-data/"
 
@@ -50,10 +51,6 @@ GPU_FAMILIES = {
     "GT4": "A100",
     "GNV4": "A10", "PNV4": "A10",
 }
-# Mainland China regions bill in CNY; the others in USD (an international account's view).
-MAINLAND_PREFIXES = ("ap-beijing", "ap-shanghai", "ap-guangzhou", "ap-chengdu", "ap-chongqing", "ap-nanjing",
-                     "ap-shenzhen", "ap-tianjin", "ap-wuhan", "ap-hangzhou", "ap-jinan", "ap-fuzhou",
-                     "ap-changsha", "ap-shijiazhuang", "ap-hefei", "ap-xian", "ap-zhengzhou", "ap-qingyuan")
 
 STATE_MAP = {
     "PENDING": PENDING, "STARTING": PENDING,
@@ -83,15 +80,6 @@ def _num(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
-
-
-def currency_for(region: str) -> str:
-    override = os.environ.get(CURRENCY_ENV)
-    if override:
-        if override.upper() not in ("CNY", "USD"):
-            raise UserError(f"{CURRENCY_ENV} must be CNY or USD, got {override!r}")
-        return override.upper()
-    return "CNY" if region.startswith(MAINLAND_PREFIXES) else "USD"
 
 
 def endpoint_override() -> tuple[str, str] | None:
@@ -189,6 +177,24 @@ class TencentProvider:
         self._cred = None
         self._clients: dict[str, Any] = {}
         self.last_errors: list[str] = []
+        self._currency: str | None = None
+
+    def account_currency(self, region: str) -> str:
+        """CNY or USD: the account's site decides (set by the user, else read from its prices once)."""
+        configured = site.configured_currency()
+        if configured:
+            return configured
+        if self._currency is None:
+            resp = self.call(region, "DescribeZoneInstanceConfigInfos", {"Filters": [
+                {"Name": "instance-family", "Values": sorted(GPU_FAMILIES)},
+                {"Name": "instance-charge-type", "Values": [ONDEMAND]}]})
+            quoted: dict[str, float] = {}
+            for item in resp.get("InstanceTypeQuotaSet") or []:
+                price = _num((item.get("Price") or {}).get("UnitPrice"))
+                if price:
+                    quoted.setdefault(str(item.get("InstanceType")), price)
+            self._currency = site.detect_currency(region, quoted, site.bundled_reference(bundled_rows(NAME), region))
+        return self._currency
 
     def check_credentials(self) -> None:
         """Raise CredentialsError (one line) now, before a run is created, when none can be found."""
@@ -253,7 +259,7 @@ class TencentProvider:
 
         gpus = gpu_table()
         today = date.today().isoformat()
-        currency = currency_for(region)
+        currency = self.account_currency(region)
         merged: dict[tuple[str, str], dict] = {}
         for charge in (ONDEMAND, SPOT):
             resp = self.call(region, "DescribeZoneInstanceConfigInfos", {"Filters": [
@@ -521,11 +527,16 @@ class TencentProvider:
             inst.adopted = True
             return inst
 
-        usd = config.usd_per(row.currency)
+        # MaxPrice and every quote are in the account's currency, whatever the catalog row's is.
+        currency = self.account_currency(region)
+        usd = config.usd_per(currency)
         local_max: float | None = None
         if market == "spot":
             # Default cap: the on-demand price, so a spot host never costs more than an on-demand one.
-            local_max = max_price / usd if max_price is not None else row.ondemand_price
+            if max_price is not None:
+                local_max = max_price / usd
+            elif row.ondemand_price is not None:
+                local_max = row.ondemand_price * config.usd_per(currency) / usd
             if local_max is None:
                 raise UserError(f"no max price for spot {row.instance_type} in {region}: pass --max-price")
         price_text = f"{local_max:.4f}" if local_max is not None else None
@@ -545,14 +556,14 @@ class TencentProvider:
                     quote = self.call(region, "InquiryPriceRunInstances", {k: params[k] for k in INQUIRY_FIELDS if k in params}, events)
                     quoted = _num(((quote.get("Price") or {}).get("InstancePrice") or {}).get("UnitPriceDiscount"))
                     events("quote", {"provider": NAME, "zone": zone, "instance_type": row.instance_type, "market": market,
-                                     "price": quoted, "currency": row.currency, "max_price": local_max})
+                                     "price": quoted, "currency": currency, "max_price": local_max})
                     if market == "spot" and quoted is not None and local_max is not None and quoted > local_max + 1e-9:
                         raise _PriceTooLow(quoted)
                     resp = self.call(region, "RunInstances", params, events)
                 except _PriceTooLow as low:
                     too_low.append((zone, low.price))
                     events("price_too_low", {"provider": NAME, "zone": zone, "current_price": low.price, "max_price": local_max,
-                                             "currency": row.currency})
+                                             "currency": currency})
                     break
                 except TencentCloudSDKException as exc:
                     code = _code(exc)
@@ -574,7 +585,7 @@ class TencentProvider:
                         current = _parse_price(exc.message)
                         too_low.append((zone, current))
                         events("price_too_low", {"provider": NAME, "zone": zone, "current_price": current,
-                                                 "max_price": local_max, "currency": row.currency})
+                                                 "max_price": local_max, "currency": currency})
                         break
                     if meaning == "quota":
                         what = codes.QUOTAS.get(code, f"the quota {code.split('.', 1)[-1]}")
@@ -585,10 +596,10 @@ class TencentProvider:
                     raise ProviderError(f"Tencent Cloud {code} launching {row.instance_type} in {zone}: {exc.message}") from exc
                 instance_id = resp["InstanceIdSet"][0]
                 events("launched", {"provider": NAME, "instance": instance_id, "zone": zone, "market": market,
-                                    "instance_type": row.instance_type, "max_price": local_max, "currency": row.currency})
+                                    "instance_type": row.instance_type, "max_price": local_max, "currency": currency})
                 inst = self._wait(region, instance_id, events)
                 if inst.state == RUNNING:
-                    inst.price_per_hour = local_max if market == "spot" else (quoted or row.ondemand_price)
+                    inst.price_per_hour = local_max if market == "spot" else (quoted or (row.ondemand_price or 0) * config.usd_per(row.currency) / usd)
                     return inst
                 # LAUNCH_FAILED (often a spot capacity shortfall): try the next zone. Such an instance
                 # is not billed, and TerminateInstances refuses it; it vanishes by itself.
@@ -599,8 +610,8 @@ class TencentProvider:
             prices = [p for _, p in too_low if p is not None]
             current = min(prices) if prices else None
             raise PriceTooLowError(
-                f"max price {price_text} {row.currency}/h is below the current spot price of {row.instance_type} in "
-                f"{region}" + (f" ({current:g} {row.currency}/h)" if current is not None else ""), current_price=current)
+                f"max price {price_text} {currency}/h is below the current spot price of {row.instance_type} in "
+                f"{region}" + (f" ({current:g} {currency}/h)" if current is not None else ""), current_price=current)
         raise CapacityError(f"{row.instance_type} ({market}) is sold out in every zone tried: {', '.join(sold_out)}")
 
 
