@@ -6,7 +6,7 @@ type) and the `{"Response": {...}}` envelope. Instances live in memory: PENDING,
 terminated ones show TERMINATING for a while and then vanish, as post-paid instances do.
 
 Control from a test: the FakeCVM methods in-process, or POST /_control with a JSON body
-{"op": "inject" | "reclaim" | "sold_out" | "spot_price" | "instances" | "calls" | "reset", ...}.
+{"op": "inject" | "reclaim" | "sold_out" | "spot_price" | "template" | "site" | "instances" | "calls" | "reset", ...}.
 Run alone: `python tests/tencent_fake.py --port 9000 [--secret-id ID --secret-key KEY]`.
 """
 
@@ -157,6 +157,24 @@ class FakeCVM:
             self.full_subnets: set[str] = set()  # NoAvailableIpAddressCountInSubnet
             self.passable_roles: set[str] | None = None  # None: any CAM role may be passed
             self.balance_ok = True  # False: InvalidAccount.InsufficientBalance
+            self.templates: dict[str, dict] = {}  # launch template id -> its RunInstances fields
+
+    def add_launch_template(self, template_id: str, fields: dict) -> None:
+        """A launch template (as the stack makes one): RunInstances fields in the API's own names."""
+        with self.lock:
+            self.templates[template_id] = json.loads(json.dumps(fields))
+
+    def _merged(self, params: dict) -> dict:
+        """The fields a launch really gets: the template's, each replaced whole by the request's when
+        the request sets it too (a request's TagSpecification or SystemDisk replaces the template's)."""
+        ref = params.get("LaunchTemplate") or {}
+        if not ref.get("LaunchTemplateId"):
+            return params
+        template = self.templates.get(ref["LaunchTemplateId"])
+        if template is None:
+            raise ApiError("InvalidParameterValue.LaunchTemplateNotFound",
+                           f"launch template {ref['LaunchTemplateId']} does not exist")
+        return {**template, **params}
 
     # -- control -------------------------------------------------------------------------------
     def inject(self, action: str, code: str, message: str = "", times: int = 1, zone: str | None = None) -> None:
@@ -194,6 +212,11 @@ class FakeCVM:
             self.set_sold_out(body["zone"], body["instance_type"], body.get("charge_type", "*"), body.get("sold_out", True))
         elif op == "spot_price":
             self.set_spot_price(body["zone"], body["instance_type"], float(body["price"]))
+        elif op == "template":
+            self.add_launch_template(body["template_id"], body.get("fields") or {})
+        elif op == "site":
+            with self.lock:
+                self.site = body["site"]
         elif op == "reset":
             self.reset()
         elif op == "instances":
@@ -353,6 +376,7 @@ class FakeCVM:
         return zone, row, charge
 
     def do_InquiryPriceRunInstances(self, region: str, params: dict) -> dict:
+        params = self._merged(params)
         zone, row, charge = self._check_launch(region, params)
         count = int(params.get("InstanceCount") or 1)
         list_price = self._local(zone, row[6])
@@ -368,6 +392,7 @@ class FakeCVM:
             raise ApiError("InvalidClientToken.TooLong", "ClientToken is longer than 64 characters")
         if token and (region, token) in self.tokens:
             return {"InstanceIdSet": list(self.tokens[(region, token)])}
+        params = self._merged(params)
         zone, row, charge = self._check_launch(region, params)
         count = int(params.get("InstanceCount") or 1)
         role = params.get("CamRoleName")

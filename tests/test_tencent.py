@@ -32,6 +32,14 @@ INFRA = {"image_id": "img-fake0001", "launch_template_id": "lt-fake0001", "vpc_i
          "security_group_id": "sg-fake", "cam_role_name": "sdcloud-host"}
 
 
+# What the stack's launch template sets (stacks/tencent: tags_for(cfg, "host"), a CLOUD_BSSD system disk).
+STACK_TAGS = {"Name": "sdcloud-dev-host", "sdcloud:managed": "true", "sdcloud:stack": "dev"}
+TEMPLATE = {"ImageId": "img-fake0001", "SystemDisk": {"DiskType": "CLOUD_BSSD", "DiskSize": 200},
+            "SecurityGroupIds": ["sg-fake"], "CamRoleName": "sdcloud-host",
+            "TagSpecification": [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in STACK_TAGS.items()]}],
+            "UserData": base64.b64encode(b"#!/bin/sh\necho template\n").decode()}
+
+
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
     monkeypatch.setattr(tencent_fake, "PENDING_S", 0.1)
@@ -42,6 +50,8 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setattr(tencent, "METADATA_URL", "http://127.0.0.1:9/")  # no metadata service, no network
     with FakeServer() as srv:
         monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", srv.endpoint)
+        for template_id in ("lt-fake0001", "lt-gz3", "lt-gz4"):
+            srv.cvm.add_launch_template(template_id, TEMPLATE)
         yield srv
 
 
@@ -234,8 +244,10 @@ def test_spot_launch_with_max_price(fake, monkeypatch):
     assert p["ClientToken"].startswith(spec().token) and len(p["ClientToken"]) <= 64
     assert base64.b64decode(p["UserData"]).decode() == spec().user_data
     assert p["LaunchTemplate"] == {"LaunchTemplateId": "lt-fake0001"}
-    assert p["VirtualPrivateCloud"] == {"VpcId": "vpc-fake", "SubnetId": "subnet-4"}
-    assert p["CamRoleName"] == "sdcloud-host" and p["SecurityGroupIds"] == ["sg-fake"]
+    # The template holds the network, the security group and the role: the request does not repeat them.
+    assert not {"VirtualPrivateCloud", "CamRoleName", "SecurityGroupIds", "ImageId"} & set(p)
+    (made,) = fake.cvm.live()
+    assert made.request["CamRoleName"] == "sdcloud-host" and made.request["SecurityGroupIds"] == ["sg-fake"]
     assert {t["Key"]: t["Value"] for t in p["TagSpecification"][0]["Tags"]} == spec().tags
     assert calls(fake, "InquiryPriceRunInstances") and "quote" in events.kinds() and "launched" in events.kinds()
 
@@ -466,6 +478,7 @@ def test_fake_runs_as_a_subprocess_with_control(monkeypatch, tmp_path):
         monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", endpoint)
         monkeypatch.setenv("TENCENTCLOUD_SECRET_ID", SECRET_ID)
         monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", SECRET_KEY)
+        control(op="template", template_id="lt-fake0001", fields=TEMPLATE)
         control(op="inject", action="RunInstances", code="ResourceInsufficient.AvailabilityZoneSoldOut", zone="ap-guangzhou-3")
         inst = provider(poll_interval=0.1).launch(Offer(row(), "spot"), spec(), "spot")
         assert inst.zone == "ap-guangzhou-4"
@@ -523,3 +536,37 @@ def test_refreshed_catalog_is_in_the_accounts_currency(fake, monkeypatch):
     cny = next(r for r in cny_rows if r.instance_type == "GN7.2XLARGE32" and r.zone == gz.zone)
     assert cny.currency == "CNY"
     assert RankedOffer(cny, "on-demand").price_per_hour_usd == pytest.approx(RankedOffer(gz, "on-demand").price_per_hour_usd, rel=1e-3)
+
+
+# -- the launch template -------------------------------------------------------------------------------
+
+def test_the_request_keeps_what_the_template_sets(fake):
+    """The per-run request sends what the run needs; the template's disk type and stack tags survive the merge."""
+    infra = {**INFRA, "host_tags": STACK_TAGS, "launch_template_ids": {"ap-guangzhou-4": "lt-gz4"},
+             "instance_defaults": {"system_disk_gb": 200, "system_disk_type": "CLOUD_BSSD"}}
+    s = LaunchSpec(run_id="run-lt", attempt=1, infra=infra, user_data="#!/bin/sh\necho run\n", root_volume_gb=200)
+    inst = provider().launch(Offer(row(zone="ap-guangzhou-4"), "spot"), s, "spot")
+    (made,) = [i for i in fake.cvm.live() if i.id == inst.id]
+    assert made.request["SystemDisk"]["DiskType"] == "CLOUD_BSSD"
+    assert made.tags == {**STACK_TAGS, **s.tags}
+    assert base64.b64decode(made.user_data).decode() == s.user_data
+    sent = calls(fake, "RunInstances")[0]["params"]
+    assert "ImageId" not in sent and "SecurityGroupIds" not in sent and "CamRoleName" not in sent
+
+
+def test_a_bigger_disk_than_the_templates_keeps_its_type(fake):
+    infra = {**INFRA, "host_tags": STACK_TAGS, "launch_template_ids": {"ap-guangzhou-4": "lt-gz4"},
+             "instance_defaults": {"system_disk_gb": 200, "system_disk_type": "CLOUD_BSSD"}}
+    s = LaunchSpec(run_id="run-lt", attempt=1, infra=infra, root_volume_gb=500)
+    inst = provider().launch(Offer(row(zone="ap-guangzhou-4"), "on-demand"), s, "on-demand")
+    (made,) = [i for i in fake.cvm.live() if i.id == inst.id]
+    assert made.request["SystemDisk"] == {"DiskType": "CLOUD_BSSD", "DiskSize": 500}
+
+
+def test_spotpaid_without_market_options_bids_the_market_price(fake):
+    """The real API takes SPOTPAID alone (no cap: it bids the market price); the fake does too."""
+    zone = "ap-guangzhou-3"
+    resp = fake.cvm.handle("RunInstances", REGION, {"InstanceChargeType": "SPOTPAID", "Placement": {"Zone": zone},
+                                                    "InstanceType": "GN7.2XLARGE32", "ImageId": "img-x"})
+    (iid,) = resp["InstanceIdSet"]
+    assert fake.cvm.instances[iid].charge_type == "SPOTPAID" and fake.cvm.instances[iid].max_price is None

@@ -447,7 +447,19 @@ class TencentProvider:
 
     def _run_params(self, offer: Offer, spec: LaunchSpec, market: str, zone: str, max_price: str | None,
                     subnet: str | None = None) -> dict:
+        """The RunInstances request of one try.
+
+        With the stack's launch template, the request sends only what the run needs: a field set in
+        the request replaces the template's whole (TagSpecification, SystemDisk, ...), so the image,
+        security group, role and network come from the template, the stack's tags go along with the
+        run's, and the system disk is sent only when the run needs more than the template's, in the
+        template's disk type.
+        """
         infra = spec.infra or {}
+        # The stack makes one template per zone (Tencent binds a template to its zone).
+        template_id = (infra.get("launch_template_ids") or {}).get(zone) or infra.get("launch_template_id")
+        defaults = infra.get("instance_defaults") or {}
+        tags = {**(infra.get("host_tags") or {}), **spec.tags} if template_id else dict(spec.tags)
         params: dict[str, Any] = {
             "InstanceChargeType": CHARGE_TYPES[market],
             "Placement": {"Zone": zone},
@@ -455,40 +467,43 @@ class TencentProvider:
             "InstanceCount": 1,
             "InstanceName": f"sdcloud-{spec.run_id}-{spec.attempt}"[:60],
             "ClientToken": f"{spec.token}-{zone}"[:64],  # per zone: a retry in a zone is idempotent
-            "TagSpecification": [{"ResourceType": "instance",
-                                  "Tags": [{"Key": k, "Value": v} for k, v in spec.tags.items()]}],
-            "SystemDisk": {"DiskType": infra.get("system_disk_type", "CLOUD_PREMIUM"), "DiskSize": spec.root_volume_gb},
+            "TagSpecification": [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
         }
+        disk_type = infra.get("system_disk_type") or defaults.get("system_disk_type")
+        if not template_id:
+            params["SystemDisk"] = {"DiskType": disk_type or "CLOUD_PREMIUM", "DiskSize": spec.root_volume_gb}
+        elif spec.root_volume_gb > int(defaults.get("system_disk_gb") or 0):
+            params["SystemDisk"] = {**({"DiskType": disk_type} if disk_type else {}), "DiskSize": spec.root_volume_gb}
         if market == "spot":
             params["InstanceMarketOptions"] = {"MarketType": "spot",
                                                "SpotOptions": {"MaxPrice": max_price, "SpotInstanceType": "one-time"}}
-        # The stack makes one template per zone (Tencent binds a template to its zone).
-        template_id = (infra.get("launch_template_ids") or {}).get(zone) or infra.get("launch_template_id")
         if template_id:
             template = {"LaunchTemplateId": template_id}
             if infra.get("launch_template_version"):
                 template["LaunchTemplateVersion"] = int(infra["launch_template_version"])
             params["LaunchTemplate"] = template
-        image = infra.get("image_id") or os.environ.get("SDCLOUD_TENCENT_IMAGE_ID")
+        image = os.environ.get("SDCLOUD_TENCENT_IMAGE_ID") or (None if template_id else infra.get("image_id"))
         if image:
             params["ImageId"] = image
-        elif "LaunchTemplate" not in params:
+        elif not template_id:
             raise UserError("no image for the Tencent Cloud host: run `sdcloud infra up --provider tencent` "
                             "(it makes a launch template) or set SDCLOUD_TENCENT_IMAGE_ID")
-        subnet = subnet or next(iter(self._subnets(infra, zone)), None)
-        if infra.get("vpc_id") and subnet:
-            params["VirtualPrivateCloud"] = {"VpcId": infra["vpc_id"], "SubnetId": subnet}
-        groups = infra.get("security_group_ids") or ([infra["security_group_id"]] if infra.get("security_group_id") else [])
-        if groups:
-            params["SecurityGroupIds"] = list(groups)
-        if "LaunchTemplate" not in params:
+        zone_subnets = self._subnets(infra, zone)
+        chosen = subnet or next(iter(zone_subnets), None)
+        # The template holds the zone's first subnet: name one only to move off it.
+        if infra.get("vpc_id") and chosen and (not template_id or chosen != next(iter(zone_subnets), None)):
+            params["VirtualPrivateCloud"] = {"VpcId": infra["vpc_id"], "SubnetId": chosen}
+        if not template_id:
+            groups = infra.get("security_group_ids") or ([infra["security_group_id"]] if infra.get("security_group_id") else [])
+            if groups:
+                params["SecurityGroupIds"] = list(groups)
             params["InternetAccessible"] = {"InternetChargeType": "TRAFFIC_POSTPAID_BY_HOUR",
                                             "InternetMaxBandwidthOut": int(infra.get("bandwidth_mbps", 10)),
                                             "PublicIpAssigned": True}
+            if infra.get("cam_role_name"):
+                params["CamRoleName"] = infra["cam_role_name"]
         if spec.ssh_key_name:
             params["LoginSettings"] = {"KeyIds": [spec.ssh_key_name]}
-        if infra.get("cam_role_name"):
-            params["CamRoleName"] = infra["cam_role_name"]
         if spec.user_data:
             encoded = base64.b64encode(spec.user_data.encode()).decode()
             if len(encoded) > USER_DATA_MAX:
