@@ -135,10 +135,13 @@ def test_store_delete_raises_on_per_key_errors(cos_env):
 
 
 @pytest.mark.slow
-def test_control_plane_store_lists_and_deletes_past_1000_keys(cos_env):
-    """The controller's store of a Tencent run (the user's keys, not the host's role)."""
+@pytest.mark.parametrize("side", ["host", "control-plane"])
+def test_both_stores_list_and_delete_past_1000_keys(cos_env, side):
+    """The host agent's store, and the controller's store of the same Tencent run (which opens it
+    with the user's keys, not the host's role)."""
     bucket = new_bucket()
-    store = open_run_store({**agent_conf(bucket), "credentials": "tencent-cvm-role"})
+    conf = agent_conf(bucket)
+    store = open_store(conf) if side == "host" else open_run_store({**conf, "credentials": "tencent-cvm-role"})
     keys = [f"runs/r/logs/{i:05d}.txt" for i in range(1005)]
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda k: store.put(k, b"x"), keys))
