@@ -240,7 +240,8 @@ class TencentProvider:
         except TencentCloudSDKException as exc:
             code = _code(exc)
             if code in codes.ROLE:  # the host's role, not the caller's credentials
-                raise UserError(f"{codes.ROLE[code].format(role=repr(params.get('CamRoleName', '')))} ({code})") from None
+                role = repr(params["CamRoleName"]) if params.get("CamRoleName") else "of the launch template"
+                raise UserError(f"{codes.ROLE[code].format(role=role)} ({code})") from None
             if code.startswith("AuthFailure"):
                 raise CredentialsError(f"Tencent Cloud rejected the credentials ({code}): {exc.message}") from None
             if code.startswith("UnauthorizedOperation"):
