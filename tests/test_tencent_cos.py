@@ -57,11 +57,12 @@ def test_client_uses_virtual_hosted_addressing_and_tencent_keys(monkeypatch):
     assert client.meta.region_name == REGION
 
 
-def test_store_on_cos_config_against_seaweed(s3_env, tmp_path):
-    """Checkpoint-style traffic through the generic store with the COS settings (endpoint on loopback)."""
+def test_store_on_cos_config_against_seaweed(cos_env, tmp_path):
+    """Checkpoint-style traffic through the generic store with the COS settings, at COS's own endpoint
+    (tests/cos_layer.py: HTTPS, virtual-hosted, refusing what COS refuses)."""
     store_mod = pytest.importorskip("sdcloud_agent.store")
     bucket = f"sdcloud-{uuid.uuid4().hex[:8]}-1250000000"
-    store = cos.open_store(bucket, "team/sd", REGION, endpoint_url=s3_env["endpoint_url"], part_size=5 * 1024 * 1024)
+    store = cos.open_store(bucket, "team/sd", REGION, part_size=5 * 1024 * 1024)
     assert isinstance(store, store_mod.S3Store) and store.url == f"s3://{bucket}/team/sd"
     assert store.client.meta.config.s3["addressing_style"] == "virtual"
     store.ensure_bucket()
@@ -79,5 +80,6 @@ def test_store_on_cos_config_against_seaweed(s3_env, tmp_path):
     store.delete(keys)
     assert store.list("runs/") == []
     # The objects live under the prefix in the bucket, as on S3.
-    raw = cos.client(REGION, s3_env["endpoint_url"], "sdcloud-test", "sdcloud-test-secret")
+    raw = cos.client(REGION, None, "sdcloud-test", "sdcloud-test-secret")
     assert raw.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+    assert not [s.refused for s in cos_env.seen if s.host.startswith(bucket) and s.refused]

@@ -96,6 +96,8 @@ class Agent:
 
     def _gauges(self) -> dict:
         out = {"disk_free_gb": staging.disk_free_gb(self.workdir)}
+        # Old checkpoints that could not be deleted stay on the user's bill: the controller reports it.
+        out["prune_error"] = self.worker.sync.prune_error if self.worker is not None else None
         if self.cfg.require_gpu:
             out["gpu_util"] = gpu.utilisation()
         return out

@@ -261,12 +261,18 @@ class S3Store:
         if client is None:
             import boto3
             from botocore.config import Config
+
+            from . import cos
+            on_cos = cos.is_cos_endpoint(endpoint_url)
+            options: dict[str, Any] = {
+                "s3": {"addressing_style": addressing_style or "auto"},
+                # Checksums on every request where the server supports them (CRC32 by default).
+                "request_checksum_calculation": "when_supported",
+            }
+            if on_cos:
+                options = cos.config_options()  # no trailer uploads, virtual-hosted only
             cfg = Config(retries={"max_attempts": 5, "mode": "standard"},
-                         max_pool_connections=max(16, workers * 2),
-                         s3={"addressing_style": addressing_style or "auto"},
-                         # Checksums on every request where the server supports them (CRC32 by default).
-                         request_checksum_calculation="when_supported",
-                         connect_timeout=5, read_timeout=60)
+                         max_pool_connections=max(16, workers * 2), connect_timeout=5, read_timeout=60, **options)
             # "tencent-cvm-role": COS keys from the CVM's CAM role (boto3 only knows AWS's roles).
             if credentials == "tencent-cvm-role":
                 from .cloudcreds import tencent_role_session
@@ -281,6 +287,8 @@ class S3Store:
             else:
                 raise ValueError(f"unknown store credentials {credentials!r}: use tencent-cvm-role, file:PATH or leave it out")
             client = session.client("s3", endpoint_url=endpoint_url, region_name=region, config=cfg)
+            if on_cos:
+                cos.adapt_client(client)  # Content-MD5 on DeleteObjects
         self.client = client
 
     def _k(self, key: str) -> str:
@@ -428,7 +436,13 @@ class S3Store:
         for i in range(0, len(keys), 1000):
             batch = [{"Key": self._k(k)} for k in keys[i:i + 1000]]
             if batch:
-                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+                resp = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+                # DeleteObjects answers 200 even when keys were not deleted: those are in Errors.
+                errors = resp.get("Errors") or []
+                if errors:
+                    first = errors[0]
+                    raise StoreError(f"{len(errors)} of {len(batch)} deletes refused in {self.bucket}, e.g. "
+                                     f"{first.get('Key')}: {first.get('Code')} {first.get('Message', '')}".rstrip())
 
     def copy(self, src_key: str, dst_key: str) -> None:
         self.client.copy({"Bucket": self.bucket, "Key": self._k(src_key)}, self.bucket, self._k(dst_key))

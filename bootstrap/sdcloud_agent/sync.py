@@ -45,6 +45,7 @@ class CheckpointSync:
         self.durable_step = -1
         # sha256 -> key of a committed object with that content (server-side copy instead of upload)
         self._content: dict[str, str] = {}
+        self.prune_error: str | None = None  # why the last pruning failed (None: it did not)
 
     def seed(self) -> None:
         """Learn what the bucket already holds (after a restart)."""
@@ -114,8 +115,12 @@ class CheckpointSync:
                  step, m.total_bytes / 1e6, secs, res.mbps, res.skipped, res.copied)
         try:
             self.prune()
+            self.prune_error = None
         except Exception as exc:  # noqa: BLE001 - pruning is housekeeping; never fail a run on it
-            log.warning("pruning old checkpoints failed: %s", exc)
+            # ...but never hide it either: old checkpoints left behind stay on the user's bill. The
+            # agent puts this in status.json and the controller turns it into a run event.
+            self.prune_error = f"pruning old checkpoints failed: {exc}"
+            log.warning("%s", self.prune_error)
         return res
 
     def prune(self) -> None:
@@ -126,13 +131,20 @@ class CheckpointSync:
             return
         keep = set(complete[-self.keep:])
         newest = complete[-1]
+        failed: list[str] = []
         for step in sorted(steps):
             if step in keep or step > newest:
                 continue  # a step above the newest may be an upload in flight
-            mf.delete_checkpoint(self.store, self.run_prefix, step)
+            try:
+                mf.delete_checkpoint(self.store, self.run_prefix, step)
+            except Exception as exc:  # noqa: BLE001 - try the other steps, then say which failed
+                failed.append(f"step {step}: {exc}")
+                continue
             base = mf.checkpoint_prefix(self.run_prefix, step) + "/"
             self._content = {h: k for h, k in self._content.items() if not k.startswith(base)}
             log.info("pruned checkpoint %d from the bucket", step)
+        if failed:
+            raise StoreError("; ".join(failed))
 
 
 class SyncWorker:

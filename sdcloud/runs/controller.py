@@ -32,6 +32,7 @@ from ..providers import get_provider
 from ..providers.base import LaunchSpec
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, get_policy
 from .spec import RunSpec
+from .agent_reports import report_agent_problems
 from .state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore
 
 
@@ -237,6 +238,7 @@ class Controller:
             status = None
         phase = status.get("phase") if status else None
         cost_ledger.observe(self.state, self.run_id, cur, status, sample=lambda: self._price_sample(cur))
+        report_agent_problems(self, cur.n, status)
         if status and status.get("step") is not None:
             step = int(status["step"])
             if cur.n not in self._seen_attempts and phase in ("training", "saving", "uploading", "succeeded"):

@@ -264,6 +264,9 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         "role_name": role.name,
         "launch_template_ids": template_ids,
         "launch_template_id": template_ids[zones[0]] if zones else "",
+        # The template's instance tags: a run's RunInstances sends its own tags, which replace the
+        # template's, so it sends these with them.
+        "host_tags": host_tags,
         "image_id": image_id,
         "key_id": key_id,
         "instance_defaults": {"instance_type": cfg.instance_type, "system_disk_gb": cfg.root_volume_gb,

@@ -99,6 +99,10 @@ def parse_price_list(items: Iterable[Any], region: str | None = None) -> dict[st
         if (attrs.get("operatingSystem", "Linux") != "Linux" or attrs.get("tenancy", "Shared") != "Shared"
                 or attrs.get("preInstalledSw", "NA") != "NA" or attrs.get("capacitystatus", "Used") != "Used"):
             continue
+        # Capacity Blocks for ML are reserved ahead at a supply-and-demand price: never an on-demand one.
+        if (attrs.get("marketoption", "OnDemand") != "OnDemand"
+                or "CapacityBlock" in str(attrs.get("usagetype", "")) + str(attrs.get("operation", ""))):
+            continue
         for term in doc.get("terms", {}).get("OnDemand", {}).values():
             for dim in term.get("priceDimensions", {}).values():
                 if dim.get("unit") != "Hrs":
@@ -171,7 +175,8 @@ def refresh_region(region: str, ec2, pricing, retry: Retry, previous: list[Catal
                 retry, pricing, "get_products", "PriceList", ServiceCode="AmazonEC2",
                 Filters=[{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in (
                     ("regionCode", region), ("operatingSystem", "Linux"), ("tenancy", "Shared"),
-                    ("preInstalledSw", "NA"), ("capacitystatus", "Used"), ("instanceFamily", "GPU instance"))]),
+                    ("preInstalledSw", "NA"), ("capacitystatus", "Used"), ("instanceFamily", "GPU instance"),
+                    ("marketoption", "OnDemand"))]),
                 region)
         except FAILURES as exc:
             ondemand = None

@@ -42,8 +42,9 @@ DEFAULT_REGION = "us-east-1"
 DEFAULT_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 
 CAPACITY_CODES = frozenset({"InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity"})
-# The type is not offered in this zone: as good as no capacity there, try the next zone.
-ZONE_UNSUPPORTED_CODES = frozenset({"Unsupported"})
+# The type is not offered in this zone, or the zone's subnet has no free address: as good as no
+# capacity there, try the next zone (another subnet).
+ZONE_UNSUPPORTED_CODES = frozenset({"Unsupported", "InsufficientFreeAddressesInSubnet"})
 PRICE_CODES = frozenset({"SpotMaxPriceTooLow"})
 QUOTA_CODES = frozenset({"MaxSpotInstanceCountExceeded", "VcpuLimitExceeded", "InstanceLimitExceeded"})
 _STATES = {"pending": PENDING, "running": RUNNING, "stopping": STOPPING, "shutting-down": STOPPING,

@@ -4,9 +4,10 @@ Spot hosts are SPOTPAID instances (one-time, with a max price); on-demand ones P
 Every instance carries the sdcloud tags, and launch() adopts a live instance with the same
 `sdcloud:token` before it launches, so a retried or crashed launch never starts a second host.
 
-Prices: the catalog keeps Tencent's own currency (CNY in mainland regions, USD elsewhere, as an
-international account is billed); the `max_price` handed to launch() is USD per hour, like every
-provider's, and is converted to the region's currency for SpotOptions.MaxPrice.
+Prices: the catalog keeps Tencent's own currency, which the account's site decides (CNY on the
+China site, USD on the international one, in every region: see site.py); the `max_price` handed
+to launch() is USD per hour, like every provider's, and is converted to the account's currency
+for SpotOptions.MaxPrice.
 
 The SDK is imported lazily: `sdcloud --help` must not pay for it.
 """
@@ -27,6 +28,8 @@ from ... import config
 from ...offers.catalog import CatalogRow, bundled_rows, load_provider, write_refreshed
 from ...errors import UserError
 from ...offers.optimizer import Offer
+from . import errors as codes
+from . import site
 from ..base import (FAILED, LIVE_STATES, PENDING, RUNNING, STOPPING, TAG_RUN, TAG_TOKEN, TERMINATED, CapacityError,
                    CredentialsError, EventSink, Instance, LaunchSpec, PriceTooLowError, ProviderError, QuotaError,
                    no_events)
@@ -34,7 +37,6 @@ from ..base import (FAILED, LIVE_STATES, PENDING, RUNNING, STOPPING, TAG_RUN, TA
 NAME = "tencent"
 API_VERSION = "2017-03-12"
 ENDPOINT_ENV = "SDCLOUD_TENCENT_ENDPOINT"
-CURRENCY_ENV = "SDCLOUD_TENCENT_CURRENCY"
 # The CVM metadata service hands out CAM role credentials on a CVM host.
 METADATA_URL = "http://metadata.tencentyun.com/latest/meta-data/"
 
@@ -49,10 +51,6 @@ GPU_FAMILIES = {
     "GT4": "A100",
     "GNV4": "A10", "PNV4": "A10",
 }
-# Mainland China regions bill in CNY; the others in USD (an international account's view).
-MAINLAND_PREFIXES = ("ap-beijing", "ap-shanghai", "ap-guangzhou", "ap-chengdu", "ap-chongqing", "ap-nanjing",
-                     "ap-shenzhen", "ap-tianjin", "ap-wuhan", "ap-hangzhou", "ap-jinan", "ap-fuzhou",
-                     "ap-changsha", "ap-shijiazhuang", "ap-hefei", "ap-xian", "ap-zhengzhou", "ap-qingyuan")
 
 STATE_MAP = {
     "PENDING": PENDING, "STARTING": PENDING,
@@ -65,13 +63,7 @@ STATE_MAP = {
     "LAUNCH_FAILED": FAILED,
 }
 
-CAPACITY_PREFIXES = ("ResourceInsufficient", "ResourcesSoldOut")
-PRICE_CODE = "InvalidParameterValue.InsufficientPrice"
-QUOTA_HELP = {
-    "LimitExceeded.SpotQuota": "the spot instance quota of the region is used up",
-    "LimitExceeded.UserSpotQuota": "your account's spot instance quota is used up",
-    "LimitExceeded.InstanceQuota": "the instance quota of the zone is used up",
-}
+# What each RunInstances error code means for the launch: sdcloud/providers/tencent/errors.py.
 RETRY_PREFIXES = ("RequestLimitExceeded", "ClientNetworkError", "ServerNetworkError", "InternalError")
 # Fields of RunInstances that InquiryPriceRunInstances also takes.
 INQUIRY_FIELDS = ("Placement", "ImageId", "InstanceChargeType", "InstanceType", "SystemDisk", "VirtualPrivateCloud",
@@ -88,15 +80,6 @@ def _num(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
-
-
-def currency_for(region: str) -> str:
-    override = os.environ.get(CURRENCY_ENV)
-    if override:
-        if override.upper() not in ("CNY", "USD"):
-            raise UserError(f"{CURRENCY_ENV} must be CNY or USD, got {override!r}")
-        return override.upper()
-    return "CNY" if region.startswith(MAINLAND_PREFIXES) else "USD"
 
 
 def endpoint_override() -> tuple[str, str] | None:
@@ -194,6 +177,24 @@ class TencentProvider:
         self._cred = None
         self._clients: dict[str, Any] = {}
         self.last_errors: list[str] = []
+        self._currency: str | None = None
+
+    def account_currency(self, region: str) -> str:
+        """CNY or USD: the account's site decides (set by the user, else read from its prices once)."""
+        configured = site.configured_currency()
+        if configured:
+            return configured
+        if self._currency is None:
+            resp = self.call(region, "DescribeZoneInstanceConfigInfos", {"Filters": [
+                {"Name": "instance-family", "Values": sorted(GPU_FAMILIES)},
+                {"Name": "instance-charge-type", "Values": [ONDEMAND]}]})
+            quoted: dict[str, float] = {}
+            for item in resp.get("InstanceTypeQuotaSet") or []:
+                price = _num((item.get("Price") or {}).get("UnitPrice"))
+                if price:
+                    quoted.setdefault(str(item.get("InstanceType")), price)
+            self._currency = site.detect_currency(region, quoted, site.bundled_reference(bundled_rows(NAME), region))
+        return self._currency
 
     def check_credentials(self) -> None:
         """Raise CredentialsError (one line) now, before a run is created, when none can be found."""
@@ -238,6 +239,9 @@ class TencentProvider:
                     return client.call_json(action, params)["Response"]
         except TencentCloudSDKException as exc:
             code = _code(exc)
+            if code in codes.ROLE:  # the host's role, not the caller's credentials
+                role = repr(params["CamRoleName"]) if params.get("CamRoleName") else "of the launch template"
+                raise UserError(f"{codes.ROLE[code].format(role=role)} ({code})") from None
             if code.startswith("AuthFailure"):
                 raise CredentialsError(f"Tencent Cloud rejected the credentials ({code}): {exc.message}") from None
             if code.startswith("UnauthorizedOperation"):
@@ -256,7 +260,7 @@ class TencentProvider:
 
         gpus = gpu_table()
         today = date.today().isoformat()
-        currency = currency_for(region)
+        currency = self.account_currency(region)
         merged: dict[tuple[str, str], dict] = {}
         for charge in (ONDEMAND, SPOT):
             resp = self.call(region, "DescribeZoneInstanceConfigInfos", {"Filters": [
@@ -362,32 +366,38 @@ class TencentProvider:
         return [result.get(i) or Instance(NAME, i, region or "", "", "", "", TERMINATED) for i in ids]
 
     def terminate(self, ids: list[str], region: str | None = None) -> None:
-        """Terminate `ids`; ones already gone are skipped."""
+        """Terminate `ids`; ones already gone are skipped.
+
+        TerminateInstances refuses LAUNCH_FAILED instances (they are not billed and go by
+        themselves) and batches that mix charge types, so ids are described first, then sent per
+        region and charge type, at most 100 at a time.
+        """
         from tencentcloud.common.exception.tencent_cloud_sdk_exception import TencentCloudSDKException
 
         if not ids:
             return
-        by_region: dict[str, list[str]] = {}
-        if region:
-            by_region[region] = list(ids)
-        else:
-            for inst in self.describe(ids):
-                if inst.region and inst.state != TERMINATED:
-                    by_region.setdefault(inst.region, []).append(inst.id)
-        for reg, reg_ids in by_region.items():
+        groups: dict[tuple[str, str], list[str]] = {}
+        for inst in self.describe(list(dict.fromkeys(ids)), region):
+            if inst.state in (TERMINATED, FAILED) or not (inst.region or region):
+                continue
+            groups.setdefault((inst.region or region or "", inst.market), []).append(inst.id)
+        gone = ("InvalidInstanceId.NotFound", "UnsupportedOperation.InstanceStateLaunchFailed",
+                "UnsupportedOperation.InstanceStateTerminating", "UnsupportedOperation.InstanceStateTerminated")
+        for (reg, _market), reg_ids in groups.items():
             for start in range(0, len(reg_ids), 100):
                 batch = reg_ids[start:start + 100]
                 try:
                     self.call(reg, "TerminateInstances", {"InstanceIds": batch})
                 except TencentCloudSDKException as exc:
-                    if not _code(exc).startswith("InvalidInstanceId.NotFound"):
+                    if _code(exc) not in gone:
                         raise ProviderError(f"TerminateInstances in {reg}: {_code(exc)}: {exc.message}") from exc
-                    # One id is gone and the call refuses the batch: terminate the rest one by one.
+                    # One id changed state since it was described and the call refuses the batch:
+                    # terminate the rest one by one.
                     for iid in batch:
                         try:
                             self.call(reg, "TerminateInstances", {"InstanceIds": [iid]})
                         except TencentCloudSDKException as one:
-                            if not _code(one).startswith("InvalidInstanceId.NotFound"):
+                            if _code(one) not in gone:
                                 raise ProviderError(f"TerminateInstances {iid}: {_code(one)}: {one.message}") from one
 
     def find_tagged(self, run_id: str | None = None, regions: list[str] | None = None) -> list[Instance]:
@@ -429,8 +439,28 @@ class TencentProvider:
             zones[item["Zone"]] = zones.get(item["Zone"], False) or in_stock
         return sorted(zones, key=lambda z: (not zones[z], z))
 
-    def _run_params(self, offer: Offer, spec: LaunchSpec, market: str, zone: str, max_price: str | None) -> dict:
+    @staticmethod
+    def _subnets(infra: dict, zone: str) -> list[str]:
+        """The zone's subnets from the stack (one, or a list tried in order when one runs out of addresses)."""
+        subnets = infra.get("subnet_ids") or {}
+        found = subnets.get(zone) if isinstance(subnets, dict) else None
+        return [found] if isinstance(found, str) else list(found or [])
+
+    def _run_params(self, offer: Offer, spec: LaunchSpec, market: str, zone: str, max_price: str | None,
+                    subnet: str | None = None) -> dict:
+        """The RunInstances request of one try.
+
+        With the stack's launch template, the request sends only what the run needs: a field set in
+        the request replaces the template's whole (TagSpecification, SystemDisk, ...), so the image,
+        security group, role and network come from the template, the stack's tags go along with the
+        run's, and the system disk is sent only when the run needs more than the template's, in the
+        template's disk type.
+        """
         infra = spec.infra or {}
+        # The stack makes one template per zone (Tencent binds a template to its zone).
+        template_id = (infra.get("launch_template_ids") or {}).get(zone) or infra.get("launch_template_id")
+        defaults = infra.get("instance_defaults") or {}
+        tags = {**(infra.get("host_tags") or {}), **spec.tags} if template_id else dict(spec.tags)
         params: dict[str, Any] = {
             "InstanceChargeType": CHARGE_TYPES[market],
             "Placement": {"Zone": zone},
@@ -438,41 +468,43 @@ class TencentProvider:
             "InstanceCount": 1,
             "InstanceName": f"sdcloud-{spec.run_id}-{spec.attempt}"[:60],
             "ClientToken": f"{spec.token}-{zone}"[:64],  # per zone: a retry in a zone is idempotent
-            "TagSpecification": [{"ResourceType": "instance",
-                                  "Tags": [{"Key": k, "Value": v} for k, v in spec.tags.items()]}],
-            "SystemDisk": {"DiskType": infra.get("system_disk_type", "CLOUD_PREMIUM"), "DiskSize": spec.root_volume_gb},
+            "TagSpecification": [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
         }
+        disk_type = infra.get("system_disk_type") or defaults.get("system_disk_type")
+        if not template_id:
+            params["SystemDisk"] = {"DiskType": disk_type or "CLOUD_PREMIUM", "DiskSize": spec.root_volume_gb}
+        elif spec.root_volume_gb > int(defaults.get("system_disk_gb") or 0):
+            params["SystemDisk"] = {**({"DiskType": disk_type} if disk_type else {}), "DiskSize": spec.root_volume_gb}
         if market == "spot":
             params["InstanceMarketOptions"] = {"MarketType": "spot",
                                                "SpotOptions": {"MaxPrice": max_price, "SpotInstanceType": "one-time"}}
-        # The stack makes one template per zone (Tencent binds a template to its zone).
-        template_id = (infra.get("launch_template_ids") or {}).get(zone) or infra.get("launch_template_id")
         if template_id:
             template = {"LaunchTemplateId": template_id}
             if infra.get("launch_template_version"):
                 template["LaunchTemplateVersion"] = int(infra["launch_template_version"])
             params["LaunchTemplate"] = template
-        image = infra.get("image_id") or os.environ.get("SDCLOUD_TENCENT_IMAGE_ID")
+        image = os.environ.get("SDCLOUD_TENCENT_IMAGE_ID") or (None if template_id else infra.get("image_id"))
         if image:
             params["ImageId"] = image
-        elif "LaunchTemplate" not in params:
+        elif not template_id:
             raise UserError("no image for the Tencent Cloud host: run `sdcloud infra up --provider tencent` "
                             "(it makes a launch template) or set SDCLOUD_TENCENT_IMAGE_ID")
-        subnets = infra.get("subnet_ids") or {}
-        subnet = subnets.get(zone) if isinstance(subnets, dict) else None
-        if infra.get("vpc_id") and subnet:
-            params["VirtualPrivateCloud"] = {"VpcId": infra["vpc_id"], "SubnetId": subnet}
-        groups = infra.get("security_group_ids") or ([infra["security_group_id"]] if infra.get("security_group_id") else [])
-        if groups:
-            params["SecurityGroupIds"] = list(groups)
-        if "LaunchTemplate" not in params:
+        zone_subnets = self._subnets(infra, zone)
+        chosen = subnet or next(iter(zone_subnets), None)
+        # The template holds the zone's first subnet: name one only to move off it.
+        if infra.get("vpc_id") and chosen and (not template_id or chosen != next(iter(zone_subnets), None)):
+            params["VirtualPrivateCloud"] = {"VpcId": infra["vpc_id"], "SubnetId": chosen}
+        if not template_id:
+            groups = infra.get("security_group_ids") or ([infra["security_group_id"]] if infra.get("security_group_id") else [])
+            if groups:
+                params["SecurityGroupIds"] = list(groups)
             params["InternetAccessible"] = {"InternetChargeType": "TRAFFIC_POSTPAID_BY_HOUR",
                                             "InternetMaxBandwidthOut": int(infra.get("bandwidth_mbps", 10)),
                                             "PublicIpAssigned": True}
+            if infra.get("cam_role_name"):
+                params["CamRoleName"] = infra["cam_role_name"]
         if spec.ssh_key_name:
             params["LoginSettings"] = {"KeyIds": [spec.ssh_key_name]}
-        if infra.get("cam_role_name"):
-            params["CamRoleName"] = infra["cam_role_name"]
         if spec.user_data:
             encoded = base64.b64encode(spec.user_data.encode()).decode()
             if len(encoded) > USER_DATA_MAX:
@@ -511,11 +543,16 @@ class TencentProvider:
             inst.adopted = True
             return inst
 
-        usd = config.usd_per(row.currency)
+        # MaxPrice and every quote are in the account's currency, whatever the catalog row's is.
+        currency = self.account_currency(region)
+        usd = config.usd_per(currency)
         local_max: float | None = None
         if market == "spot":
             # Default cap: the on-demand price, so a spot host never costs more than an on-demand one.
-            local_max = max_price / usd if max_price is not None else row.ondemand_price
+            if max_price is not None:
+                local_max = max_price / usd
+            elif row.ondemand_price is not None:
+                local_max = row.ondemand_price * config.usd_per(currency) / usd
             if local_max is None:
                 raise UserError(f"no max price for spot {row.instance_type} in {region}: pass --max-price")
         price_text = f"{local_max:.4f}" if local_max is not None else None
@@ -527,55 +564,70 @@ class TencentProvider:
         sold_out: list[str] = []
         too_low: list[tuple[str, float | None]] = []
         for i, zone in enumerate(zones):
-            params = self._run_params(offer, spec, market, zone, price_text)
-            try:
-                quote = self.call(region, "InquiryPriceRunInstances", {k: params[k] for k in INQUIRY_FIELDS if k in params}, events)
-                quoted = _num(((quote.get("Price") or {}).get("InstancePrice") or {}).get("UnitPriceDiscount"))
-                events("quote", {"provider": NAME, "zone": zone, "instance_type": row.instance_type, "market": market,
-                                 "price": quoted, "currency": row.currency, "max_price": local_max})
-                if market == "spot" and quoted is not None and local_max is not None and quoted > local_max + 1e-9:
-                    raise _PriceTooLow(quoted)
-                resp = self.call(region, "RunInstances", params, events)
-            except _PriceTooLow as low:
-                too_low.append((zone, low.price))
-                events("price_too_low", {"provider": NAME, "zone": zone, "current_price": low.price, "max_price": local_max,
-                                         "currency": row.currency})
-                continue
-            except TencentCloudSDKException as exc:
-                code = _code(exc)
-                if code.startswith(CAPACITY_PREFIXES):
-                    sold_out.append(zone)
-                    events("zone_failover", {"provider": NAME, "zone": zone, "code": code,
-                                             "next_zone": zones[i + 1] if i + 1 < len(zones) else None})
-                    continue
-                if code == PRICE_CODE:
-                    current = _parse_price(exc.message)
-                    too_low.append((zone, current))
-                    events("price_too_low", {"provider": NAME, "zone": zone, "current_price": current,
-                                             "max_price": local_max, "currency": row.currency})
-                    continue
-                if code in QUOTA_HELP:
-                    raise QuotaError(f"Tencent Cloud {code}: {QUOTA_HELP[code]} ({region}); raise it in the CVM console "
-                                     f"(Instances > quota) or terminate other instances") from None
-                raise ProviderError(f"Tencent Cloud {code} launching {row.instance_type} in {zone}: {exc.message}") from exc
-            instance_id = resp["InstanceIdSet"][0]
-            events("launched", {"provider": NAME, "instance": instance_id, "zone": zone, "market": market,
-                                "instance_type": row.instance_type, "max_price": local_max, "currency": row.currency})
-            inst = self._wait(region, instance_id, events)
-            if inst.state == RUNNING:
-                inst.price_per_hour = local_max if market == "spot" else (quoted or row.ondemand_price)
-                return inst
-            # LAUNCH_FAILED (often a spot capacity shortfall): clean up, try the next zone.
-            events("launch_failed", {"provider": NAME, "instance": instance_id, "zone": zone, "state": inst.state})
-            if inst.state == FAILED:
-                self.terminate([instance_id], region)
-            sold_out.append(zone)
+            next_zone = zones[i + 1] if i + 1 < len(zones) else None
+            subnets = self._subnets(spec.infra or {}, zone) or [None]
+            for k, subnet in enumerate(subnets):
+                params = self._run_params(offer, spec, market, zone, price_text, subnet)
+                try:
+                    quote = self.call(region, "InquiryPriceRunInstances", {k: params[k] for k in INQUIRY_FIELDS if k in params}, events)
+                    quoted = _num(((quote.get("Price") or {}).get("InstancePrice") or {}).get("UnitPriceDiscount"))
+                    events("quote", {"provider": NAME, "zone": zone, "instance_type": row.instance_type, "market": market,
+                                     "price": quoted, "currency": currency, "max_price": local_max})
+                    if market == "spot" and quoted is not None and local_max is not None and quoted > local_max + 1e-9:
+                        raise _PriceTooLow(quoted)
+                    resp = self.call(region, "RunInstances", params, events)
+                except _PriceTooLow as low:
+                    too_low.append((zone, low.price))
+                    events("price_too_low", {"provider": NAME, "zone": zone, "current_price": low.price, "max_price": local_max,
+                                             "currency": currency})
+                    break
+                except TencentCloudSDKException as exc:
+                    code = _code(exc)
+                    meaning = codes.meaning(code)
+                    if meaning == "zone":
+                        sold_out.append(zone)
+                        events("zone_failover", {"provider": NAME, "zone": zone, "code": code,
+                                                 "reason": codes.ZONE_UNAVAILABLE[code], "next_zone": next_zone})
+                        break
+                    if meaning == "subnet":
+                        more = k + 1 < len(subnets)
+                        events("subnet_full", {"provider": NAME, "zone": zone, "subnet": subnet, "code": code,
+                                               "next_subnet": subnets[k + 1] if more else None,
+                                               "next_zone": None if more else next_zone})
+                        if not more:
+                            sold_out.append(zone)
+                        continue
+                    if meaning == "price":
+                        current = _parse_price(exc.message)
+                        too_low.append((zone, current))
+                        events("price_too_low", {"provider": NAME, "zone": zone, "current_price": current,
+                                                 "max_price": local_max, "currency": currency})
+                        break
+                    if meaning == "quota":
+                        what = codes.QUOTAS.get(code, f"the quota {code.split('.', 1)[-1]}")
+                        raise QuotaError(f"Tencent Cloud {code}: {what} is used up ({region}); raise it in the CVM console "
+                                         f"(Instances > quota) or terminate other instances") from None
+                    if meaning == "billing":
+                        raise UserError(f"Tencent Cloud {code}: {codes.BILLING[code]}") from None
+                    raise ProviderError(f"Tencent Cloud {code} launching {row.instance_type} in {zone}: {exc.message}") from exc
+                instance_id = resp["InstanceIdSet"][0]
+                events("launched", {"provider": NAME, "instance": instance_id, "zone": zone, "market": market,
+                                    "instance_type": row.instance_type, "max_price": local_max, "currency": currency})
+                inst = self._wait(region, instance_id, events)
+                if inst.state == RUNNING:
+                    inst.price_per_hour = local_max if market == "spot" else (quoted or (row.ondemand_price or 0) * config.usd_per(row.currency) / usd)
+                    return inst
+                # LAUNCH_FAILED (often a spot capacity shortfall): try the next zone. Such an instance
+                # is not billed, and TerminateInstances refuses it; it vanishes by itself.
+                events("launch_failed", {"provider": NAME, "instance": instance_id, "zone": zone, "state": inst.state})
+                sold_out.append(zone)
+                break
         if too_low:
             prices = [p for _, p in too_low if p is not None]
             current = min(prices) if prices else None
             raise PriceTooLowError(
-                f"max price {price_text} {row.currency}/h is below the current spot price of {row.instance_type} in "
-                f"{region}" + (f" ({current:g} {row.currency}/h)" if current is not None else ""), current_price=current)
+                f"max price {price_text} {currency}/h is below the current spot price of {row.instance_type} in "
+                f"{region}" + (f" ({current:g} {currency}/h)" if current is not None else ""), current_price=current)
         raise CapacityError(f"{row.instance_type} ({market}) is sold out in every zone tried: {', '.join(sold_out)}")
 
 

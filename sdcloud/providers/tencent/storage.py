@@ -106,11 +106,14 @@ def client(region: str, endpoint_url: str | None = None, secret_id: str | None =
     keys: dict[str, Any] = {}
     if secret_id and secret_key:
         keys = {"aws_access_key_id": secret_id, "aws_secret_access_key": secret_key, "aws_session_token": session_token}
-    cfg = Config(signature_version="s3v4", s3={"addressing_style": "virtual"},
-                 retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60,
-                 # COS does not take the newer flexible checksums on every call: send them only where required.
-                 request_checksum_calculation="when_required", response_checksum_validation="when_required")
-    return boto3.client("s3", region_name=region, endpoint_url=endpoint_url or endpoint(region), config=cfg, **keys)
+    from sdcloud_agent import cos
+
+    # The same COS settings as the host's store: no trailer uploads, virtual-hosted addressing,
+    # Content-MD5 on DeleteObjects.
+    cfg = Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60,
+                 **cos.config_options())
+    client = boto3.client("s3", region_name=region, endpoint_url=endpoint_url or endpoint(region), config=cfg, **keys)
+    return cos.adapt_client(client)
 
 
 def open_store(bucket: str, prefix: str = "", region: str = "", endpoint_url: str | None = None, **kw: Any):
