@@ -65,20 +65,81 @@ def timed(cmd: list[str], env: dict) -> float:
     return time.monotonic() - t0
 
 
-def bench_size(size_mb: int, work: Path, endpoint: str, env: dict) -> dict:
+def same_tree(a: Path, b: Path) -> bool:
+    """Every file of `a` is in `b` with the same bytes (a restore really restored)."""
+    for p in a.rglob("*"):
+        if p.is_file():
+            q = b / p.relative_to(a)
+            if not q.is_file() or q.stat().st_size != p.stat().st_size or mf.sha256_file(q) != mf.sha256_file(p):
+                return False
+    return True
+
+
+def boto3_upload(endpoint: str, folder: Path, bucket: str, prefix: str) -> float:
+    """boto3's TransferManager as a user would run it: defaults, every file of the folder at once."""
+    import boto3
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+    client = boto3.client("s3", endpoint_url=endpoint)
+    t0 = time.monotonic()
+    with create_transfer_manager(client, TransferConfig()) as tm:
+        futs = [tm.upload(str(p), bucket, f"{prefix}/{p.name}") for p in sorted(folder.iterdir())]
+        for f in futs:
+            f.result()
+    return time.monotonic() - t0
+
+
+def boto3_download(endpoint: str, bucket: str, prefix: str, dest: Path) -> float:
+    import boto3
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+    client = boto3.client("s3", endpoint_url=endpoint)
+    dest.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])]
+    with create_transfer_manager(client, TransferConfig()) as tm:
+        futs = [tm.download(bucket, k, str(dest / k.rsplit("/", 1)[1])) for k in keys]
+        for f in futs:
+            f.result()
+    return time.monotonic() - t0
+
+
+def bench_size(size_mb: int, work: Path, endpoint: str, env: dict, store_opts: dict) -> dict:
     import boto3
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-    store = open_store({"url": f"s3://{bucket}/agent", "endpoint_url": endpoint})
+    store = open_store({"url": f"s3://{bucket}/agent", "endpoint_url": endpoint, **store_opts})
     a = make_checkpoint(work / f"{size_mb}/step-000000100", size_mb)
     b = make_checkpoint(work / f"{size_mb}/step-000000150", size_mb)
     nbytes = sum(p.stat().st_size for p in a.iterdir())
+    mbps = lambda secs: nbytes / MB / secs  # noqa: E731
 
+    # The agent: sha256 of every byte (from the same reads as the upload), manifest last.
     sync = CheckpointSync(store, "runs/bench", keep=10)
     t0 = time.monotonic()
     sync.upload(a, 100)
     agent_s = time.monotonic() - t0
     assert mf.newest_complete(store, "runs/bench").step == 100
+
+    # The same checkpoint again (a retried upload): the agent knows every file's hash already.
+    t0 = time.monotonic()
+    again = sync.upload(a, 100)
+    reupload_s = time.monotonic() - t0
+    assert again.bytes_sent == 0, again
+    # ... and from an agent that just restarted: it hashes the files (one read) and sends nothing.
+    cold = CheckpointSync(open_store({"url": f"s3://{bucket}/agent", "endpoint_url": endpoint, **store_opts}),
+                          "runs/bench", keep=10)
+    cold.seed()
+    t0 = time.monotonic()
+    assert cold.upload(a, 100).bytes_sent == 0
+    reupload_cold_s = time.monotonic() - t0
+
+    # Restore on a fresh host: the agent's own path (parallel ranged GETs, verified as they land).
+    m = mf.newest_complete(store, "runs/bench")
+    fresh = open_store({"url": f"s3://{bucket}/agent", "endpoint_url": endpoint, **store_opts})
+    t0 = time.monotonic()
+    got = mf.download(fresh, "runs/bench", m, work / f"{size_mb}/restore-agent/{m.name}")
+    restore_s = time.monotonic() - t0
+    assert same_tree(a, got)
+    shutil.rmtree(got.parent, ignore_errors=True)
 
     # A notice a third of the way into uploading checkpoint 200 (a copy of size B under a new step).
     run2 = "runs/bench-notice"
@@ -97,24 +158,44 @@ def bench_size(size_mb: int, work: Path, endpoint: str, env: dict) -> dict:
 
     aws = shutil.which("aws")
     s5 = shutil.which("s5cmd")
+    nan = float("nan")
     aws_s = timed([aws, "s3", "sync", str(a), f"s3://{bucket}/awscli/", "--endpoint-url", endpoint,
-                   "--only-show-errors"], env) if aws else float("nan")
-    s5_s = timed([s5, "--endpoint-url", endpoint, "cp", f"{a}/*", f"s3://{bucket}/s5cmd/"], env) if s5 else float("nan")
-    for d in (a, b, c):
+                   "--only-show-errors"], env) if aws else nan
+    s5_s = timed([s5, "--endpoint-url", endpoint, "cp", f"{a}/*", f"s3://{bucket}/s5cmd/"], env) if s5 else nan
+    boto_s = boto3_upload(endpoint, a, bucket, "boto3")
+    dest = work / f"{size_mb}/restore"
+    aws_r = timed([aws, "s3", "sync", f"s3://{bucket}/awscli/", str(dest / "awscli"), "--endpoint-url", endpoint,
+                   "--only-show-errors"], env) if aws else nan
+    s5_r = timed([s5, "--endpoint-url", endpoint, "cp", f"s3://{bucket}/s5cmd/*", f"{dest / 's5cmd'}/"],
+                 env) if s5 else nan
+    boto_r = boto3_download(endpoint, bucket, "boto3", dest / "boto3")
+    for d in ("awscli", "s5cmd", "boto3"):
+        if (dest / d).exists():
+            assert same_tree(a, dest / d), d
+    for d in (a, b, c, dest):
         shutil.rmtree(d, ignore_errors=True)
-    res = {"size_mb": size_mb, "sdcloud_MBps": nbytes / MB / agent_s, "awscli_MBps": nbytes / MB / aws_s,
-           "s5cmd_MBps": nbytes / MB / s5_s, "notice_to_durable_s": notice_s}
-    print(f"size={size_mb}MB agent={agent_s:.2f}s ({res['sdcloud_MBps']:.1f} MB/s, sha256 included) "
-          f"awscli={aws_s:.2f}s ({res['awscli_MBps']:.1f} MB/s) s5cmd={s5_s:.2f}s ({res['s5cmd_MBps']:.1f} MB/s) "
-          f"notice_to_durable={notice_s:.2f}s", flush=True)
+    res = {"size_mb": size_mb, "sdcloud_MBps": mbps(agent_s), "awscli_MBps": mbps(aws_s),
+           "s5cmd_MBps": mbps(s5_s), "boto3_MBps": mbps(boto_s), "restore_MBps": mbps(restore_s),
+           "s5cmd_restore_MBps": mbps(s5_r), "notice_to_durable_s": notice_s, "reupload_s": reupload_s}
+    print(f"size={size_mb}MB engine={store.engine} part={store.part_size // 2**20}MiB workers={store.workers} | "
+          f"upload MB/s: agent {mbps(agent_s):.1f} (sha256 included) awscli {mbps(aws_s):.1f} "
+          f"s5cmd {mbps(s5_s):.1f} boto3 {mbps(boto_s):.1f} | restore MB/s: agent {mbps(restore_s):.1f} "
+          f"(verified) awscli {mbps(aws_r):.1f} s5cmd {mbps(s5_r):.1f} boto3 {mbps(boto_r):.1f} | "
+          f"notice_to_durable {notice_s:.2f}s reupload {reupload_s:.3f}s (after a restart {reupload_cold_s:.2f}s)",
+          flush=True)
     return res
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="100,1000", help="checkpoint sizes in MB, comma-separated")
+    ap.add_argument("--sizes", default="1000", help="checkpoint sizes in MB, comma-separated")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--engine", default=None, help="the agent's transfer engine: parts or s3transfer")
+    ap.add_argument("--part-mib", type=int, default=None, help="the agent's part size in MiB")
+    ap.add_argument("--workers", type=int, default=None, help="the agent's parallel parts/ranges")
     args = ap.parse_args()
+    store_opts = {k: v for k, v in {"engine": args.engine, "workers": args.workers,
+                                    "part_size": args.part_mib and args.part_mib * 2**20}.items() if v}
     sizes = sorted(int(s) for s in args.sizes.split(","))
     work = Path(args.workdir or tempfile.mkdtemp(prefix="sdcloud-bench-"))
     # Start the server before the credentials are in the environment: weed would turn them into
@@ -126,14 +207,16 @@ def main() -> int:
         os.environ[k] = env[k]
     os.environ.pop("AWS_PROFILE", None)
     try:
-        results = [bench_size(s, work, server.endpoint, env) for s in sizes]
+        results = [bench_size(s, work, server.endpoint, env, store_opts) for s in sizes]
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     r = results[-1]
     print(f"checkpoint_sync size_mb={r['size_mb']} sdcloud_MBps={r['sdcloud_MBps']:.1f} "
           f"awscli_MBps={r['awscli_MBps']:.1f} s5cmd_MBps={r['s5cmd_MBps']:.1f} "
-          f"notice_to_durable_s={r['notice_to_durable_s']:.2f}")
+          f"boto3_MBps={r['boto3_MBps']:.1f} restore_MBps={r['restore_MBps']:.1f} "
+          f"s5cmd_restore_MBps={r['s5cmd_restore_MBps']:.1f} notice_to_durable_s={r['notice_to_durable_s']:.2f} "
+          f"reupload_s={r['reupload_s']:.3f}")
     return 0
 
 

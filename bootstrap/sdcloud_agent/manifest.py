@@ -81,6 +81,12 @@ def local_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
 
 
+def entries(folder: str | Path) -> list[tuple[str, Path, int]]:
+    """(relative path, path, size) of every file of a local checkpoint folder, sorted."""
+    folder = Path(folder)
+    return [(p.relative_to(folder).as_posix(), p, p.stat().st_size) for p in local_files(folder)]
+
+
 def build(folder: str | Path, step: int, *, workers: int = 4, **fields) -> Manifest:
     """Hash every file of a local checkpoint folder (in parallel) into a manifest."""
     folder = Path(folder)
@@ -156,9 +162,12 @@ def download(store: ObjectStore, run_prefix: str, manifest: Manifest, dest: str 
 
     def fetch(f: FileEntry) -> None:
         target = tmp / f.path
-        store.get_file(f"{base}/{f.path}", target)
-        if target.stat().st_size != f.size or sha256_file(target) != f.sha256:
-            raise CorruptCheckpoint(f"{base}/{f.path}: size or sha256 differs from the manifest")
+        # The store hashes the bytes as they arrive; one that cannot say gets hashed from disk.
+        digest = store.get_file(f"{base}/{f.path}", target)
+        if target.stat().st_size != f.size:
+            raise CorruptCheckpoint(f"{base}/{f.path}: {target.stat().st_size} bytes, the manifest says {f.size}")
+        if (digest or sha256_file(target)) != f.sha256:
+            raise CorruptCheckpoint(f"{base}/{f.path}: sha256 differs from the manifest")
 
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -21,8 +20,10 @@ from typing import Any, Callable, Iterator, Protocol
 from urllib.parse import unquote, urlparse
 
 MiB = 1024 * 1024
+# Tuned on SeaweedFS over loopback (docs/host-agent.md, "Checkpoint sync"); store options override them.
 DEFAULT_PART_SIZE = 16 * MiB
 DEFAULT_WORKERS = 8
+DEFAULT_ENGINE = "parts"
 # Hidden names in a local store: temp files and metadata sidecars never show up in list().
 _LOCAL_META_DIR = ".sdcloud-meta"
 _LOCAL_TMP_PREFIX = ".tmp-"
@@ -49,9 +50,9 @@ class ObjectStore(Protocol):
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> None: ...
     def create(self, key: str, data: bytes) -> bool: ...
     def put_file(self, key: str, path: str | Path, metadata: dict[str, str] | None = None,
-                 cancel: threading.Event | None = None) -> None: ...
+                 cancel: threading.Event | None = None) -> str | None: ...
     def get(self, key: str) -> bytes: ...
-    def get_file(self, key: str, path: str | Path) -> None: ...
+    def get_file(self, key: str, path: str | Path) -> str | None: ...
     def head(self, key: str) -> ObjectInfo | None: ...
     def list(self, prefix: str = "") -> list[ObjectInfo]: ...
     def delete(self, keys: str | list[str]) -> None: ...
@@ -150,17 +151,20 @@ class LocalStore:
             tmp.unlink(missing_ok=True)
 
     def put_file(self, key: str, path: str | Path, metadata: dict[str, str] | None = None,
-                 cancel: threading.Event | None = None) -> None:
+                 cancel: threading.Event | None = None) -> str:
         final = self._path(key)
+        h = hashlib.sha256()
 
         def copy(f):
             with open(path, "rb") as src:
                 while chunk := src.read(8 * MiB):
                     if cancel is not None and cancel.is_set():
                         raise Cancelled(key)
+                    h.update(chunk)
                     f.write(chunk)
         tmp = self._write_tmp(final, copy)
         self._replace(key, tmp, final, metadata)
+        return h.hexdigest()
 
     def get(self, key: str) -> bytes:
         try:
@@ -168,15 +172,24 @@ class LocalStore:
         except (FileNotFoundError, IsADirectoryError):
             raise NotFound(key) from None
 
-    def get_file(self, key: str, path: str | Path) -> None:
+    def get_file(self, key: str, path: str | Path) -> str:
         src = self._path(key)
         if not src.is_file():
             raise NotFound(key)
         dest = Path(path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.parent / f"{_LOCAL_TMP_PREFIX}{uuid.uuid4().hex}"
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dest)
+        h = hashlib.sha256()
+        try:
+            with open(src, "rb") as fin, open(tmp, "wb") as fout:
+                while chunk := fin.read(8 * MiB):
+                    h.update(chunk)
+                    fout.write(chunk)
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return h.hexdigest()
 
     def head(self, key: str) -> ObjectInfo | None:
         p = self._path(key)
@@ -237,12 +250,20 @@ class S3Store:
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, addressing_style: str | None = None,
                  part_size: int = DEFAULT_PART_SIZE, workers: int = DEFAULT_WORKERS, client: Any = None,
-                 credentials: str | None = None):
+                 credentials: str | None = None, engine: str = DEFAULT_ENGINE):
+        from .transfer import ENGINES, PartPool
+        if engine not in ENGINES:
+            raise ValueError(f"unknown transfer engine {engine!r}: use one of {', '.join(ENGINES)}")
+        if part_size < 5 * MiB or workers < 1:
+            raise ValueError("part_size must be at least 5 MiB (the S3 minimum) and workers at least 1")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.part_size = part_size
         self.workers = workers
+        self.engine = engine
+        # One pool of part/range threads per store: `workers` connections however many files move.
+        self._parts = PartPool(workers)
         if client is None:
             import boto3
             from botocore.config import Config
@@ -296,43 +317,21 @@ class S3Store:
             raise
 
     def put_file(self, key: str, path: str | Path, metadata: dict[str, str] | None = None,
-                 cancel: threading.Event | None = None) -> None:
+                 cancel: threading.Event | None = None) -> str:
+        """Upload a file (multipart above one part); returns the sha256 of the bytes sent."""
+        from . import transfer
         size = os.path.getsize(path)
         full = self._k(key)
-        if size <= self.part_size:
-            with open(path, "rb") as f:
-                data = f.read()
-            if cancel is not None and cancel.is_set():
-                raise Cancelled(key)
-            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, Metadata=metadata or {})
-            return
-        mpu = self.client.create_multipart_upload(Bucket=self.bucket, Key=full, Metadata=metadata or {})
-        upload_id = mpu["UploadId"]
-        nparts = (size + self.part_size - 1) // self.part_size
-        fd = os.open(path, os.O_RDONLY)
-
-        def part(n: int) -> dict:
-            if cancel is not None and cancel.is_set():
-                raise Cancelled(key)
-            offset = (n - 1) * self.part_size
-            body = os.pread(fd, min(self.part_size, size - offset), offset)
-            resp = self.client.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id,
-                                           PartNumber=n, Body=body)
-            return {"PartNumber": n, "ETag": resp["ETag"]}
-
         try:
-            with ThreadPoolExecutor(max_workers=min(self.workers, nparts)) as pool:
-                parts = list(pool.map(part, range(1, nparts + 1)))
-            self.client.complete_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id,
-                                                  MultipartUpload={"Parts": parts})
-        except BaseException:
-            try:
-                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
-            except Exception:
-                pass
-            raise
-        finally:
-            os.close(fd)
+            if size <= self.part_size:
+                return transfer.put_single(self.client, self.bucket, full, path, metadata, cancel)
+            if self.engine == "s3transfer":
+                return transfer.upload_s3transfer(self.client, self.bucket, full, path, part_size=self.part_size,
+                                                  workers=self.workers, metadata=metadata, cancel=cancel)
+            return transfer.upload_parts(self.client, self._parts, self.bucket, full, path, size,
+                                         part_size=self.part_size, metadata=metadata, cancel=cancel)
+        except transfer.TransferCancelled:
+            raise Cancelled(key) from None
 
     def get(self, key: str) -> bytes:
         from botocore.exceptions import ClientError
@@ -343,8 +342,10 @@ class S3Store:
                 raise NotFound(key) from None
             raise
 
-    def get_file(self, key: str, path: str | Path) -> None:
-        """Ranged GETs in parallel into a temp file, renamed into place when complete."""
+    def get_file(self, key: str, path: str | Path) -> str:
+        """Parallel ranged GETs written straight into a temp file, renamed into place when complete;
+        returns the sha256 of the bytes received (hashed as they arrive)."""
+        from . import transfer
         info = self.head(key)
         if info is None:
             raise NotFound(key)
@@ -353,28 +354,26 @@ class S3Store:
         tmp = dest.parent / f"{_LOCAL_TMP_PREFIX}{uuid.uuid4().hex}"
         full = self._k(key)
         try:
-            with open(tmp, "wb") as f:
-                f.truncate(info.size)
-            fd = os.open(tmp, os.O_WRONLY)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                def rng(offset: int) -> None:
-                    end = min(offset + self.part_size, info.size) - 1
-                    body = self.client.get_object(Bucket=self.bucket, Key=full,
-                                                  Range=f"bytes={offset}-{end}")["Body"].read()
-                    if len(body) != end - offset + 1:
-                        raise StoreError(f"short read on {key} at {offset}")
-                    os.pwrite(fd, body, offset)
-                offsets = list(range(0, info.size, self.part_size))
-                if offsets:
-                    with ThreadPoolExecutor(max_workers=min(self.workers, len(offsets))) as pool:
-                        list(pool.map(rng, offsets))
+                os.ftruncate(fd, info.size)
+                if self.engine == "s3transfer" and info.size > self.part_size:
+                    digest = transfer.download_s3transfer(self.client, self.bucket, full, fd, info.size,
+                                                          part_size=self.part_size, workers=self.workers)
+                else:
+                    digest = transfer.download_ranges(self.client, self._parts, self.bucket, full, fd,
+                                                      info.size, part_size=self.part_size)
                 os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, dest)
+        except transfer.ShortRead as exc:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(str(exc)) from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        return digest
 
     def head(self, key: str) -> ObjectInfo | None:
         from botocore.exceptions import ClientError
@@ -431,7 +430,8 @@ def open_store(spec: str | dict, **overrides: Any) -> LocalStore | S3Store:
     if parsed.scheme in ("s3", "cos"):
         if not parsed.netloc:
             raise ValueError(f"store URL {url!r} has no bucket")
-        allowed = {"endpoint_url", "region", "addressing_style", "part_size", "workers", "client", "credentials"}
+        allowed = {"endpoint_url", "region", "addressing_style", "part_size", "workers", "client", "credentials",
+                   "engine"}
         return S3Store(parsed.netloc, parsed.path, **{k: v for k, v in opts.items() if k in allowed})
     if parsed.scheme == "file":
         return LocalStore(unquote(parsed.netloc + parsed.path))
