@@ -24,8 +24,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from .store import NotFound, ObjectStore, sha256_file
+from .store import NotFound, ObjectStore, StoreError, sha256_file
 
 FORMAT = 1
 MANIFEST_NAME = "manifest.json"
@@ -179,6 +180,32 @@ def download(store: ObjectStore, run_prefix: str, manifest: Manifest, dest: str 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def restore_newest(store: ObjectStore, run_prefix: str, dest_for: Callable[[Manifest], Path], *,
+                   attempts: int = 3, log: Callable[[str], None] | None = None) -> tuple[Manifest, Path] | None:
+    """Download the newest checkpoint that restores whole: one whose file is missing, truncated or
+    fails its sha256 falls back to the one before. Transport errors are retried; a bad sha256 is
+    not (the bytes in the bucket will not change)."""
+    for step in reversed(complete_steps(store, run_prefix)):
+        m = read(store, run_prefix, step)
+        if m is None:
+            continue
+        dest = dest_for(m)
+        for i in range(attempts):
+            try:
+                return m, download(store, run_prefix, m, dest)
+            except CorruptCheckpoint as exc:
+                if log:
+                    log(f"checkpoint {step} cannot be restored ({exc}); trying an older one")
+                break
+            except (StoreError, OSError) as exc:
+                if log:
+                    log(f"restore of checkpoint {step} failed ({exc})"
+                        + ("; trying an older one" if i == attempts - 1 else "; retrying"))
+                if i < attempts - 1:
+                    time.sleep(min(4.0, 0.5 * 2 ** i))
+    return None
 
 
 def delete_checkpoint(store: ObjectStore, run_prefix: str, step: int) -> None:
