@@ -186,6 +186,27 @@ def test_restore_falls_back_past_a_corrupt_part_a_truncated_and_a_missing_file(s
     assert sorted(p.name for p in (tmp_path / "resume").iterdir()) == ["step-000000010"]  # no temp folders
 
 
+def test_many_files_share_few_part_buffers_without_deadlock(s3_env, tmp_path):
+    # One part thread, two buffers, four multi-part files moving at once, both ways.
+    store = _s3_store(s3_env, workers=1)
+    d = tmp_path / "step-000000010"
+    d.mkdir()
+    for i in range(4):
+        (d / f"shard{i}.bin").write_bytes(os.urandom(11 * 1024 * 1024 + i))
+    done = threading.Event()
+
+    def go():
+        sync = CheckpointSync(store, RUN, file_workers=4)
+        sync.upload(d, 10)
+        mf.download(store, RUN, mf.read(store, RUN, 10), tmp_path / "back" / d.name, workers=4)
+        done.set()
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    assert done.wait(60), "the transfers deadlocked"
+    for i in range(4):
+        assert (tmp_path / "back" / d.name / f"shard{i}.bin").read_bytes() == (d / f"shard{i}.bin").read_bytes()
+
+
 class ShortBodies:
     """A client whose ranged GETs of one part come back short (a connection cut mid-body)."""
 

@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 MiB = 1024 * 1024
 # Tuned on SeaweedFS over loopback (docs/host-agent.md, "Checkpoint sync"); store options override them.
 DEFAULT_PART_SIZE = 16 * MiB
-DEFAULT_WORKERS = 8
+DEFAULT_WORKERS = 16
 DEFAULT_ENGINE = "parts"
 # Hidden names in a local store: temp files and metadata sidecars never show up in list().
 _LOCAL_META_DIR = ".sdcloud-meta"

@@ -6,8 +6,8 @@ Two engines do the same job behind `S3Store.put_file` / `get_file`:
   feeds the same bytes to sha256 and hands them to a pool of upload threads shared by every file
   of the store (so the number of connections stays `workers` however many files are in flight).
   A restore issues ranged GETs to the same pool, writes each range straight to its place in the
-  file as it arrives, and hashes the ranges in order from memory (a window of `workers + 2`
-  ranges bounds the memory), so a file is verified the moment its last byte lands.
+  file as it arrives, and hashes the ranges in order from memory (at most `2 x workers` part
+  buffers per store, uploads and restores alike), so a file is verified when its last byte lands.
 - `s3transfer`: boto3's TransferManager (what awscli uses), fed through a reader that hashes the
   bytes s3transfer reads, and on restore through an in-order writer that hashes what it writes.
 
@@ -21,7 +21,7 @@ import hashlib
 import os
 import threading
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,18 +41,27 @@ def _cancelled(cancel: threading.Event | None) -> bool:
 
 
 class PartPool:
-    """The threads that carry parts and ranges for one store; created on first use."""
+    """The threads that carry parts and ranges for one store (created on first use), and the
+    slots that bound the part-sized buffers held in memory by every file of the store together."""
 
     def __init__(self, workers: int):
         self.workers = max(1, workers)
+        # Two buffers per thread: one on the wire, one read ahead (or waiting to be hashed).
+        self.slots = threading.BoundedSemaphore(2 * self.workers)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     def submit(self, fn, *args) -> Future:
+        """Run fn in the pool; the caller holds a slot, released when fn is done."""
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sdcloud-part")
-            return self._pool.submit(fn, *args)
+            pool = self._pool
+        try:
+            return pool.submit(fn, *args)
+        except BaseException:
+            self.slots.release()
+            raise
 
 
 def _drain(inflight: deque[Future]) -> None:
@@ -86,8 +95,6 @@ def upload_parts(client: Any, pool: PartPool, bucket: str, key: str, path: str |
     h = hashlib.sha256()
     done: list[dict] = []
     inflight: deque[Future] = deque()
-    # Parts read ahead of the network: enough to keep every pool thread busy, and no more (memory).
-    ahead = pool.workers + 1
 
     def send(n: int, body: bytes) -> dict:
         if _cancelled(cancel):
@@ -98,20 +105,27 @@ def upload_parts(client: Any, pool: PartPool, bucket: str, key: str, path: str |
     fd = os.open(path, os.O_RDONLY)
     try:
         for n in range(1, nparts + 1):
-            while len(inflight) >= ahead:
-                finished, _ = wait(inflight, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    inflight.remove(fut)
-                    done.append(fut.result())
+            while not pool.slots.acquire(timeout=0.1):
+                if _cancelled(cancel):
+                    raise TransferCancelled(key)
             if _cancelled(cancel):
+                pool.slots.release()
                 raise TransferCancelled(key)
             offset = (n - 1) * part_size
-            body = os.pread(fd, min(part_size, size - offset), offset)
-            if len(body) != min(part_size, size - offset):
-                raise OSError(f"{path} shrank while it was being uploaded")
-            h.update(body)  # hashlib drops the GIL here: hashing overlaps the sends
-            inflight.append(pool.submit(send, n, body))
+            try:
+                body = os.pread(fd, min(part_size, size - offset), offset)
+                if len(body) != min(part_size, size - offset):
+                    raise OSError(f"{path} shrank while it was being uploaded")
+                h.update(body)  # hashlib drops the GIL here: hashing overlaps the sends
+            except BaseException:
+                pool.slots.release()
+                raise
+            fut = pool.submit(send, n, body)
+            fut.add_done_callback(lambda _f: pool.slots.release())
+            inflight.append(fut)
             del body
+            while inflight and inflight[0].done():
+                done.append(inflight.popleft().result())
         while inflight:
             done.append(inflight.popleft().result())
         if _cancelled(cancel):
@@ -196,19 +210,32 @@ def download_ranges(client: Any, pool: PartPool, bucket: str, key: str, fd: int,
         os.pwrite(fd, body, offset)
         return body
 
-    offsets = iter(range(0, size, part_size))
     window: deque[Future] = deque()
     try:
-        for off in offsets:
+        for off in range(0, size, part_size):
+            # A slot per range, held until the range is hashed: the ranges that wait for an
+            # earlier one to be hashed are what bounds the memory.
+            while not pool.slots.acquire(blocking=False):
+                # Never wait for a slot while holding ranges that could be hashed and let go:
+                # another file's restore may be waiting for them (and this one for its).
+                if window:
+                    h.update(window[0].result())
+                    window.popleft()
+                    pool.slots.release()
+                else:
+                    pool.slots.acquire()
+                    break
             window.append(pool.submit(fetch, off))
-            if len(window) >= pool.workers + 2:
-                break
+            while window and window[0].done():
+                h.update(window.popleft().result())
+                pool.slots.release()
         while window:
-            h.update(window.popleft().result())
-            off = next(offsets, None)
-            if off is not None:
-                window.append(pool.submit(fetch, off))
+            h.update(window[0].result())
+            window.popleft()
+            pool.slots.release()
     except BaseException:
+        for _ in window:
+            pool.slots.release()
         _drain(window)
         raise
     return h.hexdigest()
