@@ -264,6 +264,8 @@ class S3Store:
         self.engine = engine
         # One pool of part/range threads per store: `workers` connections however many files move.
         self._parts = PartPool(workers)
+        self._transfer_manager: Any = None
+        self._tm_lock = threading.Lock()
         if client is None:
             import boto3
             from botocore.config import Config
@@ -287,6 +289,14 @@ class S3Store:
 
     def _k(self, key: str) -> str:
         return _join(self.prefix, key)
+
+    def _tm(self) -> Any:
+        """The store's boto3 TransferManager (engine "s3transfer"), made on first use."""
+        with self._tm_lock:
+            if self._transfer_manager is None:
+                from .transfer import transfer_manager
+                self._transfer_manager = transfer_manager(self.client, self.part_size, self.workers)
+            return self._transfer_manager
 
     def _rel(self, full: str) -> str:
         return full[len(self.prefix) + 1:] if self.prefix else full
@@ -326,8 +336,8 @@ class S3Store:
             if size <= self.part_size:
                 return transfer.put_single(self.client, self.bucket, full, path, metadata, cancel)
             if self.engine == "s3transfer":
-                return transfer.upload_s3transfer(self.client, self.bucket, full, path, part_size=self.part_size,
-                                                  workers=self.workers, metadata=metadata, cancel=cancel)
+                return transfer.upload_s3transfer(self._tm(), self.bucket, full, path, metadata=metadata,
+                                                  cancel=cancel)
             return transfer.upload_parts(self.client, self._parts, self.bucket, full, path, size,
                                          part_size=self.part_size, metadata=metadata, cancel=cancel)
         except transfer.TransferCancelled:
@@ -358,8 +368,7 @@ class S3Store:
             try:
                 os.ftruncate(fd, info.size)
                 if self.engine == "s3transfer" and info.size > self.part_size:
-                    digest = transfer.download_s3transfer(self.client, self.bucket, full, fd, info.size,
-                                                          part_size=self.part_size, workers=self.workers)
+                    digest = transfer.download_s3transfer(self._tm(), self.bucket, full, fd, info.size)
                 else:
                     digest = transfer.download_ranges(self.client, self._parts, self.bucket, full, fd,
                                                       info.size, part_size=self.part_size)

@@ -171,20 +171,20 @@ class HashingReader:
         self._f.close()
 
 
-def _transfer_manager(client: Any, part_size: int, workers: int):
+def transfer_manager(client: Any, part_size: int, workers: int):
+    """boto3's TransferManager for one store: `workers` connections shared by all its files."""
     from boto3.s3.transfer import TransferConfig, create_transfer_manager
     cfg = TransferConfig(multipart_threshold=part_size + 1, multipart_chunksize=part_size,
                          max_concurrency=workers, use_threads=True)
     return create_transfer_manager(client, cfg)
 
 
-def upload_s3transfer(client: Any, bucket: str, key: str, path: str | Path, *, part_size: int, workers: int,
+def upload_s3transfer(tm: Any, bucket: str, key: str, path: str | Path, *,
                       metadata: dict[str, str] | None, cancel: threading.Event | None) -> str:
     reader = HashingReader(path, cancel)
     try:
-        with _transfer_manager(client, part_size, workers) as tm:
-            extra = {"Metadata": metadata} if metadata else None
-            tm.upload(reader, bucket, key, extra_args=extra).result()
+        extra = {"Metadata": metadata} if metadata else None
+        tm.upload(reader, bucket, key, extra_args=extra).result()
     finally:
         reader.close()
     if _cancelled(cancel):
@@ -241,35 +241,57 @@ def download_ranges(client: Any, pool: PartPool, bucket: str, key: str, fd: int,
     return h.hexdigest()
 
 
-class HashingWriter:
-    """A non-seekable file object for s3transfer: it then writes in order, so we hash as it writes."""
+class OrderedHashWriter:
+    """A seekable file object for s3transfer's downloads: each write lands at its offset in the
+    file at once (s3transfer writes ranges as they complete, in any order), and the bytes are
+    hashed in file order, holding only the ranges that arrived ahead of a missing one."""
 
     def __init__(self, fd: int):
         self._fd = fd
+        self._pos = 0
+        self._next = 0
+        self._ahead: dict[int, bytes] = {}
+        self._lock = threading.Lock()
         self.hash = hashlib.sha256()
-        self.written = 0
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence != 0:
+            raise OSError("only absolute seeks")
+        self._pos = offset
+        return offset
+
+    def tell(self) -> int:
+        return self._pos
 
     def write(self, data: bytes) -> int:
-        self.hash.update(data)
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-        self.written += len(data)
+        with self._lock:
+            pos = self._pos
+            view = memoryview(data)
+            while view:
+                n = os.pwrite(self._fd, view, pos)
+                view, pos = view[n:], pos + n
+            self._ahead[self._pos] = bytes(data)
+            self._pos = pos
+            while self._next in self._ahead:
+                chunk = self._ahead.pop(self._next)
+                self.hash.update(chunk)
+                self._next += len(chunk)
         return len(data)
+
+    @property
+    def hashed(self) -> int:
+        return self._next
 
     def writable(self) -> bool:
         return True
 
     def seekable(self) -> bool:
-        return False
+        return True
 
 
-def download_s3transfer(client: Any, bucket: str, key: str, fd: int, size: int, *, part_size: int,
-                        workers: int) -> str:
-    writer = HashingWriter(fd)
-    with _transfer_manager(client, part_size, workers) as tm:
-        tm.download(bucket, key, writer).result()
-    if writer.written != size:
-        raise ShortRead(f"{key}: {writer.written} bytes, expected {size}")
+def download_s3transfer(tm: Any, bucket: str, key: str, fd: int, size: int) -> str:
+    writer = OrderedHashWriter(fd)
+    tm.download(bucket, key, writer).result()
+    if writer.hashed != size:
+        raise ShortRead(f"{key}: {writer.hashed} contiguous bytes, expected {size}")
     return writer.hash.hexdigest()
