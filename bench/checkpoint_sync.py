@@ -130,7 +130,7 @@ def bench_size(size_mb: int, work: Path, endpoint: str, env: dict, store_opts: d
         # A fresh host: the agent's own restore (parallel ranged GETs, verified as they land).
         m = mf.newest_complete(store, "runs/bench")
         t0 = time.monotonic()
-        got = mf.download(new_store(), "runs/bench", m, dest / "agent" / m.name)
+        mf.download(new_store(), "runs/bench", m, dest / "agent" / m.name)
         return time.monotonic() - t0
 
     ups = {
@@ -194,7 +194,7 @@ def bench_size(size_mb: int, work: Path, endpoint: str, env: dict, store_opts: d
            "s5cmd_MBps": mbps(up_s["s5cmd"]), "boto3_MBps": mbps(up_s["boto3"]),
            "restore_MBps": mbps(down_s["agent"]), "s5cmd_restore_MBps": mbps(down_s["s5cmd"]),
            "notice_to_durable_s": notice_s, "reupload_s": reupload_s}
-    print(f"size={size_mb}MB engine={store.engine} part={store.part_size // 2**20}MiB workers={store.workers} "
+    print(f"size={size_mb}MB part={store.part_size // 2**20}MiB workers={store.workers} "
           f"order={','.join(order)} | upload MB/s: "
           + " ".join(f"{n} {mbps(up_s[n]):.1f}" for n in ups) + " | restore MB/s: "
           + " ".join(f"{n} {mbps(down_s[n]):.1f}" for n in downs)
@@ -207,11 +207,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1000", help="checkpoint sizes in MB, comma-separated")
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--engine", default=None, help="the agent's transfer engine: parts or s3transfer")
     ap.add_argument("--part-mib", type=int, default=None, help="the agent's part size in MiB")
     ap.add_argument("--workers", type=int, default=None, help="the agent's parallel parts/ranges")
     args = ap.parse_args()
-    store_opts = {k: v for k, v in {"engine": args.engine, "workers": args.workers,
+    store_opts = {k: v for k, v in {"workers": args.workers,
                                     "part_size": args.part_mib and args.part_mib * 2**20}.items() if v}
     sizes = sorted(int(s) for s in args.sizes.split(","))
     work = Path(args.workdir or tempfile.mkdtemp(prefix="sdcloud-bench-"))

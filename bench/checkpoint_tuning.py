@@ -1,11 +1,11 @@
-"""Tuning: the agent's checkpoint upload and restore over part sizes, concurrency and engines.
+"""Tuning: the agent's checkpoint upload and restore over part sizes and concurrency.
 
-    python bench/checkpoint_tuning.py [--size-mb 1000] [--parts 8,16,32] [--workers 4,8,16]
+    python bench/checkpoint_tuning.py [--size-mb 1000] [--parts 8,16] [--workers 10,16]
 
 Against SeaweedFS on loopback, one checkpoint folder shaped like bench/checkpoint_sync.py's; each
 setting uploads it as a new step (sha256 and manifest included) and restores it (verified), and
 s5cmd's upload and download run between settings as the yardstick for the machine's drifting
-load. One line per setting: `tune engine=<e> part_mib=<p> workers=<w> up_MBps=<x> down_MBps=<y>`.
+load. One line per setting: `tune agent part_mib=<p> workers=<w> up_MBps=<x> down_MBps=<y>`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ from sdcloud_agent.sync import CheckpointSync  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-mb", type=int, default=1000)
-    ap.add_argument("--parts", default="8,16,32", help="part sizes in MiB")
-    ap.add_argument("--workers", default="4,8,16")
-    ap.add_argument("--engines", default="parts,s3transfer")
+    ap.add_argument("--parts", default="8,16", help="part sizes in MiB")
+    ap.add_argument("--workers", default="10,16")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sdcloud-tune-"))
     server = SeaweedS3().start(timeout=180)
@@ -63,28 +62,27 @@ def main() -> int:
                            env=env, check=True, stdout=subprocess.DEVNULL)
             down = time.monotonic() - t0
             shutil.rmtree(work / "s5", ignore_errors=True)
-            print(f"tune engine=s5cmd up_MBps={nbytes / MB / up:.1f} down_MBps={nbytes / MB / down:.1f}", flush=True)
+            print(f"tune s5cmd up_MBps={nbytes / MB / up:.1f} down_MBps={nbytes / MB / down:.1f}", flush=True)
 
         step = 0
-        for engine in args.engines.split(","):
-            for part in (int(p) for p in args.parts.split(",")):
-                s5cmd()
-                for workers in (int(w) for w in args.workers.split(",")):
-                    step += 1
-                    store = open_store({"url": f"s3://{bucket}/agent", "endpoint_url": server.endpoint},
-                                       engine=engine, part_size=part * 2**20, workers=workers)
-                    sync = CheckpointSync(store, "runs/tune", keep=1000)  # no pruning inside the timing
-                    t0 = time.monotonic()
-                    sync.upload(a, step)
-                    up = time.monotonic() - t0
-                    m = mf.read(store, "runs/tune", step)
-                    t0 = time.monotonic()
-                    mf.download(store, "runs/tune", m, work / "restore" / m.name)
-                    down = time.monotonic() - t0
-                    shutil.rmtree(work / "restore", ignore_errors=True)
-                    mf.delete_checkpoint(store, "runs/tune", step)
-                    print(f"tune engine={engine} part_mib={part} workers={workers} up_MBps={nbytes / MB / up:.1f} "
-                          f"down_MBps={nbytes / MB / down:.1f}", flush=True)
+        for part in (int(p) for p in args.parts.split(",")):
+            s5cmd()
+            for workers in (int(w) for w in args.workers.split(",")):
+                step += 1
+                store = open_store({"url": f"s3://{bucket}/agent", "endpoint_url": server.endpoint},
+                                   part_size=part * 2**20, workers=workers)
+                sync = CheckpointSync(store, "runs/tune", keep=1000)  # no pruning inside the timing
+                t0 = time.monotonic()
+                sync.upload(a, step)
+                up = time.monotonic() - t0
+                m = mf.read(store, "runs/tune", step)
+                t0 = time.monotonic()
+                mf.download(store, "runs/tune", m, work / "restore" / m.name)
+                down = time.monotonic() - t0
+                shutil.rmtree(work / "restore", ignore_errors=True)
+                mf.delete_checkpoint(store, "runs/tune", step)
+                print(f"tune agent part_mib={part} workers={workers} up_MBps={nbytes / MB / up:.1f} "
+                      f"down_MBps={nbytes / MB / down:.1f}", flush=True)
         s5cmd()
     finally:
         server.stop()

@@ -30,13 +30,11 @@ def _s3_store(s3_env, **opts):
                       part_size=5 * 1024 * 1024, **opts)
 
 
-# "s3" is the agent's own parallel-parts engine; "s3transfer" is boto3's TransferManager.
-@pytest.fixture(params=["local", "s3", "s3transfer"])
+@pytest.fixture(params=["local", "s3"])
 def store(request, tmp_path):
     if request.param == "local":
         return LocalStore(tmp_path / "bucket")
-    engine = "parts" if request.param == "s3" else "s3transfer"
-    return _s3_store(request.getfixturevalue("s3_env"), engine=engine)
+    return _s3_store(request.getfixturevalue("s3_env"))
 
 
 def _ckpt(folder: Path, step: int, big: int = 0) -> Path:
@@ -186,8 +184,8 @@ def test_restore_falls_back_past_a_corrupt_part_a_truncated_and_a_missing_file(s
     assert sorted(p.name for p in (tmp_path / "resume").iterdir()) == ["step-000000010"]  # no temp folders
 
 
-def test_many_files_share_few_part_buffers_without_deadlock(s3_env, tmp_path):
-    # One part thread, two buffers, four multi-part files moving at once, both ways.
+def test_many_files_share_one_connection_without_deadlock(s3_env, tmp_path):
+    # One connection for four multi-part files moving at once, both ways.
     store = _s3_store(s3_env, workers=1)
     d = tmp_path / "step-000000010"
     d.mkdir()
@@ -224,14 +222,12 @@ class ShortBodies:
         return resp
 
 
-@pytest.mark.parametrize("engine", ["parts", "s3transfer"])
-def test_a_short_ranged_read_fails_the_file_and_the_restore_falls_back(s3_env, tmp_path, engine):
-    store = _s3_store(s3_env, engine=engine)
+def test_a_short_ranged_read_fails_the_file_and_the_restore_falls_back(s3_env, tmp_path):
+    store = _s3_store(s3_env)
     sync = CheckpointSync(store, RUN, keep=10)
     sync.upload(_ckpt(tmp_path, 10), 10)  # small files only: whole-object GETs
     sync.upload(_ckpt(tmp_path, 20, big=12 * 1024 * 1024), 20)
-    store = S3Store(store.bucket, store.prefix, client=ShortBodies(store.client), part_size=store.part_size,
-                    engine=engine)
+    store = S3Store(store.bucket, store.prefix, client=ShortBodies(store.client), part_size=store.part_size)
     with pytest.raises(Exception):
         store.get_file(f"{mf.checkpoint_prefix(RUN, 20)}/big.bin", tmp_path / "out" / "big.bin")
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())

@@ -13,7 +13,6 @@ import os
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
@@ -21,9 +20,8 @@ from urllib.parse import unquote, urlparse
 
 MiB = 1024 * 1024
 # Tuned on SeaweedFS over loopback (docs/host-agent.md, "Checkpoint sync"); store options override them.
-DEFAULT_PART_SIZE = 16 * MiB
-DEFAULT_WORKERS = 16
-DEFAULT_ENGINE = "parts"
+DEFAULT_PART_SIZE = 8 * MiB
+DEFAULT_WORKERS = 10
 # Hidden names in a local store: temp files and metadata sidecars never show up in list().
 _LOCAL_META_DIR = ".sdcloud-meta"
 _LOCAL_TMP_PREFIX = ".tmp-"
@@ -250,10 +248,7 @@ class S3Store:
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, addressing_style: str | None = None,
                  part_size: int = DEFAULT_PART_SIZE, workers: int = DEFAULT_WORKERS, client: Any = None,
-                 credentials: str | None = None, engine: str = DEFAULT_ENGINE):
-        from .transfer import ENGINES, PartPool
-        if engine not in ENGINES:
-            raise ValueError(f"unknown transfer engine {engine!r}: use one of {', '.join(ENGINES)}")
+                 credentials: str | None = None):
         if part_size < 5 * MiB or workers < 1:
             raise ValueError("part_size must be at least 5 MiB (the S3 minimum) and workers at least 1")
         self.bucket = bucket
@@ -261,9 +256,7 @@ class S3Store:
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.part_size = part_size
         self.workers = workers
-        self.engine = engine
-        # One pool of part/range threads per store: `workers` connections however many files move.
-        self._parts = PartPool(workers)
+        # One TransferManager per store: `workers` connections however many files move.
         self._transfer_manager: Any = None
         self._tm_lock = threading.Lock()
         if client is None:
@@ -291,7 +284,7 @@ class S3Store:
         return _join(self.prefix, key)
 
     def _tm(self) -> Any:
-        """The store's boto3 TransferManager (engine "s3transfer"), made on first use."""
+        """The store's boto3 TransferManager, made on first use."""
         with self._tm_lock:
             if self._transfer_manager is None:
                 from .transfer import transfer_manager
@@ -335,11 +328,8 @@ class S3Store:
         try:
             if size <= self.part_size:
                 return transfer.put_single(self.client, self.bucket, full, path, metadata, cancel)
-            if self.engine == "s3transfer":
-                return transfer.upload_s3transfer(self._tm(), self.bucket, full, path, metadata=metadata,
-                                                  cancel=cancel)
-            return transfer.upload_parts(self.client, self._parts, self.bucket, full, path, size,
-                                         part_size=self.part_size, metadata=metadata, cancel=cancel)
+            return transfer.upload_s3transfer(self._tm(), self.bucket, full, path, metadata=metadata,
+                                              cancel=cancel)
         except transfer.TransferCancelled:
             raise Cancelled(key) from None
 
@@ -353,8 +343,8 @@ class S3Store:
             raise
 
     def get_file(self, key: str, path: str | Path) -> str:
-        """Parallel ranged GETs written straight into a temp file, renamed into place when complete;
-        returns the sha256 of the bytes received (hashed as they arrive)."""
+        """Parallel ranged GETs written straight into a temp file as they arrive, renamed into
+        place when complete; returns the sha256 of the bytes received (hashed as they land)."""
         from . import transfer
         info = self.head(key)
         if info is None:
@@ -367,11 +357,7 @@ class S3Store:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 os.ftruncate(fd, info.size)
-                if self.engine == "s3transfer" and info.size > self.part_size:
-                    digest = transfer.download_s3transfer(self._tm(), self.bucket, full, fd, info.size)
-                else:
-                    digest = transfer.download_ranges(self.client, self._parts, self.bucket, full, fd,
-                                                      info.size, part_size=self.part_size)
+                digest = transfer.download_s3transfer(self._tm(), self.bucket, full, fd, info.size)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -439,8 +425,7 @@ def open_store(spec: str | dict, **overrides: Any) -> LocalStore | S3Store:
     if parsed.scheme in ("s3", "cos"):
         if not parsed.netloc:
             raise ValueError(f"store URL {url!r} has no bucket")
-        allowed = {"endpoint_url", "region", "addressing_style", "part_size", "workers", "client", "credentials",
-                   "engine"}
+        allowed = {"endpoint_url", "region", "addressing_style", "part_size", "workers", "client", "credentials"}
         return S3Store(parsed.netloc, parsed.path, **{k: v for k, v in opts.items() if k in allowed})
     if parsed.scheme == "file":
         return LocalStore(unquote(parsed.netloc + parsed.path))

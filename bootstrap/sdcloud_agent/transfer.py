@@ -1,18 +1,18 @@
 """Moving file bytes to and from an S3-compatible store, each byte read once and hashed on the way.
 
-Two engines do the same job behind `S3Store.put_file` / `get_file`:
+The engine is boto3's TransferManager (s3transfer, what awscli uses), one per store, so that its
+`workers` connections are shared by every file in flight. It is fed through file objects that
+hash the bytes it moves:
 
-- `parts` (the default): our own. Parts of a file are read in order by the calling thread, which
-  feeds the same bytes to sha256 and hands them to a pool of upload threads shared by every file
-  of the store (so the number of connections stays `workers` however many files are in flight).
-  A restore issues ranged GETs to the same pool, writes each range straight to its place in the
-  file as it arrives, and hashes the ranges in order from memory (at most `2 x workers` part
-  buffers per store, uploads and restores alike), so a file is verified when its last byte lands.
-- `s3transfer`: boto3's TransferManager (what awscli uses), fed through a reader that hashes the
-  bytes s3transfer reads, and on restore through an in-order writer that hashes what it writes.
+- upload: `HashingReader` is a non-seekable reader, so s3transfer reads each file's parts in
+  order and the sha256 comes from the very reads that fill the parts;
+- restore: `OrderedHashWriter` is a seekable writer; s3transfer's parallel ranged GETs land at
+  their offsets in the file as they complete, and the writer hashes them in file order, holding
+  only the ranges that arrived ahead of a missing one, so a file is verified when its last byte
+  lands.
 
-`docs/host-agent.md` ("Checkpoint sync") gives the figures that chose the default, part size and
-concurrency. Both engines return the sha256 hex digest of exactly the bytes sent or received.
+Our own parallel-parts engine measured slower on restore and no faster on upload (the figures are
+in docs/host-agent.md, "Checkpoint sync"), so it went.
 """
 
 from __future__ import annotations
@@ -20,13 +20,8 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-
-ENGINES = ("parts", "s3transfer")
-
 
 class TransferCancelled(Exception):
     """Raised inside an engine when the caller's cancel event is set (store.py maps it)."""
@@ -38,39 +33,6 @@ class ShortRead(Exception):
 
 def _cancelled(cancel: threading.Event | None) -> bool:
     return cancel is not None and cancel.is_set()
-
-
-class PartPool:
-    """The threads that carry parts and ranges for one store (created on first use), and the
-    slots that bound the part-sized buffers held in memory by every file of the store together."""
-
-    def __init__(self, workers: int):
-        self.workers = max(1, workers)
-        # Two buffers per thread: one on the wire, one read ahead (or waiting to be hashed).
-        self.slots = threading.BoundedSemaphore(2 * self.workers)
-        self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-
-    def submit(self, fn, *args) -> Future:
-        """Run fn in the pool; the caller holds a slot, released when fn is done."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sdcloud-part")
-            pool = self._pool
-        try:
-            return pool.submit(fn, *args)
-        except BaseException:
-            self.slots.release()
-            raise
-
-
-def _drain(inflight: deque[Future]) -> None:
-    """Wait for every future (errors ignored: the caller is already failing)."""
-    for fut in inflight:
-        try:
-            fut.result()
-        except Exception:  # noqa: BLE001 - the first error is the one being raised
-            pass
 
 
 # ----------------------------------------------------------------------------------------------
@@ -85,64 +47,6 @@ def put_single(client: Any, bucket: str, key: str, path: str | Path, metadata: d
         raise TransferCancelled(key)
     client.put_object(Bucket=bucket, Key=key, Body=data, Metadata=metadata or {})
     return hashlib.sha256(data).hexdigest()
-
-
-def upload_parts(client: Any, pool: PartPool, bucket: str, key: str, path: str | Path, size: int, *,
-                 part_size: int, metadata: dict[str, str] | None, cancel: threading.Event | None) -> str:
-    """Multipart upload; this thread reads and hashes parts in order while the pool sends them."""
-    upload_id = client.create_multipart_upload(Bucket=bucket, Key=key, Metadata=metadata or {})["UploadId"]
-    nparts = (size + part_size - 1) // part_size
-    h = hashlib.sha256()
-    done: list[dict] = []
-    inflight: deque[Future] = deque()
-
-    def send(n: int, body: bytes) -> dict:
-        if _cancelled(cancel):
-            raise TransferCancelled(key)
-        resp = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=n, Body=body)
-        return {"PartNumber": n, "ETag": resp["ETag"]}
-
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for n in range(1, nparts + 1):
-            while not pool.slots.acquire(timeout=0.1):
-                if _cancelled(cancel):
-                    raise TransferCancelled(key)
-            if _cancelled(cancel):
-                pool.slots.release()
-                raise TransferCancelled(key)
-            offset = (n - 1) * part_size
-            try:
-                body = os.pread(fd, min(part_size, size - offset), offset)
-                if len(body) != min(part_size, size - offset):
-                    raise OSError(f"{path} shrank while it was being uploaded")
-                h.update(body)  # hashlib drops the GIL here: hashing overlaps the sends
-            except BaseException:
-                pool.slots.release()
-                raise
-            fut = pool.submit(send, n, body)
-            fut.add_done_callback(lambda _f: pool.slots.release())
-            inflight.append(fut)
-            del body
-            while inflight and inflight[0].done():
-                done.append(inflight.popleft().result())
-        while inflight:
-            done.append(inflight.popleft().result())
-        if _cancelled(cancel):
-            raise TransferCancelled(key)
-        done.sort(key=lambda p: p["PartNumber"])
-        client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id,
-                                         MultipartUpload={"Parts": done})
-    except BaseException:
-        _drain(inflight)
-        try:
-            client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
-        except Exception:  # noqa: BLE001 - the store expires abandoned uploads anyway
-            pass
-        raise
-    finally:
-        os.close(fd)
-    return h.hexdigest()
 
 
 class HashingReader:
@@ -195,51 +99,6 @@ def upload_s3transfer(tm: Any, bucket: str, key: str, path: str | Path, *,
 # ----------------------------------------------------------------------------------------------
 # Download
 # ----------------------------------------------------------------------------------------------
-
-def download_ranges(client: Any, pool: PartPool, bucket: str, key: str, fd: int, size: int, *,
-                    part_size: int) -> str:
-    """Ranged GETs in parallel, each written at its offset in `fd` as it arrives; this thread
-    hashes the ranges in order. Returns the sha256 of the object's bytes."""
-    h = hashlib.sha256()
-
-    def fetch(offset: int) -> bytes:
-        end = min(offset + part_size, size) - 1
-        body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={offset}-{end}")["Body"].read()
-        if len(body) != end - offset + 1:
-            raise ShortRead(f"{key}: {len(body)} bytes at {offset}, expected {end - offset + 1}")
-        os.pwrite(fd, body, offset)
-        return body
-
-    window: deque[Future] = deque()
-    try:
-        for off in range(0, size, part_size):
-            # A slot per range, held until the range is hashed: the ranges that wait for an
-            # earlier one to be hashed are what bounds the memory.
-            while not pool.slots.acquire(blocking=False):
-                # Never wait for a slot while holding ranges that could be hashed and let go:
-                # another file's restore may be waiting for them (and this one for its).
-                if window:
-                    h.update(window[0].result())
-                    window.popleft()
-                    pool.slots.release()
-                else:
-                    pool.slots.acquire()
-                    break
-            window.append(pool.submit(fetch, off))
-            while window and window[0].done():
-                h.update(window.popleft().result())
-                pool.slots.release()
-        while window:
-            h.update(window[0].result())
-            window.popleft()
-            pool.slots.release()
-    except BaseException:
-        for _ in window:
-            pool.slots.release()
-        _drain(window)
-        raise
-    return h.hexdigest()
-
 
 class OrderedHashWriter:
     """A seekable file object for s3transfer's downloads: each write lands at its offset in the
