@@ -1,5 +1,6 @@
 """Checkpoint sync: upload each finished checkpoint (files in parallel, big files as parallel
-multipart), commit its manifest last, skip content already in the bucket, keep the last K."""
+multipart, each file's sha256 taken from the upload's own reads), commit its manifest last, skip
+content already in the bucket, keep the last K."""
 
 from __future__ import annotations
 
