@@ -1,17 +1,23 @@
-"""Benchmark: checkpoint upload against SeaweedFS on loopback, the agent vs awscli vs s5cmd.
+"""Benchmark: checkpoint upload and restore against SeaweedFS on loopback, the agent vs awscli,
+s5cmd and boto3's TransferManager.
 
-    python bench/checkpoint_sync.py [--sizes 100,1000] [--workdir DIR]
+    python bench/checkpoint_sync.py [--sizes 1000] [--workdir DIR] [--part-mib N] [--workers N]
 
-For each checkpoint folder size (MB) it measures, on the same folder and server:
-  - the agent's upload throughput (CheckpointSync.upload: sha256 of every file, parallel files,
-    parallel multipart parts, manifest last),
-  - notice_to_durable_s: a reclaim notice arrives while that upload is a third of the way
-    through; the trainer's save on notice is a new folder of the same size (already on disk, so
-    the trainer's own save time is not counted); seconds from the notice to its manifest,
-  - `aws s3 sync` (awscli) and `s5cmd cp` throughput (no checksums of their own beyond the
-    transport's, no manifest).
-The last line is: checkpoint_sync size_mb=<n> sdcloud_MBps=<x> awscli_MBps=<y> s5cmd_MBps=<z>
-notice_to_durable_s=<t> for the largest size.
+For each checkpoint folder size (MB), on the same folder and server, in one run:
+  - upload MB/s: the agent (CheckpointSync.upload: sha256 of every byte from the upload's own
+    reads, parallel files and parts, manifest last), `aws s3 sync`, `s5cmd cp` and boto3's
+    TransferManager with its defaults (no manifest, no sha256 of their own);
+  - restore MB/s of the same folder: the agent (manifest.download on a fresh store: parallel
+    ranged GETs, sha256 checked as they land), awscli, s5cmd and boto3. The tools run back to
+    back in a random order (the machine's load drifts); every restore is compared byte for byte;
+  - reupload_s: the same checkpoint uploaded again by the same agent (nothing read or sent), and
+    after a restart (every file hashed once, nothing sent);
+  - notice_to_durable_s: a reclaim notice arrives a third of the way into uploading a checkpoint;
+    the trainer's save on notice is a new folder of the same size (already on disk, so the
+    trainer's own save time is not counted); seconds from the notice to its manifest.
+The last line is, for the largest size:
+checkpoint_sync size_mb=<n> sdcloud_MBps=<x> awscli_MBps=<y> s5cmd_MBps=<z> boto3_MBps=<w>
+restore_MBps=<r> s5cmd_restore_MBps=<q> notice_to_durable_s=<t> reupload_s=<u>
 """
 
 from __future__ import annotations
