@@ -89,6 +89,28 @@ def test_cancelled_multipart_leaves_no_object(store, tmp_path):
     assert store.head("x/big.bin") is None
 
 
+def test_upload_cancelled_mid_file_aborts_its_multipart_upload(s3_env, tmp_path, monkeypatch):
+    import sdcloud_agent.transfer as transfer
+    store = _s3_store(s3_env)
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(21 * 1024 * 1024))  # five parts of 5 MiB
+    cancel = threading.Event()
+    reads = []
+    real = transfer.HashingReader.read
+
+    def read(self, n=-1):
+        reads.append(n)
+        if len(reads) == 2:  # the notice lands after the first part was read
+            cancel.set()
+        return real(self, n)
+    monkeypatch.setattr(transfer.HashingReader, "read", read)
+    with pytest.raises(Cancelled):
+        store.put_file("x/big.bin", big, cancel=cancel)
+    assert store.head("x/big.bin") is None and len(reads) < 5
+    ups = store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])
+    assert not [u for u in ups if u["Key"].endswith("x/big.bin")]
+
+
 def test_manifest_is_last_and_newest_complete_ignores_partial_and_corrupt(store, tmp_path):
     sync = CheckpointSync(store, RUN, keep=5)
     for step in (10, 20):

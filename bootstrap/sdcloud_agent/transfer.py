@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+
 class TransferCancelled(Exception):
     """Raised inside an engine when the caller's cancel event is set (store.py maps it)."""
 
