@@ -1,23 +1,30 @@
-"""Benchmark: checkpoint upload against SeaweedFS on loopback, the agent vs awscli vs s5cmd.
+"""Benchmark: checkpoint upload and restore against SeaweedFS on loopback, the agent vs awscli,
+s5cmd and boto3's TransferManager.
 
-    python bench/checkpoint_sync.py [--sizes 100,1000] [--workdir DIR]
+    python bench/checkpoint_sync.py [--sizes 1000] [--workdir DIR] [--part-mib N] [--workers N]
 
-For each checkpoint folder size (MB) it measures, on the same folder and server:
-  - the agent's upload throughput (CheckpointSync.upload: sha256 of every file, parallel files,
-    parallel multipart parts, manifest last),
-  - notice_to_durable_s: a reclaim notice arrives while that upload is a third of the way
-    through; the trainer's save on notice is a new folder of the same size (already on disk, so
-    the trainer's own save time is not counted); seconds from the notice to its manifest,
-  - `aws s3 sync` (awscli) and `s5cmd cp` throughput (no checksums of their own beyond the
-    transport's, no manifest).
-The last line is: checkpoint_sync size_mb=<n> sdcloud_MBps=<x> awscli_MBps=<y> s5cmd_MBps=<z>
-notice_to_durable_s=<t> for the largest size.
+For each checkpoint folder size (MB), on the same folder and server, in one run:
+  - upload MB/s: the agent (CheckpointSync.upload: sha256 of every byte from the upload's own
+    reads, parallel files and parts, manifest last), `aws s3 sync`, `s5cmd cp` and boto3's
+    TransferManager with its defaults (no manifest, no sha256 of their own);
+  - restore MB/s of the same folder: the agent (manifest.download on a fresh store: parallel
+    ranged GETs, sha256 checked as they land), awscli, s5cmd and boto3. The tools run back to
+    back in a random order (the machine's load drifts); every restore is compared byte for byte;
+  - reupload_s: the same checkpoint uploaded again by the same agent (nothing read or sent), and
+    after a restart (every file hashed once, nothing sent);
+  - notice_to_durable_s: a reclaim notice arrives a third of the way into uploading a checkpoint;
+    the trainer's save on notice is a new folder of the same size (already on disk, so the
+    trainer's own save time is not counted); seconds from the notice to its manifest.
+The last line is, for the largest size:
+checkpoint_sync size_mb=<n> sdcloud_MBps=<x> awscli_MBps=<y> s5cmd_MBps=<z> boto3_MBps=<w>
+restore_MBps=<r> s5cmd_restore_MBps=<q> notice_to_durable_s=<t> reupload_s=<u>
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -65,56 +72,152 @@ def timed(cmd: list[str], env: dict) -> float:
     return time.monotonic() - t0
 
 
-def bench_size(size_mb: int, work: Path, endpoint: str, env: dict) -> dict:
+def same_tree(a: Path, b: Path) -> bool:
+    """Every file of `a` is in `b` with the same bytes (a restore really restored)."""
+    for p in a.rglob("*"):
+        if p.is_file():
+            q = b / p.relative_to(a)
+            if not q.is_file() or q.stat().st_size != p.stat().st_size or mf.sha256_file(q) != mf.sha256_file(p):
+                return False
+    return True
+
+
+def boto3_upload(endpoint: str, folder: Path, bucket: str, prefix: str) -> float:
+    """boto3's TransferManager as a user would run it: defaults, every file of the folder at once."""
+    import boto3
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+    client = boto3.client("s3", endpoint_url=endpoint)
+    t0 = time.monotonic()
+    with create_transfer_manager(client, TransferConfig()) as tm:
+        futs = [tm.upload(str(p), bucket, f"{prefix}/{p.name}") for p in sorted(folder.iterdir())]
+        for f in futs:
+            f.result()
+    return time.monotonic() - t0
+
+
+def boto3_download(endpoint: str, bucket: str, prefix: str, dest: Path) -> float:
+    import boto3
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+    client = boto3.client("s3", endpoint_url=endpoint)
+    dest.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])]
+    with create_transfer_manager(client, TransferConfig()) as tm:
+        futs = [tm.download(bucket, k, str(dest / k.rsplit("/", 1)[1])) for k in keys]
+        for f in futs:
+            f.result()
+    return time.monotonic() - t0
+
+
+def bench_size(size_mb: int, work: Path, endpoint: str, env: dict, store_opts: dict) -> dict:
     import boto3
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-    store = open_store({"url": f"s3://{bucket}/agent", "endpoint_url": endpoint})
+    new_store = lambda: open_store({"url": f"s3://{bucket}/agent", "endpoint_url": endpoint, **store_opts})  # noqa: E731
+    store = new_store()
     a = make_checkpoint(work / f"{size_mb}/step-000000100", size_mb)
     b = make_checkpoint(work / f"{size_mb}/step-000000150", size_mb)
+    c = make_checkpoint(work / f"{size_mb}/step-000000200", size_mb)
     nbytes = sum(p.stat().st_size for p in a.iterdir())
-
+    mbps = lambda secs: nbytes / MB / secs  # noqa: E731
+    aws = shutil.which("aws")
+    s5 = shutil.which("s5cmd")
+    nan = float("nan")
     sync = CheckpointSync(store, "runs/bench", keep=10)
-    t0 = time.monotonic()
-    sync.upload(a, 100)
-    agent_s = time.monotonic() - t0
-    assert mf.newest_complete(store, "runs/bench").step == 100
+    dest = work / f"{size_mb}/restore"
 
-    # A notice a third of the way into uploading checkpoint 200 (a copy of size B under a new step).
+    def agent_up() -> float:
+        # sha256 of every byte (from the same reads as the upload), manifest last.
+        t0 = time.monotonic()
+        sync.upload(a, 100)
+        return time.monotonic() - t0
+
+    def agent_down() -> float:
+        # A fresh host: the agent's own restore (parallel ranged GETs, verified as they land).
+        m = mf.newest_complete(store, "runs/bench")
+        t0 = time.monotonic()
+        mf.download(new_store(), "runs/bench", m, dest / "agent" / m.name)
+        return time.monotonic() - t0
+
+    ups = {
+        "agent": agent_up,
+        "awscli": lambda: timed([aws, "s3", "sync", str(a), f"s3://{bucket}/awscli/", "--endpoint-url", endpoint,
+                                 "--only-show-errors"], env) if aws else nan,
+        "s5cmd": lambda: timed([s5, "--endpoint-url", endpoint, "cp", f"{a}/*", f"s3://{bucket}/s5cmd/"],
+                               env) if s5 else nan,
+        "boto3": lambda: boto3_upload(endpoint, a, bucket, "boto3"),
+    }
+    downs = {
+        "agent": agent_down,
+        "awscli": lambda: timed([aws, "s3", "sync", f"s3://{bucket}/awscli/", str(dest / "awscli"),
+                                 "--endpoint-url", endpoint, "--only-show-errors"], env) if aws else nan,
+        "s5cmd": lambda: timed([s5, "--endpoint-url", endpoint, "cp", f"s3://{bucket}/s5cmd/*",
+                                f"{dest / 's5cmd'}/"], env) if s5 else nan,
+        "boto3": lambda: boto3_download(endpoint, bucket, "boto3", dest / "boto3"),
+    }
+    # The machine is shared and its load drifts: the tools run back to back, in a random order.
+    order = list(ups)
+    random.shuffle(order)
+    up_s = {name: ups[name]() for name in order}
+    assert mf.newest_complete(store, "runs/bench").step == 100
+    down_s = {name: downs[name]() for name in order}
+    assert same_tree(a, dest / "agent" / a.name), "the agent's restore differs"
+    for name in ("awscli", "s5cmd", "boto3"):
+        if (dest / name).exists():
+            assert same_tree(a, dest / name), name
+    shutil.rmtree(dest, ignore_errors=True)
+
+    # The same checkpoint again (a retried upload): the agent knows every file's hash already.
+    t0 = time.monotonic()
+    again = sync.upload(a, 100)
+    reupload_s = time.monotonic() - t0
+    assert again.bytes_sent == 0, again
+    # ... and from an agent that just restarted: it hashes the files (one read) and sends nothing.
+    cold = CheckpointSync(new_store(), "runs/bench", keep=10)
+    cold.seed()
+    t0 = time.monotonic()
+    assert cold.upload(a, 100).bytes_sent == 0
+    reupload_cold_s = time.monotonic() - t0
+
+    # A notice a third of the way into uploading checkpoint 200; the trainer's save on the notice
+    # is checkpoint 250 (already on disk: the trainer's own save time is not counted).
     run2 = "runs/bench-notice"
     worker = SyncWorker(CheckpointSync(store, run2, keep=10))
-    c = make_checkpoint(work / f"{size_mb}/step-000000200", size_mb)
     worker.submit(200, c)
-    time.sleep(agent_s / 3)
+    time.sleep(up_s["agent"] / 3)
     t_notice = time.monotonic()
     worker.set_urgent()
-    worker.submit(250, b)  # the save the trainer made on the notice
+    worker.submit(250, b)
     worker.wait_idle()
     notice_s = time.monotonic() - t_notice
     worker.close()
     newest = mf.newest_complete(store, run2)
     assert newest is not None and newest.step == 250, newest
 
-    aws = shutil.which("aws")
-    s5 = shutil.which("s5cmd")
-    aws_s = timed([aws, "s3", "sync", str(a), f"s3://{bucket}/awscli/", "--endpoint-url", endpoint,
-                   "--only-show-errors"], env) if aws else float("nan")
-    s5_s = timed([s5, "--endpoint-url", endpoint, "cp", f"{a}/*", f"s3://{bucket}/s5cmd/"], env) if s5 else float("nan")
     for d in (a, b, c):
         shutil.rmtree(d, ignore_errors=True)
-    res = {"size_mb": size_mb, "sdcloud_MBps": nbytes / MB / agent_s, "awscli_MBps": nbytes / MB / aws_s,
-           "s5cmd_MBps": nbytes / MB / s5_s, "notice_to_durable_s": notice_s}
-    print(f"size={size_mb}MB agent={agent_s:.2f}s ({res['sdcloud_MBps']:.1f} MB/s, sha256 included) "
-          f"awscli={aws_s:.2f}s ({res['awscli_MBps']:.1f} MB/s) s5cmd={s5_s:.2f}s ({res['s5cmd_MBps']:.1f} MB/s) "
-          f"notice_to_durable={notice_s:.2f}s", flush=True)
+    res = {"size_mb": size_mb, "sdcloud_MBps": mbps(up_s["agent"]), "awscli_MBps": mbps(up_s["awscli"]),
+           "s5cmd_MBps": mbps(up_s["s5cmd"]), "boto3_MBps": mbps(up_s["boto3"]),
+           "restore_MBps": mbps(down_s["agent"]), "s5cmd_restore_MBps": mbps(down_s["s5cmd"]),
+           "notice_to_durable_s": notice_s, "reupload_s": reupload_s}
+    print(f"size={size_mb}MB part={store.part_size // 2**20}MiB workers={store.workers} "
+          f"order={','.join(order)} | upload MB/s: "
+          + " ".join(f"{n} {mbps(up_s[n]):.1f}" for n in ups) + " | restore MB/s: "
+          + " ".join(f"{n} {mbps(down_s[n]):.1f}" for n in downs)
+          + f" | notice_to_durable {notice_s:.2f}s reupload {reupload_s:.3f}s (after a restart {reupload_cold_s:.2f}s)",
+          flush=True)
     return res
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="100,1000", help="checkpoint sizes in MB, comma-separated")
+    ap.add_argument("--sizes", default="1000", help="checkpoint sizes in MB, comma-separated")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--part-mib", type=int, default=None, help="the agent's part size in MiB")
+    ap.add_argument("--workers", type=int, default=None, help="the agent's parallel parts/ranges")
     args = ap.parse_args()
+    store_opts = {k: v for k, v in {"workers": args.workers,
+                                    "part_size": args.part_mib and args.part_mib * 2**20}.items() if v}
     sizes = sorted(int(s) for s in args.sizes.split(","))
     work = Path(args.workdir or tempfile.mkdtemp(prefix="sdcloud-bench-"))
     # Start the server before the credentials are in the environment: weed would turn them into
@@ -126,14 +229,16 @@ def main() -> int:
         os.environ[k] = env[k]
     os.environ.pop("AWS_PROFILE", None)
     try:
-        results = [bench_size(s, work, server.endpoint, env) for s in sizes]
+        results = [bench_size(s, work, server.endpoint, env, store_opts) for s in sizes]
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     r = results[-1]
     print(f"checkpoint_sync size_mb={r['size_mb']} sdcloud_MBps={r['sdcloud_MBps']:.1f} "
           f"awscli_MBps={r['awscli_MBps']:.1f} s5cmd_MBps={r['s5cmd_MBps']:.1f} "
-          f"notice_to_durable_s={r['notice_to_durable_s']:.2f}")
+          f"boto3_MBps={r['boto3_MBps']:.1f} restore_MBps={r['restore_MBps']:.1f} "
+          f"s5cmd_restore_MBps={r['s5cmd_restore_MBps']:.1f} notice_to_durable_s={r['notice_to_durable_s']:.2f} "
+          f"reupload_s={r['reupload_s']:.3f}")
     return 0
 
 

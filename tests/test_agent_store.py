@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import threading
@@ -21,16 +22,19 @@ from sdcloud_agent.sync import CheckpointSync, SyncWorker
 RUN = "runs/r1"
 
 
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return LocalStore(tmp_path / "bucket")
-    s3_env = request.getfixturevalue("s3_env")
+def _s3_store(s3_env, **opts):
     bucket = f"st-{uuid.uuid4().hex[:10]}"
     boto3.client("s3", endpoint_url=s3_env["endpoint_url"]).create_bucket(Bucket=bucket)
     # A small part size so that multipart (parallel parts) runs on small files.
     return open_store({"url": f"s3://{bucket}/pre/fix", "endpoint_url": s3_env["endpoint_url"]},
-                      part_size=5 * 1024 * 1024)
+                      part_size=5 * 1024 * 1024, **opts)
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    if request.param == "local":
+        return LocalStore(tmp_path / "bucket")
+    return _s3_store(request.getfixturevalue("s3_env"))
 
 
 def _ckpt(folder: Path, step: int, big: int = 0) -> Path:
@@ -85,6 +89,28 @@ def test_cancelled_multipart_leaves_no_object(store, tmp_path):
     assert store.head("x/big.bin") is None
 
 
+def test_upload_cancelled_mid_file_aborts_its_multipart_upload(s3_env, tmp_path, monkeypatch):
+    import sdcloud_agent.transfer as transfer
+    store = _s3_store(s3_env)
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(21 * 1024 * 1024))  # five parts of 5 MiB
+    cancel = threading.Event()
+    reads = []
+    real = transfer.HashingReader.read
+
+    def read(self, n=-1):
+        reads.append(n)
+        if len(reads) == 2:  # the notice lands after the first part was read
+            cancel.set()
+        return real(self, n)
+    monkeypatch.setattr(transfer.HashingReader, "read", read)
+    with pytest.raises(Cancelled):
+        store.put_file("x/big.bin", big, cancel=cancel)
+    assert store.head("x/big.bin") is None and len(reads) < 5
+    ups = store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])
+    assert not [u for u in ups if u["Key"].endswith("x/big.bin")]
+
+
 def test_manifest_is_last_and_newest_complete_ignores_partial_and_corrupt(store, tmp_path):
     sync = CheckpointSync(store, RUN, keep=5)
     for step in (10, 20):
@@ -123,6 +149,112 @@ def test_sync_skips_uploaded_content_copies_shared_files_and_keeps_k(store, tmp_
     fresh = CheckpointSync(store, RUN, keep=2)
     fresh.seed()
     assert fresh.durable_step == 30
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_transfers_return_the_sha256_of_the_bytes_they_moved(store, tmp_path):
+    for size in (0, 1000, 12 * 1024 * 1024 + 5):  # empty, one PUT, three parts / ranges
+        src = tmp_path / f"f{size}"
+        src.write_bytes(os.urandom(size))
+        assert store.put_file(f"t/{size}", src) == _sha(src)
+        back = tmp_path / f"back{size}"
+        assert store.get_file(f"t/{size}", back) == _sha(src) and back.read_bytes() == src.read_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_big_files_are_hashed_from_the_upload_reads_and_unchanged_ones_cost_nothing(store, tmp_path, monkeypatch):
+    import sdcloud_agent.sync as sync_mod
+    hashed_first: list[str] = []
+    real = sync_mod.sha256_file
+    monkeypatch.setattr(sync_mod, "sha256_file", lambda p: hashed_first.append(Path(p).name) or real(p))
+    sync = CheckpointSync(store, RUN, hash_first_below=1024 * 1024)
+    d = _ckpt(tmp_path, 10, big=12 * 1024 * 1024)
+    r = sync.upload(d, 10)
+    assert r.bytes_sent == r.bytes_total and "big.bin" not in hashed_first  # one read: the upload's
+    m = mf.read(store, RUN, 10)
+    assert {f.path: f.sha256 for f in m.files} == {p: _sha(d / p) for p in ("big.bin", "weights.bin", "sub/config.json")}
+    hashed_first.clear()
+    again = sync.upload(d, 10)
+    assert again.bytes_sent == 0 and again.skipped == 3 and hashed_first == []  # nothing read again
+    # A file rewritten in place (same size, new bytes) is not mistaken for the one already sent.
+    (d / "big.bin").write_bytes(os.urandom(12 * 1024 * 1024))
+    changed = sync.upload(d, 10)
+    assert changed.bytes_sent == 12 * 1024 * 1024 and changed.skipped == 2
+    assert next(f.sha256 for f in mf.read(store, RUN, 10).files if f.path == "big.bin") == _sha(d / "big.bin")
+
+
+def test_restore_falls_back_past_a_corrupt_part_a_truncated_and_a_missing_file(store, tmp_path):
+    sync = CheckpointSync(store, RUN, keep=10)
+    big = 12 * 1024 * 1024
+    for step in (10, 20, 30, 40):
+        sync.upload(_ckpt(tmp_path, step, big=big), step)
+    key = lambda step, name: f"{mf.checkpoint_prefix(RUN, step)}/{name}"  # noqa: E731
+    raw = bytearray(store.get(key(40, "big.bin")))
+    raw[7 * 1024 * 1024] ^= 0xFF  # one byte of the middle part / range
+    store.put(key(40, "big.bin"), bytes(raw))
+    store.put(key(30, "big.bin"), bytes(raw[:-1]))  # truncated
+    store.delete(key(20, "sub/config.json"))  # missing
+    logs: list[str] = []
+    got = mf.restore_newest(store, RUN, lambda m: tmp_path / "resume" / m.name, log=logs.append)
+    assert got is not None
+    m, dest = got
+    assert m.step == 10 and (dest / "big.bin").read_bytes() == (tmp_path / "step-000000010" / "big.bin").read_bytes()
+    assert any("checkpoint 40" in line and "sha256" in line for line in logs)
+    assert sorted(p.name for p in (tmp_path / "resume").iterdir()) == ["step-000000010"]  # no temp folders
+
+
+def test_many_files_share_one_connection_without_deadlock(s3_env, tmp_path):
+    # One connection for four multi-part files moving at once, both ways.
+    store = _s3_store(s3_env, workers=1)
+    d = tmp_path / "step-000000010"
+    d.mkdir()
+    for i in range(4):
+        (d / f"shard{i}.bin").write_bytes(os.urandom(11 * 1024 * 1024 + i))
+    done = threading.Event()
+
+    def go():
+        sync = CheckpointSync(store, RUN, file_workers=4)
+        sync.upload(d, 10)
+        mf.download(store, RUN, mf.read(store, RUN, 10), tmp_path / "back" / d.name, workers=4)
+        done.set()
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    assert done.wait(60), "the transfers deadlocked"
+    for i in range(4):
+        assert (tmp_path / "back" / d.name / f"shard{i}.bin").read_bytes() == (d / f"shard{i}.bin").read_bytes()
+
+
+class ShortBodies:
+    """A client whose ranged GETs of one part come back short (a connection cut mid-body)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def get_object(self, **kw):
+        resp = self.inner.get_object(**kw)
+        if kw.get("Range", "").startswith("bytes=5242880-"):
+            body = resp["Body"].read()
+            resp["Body"] = io.BytesIO(body[:-10])
+        return resp
+
+
+def test_a_short_ranged_read_fails_the_file_and_the_restore_falls_back(s3_env, tmp_path):
+    store = _s3_store(s3_env)
+    sync = CheckpointSync(store, RUN, keep=10)
+    sync.upload(_ckpt(tmp_path, 10), 10)  # small files only: whole-object GETs
+    sync.upload(_ckpt(tmp_path, 20, big=12 * 1024 * 1024), 20)
+    store = S3Store(store.bucket, store.prefix, client=ShortBodies(store.client), part_size=store.part_size)
+    with pytest.raises(Exception):
+        store.get_file(f"{mf.checkpoint_prefix(RUN, 20)}/big.bin", tmp_path / "out" / "big.bin")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+    m, _ = mf.restore_newest(store, RUN, lambda m: tmp_path / "resume" / m.name, attempts=2)
+    assert m.step == 10
 
 
 class Flaky:

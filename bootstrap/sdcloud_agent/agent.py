@@ -137,20 +137,12 @@ class Agent:
     def _restore(self, ctx: Context) -> None:
         self.status.set_phase("restoring")
         sync = self.worker.sync
-        steps = mf.complete_steps(self.store, self.cfg.run_prefix)
-        for step in reversed(steps):
-            m = mf.read(self.store, self.cfg.run_prefix, step)
-            if m is None:
-                continue
-            dest = self.trainer.restore_dir(ctx, m.name)
-            t0 = time.monotonic()
-            try:
-                retry(lambda: mf.download(self.store, self.cfg.run_prefix, m, dest), attempts=3,
-                      log=log.warning, what=f"restore of step {step}")
-            except (StoreError, mf.CorruptCheckpoint) as exc:
-                log.error("checkpoint %d cannot be restored (%s); trying an older one", step, exc)
-                continue
-            secs = time.monotonic() - t0
+        t0 = time.monotonic()
+        got = mf.restore_newest(self.store, self.cfg.run_prefix, lambda m: self.trainer.restore_dir(ctx, m.name),
+                                log=log.warning)
+        if got is not None:
+            m, dest = got
+            step, secs = m.step, time.monotonic() - t0
             log.info("restored checkpoint %d (%.1f MB in %.2fs) to %s", step, m.total_bytes / 1e6, secs, dest)
             ctx.resume, ctx.resume_step = dest, step
             sync.durable_step = max(sync.durable_step, step)

@@ -24,8 +24,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from .store import NotFound, ObjectStore, sha256_file
+from .store import NotFound, ObjectStore, StoreError, sha256_file
 
 FORMAT = 1
 MANIFEST_NAME = "manifest.json"
@@ -79,6 +80,12 @@ def checkpoint_prefix(run_prefix: str, step: int) -> str:
 def local_files(folder: Path) -> list[Path]:
     """Every regular file under a checkpoint folder, sorted (temp files of a local store excluded)."""
     return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
+
+
+def entries(folder: str | Path) -> list[tuple[str, Path, int]]:
+    """(relative path, path, size) of every file of a local checkpoint folder, sorted."""
+    folder = Path(folder)
+    return [(p.relative_to(folder).as_posix(), p, p.stat().st_size) for p in local_files(folder)]
 
 
 def build(folder: str | Path, step: int, *, workers: int = 4, **fields) -> Manifest:
@@ -156,9 +163,12 @@ def download(store: ObjectStore, run_prefix: str, manifest: Manifest, dest: str 
 
     def fetch(f: FileEntry) -> None:
         target = tmp / f.path
-        store.get_file(f"{base}/{f.path}", target)
-        if target.stat().st_size != f.size or sha256_file(target) != f.sha256:
-            raise CorruptCheckpoint(f"{base}/{f.path}: size or sha256 differs from the manifest")
+        # The store hashes the bytes as they arrive; one that cannot say gets hashed from disk.
+        digest = store.get_file(f"{base}/{f.path}", target)
+        if target.stat().st_size != f.size:
+            raise CorruptCheckpoint(f"{base}/{f.path}: {target.stat().st_size} bytes, the manifest says {f.size}")
+        if (digest or sha256_file(target)) != f.sha256:
+            raise CorruptCheckpoint(f"{base}/{f.path}: sha256 differs from the manifest")
 
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -170,6 +180,32 @@ def download(store: ObjectStore, run_prefix: str, manifest: Manifest, dest: str 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def restore_newest(store: ObjectStore, run_prefix: str, dest_for: Callable[[Manifest], Path], *,
+                   attempts: int = 3, log: Callable[[str], None] | None = None) -> tuple[Manifest, Path] | None:
+    """Download the newest checkpoint that restores whole: one whose file is missing, truncated or
+    fails its sha256 falls back to the one before. Transport errors are retried; a bad sha256 is
+    not (the bytes in the bucket will not change)."""
+    for step in reversed(complete_steps(store, run_prefix)):
+        m = read(store, run_prefix, step)
+        if m is None:
+            continue
+        dest = dest_for(m)
+        for i in range(attempts):
+            try:
+                return m, download(store, run_prefix, m, dest)
+            except CorruptCheckpoint as exc:
+                if log:
+                    log(f"checkpoint {step} cannot be restored ({exc}); trying an older one")
+                break
+            except (StoreError, OSError) as exc:
+                if log:
+                    log(f"restore of checkpoint {step} failed ({exc})"
+                        + ("; trying an older one" if i == attempts - 1 else "; retrying"))
+                if i < attempts - 1:
+                    time.sleep(min(4.0, 0.5 * 2 ** i))
+    return None
 
 
 def delete_checkpoint(store: ObjectStore, run_prefix: str, step: int) -> None:

@@ -10,19 +10,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 from urllib.parse import unquote, urlparse
 
 MiB = 1024 * 1024
-DEFAULT_PART_SIZE = 16 * MiB
-DEFAULT_WORKERS = 8
+# Tuned on SeaweedFS over loopback (docs/host-agent.md, "Checkpoint sync"); store options override them.
+DEFAULT_PART_SIZE = 8 * MiB
+DEFAULT_WORKERS = 10
 # The object tag the stacks' lifecycle rules match (stacks/aws: objects under <prefix>/runs/ tagged
 # sdcloud-class=checkpoint or log expire after checkpointExpireDays). S3 lifecycle filters match a
 # key prefix, and a run's checkpoints sit under runs/<id>/ beside its artifacts, so the class must
@@ -62,9 +61,9 @@ class ObjectStore(Protocol):
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> None: ...
     def create(self, key: str, data: bytes) -> bool: ...
     def put_file(self, key: str, path: str | Path, metadata: dict[str, str] | None = None,
-                 cancel: threading.Event | None = None) -> None: ...
+                 cancel: threading.Event | None = None) -> str | None: ...
     def get(self, key: str) -> bytes: ...
-    def get_file(self, key: str, path: str | Path) -> None: ...
+    def get_file(self, key: str, path: str | Path) -> str | None: ...
     def head(self, key: str) -> ObjectInfo | None: ...
     def list(self, prefix: str = "") -> list[ObjectInfo]: ...
     def delete(self, keys: str | list[str]) -> None: ...
@@ -163,17 +162,20 @@ class LocalStore:
             tmp.unlink(missing_ok=True)
 
     def put_file(self, key: str, path: str | Path, metadata: dict[str, str] | None = None,
-                 cancel: threading.Event | None = None) -> None:
+                 cancel: threading.Event | None = None) -> str:
         final = self._path(key)
+        h = hashlib.sha256()
 
         def copy(f):
             with open(path, "rb") as src:
                 while chunk := src.read(8 * MiB):
                     if cancel is not None and cancel.is_set():
                         raise Cancelled(key)
+                    h.update(chunk)
                     f.write(chunk)
         tmp = self._write_tmp(final, copy)
         self._replace(key, tmp, final, metadata)
+        return h.hexdigest()
 
     def get(self, key: str) -> bytes:
         try:
@@ -181,15 +183,24 @@ class LocalStore:
         except (FileNotFoundError, IsADirectoryError):
             raise NotFound(key) from None
 
-    def get_file(self, key: str, path: str | Path) -> None:
+    def get_file(self, key: str, path: str | Path) -> str:
         src = self._path(key)
         if not src.is_file():
             raise NotFound(key)
         dest = Path(path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.parent / f"{_LOCAL_TMP_PREFIX}{uuid.uuid4().hex}"
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dest)
+        h = hashlib.sha256()
+        try:
+            with open(src, "rb") as fin, open(tmp, "wb") as fout:
+                while chunk := fin.read(8 * MiB):
+                    h.update(chunk)
+                    fout.write(chunk)
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return h.hexdigest()
 
     def head(self, key: str) -> ObjectInfo | None:
         p = self._path(key)
@@ -251,6 +262,8 @@ class S3Store:
                  region: str | None = None, addressing_style: str | None = None,
                  part_size: int = DEFAULT_PART_SIZE, workers: int = DEFAULT_WORKERS, client: Any = None,
                  credentials: str | None = None):
+        if part_size < 5 * MiB or workers < 1:
+            raise ValueError("part_size must be at least 5 MiB (the S3 minimum) and workers at least 1")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
@@ -258,6 +271,9 @@ class S3Store:
         self.workers = workers
         # COS takes object tags in its own header and its lifecycle rules cannot filter on them: tag on S3 only.
         self.tag_objects = credentials != "tencent-cvm-role" and "myqcloud.com" not in (endpoint_url or "")
+        # One TransferManager per store: `workers` connections however many files move.
+        self._transfer_manager: Any = None
+        self._tm_lock = threading.Lock()
         if client is None:
             import boto3
             from botocore.config import Config
@@ -294,6 +310,14 @@ class S3Store:
     def _k(self, key: str) -> str:
         return _join(self.prefix, key)
 
+    def _tm(self) -> Any:
+        """The store's boto3 TransferManager, made on first use."""
+        with self._tm_lock:
+            if self._transfer_manager is None:
+                from .transfer import transfer_manager
+                self._transfer_manager = transfer_manager(self.client, self.part_size, self.workers)
+            return self._transfer_manager
+
     def _rel(self, full: str) -> str:
         return full[len(self.prefix) + 1:] if self.prefix else full
 
@@ -328,44 +352,19 @@ class S3Store:
             raise
 
     def put_file(self, key: str, path: str | Path, metadata: dict[str, str] | None = None,
-                 cancel: threading.Event | None = None) -> None:
+                 cancel: threading.Event | None = None) -> str:
+        """Upload a file (multipart above one part); returns the sha256 of the bytes sent."""
+        from . import transfer
         size = os.path.getsize(path)
         full = self._k(key)
-        if size <= self.part_size:
-            with open(path, "rb") as f:
-                data = f.read()
-            if cancel is not None and cancel.is_set():
-                raise Cancelled(key)
-            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, Metadata=metadata or {}, **self._tagging(key))
-            return
-        mpu = self.client.create_multipart_upload(Bucket=self.bucket, Key=full, Metadata=metadata or {},
-                                                  **self._tagging(key))
-        upload_id = mpu["UploadId"]
-        nparts = (size + self.part_size - 1) // self.part_size
-        fd = os.open(path, os.O_RDONLY)
-
-        def part(n: int) -> dict:
-            if cancel is not None and cancel.is_set():
-                raise Cancelled(key)
-            offset = (n - 1) * self.part_size
-            body = os.pread(fd, min(self.part_size, size - offset), offset)
-            resp = self.client.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id,
-                                           PartNumber=n, Body=body)
-            return {"PartNumber": n, "ETag": resp["ETag"]}
-
         try:
-            with ThreadPoolExecutor(max_workers=min(self.workers, nparts)) as pool:
-                parts = list(pool.map(part, range(1, nparts + 1)))
-            self.client.complete_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id,
-                                                  MultipartUpload={"Parts": parts})
-        except BaseException:
-            try:
-                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
-            except Exception:
-                pass
-            raise
-        finally:
-            os.close(fd)
+            tagging = self._tagging(key).get("Tagging")
+            if size <= self.part_size:
+                return transfer.put_single(self.client, self.bucket, full, path, metadata, cancel, tagging=tagging)
+            return transfer.upload_s3transfer(self._tm(), self.bucket, full, path, metadata=metadata,
+                                              cancel=cancel, tagging=tagging)
+        except transfer.TransferCancelled:
+            raise Cancelled(key) from None
 
     def get(self, key: str) -> bytes:
         from botocore.exceptions import ClientError
@@ -376,8 +375,10 @@ class S3Store:
                 raise NotFound(key) from None
             raise
 
-    def get_file(self, key: str, path: str | Path) -> None:
-        """Ranged GETs in parallel into a temp file, renamed into place when complete."""
+    def get_file(self, key: str, path: str | Path) -> str:
+        """Parallel ranged GETs written straight into a temp file as they arrive, renamed into
+        place when complete; returns the sha256 of the bytes received (hashed as they land)."""
+        from . import transfer
         info = self.head(key)
         if info is None:
             raise NotFound(key)
@@ -386,28 +387,22 @@ class S3Store:
         tmp = dest.parent / f"{_LOCAL_TMP_PREFIX}{uuid.uuid4().hex}"
         full = self._k(key)
         try:
-            with open(tmp, "wb") as f:
-                f.truncate(info.size)
-            fd = os.open(tmp, os.O_WRONLY)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                def rng(offset: int) -> None:
-                    end = min(offset + self.part_size, info.size) - 1
-                    body = self.client.get_object(Bucket=self.bucket, Key=full,
-                                                  Range=f"bytes={offset}-{end}")["Body"].read()
-                    if len(body) != end - offset + 1:
-                        raise StoreError(f"short read on {key} at {offset}")
-                    os.pwrite(fd, body, offset)
-                offsets = list(range(0, info.size, self.part_size))
-                if offsets:
-                    with ThreadPoolExecutor(max_workers=min(self.workers, len(offsets))) as pool:
-                        list(pool.map(rng, offsets))
-                os.fsync(fd)
+                os.ftruncate(fd, info.size)
+                digest = transfer.download_s3transfer(self._tm(), self.bucket, full, fd, info.size)
+                # No fsync: what is downloaded is a copy of what the bucket keeps (a restore is
+                # redone on every agent start), and a flush of a whole checkpoint costs seconds.
             finally:
                 os.close(fd)
             os.replace(tmp, dest)
+        except transfer.ShortRead as exc:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(str(exc)) from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        return digest
 
     def head(self, key: str) -> ObjectInfo | None:
         from botocore.exceptions import ClientError

@@ -1,9 +1,11 @@
 """Checkpoint sync: upload each finished checkpoint (files in parallel, big files as parallel
-multipart), commit its manifest last, skip content already in the bucket, keep the last K."""
+multipart, each file's sha256 taken from the upload's own reads), commit its manifest last, skip
+content already in the bucket, keep the last K."""
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,9 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import manifest as mf
-from .store import Cancelled, ObjectStore, StoreError, retry
+from .store import MiB, Cancelled, ObjectStore, StoreError, retry, sha256_file
 
 log = logging.getLogger("sdcloud_agent.sync")
+
+# Small files are the ones that stay the same between checkpoints (configs, tokenizer, scheduler
+# state); hashing them before the upload costs a read of little data and saves the upload.
+HASH_FIRST_BELOW = 16 * MiB
 
 
 @dataclass
@@ -34,7 +40,8 @@ class CheckpointSync:
     """Uploads checkpoints of one run. Thread-safe for one uploader at a time."""
 
     def __init__(self, store: ObjectStore, run_prefix: str, *, keep: int = 3, file_workers: int = 4,
-                 attempts: int = 5, base_delay: float = 0.5, run: str = "", attempt: int = 0, trainer: str = ""):
+                 attempts: int = 5, base_delay: float = 0.5, run: str = "", attempt: int = 0, trainer: str = "",
+                 hash_first_below: int = HASH_FIRST_BELOW):
         self.store = store
         self.run_prefix = run_prefix
         self.keep = max(1, keep)
@@ -46,6 +53,12 @@ class CheckpointSync:
         # sha256 -> key of a committed object with that content (server-side copy instead of upload)
         self._content: dict[str, str] = {}
         self.prune_error: str | None = None  # why the last pruning failed (None: it did not)
+        # key -> sha256 of what this agent knows is there (committed manifests and its own uploads)
+        self._at_key: dict[str, str] = {}
+        # (dev, inode, size, mtime_ns) -> sha256 of local files already read once
+        self._hashes: dict[tuple[int, int, int, int], str] = {}
+        # Files up to this size are hashed before they are sent, to skip or copy unchanged ones.
+        self.hash_first_below = hash_first_below
 
     def seed(self) -> None:
         """Learn what the bucket already holds (after a restart)."""
@@ -59,51 +72,91 @@ class CheckpointSync:
         base = mf.checkpoint_prefix(self.run_prefix, m.step)
         for f in m.files:
             self._content.setdefault(f.sha256, f"{base}/{f.path}")
+            self._at_key[f"{base}/{f.path}"] = f.sha256
+
+    def _known_hash(self, path: Path, st: os.stat_result) -> str | None:
+        return self._hashes.get((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+
+    def _learn_hash(self, path: Path, st: os.stat_result, digest: str) -> None:
+        # Keyed on the inode and its mtime: the hard-linked snapshot of a checkpoint and the
+        # trainer's own folder share it; a rewrite of the file changes its mtime.
+        self._hashes[(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)] = digest
 
     def upload(self, folder: str | Path, step: int, cancel: threading.Event | None = None) -> UploadResult:
-        """Upload one local checkpoint folder as step `step`; returns once its manifest is committed."""
+        """Upload one local checkpoint folder as step `step`; returns once its manifest is committed.
+
+        Each byte is read once: a file whose hash is unknown is hashed from the bytes the upload
+        sends. Hashing first (then skipping or copying server-side) is worth a read only where
+        a skip is likely: a small file (often unchanged between checkpoints), or an object of
+        the same size already at the key (a retried upload after a restart)."""
         t0 = time.monotonic()
         folder = Path(folder)
-        m = mf.build(folder, step, **self.fields)
         base = mf.checkpoint_prefix(self.run_prefix, step)
         existing = {o.key: o.size for o in self.store.list(base + "/")}
         counts = {"sent": 0, "skipped": 0, "copied": 0}
+        digests: dict[str, str] = {}
         lock = threading.Lock()
 
-        def one(f: mf.FileEntry) -> None:
-            key = f"{base}/{f.path}"
-            if existing.get(key) == f.size:
-                info = self.store.head(key)
-                if info is not None and info.metadata.get("sha256") == f.sha256:
+        def present(key: str, size: int, sha: str) -> bool:
+            if existing.get(key) != size:
+                return False
+            if self._at_key.get(key) == sha:
+                return True
+            info = self.store.head(key)
+            return info is not None and info.metadata.get("sha256") == sha
+
+        def one(rel: str, path: Path) -> None:
+            key = f"{base}/{rel}"
+            st = path.stat()
+            sha = self._known_hash(path, st)
+            if sha is None and (st.st_size <= self.hash_first_below or existing.get(key) == st.st_size):
+                sha = sha256_file(path)
+                self._learn_hash(path, st, sha)
+            if sha is not None:
+                if present(key, st.st_size, sha):
                     with lock:
                         counts["skipped"] += 1
+                        digests[rel] = sha
                     return
-            src = self._content.get(f.sha256)
-            if src is not None and src != key:
-                try:
-                    self.store.copy(src, key)
-                    with lock:
-                        counts["copied"] += 1
-                    return
-                except Exception as exc:  # noqa: BLE001 - the source may have been pruned; upload instead
-                    log.info("server-side copy of %s failed (%s); uploading", src, exc)
+                src = self._content.get(sha)
+                if src is not None and src != key:
+                    try:
+                        self.store.copy(src, key)
+                        with lock:
+                            counts["copied"] += 1
+                            digests[rel] = sha
+                        return
+                    except Exception as exc:  # noqa: BLE001 - the source may have been pruned; upload instead
+                        log.info("server-side copy of %s failed (%s); uploading", src, exc)
             if cancel is not None and cancel.is_set():
                 raise Cancelled(key)
-            self.store.put_file(key, folder / f.path, {"sha256": f.sha256}, cancel=cancel)
+            meta = {"sha256": sha} if sha is not None else None
+            sent = self.store.put_file(key, path, meta, cancel=cancel)
+            if sent is None:  # a store that does not hash what it sends
+                sent = sha or sha256_file(path)
+            if sha is not None and sent != sha:
+                raise StoreError(f"{path} changed while it was being uploaded")
+            if path.stat().st_mtime_ns != st.st_mtime_ns:
+                raise StoreError(f"{path} changed while it was being uploaded")
+            self._learn_hash(path, st, sent)
             with lock:
-                counts["sent"] += f.size
+                counts["sent"] += st.st_size
+                digests[rel] = sent
+                self._at_key[key] = sent
 
-        def guarded(f: mf.FileEntry) -> None:
-            retry(lambda: one(f), attempts=self.attempts, base_delay=self.base_delay,
-                  log=log.warning, what=f"upload of {base}/{f.path}", stop=cancel)
+        def guarded(rel: str, path: Path) -> None:
+            retry(lambda: one(rel, path), attempts=self.attempts, base_delay=self.base_delay,
+                  log=log.warning, what=f"upload of {base}/{rel}", stop=cancel)
 
         # Biggest files first so that the long multipart uploads start at once.
-        files = sorted(m.files, key=lambda f: -f.size)
+        files = sorted(mf.entries(folder), key=lambda e: -e[2])
         with ThreadPoolExecutor(max_workers=self.file_workers) as pool:
-            for fut in [pool.submit(guarded, f) for f in files]:
+            for fut in [pool.submit(guarded, rel, path) for rel, path, _ in files]:
                 fut.result()
         if cancel is not None and cancel.is_set():
             raise Cancelled(base)
+        m = mf.Manifest(step=step, name=folder.name, **self.fields,
+                        files=[mf.FileEntry(rel, size, digests[rel]) for rel, _, size in sorted(files)])
         # Every file is durable: only now may the manifest appear.
         retry(lambda: mf.write(self.store, self.run_prefix, m), attempts=self.attempts,
               base_delay=self.base_delay, log=log.warning, what=f"manifest of step {step}")
@@ -142,6 +195,7 @@ class CheckpointSync:
                 continue
             base = mf.checkpoint_prefix(self.run_prefix, step) + "/"
             self._content = {h: k for h, k in self._content.items() if not k.startswith(base)}
+            self._at_key = {k: h for k, h in self._at_key.items() if not k.startswith(base)}
             log.info("pruned checkpoint %d from the bucket", step)
         if failed:
             raise StoreError("; ".join(failed))

@@ -1,0 +1,94 @@
+"""Tuning: the agent's checkpoint upload and restore over part sizes and concurrency.
+
+    python bench/checkpoint_tuning.py [--size-mb 1000] [--parts 8,16] [--workers 10,16]
+
+Against SeaweedFS on loopback, one checkpoint folder shaped like bench/checkpoint_sync.py's; each
+setting uploads it as a new step (sha256 and manifest included) and restores it (verified), and
+s5cmd's upload and download run between settings as the yardstick for the machine's drifting
+load. One line per setting: `tune agent part_mib=<p> workers=<w> up_MBps=<x> down_MBps=<y>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from checkpoint_sync import MB, make_checkpoint  # noqa: E402
+from servers import SeaweedS3  # noqa: E402
+
+from sdcloud_agent import manifest as mf  # noqa: E402
+from sdcloud_agent.store import open_store  # noqa: E402
+from sdcloud_agent.sync import CheckpointSync  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size-mb", type=int, default=1000)
+    ap.add_argument("--parts", default="8,16", help="part sizes in MiB")
+    ap.add_argument("--workers", default="10,16")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="sdcloud-tune-"))
+    server = SeaweedS3().start(timeout=180)
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")})
+    try:
+        import boto3
+        bucket = f"tune-{uuid.uuid4().hex[:8]}"
+        boto3.client("s3", endpoint_url=server.endpoint).create_bucket(Bucket=bucket)
+        a = make_checkpoint(work / "step-000000100", args.size_mb)
+        nbytes = sum(p.stat().st_size for p in a.iterdir())
+        s5 = shutil.which("s5cmd")
+
+        def s5cmd() -> None:
+            if not s5:
+                return
+            t0 = time.monotonic()
+            subprocess.run([s5, "--endpoint-url", server.endpoint, "cp", f"{a}/*", f"s3://{bucket}/s5/"], env=env,
+                           check=True, stdout=subprocess.DEVNULL)
+            up = time.monotonic() - t0
+            t0 = time.monotonic()
+            subprocess.run([s5, "--endpoint-url", server.endpoint, "cp", f"s3://{bucket}/s5/*", f"{work}/s5/"],
+                           env=env, check=True, stdout=subprocess.DEVNULL)
+            down = time.monotonic() - t0
+            shutil.rmtree(work / "s5", ignore_errors=True)
+            print(f"tune s5cmd up_MBps={nbytes / MB / up:.1f} down_MBps={nbytes / MB / down:.1f}", flush=True)
+
+        step = 0
+        for part in (int(p) for p in args.parts.split(",")):
+            s5cmd()
+            for workers in (int(w) for w in args.workers.split(",")):
+                step += 1
+                store = open_store({"url": f"s3://{bucket}/agent", "endpoint_url": server.endpoint},
+                                   part_size=part * 2**20, workers=workers)
+                sync = CheckpointSync(store, "runs/tune", keep=1000)  # no pruning inside the timing
+                t0 = time.monotonic()
+                sync.upload(a, step)
+                up = time.monotonic() - t0
+                m = mf.read(store, "runs/tune", step)
+                t0 = time.monotonic()
+                mf.download(store, "runs/tune", m, work / "restore" / m.name)
+                down = time.monotonic() - t0
+                shutil.rmtree(work / "restore", ignore_errors=True)
+                mf.delete_checkpoint(store, "runs/tune", step)
+                print(f"tune agent part_mib={part} workers={workers} up_MBps={nbytes / MB / up:.1f} "
+                      f"down_MBps={nbytes / MB / down:.1f}", flush=True)
+        s5cmd()
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
