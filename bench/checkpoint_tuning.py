@@ -1,11 +1,12 @@
 """Tuning: the agent's checkpoint upload and restore over part sizes and concurrency.
 
-    python bench/checkpoint_tuning.py [--size-mb 1000] [--parts 8,16] [--workers 10,16]
+    python bench/checkpoint_tuning.py [--size-mb 1000] [--parts 8,16] [--workers 10,16] [--io-kib 256,1024,4096]
 
 Against SeaweedFS on loopback, one checkpoint folder shaped like bench/checkpoint_sync.py's; each
 setting uploads it as a new step (sha256 and manifest included) and restores it (verified), and
 s5cmd's upload and download run between settings as the yardstick for the machine's drifting
-load. One line per setting: `tune agent part_mib=<p> workers=<w> up_MBps=<x> down_MBps=<y>`.
+load. One line per setting: `tune agent part_mib=<p> workers=<w> io_kib=<i> up_MBps=<x> down_MBps=<y>` (io_kib: the size of
+the writes the restore hands to the hashing writer).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from checkpoint_sync import MB, make_checkpoint  # noqa: E402
 from servers import SeaweedS3  # noqa: E402
 
 from sdcloud_agent import manifest as mf  # noqa: E402
+from sdcloud_agent import transfer  # noqa: E402
 from sdcloud_agent.store import open_store  # noqa: E402
 from sdcloud_agent.sync import CheckpointSync  # noqa: E402
 
@@ -36,6 +38,7 @@ def main() -> int:
     ap.add_argument("--size-mb", type=int, default=1000)
     ap.add_argument("--parts", default="8,16", help="part sizes in MiB")
     ap.add_argument("--workers", default="10,16")
+    ap.add_argument("--io-kib", default="1024", help="restore write sizes in KiB")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sdcloud-tune-"))
     server = SeaweedS3().start(timeout=180)
@@ -67,7 +70,8 @@ def main() -> int:
         step = 0
         for part in (int(p) for p in args.parts.split(",")):
             s5cmd()
-            for workers in (int(w) for w in args.workers.split(",")):
+            for workers, io_kib in ((int(w), int(i)) for w in args.workers.split(",") for i in args.io_kib.split(",")):
+                transfer.IO_CHUNK = io_kib * 1024
                 step += 1
                 store = open_store({"url": f"s3://{bucket}/agent", "endpoint_url": server.endpoint},
                                    part_size=part * 2**20, workers=workers)
@@ -81,7 +85,7 @@ def main() -> int:
                 down = time.monotonic() - t0
                 shutil.rmtree(work / "restore", ignore_errors=True)
                 mf.delete_checkpoint(store, "runs/tune", step)
-                print(f"tune agent part_mib={part} workers={workers} up_MBps={nbytes / MB / up:.1f} "
+                print(f"tune agent part_mib={part} workers={workers} io_kib={io_kib} up_MBps={nbytes / MB / up:.1f} "
                       f"down_MBps={nbytes / MB / down:.1f}", flush=True)
         s5cmd()
     finally:
