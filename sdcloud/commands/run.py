@@ -326,13 +326,14 @@ def up(tier, spot, on_demand, max_price, provider, region, deadline, budget, nam
         tier_obj = get_tier(spec.tier)
         total = spec.steps or tier_obj.job_size
         _check_estimates(spec, tier_obj, total)
-        _warn_if_prices_old(spec.provider)
         from ..providers import get_provider
 
         prov = get_provider(spec.provider)
         check = getattr(prov, "check_credentials", None)
         if check:
             check()
+        # Only once the input is known good: a refused run prints its one line and nothing else.
+        _warn_if_prices_old(spec.provider)
         if spec.provider in ("aws", "tencent") and not spec.store:
             from ..infra.automation import ensure_infra
 
