@@ -27,6 +27,7 @@ from ..offers.optimizer import RESTART_HOURS, Estimate, Offer, job_hours, rank
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, Observation, ZoneView, get_policy
 from ..providers import get_provider
 from ..providers.base import TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
+from . import hostboot
 from .spec import RunSpec
 from .state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore
 from ..offers.tiers import get_tier
@@ -322,9 +323,9 @@ class Controller:
         agent["dataset"] = self.dataset_for_host()
         user_data = ""
         if self.spec.provider in ("aws", "tencent"):
-            from sdcloud_agent.userdata import render_user_data
+            from .hostboot import cloud_user_data
 
-            user_data = render_user_data(agent, agent_source=os.environ.get("SDCLOUD_AGENT_SOURCE", "sdcloud"))
+            user_data = cloud_user_data(self.spec.provider, self.store, agent, self._infra)
         env = {}
         if self.spec.provider == "local":
             # Credentials for an S3 store reach a local host through its environment, never a file.
@@ -360,6 +361,8 @@ class Controller:
             self._end_attempt(cur, "succeeded")
             self._end_run("succeeded", None)
             return
+        if hostboot.is_boot_failure(status):  # a bad host or image: the next offer, not the end
+            return hostboot.on_boot_failure(self, cur, status)
         if phase == "failed":
             self._end_attempt(cur, "failed")
             self._end_run("failed", status.get("reason") or "the host agent failed")
@@ -378,9 +381,8 @@ class Controller:
         limit = self.timing.heartbeat_timeout if status else self.timing.boot_timeout
         if age > limit:
             self.event("host-lost", {"attempt": cur.n, "instance": cur.instance_id, "heartbeat_age_s": round(age)})
-            self._end_attempt(cur, "lost")
-            self.state.update_run(self.run_id, state="recovering")
-            return
+            self._end_attempt(cur, "lost" if status else "boot-timeout")
+            return hostboot.check_limit(self) if not status else self.state.update_run(self.run_id, state="recovering")
         if cur.market == SPOT and self.spec.deadline_hours:
             kind, offer = self.decide(cur)
             if kind == ON_DEMAND:
