@@ -26,7 +26,7 @@ SMI = Path(__file__).parent / "data" / "nvidia-smi"
 # -- the agent wheel ----------------------------------------------------------------------------
 
 def test_agent_wheel_is_named_by_content_and_matches_bootstrap_pyproject(tmp_path):
-    from sdcloud.runs import agent_wheel
+    from sdcloud_agent import wheel as agent_wheel
 
     a, b = agent_wheel.build(), agent_wheel.build()
     assert a.data == b.data and a.filename == b.filename  # deterministic: the name follows the content
@@ -51,7 +51,7 @@ def test_agent_wheel_is_named_by_content_and_matches_bootstrap_pyproject(tmp_pat
 
 
 def test_agent_wheel_uploaded_once_per_version(tmp_path):
-    from sdcloud.runs import agent_wheel
+    from sdcloud_agent import wheel as agent_wheel
     from sdcloud_agent.store import LocalStore
 
     store = LocalStore(tmp_path / "bucket")

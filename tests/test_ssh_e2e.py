@@ -42,6 +42,6 @@ def test_up_on_an_ssh_host(sshd, sdcloud_home, tmp_path):  # noqa: F811
     token_dirs = [p for p in workdir.iterdir() if p.is_dir()]
     assert token_dirs
     for token_dir in token_dirs:
-        assert (token_dir / "agent.zip").is_file() and (token_dir / "agent.log").stat().st_size > 0
+        assert (token_dir / __import__('sdcloud_agent.wheel').wheel.current().filename).is_file() and (token_dir / "agent.log").stat().st_size > 0
         assert (token_dir / "cfg.json").stat().st_mode & 0o777 == 0o600
         assert json.loads((token_dir / "instance.json").read_text()).get("ended")

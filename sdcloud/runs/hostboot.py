@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from . import agent_wheel
+from sdcloud_agent import wheel as agent_wheel
 
 # What a tier's run file may override with `max-failed-boots:`.
 DEFAULT_MAX_FAILED_BOOTS = 3

@@ -1,4 +1,5 @@
-"""The host agent as a wheel, built at launch and uploaded once per version to the run's bucket.
+"""The host agent as a wheel, built by the control plane at launch and uploaded once per version to
+the run's bucket (the agent never builds or imports anything of the control plane itself).
 
 Hosts install the agent from this wheel (fetched with their instance role), never by a package
 name from an index. The wheel is built from the `sdcloud_agent` package this control plane runs
