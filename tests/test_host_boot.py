@@ -247,3 +247,27 @@ def test_tencent_user_data_installs_the_driver_first_and_only_when_missing():
     body = text[text.index("p_driver() {"):]
     assert body.index("nvidia-smi >/dev/null 2>&1; then echo present") < body.index('apt-get install -y -q "nvidia-driver-$DRIVER"')
     assert text.index("phase driver p_driver") < text.index("phase wheel p_wheel")
+
+
+def test_aws_never_ranks_p3_the_launch_image_cannot_drive(aws_env):
+    from sdcloud.offers.tiers import get_tier
+    from sdcloud.providers.aws.compute import image_supports
+    from sdcloud.providers import get_provider
+
+    assert not image_supports("p3.2xlarge") and not image_supports("p3dn.24xlarge") and image_supports("g4dn.xlarge")
+    offers = get_provider("aws").offers(get_tier("sd15-lora"))
+    assert offers and not [o for o in offers if o.row.instance_type.startswith("p3")]
+
+
+def test_the_stacks_are_package_data_of_the_sdcloud_wheel():
+    import fnmatch
+
+    from sdcloud.infra.automation import stacks_dir
+
+    here = Path(__import__("sdcloud.infra.automation").infra.automation.__file__).parent / "stacks"
+    assert stacks_dir() == here and (here / "aws" / "sdcloud_aws_stack.py").is_file()
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["sdcloud"]
+    shipped = [f for f in (ROOT / "stacks").rglob("*") if f.is_file() and "__pycache__" not in f.parts]
+    for f in shipped:  # every file of the stacks matches a package-data pattern, so the wheel carries it
+        rel = "infra/stacks/" + f.relative_to(ROOT / "stacks").as_posix()
+        assert any(fnmatch.fnmatchcase(rel, p) and rel.count("/") == p.count("/") for p in patterns), rel
