@@ -25,6 +25,13 @@ echo "sdcloud: host template booted without a run; nothing to do"
 """
 
 
+def _compact(source: str) -> str:
+    """The module without its docstring and comment-only lines: the 16 KB limit is tight."""
+    if source.startswith('"""'):
+        source = source[source.index('"""', 3) + 3:].lstrip("\n")
+    return "".join(line for line in source.splitlines(keepends=True) if not line.lstrip().startswith("#"))
+
+
 def render_user_data(agent_config: dict | None = None, wheel_key: str = "", driver: str = "",
                      agent_source: str | None = None) -> str:
     """The user-data script. `wheel_key` is the agent wheel's key in the run's store;
@@ -37,7 +44,7 @@ def render_user_data(agent_config: dict | None = None, wheel_key: str = "", driv
     _check_no_secrets(agent_config)
     pkg = resources.files("sdcloud_agent")
     template = pkg.joinpath("templates/user-data.sh.tmpl").read_text()
-    s3lite = pkg.joinpath("s3lite.py").read_text()
+    s3lite = _compact(pkg.joinpath("s3lite.py").read_text())
     config_json = json.dumps(agent_config, separators=(",", ":"), sort_keys=True)
     for marker, value in (("SDCLOUD_CONFIG", config_json), ("SDCLOUD_S3LITE", s3lite)):
         if f"\n{marker}\n" in f"\n{value}\n":
