@@ -10,13 +10,15 @@ per-run user-data that the controller sends with every launch replaces it.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 from importlib import resources
 
 from .config import SECRET_WORDS as FORBIDDEN_KEYS  # noqa: F401 - kept for callers of the old name
 from .config import check_no_secrets as _check_no_secrets
 
-# AWS refuses user-data over 16 KB (before base64); Tencent's limit is the same.
+# AWS refuses user-data over 16 KB before base64, Tencent over 16 KB after it: the script must fit both.
 MAX_USER_DATA = 16 * 1024
 
 GENERIC = """#!/bin/bash
@@ -45,6 +47,7 @@ def render_user_data(agent_config: dict | None = None, wheel_key: str = "", driv
     pkg = resources.files("sdcloud_agent")
     template = pkg.joinpath("templates/user-data.sh.tmpl").read_text()
     s3lite = _compact(pkg.joinpath("s3lite.py").read_text())
+    s3lite_packed = base64.encodebytes(gzip.compress(s3lite.encode(), 9, mtime=0)).decode()
     config_json = json.dumps(agent_config, separators=(",", ":"), sort_keys=True)
     for marker, value in (("SDCLOUD_CONFIG", config_json), ("SDCLOUD_S3LITE", s3lite)):
         if f"\n{marker}\n" in f"\n{value}\n":
@@ -53,10 +56,11 @@ def render_user_data(agent_config: dict | None = None, wheel_key: str = "", driv
         if "'" in value or "\n" in value:
             raise ValueError(f"the {name} must not contain quotes or newlines: {value!r}")
     text = (template.replace("@@AGENT_CONFIG@@", config_json)
-            .replace("@@S3LITE@@", s3lite.rstrip("\n"))
+            .replace("@@S3LITE@@", s3lite_packed.rstrip("\n"))
             .replace("@@WHEEL_KEY@@", wheel_key)
             .replace("@@DRIVER@@", driver)
             .replace("@@REQUIRE_GPU@@", "1" if agent_config.get("require_gpu", True) else "0"))
-    if len(text.encode()) > MAX_USER_DATA:
-        raise ValueError(f"user-data is {len(text.encode())} bytes, over the {MAX_USER_DATA}-byte limit")
+    size = len(base64.b64encode(text.encode()))
+    if size > MAX_USER_DATA:
+        raise ValueError(f"user-data is {size} bytes in base64, over the {MAX_USER_DATA}-byte limit")
     return text
