@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import shutil
 import ssl
 import sys
@@ -69,6 +70,10 @@ def role_credentials(metadata: dict, store: dict) -> dict:
     return {"key": doc["AccessKeyId"], "secret": doc["SecretAccessKey"], "token": doc.get("Token", "")}
 
 
+def store_endpoint(store: dict) -> str:
+    return store.get("endpoint_url") or ""
+
+
 class Bucket:
     def __init__(self, store: dict, metadata: dict):
         url = urllib.parse.urlparse(store["url"])
@@ -76,7 +81,7 @@ class Bucket:
         self.region = store.get("region") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
         endpoint = store.get("endpoint_url") or f"https://s3.{self.region}.amazonaws.com"
         ep = urllib.parse.urlparse(endpoint)
-        if store.get("addressing_style") == "virtual":
+        if store.get("addressing_style") == "virtual" or not store.get("endpoint_url"):
             self.host, self.base_path = f"{self.bucket}.{ep.netloc}", ""
         else:
             self.host, self.base_path = ep.netloc, "/" + self.bucket
@@ -117,7 +122,15 @@ class Bucket:
         try:
             return _open(req, timeout)
         except urllib.error.HTTPError as exc:
-            raise S3Error(exc.code, exc.read().decode("utf-8", "replace")) from None
+            text = exc.read().decode("utf-8", "replace")
+            region = re.search(r"<Region>([a-z0-9-]+)</Region>", text)
+            if exc.code in (301, 400) and region and region.group(1) != self.region and not hasattr(body, "read"):
+                # Signed for the wrong region: S3 names the bucket's own; sign again for it.
+                self.region = region.group(1)
+                if not store_endpoint(self.store):
+                    self.host = f"{self.bucket}.s3.{self.region}.amazonaws.com"
+                return self.request(method, key, body, length, payload_hash, headers, timeout)
+            raise S3Error(exc.code, text) from None
 
     def head(self, key: str) -> int | None:
         """The object's size, or None when it is not there."""
