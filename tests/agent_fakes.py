@@ -74,6 +74,15 @@ class AwsMetadataServer(_MetadataServer):
         self.tokens: set[str] = set()
         self.action: dict | None = None
         self.rebalance: dict | None = None
+        # The instance role's temporary keys, as IMDS serves them (None: no role attached).
+        self.role: tuple[str, dict] | None = None
+
+    def attach_role(self, name: str, key: str, secret: str, token: str = "") -> None:
+        expires = (datetime.now(timezone.utc) + timedelta(hours=6)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        with self.lock:
+            self.role = (name, {"Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": key, "SecretAccessKey": secret,
+                                "Token": token, "Expiration": expires,
+                                "LastUpdated": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
 
     def announce(self, seconds: float = 120.0, action: str = "terminate") -> None:
         when = datetime.now(timezone.utc) + timedelta(seconds=seconds)
@@ -105,6 +114,14 @@ class AwsMetadataServer(_MetadataServer):
             return (200, json.dumps(self.action)) if self.action else (404, "")
         if path == "/latest/meta-data/events/recommendations/rebalance":
             return (200, json.dumps(self.rebalance)) if self.rebalance else (404, "")
+        creds = "/latest/meta-data/iam/security-credentials/"
+        if path.startswith(creds) and self.role is not None:
+            name, doc = self.role
+            rest = path[len(creds):]
+            if rest == "":
+                return 200, name
+            if rest == name:
+                return 200, json.dumps(doc)
         return 404, ""
 
 

@@ -105,10 +105,12 @@ NVIDIA A10G, 23028 MiB, 535.104.05
 def test_gpu_parse_and_vram_check():
     gpus = gpu.parse(SMI)
     assert len(gpus) == 2 and gpus[0].name == "NVIDIA A10G" and gpus[0].vram_mib == 23028
-    ok = gpu.check(gpus, min_vram_gb=16, rec_vram_gb=24)
-    assert ok.ok and ok.warnings and "recommended 24" in ok.warnings[0]
+    ok = gpu.check(gpus, min_vram_gb=16, rec_vram_gb=24)  # 23,028 MiB is what a "24 GB" A10G shows
+    assert ok.ok and not ok.warnings
+    warn = gpu.check(gpus, min_vram_gb=16, rec_vram_gb=40)
+    assert warn.ok and "recommended 40" in warn.warnings[0]
     bad = gpu.check(gpus, min_vram_gb=40)
-    assert not bad.ok and "at least 40 GB" in bad.reason
+    assert not bad.ok and "40 GB GPU" in bad.reason and "23028 MiB" in bad.reason
     assert not gpu.check([], 8).ok
     assert gpu.check([], 8, require_gpu=False).ok
 
@@ -287,15 +289,20 @@ def test_builtin_and_command_adapters(tmp_path):
 
 def test_user_data_carries_the_config_and_no_secrets():
     cfg = {"run_id": "r-1", "attempt": 2, "store": {"url": "s3://b/p"}}
-    text = render_user_data(cfg, "sdcloud==0.1.0")
-    assert text.startswith("#!/bin/bash") and '"run_id": "r-1"' in text and "sdcloud==0.1.0" in text
+    wheel = "agent/sdcloud_agent-0.1.0+abc-py3-none-any.whl"
+    text = render_user_data(cfg, wheel)
+    assert text.startswith("#!/bin/bash") and '"run_id":"r-1"' in text and wheel in text
     assert "systemctl enable --now sdcloud-agent.service" in text and "@@" not in text
+    assert "pip install" not in text  # nothing installed by name here
+    assert len(text.encode()) < 16 * 1024
     with pytest.raises(ValueError, match="secret"):
-        render_user_data({**cfg, "store": {"url": "s3://b", "secret_key": "x"}}, "sdcloud")
+        render_user_data({**cfg, "store": {"url": "s3://b", "secret_key": "x"}}, wheel)
     with pytest.raises(ValueError, match="credential"):
-        render_user_data({**cfg, "trainer_args": {"note": "AKIAIOSFODNN7EXAMPLE"}}, "sdcloud")
-    generic = render_user_data(None, "sdcloud")
-    assert "sdcloud_agent nvme" in generic and '[ "0" = "1" ]' in generic  # no service without a config
+        render_user_data({**cfg, "trainer_args": {"note": "AKIAIOSFODNN7EXAMPLE"}}, wheel)
+    with pytest.raises(ValueError, match="16384-byte"):
+        render_user_data({**cfg, "trainer_args": {"prompt": "x" * 4000}}, wheel)
+    generic = render_user_data(None)
+    assert "pip" not in generic and "systemctl" not in generic  # the template installs nothing
 
 
 def test_command_trainer_partial_folder_of_a_killed_trainer_is_not_a_checkpoint(tmp_path):

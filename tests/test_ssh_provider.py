@@ -1,7 +1,7 @@
 """The SSH provider against a real sshd on 127.0.0.1 (started here as the current user).
 
 The "remote" host is this machine, so the host's python is this venv's interpreter and the
-bucket a file:// folder both sides see. The agent is the real one, uploaded as agent.zip.
+bucket a file:// folder both sides see. The agent is the real one, uploaded as the agent wheel.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_launch_adopt_find_tail_terminate(provider, tmp_path, workdir):
     assert b"sdcloud_agent" in cmdline and b"run" in cmdline
     environ = Path(f"/proc/{pid}/environ").read_bytes()
     token_dir = workdir / spec.token
-    assert f"PYTHONPATH={token_dir / 'agent.zip'}".encode() in environ
+    assert f"PYTHONPATH={token_dir / __import__('sdcloud_agent.wheel').wheel.current().filename}".encode() in environ
     assert os.getsid(int(pid)) == int(pid)
     assert (os.stat(token_dir / "cfg.json").st_mode & 0o777) == 0o600
     assert json.loads((token_dir / "cfg.json").read_text())["workdir"] == str(token_dir / "work")

@@ -197,12 +197,13 @@ def test_launch_template_requires_imdsv2_maps_nvme_and_uses_the_ssm_image(built)
     assert {"instance", "volume"} <= kinds
 
 
-def test_user_data_installs_the_agent_and_carries_no_credentials(built):
+def test_user_data_installs_nothing_by_name_and_carries_no_credentials(built):
     mocks, _ = built
     [lt] = mocks.of_type("ec2/launchTemplate:LaunchTemplate")
     text = base64.b64decode(lt["userData"]).decode()
     assert text.startswith("#!/bin/bash")
-    assert "sdcloud==0.1.0" in text
+    # The template installs nothing by name: the per-run user-data fetches the agent from the bucket.
+    assert "pip install" not in text and "sdcloud==" not in text
     lowered = text.lower()
     for word in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token", "akia", "secret_key", "password"):
         assert word not in lowered

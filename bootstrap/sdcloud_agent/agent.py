@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 from . import gpu, manifest as mf, nvme, staging
+from . import hostphases
+from .lease import Lease, LeaseHeld
 from .config import AgentConfig
 from .status import StatusReporter
 from .store import Cancelled, StoreError, open_store, retry
@@ -29,6 +31,8 @@ log = logging.getLogger("sdcloud_agent")
 trainer_log = logging.getLogger("sdcloud_agent.trainer")
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_PREEMPTED = 0, 1, 3
+# Another live agent holds the run: this one left without touching it.
+EXIT_LEASE_HELD = 4
 # Seconds we assume we have when the agent itself gets SIGTERM (systemd stop at host shutdown).
 SIGTERM_GRACE_S = 90.0
 TAIL_LINES = 40
@@ -51,7 +55,13 @@ def make_trainer(name: str) -> Trainer:
 
 
 class Failure(Exception):
-    """A run-ending problem with a reason for status.json."""
+    """A run-ending problem with a reason for status.json. With `boot_phase` it is this host's
+    problem (a GPU it cannot use, a model or dataset it cannot stage): the controller ends the
+    attempt and tries another offer."""
+
+    def __init__(self, reason: str, boot_phase: str | None = None):
+        super().__init__(reason)
+        self.boot_phase = boot_phase
 
 
 class Agent:
@@ -122,7 +132,7 @@ class Agent:
         for w in res.warnings:
             log.warning(w)
         if not res.ok:
-            raise Failure(res.reason)
+            raise Failure(res.reason, boot_phase="gpu")
 
     def _stage(self) -> Path | None:
         if not self.cfg.dataset:
@@ -130,9 +140,31 @@ class Agent:
         self.status.set_phase("staging")
         opts = {k: v for k, v in self.cfg.store.items() if k != "url"}
         try:
-            return staging.stage(self.cfg.dataset, self.workdir / "dataset", opts).path
+            with self.phases.phase("dataset"):
+                return staging.stage(self.cfg.dataset, self.workdir / "dataset", opts).path
         except (StoreError, OSError) as exc:
-            raise Failure(f"staging the dataset failed: {exc}") from exc
+            raise Failure(f"staging the dataset failed: {exc}", boot_phase="dataset") from exc
+
+    def _stage_model(self) -> str:
+        """The base model from the bucket's cache/models/ (fetched and cached once), on local disk."""
+        if not self.phases.enabled:  # the local and SSH hosts: the trainer reads the model as given
+            return self.cfg.model
+        from . import models
+
+        try:
+            with self.phases.phase("model") as ph:
+                path, how = models.stage(self.cfg.model, self.store, self.workdir)
+                ph.result = how
+        except Exception as exc:  # noqa: BLE001 - any fetch error is this host's boot failure
+            raise Failure(f"staging the model {self.cfg.model} failed: {exc}", boot_phase="model") from exc
+        if self.cfg.model == "tiny" and self.cfg.trainer == "builtin":
+            # The folder holds the same tiny pipeline the builtin trainer builds at 32 px.
+            args = self.cfg.trainer_args
+            if isinstance(args, dict) and "resolution" not in args:
+                self.cfg.trainer_args = {**args, "resolution": 32}
+            elif isinstance(args, list) and "--resolution" not in args:
+                self.cfg.trainer_args = [*args, "--resolution", "32"]
+        return path
 
     def _restore(self, ctx: Context) -> None:
         self.status.set_phase("restoring")
@@ -187,6 +219,8 @@ class Agent:
         prog = self.trainer.parse_line(line)
         if prog:
             self.status.update(**prog)
+            if prog.get("step"):
+                self.phases.first_step()
 
     def _submit_finished(self, ctx: Context, exited: bool = False, killed: bool = False) -> None:
         for c in self.trainer.finished(ctx, trainer_exited=exited, killed=killed):
@@ -289,9 +323,17 @@ class Agent:
         log.info("sdcloud agent: run %s attempt %d, trainer %s, %d steps", cfg.run_id, cfg.attempt, cfg.trainer, cfg.steps)
         try:
             self.store = open_store(cfg.store)
+            self.lease = Lease(self.store, cfg.run_prefix, cfg.attempt, ttl=max(10.0, 6 * cfg.heartbeat_seconds))
+            self.lease.acquire()
+        except LeaseHeld as exc:
+            log.error("%s: leaving it alone (no checkpoint or status written)", exc)
+            self._close_logging()
+            return EXIT_LEASE_HELD
         except Exception as exc:  # noqa: BLE001
             log.error("cannot open the store: %s", exc)
             return EXIT_FAILED
+        self.lease.start(max(1.0, cfg.heartbeat_seconds), self._lease_lost)
+        self.phases = hostphases.AgentPhases(self.store, cfg)
         self.status = StatusReporter(self.store, cfg.run_prefix, cfg.run_id, cfg.attempt, cfg.steps,
                                      local_path=self.workdir / "status.json", log_path=self.log_path,
                                      extra=self._gauges)
@@ -308,6 +350,9 @@ class Agent:
             return self._run()
         except Failure as exc:
             log.error("failed: %s", exc)
+            if exc.boot_phase:
+                self.status.update(boot_phase=exc.boot_phase)
+                self.phases.failed(exc.boot_phase)
             self.status.set_phase("failed", str(exc))
             return EXIT_FAILED
         except Exception as exc:  # noqa: BLE001 - whatever happens, say so in status.json
@@ -320,16 +365,29 @@ class Agent:
             self.worker.close()
             self.status.stop()
             self.status.flush()
-            for h in self._handlers:
-                logging.getLogger("sdcloud_agent").removeHandler(h)
-                h.close()
+            self.lease.release()
+            self._close_logging()
+
+    def _close_logging(self) -> None:
+        for h in self._handlers:
+            logging.getLogger("sdcloud_agent").removeHandler(h)
+            h.close()
+
+    def _lease_lost(self) -> None:
+        """A newer agent owns the run: stop the trainer and leave before another upload."""
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None:
+            self.trainer.kill(proc)
+        logging.shutdown()
+        os._exit(EXIT_LEASE_HELD)
 
     def _run(self) -> int:
         cfg = self.cfg
         self._prepare_disk()
         self._check_gpu()
+        model = self._stage_model()
         dataset = self._stage()
-        ctx = Context(steps=cfg.steps, checkpoint_every=cfg.checkpoint_every, model=cfg.model, workdir=self.workdir,
+        ctx = Context(steps=cfg.steps, checkpoint_every=cfg.checkpoint_every, model=model, workdir=self.workdir,
                       checkpoint_dir=self.workdir / "checkpoints", output_dir=self.workdir / "output",
                       dataset=dataset, trainer_args=cfg.trainer_args)
         ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)

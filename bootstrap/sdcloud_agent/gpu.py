@@ -49,18 +49,31 @@ def parse(csv_text: str) -> list[Gpu]:
     return gpus
 
 
+# nvidia-smi reports the memory left after the driver's and ECC's reserve, not the GPU's nominal
+# size: a "16 GB" T4 shows 15,360 MiB (93.75%), a 24 GB A10G 23,028 MiB (93.7%), a 40 GB A100
+# 40,960 MiB. So a tier's "N GB" is compared as a usable floor of N GiB x USABLE_FRACTION.
+USABLE_FRACTION = 0.93
+
+
+def usable_floor_mib(nominal_gb: float) -> int:
+    """The least MiB nvidia-smi shows on a GPU sold as `nominal_gb` GB."""
+    return int(nominal_gb * 1024 * USABLE_FRACTION)
+
+
 def check(gpus: list[Gpu], min_vram_gb: float = 0, rec_vram_gb: float = 0, require_gpu: bool = True) -> GpuCheck:
     """Refuse below the minimum VRAM (per GPU: training runs data-parallel), warn below the recommended."""
     if not gpus:
         if require_gpu:
             return GpuCheck(False, [], "no NVIDIA GPU found (nvidia-smi missing or reports none)")
         return GpuCheck(True, [], warnings=["no GPU: running on the CPU"])
-    smallest = min(g.vram_gb for g in gpus)
-    name = next(g.name for g in gpus if g.vram_gb == smallest)
-    if min_vram_gb and smallest + 0.5 < min_vram_gb:  # 0.5 GB slack: drivers reserve a little
-        return GpuCheck(False, gpus, f"{name} has {smallest:.1f} GB VRAM; this tier needs at least {min_vram_gb:g} GB")
+    smallest_mib = min(g.vram_mib for g in gpus)
+    smallest = smallest_mib / 1024
+    name = next(g.name for g in gpus if g.vram_mib == smallest_mib)
+    if min_vram_gb and smallest_mib < usable_floor_mib(min_vram_gb):
+        return GpuCheck(False, gpus, f"{name} has {smallest_mib} MiB usable VRAM, below the {usable_floor_mib(min_vram_gb)} MiB "
+                        f"floor of a {min_vram_gb:g} GB GPU this tier needs", )
     warnings = []
-    if rec_vram_gb and smallest + 0.5 < rec_vram_gb:
+    if rec_vram_gb and smallest_mib < usable_floor_mib(rec_vram_gb):
         warnings.append(f"{name} has {smallest:.1f} GB VRAM, below the recommended {rec_vram_gb:g} GB: expect a smaller batch or slower steps")
     return GpuCheck(True, gpus, warnings=warnings)
 
@@ -86,3 +99,42 @@ def utilisation(run: Callable = subprocess.run) -> float | None:
         return sum(vals) / len(vals) if vals else None
     except (subprocess.SubprocessError, OSError, ValueError):
         return None
+
+
+# Torch CUDA builds of the pinned torch, as (CUDA version, wheel index tag), oldest first. A driver
+# runs every build whose CUDA is not newer than the "CUDA Version" nvidia-smi prints; within CUDA
+# 12 a driver >= 525.60 also runs newer 12.x builds (minor version compatibility), so a 12.0-12.5
+# driver still gets the oldest 12.x build. Check this list against the index when the pin changes.
+TORCH_CUDA_BUILDS = (((12, 6), "cu126"), ((12, 8), "cu128"), ((13, 0), "cu130"))
+TORCH_INDEX = "https://download.pytorch.org/whl/"
+
+
+def driver_cuda(nvidia_smi_text: str) -> tuple[int, int] | None:
+    """The highest CUDA version the driver supports, from plain `nvidia-smi` output."""
+    m = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", nvidia_smi_text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def torch_build(cuda: tuple[int, int] | None) -> str:
+    """The wheel index tag for this driver: `cu128`, ..., or `cpu` without a GPU. Raises ValueError
+    for a driver too old for every build."""
+    if cuda is None:
+        return "cpu"
+    fitting = [tag for version, tag in TORCH_CUDA_BUILDS if version <= cuda]
+    if fitting:
+        return fitting[-1]
+    same_major = [tag for version, tag in TORCH_CUDA_BUILDS if version[0] == cuda[0]]
+    if same_major:
+        return same_major[0]
+    raise ValueError(f"the NVIDIA driver supports CUDA {cuda[0]}.{cuda[1]}, older than every torch build "
+                     f"({', '.join(t for _, t in TORCH_CUDA_BUILDS)}); use an image with a newer driver")
+
+
+def host_torch_build(run: Callable = subprocess.run) -> str:
+    if run is subprocess.run and shutil.which("nvidia-smi") is None:
+        return "cpu"
+    try:
+        out = run(["nvidia-smi"], capture_output=True, text=True, timeout=60).stdout
+    except (subprocess.SubprocessError, OSError):
+        return "cpu"
+    return torch_build(driver_cuda(out))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Callable
 log = logging.getLogger("sdcloud_agent.nvme")
 
 LSBLK = ["lsblk", "--json", "--bytes", "-o", "NAME,SIZE,TYPE,MODEL,SERIAL,MOUNTPOINT,FSTYPE"]
+DLAMI_NVME = "/opt/dlami/nvme"
 DEFAULT_MOUNT = "/mnt/nvme"
 RAID_DEVICE = "/dev/md/sdcloud"
 # Network disks that show up as NVMe on Nitro (EBS) must never be wiped.
@@ -110,6 +112,10 @@ def read_lsblk(run: Callable = subprocess.run) -> dict:
 
 def setup(mount: str = DEFAULT_MOUNT, run: Callable = subprocess.run) -> tuple[Path | None, Plan]:
     """Prepare local NVMe; returns (mount point or None to use the root disk, the plan)."""
+    if mount == DEFAULT_MOUNT and run is subprocess.run and os.path.ismount(DLAMI_NVME):
+        # The Deep Learning AMI has already striped and mounted the instance's NVMe there.
+        log.info("local NVMe mounted by the image at %s", DLAMI_NVME)
+        return Path(DLAMI_NVME), Plan("mounted", DLAMI_NVME)
     if shutil.which("lsblk") is None and run is subprocess.run:
         p = Plan("root", mount, warning="lsblk not found: using the root disk")
         log.warning(p.warning)

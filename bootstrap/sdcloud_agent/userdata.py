@@ -1,25 +1,66 @@
-"""Render the host's user-data: a shell script for cloud-init that installs and starts the agent.
+"""Render the host's user-data: a shell script for cloud-init that boots a bare image into a running agent.
 
-The rendered text carries the run's agent config (no secrets: credentials come from the
-instance role) and never any credential. With no config it renders the generic part only
-(install the agent, mount NVMe), which the stacks put in their launch templates.
+The per-run script carries the run's agent config (no secrets: credentials come from the instance
+role), the bucket key of the agent wheel, and `s3lite.py` (the standard-library S3 client that
+fetches that wheel before anything is installed). Nothing is installed by a package name we do not
+publish: the agent comes from the run's bucket, the training environment from a pinned lock.
+With no config it renders the launch templates' generic part only, which installs nothing: the
+per-run user-data that the controller sends with every launch replaces it.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 from importlib import resources
 
 from .config import SECRET_WORDS as FORBIDDEN_KEYS  # noqa: F401 - kept for callers of the old name
 from .config import check_no_secrets as _check_no_secrets
 
+# AWS refuses user-data over 16 KB before base64, Tencent over 16 KB after it: the script must fit both.
+MAX_USER_DATA = 16 * 1024
 
-def render_user_data(agent_config: dict | None = None, agent_source: str = "sdcloud") -> str:
-    """The user-data script. `agent_source` is what `pip install` gets for the agent (a requirement or URL)."""
-    if agent_config:
-        _check_no_secrets(agent_config)
-    template = resources.files("sdcloud_agent").joinpath("templates/user-data.sh.tmpl").read_text()
-    config_json = json.dumps(agent_config or {}, indent=1, sort_keys=True)
-    return (template.replace("@@AGENT_SOURCE@@", agent_source)
-            .replace("@@AGENT_CONFIG@@", config_json)
-            .replace("@@HAS_CONFIG@@", "1" if agent_config else "0"))
+GENERIC = """#!/bin/bash
+# sdcloud host template: the per-run user-data sent with each launch boots the host (see docs/host-agent.md).
+echo "sdcloud: host template booted without a run; nothing to do"
+"""
+
+
+def _compact(source: str) -> str:
+    """The module without its docstring and comment-only lines: the 16 KB limit is tight."""
+    if source.startswith('"""'):
+        source = source[source.index('"""', 3) + 3:].lstrip("\n")
+    return "".join(line for line in source.splitlines(keepends=True) if not line.lstrip().startswith("#"))
+
+
+def render_user_data(agent_config: dict | None = None, wheel_key: str = "", driver: str = "",
+                     agent_source: str | None = None) -> str:
+    """The user-data script. `wheel_key` is the agent wheel's key in the run's store;
+    `driver` an NVIDIA driver series to install when the image has none (Tencent: "535-server").
+    `agent_source` is accepted for old callers and ignored: nothing is installed by name."""
+    if not agent_config:
+        return GENERIC
+    if not wheel_key:
+        raise ValueError("the per-run user-data needs the agent wheel's key in the bucket")
+    _check_no_secrets(agent_config)
+    pkg = resources.files("sdcloud_agent")
+    template = pkg.joinpath("templates/user-data.sh.tmpl").read_text()
+    s3lite = _compact(pkg.joinpath("s3lite.py").read_text())
+    s3lite_packed = base64.encodebytes(gzip.compress(s3lite.encode(), 9, mtime=0)).decode()
+    config_json = json.dumps(agent_config, separators=(",", ":"), sort_keys=True)
+    for marker, value in (("SDCLOUD_CONFIG", config_json), ("SDCLOUD_S3LITE", s3lite)):
+        if f"\n{marker}\n" in f"\n{value}\n":
+            raise ValueError(f"a value contains the heredoc marker {marker}")
+    for name, value in (("wheel key", wheel_key), ("driver", driver)):
+        if "'" in value or "\n" in value:
+            raise ValueError(f"the {name} must not contain quotes or newlines: {value!r}")
+    text = (template.replace("@@AGENT_CONFIG@@", config_json)
+            .replace("@@S3LITE@@", s3lite_packed.rstrip("\n"))
+            .replace("@@WHEEL_KEY@@", wheel_key)
+            .replace("@@DRIVER@@", driver)
+            .replace("@@REQUIRE_GPU@@", "1" if agent_config.get("require_gpu", True) else "0"))
+    size = len(base64.b64encode(text.encode()))
+    if size > MAX_USER_DATA:
+        raise ValueError(f"user-data is {size} bytes in base64, over the {MAX_USER_DATA}-byte limit")
+    return text

@@ -204,7 +204,8 @@ class Fleet:
 
     # watch
     def check(self, cur: Any, phase: str | None, heartbeat: float | None, step: int | None = None) -> str:
-        """'ok', or why the host is gone: 'preempted' or 'lost' (the attempt is then ended and its zone cooled)."""
+        """'ok', or why the host is gone: 'preempted', 'lost', or 'boot-timeout' when it never reported
+        (the attempt is then ended; a reclaimed or unbootable offer's zone is cooled down)."""
         inst = (next(iter(self.provider.describe([cur.instance_id], region=cur.region)), None)
                 if cur.instance_id else None)
         gone = inst is None or not inst.live
@@ -219,8 +220,12 @@ class Fleet:
         limit = self.timing.heartbeat_timeout if heartbeat else self.timing.boot_timeout
         if age > limit:
             self.event("host-lost", {"attempt": cur.n, "instance": cur.instance_id, "heartbeat_age_s": round(age)})
-            self.end(cur, "lost")
-            return "lost"
+            if heartbeat:
+                self.end(cur, "lost")
+                return "lost"
+            self.end(cur, "boot-timeout")
+            self.cool_down(attempt_zone_key(cur.provider, cur.region, cur.zone, cur.instance_type), "boot-timeout")
+            return "boot-timeout"
         return "ok"
 
     def end(self, cur: Any, reason: str) -> float:

@@ -157,7 +157,8 @@ def pulumi_root() -> str | None:
 
 
 def stacks_dir() -> Path:
-    path = Path(os.environ.get("SDCLOUD_STACKS_DIR") or Path(__file__).resolve().parents[2] / "stacks")
+    # Package data of the sdcloud wheel (in a checkout, a link to the top-level stacks/).
+    path = Path(os.environ.get("SDCLOUD_STACKS_DIR") or Path(__file__).resolve().parent / "stacks")
     if not (path / "aws").is_dir():
         raise UserError(f"the Pulumi stacks are not at {path}: set SDCLOUD_STACKS_DIR to the stacks/ folder of sdcloud")
     return path

@@ -31,6 +31,7 @@ from ..costs import ledger as cost_ledger
 from ..providers import get_provider
 from ..providers.base import LaunchSpec
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, get_policy
+from . import hostboot
 from .spec import RunSpec
 from .agent_reports import report_agent_problems
 from .state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore
@@ -213,9 +214,9 @@ class Controller:
         agent["dataset"] = self.dataset_for_host()
         user_data = ""
         if self.spec.provider in ("aws", "tencent"):
-            from sdcloud_agent.userdata import render_user_data
+            from .hostboot import cloud_user_data
 
-            user_data = render_user_data(agent, agent_source=os.environ.get("SDCLOUD_AGENT_SOURCE", "sdcloud"))
+            user_data = cloud_user_data(self.spec.provider, self.store, agent, self._infra)
         env = {}
         if self.spec.provider == "local":
             # Credentials for an S3 store reach a local host through its environment, never a file.
@@ -261,12 +262,17 @@ class Controller:
             self._end_attempt(cur, "succeeded")
             self._end_run("succeeded", None)
             return
+        if hostboot.is_boot_failure(status):  # a bad host or image: the next offer, not the end
+            return hostboot.on_boot_failure(self, cur, status)
         if phase == "failed":
             self._end_attempt(cur, "failed")
             self._end_run("failed", status.get("reason") or "the host agent failed")
             return
         outcome = self.fleet.check(cur, phase, status.get("time") if status else None,
                                    status.get("step") if status else None)
+        if outcome == "boot-timeout":  # never reported at all: a failed boot, counted toward the limit
+            self._closed(cur, time.time())
+            return hostboot.check_limit(self)
         renew = getattr(self.provider, "renew_credentials", None)
         if outcome == "ok" and renew is not None and cur.instance_id:
             # A box of the user's holds short-lived store keys only: keep them fresh while it trains.

@@ -56,6 +56,7 @@ class RunSpec:
     checkpoint_every: int | None = None
     simulate_preemption: float | None = None  # seconds into the first attempt (local provider)
     store: str | None = None  # bucket URL override, e.g. s3://bucket/prefix or file:///dir
+    max_failed_boots: int | None = None  # failed boots in a row that end the run (default 3)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -64,7 +65,8 @@ class RunSpec:
 FIELDS = {f.name for f in fields(RunSpec)}
 # Names a run file may use for the same fields as the flags.
 ALIASES = {"deadline": "deadline_hours", "max-price": "max_price", "simulate-preemption": "simulate_preemption",
-           "trainer-args": "trainer_args", "checkpoint-every": "checkpoint_every"}
+           "trainer-args": "trainer_args", "checkpoint-every": "checkpoint_every",
+           "max-failed-boots": "max_failed_boots"}
 
 
 def load_runfile(path: str) -> dict:
@@ -138,6 +140,8 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
         data["steps"] = _positive(data["steps"], "--steps", integer=True)
     if data.get("checkpoint_every") is not None:
         data["checkpoint_every"] = _positive(data["checkpoint_every"], "--checkpoint-every", integer=True)
+    if data.get("max_failed_boots") is not None:
+        data["max_failed_boots"] = _positive(data["max_failed_boots"], "max-failed-boots", integer=True)
     if data.get("simulate_preemption") is not None:
         data["simulate_preemption"] = _positive(data["simulate_preemption"], "--simulate-preemption")
         if data.get("provider", "local") != "local":

@@ -62,6 +62,16 @@ _QUOTAS = {
     ("on-demand", "p"): ("L-417A185B", "Running On-Demand P instances"),
 }
 
+# Families the launch image cannot drive: the Deep Learning AMI with the open-source NVIDIA driver
+# supports G4dn and newer, P4 and P5, but not P3's V100s (the open kernel modules need Turing or
+# newer). They stay in the catalog for reference and are never ranked or launched.
+UNSUPPORTED_FAMILIES = ("p3", "p3dn")
+
+
+def image_supports(instance_type: str) -> bool:
+    return instance_type.split(".")[0] not in UNSUPPORTED_FAMILIES
+
+
 def client_token(spec: LaunchSpec, instance_type: str, zone: str, market: str) -> str:
     """RunInstances ClientToken: from run and attempt, and distinct per type/zone/market.
 
@@ -134,7 +144,7 @@ class AwsProvider:
         markets = (market,) if market else ("spot", "on-demand")
         out = []
         for row in rows:
-            if regions and row.region not in regions or not fits(tier, row):
+            if regions and row.region not in regions or not fits(tier, row) or not image_supports(row.instance_type):
                 continue
             for m in markets:
                 if (row.spot_price if m == "spot" else row.ondemand_price) is not None:

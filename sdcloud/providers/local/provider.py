@@ -144,6 +144,18 @@ class LocalProvider:
         cfg_path.write_text(json.dumps(agent_config, indent=1))
         os.chmod(cfg_path, 0o600)
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+        # The agent from the same wheel cloud hosts get, first on the path (its training stack is
+        # this machine's own packages).
+        from sdcloud_agent.wheel import current
+
+        wheel = current()
+        wheel_path = self.dir / "agent" / wheel.filename
+        if not wheel_path.exists():
+            wheel_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = wheel_path.with_suffix(".tmp")
+            tmp.write_bytes(wheel.data)
+            os.replace(tmp, wheel_path)
+        env["PYTHONPATH"] = os.pathsep.join([str(wheel_path)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         log = open(host_dir / "agent.log", "ab")
         proc = subprocess.Popen([self.python, "-m", "sdcloud_agent", "run", "--config", str(cfg_path)],
                                 cwd=host_dir, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

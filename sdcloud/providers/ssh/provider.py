@@ -1,8 +1,8 @@
 """The SSH provider: GPU hosts the user owns, listed in $SDCLOUD_HOME/ssh-hosts.toml.
 
 Each "instance" is one `python -m sdcloud_agent run` process on a host, started over SSH
-(paramiko, key auth) from a zip of the installed agent package. Everything sdcloud keeps on a
-host lives under `<workdir>/<token>/`: agent.zip, cfg.json (0600), agent.log and instance.json
+(paramiko, key auth) from the agent wheel (the one cloud hosts fetch from the bucket). Everything sdcloud keeps on a
+host lives under `<workdir>/<token>/`: the agent wheel, cfg.json (0600), agent.log and instance.json
 (pid, process start time, the three sdcloud tags), so that adoption after a controller crash,
 `sdcloud down` and the stray sweep work as on a cloud. One run per host at a time.
 
@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
 import logging
 import os
 import re
 import tomllib
-import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -119,17 +117,10 @@ def load_hosts(path: Path) -> list[SshHost]:
 
 
 def agent_zip() -> bytes:
-    """The installed sdcloud_agent package as a zip that `PYTHONPATH=agent.zip` can import."""
-    import sdcloud_agent
+    """The agent wheel cloud hosts get (a wheel is a zip that `PYTHONPATH=agent.whl` can import)."""
+    from sdcloud_agent.wheel import current
 
-    root = Path(sdcloud_agent.__file__).resolve().parent
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in sorted(root.rglob("*")):
-            if path.is_dir() or "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo"):
-                continue
-            zf.write(path, "sdcloud_agent/" + path.relative_to(root).as_posix())
-    return buf.getvalue()
+    return current().data
 
 
 # The host-side helper. Runs under the host's own Python (3.6+; Linux /proc), so no f-strings
@@ -220,7 +211,7 @@ def main():
                 return {"adopted": rec} if rec["token"] == req["token"] else {"busy": rec}
         tdir = os.path.join(wd, req["token"])
         os.makedirs(tdir, 0o700, exist_ok=True)
-        zpath = os.path.join(tdir, "agent.zip")
+        zpath = os.path.join(tdir, req.get("wheel_name") or "agent.zip")
         with open(zpath + ".tmp", "wb") as f:
             f.write(base64.b64decode(req["zip"]))
         os.replace(zpath + ".tmp", zpath)
@@ -338,6 +329,7 @@ class SshProvider:
         self._hosts: list[SshHost] | None = None
         self._clients: dict[str, object] = {}
         self._zip: str | None = None
+        self._wheel_name = "agent.whl"
         self._seen: dict[str, Instance] = {}  # last known instance per id, for hosts that stop answering
         # Short-lived store keys per run, held in memory only; which issue each instance holds.
         self._store_keys: dict[str, StoreCredentials] = {}
@@ -531,11 +523,13 @@ class SshProvider:
                     inst.adopted = True
                     return inst
         if self._zip is None:
-            self._zip = base64.b64encode(agent_zip()).decode()
+            from sdcloud_agent.wheel import current
+
+            self._zip, self._wheel_name = base64.b64encode(agent_zip()).decode(), current().filename
         keys = self._keys_for(spec.run_id, spec.agent_config.get("store") or {})
         for h in reachable:
             payload = {"op": "start", "token": spec.token, "tags": spec.tags, "config": dict(spec.agent_config),
-                       "zip": self._zip, "argv": self.agent_argv, "market": market,
+                       "zip": self._zip, "wheel_name": self._wheel_name, "argv": self.agent_argv, "market": market,
                        "price_per_hour": h.price_per_hour, "check_seconds": START_CHECK_SECONDS}
             if keys is not None:
                 payload["credentials"] = keys.current()

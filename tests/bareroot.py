@@ -1,0 +1,109 @@
+"""The bare-root boot harness: runs the rendered user-data itself on a prefixed tree.
+
+A host here is a folder (SDCLOUD_ROOT) with nothing of the project in it: the script runs with
+/bin/bash under an environment holding only the system's PATH (/usr/bin/python3, no project venv,
+no PYTHONPATH), the metadata fake's address (IMDSv2 role credentials, the reclaim notice) and the
+CA bundle that makes the SeaweedFS certificate trusted, as a cloud host trusts its cloud's. The
+`systemctl` on its PATH is a shim that starts the unit's ExecStart in the background.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SYSTEMCTL = r"""#!/bin/bash
+# systemctl for the bare-root boot: `enable --now UNIT` runs the unit's ExecStart with its Environment=.
+set -eu
+[ "$1" = daemon-reload ] && exit 0
+if [ "$1" = enable ] && [ "$2" = --now ]; then
+  unit="$SDCLOUD_ROOT/etc/systemd/system/$3"
+  exec_start=$(sed -n 's/^ExecStart=//p' "$unit")
+  environment=$(sed -n 's/^Environment=//p' "$unit")
+  mkdir -p "$SDCLOUD_ROOT/run"
+  env $environment setsid $exec_start >> "$SDCLOUD_ROOT/var/log/sdcloud-agent.log" 2>&1 < /dev/null &
+  echo $! > "$SDCLOUD_ROOT/run/${3%.service}.pid"
+  exit 0
+fi
+echo "systemctl shim: unsupported: $*" >&2
+exit 1
+"""
+
+
+@dataclass
+class Boot:
+    root: Path
+    rc: int
+    seconds: float
+    log: str
+    agent_pid: int | None
+
+    def agent_rc(self, timeout: float) -> int | None:
+        """Wait for the agent to exit; its exit status is not ours to read, so poll /proc."""
+        if self.agent_pid is None:
+            return None
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if not Path(f"/proc/{self.agent_pid}").exists():
+                return 0
+            try:
+                if Path(f"/proc/{self.agent_pid}/stat").read_text().split()[2] == "Z":
+                    return 0
+            except OSError:
+                return 0
+            time.sleep(0.5)
+        return None
+
+    def kill(self) -> None:
+        if self.agent_pid is not None:
+            try:
+                os.killpg(self.agent_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def agent_log(self) -> str:
+        p = self.root / "var/log/sdcloud-agent.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+
+def system_env(root: Path, shim: Path, ca_file: Path, metadata_url: str) -> dict[str, str]:
+    env = {"PATH": f"{shim}:/usr/sbin:/usr/bin:/sbin:/bin", "SDCLOUD_ROOT": str(root), "HOME": str(root / "root"),
+           "LANG": "C.UTF-8", "AWS_CA_BUNDLE": str(ca_file), "AWS_EC2_METADATA_SERVICE_ENDPOINT": metadata_url,
+           "HF_HUB_OFFLINE": "1"}
+    # The package mirror this machine is configured with (a host has its cloud's): where pip looks.
+    env.update({k: v for k, v in os.environ.items() if k.startswith("PIP_")})
+    return env
+
+
+def boot(root: Path, user_data: str, ca_file: Path, metadata_url: str, timeout: float = 900) -> Boot:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "root").mkdir(exist_ok=True)
+    shim = root.parent / f"{root.name}-shim"
+    shim.mkdir(exist_ok=True)
+    (shim / "systemctl").write_text(SYSTEMCTL)
+    (shim / "systemctl").chmod(0o755)
+    script = root / "var/lib/cloud/instance/user-data.txt"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(user_data)
+    t0 = time.time()
+    proc = subprocess.run(["/bin/bash", str(script)], env=system_env(root, shim, ca_file, metadata_url),
+                          capture_output=True, text=True, timeout=timeout, cwd=root)
+    pid_file = root / "run/sdcloud-agent.pid"
+    pid = int(pid_file.read_text()) if pid_file.exists() else None
+    return Boot(root, proc.returncode, time.time() - t0, proc.stdout + proc.stderr, pid)
+
+
+def phases(store, run_id: str, attempt: int) -> dict[str, dict]:
+    doc = json.loads(store.get(f"runs/{run_id}/boot/attempt-{attempt}.json"))
+    return {p["name"]: p for p in doc["phases"]}
+
+
+def time_to_first_step(ph: dict[str, dict]) -> float:
+    """Seconds from the start of the user-data ("instance running") to the first training step."""
+    start = min(p["at"] - p["seconds"] for p in ph.values() if p["name"] != "first-step")
+    return ph["first-step"]["at"] - start

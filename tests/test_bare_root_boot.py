@@ -1,0 +1,105 @@
+"""THE bare-root boot test: the user-data the controller sends to a cloud host, run as is on a bare
+root (a prefixed tree, system python only, systemctl shimmed), against SeaweedFS over HTTPS with
+IMDSv2 role credentials from a metadata fake. The agent wheel comes from the bucket; the first boot
+installs the pinned environment (the CPU torch 2.13.0 wheel on this machine's disk) and the tiny
+model and caches both in the bucket; the second boot, a fresh root, restores both."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import bareroot
+from agent_fakes import AwsMetadataServer
+from servers import TEST_KEYS
+
+pytestmark = pytest.mark.slow
+
+
+def _config(seaweed, imds, bucket, run_id, attempt, root, **extra):
+    return {"run_id": run_id, "attempt": attempt, "trainer": "builtin", "model": "tiny", "steps": extra.pop("steps", 6),
+            "checkpoint_every": 3, "store": {"url": f"s3://{bucket}/sdcloud", "endpoint_url": seaweed.endpoint,
+                                             "region": "us-east-1"},
+            "metadata": {"kind": "aws", "base_url": imds.base_url}, "require_gpu": False, "nvme": False,
+            "workdir": str(root / "var/lib/sdcloud/work"), "heartbeat_seconds": 1, "poll_seconds": 0.5, **extra}
+
+
+def _wait_status(store, run_id, attempt, phases, timeout):
+    import time
+
+    deadline = time.time() + timeout
+    doc = None
+    while time.time() < deadline:
+        try:
+            doc = json.loads(store.get(f"runs/{run_id}/status.json"))
+            if doc.get("attempt") == attempt and doc.get("phase") in phases:
+                return doc
+        except Exception:  # noqa: BLE001 - not written yet
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"no status in {phases} after {timeout}s: {doc}")
+
+
+def test_bare_root_boot_installs_then_restores_from_the_bucket(tmp_path, seaweed, s3_env, capsys):
+    from sdcloud.runs.hostboot import cloud_user_data
+    from sdcloud_agent.store import open_store
+
+    bucket = "bare-root-boot"
+    store = open_store({"url": f"s3://{bucket}/sdcloud", "endpoint_url": seaweed.endpoint, "region": "us-east-1"})
+    store.ensure_bucket()
+    imds = AwsMetadataServer().start()
+    key = next(iter(TEST_KEYS))
+    imds.attach_role("sdcloud-host", key, TEST_KEYS[key])  # Token "": identity-mode weed refuses session tokens
+    boots = []
+    try:
+        # Boot 1: cold. Everything is installed from the lock and cached in the bucket.
+        root1 = tmp_path / "host1"
+        ud = cloud_user_data("aws", store, _config(seaweed, imds, bucket, "r-cold", 1, root1))
+        assert len(ud.encode()) < 16 * 1024 and "pip install sdcloud" not in ud
+        b1 = bareroot.boot(root1, ud, seaweed.ca_file, imds.base_url)
+        boots.append(b1)
+        assert b1.rc == 0, b1.log[-4000:]
+        done = _wait_status(store, "r-cold", 1, ("succeeded", "failed"), 300)
+        assert done["phase"] == "succeeded", (done, b1.agent_log()[-3000:])
+        ph1 = bareroot.phases(store, "r-cold", 1)
+        assert [p for p in ph1] == ["driver", "python", "wheel", "env", "agent", "model", "first-step"]
+        assert ph1["env"]["result"] == "installed" and ph1["model"]["result"] == "fetched"
+        assert ph1["wheel"]["result"].startswith("sdcloud_agent-0.1.0+")
+        assert ph1["driver"]["result"] == "none" and ph1["python"]["result"].startswith("Python 3.")
+        assert any(o.key.startswith("cache/env/") and o.key.endswith(".tar.zst") for o in store.list("cache/env/"))
+        assert store.list("cache/models/") and not [o for o in store.list("cache/") if o.key.endswith(".part")]
+        assert store.head("runs/r-cold/logs/boot-1.log") is not None
+        # The host's python is the system's, and the agent ran from the environment the boot built.
+        assert f"{root1}/opt/sdcloud/env/bin/python -m sdcloud_agent run" in (root1 / "etc/systemd/system/sdcloud-agent.service").read_text()
+
+        # Boot 2: a fresh root, the next run. The environment and the model come from the cache.
+        root2 = tmp_path / "host2"
+        ud2 = cloud_user_data("aws", store, _config(seaweed, imds, bucket, "r-warm", 1, root2, steps=400))
+        b2 = bareroot.boot(root2, ud2, seaweed.ca_file, imds.base_url)
+        boots.append(b2)
+        assert b2.rc == 0, b2.log[-4000:]
+        _wait_status(store, "r-warm", 1, ("training",), 120)
+        ph2 = bareroot.phases(store, "r-warm", 1)
+        import time
+        t_end = time.time() + 60
+        while "first-step" not in ph2 and time.time() < t_end:
+            time.sleep(0.5)
+            ph2 = bareroot.phases(store, "r-warm", 1)
+        assert ph2["env"]["result"] == "restored" and ph2["model"]["result"] == "restored", ph2
+        # Nothing but the agent itself was installed on the warm boot.
+        env_log = b2.log.split("environment: torch build")[1].split("sdcloud bootstrap: agent started")[0]
+        assert "-r " not in env_log and "venv" not in env_log and "--no-deps" in env_log
+        # The reclaim notice from the metadata fake: the agent saves and reports preempted.
+        imds.announce(60)
+        end = _wait_status(store, "r-warm", 1, ("preempted", "failed", "succeeded"), 120)
+        assert end["phase"] == "preempted", end
+        cold, warm = bareroot.time_to_first_step(ph1), bareroot.time_to_first_step(ph2)
+        with capsys.disabled():
+            print(f"\nbare-root boot: time to first step cold={cold:.1f}s (env {ph1['env']['seconds']:.1f}s) "
+                  f"warm={warm:.1f}s (env {ph2['env']['seconds']:.1f}s)")
+        assert warm < cold
+    finally:
+        for b in boots:
+            b.kill()
+        imds.stop()
