@@ -92,7 +92,8 @@ def test_failed_boots_end_attempts_then_the_run(moto_server, seaweed, monkeypatc
         result = ctl.run()
         assert result["state"] == "failed"
         reason = state.get_run(run_id)["reason"]
-        assert reason == f"2 failed boots in a row (last: phase driver); see: sdcloud logs {run_id}"
+        assert reason == (f"2 failed boots in a row (last: phase driver); see: sdcloud logs {run_id}; "
+                          f"resume with: sdcloud resume {run_id}")
         attempts = state.attempts(run_id)
         assert [a.end_reason for a in attempts] == ["boot-failed:driver", "boot-failed:driver"]
         for a in attempts:
