@@ -42,12 +42,15 @@ class Leases:
     def claim(self, item: str) -> Lease | None:
         """Take the item if nobody holds a live lease on it; None when someone does or a racer won."""
         key = layout.lease_key(self.job, item)
-        current = self.store.get_versioned(key)
         token = uuid.uuid4().hex
         expires = self.clock() + self.ttl
-        if current is None:
-            etag = self.store.put_if_absent(key, self._body(item, token, 1, expires))
-            return Lease(item, self.worker, token, etag, expires, 1) if etag else None
+        # Most items were never claimed: try the create first, one request on the common path.
+        etag = self.store.put_if_absent(key, self._body(item, token, 1, expires))
+        if etag:
+            return Lease(item, self.worker, token, etag, expires, 1)
+        current = self.store.get_versioned(key)
+        if current is None:  # released by deletion in between: a later pass tries again
+            return None
         data, seen = current
         try:
             held = json.loads(data)

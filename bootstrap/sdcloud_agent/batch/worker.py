@@ -1,8 +1,8 @@
 """One batch worker: claim an item, make its images create-only, mark it done, repeat.
 
-Requests per item on the happy path: GET lease (absent) + conditional PUT lease, one create-only
-PUT per image, the create-only done marker and the worker's index PUT; renewals only for items
-that take longer than a third of the lease. The done listing is read once per pass.
+Requests per item on the happy path: one create-only PUT for the lease, one per image, the
+create-only done marker; the worker's index is rewritten every few seconds; renewals only for
+items that take longer than a third of the lease. The done listing is read when a claim is refused.
 """
 
 from __future__ import annotations
@@ -61,11 +61,13 @@ class Worker:
     clock: Callable[[], float] = time.time
     idle_wait: float = 1.0
     log: Callable[[str], None] = lambda msg: None
+    index_every: float = 5.0
 
     def __post_init__(self) -> None:
         self.leases = Leases(self.store, self.job, self.worker_id, self.ttl, self.clock)
         self.stats = WorkerStats()
         self._index: list[str] = []
+        self._flushed, self._last_flush = 0, time.monotonic()
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -73,34 +75,63 @@ class Worker:
         start = time.monotonic()
         items = {it["id"]: it for it in read_items(self.store, self.job)}
         order = sorted(items)
-        # Start at a random place so that K workers spread over the list instead of racing on item 0.
-        rot = random.Random(self.worker_id).randrange(len(order)) if order else 0
-        order = order[rot:] + order[:rot]
-        while not self.stop.is_set():
-            if self.store.head(layout.cancel_key(self.job)) is not None:
-                self.log("job cancelled: stopping")
-                break
-            done = {o.key.rsplit("/", 1)[-1].removesuffix(".json") for o in self.store.list(f"{self.job}/done/")}
-            todo = [i for i in order if i not in done]
-            if not todo:
-                break
-            progressed = False
-            for item_id in todo:
-                if self.stop.is_set():
+        pos = {item_id: n for n, item_id in enumerate(order)}
+        first = True
+        try:
+            while not self.stop.is_set():
+                if self.store.head(layout.cancel_key(self.job)) is not None:
+                    self.log("job cancelled: stopping")
                     break
-                lease = self.leases.claim(item_id)
-                if lease is None:
-                    self.stats.claims_refused += 1
-                    continue
-                progressed = True
-                if lease.attempt > 1 and self.store.head(layout.done_key(self.job, item_id)) is not None:
-                    continue  # finished since our listing: its old lease had simply run out
-                self._work(items[item_id], lease)
-            if not progressed:
-                # Every open item is leased by a live worker: wait for them to finish or expire.
-                self.stop.wait(self.idle_wait)
+                done = {o.key.rsplit("/", 1)[-1].removesuffix(".json") for o in self.store.list(f"{self.job}/done/")}
+                todo = [i for i in order if i not in done]
+                if not todo:
+                    break
+                # Where to work: first a random place, so K workers spread over the list; later the
+                # middle of the longest stretch nobody has finished, the farthest from whoever works
+                # through it. A refused claim means we ran into someone: look again (one LIST).
+                at = random.Random(self.worker_id).randrange(len(todo)) if first else self._widest_gap(todo, pos)
+                first = False
+                progressed = False
+                for item_id in todo[at:] + todo[:at]:
+                    if self.stop.is_set():
+                        break
+                    lease = self.leases.claim(item_id)
+                    if lease is None:
+                        self.stats.claims_refused += 1
+                        break
+                    progressed = True
+                    if lease.attempt > 1 and self.store.head(layout.done_key(self.job, item_id)) is not None:
+                        continue  # finished since our listing: its old lease had simply run out
+                    self._work(items[item_id], lease)
+                if not progressed:
+                    # Every open item we tried is leased by a live worker: wait for them to finish or expire.
+                    self.stop.wait(self.idle_wait)
+        finally:
+            self._flush_index(force=True)
         self.stats.seconds = time.monotonic() - start
         return self.stats
+
+    @staticmethod
+    def _widest_gap(todo: list[str], pos: dict[str, int]) -> int:
+        best_len, best_at, run_start = 0, 0, 0
+        for n in range(1, len(todo) + 1):
+            if n == len(todo) or pos[todo[n]] != pos[todo[n - 1]] + 1:
+                if n - run_start > best_len:
+                    best_len, best_at = n - run_start, run_start + (n - run_start) // 2
+                run_start = n
+        return best_at
+
+    def _flush_index(self, force: bool = False) -> None:
+        """The worker's JSONL index, rewritten every few seconds (done markers are the record)."""
+        if not self._index or (len(self._index) == self._flushed) or (
+                not force and time.monotonic() - self._last_flush < self.index_every):
+            return
+        try:
+            self.store.put(layout.index_key(self.job, self.worker_id), ("\n".join(self._index) + "\n").encode())
+        except Exception as exc:  # noqa: BLE001 - the index is derivable from the done markers
+            self.log(f"index write failed: {exc}")
+            return
+        self._flushed, self._last_flush = len(self._index), time.monotonic()
 
     # -- one item ---------------------------------------------------------------------------------
 
@@ -142,7 +173,7 @@ class Worker:
             return  # another attempt finished it first; its marker is the record
         self.stats.items_done += 1
         self._index.extend(json.dumps(line, sort_keys=True) for line in lines)
-        self.store.put(layout.index_key(self.job, self.worker_id), ("\n".join(self._index) + "\n").encode())
+        self._flush_index()
 
     def _make_images(self, item: dict[str, Any], lease: Lease, abort: threading.Event) -> list[dict[str, Any]] | None:
         settings = item["settings"]
