@@ -40,6 +40,7 @@ class SubmitOptions:
     name: str | None = None
     store: str | None = None
     generator: str = "diffusers"   # "fake": no model (tests and protocol demos)
+    fake_delay: float = 0.0        # seconds per fake batch, so a test can catch a worker mid-item
 
 
 def _state():
@@ -109,7 +110,7 @@ def submit(opts: SubmitOptions, job_id: str | None = None) -> dict[str, Any]:
     spec = {"kind": "batch", "tier": opts.tier, "model": opts.model, "lora": opts.lora, "workers": opts.workers,
             "market": opts.market, "max_price": opts.max_price, "deadline_hours": opts.deadline_hours,
             "budget": opts.budget, "provider": opts.provider, "store": conf, "prefix": job_prefix(job_id),
-            "generator": opts.generator, "images": images, "items": len(items), "submitted": time.time()}
+            "generator": opts.generator, "fake_delay": opts.fake_delay, "images": images, "items": len(items), "submitted": time.time()}
     write_job(store, job_prefix(job_id), {k: spec[k] for k in ("tier", "model", "lora", "images", "submitted")}, items)
     state = _state()
     state.create_run(job_id, opts.tier, spec, images, name=opts.name)
@@ -210,7 +211,7 @@ def _worker_cmd(job: dict, n: int, ttl: float) -> list[str]:
     spec = job["spec"]
     return [sys.executable, "-m", "sdcloud_agent.batch", "--store", json.dumps(spec["store"]),
             "--job", spec["prefix"], "--worker-id", f"{job['id']}-w{n}", "--generator", spec.get("generator", "diffusers"),
-            "--ttl", str(ttl)]
+            "--ttl", str(ttl), "--fake-delay", str(spec.get("fake_delay", 0.0))]
 
 
 def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=None) -> dict[str, Any]:

@@ -29,6 +29,7 @@ def submit_options(f):
         click.option("--name", default=None),
         click.option("--store", default=None, help="s3://BUCKET/PREFIX (default: the provider's run bucket)"),
         click.option("--generator", type=click.Choice(["diffusers", "fake"]), default="diffusers", hidden=True),
+        click.option("--fake-delay", type=float, default=0.0, hidden=True),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -43,7 +44,8 @@ def _options(kw: dict):
         tier=kw["tier"], model=kw["model"], prompts=str(Path(kw["prompts"]).expanduser().resolve()), lora=kw["lora"],
         images_per_prompt=kw["images_per_prompt"], workers=kw["workers"], market="spot" if kw["spot"] else "on-demand",
         max_price=kw["max_price"], deadline_hours=parse_duration(kw["deadline"]) if kw["deadline"] else None,
-        budget=kw["budget"], provider=kw["provider"], name=kw["name"], store=kw["store"], generator=kw["generator"])
+        budget=kw["budget"], provider=kw["provider"], name=kw["name"], store=kw["store"], generator=kw["generator"],
+        fake_delay=kw["fake_delay"])
 
 
 @click.group()
