@@ -180,6 +180,7 @@ def _scale(store, n_items: int, n_workers: int, kill_share: float, seed: int = 1
            "coordination_requests_per_item": round(coord / n_items, 2),
            "redone_items": v.redone_items, "verdict_ok": v.ok}
     print("batch scale:", json.dumps(out))
+    print("calls:", dict(sum((p.calls for p in proxies), Counter())))
     assert v.ok, v.as_dict()
     assert out["lost"] == 0 and out["duplicates"] == 0 and v.images_present == n_items
     return out

@@ -68,6 +68,7 @@ class Worker:
         self.stats = WorkerStats()
         self._index: list[str] = []
         self._flushed, self._last_flush = 0, time.monotonic()
+        self._rng = random.Random(self.worker_id)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -89,7 +90,7 @@ class Worker:
                 # Where to work: first a random place, so K workers spread over the list; later the
                 # middle of the longest stretch nobody has finished, the farthest from whoever works
                 # through it. A refused claim means we ran into someone: look again (one LIST).
-                at = random.Random(self.worker_id).randrange(len(todo)) if first else self._widest_gap(todo, pos)
+                at = self._rng.randrange(len(todo)) if first else self._widest_gap(todo, pos)
                 first = False
                 progressed = False
                 for item_id in todo[at:] + todo[:at]:
@@ -99,9 +100,12 @@ class Worker:
                     if lease is None:
                         self.stats.claims_refused += 1
                         break
-                    progressed = True
                     if lease.attempt > 1 and self.store.head(layout.done_key(self.job, item_id)) is not None:
-                        continue  # finished since our listing: its old lease had simply run out
+                        # Finished since our listing (its old lease simply ran out): we are in a
+                        # stretch others have done; list again and jump.
+                        self.stats.claims_refused += 1
+                        break
+                    progressed = True
                     self._work(items[item_id], lease)
                 if not progressed:
                     # Every open item we tried is leased by a live worker: wait for them to finish or expire.
@@ -111,15 +115,16 @@ class Worker:
         self.stats.seconds = time.monotonic() - start
         return self.stats
 
-    @staticmethod
-    def _widest_gap(todo: list[str], pos: dict[str, int]) -> int:
-        best_len, best_at, run_start = 0, 0, 0
+    def _widest_gap(self, todo: list[str], pos: dict[str, int]) -> int:
+        """A random place in the middle half of the longest unfinished stretch (random, so that
+        workers that read the same listing at once do not all land on the same item)."""
+        best_len, best_start, run_start = 0, 0, 0
         for n in range(1, len(todo) + 1):
             if n == len(todo) or pos[todo[n]] != pos[todo[n - 1]] + 1:
                 if n - run_start > best_len:
-                    best_len, best_at = n - run_start, run_start + (n - run_start) // 2
+                    best_len, best_start = n - run_start, run_start
                 run_start = n
-        return best_at
+        return best_start + best_len // 4 + self._rng.randrange(best_len // 2 + 1)
 
     def _flush_index(self, force: bool = False) -> None:
         """The worker's JSONL index, rewritten every few seconds (done markers are the record)."""
