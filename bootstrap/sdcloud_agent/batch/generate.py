@@ -10,6 +10,7 @@ abandoned, nothing of it is written, and the worker releases its lease.
 from __future__ import annotations
 
 import io
+import os
 import threading
 from typing import Any
 
@@ -61,6 +62,8 @@ class DiffusersGenerator:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cpu" and os.environ.get("SDCLOUD_CPU_THREADS"):
+            torch.set_num_threads(int(os.environ["SDCLOUD_CPU_THREADS"]))  # several workers on one machine
         dtype = choose_dtype(torch, device)
         family = "sdxl" if job.get("tier") == "batch-sdxl" else "sd15"
         model = job["model"]
