@@ -278,6 +278,17 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
     return {**progress(job_id), "workers_started": started, "final_images": final["images_done"]}
 
 
+def run_job(job_id: str, on_progress=None) -> dict[str, Any]:
+    """Run a job to its end: K worker processes here (local), or K hosts through the fleet (clouds, SSH)."""
+    job = find_job(job_id)
+    if job["spec"]["provider"] == "local":
+        return run_local(job_id, on_progress=on_progress)
+    from .controller import BatchController
+
+    res = BatchController(_state(), job_id).run()
+    return {**progress(job_id), **res}
+
+
 def detach(job_id: str) -> int:
     """Run the job's controller in a background process that outlives this command; its pid."""
     logs = config.home() / "batch" / job_id
@@ -291,7 +302,7 @@ def detach(job_id: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 2 and args[0] == "run":
-        print(json.dumps(run_local(args[1])), flush=True)
+        print(json.dumps(run_job(args[1])), flush=True)
         return 0
     print("usage: python -m sdcloud.batch.jobs run JOB", file=sys.stderr)
     return 2

@@ -68,7 +68,7 @@ def submit(detach: bool, as_json: bool, **kw) -> None:
         def show(p):
             if not as_json:
                 note(f"{p['images_done']}/{p['images']} images, {p['images_per_s']} images/s, ETA {p['eta_s']} s")
-        res.update(jobs.run_local(res["job"], on_progress=show))
+        res.update(jobs.run_job(res["job"], on_progress=show))
     if as_json:
         emit_json(res)
     else:
