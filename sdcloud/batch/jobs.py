@@ -148,12 +148,13 @@ def progress(job_id: str) -> dict[str, Any]:
     rate = images / elapsed
     left = job["total_steps"] - images
     attempts = sum(int(m.get("attempt", 1)) for m in done)
+    attempts_ = _state().attempts(job["id"])  # the job's hosts (fleet attempts); none for the local pool
     return {"job": job_id, "state": job["state"], "name": job.get("name"), "tier": job["tier"],
             "items": job["spec"]["items"], "items_done": len(done), "images": job["total_steps"],
             "images_done": images, "images_per_s": round(rate, 3),
             "eta_s": round(left / rate) if rate > 0 and left > 0 else (0 if left <= 0 else None),
             "item_attempts": attempts, "redone_items": sum(1 for m in done if int(m.get("attempt", 1)) > 1),
-            "cost_usd": 0.0 if job["spec"]["provider"] in ("local", "ssh") else None}
+            "hosts": len(attempts_), "cost_usd": round(sum(a.cost for a in attempts_), 6)}
 
 
 def cancel(job_id: str) -> dict[str, Any]:
