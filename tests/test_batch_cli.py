@@ -167,3 +167,28 @@ def test_tiny_sd15_on_seaweed_two_workers_one_killed(tmp_path, s3_env, monkeypat
 
     pngs = sorted((out / "images").glob("*.png"))
     assert len(pngs) == 40 and all(Image.open(f).size == (64, 64) for f in pngs)
+
+
+def test_schedule_commands_round_trip(capsys, prompts, monkeypatch, tmp_path):
+    rc, out, err = _cli(capsys, "batch", "schedule", "add", "--cron", "0 2 * * *", "--tz", "Europe/Berlin",
+                        *BASE[2:], "--prompts", str(prompts), "--workers", "2")
+    assert rc == 0, err
+    sid = out.strip()
+    rc, out, _ = _cli(capsys, "batch", "schedule", "list", "--json")
+    rows = json.loads(out)
+    assert [r["id"] for r in rows] == [sid] and rows[0]["next"].endswith(("+01:00", "+02:00"))
+    assert rows[0]["options"]["workers"] == 2 and rows[0]["options"]["generator"] == "fake"
+    assert _cli(capsys, "batch", "schedule", "pause", sid)[0] == 0
+    assert json.loads(_cli(capsys, "batch", "schedule", "list", "--json")[1])[0]["paused"] == 1
+    assert _cli(capsys, "batch", "schedule", "resume", sid)[0] == 0
+    rc, out, _ = _cli(capsys, "scheduler", "run", "--once")
+    assert rc == 0, "nothing is due yet: one tick submits nothing"
+    rc, out, _ = _cli(capsys, "scheduler", "install", "--crontab")
+    assert rc == 0 and "scheduler run --once" in out
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _cli(capsys, "scheduler", "install")[0] == 0
+    assert (tmp_path / "home/.config/systemd/user/sdcloud-scheduler.timer").exists()
+    assert _cli(capsys, "batch", "schedule", "remove", sid)[0] == 0
+    rc, _, err = _cli(capsys, "batch", "schedule", "remove", sid)
+    assert rc == 2 and "no schedule" in err
+    assert json.loads(_cli(capsys, "batch", "list", "--json")[1]) == []
