@@ -96,3 +96,34 @@ def test_batch_host_stops_on_sigterm_within_the_notice(tmp_path):
     assert proc.wait(10) == 0 and time.time() - t0 < 5
     lease = json.loads(next(leases.iterdir()).read_text())
     assert lease["released"], "the lease is handed back on the notice"
+
+
+def test_deadline_chooses_k_from_the_estimated_throughput(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"shot {n}", "count": 100}) + "\n" for n in range(100)))
+
+    def k_for(hours):
+        o = jobs.SubmitOptions(tier="batch-sd15", model="tiny", prompts=str(p), provider="aws", deadline_hours=hours,
+                               store=(tmp_path / "b").as_uri(), generator="fake")
+        jobs.validate(o)
+        return o.workers
+    loose, tight = k_for(48.0), k_for(0.5)
+    assert loose >= 1 and tight > loose, (loose, tight)
+    o = jobs.SubmitOptions(tier="batch-sd15", model="tiny", prompts=str(p), provider="aws", workers=3,
+                           deadline_hours=0.5, store=(tmp_path / "b").as_uri())
+    jobs.validate(o)
+    assert o.workers == 3, "an explicit --workers wins"
+
+
+def test_budget_spent_stops_the_job(tmp_path):
+    job, store = _submit(tmp_path, 6, 2)
+    state = StateStore()
+    spec = state.get_run(job)["spec"]
+    state.update_run(job, spec=json.dumps({**spec, "budget": 0.000001}))
+    cloud = CloudDouble()
+    ctl = BatchController(StateStore(), job, provider=cloud, timing=Timing(0.01, 60, 60))
+    ctl.step()
+    assert len(cloud.live()) == 2
+    time.sleep(0.05)  # some host time passes: the cost exceeds the tiny budget
+    assert ctl.step() is True and cloud.live() == []
+    assert store.head(f"{jobs.job_prefix(job)}/cancel") is not None

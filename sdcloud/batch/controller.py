@@ -104,6 +104,11 @@ class BatchController:
         for cur in self.fleet.open_attempts():
             # A host that is gone was reclaimed or lost; its item's lease runs out and another worker takes it.
             self.fleet.check(cur, None, time.time())
+        budget = self.spec.get("budget")
+        if budget is not None and not self.cancelled() and self.cost_so_far() >= float(budget):
+            # The budget is spent: stop like a cancel (workers stop claiming; finished images stay).
+            self.store.put(f"{self.spec['prefix']}/cancel", b"budget reached\n")
+            self.event("budget-reached", {"budget_usd": budget, "cost_usd": round(self.cost_so_far(), 4)})
         over = done >= int(self.spec["items"]) or self.cancelled()
         want = 0 if over else self.wanted_hosts(done)
         open_ = self.fleet.open_attempts()

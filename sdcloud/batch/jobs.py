@@ -31,7 +31,7 @@ class SubmitOptions:
     prompts: str
     lora: str | None = None
     images_per_prompt: int = 1
-    workers: int = 1
+    workers: int | None = None     # None: 1, or as many as the deadline needs
     market: str = "spot"
     max_price: float | None = None
     deadline_hours: float | None = None
@@ -68,7 +68,7 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
     """Every check that can fail, before anything is written or launched. Returns the work items."""
     if opts.tier not in BATCH_TIERS:
         raise UserError(f"tier {opts.tier!r} is not a batch tier: use {' or '.join(BATCH_TIERS)}")
-    if opts.workers < 1:
+    if opts.workers is not None and opts.workers < 1:
         raise UserError(f"--workers must be at least 1, got {opts.workers}")
     if opts.images_per_prompt < 1:
         raise UserError(f"--images-per-prompt must be at least 1, got {opts.images_per_prompt}")
@@ -85,7 +85,37 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
     if opts.lora and not opts.lora.startswith("r-") and not Path(opts.lora).is_file():
         raise UserError(f"--lora {opts.lora}: neither a run id (r-...) nor a file")
     prompts = parse_prompts(opts.prompts, BATCH_TIERS[opts.tier], opts.images_per_prompt)
-    return build_items(prompts, opts.model, opts.lora)
+    items = build_items(prompts, opts.model, opts.lora)
+    if opts.workers is None:
+        opts.workers = workers_for_deadline(opts, sum(len(it["seeds"]) for it in items), len(items))
+    return items
+
+
+# Plan for the deadline with this share of it, leaving room for a reclaim or two.
+DEADLINE_SAFETY = 0.8
+
+
+def workers_for_deadline(opts: SubmitOptions, images: int, items: int) -> int:
+    """K from the estimated throughput of the cheapest fitting offer: enough hosts to finish within
+    the deadline (1 without a deadline, or where no catalog knows the hosts: local and SSH)."""
+    if opts.deadline_hours is None or opts.provider not in ("aws", "tencent"):
+        return 1
+    from ..offers.catalog import load_catalog
+    from ..offers.optimizer import SETUP_HOURS, rank
+    from ..offers.tiers import get_tier
+
+    market = None if opts.market == "spot" else "on-demand"
+    ranked = rank(get_tier(opts.tier), load_catalog([opts.provider]), market=market, max_price=opts.max_price,
+                  provider=opts.provider, job_size=images)
+    if not ranked:
+        raise UserError(f"no {opts.provider} offer fits tier {opts.tier}")
+    work = max(0.0, ranked[0].est_hours - SETUP_HOURS)  # one host, the whole job
+    room = opts.deadline_hours * DEADLINE_SAFETY - SETUP_HOURS
+    if room <= 0:
+        raise UserError(f"--deadline {opts.deadline_hours:g}h leaves no time after host start-up ({SETUP_HOURS:g}h)")
+    import math
+
+    return max(1, min(items, math.ceil(work / room)))
 
 
 def job_prefix(job_id: str) -> str:

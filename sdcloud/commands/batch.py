@@ -20,7 +20,7 @@ def submit_options(f):
         click.option("--lora", default=None, help="a training run id (r-...) or a LoRA file"),
         click.option("--prompts", "prompts", required=True, type=click.Path(dir_okay=False), help="text (one a line) or JSONL"),
         click.option("--images-per-prompt", type=int, default=1, show_default=True),
-        click.option("--workers", type=int, default=1, show_default=True, help="K hosts working in parallel"),
+        click.option("--workers", type=int, default=None, help="K hosts working in parallel (default 1, or what --deadline needs)"),
         click.option("--spot/--on-demand", "spot", default=True, show_default=True),
         click.option("--max-price", type=float, default=None, help="USD per hour per host"),
         click.option("--deadline", default=None, help="e.g. 8h, 1d12h"),
