@@ -125,6 +125,8 @@ def test_job_on_two_workers_with_one_killed_verifies_and_pulls(tmp_path, prompts
     assert v.returncode == 0, v.stdout + v.stderr
     verdict = json.loads(v.stdout)
     assert verdict["ok"] and verdict["images_present"] == 48 and not verdict["duplicate_keys"]
+    w = _run("batch", "watch", job, "--interval", "0.2")
+    assert w.returncode == 0 and f"{job} succeeded: 48/48 images" in w.stdout, w.stdout + w.stderr
     st = json.loads(_run("batch", "status", job, "--json").stdout)
     assert st["images_done"] == 48 and st["items_done"] == st["items"]
     out = tmp_path / "pulled"

@@ -48,6 +48,35 @@ def _options(kw: dict):
         fake_delay=kw["fake_delay"])
 
 
+class BatchProgress:
+    """A rich progress bar on a terminal (images, images/s, ETA, cost); one line per change otherwise."""
+
+    def __init__(self, total: int, quiet: bool = False):
+        self.quiet, self.bar, self.last = quiet, None, None
+        if not quiet and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("[bold]images"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[rate]} img/s"), TimeRemainingColumn(),
+                                TextColumn("cost ${task.fields[cost]:.4f}"), console=Console(stderr=True))
+            self.task = self.bar.add_task("batch", total=total, rate="0", cost=0.0)
+            self.bar.start()
+
+    def __call__(self, p: dict) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=p["images_done"], rate=f"{p['images_per_s']:.2f}",
+                            cost=p.get("cost_usd") or 0.0)
+        elif not self.quiet and p["images_done"] != self.last:
+            note(f"{p['images_done']}/{p['images']} images, {p['images_per_s']} images/s, ETA {p['eta_s']} s, "
+                 f"cost ${p.get('cost_usd') or 0:.4f}")
+        self.last = p["images_done"]
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
 @click.group()
 def batch() -> None:
     """Batch image generation: a prompt list over K spot workers, each image exactly once."""
@@ -65,10 +94,11 @@ def submit(detach: bool, as_json: bool, **kw) -> None:
     if detach:
         res["controller_pid"] = jobs.detach(res["job"])
     else:
-        def show(p):
-            if not as_json:
-                note(f"{p['images_done']}/{p['images']} images, {p['images_per_s']} images/s, ETA {p['eta_s']} s")
-        res.update(jobs.run_job(res["job"], on_progress=show))
+        view = BatchProgress(res["images"], quiet=as_json)
+        try:
+            res.update(jobs.run_job(res["job"], on_progress=view))
+        finally:
+            view.close()
     if as_json:
         emit_json(res)
     else:
@@ -101,6 +131,29 @@ def status(job: str, as_json: bool) -> None:
         emit_json(p)
     else:
         table(f"batch {p['job']}", ["field", "value"], [[k, v] for k, v in p.items()])
+
+
+@batch.command()
+@click.argument("job")
+@click.option("--interval", type=float, default=2.0, show_default=True)
+def watch(job: str, interval: float) -> None:
+    """Follow a job's progress until it ends."""
+    import time
+
+    from ..batch import jobs
+
+    p = jobs.progress(job)
+    view = BatchProgress(p["images"])
+    try:
+        while True:
+            p = jobs.progress(job)
+            view(p)
+            if p["state"] in ("succeeded", "failed", "stopped"):
+                break
+            time.sleep(interval)
+    finally:
+        view.close()
+    click.echo(f"{p['job']} {p['state']}: {p['images_done']}/{p['images']} images, {p['redone_items']} redone")
 
 
 @batch.command()
