@@ -194,3 +194,12 @@ def test_schedule_commands_round_trip(capsys, prompts, monkeypatch, tmp_path):
     rc, _, err = _cli(capsys, "batch", "schedule", "remove", sid)
     assert rc == 2 and "no schedule" in err
     assert json.loads(_cli(capsys, "batch", "list", "--json")[1]) == []
+
+
+def test_foreground_submit_runs_to_the_end_and_prints_the_job(prompts):
+    sub = _run(*BASE, "--prompts", str(prompts), "--images-per-prompt", "3", "--workers", "2", "--json")
+    assert sub.returncode == 0, sub.stderr
+    res = json.loads(sub.stdout)
+    assert res["job"].startswith("b-") and res["images"] == 6 and res["images_done"] == 6 and res["state"] == "succeeded"
+    text = _run(*BASE, "--prompts", str(prompts))
+    assert text.returncode == 0 and text.stdout.strip().startswith("b-")
