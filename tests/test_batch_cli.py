@@ -61,6 +61,7 @@ def test_bad_prompts_file_is_one_line_and_exit_2(capsys, tmp_path, content, suff
     (("--provider", "mars"), "unknown provider"),
     (("--deadline", "soon"), "--deadline must be a duration"),
     (("--lora", "missing.safetensors"), "neither a run id"),
+    (("--model", "/no/such/model"), "no such folder"),
 ])
 def test_bad_options_are_one_line_and_exit_2(capsys, prompts, extra, needle):
     rc, out, err = _cli(capsys, *BASE, "--prompts", str(prompts), *extra)
@@ -203,3 +204,16 @@ def test_foreground_submit_runs_to_the_end_and_prints_the_job(prompts):
     assert res["job"].startswith("b-") and res["images"] == 6 and res["images_done"] == 6 and res["state"] == "succeeded"
     text = _run(*BASE, "--prompts", str(prompts))
     assert text.returncode == 0 and text.stdout.strip().startswith("b-")
+
+
+@pytest.mark.slow
+def test_workers_that_keep_dying_fail_the_job_with_a_reason(tmp_path):
+    p = tmp_path / "p.txt"
+    p.write_text("one\ntwo\n")
+    # A folder that is no diffusers model: every worker exits non-zero at load.
+    (tmp_path / "empty-model").mkdir()
+    sub = _run("batch", "submit", "--tier", "batch-sd15", "--model", str(tmp_path / "empty-model"), "--prompts", str(p),
+               "--json")
+    assert sub.returncode == 0, sub.stderr
+    res = json.loads(sub.stdout)
+    assert res["state"] == "failed" and _job_state(res["job"])["reason"].startswith("workers keep exiting")

@@ -200,3 +200,35 @@ def test_scale_on_seaweed(store):
     if isinstance(store, LocalStore):
         pytest.skip("the local folder runs in the 10,000-item test")
     _scale(store, 1_000, 20, 0.3)
+
+
+def _claim_in_process(args) -> list[str]:
+    root, n, items, start_at = args
+    import time as _t
+
+    from sdcloud_agent.batch.lease import Leases as _Leases
+    from sdcloud_agent.store import LocalStore as _Local
+
+    lc = _Leases(_Local(root), "race", f"p{n}", ttl=60)
+    while _t.time() < start_at:
+        pass
+    return [it for it in items if lc.claim(it) is not None]
+
+
+@pytest.mark.parametrize("expired", [False, True])
+def test_claim_race_between_processes_on_the_local_folder(tmp_path, expired):
+    import multiprocessing as mp
+
+    root = tmp_path / "bucket"
+    store = LocalStore(root)
+    items = [f"r{i}" for i in range(10)]
+    if expired:
+        clock = Clock(time.time() - 3600)  # leases written an hour ago with a 1 s ttl: all expired
+        old = Leases(store, "race", "ghost", ttl=1, clock=clock)
+        for it in items:
+            assert old.claim(it)
+    start_at = time.time() + 1.5
+    with mp.get_context("spawn").Pool(6) as pool:
+        won = pool.map(_claim_in_process, [(str(root), n, items, start_at) for n in range(6)])
+    owners = Counter(it for w in won for it in w)
+    assert set(owners) == set(items) and max(owners.values()) == 1, owners

@@ -20,6 +20,8 @@ from .. import config
 from ..errors import UserError
 from .prompts import build_items, parse_prompts
 
+# A local pool gives up when this many workers per slot have died without finishing the job.
+MAX_WORKER_STARTS_PER_SLOT = 5
 BATCH_TIERS = {"batch-sd15": "sd15", "batch-sdxl": "sdxl"}
 PROVIDERS = ("local", "ssh", "aws", "tencent")
 
@@ -82,6 +84,8 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
         raise UserError("--deadline must be in the future")
     if not opts.model.strip():
         raise UserError("--model must name a model")
+    if opts.provider == "local" and opts.model.startswith(("/", ".", "~")) and not Path(opts.model).expanduser().is_dir():
+        raise UserError(f"--model {opts.model}: no such folder (a diffusers model folder, a hub id, or tiny)")
     if opts.lora and not opts.lora.startswith("r-") and not Path(opts.lora).is_file():
         raise UserError(f"--lora {opts.lora}: neither a run id (r-...) nor a file")
     prompts = parse_prompts(opts.prompts, BATCH_TIERS[opts.tier], opts.images_per_prompt)
@@ -288,6 +292,11 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
                     state.event(job_id, "worker-exited", {"slot": slot, "pid": proc.pid, "rc": proc.returncode})
                     del procs[slot]
                     if p["items_done"] < p["items"] and proc.returncode != 0:
+                        if started >= MAX_WORKER_STARTS_PER_SLOT * k:
+                            # Workers that keep dying (a model that does not load) are a failure, not a reclaim.
+                            state.update_run(job_id, state="failed", reason=f"workers keep exiting (rc {proc.returncode}); "
+                                             f"see {logs}")
+                            return {**progress(job_id), "workers_started": started}
                         start(slot)  # died (killed, reclaimed): keep K alive
             if not procs:
                 start(0)  # all exited cleanly while items remain (leases still live): look again
