@@ -183,12 +183,15 @@ def progress(job_id: str) -> dict[str, Any]:
     left = job["total_steps"] - images
     attempts = sum(int(m.get("attempt", 1)) for m in done)
     attempts_ = _state().attempts(job["id"])  # the job's hosts (fleet attempts); none for the local pool
+    cost = sum(a.cost for a in attempts_)
     return {"job": job_id, "state": job["state"], "name": job.get("name"), "tier": job["tier"],
             "items": job["spec"]["items"], "items_done": len(done), "images": job["total_steps"],
             "images_done": images, "images_per_s": round(rate, 3),
             "eta_s": round(left / rate) if rate > 0 and left > 0 else (0 if left <= 0 else None),
             "item_attempts": attempts, "redone_items": sum(1 for m in done if int(m.get("attempt", 1)) > 1),
-            "hosts": len(attempts_), "cost_usd": round(sum(a.cost for a in attempts_), 6)}
+            "hosts": len(attempts_), "cost_usd": round(cost, 6),
+            # Redone work is inside the cost already: hosts are paid for the time they ran.
+            "cost_per_image_usd": round(cost / images, 8) if images else None}
 
 
 def cancel(job_id: str) -> dict[str, Any]:
