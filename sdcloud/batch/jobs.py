@@ -89,7 +89,7 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
     if opts.lora and not opts.lora.startswith("r-") and not Path(opts.lora).is_file():
         raise UserError(f"--lora {opts.lora}: neither a run id (r-...) nor a file")
     prompts = parse_prompts(opts.prompts, BATCH_TIERS[opts.tier], opts.images_per_prompt)
-    items = build_items(prompts, opts.model, opts.lora)
+    items = build_items(prompts, opts.model, lora_identity(opts.lora))
     if opts.workers is None:
         opts.workers = workers_for_deadline(opts, sum(len(it["seeds"]) for it in items), len(items))
     return items
@@ -122,6 +122,17 @@ def workers_for_deadline(opts: SubmitOptions, images: int, items: int) -> int:
     return max(1, min(items, math.ceil(work / room)))
 
 
+def lora_identity(lora: str | None) -> str | None:
+    """What the image keys record of a LoRA: a file by its content (a renamed copy makes the same
+    images), a run by its id."""
+    if not lora or lora.startswith("r-"):
+        return lora
+    from sdcloud_agent.store import sha256_file
+
+    path = Path(lora).expanduser().resolve()
+    return f"{path.name}@sha256:{sha256_file(path)[:16]}"
+
+
 def job_prefix(job_id: str) -> str:
     return f"batch/{job_id}"
 
@@ -141,7 +152,8 @@ def submit(opts: SubmitOptions, job_id: str | None = None) -> dict[str, Any]:
     job_id = job_id or new_job_id()
     store = open_run_store(conf)
     images = sum(len(it["seeds"]) for it in items)
-    spec = {"kind": "batch", "tier": opts.tier, "model": opts.model, "lora": opts.lora, "workers": opts.workers,
+    lora = str(Path(opts.lora).expanduser().resolve()) if opts.lora and not opts.lora.startswith("r-") else opts.lora
+    spec = {"kind": "batch", "tier": opts.tier, "model": opts.model, "lora": lora, "workers": opts.workers,
             "market": opts.market, "max_price": opts.max_price, "deadline_hours": opts.deadline_hours,
             "budget": opts.budget, "provider": opts.provider, "store": conf, "prefix": job_prefix(job_id),
             "generator": opts.generator, "fake_delay": opts.fake_delay, "images": images, "items": len(items), "submitted": time.time()}
