@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "gc": ("gc", "gc", "Find and terminate hosts that sdcloud launched and no run owns."),
     "infra": ("infra", "infra", "Create, preview, destroy or show the cloud stacks (Pulumi)."),
     "simulate": ("simulate", "simulate", "Replay spot availability traces through the spot policies."),
+    "batch": ("batch", "batch", "Batch image generation over K spot workers: submit, status, pull, verify, schedule."),
+    "scheduler": ("batch", "scheduler", "Run due batch schedules, or install a timer that does."),
 }
 
 

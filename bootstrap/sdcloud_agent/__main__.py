@@ -20,6 +20,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.cmd == "nvme":
         return _nvme(args.mount, args.dry_run)
+    if _is_batch(args.config):  # a batch worker host: no trainer, items from the bucket
+        from .batch.host import run_host
+
+        return run_host(args.config)
     from .agent import EXIT_FAILED, Agent
     from .config import ConfigError, load
     try:
@@ -28,6 +32,16 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("sdcloud_agent").error("%s", exc)
         return EXIT_FAILED
     return Agent(cfg).run()
+
+
+def _is_batch(path: str) -> bool:
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return "batch" in json.load(f)
+    except (OSError, ValueError):
+        return False
 
 
 def _nvme(mount: str, dry_run: bool) -> int:

@@ -251,6 +251,47 @@ class LocalStore:
         self.put_file(dst_key, self._path(src_key), info.metadata)
 
 
+    # -- conditional writes (batch work items and leases; see sdcloud_agent.batch) --------------
+    # The local ETag is the MD5 of the bytes, as S3's is for a single PUT. Compare-and-swap holds an
+    # exclusive flock on a per-key lock file, so it is atomic between processes on one file system.
+
+    @staticmethod
+    def _etag(data: bytes) -> str:
+        return '"' + hashlib.md5(data).hexdigest() + '"'
+
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag, or None when it is absent."""
+        try:
+            data = self.get(key)
+        except NotFound:
+            return None
+        return data, self._etag(data)
+
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
+        """Create-only write (O_EXCL semantics via link): the new ETag, or None if the key exists."""
+        return self._etag(data) if self.create(key, data) else None
+
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str | None:
+        """Replace the object only if its ETag is still `etag`: the new ETag, or None if it changed."""
+        import fcntl
+
+        final = self._path(key)
+        lock = self.root / _LOCAL_META_DIR / (key.strip("/") + ".lock")
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock, "a+b") as lf:
+            fcntl.flock(lf.fileno(), fcntl.LOCK_EX)
+            try:
+                current = self.get_versioned(key)
+                if current is None or current[1] != etag:
+                    return None
+                tmp = self._write_tmp(final, lambda f: f.write(data))
+                os.replace(tmp, final)
+                self._fsync_dir(final.parent)
+                return self._etag(data)
+            finally:
+                fcntl.flock(lf.fileno(), fcntl.LOCK_UN)
+
+
 # ----------------------------------------------------------------------------------------------
 # S3 / COS
 # ----------------------------------------------------------------------------------------------
@@ -449,6 +490,44 @@ class S3Store:
             self.client.head_bucket(Bucket=self.bucket)
         except ClientError:
             self.client.create_bucket(Bucket=self.bucket)
+
+
+    # -- conditional writes (batch work items and leases; see sdcloud_agent.batch) --------------
+    # S3 (and SeaweedFS) take If-None-Match: * and If-Match: <etag> on PutObject and answer 412
+    # PreconditionFailed (or 409 ConditionalRequestConflict while a racing write is in flight).
+
+    @staticmethod
+    def _precondition_failed(exc: Exception) -> bool:
+        code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+        return code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        from botocore.exceptions import ClientError
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
+        except ClientError as exc:
+            if self._missing(exc):
+                return None
+            raise
+        return r["Body"].read(), r["ETag"]
+
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
+        from botocore.exceptions import ClientError
+        try:
+            return self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, IfNoneMatch="*")["ETag"]
+        except ClientError as exc:
+            if self._precondition_failed(exc):
+                return None
+            raise
+
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str | None:
+        from botocore.exceptions import ClientError
+        try:
+            return self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, IfMatch=etag)["ETag"]
+        except ClientError as exc:
+            if self._precondition_failed(exc) or self._missing(exc):
+                return None
+            raise
 
 
 def open_store(spec: str | dict, **overrides: Any) -> LocalStore | S3Store:

@@ -1,0 +1,51 @@
+"""A batch worker host: the agent config's "batch" section, a reclaim-notice watcher, one Worker.
+
+The cloud's reclaim notice (or SIGTERM) sets the worker's stop flag: the current batch is
+abandoned at the next denoising step, the lease released, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from typing import Any
+
+from ..store import open_store
+from ..watchers import WatchThread, make_watcher
+from .worker import Worker
+
+
+def run_host(config_path: str) -> int:
+    with open(config_path, encoding="utf-8") as f:
+        conf: dict[str, Any] = json.load(f)
+    b = conf["batch"]
+    store = open_store(conf["store"])
+    job = json.loads(store.get(f"{b['job']}/job.json"))
+    from .__main__ import make_generator
+
+    gen = make_generator(b.get("generator", "diffusers"), job,
+                         argparse.Namespace(fake_delay=float(b.get("fake_delay", 0.0)), compile=bool(b.get("compile")),
+                                            vae_tiling=bool(b.get("vae_tiling"))))
+
+    def log(msg: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
+    w = Worker(store, b["job"], gen, worker_id=b.get("worker_id") or f"{conf.get('run_id')}-a{conf.get('attempt')}",
+               ttl=float(b.get("ttl", 60.0)), log=log)
+    signal.signal(signal.SIGTERM, lambda *_: w.stop.set())
+    watcher = make_watcher(conf.get("metadata"))
+    watch = None
+    if watcher:
+        def on_notice(notice: Any) -> None:
+            log(f"reclaim notice: {notice}; abandoning the current batch")
+            w.stop.set()
+        watch = WatchThread(watcher, on_notice, float(conf.get("poll_seconds", 2))).start()
+    try:
+        stats = w.run()
+    finally:
+        if watch:
+            watch.stop()
+    print(json.dumps({"worker": w.worker_id, **stats.__dict__}), flush=True)
+    return 0

@@ -1,0 +1,137 @@
+"""The batch job's controller: K worker hosts through the fleet's host lifecycle, fewer as items run out.
+
+The fleet (sdcloud.fleet.lifecycle) chooses offers through the spot policy, launches, notices a
+reclaimed host and replaces it in another zone (the reclaimed zone cools down), and sweeps
+strays. This module decides how many hosts the job needs now: K while at least K items are open,
+one per open item after that, none once every item is done, and then stops them all.
+Workers need no signal from here to finish: they leave when nothing is left to claim.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+from ..errors import UserError
+from ..fleet.candidates import candidates as fleet_candidates
+from ..fleet.lifecycle import Fleet, Progress, Timing
+from ..offers.optimizer import job_hours
+from ..offers.tiers import get_tier
+from ..providers.base import LaunchSpec
+from ..spot.policy import get_policy
+
+
+class _Named:
+    def __init__(self, provider: Any, name: str):
+        self._provider, self.name = provider, name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._provider, attr)
+
+
+class BatchController:
+    def __init__(self, state: Any, job_id: str, provider: Any = None, timing: Timing | None = None,
+                 emit: Callable[[str, dict], None] | None = None):
+        from ..providers import get_provider
+        from ..runs.store import open_run_store
+
+        self.state = state
+        job = state.get_run(job_id)
+        if job is None or job["spec"].get("kind") != "batch":
+            raise UserError(f"no batch job {job_id!r}; see: sdcloud batch list")
+        self.job_id, self.spec = job["id"], job["spec"]
+        self.tier = get_tier(self.spec["tier"])
+        self.provider_name = self.spec["provider"]
+        self.provider = provider or get_provider(self.provider_name)
+        self.store = open_run_store(self.spec["store"])
+        self.emit = emit or (lambda kind, data: None)
+        self.timing = timing or Timing.for_provider(self.provider_name)
+        market = "spot" if self.spec.get("market", "spot") == "spot" else "on-demand"
+        offers = fleet_candidates(_Named(self.provider, self.provider_name), self.tier, market,
+                                  max_price=self.spec.get("max_price"), region=self.spec.get("region"),
+                                  job_size=int(self.spec["images"]), events=self.event)
+        if not offers:
+            raise UserError(f"no offer on {self.provider_name} fits tier {self.tier.name}")
+        self.fleet = Fleet(self.job_id, self.provider, self.provider_name, state, offers, get_policy("sdcloud"),
+                           self.event, self.timing, spec_market=None if market == "spot" else market,
+                           max_price=self.spec.get("max_price"))
+
+    def event(self, kind: str, data: dict | None = None) -> None:
+        data = data or {}
+        self.state.event(self.job_id, kind, data)
+        self.emit(kind, data)
+
+    # -- what is left -----------------------------------------------------------------------------
+
+    def items_done(self) -> int:
+        return len(self.store.list(f"{self.spec['prefix']}/done/"))
+
+    def cancelled(self) -> bool:
+        return self.store.head(f"{self.spec['prefix']}/cancel") is not None
+
+    def wanted_hosts(self, done: int) -> int:
+        return max(0, min(int(self.spec["workers"]), int(self.spec["items"]) - done))
+
+    def cost_so_far(self) -> float:
+        return sum(a.cost for a in self.fleet.attempts())
+
+    def progress(self, done: int) -> Progress:
+        rows = [o.row for o in self.fleet.candidates if o.row.ondemand_price is not None]
+        hours = [h for h in (job_hours(self.tier, r, int(self.spec["images"])) for r in rows) if h]
+        c = min(hours) if hours else 1.0
+        run = self.state.get_run(self.job_id)
+        return Progress(elapsed_hours=(time.time() - run["created"]) / 3600.0,
+                        done_hours=c * done / max(1, int(self.spec["items"])), job_hours=c,
+                        deadline_hours=self.spec.get("deadline_hours"))
+
+    # -- hosts ------------------------------------------------------------------------------------
+
+    def launch_spec(self, n: int) -> LaunchSpec:
+        agent = {"run_id": self.job_id, "attempt": n, "tier": self.tier.name, "store": self.spec["store"],
+                 "metadata": {"kind": self.provider_name if self.provider_name in ("aws", "tencent") else "none"},
+                 "batch": {"job": self.spec["prefix"], "worker_id": f"{self.job_id}-a{n}",
+                           "generator": self.spec.get("generator", "diffusers"),
+                           "fake_delay": self.spec.get("fake_delay", 0.0), "ttl": 60.0}}
+        env = {}
+        if self.provider_name == "local":
+            env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "TENCENTCLOUD_", "SDCLOUD_CPU"))}
+        return LaunchSpec(run_id=self.job_id, attempt=n, agent_config=agent, env=env)
+
+    def step(self) -> bool:
+        """One pass: watch the hosts, resize the pool. True when the job is over (all done or cancelled)."""
+        done = self.items_done()
+        for cur in self.fleet.open_attempts():
+            # A host that is gone was reclaimed or lost; its item's lease runs out and another worker takes it.
+            self.fleet.check(cur, None, time.time())
+        budget = self.spec.get("budget")
+        if budget is not None and not self.cancelled() and self.cost_so_far() >= float(budget):
+            # The budget is spent: stop like a cancel (workers stop claiming; finished images stay).
+            self.store.put(f"{self.spec['prefix']}/cancel", b"budget reached\n")
+            self.event("budget-reached", {"budget_usd": budget, "cost_usd": round(self.cost_so_far(), 4)})
+        over = done >= int(self.spec["items"]) or self.cancelled()
+        want = 0 if over else self.wanted_hosts(done)
+        open_ = self.fleet.open_attempts()
+        # Scale down: the newest hosts go first; a worker there mid-item just leaves its lease to expire.
+        for cur in sorted(open_, key=lambda a: a.n, reverse=True)[:max(0, len(open_) - want)]:
+            self.fleet.end(cur, "done" if over else "scaled-down")
+        if want > len(self.fleet.open_attempts()):
+            self.fleet.keep_alive(want, self.progress(done), self.launch_spec)
+        if self.fleet.sweep_due():
+            self.fleet.sweep_strays()
+        return over
+
+    def run(self, poll: float | None = None) -> dict[str, Any]:
+        self.fleet.reconcile()
+        self.state.update_run(self.job_id, state="running")
+        while not self.step():
+            if self.fleet.exhausted():
+                self.state.update_run(self.job_id, state="failed", reason="no host could be launched")
+                break
+            time.sleep(self.timing.poll_seconds if poll is None else poll)
+        for cur in self.fleet.open_attempts():
+            self.fleet.end(cur, "done")
+        if self.state.get_run(self.job_id)["state"] == "running":
+            self.state.update_run(self.job_id, state="stopped" if self.cancelled() else "succeeded")
+        return {"job": self.job_id, "state": self.state.get_run(self.job_id)["state"],
+                "hosts": len(self.fleet.attempts()), "cost_usd": round(self.cost_so_far(), 6)}

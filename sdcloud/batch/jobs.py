@@ -1,0 +1,367 @@
+"""Batch jobs on the control plane: submit (validate, split, write items), run K workers, status, cancel, pull, verify.
+
+A job is a row in the runs table (kind "batch" in its spec; the job id owns its workers' attempts)
+and a prefix `batch/<job>/` in the bucket that holds everything the workers need (sdcloud_agent.batch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import config
+from ..errors import UserError
+from .prompts import build_items, parse_prompts
+
+# A local pool gives up when this many workers per slot have died without finishing the job.
+MAX_WORKER_STARTS_PER_SLOT = 5
+BATCH_TIERS = {"batch-sd15": "sd15", "batch-sdxl": "sdxl"}
+PROVIDERS = ("local", "ssh", "aws", "tencent")
+
+
+@dataclass
+class SubmitOptions:
+    tier: str
+    model: str
+    prompts: str
+    lora: str | None = None
+    images_per_prompt: int = 1
+    workers: int | None = None     # None: 1, or as many as the deadline needs
+    market: str = "spot"
+    max_price: float | None = None
+    deadline_hours: float | None = None
+    budget: float | None = None
+    provider: str = "local"
+    name: str | None = None
+    store: str | None = None
+    generator: str = "diffusers"   # "fake": no model (tests and protocol demos)
+    fake_delay: float = 0.0        # seconds per fake batch, so a test can catch a worker mid-item
+
+
+def _state():
+    from ..runs.state import StateStore
+
+    return StateStore()
+
+
+def new_job_id() -> str:
+    return "b-" + secrets.token_hex(4)
+
+
+def store_conf(provider: str, store: str | None) -> dict:
+    if store:
+        conf: dict[str, Any] = {"url": store}
+        if os.environ.get("SDCLOUD_STORE_ENDPOINT"):
+            conf["endpoint_url"] = os.environ["SDCLOUD_STORE_ENDPOINT"]
+        return conf
+    if provider in ("local", "ssh"):
+        return {"url": (config.home() / "bucket").resolve().as_uri()}
+    raise UserError(f"batch jobs on {provider} need --store s3://BUCKET/PREFIX (the run bucket from `sdcloud infra up`)")
+
+
+def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
+    """Every check that can fail, before anything is written or launched. Returns the work items."""
+    if opts.tier not in BATCH_TIERS:
+        raise UserError(f"tier {opts.tier!r} is not a batch tier: use {' or '.join(BATCH_TIERS)}")
+    if opts.workers is not None and opts.workers < 1:
+        raise UserError(f"--workers must be at least 1, got {opts.workers}")
+    if opts.images_per_prompt < 1:
+        raise UserError(f"--images-per-prompt must be at least 1, got {opts.images_per_prompt}")
+    if opts.provider not in PROVIDERS:
+        raise UserError(f"unknown provider {opts.provider!r}: use {', '.join(PROVIDERS)}")
+    if opts.max_price is not None and opts.max_price <= 0:
+        raise UserError("--max-price must be positive")
+    if opts.budget is not None and opts.budget <= 0:
+        raise UserError("--budget must be positive")
+    if opts.deadline_hours is not None and opts.deadline_hours <= 0:
+        raise UserError("--deadline must be in the future")
+    if not opts.model.strip():
+        raise UserError("--model must name a model")
+    if opts.provider == "local" and opts.model.startswith(("/", ".", "~")) and not Path(opts.model).expanduser().is_dir():
+        raise UserError(f"--model {opts.model}: no such folder (a diffusers model folder, a hub id, or tiny)")
+    if opts.lora and not opts.lora.startswith("r-") and not Path(opts.lora).is_file():
+        raise UserError(f"--lora {opts.lora}: neither a run id (r-...) nor a file")
+    prompts = parse_prompts(opts.prompts, BATCH_TIERS[opts.tier], opts.images_per_prompt)
+    items = build_items(prompts, opts.model, lora_identity(opts.lora))
+    if opts.workers is None:
+        opts.workers = workers_for_deadline(opts, sum(len(it["seeds"]) for it in items), len(items))
+    return items
+
+
+# Plan for the deadline with this share of it, leaving room for a reclaim or two.
+DEADLINE_SAFETY = 0.8
+
+
+def workers_for_deadline(opts: SubmitOptions, images: int, items: int) -> int:
+    """K from the estimated throughput of the cheapest fitting offer: enough hosts to finish within
+    the deadline (1 without a deadline, or where no catalog knows the hosts: local and SSH)."""
+    if opts.deadline_hours is None or opts.provider not in ("aws", "tencent"):
+        return 1
+    from ..offers.catalog import load_catalog
+    from ..offers.optimizer import SETUP_HOURS, rank
+    from ..offers.tiers import get_tier
+
+    market = None if opts.market == "spot" else "on-demand"
+    ranked = rank(get_tier(opts.tier), load_catalog([opts.provider]), market=market, max_price=opts.max_price,
+                  provider=opts.provider, job_size=images)
+    if not ranked:
+        raise UserError(f"no {opts.provider} offer fits tier {opts.tier}")
+    work = max(0.0, ranked[0].est_hours - SETUP_HOURS)  # one host, the whole job
+    room = opts.deadline_hours * DEADLINE_SAFETY - SETUP_HOURS
+    if room <= 0:
+        raise UserError(f"--deadline {opts.deadline_hours:g}h leaves no time after host start-up ({SETUP_HOURS:g}h)")
+    import math
+
+    return max(1, min(items, math.ceil(work / room)))
+
+
+def lora_identity(lora: str | None) -> str | None:
+    """What the image keys record of a LoRA: a file by its content (a renamed copy makes the same
+    images), a run by its id."""
+    if not lora or lora.startswith("r-"):
+        return lora
+    from sdcloud_agent.store import sha256_file
+
+    path = Path(lora).expanduser().resolve()
+    return f"{path.name}@sha256:{sha256_file(path)[:16]}"
+
+
+def job_prefix(job_id: str) -> str:
+    return f"batch/{job_id}"
+
+
+def submit(opts: SubmitOptions, job_id: str | None = None) -> dict[str, Any]:
+    """Validate, then write the job's items to the bucket and its row to the state store.
+
+    With a given job_id (a schedule's fire) a second submit of the same id returns the first one.
+    """
+    items = validate(opts)
+    conf = store_conf(opts.provider, opts.store)
+    from ..runs.store import open_run_store
+    from sdcloud_agent.batch.worker import write_job
+
+    if job_id is not None and _state().get_run(job_id) is not None:
+        return {"job": job_id, "existing": True}
+    job_id = job_id or new_job_id()
+    store = open_run_store(conf)
+    images = sum(len(it["seeds"]) for it in items)
+    lora = str(Path(opts.lora).expanduser().resolve()) if opts.lora and not opts.lora.startswith("r-") else opts.lora
+    spec = {"kind": "batch", "tier": opts.tier, "model": opts.model, "lora": lora, "workers": opts.workers,
+            "market": opts.market, "max_price": opts.max_price, "deadline_hours": opts.deadline_hours,
+            "budget": opts.budget, "provider": opts.provider, "store": conf, "prefix": job_prefix(job_id),
+            "generator": opts.generator, "fake_delay": opts.fake_delay, "images": images, "items": len(items), "submitted": time.time()}
+    write_job(store, job_prefix(job_id), {k: spec[k] for k in ("tier", "model", "lora", "images", "submitted")}, items)
+    state = _state()
+    state.create_run(job_id, opts.tier, spec, images, name=opts.name)
+    state.event(job_id, "batch-submitted", {"items": len(items), "images": images, "workers": opts.workers})
+    return {"job": job_id, "items": len(items), "images": images, "workers": opts.workers, "store": conf["url"]}
+
+
+def find_job(job_id: str) -> dict[str, Any]:
+    run = _state().get_run(job_id)
+    if run is None or run["spec"].get("kind") != "batch":
+        raise UserError(f"no batch job {job_id!r}; see: sdcloud batch list")
+    return run
+
+
+def _store(job: dict):
+    from ..runs.store import open_run_store
+
+    return open_run_store(job["spec"]["store"])
+
+
+def list_jobs() -> list[dict[str, Any]]:
+    return [{"job": r["id"], "name": r.get("name"), "tier": r["tier"], "state": r["state"],
+             "images": r["total_steps"], "workers": r["spec"].get("workers")}
+            for r in _state().list_runs() if r["spec"].get("kind") == "batch"]
+
+
+def progress(job_id: str) -> dict[str, Any]:
+    job = find_job(job_id)
+    store = _store(job)
+    prefix = job["spec"]["prefix"]
+    done = [json.loads(store.get(o.key)) for o in store.list(f"{prefix}/done/")]
+    images = sum(len(m["images"]) for m in done)
+    elapsed = max(1e-6, (job["updated"] if job["state"] in ("succeeded", "stopped", "failed") else time.time())
+                  - job["spec"]["submitted"])
+    rate = images / elapsed
+    left = job["total_steps"] - images
+    attempts = sum(int(m.get("attempt", 1)) for m in done)
+    attempts_ = _state().attempts(job["id"])  # the job's hosts (fleet attempts); none for the local pool
+    cost = sum(a.cost for a in attempts_)
+    return {"job": job_id, "state": job["state"], "name": job.get("name"), "tier": job["tier"],
+            "items": job["spec"]["items"], "items_done": len(done), "images": job["total_steps"],
+            "images_done": images, "images_per_s": round(rate, 3),
+            "eta_s": round(left / rate) if rate > 0 and left > 0 else (0 if left <= 0 else None),
+            "item_attempts": attempts, "redone_items": sum(1 for m in done if int(m.get("attempt", 1)) > 1),
+            "hosts": len(attempts_), "cost_usd": round(cost, 6),
+            # Redone work is inside the cost already: hosts are paid for the time they ran.
+            "cost_per_image_usd": round(cost / images, 8) if images else None}
+
+
+def cancel(job_id: str) -> dict[str, Any]:
+    job = find_job(job_id)
+    store = _store(job)
+    store.put(f"{job['spec']['prefix']}/cancel", b"cancelled\n")
+    for pid in job["spec"].get("worker_pids", []):
+        try:
+            os.kill(int(pid), 15)
+        except (ProcessLookupError, PermissionError):
+            pass
+    state = _state()
+    if job["state"] not in ("succeeded", "failed"):
+        state.update_run(job_id, state="stopped", reason="cancelled")
+    state.event(job_id, "batch-cancelled", {})
+    return {"job": job_id, "state": "stopped"}
+
+
+def verify_job(job_id: str) -> dict[str, Any]:
+    from sdcloud_agent.batch.verify import verify
+
+    job = find_job(job_id)
+    return {"job": job_id, **verify(_store(job), job["spec"]["prefix"]).as_dict()}
+
+
+def pull(job_id: str, dest: str | None) -> dict[str, Any]:
+    """Download the images, one merged index.jsonl (from the done markers) and the gallery."""
+    from sdcloud_agent.batch import layout
+    from sdcloud_agent.batch.verify import done_markers
+
+    from .gallery import write_gallery
+
+    job = find_job(job_id)
+    store = _store(job)
+    prefix = job["spec"]["prefix"]
+    out = Path(dest or job_id).expanduser()
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    lines = sorted((ln for m in done_markers(store, prefix).values() for ln in m["images"]),
+                   key=lambda ln: (ln["item"], ln["seed"]))
+    fetched = 0
+    for ln in lines:
+        target = out / "images" / f"{ln['key']}.png"
+        if not target.exists():
+            store.get_file(layout.image_path(prefix, ln["key"]), target)
+            fetched += 1
+    (out / "index.jsonl").write_text("".join(json.dumps(ln, sort_keys=True) + "\n" for ln in lines))
+    write_gallery(out, lines, title=f"sdcloud batch {job_id}")
+    return {"job": job_id, "dir": str(out), "images": len(lines), "fetched": fetched,
+            "gallery": str(out / "index.html")}
+
+
+# -- running the workers ------------------------------------------------------------------------
+
+def _worker_cmd(job: dict, n: int, ttl: float) -> list[str]:
+    spec = job["spec"]
+    return [sys.executable, "-m", "sdcloud_agent.batch", "--store", json.dumps(spec["store"]),
+            "--job", spec["prefix"], "--worker-id", f"{job['id']}-w{n}", "--generator", spec.get("generator", "diffusers"),
+            "--ttl", str(ttl), "--fake-delay", str(spec.get("fake_delay", 0.0))]
+
+
+def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=None) -> dict[str, Any]:
+    """Keep K worker processes on this machine until every item is done (the local provider).
+
+    A worker that dies is replaced while items are left; workers exit by themselves when nothing
+    is left to claim, which is how the pool scales down at the end of a job.
+    """
+    job = find_job(job_id)
+    if job["spec"]["provider"] != "local":
+        raise UserError(f"job {job_id} runs on {job['spec']['provider']}: its hosts are started by the fleet")
+    state = _state()
+    k = int(job["spec"]["workers"])
+    logs = config.home() / "batch" / job_id
+    logs.mkdir(parents=True, exist_ok=True)
+    procs: dict[int, subprocess.Popen] = {}
+    started = 0
+
+    def start(slot: int) -> None:
+        nonlocal started
+        started += 1
+        log = open(logs / f"worker-{started}.log", "ab")
+        procs[slot] = subprocess.Popen(_worker_cmd(job, started, ttl), stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        state.event(job_id, "worker-started", {"slot": slot, "n": started, "pid": procs[slot].pid})
+
+    state.update_run(job_id, state="running")
+    for slot in range(k):
+        start(slot)
+    try:
+        while True:
+            spec = dict(job["spec"], worker_pids=[p.pid for p in procs.values()])
+            state.update_run(job_id, spec=json.dumps(spec))
+            p = progress(job_id)
+            if on_progress:
+                on_progress(p)
+            if p["items_done"] >= p["items"]:
+                break
+            if _state().get_run(job_id)["state"] == "stopped":
+                break
+            for slot, proc in list(procs.items()):
+                if proc.poll() is not None:
+                    state.event(job_id, "worker-exited", {"slot": slot, "pid": proc.pid, "rc": proc.returncode})
+                    del procs[slot]
+                    if p["items_done"] < p["items"] and proc.returncode != 0:
+                        if started >= MAX_WORKER_STARTS_PER_SLOT * k:
+                            # Workers that keep dying (a model that does not load) are a failure, not a reclaim.
+                            state.update_run(job_id, state="failed", reason=f"workers keep exiting (rc {proc.returncode}); "
+                                             f"see {logs}")
+                            return {**progress(job_id), "workers_started": started}
+                        start(slot)  # died (killed, reclaimed): keep K alive
+            if not procs:
+                start(0)  # all exited cleanly while items remain (leases still live): look again
+            time.sleep(poll)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    final = progress(job_id)
+    if _state().get_run(job_id)["state"] != "stopped":
+        v = verify_job(job_id)
+        state.update_run(job_id, state="succeeded" if v["ok"] else "failed",
+                         reason=None if v["ok"] else "verify failed")
+    return {**progress(job_id), "workers_started": started, "final_images": final["images_done"]}
+
+
+def run_job(job_id: str, on_progress=None) -> dict[str, Any]:
+    """Run a job to its end: K worker processes here (local), or K hosts through the fleet (clouds, SSH)."""
+    job = find_job(job_id)
+    if job["spec"]["provider"] == "local":
+        return run_local(job_id, on_progress=on_progress)
+    from .controller import BatchController
+
+    res = BatchController(_state(), job_id).run()
+    return {**progress(job_id), **res}
+
+
+def detach(job_id: str) -> int:
+    """Run the job's controller in a background process that outlives this command; its pid."""
+    logs = config.home() / "batch" / job_id
+    logs.mkdir(parents=True, exist_ok=True)
+    log = open(logs / "controller.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "sdcloud.batch.jobs", "run", job_id], stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    return proc.pid
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "run":
+        print(json.dumps(run_job(args[1])), flush=True)
+        return 0
+    print("usage: python -m sdcloud.batch.jobs run JOB", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

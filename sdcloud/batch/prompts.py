@@ -1,0 +1,113 @@
+"""The prompts file: plain text (one prompt a line) or JSONL, checked line by line before anything launches."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+
+SCHEDULERS = ("ddim", "euler", "euler_a", "dpmpp_2m", "pndm", "lms")
+FIELDS = {"prompt", "negative_prompt", "seed", "count", "width", "height", "steps", "guidance", "scheduler"}
+DEFAULTS = {"sd15": {"width": 512, "height": 512, "steps": 30, "guidance": 7.5, "scheduler": "dpmpp_2m"},
+            "sdxl": {"width": 1024, "height": 1024, "steps": 30, "guidance": 5.0, "scheduler": "euler"}}
+# Images per work item: small enough that a reclaim loses little, big enough to fill a GPU batch.
+IMAGES_PER_ITEM = 4
+
+
+@dataclass(frozen=True)
+class Prompt:
+    line: int
+    prompt: str
+    negative_prompt: str
+    seed: int
+    count: int
+    width: int
+    height: int
+    steps: int
+    guidance: float
+    scheduler: str
+
+
+def _int(v: Any, name: str, where: str, lo: int, hi: int, multiple: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi or v % multiple:
+        extra = f", a multiple of {multiple}" if multiple > 1 else ""
+        raise UserError(f"{where}: {name} must be an integer from {lo} to {hi}{extra}, got {v!r}")
+    return v
+
+
+def parse_prompts(path: str | Path, family: str, images_per_prompt: int = 1) -> list[Prompt]:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"prompts file {p} does not exist") from None
+    except UnicodeDecodeError:
+        raise UserError(f"prompts file {p} is not UTF-8 text") from None
+    defaults = DEFAULTS[family]
+    out: list[Prompt] = []
+    seen: dict[tuple, int] = {}
+    jsonl = p.suffix.lower() in (".jsonl", ".ndjson") or text.lstrip().startswith("{")
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or (not jsonl and line.startswith("#")):
+            continue
+        where = f"{p.name} line {n}"
+        if jsonl:
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise UserError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise UserError(f"{where}: each line must be a JSON object with a \"prompt\"")
+            unknown = sorted(set(row) - FIELDS)
+            if unknown:
+                raise UserError(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(FIELDS))})")
+        else:
+            row = {"prompt": line}
+        prompt = row.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise UserError(f"{where}: \"prompt\" must be a non-empty string")
+        neg = row.get("negative_prompt", "")
+        if not isinstance(neg, str):
+            raise UserError(f"{where}: \"negative_prompt\" must be a string")
+        # Without a seed, one that follows from the prompt: the same file gives the same images.
+        seed = _int(row.get("seed", zlib.crc32(prompt.encode()) & 0x7FFFFFFF), "seed", where, 0, 2**32 - 1)
+        count = _int(row.get("count", images_per_prompt), "count", where, 1, 10_000)
+        width = _int(row.get("width", defaults["width"]), "width", where, 64, 2048, 8)
+        height = _int(row.get("height", defaults["height"]), "height", where, 64, 2048, 8)
+        steps = _int(row.get("steps", defaults["steps"]), "steps", where, 1, 200)
+        guidance = row.get("guidance", defaults["guidance"])
+        if isinstance(guidance, bool) or not isinstance(guidance, (int, float)) or not 0 <= guidance <= 30:
+            raise UserError(f"{where}: guidance must be a number from 0 to 30, got {guidance!r}")
+        sched = row.get("scheduler", defaults["scheduler"])
+        if sched not in SCHEDULERS:
+            raise UserError(f"{where}: scheduler must be one of {', '.join(SCHEDULERS)}, got {sched!r}")
+        pr = Prompt(n, prompt.strip(), neg, seed, count, width, height, steps, float(guidance), sched)
+        ident = (pr.prompt, pr.negative_prompt, pr.width, pr.height, pr.steps, pr.guidance, pr.scheduler)
+        for s in range(seed, seed + count):
+            if (ident, s) in seen:
+                raise UserError(f"{where}: repeats line {seen[(ident, s)]} (same prompt, settings and seed {s}); "
+                                f"give it another seed")
+            seen[(ident, s)] = n
+        out.append(pr)
+    if not out:
+        raise UserError(f"prompts file {p} has no prompts")
+    return out
+
+
+def build_items(prompts: list[Prompt], model: str, lora: str | None) -> list[dict[str, Any]]:
+    """Split prompts into work items of up to IMAGES_PER_ITEM consecutive seeds each."""
+    items = []
+    for pr in prompts:
+        settings = {"model": model, "lora": lora, "prompt": pr.prompt, "negative_prompt": pr.negative_prompt,
+                    "steps": pr.steps, "guidance": pr.guidance, "width": pr.width, "height": pr.height,
+                    "scheduler": pr.scheduler}
+        seeds = list(range(pr.seed, pr.seed + pr.count))
+        for k in range(0, len(seeds), IMAGES_PER_ITEM):
+            items.append({"id": f"i{len(items):07d}", "line": pr.line, "settings": settings,
+                          "seeds": seeds[k:k + IMAGES_PER_ITEM]})
+    return items

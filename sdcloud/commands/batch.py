@@ -1,0 +1,305 @@
+"""`sdcloud batch ...` and `sdcloud scheduler ...`: batch image generation jobs and their schedules."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import UserError
+from ..render import emit_json, note, table
+
+
+def submit_options(f):
+    opts = [
+        click.option("--tier", required=True, help="batch-sd15 or batch-sdxl"),
+        click.option("--model", required=True, help="base model (a hub id or a local folder on the host)"),
+        click.option("--lora", default=None, help="a training run id (r-...) or a LoRA file"),
+        click.option("--prompts", "prompts", required=True, type=click.Path(dir_okay=False), help="text (one a line) or JSONL"),
+        click.option("--images-per-prompt", type=int, default=1, show_default=True),
+        click.option("--workers", type=int, default=None, help="K hosts working in parallel (default 1, or what --deadline needs)"),
+        click.option("--spot/--on-demand", "spot", default=True, show_default=True),
+        click.option("--max-price", type=float, default=None, help="USD per hour per host"),
+        click.option("--deadline", default=None, help="e.g. 8h, 1d12h"),
+        click.option("--budget", type=float, default=None, help="USD for the whole job"),
+        click.option("--provider", default="local", show_default=True),
+        click.option("--name", default=None),
+        click.option("--store", default=None, help="s3://BUCKET/PREFIX (default: the provider's run bucket)"),
+        click.option("--generator", type=click.Choice(["diffusers", "fake"]), default="diffusers", hidden=True),
+        click.option("--fake-delay", type=float, default=0.0, hidden=True),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _options(kw: dict):
+    from ..batch.jobs import SubmitOptions
+    from ..runs.spec import parse_duration
+
+    return SubmitOptions(
+        tier=kw["tier"], model=kw["model"], prompts=str(Path(kw["prompts"]).expanduser().resolve()), lora=kw["lora"],
+        images_per_prompt=kw["images_per_prompt"], workers=kw["workers"], market="spot" if kw["spot"] else "on-demand",
+        max_price=kw["max_price"], deadline_hours=parse_duration(kw["deadline"]) if kw["deadline"] else None,
+        budget=kw["budget"], provider=kw["provider"], name=kw["name"], store=kw["store"], generator=kw["generator"],
+        fake_delay=kw["fake_delay"])
+
+
+class BatchProgress:
+    """A rich progress bar on a terminal (images, images/s, ETA, cost); one line per change otherwise."""
+
+    def __init__(self, total: int, quiet: bool = False):
+        self.quiet, self.bar, self.last = quiet, None, None
+        if not quiet and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("[bold]images"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[rate]} img/s"), TimeRemainingColumn(),
+                                TextColumn("cost ${task.fields[cost]:.4f}"), console=Console(stderr=True))
+            self.task = self.bar.add_task("batch", total=total, rate="0", cost=0.0)
+            self.bar.start()
+
+    def __call__(self, p: dict) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=p["images_done"], rate=f"{p['images_per_s']:.2f}",
+                            cost=p.get("cost_usd") or 0.0)
+        elif not self.quiet and p["images_done"] != self.last:
+            note(f"{p['images_done']}/{p['images']} images, {p['images_per_s']} images/s, ETA {p['eta_s']} s, "
+                 f"cost ${p.get('cost_usd') or 0:.4f}")
+        self.last = p["images_done"]
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+@click.group()
+def batch() -> None:
+    """Batch image generation: a prompt list over K spot workers, each image exactly once."""
+
+
+@batch.command()
+@submit_options
+@click.option("--detach", is_flag=True, help="return at once; the job runs in the background")
+@click.option("--json", "as_json", is_flag=True)
+def submit(detach: bool, as_json: bool, **kw) -> None:
+    """Validate the prompts, write the work items and start the workers; prints the job id."""
+    from ..batch import jobs
+
+    res = jobs.submit(_options(kw))
+    if detach:
+        res["controller_pid"] = jobs.detach(res["job"])
+    else:
+        view = BatchProgress(res["images"], quiet=as_json)
+        try:
+            res.update(jobs.run_job(res["job"], on_progress=view))
+        finally:
+            view.close()
+    if as_json:
+        emit_json(res)
+    else:
+        click.echo(res["job"])
+
+
+@batch.command("list")
+@click.option("--json", "as_json", is_flag=True)
+def list_(as_json: bool) -> None:
+    """List batch jobs."""
+    from ..batch import jobs
+
+    rows = jobs.list_jobs()
+    if as_json:
+        emit_json(rows)
+    else:
+        table("batch jobs", ["job", "name", "tier", "state", "images", "workers"],
+              [[r["job"], r["name"] or "", r["tier"], r["state"], r["images"], r["workers"]] for r in rows])
+
+
+@batch.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True)
+def status(job: str, as_json: bool) -> None:
+    """Images done, images/s, ETA and cost so far."""
+    from ..batch import jobs
+
+    p = jobs.progress(job)
+    if as_json:
+        emit_json(p)
+    else:
+        table(f"batch {p['job']}", ["field", "value"], [[k, v] for k, v in p.items()])
+
+
+@batch.command()
+@click.argument("job")
+@click.option("--interval", type=float, default=2.0, show_default=True)
+def watch(job: str, interval: float) -> None:
+    """Follow a job's progress until it ends."""
+    import time
+
+    from ..batch import jobs
+
+    p = jobs.progress(job)
+    view = BatchProgress(p["images"])
+    try:
+        while True:
+            p = jobs.progress(job)
+            view(p)
+            if p["state"] in ("succeeded", "failed", "stopped"):
+                break
+            time.sleep(interval)
+    finally:
+        view.close()
+    click.echo(f"{p['job']} {p['state']}: {p['images_done']}/{p['images']} images, {p['redone_items']} redone")
+
+
+@batch.command()
+@click.argument("job")
+def cancel(job: str) -> None:
+    """Stop a job: workers stop claiming, hosts stop."""
+    from ..batch import jobs
+
+    click.echo(json.dumps(jobs.cancel(job)))
+
+
+@batch.command()
+@click.argument("job")
+@click.argument("dest", required=False)
+@click.option("--json", "as_json", is_flag=True)
+def pull(job: str, dest: str | None, as_json: bool) -> None:
+    """Download the images, index.jsonl and the gallery (index.html)."""
+    from ..batch import jobs
+
+    res = jobs.pull(job, dest)
+    emit_json(res) if as_json else click.echo(f"{res['images']} images in {res['dir']} (gallery: {res['gallery']})")
+
+
+@batch.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True)
+def verify(job: str, as_json: bool) -> None:
+    """Check that every item's images exist exactly once and match the index (exit 1 if not)."""
+    from ..batch import jobs
+
+    v = jobs.verify_job(job)
+    if as_json:
+        emit_json(v)
+    else:
+        click.echo(f"{'ok' if v['ok'] else 'FAILED'}: {v['items_done']}/{v['items']} items, "
+                   f"{v['images_present']}/{v['images_expected']} images, {v['redone_items']} redone")
+    if not v["ok"]:
+        raise click.exceptions.Exit(1)
+
+
+@batch.group()
+def schedule() -> None:
+    """Cron schedules that submit a batch job."""
+
+
+@schedule.command("add")
+@click.option("--cron", required=True, help='five fields, e.g. "0 2 * * *"')
+@click.option("--tz", default="UTC", show_default=True, help="IANA time zone, e.g. Europe/Berlin")
+@submit_options
+def schedule_add(cron: str, tz: str, **kw) -> None:
+    """Add a schedule (the submit options are checked now, and again at each fire)."""
+    from ..batch import jobs, schedules
+
+    schedules.check_cron(cron, tz)
+    jobs.validate(_options(kw))
+    sid = schedules.Schedules().add(cron, tz, kw | {"prompts": str(Path(kw["prompts"]).expanduser().resolve())})
+    click.echo(sid)
+
+
+@schedule.command("list")
+@click.option("--json", "as_json", is_flag=True)
+def schedule_list(as_json: bool) -> None:
+    from ..batch import schedules
+
+    rows = schedules.Schedules().list()
+    if as_json:
+        emit_json(rows)
+    else:
+        table("schedules", ["id", "cron", "tz", "paused", "next", "last job"],
+              [[s["id"], s["cron"], s["tz"], "yes" if s["paused"] else "", s["next"] or "", s["last_job"] or ""] for s in rows])
+
+
+@schedule.command("remove")
+@click.argument("sid")
+def schedule_remove(sid: str) -> None:
+    from ..batch import schedules
+
+    schedules.Schedules().remove(sid)
+
+
+@schedule.command("pause")
+@click.argument("sid")
+def schedule_pause(sid: str) -> None:
+    from ..batch import schedules
+
+    schedules.Schedules().set_paused(sid, True)
+
+
+@schedule.command("resume")
+@click.argument("sid")
+def schedule_resume(sid: str) -> None:
+    from ..batch import schedules
+
+    schedules.Schedules().set_paused(sid, False)
+
+
+def fire(job_id: str, kw: dict) -> None:
+    """A schedule's fire: submit under the given id (idempotent), run in the background."""
+    from ..batch import jobs
+
+    res = jobs.submit(_options(kw), job_id=job_id)
+    if not res.get("existing"):
+        jobs.detach(job_id)
+
+
+def job_state(job_id: str) -> str | None:
+    from ..runs.state import StateStore
+
+    run = StateStore().get_run(job_id)
+    return run["state"] if run else None
+
+
+@click.group()
+def scheduler() -> None:
+    """Run due batch schedules (foreground), or install a timer that does."""
+
+
+@scheduler.command("run")
+@click.option("--once", is_flag=True, help="one tick, then exit (for the systemd timer or cron)")
+@click.option("--interval", type=float, default=30.0, show_default=True)
+def scheduler_run(once: bool, interval: float) -> None:
+    import time
+
+    from ..batch import schedules
+
+    s = schedules.Schedules()
+    while True:
+        for job in s.tick(fire, job_state):
+            note(f"submitted {job}")
+        if once:
+            return
+        time.sleep(interval)
+
+
+@scheduler.command("install")
+@click.option("--crontab", is_flag=True, help="print a crontab line instead of writing systemd user units")
+def scheduler_install(crontab: bool) -> None:
+    from ..batch import schedules
+
+    exe = shutil.which("sdcloud") or f"{sys.executable} -m sdcloud.cli"
+    if crontab:
+        click.echo(schedules.crontab_line(exe))
+        return
+    unit_dir = Path.home() / ".config" / "systemd" / "user"
+    unit_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in schedules.systemd_units(exe).items():
+        (unit_dir / name).write_text(text)
+    note(f"wrote {unit_dir}/sdcloud-scheduler.{{service,timer}}; enable with: "
+         "systemctl --user enable --now sdcloud-scheduler.timer (and loginctl enable-linger $USER to survive logout)")
