@@ -9,8 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import UserError
-from ..render import emit_json, note, table
+from ..render import emit_json, note, output_options, table
 
 
 def submit_options(f):
@@ -83,6 +82,7 @@ def batch() -> None:
 
 
 @batch.command()
+@output_options
 @submit_options
 @click.option("--detach", is_flag=True, help="return at once; the job runs in the background")
 @click.option("--json", "as_json", is_flag=True)
@@ -106,6 +106,7 @@ def submit(detach: bool, as_json: bool, **kw) -> None:
 
 
 @batch.command("list")
+@output_options
 @click.option("--json", "as_json", is_flag=True)
 def list_(as_json: bool) -> None:
     """List batch jobs."""
@@ -120,6 +121,7 @@ def list_(as_json: bool) -> None:
 
 
 @batch.command()
+@output_options
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True)
 def status(job: str, as_json: bool) -> None:
@@ -134,6 +136,7 @@ def status(job: str, as_json: bool) -> None:
 
 
 @batch.command()
+@output_options
 @click.argument("job")
 @click.option("--interval", type=float, default=2.0, show_default=True)
 def watch(job: str, interval: float) -> None:
@@ -157,6 +160,7 @@ def watch(job: str, interval: float) -> None:
 
 
 @batch.command()
+@output_options
 @click.argument("job")
 def cancel(job: str) -> None:
     """Stop a job: workers stop claiming, hosts stop."""
@@ -166,6 +170,7 @@ def cancel(job: str) -> None:
 
 
 @batch.command()
+@output_options
 @click.argument("job")
 @click.argument("dest", required=False)
 @click.option("--json", "as_json", is_flag=True)
@@ -178,6 +183,7 @@ def pull(job: str, dest: str | None, as_json: bool) -> None:
 
 
 @batch.command()
+@output_options
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True)
 def verify(job: str, as_json: bool) -> None:
@@ -200,6 +206,7 @@ def schedule() -> None:
 
 
 @schedule.command("add")
+@output_options
 @click.option("--cron", required=True, help='five fields, e.g. "0 2 * * *"')
 @click.option("--tz", default="UTC", show_default=True, help="IANA time zone, e.g. Europe/Berlin")
 @submit_options
@@ -214,6 +221,7 @@ def schedule_add(cron: str, tz: str, **kw) -> None:
 
 
 @schedule.command("list")
+@output_options
 @click.option("--json", "as_json", is_flag=True)
 def schedule_list(as_json: bool) -> None:
     from ..batch import schedules
@@ -227,6 +235,7 @@ def schedule_list(as_json: bool) -> None:
 
 
 @schedule.command("remove")
+@output_options
 @click.argument("sid")
 def schedule_remove(sid: str) -> None:
     from ..batch import schedules
@@ -235,6 +244,7 @@ def schedule_remove(sid: str) -> None:
 
 
 @schedule.command("pause")
+@output_options
 @click.argument("sid")
 def schedule_pause(sid: str) -> None:
     from ..batch import schedules
@@ -243,6 +253,7 @@ def schedule_pause(sid: str) -> None:
 
 
 @schedule.command("resume")
+@output_options
 @click.argument("sid")
 def schedule_resume(sid: str) -> None:
     from ..batch import schedules
@@ -272,6 +283,7 @@ def scheduler() -> None:
 
 
 @scheduler.command("run")
+@output_options
 @click.option("--once", is_flag=True, help="one tick, then exit (for the systemd timer or cron)")
 @click.option("--interval", type=float, default=30.0, show_default=True)
 def scheduler_run(once: bool, interval: float) -> None:
@@ -289,6 +301,7 @@ def scheduler_run(once: bool, interval: float) -> None:
 
 
 @scheduler.command("install")
+@output_options
 @click.option("--crontab", is_flag=True, help="print a crontab line instead of writing systemd user units")
 def scheduler_install(crontab: bool) -> None:
     from ..batch import schedules
