@@ -359,6 +359,12 @@ class Agent:
             tail = "\n".join(list(self.tail)[-15:])
             raise Failure(f"trainer exited with code {rc}; last output:\n{tail}")
         self._submit_finished(ctx, exited=True)
+        missing = self.trainer.missing_output(ctx)
+        if missing:
+            # Its checkpoints are kept (uploaded above); the attempt failed: there is no model.
+            self.worker.wait_idle(timeout=300)
+            tail = "\n".join(list(self.tail)[-15:])
+            raise Failure(f"{missing}; last output:\n{tail}")
         self.status.set_phase("uploading")
         while not self.worker.wait_idle(timeout=0.5):
             if self.notice_event.is_set():
