@@ -116,7 +116,10 @@ def render_summary(summ: dict) -> None:
 @click.option("--name", help="A name for the run; an unfinished run of that name is picked up again.")
 @click.option("--dataset", help="Images (and captions): a local folder or s3:// / cos:// URL.")
 @click.option("--trainer", help="builtin (default), diffusers, kohya or command.")
-@click.option("--model", help="Base model: tiny (demo), a local diffusers folder, or a model id the host can load.")
+@click.option("--model", help="Base model: a hub id, a .safetensors file, a diffusers folder or a bucket URL "
+              "(default: the tier's base model; tiny on the local provider).")
+@click.option("--trainer-arg", "trainer_arg", multiple=True, metavar="KEY=VALUE",
+              help="A flag for the trainer (repeatable), e.g. --trainer-arg instance_prompt='a photo of sks dog'.")
 @click.option("--steps", help="Training steps (default: the tier's reference job).")
 @click.option("--checkpoint-every", help="Save a checkpoint every N steps.")
 @click.option("--store", help="Bucket URL for checkpoints instead of the stack's (s3://BUCKET/PREFIX or file:///DIR).")
@@ -125,8 +128,8 @@ def render_summary(summ: dict) -> None:
 @click.option("--detach", is_flag=True, help="Run the controller in the background; follow with sdcloud watch RUN.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation before launching paid hosts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
-def up(tier, market, max_price, provider, region, deadline, budget, name, dataset, trainer, model, steps, checkpoint_every,
-       store, simulate_preemption, runfile, detach, yes, as_json) -> None:
+def up(tier, market, max_price, provider, region, deadline, budget, name, dataset, trainer, model, trainer_arg, steps,
+       checkpoint_every, store, simulate_preemption, runfile, detach, yes, as_json) -> None:
     """Run a training job: pick the offer, launch, survive reclaims, report the cost."""
     from ..runs.controller import ACTIVE_RUN_STATES, Controller, controller_alive, detach as detach_run, new_run_id, summary
     from ..runs.spec import build_spec
@@ -135,7 +138,7 @@ def up(tier, market, max_price, provider, region, deadline, budget, name, datase
     spec = build_spec(runfile, {"tier": tier, "market": market, "max_price": max_price, "provider": provider, "region": region,
                                 "deadline_hours": deadline, "budget": budget, "name": name, "dataset": dataset, "trainer": trainer,
                                 "model": model, "steps": steps, "checkpoint_every": checkpoint_every, "store": store,
-                                "simulate_preemption": simulate_preemption})
+                                "simulate_preemption": simulate_preemption, "trainer_arg": list(trainer_arg) or None})
     state = _state()
     existing = state.get_run(spec.name) if spec.name else None
     if existing and existing["state"] in ACTIVE_RUN_STATES:
@@ -191,10 +194,20 @@ def up(tier, market, max_price, provider, region, deadline, budget, name, datase
         close = getattr(ctl.provider, "close", None)
         if close:
             close()
+    if summ["state"] == "succeeded":
+        from ..runs.artifacts import location
+
+        try:
+            summ["artifacts"] = location(state.get_run(run_id))
+        except Exception:  # noqa: BLE001 - the summary stands without it
+            summ["artifacts"] = None
+        summ["pull"] = f"sdcloud pull {run_id}"
     if as_json:
         emit_json(summ)
     else:
         render_summary(summ)
+        if summ.get("artifacts"):
+            click.echo(f"the model is in {summ['artifacts']}; download it with: sdcloud pull {run_id} [DIR]")
     if summ["state"] != "succeeded":
         raise SystemExit(1)
 
