@@ -143,3 +143,27 @@ def test_pull_downloads_the_artifacts(tmp_path, sdcloud_home, capsys):
     assert (tmp_path / "got" / "pytorch_lora_weights.safetensors").read_bytes() == b"lora" * 10
     assert sorted(p.name for p in (tmp_path / "got").iterdir()) == ["README.md", "pytorch_lora_weights.safetensors"]
     assert "2 file(s)" in capsys.readouterr().out
+
+
+def test_a_one_gpu_trainer_is_not_estimated_as_if_it_used_every_gpu(sdcloud_home):
+    from sdcloud.offers.catalog import load_catalog
+    from sdcloud.offers.optimizer import rank
+    from sdcloud.offers.tiers import get_tier
+    from sdcloud.runs.training import gpus_used
+
+    tier = get_tier("sdxl-lora")
+    every = {e.offer.key: e for e in rank(tier, load_catalog(["aws"]), region="us-east-1")}
+    one = {e.offer.key: e for e in rank(tier, load_catalog(["aws"]), region="us-east-1", gpus_used=1)}
+    multi = [k for k, e in every.items() if e.offer.row.gpu_count >= 4]
+    single = [k for k, e in every.items() if e.offer.row.gpu_count == 1]
+    assert multi and single, "the bundled catalog has 1- and multi-GPU hosts"
+    # One GPU's speed at the whole host's price; 1-GPU hosts are estimated as before.
+    assert all(one[k].est_hours > every[k].est_hours for k in multi)
+    assert all(one[k].est_hours == every[k].est_hours for k in single)
+    builtin = build_spec(None, {"tier": "sdxl-lora", "provider": "aws", "region": "us-east-1"})
+    assert gpus_used(builtin) == 1
+    kohya = build_spec(None, {"tier": "sdxl-lora", "provider": "aws", "region": "us-east-1", "trainer": "kohya",
+                              "dataset": None, "trainer_arg": ["dataset_config=/d.toml"]})
+    assert gpus_used(kohya) == 1
+    kohya.trainer_args["launcher"] = ["accelerate", "launch", "--num_processes", "4"]
+    assert gpus_used(kohya) == 4

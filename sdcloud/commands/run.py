@@ -71,8 +71,10 @@ def _check_estimates(spec, tier, total_steps: int) -> None:
     from ..offers.optimizer import rank
 
     market = None if spec.market == "spot" else "on-demand"
+    from ..runs.training import gpus_used
+
     ranked = rank(tier, load_catalog([spec.provider]), market=market, max_price=spec.max_price, provider=spec.provider,
-                  region=spec.region, job_size=total_steps)
+                  region=spec.region, job_size=total_steps, gpus_used=gpus_used(spec))
     if not ranked:
         raise UserError(f"no {spec.provider} offer fits tier {tier.name}")
     if spec.deadline_hours is not None:

@@ -129,8 +129,11 @@ class Controller:
     def _candidates(self) -> list[Estimate | Offer]:
         if self.spec.provider in ("local", "ssh"):
             return list(self.provider.offers(self.tier, self.spec.market))
+        from .training import gpus_used
+
         ranked = rank(self.tier, load_catalog([self.spec.provider]), market=None, max_price=self.spec.max_price,
-                      provider=self.spec.provider, region=self.spec.region, job_size=self.total_steps)
+                      provider=self.spec.provider, region=self.spec.region, job_size=self.total_steps,
+                      gpus_used=gpus_used(self.spec))
         spot = [e for e in ranked if e.offer.market == SPOT][:6]
         ondemand = [e for e in ranked if e.offer.market == ON_DEMAND][:2]
         return self._per_zone([e.offer for e in (spot + ondemand)])

@@ -165,3 +165,28 @@ def check_trainer_args(spec: Any, tier: Tier) -> None:
     if missing:
         raise UserError(f"trainer {spec.trainer} ({args.get('script') or adapter.default_script}) needs "
                         + ", ".join(f"--trainer-arg {m}=..." for m in missing))
+
+
+def gpus_used(spec: Any) -> int | None:
+    """How many GPUs of a host the run's trainer drives, for the optimizer's estimate. The builtin
+    trainer and a plain `accelerate launch` run one process on one GPU; a launcher that asks for
+    more (--num_processes N, --multi_gpu) uses N (or all); an arbitrary command: assume all."""
+    if spec.trainer == "builtin":
+        return 1
+    if spec.trainer == "command":
+        return None
+    args = spec.trainer_args if isinstance(spec.trainer_args, dict) else {}
+    launcher = args.get("launcher") or []
+    if isinstance(launcher, str):
+        import shlex
+
+        launcher = shlex.split(launcher)
+    launcher = [str(a) for a in launcher]
+    for i, a in enumerate(launcher):
+        if a.startswith("--num_processes"):
+            value = a.split("=", 1)[1] if "=" in a else (launcher[i + 1] if i + 1 < len(launcher) else "")
+            try:
+                return max(1, int(value))
+            except ValueError:
+                return None
+    return None if "--multi_gpu" in launcher else 1
