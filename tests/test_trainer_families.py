@@ -187,3 +187,17 @@ def test_sgm_names_follow_the_sdxl_block_layout():
         == "input_blocks.4.1.transformer_blocks.0.attn1.to_q"
     assert lora_export.sgm_module("up_blocks.0.attentions.2.x", 2) == "output_blocks.2.1.x"
     assert lora_export.sgm_module("mid_block.attentions.0.x", 2) == "middle_block.1.x"
+
+
+def test_memory_recipe_follows_usable_vram():
+    from sdcloud_agent.trainers import recipes
+
+    # SDXL LoRA at 1024: a 16 GB card (T4-class) needs checkpointing and 8-bit AdamW, 24 GB
+    # (A10G) checkpointing only, 80 GB none; at 512 px the same card needs less.
+    assert recipes.choose("sdxl", "lora", 1024, 14.5) == recipes.Recipe(True, "adamw8bit", 1)
+    assert recipes.choose("sdxl", "lora", 1024, 22.5) == recipes.Recipe(True, "adamw", 2)
+    assert recipes.choose("sdxl", "lora", 1024, 78.0) == recipes.Recipe(False, "adamw", 4)
+    assert recipes.choose("sdxl", "lora", 512, 14.5) == recipes.Recipe(False, "adamw", 4)
+    # Full-UNet SDXL on 24 GB: Adafactor; SD2 follows SD1.5's table.
+    assert recipes.choose("sdxl", "dreambooth", 1024, 22.5).optimizer == "adafactor"
+    assert recipes.choose("sd2", "lora", 512, 10.0) == recipes.choose("sd15", "lora", 512, 10.0)

@@ -146,12 +146,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="aspect-ratio buckets instead of square centre crops (default: on for SDXL)")
     p.add_argument("--steps", type=int, required=True, help="total optimizer steps (global)")
     p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--grad-accum", type=int, default=1,
-                   help="micro-batches of --batch-size per optimizer step")
-    p.add_argument("--gradient-checkpointing", action="store_true",
-                   help="recompute UNet activations in the backward pass (less VRAM, ~25%% slower)")
-    p.add_argument("--optimizer", choices=["adamw", "adamw8bit", "adafactor"], default="adamw",
-                   help="adamw8bit needs bitsandbytes and CUDA")
+    p.add_argument("--grad-accum", type=int, default=None,
+                   help="micro-batches of --batch-size per optimizer step (default: the memory recipe's, else 1)")
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                   help="recompute UNet activations in the backward pass (less VRAM, ~25%% slower; "
+                        "default: the memory recipe's)")
+    p.add_argument("--optimizer", choices=["adamw", "adamw8bit", "adafactor"], default=None,
+                   help="adamw8bit needs bitsandbytes and CUDA (default: the memory recipe's, else adamw)")
+    p.add_argument("--memory-recipe", choices=["auto", "off"], default="auto",
+                   help="auto: on CUDA, pick gradient checkpointing, the optimizer and the micro-batch "
+                        "from the GPU's usable VRAM (trainers/recipes.py); flags given win")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--lr-scheduler", default="constant",
                    choices=["constant", "constant_with_warmup", "linear", "cosine"])
@@ -184,7 +188,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.steps < 1:
         p.error("--steps must be >= 1")
-    if (a.batch_size < 1 or a.rank < 1 or a.grad_accum < 1 or a.checkpoint_every < 0
+    if (a.batch_size < 1 or a.rank < 1 or (a.grad_accum or 1) < 1 or a.checkpoint_every < 0
             or a.keep_checkpoints < 0):
         p.error("--batch-size, --grad-accum and --rank must be >= 1; --checkpoint-every, "
                 "--keep-checkpoints >= 0")
@@ -462,7 +466,7 @@ class Trainer:
 
         t0 = time.monotonic()
         # Start-up takes seconds on a real model: honour a stop request between the phases.
-        for phase in (self._load_model, self._encode_dataset, self._setup_training):
+        for phase in (self._load_model, self._apply_recipe, self._encode_dataset, self._setup_training):
             if signals.stop:
                 raise Stopped()
             phase()
@@ -504,6 +508,39 @@ class Trainer:
         self.pixel_multiple = max(8, vae_f * unet_f)
         if args.resolution % self.pixel_multiple:
             raise UsageError(f"--resolution must be a multiple of {self.pixel_multiple} for this model")
+
+    def _apply_recipe(self) -> None:
+        """Fill the memory flags the user left unset from the GPU's recipe (CPU: no savings). A
+        batch larger than the recipe's micro-batch becomes gradient accumulation: the same
+        samples per optimizer step (batch_indices), so a resume on another GPU sees the same data."""
+        args = self.args
+        self.recipe = None
+        resumed = getattr(args, "resume_state", None) or {}
+        if args.optimizer is None and resumed.get("optimizer"):
+            # The optimizer state in the checkpoint decides: a resume on a GPU with another recipe
+            # continues with the optimizer it was saved with.
+            args.optimizer = resumed["optimizer"]
+        if self.device.type == "cuda" and args.memory_recipe == "auto":
+            from . import recipes
+
+            usable = recipes.usable_vram_gb(self.torch, self.device)
+            mode = "dreambooth" if args.mode == "dreambooth" else "lora"
+            self.recipe = recipes.choose(self.family, mode, args.resolution, usable)
+            log(f"memory recipe for {usable:.1f} GB usable: {self.recipe.describe()}")
+            if args.gradient_checkpointing is None:
+                args.gradient_checkpointing = self.recipe.gradient_checkpointing
+            if args.optimizer is None:
+                args.optimizer = self.recipe.optimizer
+            if args.grad_accum is None and args.batch_size > self.recipe.max_batch:
+                per_step = args.batch_size
+                args.batch_size = max(d for d in range(1, self.recipe.max_batch + 1) if per_step % d == 0)
+                args.grad_accum = per_step // args.batch_size
+        if args.gradient_checkpointing is None:
+            args.gradient_checkpointing = False
+        if args.optimizer is None:
+            args.optimizer = "adamw"
+        if args.grad_accum is None:
+            args.grad_accum = 1
 
     def frozen(self) -> list[Any]:
         return [m for m in (self.vae, self.text_encoder, self.text_encoder_2) if m is not None]
@@ -903,6 +940,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         resume = resolve_resume(args.resume_from, args.checkpoint_dir)
+        args.resume_state = json.loads((resume / STATE_FILE).read_text()) if resume else None
         if signals.stop:
             raise Stopped()
         trainer = Trainer(args, signals)
