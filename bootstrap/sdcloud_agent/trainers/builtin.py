@@ -79,12 +79,59 @@ def reserve_stdout() -> None:
 
 
 def emit(kind: str, payload: dict[str, Any]) -> None:
+    if DIST.rank:  # in a multi-process run only rank 0 speaks the protocol
+        return
     _protocol.write(f"SDCLOUD_{kind} {json.dumps(payload, separators=(', ', ': '))}\n")
     _protocol.flush()
 
 
 def log(msg: str) -> None:
     print(f"[sdcloud-builtin] {msg}", file=sys.stderr, flush=True)
+
+
+class Dist:
+    """Data-parallel training across processes (one per GPU; gloo processes on a CPU), started by
+    `accelerate launch` or torchrun, which set RANK / WORLD_SIZE / LOCAL_RANK. Every rank holds the
+    same weights (same seeded init, the same summed gradients each step); a step's samples are
+    split between ranks; rank 0 alone writes checkpoints, the output and protocol lines. Stop and
+    save requests are agreed by all ranks after each step, so all stop at the same step."""
+
+    def __init__(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE") or 1)
+        self.rank = int(os.environ.get("RANK") or 0)
+        self.local_rank = int(os.environ.get("LOCAL_RANK") or 0)
+        self.torch: Any = None
+
+    @property
+    def on(self) -> bool:
+        return self.world > 1
+
+    def init(self, torch: Any, device_type: str) -> None:
+        if self.on and not torch.distributed.is_initialized():
+            self.torch = torch
+            torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo")
+
+    def any(self, flag: bool) -> bool:
+        if not self.on:
+            return flag
+        t = self.torch.tensor([1 if flag else 0])
+        self.torch.distributed.all_reduce(t, op=self.torch.distributed.ReduceOp.MAX)
+        return bool(t.item())
+
+    def sum_(self, tensor: Any) -> None:
+        if self.on:
+            self.torch.distributed.all_reduce(tensor, op=self.torch.distributed.ReduceOp.SUM)
+
+    def barrier(self) -> None:
+        if self.on:
+            self.torch.distributed.barrier()
+
+    def close(self) -> None:
+        if self.on and self.torch is not None and self.torch.distributed.is_initialized():
+            self.torch.distributed.destroy_process_group()
+
+
+DIST = Dist()
 
 
 class Signals:
@@ -452,6 +499,10 @@ class Trainer:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise UsageError("--device cuda: no CUDA device")
         self.device = torch.device(args.device)
+        if DIST.on and self.device.type == "cuda":
+            self.device = torch.device("cuda", DIST.local_rank)
+            torch.cuda.set_device(self.device)
+        DIST.init(torch, self.device.type)
         mp = args.mixed_precision
         if mp == "auto":
             mp = auto_precision(torch, self.device)
@@ -642,10 +693,13 @@ class Trainer:
         that fall in different aspect buckets run as separate forward passes, each weighted by
         its share, so the gradient is that of the whole micro-batch."""
         torch, args = self.torch, self.args
-        per_step = args.batch_size * args.grad_accum
-        order = batch_indices(step, per_step, self.n_images, args.seed)
+        per_rank = args.batch_size * args.grad_accum
+        per_step = per_rank * DIST.world
+        # The step's samples are a pure function of the step; each rank takes its share.
+        order = batch_indices(step, per_step, self.n_images, args.seed)[DIST.rank * per_rank:(DIST.rank + 1) * per_rank]
         dev = self.device
-        g = torch.Generator(device=dev).manual_seed(step_seed(args.seed, step, "noise"))
+        purpose = f"noise:{DIST.rank}" if DIST.on else "noise"
+        g = torch.Generator(device=dev).manual_seed(step_seed(args.seed, step, purpose))
         sched = self.noise_scheduler
         total = 0.0
         for m in range(args.grad_accum):
@@ -680,6 +734,15 @@ class Trainer:
                 else:
                     loss.backward()
                 total += float(loss.detach())
+        if DIST.on:
+            # Each rank's loss is weighted by its share of the step: the sum is the whole batch's gradient.
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                DIST.sum_(p.grad)
+            t = torch.tensor([total], dtype=torch.float64)
+            DIST.sum_(t)
+            total = float(t.item())
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         if args.max_grad_norm > 0:
@@ -712,6 +775,14 @@ class Trainer:
                 "data": data_fingerprint(a)}
 
     def save_checkpoint(self) -> Path:
+        root = self.args.checkpoint_dir
+        final = root / f"step-{self.global_step:09d}"
+        if DIST.rank == 0:
+            self._save_checkpoint()
+        DIST.barrier()  # the others go on once the folder is complete
+        return final
+
+    def _save_checkpoint(self) -> Path:
         import numpy as np
         from safetensors.torch import save_file
 
@@ -891,7 +962,9 @@ class Trainer:
 
     def run(self, resume: Path | None) -> int:
         args, sig = self.args, self.signals
-        remove_stale_tmp(args.checkpoint_dir)
+        if DIST.rank == 0:
+            remove_stale_tmp(args.checkpoint_dir)
+        DIST.barrier()
         saved_step: int | None = None
         if resume is not None:
             self.load_checkpoint(resume)
@@ -899,7 +972,7 @@ class Trainer:
             log(f"resumed from {resume} at global step {self.global_step}")
         emit("START", {"step": self.global_step, "total_steps": args.steps,
                        "resumed_from": str(resume) if resume else None})
-        while self.global_step < args.steps and not sig.stop:
+        while self.global_step < args.steps and not DIST.any(bool(sig.stop)):
             t0 = time.perf_counter()
             self.global_step += 1
             loss = self.train_step(self.global_step)
@@ -911,10 +984,15 @@ class Trainer:
                           "lr": self.lr_scheduler.get_last_lr()[0],
                           "it_per_s": round(1.0 / dt, 3) if dt > 0 else None})
             due = args.checkpoint_every and self.global_step % args.checkpoint_every == 0
-            if due or sig.save or sig.stop:
+            stop, save = (DIST.any(bool(sig.stop)), DIST.any(sig.save)) if DIST.on else (sig.stop, sig.save)
+            if stop and not sig.stop:
+                sig.stop = signal.SIGTERM  # another rank was asked to stop: stop with it
+            if due or save or stop:
                 sig.save = False
                 self.save_checkpoint()
                 saved_step = self.global_step
+        if DIST.on and self.global_step < args.steps and not sig.stop:
+            sig.stop = signal.SIGTERM  # the loop ended because another rank was asked to stop
         if sig.stop:
             if self.global_step > 0 and saved_step != self.global_step:
                 self.save_checkpoint()
@@ -923,7 +1001,10 @@ class Trainer:
         if saved_step != self.global_step:
             # A final checkpoint: if we die while writing the output, a resume only rewrites it.
             self.save_checkpoint()
-        out = self.write_output()
+        out = self.args.output
+        if DIST.rank == 0:
+            self.write_output()
+        DIST.barrier()
         emit("DONE", {"step": self.global_step, "output": str(out.resolve())})
         return EXIT_OK
 
@@ -944,7 +1025,10 @@ def main(argv: list[str] | None = None) -> int:
         if signals.stop:
             raise Stopped()
         trainer = Trainer(args, signals)
-        return trainer.run(resume)
+        try:
+            return trainer.run(resume)
+        finally:
+            DIST.close()
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return EXIT_USAGE
