@@ -161,9 +161,24 @@ def test_a_one_gpu_trainer_is_not_estimated_as_if_it_used_every_gpu(sdcloud_home
     assert all(one[k].est_hours > every[k].est_hours for k in multi)
     assert all(one[k].est_hours == every[k].est_hours for k in single)
     builtin = build_spec(None, {"tier": "sdxl-lora", "provider": "aws", "region": "us-east-1"})
-    assert gpus_used(builtin) == 1
+    assert gpus_used(builtin) is None  # one process per GPU
     kohya = build_spec(None, {"tier": "sdxl-lora", "provider": "aws", "region": "us-east-1", "trainer": "kohya",
                               "dataset": None, "trainer_arg": ["dataset_config=/d.toml"]})
     assert gpus_used(kohya) == 1
     kohya.trainer_args["launcher"] = ["accelerate", "launch", "--num_processes", "4"]
     assert gpus_used(kohya) == 4
+
+
+def test_builtin_runs_one_process_per_gpu_through_accelerate(tmp_path):
+    from sdcloud_agent.trainers.base import Context
+    from sdcloud_agent.trainers.builtin_adapter import BuiltinTrainer
+
+    t = BuiltinTrainer()
+    ctx = Context(steps=10, checkpoint_every=5, model="tiny", workdir=tmp_path, checkpoint_dir=tmp_path / "c",
+                  output_dir=tmp_path / "o", gpus=4)
+    cmd = t.command(ctx)
+    assert cmd[1:4] == ["-m", "accelerate.commands.launch", "--multi_gpu"]
+    assert cmd[cmd.index("--num_processes") + 1] == "4" and t.signal_group
+    ctx.gpus = 1
+    cmd = t.command(ctx)
+    assert cmd[1:3] == ["-m", "sdcloud_agent.trainers.builtin"] and not t.signal_group

@@ -114,6 +114,7 @@ class Agent:
 
     def _check_gpu(self) -> None:
         gpus = gpu.query()
+        self.gpu_count = len(gpus)
         for g in gpus:
             log.info("GPU: %s, %.1f GB, driver %s", g.name, g.vram_gb, g.driver)
         res = gpu.check(gpus, self.cfg.min_vram_gb, self.cfg.rec_vram_gb, self.cfg.require_gpu)
@@ -336,7 +337,7 @@ class Agent:
         dataset = self._stage()
         ctx = Context(steps=cfg.steps, checkpoint_every=cfg.checkpoint_every, model=cfg.model, workdir=self.workdir,
                       checkpoint_dir=self.workdir / "checkpoints", output_dir=self.workdir / "output",
-                      dataset=dataset, trainer_args=cfg.trainer_args)
+                      dataset=dataset, trainer_args=cfg.trainer_args, gpus=getattr(self, "gpu_count", 0))
         ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.worker.sync.seed()
         self._restore(ctx)

@@ -168,12 +168,12 @@ def check_trainer_args(spec: Any, tier: Tier) -> None:
 
 
 def gpus_used(spec: Any) -> int | None:
-    """How many GPUs of a host the run's trainer drives, for the optimizer's estimate. The builtin
-    trainer and a plain `accelerate launch` run one process on one GPU; a launcher that asks for
-    more (--num_processes N, --multi_gpu) uses N (or all); an arbitrary command: assume all."""
-    if spec.trainer == "builtin":
-        return 1
-    if spec.trainer == "command":
+    """How many GPUs of a host the run's trainer drives, for the optimizer's estimate (None: all).
+    The builtin trainer uses every GPU; kohya and diffusers under a plain `accelerate launch` run
+    one process on one GPU; a launcher that asks for more (--num_processes N, --multi_gpu) uses N
+    (or all)."""
+    if spec.trainer in ("builtin", "command"):
+        # The builtin trainer runs one process per GPU (DDP); a command: assume it uses them all.
         return None
     args = spec.trainer_args if isinstance(spec.trainer_args, dict) else {}
     launcher = args.get("launcher") or []

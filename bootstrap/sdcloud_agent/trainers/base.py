@@ -39,6 +39,7 @@ class Context:
     resume_step: int = 0  # its global step (0: a fresh start)
     trainer_args: object = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    gpus: int = 0  # GPUs on the host (nvidia-smi); the builtin trainer runs one process per GPU
 
 
 def flag_args(args: dict) -> list[str]:

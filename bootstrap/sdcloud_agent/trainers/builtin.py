@@ -772,6 +772,7 @@ class Trainer:
         return {"mode": a.mode, "rank": a.rank if a.mode == "lora" else None, "model": a.model,
                 "family": self.family, "seed": a.seed, "resolution": a.resolution,
                 "batch_size": a.batch_size, "grad_accum": a.grad_accum, "optimizer": a.optimizer,
+                "world_size": DIST.world,
                 "data": data_fingerprint(a)}
 
     def save_checkpoint(self) -> Path:
@@ -853,7 +854,7 @@ class Trainer:
             if state.get(key) != mine[key]:
                 raise UsageError(f"checkpoint {path} has {key}={state.get(key)!r}, "
                                  f"this run {mine[key]!r}")
-        for key in ("seed", "batch_size", "grad_accum", "resolution", "data", "model"):
+        for key in ("seed", "batch_size", "grad_accum", "world_size", "resolution", "data", "model"):
             if state.get(key) != mine[key]:
                 log(f"warning: checkpoint {key}={state.get(key)!r} differs from {mine[key]!r}; "
                     "the run will not match an uninterrupted one")
