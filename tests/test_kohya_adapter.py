@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from sdcloud_agent import manifest as mf
 from sdcloud_agent.store import open_store
 from sdcloud_agent.trainers.base import Context
@@ -103,3 +105,25 @@ def test_only_the_training_bar_counts_and_required_flags(tmp_path):
     assert t.parse_line("steps:  10%|#| 10/100 [00:10<01:30, 1.00it/s, avr_loss=0.1]")["step"] == 10
     assert t.missing_flags({"script": "sdxl_train_network.py"}, has_dataset=True) == ["network_module", "resolution"]
     assert t.missing_flags({"script": "sdxl_train.py", "resolution": "1024"}, has_dataset=False) == ["dataset_config"]
+
+
+@pytest.mark.slow
+def test_a_model_in_the_bucket_is_staged_for_the_trainer(tmp_path):
+    """--model file://.../models/sdxl/ (a diffusers folder in the bucket): the agent copies it to
+    local disk and the builtin trainer trains from it (tiny SDXL, 2 steps)."""
+    import shutil
+
+    from sdcloud_agent.trainers import tiny
+
+    bucket = tmp_path / "bucket"
+    tiny.save_pipeline(bucket / "models" / "xl", family="sdxl")
+    cfg = _config(tmp_path, 1, {"url": f"file://{bucket}"}, "", kind="none", trainer="builtin",
+                  trainer_args={"synthetic": 2, "device": "cpu", "family": "sdxl"}, steps=2, every=2,
+                  model=f"file://{bucket}/models/xl")
+    proc = _start_agent(cfg, {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    _, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert (tmp_path / "work-1" / "model" / "unet" / "config.json").is_file()
+    store = open_store(f"file://{bucket}")
+    assert store.head("runs/e2e/artifacts/lora_kohya.safetensors") is not None
+    shutil.rmtree(tmp_path / "work-1", ignore_errors=True)

@@ -133,6 +133,25 @@ class Agent:
         except (StoreError, OSError) as exc:
             raise Failure(f"staging the dataset failed: {exc}") from exc
 
+    def _stage_model(self, model: str) -> str:
+        """A base model in a bucket (a diffusers folder or one .safetensors file) is copied to
+        local disk like the dataset; the trainer gets the local path."""
+        if not staging.is_remote(model):
+            return model
+        self.status.set_phase("staging")
+        opts = {k: v for k, v in self.cfg.store.items() if k != "url"}
+        dest = self.workdir / "model"
+        try:
+            if model.lower().endswith((".safetensors", ".ckpt")):
+                parent, name = model.rsplit("/", 1)
+                dest.mkdir(parents=True, exist_ok=True)
+                src = open_store({"url": parent, **opts})
+                retry(lambda: src.get_file(name, dest / name), what=f"download of {name}", log=log.warning)
+                return str(dest / name)
+            return str(staging.stage(model.rstrip("/"), dest, opts).path)
+        except (StoreError, OSError) as exc:
+            raise Failure(f"staging the model {model} failed: {exc}") from exc
+
     def _restore(self, ctx: Context) -> None:
         self.status.set_phase("restoring")
         sync = self.worker.sync
@@ -335,7 +354,8 @@ class Agent:
         self._prepare_disk()
         self._check_gpu()
         dataset = self._stage()
-        ctx = Context(steps=cfg.steps, checkpoint_every=cfg.checkpoint_every, model=cfg.model, workdir=self.workdir,
+        model = self._stage_model(cfg.model)
+        ctx = Context(steps=cfg.steps, checkpoint_every=cfg.checkpoint_every, model=model, workdir=self.workdir,
                       checkpoint_dir=self.workdir / "checkpoints", output_dir=self.workdir / "output",
                       dataset=dataset, trainer_args=cfg.trainer_args, gpus=getattr(self, "gpu_count", 0))
         ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)

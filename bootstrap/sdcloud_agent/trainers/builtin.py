@@ -213,7 +213,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mixed-precision", choices=["auto", "no", "fp16", "bf16"], default="auto",
                    help="auto: bf16 on compute capability >= 8 (A10G, A100, L4, H100), fp16 with a "
                         "loss scaler below (T4, V100), no on CPU")
-    p.add_argument("--validation-prompt", action="append", default=[], metavar="TEXT",
+    p.add_argument("--validation-prompt", action="extend", nargs="+", default=[], metavar="TEXT",
                    help="render this prompt (fixed seed) into samples/ of every checkpoint; repeatable")
     p.add_argument("--validation-steps", type=int, default=20,
                    help="sampling steps of the validation images")
