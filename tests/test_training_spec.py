@@ -65,6 +65,9 @@ def test_builtin_gets_the_tier_family_mode_resolution_and_batch(sdcloud_home):
     args = agent_config(spec, "r1", 1, 10, {"url": "file:///tmp/x"})["trainer_args"]
     # A mapping from --trainer-arg; tiny keeps its 32 px but takes the tier's family and mode.
     assert args["family"] == "sdxl" and args["mode"] == "dreambooth" and args["batch-size"] == 1
+    sd2 = build_spec(None, {"tier": "sd15-lora", "provider": "local", "model": "tiny-sd2"})  # SD 2.x: an sd15 tier
+    sd2_args = agent_config(sd2, "r3", 1, 10, {"url": "file:///tmp/x"})["trainer_args"]
+    assert sd2_args[sd2_args.index("--family") + 1] == "sd15,sd2"
     assert "resolution" not in args and args["validation-prompt"] == "a dog"
     real = build_spec(None, {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1"})
     assert real.model == "stable-diffusion-v1-5/stable-diffusion-v1-5"

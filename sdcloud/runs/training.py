@@ -34,6 +34,11 @@ def resolve_model(model: str | None, provider: str, tier: Tier) -> str:
     return model
 
 
+def accepted_families(tier: Tier) -> tuple[str, ...]:
+    """SD 2.x models train under the SD 1.5 tiers: the same UNet size at 512-768 px."""
+    return ("sd15", "sd2") if tier.family == "sd15" else (tier.family,)
+
+
 def check_model_family(model: str, tier: Tier) -> str | None:
     """The model's family, checked against the tier's; None when only the host can tell (a bucket
     URL or an unknown hub id: the trainer checks it there with the real loaders)."""
@@ -43,7 +48,7 @@ def check_model_family(model: str, tier: Tier) -> str | None:
         family = detect_family(model, default_tiny=tier.family)
     except ModelError as exc:
         raise UserError(f"--model {exc}") from None
-    if family is not None and family != tier.family:
+    if family is not None and family not in accepted_families(tier):
         raise UserError(f"--model {model} is an {family} model but tier {tier.name} trains {tier.family}; "
                         f"pick a {tier.family} model or a {family} tier (sdcloud tiers)")
     return family
@@ -107,7 +112,7 @@ def tier_defaults(trainer: str, tier: Tier) -> dict[str, Any]:
     the host from the GPU's compute capability (bf16 on 8.x and later, fp16 below)."""
     fam = "sd15" if tier.family == "sd2" else tier.family
     if trainer == "builtin":
-        return {"family": tier.family, "mode": tier.mode, "resolution": tier.resolution,
+        return {"family": ",".join(accepted_families(tier)), "mode": tier.mode, "resolution": tier.resolution,
                 "batch-size": tier.batch_size}
     if trainer == "kohya":
         out: dict[str, Any] = {"script": KOHYA_SCRIPTS.get((fam, tier.mode), "sdxl_train_network.py"),

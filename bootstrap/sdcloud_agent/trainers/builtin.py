@@ -173,8 +173,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="tiny",
                    help="tiny / tiny-sd15 / tiny-sd2 / tiny-sdxl (random tiny pipelines, for tests), a "
                         "local diffusers folder, a single-file .safetensors checkpoint or a hub id")
-    p.add_argument("--family", choices=["auto", "sd15", "sd2", "sdxl"], default="auto",
-                   help="the family the model must be (exit 2 otherwise); for plain 'tiny', which one")
+    p.add_argument("--family", default="auto",
+                   help="the family the model must be: sd15, sd2, sdxl or a comma list such as "
+                        "sd15,sd2 (exit 2 otherwise); for plain 'tiny', the first one")
     p.add_argument("--model-config", default=None,
                    help="single-file checkpoints: a diffusers folder or hub id with the configs")
     p.add_argument("--prediction-type", choices=["auto", "epsilon", "v_prediction"], default="auto",
@@ -239,8 +240,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             or a.keep_checkpoints < 0):
         p.error("--batch-size, --grad-accum and --rank must be >= 1; --checkpoint-every, "
                 "--keep-checkpoints >= 0")
+    families = [f for f in a.family.split(",") if f] if a.family != "auto" else []
+    if any(f not in ("sd15", "sd2", "sdxl") for f in families):
+        p.error(f"--family must be auto or a comma list of sd15, sd2, sdxl, got {a.family!r}")
+    a.families = families
     if a.resolution is None:
-        a.resolution = 32 if a.model.startswith("tiny") else (1024 if a.family == "sdxl" else 512)
+        a.resolution = 32 if a.model.startswith("tiny") else (1024 if families[:1] == ["sdxl"] else 512)
     if a.resolution % 8:
         p.error("--resolution must be a multiple of 8")
     if a.data_dir is None and a.synthetic is None:
@@ -531,16 +536,16 @@ class Trainer:
         from . import models
 
         args = self.args
-        want = None if args.family == "auto" else args.family
+        want = args.families
         try:
-            c = models.load_components(args.model, family=want, resolution=args.resolution,
-                                       config=args.model_config)
+            c = models.load_components(args.model, family=want[0] if want else None,
+                                       resolution=args.resolution, config=args.model_config)
         except models.ModelError as exc:
             raise UsageError(str(exc)) from None
         self.family = models.family_of(c)
-        if want and self.family != want:
+        if want and self.family not in want:
             raise UsageError(f"--model {args.model} is an {self.family} model; this run trains "
-                             f"{want} (pick a model of that family or another tier)")
+                             f"{' or '.join(want)} (pick a model of that family or another tier)")
         self.components = c
         self.unet, self.vae, self.text_encoder = c["unet"], c["vae"], c["text_encoder"]
         self.tokenizer, self.noise_scheduler = c["tokenizer"], c["scheduler"]
