@@ -1,4 +1,6 @@
-"""sdcloud's builtin Stable Diffusion trainer: LoRA (default) or DreamBooth (full UNet fine-tune).
+"""sdcloud's builtin Stable Diffusion trainer: LoRA (default) or DreamBooth (full UNet fine-tune)
+of SD 1.x, SD 2.x (v-prediction included) and SDXL models (models.py), with the memory recipe of
+the GPU (recipes.py), one process per GPU when launched data-parallel (Dist below).
 
     python -m sdcloud_agent.trainers.builtin --model tiny --steps 100 --checkpoint-every 20 ...
 
