@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "down": ("run", "down", "Stop a run (or all runs) and terminate its hosts."),
     "watch": ("run", "watch", "Follow a run's progress."),
     "ssh": ("run", "ssh", "Open a shell on a run's current host."),
+    "pull": ("pull", "pull", "Download a run's finished model (its artifacts) to a folder."),
     "tiers": ("offers", "tiers", "List the workload tiers and what each needs."),
     "offers": ("offers", "offers", "Rank GPU offers by the expected cost to finish a job."),
     "catalog": ("catalog", "catalog", "Refresh or show the GPU offer catalog."),

@@ -159,3 +159,33 @@ def test_detach_then_watch_state_then_down_stops_everything(sdcloud_home):
 
     newest = manifest.newest_complete(open_store((sdcloud_home / "bucket").as_uri()), f"runs/{run_id}")
     assert newest is not None and newest.step >= 2
+
+
+@pytest.mark.parametrize("tier", ["sdxl-lora", "sd15-dreambooth", "sd15-lora", "sdxl-dreambooth"])
+def test_up_local_reclaimed_run_ends_bitwise_equal_to_an_uninterrupted_one(sdcloud_home, tmp_path, tier):
+    """The tiny model of the tier's family (SDXL: two text encoders) through `sdcloud up`, reclaimed
+    and resumed on a new host, ends with the same bits as a run nobody interrupted; `pull` fetches
+    both; the LoRA comes in both layouts."""
+    from safetensors.torch import load_file
+
+    common = ["up", "--provider", "local", "--tier", tier, "--model", "tiny", "--steps", "20",
+              "--checkpoint-every", "4", "--yes", "--json"]
+    reclaimed = sdcloud(*common, "--name", "reclaimed", "--simulate-preemption", "12")
+    assert reclaimed.returncode == 0, reclaimed.stderr[-3000:]
+    first = json.loads(reclaimed.stdout)
+    assert [a["end_reason"] for a in first["attempts"]] == ["preempted", "succeeded"]
+    assert first["pull"] == f"sdcloud pull {first['run']}" and first["artifacts"].endswith("/artifacts/")
+    plain = sdcloud(*common, "--name", "plain")
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    second = json.loads(plain.stdout)
+    for run in (first, second):
+        assert sdcloud("pull", run["run"], str(tmp_path / run["run"])).returncode == 0
+    a, b = tmp_path / first["run"], tmp_path / second["run"]
+    if tier.endswith("lora"):
+        names = ["pytorch_lora_weights.safetensors", "lora_kohya.safetensors"]
+    else:
+        names = [str(p.relative_to(a)) for p in (a / "unet").glob("*.safetensors")]
+    assert names and (a / "README.md").is_file()
+    for name in names:
+        wa, wb = load_file(str(a / name)), load_file(str(b / name))
+        assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa), name

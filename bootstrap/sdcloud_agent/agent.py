@@ -126,6 +126,7 @@ class Agent:
 
     def _check_gpu(self) -> None:
         gpus = gpu.query()
+        self.gpu_count = len(gpus)
         for g in gpus:
             log.info("GPU: %s, %.1f GB, driver %s", g.name, g.vram_gb, g.driver)
         res = gpu.check(gpus, self.cfg.min_vram_gb, self.cfg.rec_vram_gb, self.cfg.require_gpu)
@@ -165,6 +166,25 @@ class Agent:
             elif isinstance(args, list) and "--resolution" not in args:
                 self.cfg.trainer_args = [*args, "--resolution", "32"]
         return path
+
+    def _stage_bucket_model(self, model: str) -> str:
+        """A base model in a bucket (a diffusers folder or one .safetensors file) is copied to
+        local disk like the dataset; the trainer gets the local path."""
+        if not staging.is_remote(model):
+            return model
+        self.status.set_phase("staging")
+        opts = {k: v for k, v in self.cfg.store.items() if k != "url"}
+        dest = self.workdir / "model"
+        try:
+            if model.lower().endswith((".safetensors", ".ckpt")):
+                parent, name = model.rsplit("/", 1)
+                dest.mkdir(parents=True, exist_ok=True)
+                src = open_store({"url": parent, **opts})
+                retry(lambda: src.get_file(name, dest / name), what=f"download of {name}", log=log.warning)
+                return str(dest / name)
+            return str(staging.stage(model.rstrip("/"), dest, opts).path)
+        except (StoreError, OSError) as exc:
+            raise Failure(f"staging the model {model} failed: {exc}") from exc
 
     def _restore(self, ctx: Context) -> None:
         self.status.set_phase("restoring")
@@ -385,11 +405,13 @@ class Agent:
         cfg = self.cfg
         self._prepare_disk()
         self._check_gpu()
-        model = self._stage_model()
+        # A cloud host stages the model from the bucket's cache (boot phase "model"); a model given
+        # as a bucket URL (a folder or one .safetensors file) is then copied to local disk.
+        model = self._stage_bucket_model(self._stage_model())
         dataset = self._stage()
         ctx = Context(steps=cfg.steps, checkpoint_every=cfg.checkpoint_every, model=model, workdir=self.workdir,
                       checkpoint_dir=self.workdir / "checkpoints", output_dir=self.workdir / "output",
-                      dataset=dataset, trainer_args=cfg.trainer_args)
+                      dataset=dataset, trainer_args=cfg.trainer_args, gpus=getattr(self, "gpu_count", 0))
         ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.worker.sync.seed()
         self._restore(ctx)
@@ -412,6 +434,12 @@ class Agent:
             tail = "\n".join(list(self.tail)[-15:])
             raise Failure(f"trainer exited with code {rc}; last output:\n{tail}")
         self._submit_finished(ctx, exited=True)
+        missing = self.trainer.missing_output(ctx)
+        if missing:
+            # Its checkpoints are kept (uploaded above); the attempt failed: there is no model.
+            self.worker.wait_idle(timeout=300)
+            tail = "\n".join(list(self.tail)[-15:])
+            raise Failure(f"{missing}; last output:\n{tail}")
         self.status.set_phase("uploading")
         while not self.worker.wait_idle(timeout=0.5):
             if self.notice_event.is_set():

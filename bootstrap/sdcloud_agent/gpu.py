@@ -36,6 +36,18 @@ class GpuCheck:
     warnings: list[str] = field(default_factory=list)
 
 
+def compute_capability() -> float | None:
+    """The first GPU's CUDA compute capability (8.6 for an A10G, 7.5 for a T4), or None."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+        return float(out.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
 def parse(csv_text: str) -> list[Gpu]:
     """Parse `nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv` (header optional)."""
     gpus = []

@@ -143,8 +143,10 @@ def _check_estimates(spec, tier, total_steps: int) -> None:
     from ..offers.optimizer import rank
 
     market = None if spec.market == "spot" else "on-demand"
+    from ..runs.training import gpus_used
+
     ranked = rank(tier, load_catalog([spec.provider]), market=market, max_price=spec.max_price, provider=spec.provider,
-                  region=spec.region, job_size=total_steps)
+                  region=spec.region, job_size=total_steps, gpus_used=gpus_used(spec))
     if not ranked:
         raise UserError(f"no {spec.provider} offer fits tier {tier.name}")
     if spec.deadline_hours is not None:
@@ -214,10 +216,20 @@ def _run_ended(ctl, state, run_id: str, as_json: bool, interrupted: bool = False
     from ..runs.controller import summary
 
     summ = summary(state, run_id)
+    if summ["state"] == "succeeded":
+        from ..runs.artifacts import location
+
+        try:
+            summ["artifacts"] = location(state.get_run(run_id))
+        except Exception:  # noqa: BLE001 - the summary stands without it
+            summ["artifacts"] = None
+        summ["pull"] = f"sdcloud pull {run_id}"
     if as_json:
         emit_json(summ)
     else:
         render_summary(summ)
+        if summ.get("artifacts"):
+            click.echo(f"the model is in {summ['artifacts']}; download it with: sdcloud pull {run_id} [DIR]")
     if interrupted:
         raise SystemExit(EXIT_INTERRUPTED)
     if summ["state"] != "succeeded":
@@ -280,7 +292,10 @@ def drive(state, run_id: str, detach: bool, as_json: bool) -> None:
               help="A name for the run; an unfinished, stopped or failed run of that name is continued.")
 @click.option("--dataset", metavar="PATH", help="Images (and captions): a local folder or s3:// / cos:// URL.")
 @click.option("--trainer", metavar="TRAINER", help="builtin (default), diffusers, kohya or command.")
-@click.option("--model", metavar="MODEL", help="Base model: tiny (demo), a local diffusers folder, or a model id the host can load.")
+@click.option("--model", metavar="MODEL", help="Base model: a hub id, a .safetensors file, a diffusers folder or a bucket URL "
+              "(default: the tier's base model; tiny on the local provider).")
+@click.option("--trainer-arg", "trainer_arg", multiple=True, metavar="KEY=VALUE",
+              help="A flag for the trainer (repeatable), e.g. --trainer-arg instance_prompt='a photo of sks dog'.")
 @click.option("--steps", metavar="N", help="Training steps (default: the tier's reference job).")
 @click.option("--checkpoint-every", metavar="N", help="Save a checkpoint every N steps.")
 @click.option("--store", metavar="URL", help="Bucket URL for checkpoints instead of the stack's (s3://BUCKET/PREFIX or file:///DIR).")
@@ -289,7 +304,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool) -> None:
 @click.option("--detach", is_flag=True, help="Run the controller in the background; follow with sdcloud watch RUN.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation before launching paid hosts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
-def up(tier, spot, on_demand, max_price, provider, region, deadline, budget, name, dataset, trainer, model, steps,
+def up(tier, spot, on_demand, max_price, provider, region, deadline, budget, name, dataset, trainer, model, trainer_arg, steps,
        checkpoint_every, store, simulate_preemption, runfile, detach, yes, as_json) -> None:
     """Run a training job: pick the offer, launch, survive reclaims, report the cost."""
     from .. import config
@@ -299,7 +314,8 @@ def up(tier, spot, on_demand, max_price, provider, region, deadline, budget, nam
     flags = {"tier": tier, "market": market_of(spot, on_demand), "max_price": max_price, "provider": provider,
              "region": region, "deadline_hours": deadline, "budget": _budget(budget), "name": name,
              "dataset": _local_path(dataset), "trainer": trainer, "model": _local_path(model), "steps": steps,
-             "checkpoint_every": checkpoint_every, "store": store, "simulate_preemption": simulate_preemption}
+             "checkpoint_every": checkpoint_every, "store": store, "simulate_preemption": simulate_preemption,
+             "trainer_arg": list(trainer_arg) or None}
     state = _state()
     existing = state.get_run(name) if name else None
     if existing and existing["state"] in ("stopped", "failed"):

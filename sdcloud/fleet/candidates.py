@@ -27,12 +27,15 @@ def attempt_zone_key(provider: str, region: str | None, zone: str | None, instan
 
 
 def candidates(provider, tier: Tier, market: str, *, max_price: float | None, region: str | None, job_size: int,
-               events: Callable[[str, dict], None]) -> list[Offer]:
-    """The offers to choose from. Local and SSH providers list their own; clouds rank the catalog."""
+               events: Callable[[str, dict], None], gpus_used: int | None = None) -> list[Offer]:
+    """The offers to choose from. Local and SSH providers list their own; clouds rank the catalog.
+
+    `gpus_used`: how many of a host's GPUs the owner's work drives (None: all), so that a host is
+    estimated by the speed it will really give."""
     if provider.name in ("local", "ssh"):
         return list(provider.offers(tier, market))
     ranked = rank(tier, load_catalog([provider.name]), market=None, max_price=max_price, provider=provider.name,
-                  region=region, job_size=job_size)
+                  region=region, job_size=job_size, gpus_used=gpus_used)
     spot = [e for e in ranked if e.offer.market == SPOT][:SPOT_CANDIDATES]
     ondemand = [e for e in ranked if e.offer.market == ON_DEMAND][:ONDEMAND_CANDIDATES]
     return per_zone(provider, [e.offer for e in (spot + ondemand)], events)

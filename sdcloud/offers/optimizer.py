@@ -127,17 +127,23 @@ def spot_overhead(band: int | None) -> float:
     return 1.0 + BAND_RECLAIMS_PER_HOUR[band] * (RESTART_HOURS + CHECKPOINT_INTERVAL_HOURS / 2)
 
 
-def job_hours(tier: Tier, row: CatalogRow, job_size: int | None = None) -> float | None:
-    """Hours of compute for the job on one host of `row`, without reclaims; None if the GPU is unknown."""
+def job_hours(tier: Tier, row: CatalogRow, job_size: int | None = None,
+              gpus_used: int | None = None) -> float | None:
+    """Hours of compute for the job on one host of `row`, without reclaims; None if the GPU is unknown.
+
+    `gpus_used`: how many of the host's GPUs the trainer drives (None: all of them). A trainer on
+    one GPU of an 8-GPU host is no faster than on a 1-GPU host, however the host is priced."""
     rel = relative_speed(row.gpu, tier.kind)
     if rel is None:
         return None
-    rate = tier.ref_rate * rel * multi_gpu_speedup(row.gpu_count, tier.kind)
+    used = row.gpu_count if gpus_used is None else max(1, min(gpus_used, row.gpu_count))
+    rate = tier.ref_rate * rel * multi_gpu_speedup(used, tier.kind)
     return SETUP_HOURS + (job_size or tier.job_size) / rate / 3600.0
 
 
-def estimate(tier: Tier, offer: Offer, job_size: int | None = None) -> Estimate | None:
-    hours = job_hours(tier, offer.row, job_size)
+def estimate(tier: Tier, offer: Offer, job_size: int | None = None,
+             gpus_used: int | None = None) -> Estimate | None:
+    hours = job_hours(tier, offer.row, job_size, gpus_used)
     if hours is None:
         return None
     overhead = spot_overhead(offer.band)
@@ -170,10 +176,12 @@ def rank(
     provider: str | None = None,
     region: str | None = None,
     job_size: int | None = None,
+    gpus_used: int | None = None,
 ) -> list[Estimate]:
     """Offers that meet the tier, cheapest expected cost to finish first.
 
-    `max_price` is USD per hour. Raises UserError for a filter that nothing matches.
+    `max_price` is USD per hour; `gpus_used` how many GPUs of a host the trainer drives (None: all).
+    Raises UserError for a filter that nothing matches.
     """
     if market is not None and market not in MARKETS:
         raise UserError(f"unknown market {market!r}; valid: {', '.join(MARKETS)}")
@@ -200,7 +208,7 @@ def rank(
         for m in markets:
             if (row.spot_price if m == "spot" else row.ondemand_price) is None:
                 continue
-            est = estimate(tier, Offer(row, m), job_size)
+            est = estimate(tier, Offer(row, m), job_size, gpus_used)
             if est is not None:
                 candidates.append(est)
     if max_price is not None:

@@ -25,6 +25,9 @@ class Tier:
     resolution: int
     batch_size: int
     ref_rate: float  # steps/s or images/s on the reference GPU (A10G)
+    family: str = "sd15"  # model family: sd15, sd2 or sdxl
+    base_model: str = ""  # the default --model on paid providers (a hub id)
+    mode: str = "lora"  # the builtin trainer's --mode: lora or dreambooth (full UNet)
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def gpus_fit(self) -> list[str]:
@@ -54,6 +57,8 @@ class Tier:
             "ref_gpu": "A10G",
             "vram_compared": "usable MiB as the driver reports it",
             "gpus_fit": self.gpus_fit(),
+            "family": self.family,
+            "base_model": self.base_model,
             "sources": dict(self.sources),
         }
 
@@ -76,6 +81,9 @@ def _tier(name: str, raw: dict) -> Tier:
         resolution=int(raw["resolution"]),
         batch_size=int(raw["batch_size"]),
         ref_rate=float(raw["ref_rate"]),
+        family=str(raw.get("family", "sd15")),
+        base_model=str(raw.get("base_model", "")),
+        mode=str(raw.get("mode", "lora")),
         sources=dict(raw.get("sources", {})),
     )
 

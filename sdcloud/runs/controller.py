@@ -92,9 +92,11 @@ class Controller:
 
         self.store = open_run_store(self.store_conf)
         self.provider_name = getattr(self.provider, "name", None) or self.spec.provider
+        from .training import gpus_used
+
         offers = fleet_candidates(_Named(self.provider, self.spec.provider), self.tier, self.spec.market,
                                   max_price=self.spec.max_price, region=self.spec.region, job_size=self.total_steps,
-                                  events=self.event)
+                                  events=self.event, gpus_used=gpus_used(self.spec))
         self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
                            self.event, self.timing, spec_market=self.spec.market, max_price=self.spec.max_price)
 
@@ -356,17 +358,11 @@ class _Named:
         return getattr(self._provider, attr)
 
 
-# The tiny model trains at ~30 steps/s on a CPU: too fast to watch. On the local provider it runs at
-# a demo pace of one step per second, so that `--simulate-preemption 20` lands mid-run.
-DEMO_STEP_SECONDS = 1.0
+def _trainer_args(spec: RunSpec):
+    # The tier's flags for the trainer under the user's; a mapping stays a mapping (runs/training.py).
+    from .training import trainer_args_for
 
-
-def _trainer_args(spec: RunSpec) -> list[str]:
-    args = [str(a) for a in spec.trainer_args]
-    if (spec.provider == "local" and spec.trainer == "builtin" and spec.model == "tiny"
-            and not any(a.startswith("--min-step-seconds") for a in args)):
-        args += ["--min-step-seconds", str(DEMO_STEP_SECONDS)]
-    return args
+    return trainer_args_for(spec, get_tier(spec.tier))
 
 
 def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, store_conf: dict) -> dict:

@@ -9,6 +9,7 @@ import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from ..errors import UserError
 from ..names import match_name
@@ -50,8 +51,9 @@ class RunSpec:
     name: str | None = None
     dataset: str | None = None
     trainer: str = "builtin"
-    trainer_args: list[str] = field(default_factory=list)
-    model: str = "tiny"
+    # A mapping of flags (kept whole, keys and values) or an argv list (builtin, command).
+    trainer_args: Any = field(default_factory=list)
+    model: str | None = None  # None: tiny on local/ssh, the tier's base_model on paid providers
     steps: int | None = None
     checkpoint_every: int | None = None
     simulate_preemption: float | None = None  # seconds into the first attempt (local provider)
@@ -151,8 +153,17 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
     dataset = data.get("dataset")
     if dataset and "://" not in str(dataset) and not Path(str(dataset)).expanduser().exists():
         raise UserError(f"dataset path {dataset} does not exist")
-    if isinstance(data.get("trainer_args"), str):
-        import shlex
+    from .training import check_model_family, check_trainer_args, merge_trainer_args, resolve_model
 
-        data["trainer_args"] = shlex.split(data["trainer_args"])
-    return RunSpec(**data)
+    tier = get_tier(str(data["tier"]))
+    # `--trainer-arg KEY=VALUE` pairs go over the run file's trainer_args; a mapping stays one.
+    data["trainer_args"] = merge_trainer_args(data.get("trainer_args"), data.pop("trainer_arg", None) or [])
+    data["model"] = resolve_model(data.get("model"), data.get("provider", "local"), tier)
+    check_model_family(data["model"], tier)
+    if dataset and "://" not in str(dataset):
+        from .datasets import check_dataset
+
+        check_dataset(Path(str(dataset)).expanduser())
+    spec = RunSpec(**data)
+    check_trainer_args(spec, tier)
+    return spec

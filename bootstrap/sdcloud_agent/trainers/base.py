@@ -39,6 +39,7 @@ class Context:
     resume_step: int = 0  # its global step (0: a fresh start)
     trainer_args: object = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    gpus: int = 0  # GPUs on the host (nvidia-smi); the builtin trainer runs one process per GPU
 
 
 def flag_args(args: dict) -> list[str]:
@@ -217,6 +218,13 @@ class Trainer:
             pass
 
     # -- results ----------------------------------------------------------------------------
+    def missing_output(self, ctx: Context) -> str | None:
+        """Why a trainer that exited 0 did not finish (no final model), or None. Some scripts
+        exit 0 after printing an error (kohya's "No data found"): that is a failed attempt."""
+        if not self.artifacts(ctx):
+            return f"trainer {self.name} exited 0 but wrote no model to {ctx.output_dir}"
+        return None
+
     def artifacts(self, ctx: Context) -> list[Path]:
         """Files of the finished model (uploaded to artifacts/)."""
         if not ctx.output_dir.is_dir():
@@ -232,9 +240,35 @@ class AccelerateTrainer(Trainer):
 
     has_marker = True  # accelerate save_state writes random_states_*.pkl last
     default_script = ""
+    # Progress bars of other phases (reading captions, caching latents, loading weights) are not
+    # training steps: only the bar these scripts label "steps" counts.
+    progress_label = re.compile(r"\bsteps:", re.IGNORECASE)
+
+    def parse_line(self, line: str) -> dict | None:
+        if parse_protocol(line) is None and not self.progress_label.search(line):
+            return None
+        return super().parse_line(line)
+
+    def missing_flags(self, args: dict, has_dataset: bool) -> list[str]:
+        """Flags the script cannot start without, that neither the user nor the agent supplies."""
+        return []
+
+    def settle_flags(self, args: dict) -> dict:
+        """Host-side values: mixed_precision "auto" becomes bf16 on compute capability >= 8, else
+        fp16 (torch.cuda.is_bf16_supported() says yes on T4/V100 by emulation, so it is not asked)."""
+        if args.get("mixed_precision") == "auto":
+            from ..gpu import compute_capability
+
+            cap = compute_capability()
+            args["mixed_precision"] = "no" if cap is None else ("bf16" if cap >= 8.0 else "fp16")
+        return args
 
     def _opts(self, ctx: Context) -> tuple[list[str], str, dict]:
         args = dict(ctx.trainer_args) if isinstance(ctx.trainer_args, dict) else {}
         launcher = args.pop("launcher", ["accelerate", "launch"])
         script = args.pop("script", self.default_script)
-        return list(launcher), script, args
+        if isinstance(launcher, str):
+            import shlex
+
+            launcher = shlex.split(launcher)
+        return list(launcher), script, self.settle_flags(args)

@@ -24,7 +24,16 @@ class BuiltinTrainer(Trainer):
     signal_group = False  # it handles the signal itself; its helper processes must not see it
 
     def command(self, ctx: Context) -> list[str]:
-        cmd = [sys.executable, "-m", "sdcloud_agent.trainers.builtin", "--model", ctx.model,
+        launch = [sys.executable, "-m", "sdcloud_agent.trainers.builtin"]
+        self.signal_group = False
+        if ctx.gpus > 1:
+            # One process per GPU (DDP). accelerate does not forward signals to its children, so
+            # a stop or save request goes to the whole group: every rank gets it.
+            launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+                      "--num_processes", str(ctx.gpus), "--num_machines", "1", "--mixed_precision", "no",
+                      "--dynamo_backend", "no", "-m", "sdcloud_agent.trainers.builtin"]
+            self.signal_group = True
+        cmd = [*launch, "--model", ctx.model,
                "--steps", str(ctx.steps), "--checkpoint-every", str(ctx.checkpoint_every),
                "--checkpoint-dir", str(ctx.checkpoint_dir), "--output", str(ctx.output_dir)]
         if ctx.resume:

@@ -44,6 +44,9 @@ class CommandTrainer(Trainer):
         self.save_signal = int(getattr(signal, name)) if name else None
         return super().environment(ctx)
 
+    def missing_output(self, ctx: Context) -> str | None:
+        return None  # any command: where (and whether) it writes a model is its own business
+
     def request_save(self, proc: subprocess.Popen) -> bool:
         if self.save_signal is None:
             return False

@@ -16,6 +16,9 @@ from .base import AccelerateTrainer, Context, flag_args
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 # Flags the agent owns; a value in trainer_args for them is replaced (or bounded).
 OWNED = ("output_dir", "max_train_steps", "checkpointing_steps", "resume_from_checkpoint")
+# Scripts that read captions from a dataset's caption column (--dataset_name/--caption_column).
+CAPTION_SCRIPTS = ("train_dreambooth_lora_sdxl.py", "train_text_to_image.py", "train_text_to_image_lora.py",
+                   "train_text_to_image_sdxl.py", "train_text_to_image_lora_sdxl.py")
 
 
 class DiffusersTrainer(AccelerateTrainer):
@@ -26,13 +29,34 @@ class DiffusersTrainer(AccelerateTrainer):
         # `--resume_from_checkpoint latest` looks in output_dir for the newest checkpoint-N.
         return ctx.checkpoint_dir / (name if _CKPT.match(name or "") else f"checkpoint-{ctx.resume_step}")
 
+    def missing_flags(self, args: dict, has_dataset: bool) -> list[str]:
+        script = Path(str(args.get("script") or self.default_script)).name
+        out = []
+        if script.startswith("train_dreambooth") and not args.get("instance_prompt"):
+            out.append("instance_prompt")  # e.g. "a photo of sks dog": the scripts require it
+        if not (has_dataset or args.get("instance_data_dir") or args.get("dataset_name")
+                or args.get("train_data_dir")):
+            out.append("instance_data_dir")
+        return out
+
     def command(self, ctx: Context) -> list[str]:
         launcher, script, args = self._opts(ctx)
         for k in OWNED:
             args.pop(k, None)
         args.setdefault("pretrained_model_name_or_path", ctx.model)
-        if ctx.dataset is not None:
-            args.setdefault("instance_data_dir", str(ctx.dataset))
+        given = any(k in args for k in ("instance_data_dir", "dataset_name", "train_data_dir"))
+        if ctx.dataset is not None and not given:
+            from .datasets import imagefolder
+
+            prompt = str(args.get("instance_prompt") or "sks")
+            if Path(script).name in CAPTION_SCRIPTS:
+                # Captions reach these scripts through an imagefolder's metadata.jsonl.
+                folder = imagefolder(ctx.dataset, ctx.workdir / "imagefolder", prompt)
+                args.update(dataset_name=str(folder), image_column="image", caption_column="text")
+            else:
+                # --instance_data_dir opens every file of one flat folder: images only.
+                args["instance_data_dir"] = str(imagefolder(ctx.dataset, ctx.workdir / "instance-images",
+                                                            prompt, metadata=False))
         limit = args.get("checkpoints_total_limit")
         if limit is not None:
             args["checkpoints_total_limit"] = max(2, int(limit))

@@ -2,9 +2,18 @@
 
 Network scripts (`train_network.py`, `sdxl_train_network.py`, ...): `--save_state
 --save_every_n_steps K` writes `<output_name>-step<8 digits>-state/` with train_state.json; resume
-with `--resume <newest state folder> --skip_until_initial_step`, which restores the step.
+with `--resume <newest state folder> --skip_until_initial_step`, which restores the data position.
+Past the first epoch those scripts set their global step to the step *within* the epoch (upstream:
+`initial_step -= len(train_dataloader)` per skipped epoch, then `global_step = initial_step`), so
+their folder names and step counts restart low. The adapter keeps its own global step: kohya's
+first progress bar after a resume has `max_train_steps - kohya_step` steps, which gives kohya's
+starting step, and every folder name is shifted by (our step - kohya's step). Progress bars count
+from 0 in each process and are shifted by the resumed step.
 DreamBooth / fine-tune scripts (`train_db.py`, `sdxl_train.py`, `fine_tune.py`) do not restore the
 step: we pass only the remaining steps and add the resumed step to the numbers they print and save.
+
+The dataset folder is converted into a dataset_config TOML (subsets, repeats, caption_extension):
+a flat folder of images given as `--train_data_dir` makes kohya print "No data found" and exit 0.
 """
 
 from __future__ import annotations
@@ -13,33 +22,70 @@ import json
 import re
 from pathlib import Path
 
-from .base import AccelerateTrainer, Context, flag_args
+from .base import AccelerateTrainer, Context, _TQDM, flag_args, parse_tqdm
 
 _STATE = re.compile(r"-step(\d+)-state$")
 STEP_LOSING_SCRIPTS = ("train_db.py", "sdxl_train.py", "fine_tune.py", "sd3_train.py", "flux_train.py")
 OWNED = ("output_dir", "max_train_steps", "save_every_n_steps", "save_state", "resume", "skip_until_initial_step")
+# Our keys in trainer_args that are not kohya flags.
+OURS = ("instance_prompt",)
 
 
 class KohyaTrainer(AccelerateTrainer):
     name = "kohya"
     default_script = "sdxl_train_network.py"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.resumed_step = 0  # the run's global step at this process's start
+        self.max_steps = 0  # the max_train_steps we passed
+        self.awaiting_start = False  # a network-script resume whose starting step is not known yet
+
     def restores_step(self, ctx: Context) -> bool:
         _, script, _ = self._opts(ctx)
         return Path(script).name not in STEP_LOSING_SCRIPTS
+
+    def missing_flags(self, args: dict, has_dataset: bool) -> list[str]:
+        script = Path(str(args.get("script") or self.default_script)).name
+        out = []
+        if script not in STEP_LOSING_SCRIPTS and not args.get("network_module"):
+            out.append("network_module")  # e.g. networks.lora
+        if not (has_dataset or args.get("train_data_dir") or args.get("dataset_config")):
+            out.append("dataset_config")
+        if not (args.get("resolution") or args.get("dataset_config")):
+            out.append("resolution")
+        return out
 
     def command(self, ctx: Context) -> list[str]:
         launcher, script, args = self._opts(ctx)
         for k in OWNED:
             args.pop(k, None)
+        instance_prompt = str(args.pop("instance_prompt", "sks"))
         args.setdefault("pretrained_model_name_or_path", ctx.model)
         args.setdefault("output_name", "sdcloud")
-        if ctx.dataset is not None and "dataset_config" not in args:
-            args.setdefault("train_data_dir", str(ctx.dataset))
+        batches_per_epoch = None
+        if ctx.dataset is not None and "dataset_config" not in args and "train_data_dir" not in args:
+            from .datasets import images_per_epoch, kohya_config
+
+            res = int(str(args.get("resolution") or 1024).split(",")[0])
+            batch = int(args.get("train_batch_size") or 1)
+            args["dataset_config"] = str(kohya_config(
+                ctx.dataset, ctx.workdir / "kohya_dataset.toml", res, batch, instance_prompt))
+            if batch == 1 and int(args.get("gradient_accumulation_steps") or 1) == 1:
+                # One image a batch: an epoch is exactly this many steps, buckets or not.
+                batches_per_epoch = images_per_epoch(ctx.dataset)
         restores = self.restores_step(ctx)
-        # Numbers the trainer prints and saves are shifted by what it does not know it has done.
-        self.step_offset = 0 if restores or ctx.resume is None else ctx.resume_step
-        steps = ctx.steps if restores else max(1, ctx.steps - self.step_offset)
+        self.resumed_step = ctx.resume_step if ctx.resume is not None else 0
+        # Step-losing scripts count from 0: shift everything by the resumed step. Network scripts
+        # restore *a* step: the shift is learnt from their first progress bar (parse_line).
+        self.step_offset = 0 if restores else self.resumed_step
+        self.awaiting_start = restores and ctx.resume is not None
+        steps = ctx.steps if restores else max(1, ctx.steps - self.resumed_step)
+        if self.awaiting_start and batches_per_epoch:
+            # Kohya will start at resumed_step mod batches_per_epoch and train to max_train_steps
+            # in its own count: ask for the steps left, not for resumed_step's worth more.
+            steps = ctx.steps - (self.resumed_step - self.resumed_step % batches_per_epoch)
+        self.max_steps = steps
         flags: dict = {"output_dir": str(ctx.checkpoint_dir), "max_train_steps": steps,
                        "save_state": True, "save_every_n_steps": ctx.checkpoint_every, **args}
         if ctx.resume is not None:
@@ -47,6 +93,20 @@ class KohyaTrainer(AccelerateTrainer):
             if restores:
                 flags["skip_until_initial_step"] = True
         return [*launcher, script, *flag_args(flags)]
+
+    def parse_line(self, line: str) -> dict | None:
+        if not self.progress_label.search(line):
+            return None
+        m = _TQDM.search(line)
+        prog = parse_tqdm(line)
+        if m is None or prog is None:
+            return None
+        if self.awaiting_start:
+            kohya_start = self.max_steps - int(m.group(2))  # the bar spans max_train_steps - start
+            self.step_offset = self.resumed_step - kohya_start
+            self.awaiting_start = False
+        prog["step"] = int(m.group(1)) + self.resumed_step
+        return prog
 
     def local_step(self, path: Path) -> int | None:
         m = _STATE.search(path.name)
@@ -59,6 +119,11 @@ class KohyaTrainer(AccelerateTrainer):
                 return None  # an epoch number in the name is not a step
         return None
 
+    def candidates(self, ctx: Context):
+        if self.awaiting_start:
+            return []  # folder numbers mean nothing until kohya's starting step is known
+        return super().candidates(ctx)
+
     def is_complete(self, path: Path) -> bool:
         return any(path.glob("random_states_*.pkl"))
 
@@ -66,3 +131,9 @@ class KohyaTrainer(AccelerateTrainer):
         if not ctx.checkpoint_dir.is_dir():
             return []
         return sorted(p for p in ctx.checkpoint_dir.iterdir() if p.is_file())
+
+    def missing_output(self, ctx: Context) -> str | None:
+        if not any(p.suffix in (".safetensors", ".ckpt", ".pt") for p in self.artifacts(ctx)):
+            return ("kohya exited 0 without writing its model (a .safetensors file in the output folder); "
+                    "its log above says why (\"No data found\": the dataset layout)")
+        return None

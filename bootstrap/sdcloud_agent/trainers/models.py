@@ -1,0 +1,236 @@
+"""Base models for the builtin trainer: where they come from, which family they are, how to load them.
+
+A model is named by one of:
+
+- ``tiny`` / ``tiny-sd15`` / ``tiny-sd2`` / ``tiny-sdxl``: a random tiny pipeline (tests, demos);
+  plain ``tiny`` takes the family asked for (``--family``), SD1.5 by default;
+- a local diffusers folder (``model_index.json`` + ``unet/`` ...);
+- a single-file checkpoint (``.safetensors``, the original LDM/SGM layout community models use);
+- a Hugging Face hub id (``stabilityai/stable-diffusion-xl-base-1.0``), downloaded on the host.
+
+Family detection here is pure Python (JSON headers and configs; no torch), so the control plane can
+use it before launch. The families: ``sd15`` (SD 1.x), ``sd2`` (SD 2.x, often v-prediction),
+``sdxl``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("sd15", "sd2", "sdxl")
+TINY_NAMES = {"tiny": None, "tiny-sd15": "sd15", "tiny-sd2": "sd2", "tiny-sdxl": "sdxl"}
+
+# Hub ids whose family is known without looking (the ones users name most). Other ids are
+# recognised by their published names or the local Hugging Face cache, else checked on the host.
+KNOWN_HUB_IDS = {
+    "stable-diffusion-v1-5/stable-diffusion-v1-5": "sd15",
+    "runwayml/stable-diffusion-v1-5": "sd15",
+    "compvis/stable-diffusion-v1-4": "sd15",
+    "stabilityai/stable-diffusion-2-1": "sd2",
+    "stabilityai/stable-diffusion-2-1-base": "sd2",
+    "stabilityai/stable-diffusion-2": "sd2",
+    "stabilityai/stable-diffusion-2-base": "sd2",
+    "stabilityai/stable-diffusion-xl-base-1.0": "sdxl",
+    "stabilityai/sdxl-turbo": "sdxl",
+}
+
+
+class ModelError(ValueError):
+    """The model cannot be used (missing, unreadable, wrong family): a usage error."""
+
+
+def is_tiny(model: str) -> bool:
+    return model in TINY_NAMES
+
+
+def is_single_file(model: str) -> bool:
+    return model.lower().endswith((".safetensors", ".ckpt"))
+
+
+def looks_like_hub_id(model: str) -> bool:
+    """`owner/name` that is not a path on this machine nor a URL."""
+    if "://" in model or model.startswith((".", "/", "~")) or is_single_file(model):
+        return False
+    parts = model.split("/")
+    return len(parts) == 2 and all(parts) and not Path(model).exists()
+
+
+def family_from_unet_config(cfg: dict) -> str:
+    """SDXL's UNet takes pooled text + time ids; SD2 (unlike SD1) uses linear attention projections."""
+    if cfg.get("addition_embed_type") == "text_time":
+        return "sdxl"
+    return "sd2" if cfg.get("use_linear_projection") else "sd15"
+
+
+def folder_family(path: Path) -> str | None:
+    cfg = path / "unet" / "config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        return family_from_unet_config(json.loads(cfg.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def safetensors_keys(path: Path) -> list[str]:
+    """Tensor names from a .safetensors header (8-byte length, then JSON), without reading weights."""
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > 100 * 1024 * 1024:
+                raise ModelError(f"{path}: not a safetensors file (header of {n} bytes)")
+            header = json.loads(f.read(n))
+    except (OSError, struct.error, ValueError) as exc:
+        raise ModelError(f"{path}: not a readable safetensors file ({exc})") from None
+    return [k for k in header if k != "__metadata__"]
+
+
+def file_family(path: Path) -> str | None:
+    """The family of a single-file checkpoint from its tensor names: SDXL (SGM) keeps two text
+    encoders under conditioner.embedders.{0,1}; SD2 an OpenCLIP encoder under cond_stage_model.model;
+    SD1 a CLIP transformer under cond_stage_model.transformer."""
+    if path.suffix.lower() != ".safetensors":
+        return None  # a pickled .ckpt is not opened before it is loaded on the host
+    keys = safetensors_keys(path)
+    if any(k.startswith("conditioner.embedders.1.") for k in keys):
+        return "sdxl"
+    if any(k.startswith("cond_stage_model.model.") for k in keys):
+        return "sd2"
+    if any(k.startswith("cond_stage_model.transformer.") for k in keys):
+        return "sd15"
+    if any(k.startswith("model.diffusion_model.") for k in keys):
+        # A UNet without its text encoder: SDXL's has label_emb (the pooled/time conditioning).
+        return "sdxl" if any(k.startswith("model.diffusion_model.label_emb.") for k in keys) else None
+    raise ModelError(f"{path}: no Stable Diffusion UNet in this file (a LoRA or a VAE?)")
+
+
+def hub_family(model_id: str) -> str | None:
+    """Known ids, then the local Hugging Face cache (never the network), then the published name."""
+    known = KNOWN_HUB_IDS.get(model_id.lower())
+    if known:
+        return known
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model_id, "unet/config.json")
+        if isinstance(cached, str):
+            return family_from_unet_config(json.loads(Path(cached).read_text()))
+    except Exception:  # noqa: BLE001 - no hub library or an odd cache: fall back to the name
+        pass
+    name = model_id.lower().split("/")[-1]
+    if "xl" in name.replace("-", "").replace("_", ""):
+        return "sdxl"
+    if "stable-diffusion-2" in name or "sd2" in name or "sd-2" in name:
+        return "sd2"
+    if "stable-diffusion-v1" in name or "sd15" in name or "sd-1.5" in name or "v1-5" in name:
+        return "sd15"
+    return None
+
+
+def detect_family(model: str, default_tiny: str | None = None) -> str | None:
+    """The model's family, or None when it cannot be told without loading (a bucket URL, an
+    unknown hub id): the host's loader checks those."""
+    if is_tiny(model):
+        return TINY_NAMES[model] or default_tiny or "sd15"
+    if "://" in model:
+        return None
+    path = Path(model).expanduser()
+    if path.is_dir():
+        fam = folder_family(path)
+        if fam is None:
+            raise ModelError(f"{model}: a folder without unet/config.json is not a diffusers model")
+        return fam
+    if is_single_file(model):
+        if not path.is_file():
+            raise ModelError(f"{model}: no such file")
+        return file_family(path)
+    if looks_like_hub_id(model):
+        return hub_family(model)
+    raise ModelError(f"{model}: not 'tiny', a diffusers folder, a .safetensors file, a bucket URL "
+                     "nor a hub id (owner/name)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading (on the host; imports torch and diffusers)
+
+HUB_PATTERNS = ["model_index.json", "*/config.json", "*/*.json", "*/*.txt",
+                "*/diffusion_pytorch_model.safetensors", "*/model.safetensors"]
+
+
+def _from_folder(path: Path) -> dict[str, Any]:
+    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+    kw = {"local_files_only": True}
+    c: dict[str, Any] = {
+        "unet": UNet2DConditionModel.from_pretrained(path, subfolder="unet", **kw),
+        "vae": AutoencoderKL.from_pretrained(path, subfolder="vae", **kw),
+        "text_encoder": CLIPTextModel.from_pretrained(path, subfolder="text_encoder", **kw),
+        "tokenizer": CLIPTokenizer.from_pretrained(path, subfolder="tokenizer", **kw),
+        # Training samples noise the DDPM way whatever sampler the pipeline ships with.
+        "scheduler": DDPMScheduler.from_pretrained(path, subfolder="scheduler", **kw)}
+    if (path / "text_encoder_2").is_dir():
+        c["text_encoder_2"] = CLIPTextModelWithProjection.from_pretrained(
+            path, subfolder="text_encoder_2", **kw)
+        c["tokenizer_2"] = CLIPTokenizer.from_pretrained(path, subfolder="tokenizer_2", **kw)
+    return c
+
+
+def _from_single_file(path: Path, family: str | None, config: str | None) -> dict[str, Any]:
+    from diffusers import DDPMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
+
+    family = family or file_family(path)
+    cls = StableDiffusionXLPipeline if family == "sdxl" else StableDiffusionPipeline
+    kw: dict[str, Any] = {"config": config} if config else {}
+    if cls is StableDiffusionPipeline:
+        kw.update(safety_checker=None, requires_safety_checker=False)
+    pipe = cls.from_single_file(str(path), **kw)
+    c = {k: v for k, v in pipe.components.items()
+         if k in ("unet", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")}
+    c["scheduler"] = DDPMScheduler.from_config(pipe.scheduler.config)
+    return c
+
+
+def load_components(model: str, family: str | None = None, resolution: int = 32,
+                    config: str | None = None) -> dict[str, Any]:
+    """unet, vae, text_encoder, tokenizer, scheduler (+ text_encoder_2, tokenizer_2 for SDXL)."""
+    if is_tiny(model):
+        from . import tiny
+
+        return tiny.build_components(resolution=resolution, family=TINY_NAMES[model] or family or "sd15")
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if folder_family(path) is None:
+            raise ModelError(f"--model {model}: a folder without unet/config.json")
+        return _from_folder(path)
+    if is_single_file(model):
+        if not path.is_file():
+            raise ModelError(f"--model {model}: no such file")
+        return _from_single_file(path, family, config)
+    if looks_like_hub_id(model):
+        from huggingface_hub import snapshot_download
+
+        # Only the weights training needs, in safetensors, one copy (no fp16 duplicates).
+        folder = snapshot_download(model, allow_patterns=HUB_PATTERNS)
+        return _from_folder(Path(folder))
+    raise ModelError(f"--model {model}: not tiny, a diffusers folder, a .safetensors file nor a hub id")
+
+
+def family_of(components: dict[str, Any]) -> str:
+    return family_from_unet_config(dict(components["unet"].config))
+
+
+def pipeline(components: dict[str, Any]) -> Any:
+    """A diffusers pipeline (SD or SDXL, by the components) around built or loaded components."""
+    from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
+
+    keys = ("vae", "text_encoder", "tokenizer", "unet", "scheduler")
+    if "text_encoder_2" in components:
+        return StableDiffusionXLPipeline(**{k: components[k] for k in keys},
+                                         text_encoder_2=components["text_encoder_2"],
+                                         tokenizer_2=components["tokenizer_2"])
+    return StableDiffusionPipeline(**{k: components[k] for k in keys}, safety_checker=None,
+                                   feature_extractor=None, requires_safety_checker=False)
