@@ -271,3 +271,14 @@ def test_the_stacks_are_package_data_of_the_sdcloud_wheel():
     for f in shipped:  # every file of the stacks matches a package-data pattern, so the wheel carries it
         rel = "infra/stacks/" + f.relative_to(ROOT / "stacks").as_posix()
         assert any(fnmatch.fnmatchcase(rel, p) and rel.count("/") == p.count("/") for p in patterns), rel
+
+
+def test_failed_boots_in_a_row_counts_only_the_unbroken_tail():
+    from types import SimpleNamespace as A
+
+    from sdcloud.runs.hostboot import failed_boots_in_a_row
+
+    seq = lambda *r: [A(end_reason=x) for x in r]  # noqa: E731
+    assert failed_boots_in_a_row(seq("boot-failed:env", "preempted", "boot-failed:driver", "boot-timeout", None)) == 2
+    assert failed_boots_in_a_row(seq("boot-failed:gpu", "lost")) == 0
+    assert failed_boots_in_a_row(seq()) == 0
