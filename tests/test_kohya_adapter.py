@@ -118,7 +118,7 @@ def test_a_model_in_the_bucket_is_staged_for_the_trainer(tmp_path):
     bucket = tmp_path / "bucket"
     tiny.save_pipeline(bucket / "models" / "xl", family="sdxl")
     cfg = _config(tmp_path, 1, {"url": f"file://{bucket}"}, "", kind="none", trainer="builtin",
-                  trainer_args={"synthetic": 2, "device": "cpu", "family": "sdxl"}, steps=2, every=2,
+                  trainer_args={"synthetic": 2, "device": "cpu", "family": "sdxl", "resolution": 32}, steps=2, every=2,
                   model=f"file://{bucket}/models/xl")
     proc = _start_agent(cfg, {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
     _, err = proc.communicate(timeout=900)
