@@ -124,7 +124,7 @@ class CosLayer:
     def _serve(self, conn: socket.socket) -> None:
         rfile = conn.makefile("rb")
         line = rfile.readline(65537).decode("latin-1")
-        while (h := rfile.readline(65537)) not in (b"\r\n", b"\n", b""):
+        while rfile.readline(65537) not in (b"\r\n", b"\n", b""):
             pass
         parts = line.split()
         target = parts[1] if len(parts) == 3 and parts[0] == "CONNECT" else ""
