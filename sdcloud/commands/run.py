@@ -43,7 +43,9 @@ def plain(kind: str, data: dict) -> str | None:
     n = data.get("attempt")
     where = " ".join(str(x) for x in (data.get("instance_type"), data.get("zone") and f"in {data['zone']}") if x)
     if kind == "launching":
-        return f"attempt {n}: launching {data.get('offer')} ({data.get('market')}, ${data.get('price_usd')}/h)"
+        parts = str(data.get("offer") or "").split("/")
+        what = f"{parts[3]} in {parts[2] if parts[2] not in ('', '*') else parts[1]}" if len(parts) >= 4 else data.get("offer")
+        return f"attempt {n}: launching {what} ({data.get('market')}, ${data.get('price_usd')}/h)"
     if kind == "launched":
         return f"attempt {n}: host {data.get('instance')} is up" + (" (adopted: it was already running)" if data.get("adopted") else "")
     if kind == "launch-failed":
