@@ -164,7 +164,7 @@ class Controller:
 
     def _start_attempt(self) -> None:
         budget = self.spec.budget
-        if budget is not None and self.cost_so_far() >= budget:
+        if budget is not None and budget_spent(self.cost_so_far(), budget, self.attempts(), self.timing.poll_seconds):
             self._end_run("stopped", f"budget ${budget:g} spent")
             return
         kind, offer = self.decide(None)
@@ -252,10 +252,9 @@ class Controller:
             self.emit("progress", {"attempt": cur.n, "phase": phase, "step": step, "total": self.total_steps,
                                    "it_per_s": status.get("it_per_s"), "cost": self.cost_so_far()})
         if self.spec.budget is not None:
-            price = cur.price or 0.0
             spent = self.cost_so_far()
             self._budget_warnings(spent)
-            if spent + price * 2 * self.timing.poll_seconds / 3600 >= self.spec.budget:
+            if budget_spent(spent, self.spec.budget, [cur], self.timing.poll_seconds):
                 self.event("budget", {"attempt": cur.n, "budget": self.spec.budget, "spent": round(spent, 4)})
                 self._end_attempt(cur, "budget")
                 self._end_run("stopped", f"budget ${self.spec.budget:g} reached; checkpoint kept in the bucket")
@@ -422,6 +421,14 @@ def summary(state: StateStore, run_id: str) -> dict:
     return out
 
 
+def budget_spent(spent: float, budget: float, attempts: list, poll_seconds: float) -> bool:
+    """Whether the budget leaves less than two polls of the latest host's price: the controller
+    stops there, so that the host's save and terminate still fit (the same rule before a launch,
+    during an attempt and at a resume)."""
+    price = (attempts[-1].price or 0.0) if attempts else 0.0
+    return spent + price * 2 * poll_seconds / 3600 >= budget
+
+
 # What a resume may change in the stored spec: how the run is bought and bounded, not what it trains.
 RESUME_SAFE = ("market", "max_price", "region", "deadline_hours", "budget", "steps", "checkpoint_every", "store")
 RESUME_FIXED = ("tier", "model", "trainer", "dataset", "provider")
@@ -447,7 +454,8 @@ def prepare_resume(state: StateStore, run: dict, overrides: dict) -> dict:
             raise UserError(f"--steps {changed['steps']} is below the {run['step']} steps already done")
         total = int(changed["steps"])
     spent = cost_ledger.live_cost_usd(state, run)
-    if spec.get("budget") is not None and spent >= float(spec["budget"]):
+    poll = Timing.for_provider(str(spec.get("provider") or "local")).poll_seconds
+    if spec.get("budget") is not None and budget_spent(spent, float(spec["budget"]), state.attempts(run["id"]), poll):
         raise UserError(f"run {run['id']} has already spent ${spent:.4f} of its ${float(spec['budget']):g} budget: "
                         f"resume with a larger one, e.g. --budget {max(spent * 2, spent + 1):.2f}")
     state.update_run(run["id"], spec=json.dumps(spec), total_steps=total, state="recovering", reason=None)
