@@ -67,6 +67,13 @@ class Run:
         return self.state.attempts(self.run_id)
 
 
+def _capacity_back(fake) -> None:
+    """The fake sells everything again; zone cooldowns are shared by runs (state store), so forget them too."""
+    fake.cvm.reset()
+    with StateStore().tx() as db:
+        db.execute("DELETE FROM zone_cooldowns")
+
+
 def _fails_over(run: Run, code: str) -> None:
     """The first launch fails with `code` and is not fatal; the next one runs in another zone."""
     run.launch()
@@ -93,10 +100,10 @@ def test_spot_out_of_stock_not_sold_and_no_spot_fail_over(fake, tmp_path):
     run.ctl.provider.terminate([first.instance_id], REGION)
     fake.cvm.spot_out_of_stock.add((first.zone, first.instance_type))
     _fails_over(Run(tmp_path), "InvalidParameterValue.InsufficientOffering")
-    fake.cvm.reset()
+    _capacity_back(fake)
     fake.cvm.not_sold.add((first.zone, first.instance_type))
     _fails_over(Run(tmp_path), "ResourceUnavailable.InstanceType")
-    fake.cvm.reset()
+    _capacity_back(fake)
     # Not sold as spot at all: every zone of the type fails in turn, never the run; another offer runs.
     fake.cvm.no_spot.add(first.instance_type)
     run = Run(tmp_path)
