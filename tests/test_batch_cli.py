@@ -94,17 +94,33 @@ def _job_state(job: str) -> dict:
 
 
 def _kill_one_worker_mid_item(job: str, timeout: float = 300) -> int:
-    """SIGKILL a worker process while it holds a lease on an unfinished item (mid-item); its pid."""
+    """SIGKILL the worker process that holds the lease of an unfinished item (mid-item); its pid.
+
+    The lease names its worker (`<job>-w<n>`), and the pool's `worker-started` events map n to a pid,
+    so the worker killed is the one inside an item, whichever of the K it is."""
     from sdcloud.batch import jobs
+    from sdcloud.runs.state import StateStore
 
     def holding():
         run = jobs.find_job(job)
         store = jobs._store(run)
         prefix = run["spec"]["prefix"]
-        pids = run["spec"].get("worker_pids") or []
-        n_done = len(store.list(f"{prefix}/done/"))
-        n_leases = len(store.list(f"{prefix}/leases/"))
-        return pids[0] if pids and n_leases > n_done and n_done >= 1 else None
+        done = {o.key.rsplit("/", 1)[-1] for o in store.list(f"{prefix}/done/")}
+        if not done:
+            return None  # let the job get going first
+        pids = {e["data"]["n"]: e["data"]["pid"] for e in StateStore().events(run["id"]) if e["kind"] == "worker-started"}
+        alive = set(run["spec"].get("worker_pids") or [])
+        for lease in store.list(f"{prefix}/leases/"):
+            if lease.key.rsplit("/", 1)[-1] in done:
+                continue
+            try:
+                worker = json.loads(store.get(lease.key))["worker"]
+            except (ValueError, KeyError, OSError):
+                continue
+            pid = pids.get(int(worker.rsplit("-w", 1)[-1]))
+            if pid in alive:
+                return pid
+        return None
     pid = _wait(holding, timeout, "a worker mid-item")
     os.kill(pid, signal.SIGKILL)
     return pid
