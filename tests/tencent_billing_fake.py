@@ -8,17 +8,15 @@ Bill lines are added in-process with `add_line`.
 
 from __future__ import annotations
 
-import hmac
 import json
 import threading
-import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tencent_fake import _AUTH_RE, SECRET_ID, SECRET_KEY, ApiError, tc3_signature
+from tencent_fake import SECRET_ID, SECRET_KEY, ApiError, verify_tc3
 
 API_VERSION = "2018-07-09"
 SERVICE = "billing"
@@ -106,23 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _verify(self, body: bytes) -> None:
-        m = _AUTH_RE.match(self.headers.get("Authorization", ""))
-        if not m:
-            raise ApiError("AuthFailure.InvalidAuthorization", "Authorization header is malformed")
-        secret_id, date, service, signed_headers, signature = m.groups()
-        key = self.fake.accounts.get(secret_id)
-        if key is None:
-            raise ApiError("AuthFailure.SecretIdNotFound", "The SecretId is not found")
-        stamp = self.headers.get("X-TC-Timestamp", "")
-        if not stamp.isdigit() or abs(time.time() - int(stamp)) > 300:
-            raise ApiError("AuthFailure.SignatureExpire", "The signature expired (clock skew over 5 minutes)")
-        if service != SERVICE:
-            raise ApiError("AuthFailure.SignatureFailure", f"service {service} in the credential scope is not {SERVICE}")
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        path, _, query = self.path.partition("?")
-        expected = tc3_signature(key, self.command, path, query, headers, signed_headers, body, stamp, date, service)
-        if not hmac.compare_digest(expected, signature):
-            raise ApiError("AuthFailure.SignatureFailure", "The provided credentials could not be validated")
+        verify_tc3(self, body, self.fake.accounts, SERVICE)
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))

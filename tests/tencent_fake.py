@@ -517,6 +517,35 @@ def tc3_signature(secret_key: str, method: str, path: str, query: str, headers: 
     return hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
 
 
+def verify_tc3(handler: BaseHTTPRequestHandler, body: bytes, accounts: dict[str, str], service: str) -> dict[str, str]:
+    """Check a request's TC3-HMAC-SHA256 signature as every Tencent Cloud API does; its headers, lower-cased.
+
+    Shared by the fakes of each service (CVM here, billing in tencent_billing_fake)."""
+    m = _AUTH_RE.match(handler.headers.get("Authorization", ""))
+    if not m:
+        raise ApiError("AuthFailure.InvalidAuthorization", "Authorization header is malformed")
+    secret_id, date, scope_service, signed_headers, signature = m.groups()
+    secret_key = accounts.get(secret_id)
+    if secret_key is None:
+        raise ApiError("AuthFailure.SecretIdNotFound", "The SecretId is not found")
+    stamp = handler.headers.get("X-TC-Timestamp", "")
+    if not stamp.isdigit() or abs(time.time() - int(stamp)) > 300:
+        raise ApiError("AuthFailure.SignatureExpire", "The signature expired (clock skew over 5 minutes)")
+    if datetime.fromtimestamp(int(stamp), timezone.utc).strftime("%Y-%m-%d") != date:
+        raise ApiError("AuthFailure.SignatureFailure", "The credential date does not match X-TC-Timestamp")
+    if scope_service != service:
+        raise ApiError("AuthFailure.SignatureFailure", f"service {scope_service} in the credential scope is not {service}")
+    if "content-type" not in signed_headers.split(";") or "host" not in signed_headers.split(";"):
+        raise ApiError("AuthFailure.SignatureFailure", "content-type and host must be signed")
+    headers = {k.lower(): v for k, v in handler.headers.items()}
+    path, _, query = handler.path.partition("?")
+    expected = tc3_signature(secret_key, handler.command, path, query, headers, signed_headers, body, stamp, date,
+                             scope_service)
+    if not hmac.compare_digest(expected, signature):
+        raise ApiError("AuthFailure.SignatureFailure", "The provided credentials could not be validated")
+    return headers
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "fake-cvm/1"
     fake: FakeCVM  # set on the subclass
@@ -533,28 +562,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _verify(self, body: bytes) -> None:
-        auth = self.headers.get("Authorization", "")
-        m = _AUTH_RE.match(auth)
-        if not m:
-            raise ApiError("AuthFailure.InvalidAuthorization", "Authorization header is malformed")
-        secret_id, date, service, signed_headers, signature = m.groups()
-        secret_key = self.fake.accounts.get(secret_id)
-        if secret_key is None:
-            raise ApiError("AuthFailure.SecretIdNotFound", "The SecretId is not found")
-        stamp = self.headers.get("X-TC-Timestamp", "")
-        if not stamp.isdigit() or abs(time.time() - int(stamp)) > 300:
-            raise ApiError("AuthFailure.SignatureExpire", "The signature expired (clock skew over 5 minutes)")
-        if datetime.fromtimestamp(int(stamp), timezone.utc).strftime("%Y-%m-%d") != date:
-            raise ApiError("AuthFailure.SignatureFailure", "The credential date does not match X-TC-Timestamp")
-        if service != "cvm":
-            raise ApiError("AuthFailure.SignatureFailure", f"service {service} in the credential scope is not cvm")
-        if "content-type" not in signed_headers.split(";") or "host" not in signed_headers.split(";"):
-            raise ApiError("AuthFailure.SignatureFailure", "content-type and host must be signed")
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        path, _, query = self.path.partition("?")
-        expected = tc3_signature(secret_key, self.command, path, query, headers, signed_headers, body, stamp, date, service)
-        if not hmac.compare_digest(expected, signature):
-            raise ApiError("AuthFailure.SignatureFailure", "The provided credentials could not be validated")
+        headers = verify_tc3(self, body, self.fake.accounts, "cvm")
         if headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise ApiError("InvalidParameter", "Content-Type must be application/json")
 
