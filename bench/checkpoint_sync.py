@@ -220,12 +220,17 @@ def main() -> int:
                                     "part_size": args.part_mib and args.part_mib * 2**20}.items() if v}
     sizes = sorted(int(s) for s in args.sizes.split(","))
     work = Path(args.workdir or tempfile.mkdtemp(prefix="sdcloud-bench-"))
-    # Start the server before the credentials are in the environment: weed would turn them into
-    # an identity and refuse anonymous health checks.
+    # The server speaks HTTPS with a self-signed certificate, as production does; every tool trusts
+    # it through its own variable (AWS_CA_BUNDLE for botocore and awscli, SSL_CERT_FILE for s5cmd).
+    from servers import TEST_KEYS
+
     server = SeaweedS3().start(timeout=180)
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
-    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED"):
+    key_id, secret = next(iter(TEST_KEYS.items()))
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret,
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_CA_BUNDLE": str(server.ca_file), "SSL_CERT_FILE": str(server.ca_file)}
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED",
+              "AWS_CA_BUNDLE"):
         os.environ[k] = env[k]
     os.environ.pop("AWS_PROFILE", None)
     try:
