@@ -167,6 +167,24 @@ class Agent:
                 self.cfg.trainer_args = [*args, "--resolution", "32"]
         return path
 
+    def _stage_trainer_sources(self):
+        """kohya sd-scripts or the diffusers examples on this host (boot phase "trainer"), from the
+        bucket's cache/trainers/ or fetched with git and cached once; None when the run brings its
+        own launcher or script (or its trainer is not an external one)."""
+        from . import scripts
+
+        if not scripts.needed(self.cfg.trainer, self.cfg.trainer_args):
+            return None
+        try:
+            with self.phases.phase("trainer") as ph:
+                src = scripts.stage(self.cfg.trainer, self.store, self.workdir, self.cfg.trainer_sources)
+                ph.result = src.how
+        except Exception as exc:  # any fetch or install error is this host's boot failure
+            raise Failure(f"putting the {self.cfg.trainer} trainer on this host failed: {exc}",
+                          boot_phase="trainer") from exc
+        log.info("trainer %s: sources %s (%s), python %s", self.cfg.trainer, src.tree, src.how, src.python)
+        return src
+
     def _stage_bucket_model(self, model: str) -> str:
         """A base model in a bucket (a diffusers folder or one .safetensors file) is copied to
         local disk like the dataset; the trainer gets the local path."""
@@ -204,7 +222,10 @@ class Agent:
         log.info("no complete checkpoint in the bucket: starting from step 0")
 
     def _start_trainer(self, ctx: Context) -> subprocess.Popen:
-        cmd = self.trainer.command(ctx)
+        try:
+            cmd = self.trainer.command(ctx)
+        except FileNotFoundError as exc:  # a script name that the trainer's sources do not have
+            raise Failure(str(exc)) from exc
         env = {**os.environ, **self.trainer.environment(ctx), **ctx.env}
         log.info("starting trainer: %s", " ".join(cmd))
         # Its own session and process group: a notice signals it (and accelerate's workers) on
@@ -408,10 +429,13 @@ class Agent:
         # A cloud host stages the model from the bucket's cache (boot phase "model"); a model given
         # as a bucket URL (a folder or one .safetensors file) is then copied to local disk.
         model = self._stage_bucket_model(self._stage_model())
+        sources = self._stage_trainer_sources()
         dataset = self._stage()
         ctx = Context(steps=cfg.steps, checkpoint_every=cfg.checkpoint_every, model=model, workdir=self.workdir,
                       checkpoint_dir=self.workdir / "checkpoints", output_dir=self.workdir / "output",
-                      dataset=dataset, trainer_args=cfg.trainer_args, gpus=getattr(self, "gpu_count", 0))
+                      dataset=dataset, trainer_args=cfg.trainer_args, gpus=getattr(self, "gpu_count", 0),
+                      trainer_root=sources.tree if sources else None,
+                      trainer_python=sources.python if sources else None)
         ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.worker.sync.seed()
         self._restore(ctx)

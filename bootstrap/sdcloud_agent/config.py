@@ -39,6 +39,9 @@ class AgentConfig:
     require_gpu: bool = True
     # Seconds kept in hand before the notice deadline for the final upload; the trainer gets the rest.
     upload_reserve_seconds: float = 30.0
+    # Where the external trainers' sources come from (sdcloud_agent/scripts.py): overrides of the
+    # pins in data/trainer-sources.txt, {"kohya_url", "kohya_commit", "diffusers_url", "diffusers_tag"}.
+    trainer_sources: dict = field(default_factory=dict)
 
     @property
     def run_prefix(self) -> str:

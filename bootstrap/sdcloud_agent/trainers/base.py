@@ -40,6 +40,9 @@ class Context:
     trainer_args: object = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     gpus: int = 0  # GPUs on the host (nvidia-smi); the builtin trainer runs one process per GPU
+    # The external trainer's sources on this host (sdcloud_agent/scripts.py), when it needed them.
+    trainer_root: Path | None = None
+    trainer_python: str | None = None  # the interpreter that runs accelerate (kohya: its own venv)
 
 
 def flag_args(args: dict) -> list[str]:
@@ -233,9 +236,14 @@ class Trainer:
 
 
 class AccelerateTrainer(Trainer):
-    """A training script started through `accelerate launch`: diffusers examples, kohya sd-scripts.
+    """A training script started through accelerate: diffusers examples, kohya sd-scripts.
 
-    trainer_args (a dict) may name the `launcher` argv and the `script`; the rest are the script's flags.
+    The command is `<python> -m accelerate.commands.launch <absolute script> <flags>`: the python
+    of the trainer's environment and the script in the sources the agent put on the host
+    (sdcloud_agent/scripts.py), so nothing comes from PATH or the working directory.
+    trainer_args (a dict) may name the `launcher` argv and the `script`; the rest are the script's
+    flags. A launcher of `accelerate launch <options>` keeps its options on that command; any other
+    launcher, and an absolute script, are used as given.
     """
 
     has_marker = True  # accelerate save_state writes random_states_*.pkl last
@@ -263,12 +271,25 @@ class AccelerateTrainer(Trainer):
             args["mixed_precision"] = "no" if cap is None else ("bf16" if cap >= 8.0 else "fp16")
         return args
 
-    def _opts(self, ctx: Context) -> tuple[list[str], str, dict]:
-        args = dict(ctx.trainer_args) if isinstance(ctx.trainer_args, dict) else {}
-        launcher = args.pop("launcher", ["accelerate", "launch"])
-        script = args.pop("script", self.default_script)
-        if isinstance(launcher, str):
-            import shlex
+    def script_path(self, root: Path, script: str) -> Path:
+        """The script's absolute path in the trainer's sources."""
+        path = root / script
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.name}: no script {script!r} in {root}")
+        return path
 
+    def _opts(self, ctx: Context) -> tuple[list[str], str, dict]:
+        import shlex
+        import sys
+
+        args = dict(ctx.trainer_args) if isinstance(ctx.trainer_args, dict) else {}
+        launcher = args.pop("launcher", None)
+        script = str(args.pop("script", self.default_script))
+        if isinstance(launcher, str):
             launcher = shlex.split(launcher)
+        if launcher is None or [str(a) for a in launcher[:2]] == ["accelerate", "launch"]:
+            options = [str(a) for a in (launcher or [])[2:]]
+            launcher = [ctx.trainer_python or sys.executable, "-m", "accelerate.commands.launch", *options]
+            if ctx.trainer_root is not None and not Path(script).is_absolute():
+                script = str(self.script_path(ctx.trainer_root, script))
         return list(launcher), script, self.settle_flags(args)

@@ -66,6 +66,17 @@ class DiffusersTrainer(AccelerateTrainer):
             flags["resume_from_checkpoint"] = "latest"
         return [*launcher, script, *flag_args(flags)]
 
+    def script_path(self, root: Path, script: str) -> Path:
+        """`train_dreambooth_lora_sdxl.py` is examples/dreambooth/train_dreambooth_lora_sdxl.py; a
+        path with a folder (`text_to_image/train_text_to_image_sdxl.py`) is under examples/."""
+        examples = root / "examples"
+        if "/" in script:
+            return super().script_path(examples, script)
+        found = sorted(examples.glob(f"*/{script}"))
+        if not found:
+            raise FileNotFoundError(f"diffusers: no example script {script!r} in {examples}/*/")
+        return found[0]
+
     def local_step(self, path: Path) -> int | None:
         m = _CKPT.match(path.name)
         return int(m.group(1)) if m else None
