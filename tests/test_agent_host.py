@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -197,8 +198,9 @@ def test_diffusers_args_keep_two_checkpoints_and_resume_latest(tmp_path):
     ctx = _ctx(tmp_path, trainer_args={"script": "train_dreambooth_lora_sdxl.py", "checkpoints_total_limit": 1,
                                        "max_train_steps": 5, "learning_rate": 1e-4})
     cmd = t.command(ctx)
-    assert cmd[:3] == ["accelerate", "launch", "train_dreambooth_lora_sdxl.py"]
-    flags = dict(zip(cmd[3::2], cmd[4::2]))
+    # No sources staged (no trainer_root): the script stays as named, accelerate is run by the env's python.
+    assert cmd[:4] == [sys.executable, "-m", "accelerate.commands.launch", "train_dreambooth_lora_sdxl.py"]
+    flags = dict(zip(cmd[4::2], cmd[5::2]))
     assert flags["--checkpoints_total_limit"] == "2" and flags["--max_train_steps"] == "1000"
     assert flags["--checkpointing_steps"] == "100" and "--resume_from_checkpoint" not in cmd
     ctx.resume, ctx.resume_step = t.restore_dir(ctx, "checkpoint-300"), 300
