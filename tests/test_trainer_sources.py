@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from sdcloud_agent import scripts
 from sdcloud_agent.store import open_store
 from sdcloud_agent.trainers.base import Context
@@ -32,7 +31,7 @@ def _git_repo(path: Path, files: dict[str, str], tag: str | None = None) -> str:
     """A git repository holding `files` in one commit (after a first one, so that a shallow fetch
     by commit has history to skip); its commit sha."""
     env = {**os.environ, **GIT_ENV}
-    run = lambda *a: subprocess.run(["git", *a], cwd=path, env=env, check=True, capture_output=True, text=True)  # noqa: E731
+    run = lambda *a: subprocess.run(["git", *a], cwd=path, env=env, check=True, capture_output=True, text=True)
     path.mkdir(parents=True)
     run("init", "-q")
     (path / "README.md").write_text("first\n")
@@ -48,19 +47,36 @@ def _git_repo(path: Path, files: dict[str, str], tag: str | None = None) -> str:
     return run("rev-parse", "HEAD").stdout.strip()
 
 
-def _kohya_repo(path: Path) -> str:
+def _shadow_wheel(folder: Path) -> Path:
+    """A wheel of `shellingham` 0.0.1 on local disk: a package the training environment has at another
+    version (as kohya pins transformers 4.x against our 5.x), installable with no network."""
+    import zipfile
+
+    folder.mkdir()
+    whl = folder / "shellingham-0.0.1-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr("shellingham.py", "__version__ = '0.0.1'\n")
+        zf.writestr("shellingham-0.0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: shellingham\nVersion: 0.0.1\n")
+        zf.writestr("shellingham-0.0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr("shellingham-0.0.1.dist-info/RECORD", "")
+    return whl
+
+
+def _kohya_repo(path: Path, shadow: Path | None = None) -> str:
     fake = (TESTS / "kohya_fake.py").read_text()
-    # The script says which interpreter runs it and that sd-scripts' own package imports.
+    # The script says which interpreter runs it, that sd-scripts' own package imports, and which shellingham it sees.
     script = fake.replace("from __future__ import annotations\n", "from __future__ import annotations\n"
-                          "import sys as _sys\nimport library as _library\n"
-                          "print('KOHYA_PREFIX', _sys.prefix, _library.__file__, flush=True)\n", 1)
+                          "import sys as _sys\nimport library as _library\nimport shellingham as _shadow\n"
+                          "print('KOHYA_PREFIX', _sys.prefix, _library.__file__, flush=True)\n"
+                          "print('KOHYA_SHADOW', _shadow.__version__, flush=True)\n", 1)
     accelerate = importlib.metadata.version("accelerate")
+    own = f"shellingham @ {shadow.as_uri()}\n" if shadow else ""
     return _git_repo(path, {
         "sdxl_train_network.py": script, "train_network.py": script,
         "library/__init__.py": "",
         "setup.py": 'from setuptools import setup, find_packages\n\nsetup(name="library", packages=find_packages())\n',
         # Pins as upstream writes them, here ones the training environment already satisfies (no network).
-        "requirements.txt": f"accelerate=={accelerate}\n# for kohya_ss library\n-e .\n"})
+        "requirements.txt": f"accelerate=={accelerate}\n{own}# for kohya_ss library\n-e .\n"})
 
 
 def _diffusers_repo(path: Path, tag: str) -> str:
@@ -102,7 +118,7 @@ def _agent(tmp: Path, name: str, store_cfg: dict, trainer: str, trainer_args: di
     path.write_text(json.dumps(cfg))
     env = {**os.environ, "SDCLOUD_BOOT_DIR": str(boot), "FAKE_STEP_SECONDS": "0.02", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "sdcloud_agent", "run", "--config", str(path)], env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
     log = work / "attempt-1.log"
     return proc.returncode, (log.read_text(errors="replace") if log.exists() else proc.stderr), work
 
@@ -119,7 +135,7 @@ def _trainer_command(log: str) -> list[str]:
 
 def test_kohya_is_fetched_at_its_commit_into_its_own_venv_then_restored_by_the_next_host(tmp_path, seaweed, s3_env):
     repo = tmp_path / "sd-scripts"
-    sha = _kohya_repo(repo)
+    sha = _kohya_repo(repo, shadow=_shadow_wheel(tmp_path / "wheels"))
     store_cfg = _store_cfg(seaweed, "trainer-sources-kohya")
     store = open_store(store_cfg)
     store.ensure_bucket()
@@ -148,6 +164,8 @@ def test_kohya_is_fetched_at_its_commit_into_its_own_venv_then_restored_by_the_n
     assert (tree / ".sdcloud-source").read_text().split()[-1] == sha
     # The real pip ran in the venv, on kohya's requirements less `-e .`; our accelerate satisfied its pin.
     assert "pip install -r requirements.txt" in log and "pip: Requirement already satisfied: accelerate==" in log, log
+    # Its own pin shadows ours inside its venv; the training environment keeps its version.
+    assert "KOHYA_SHADOW 0.0.1" in log and importlib.metadata.version("shellingham") != "0.0.1"
     assert json.loads(store.get("runs/r-cold/status.json"))["phase"] == "succeeded"
     assert store.head("runs/r-cold/artifacts/sdcloud.safetensors") is not None
 
@@ -158,7 +176,7 @@ def test_kohya_is_fetched_at_its_commit_into_its_own_venv_then_restored_by_the_n
     assert _phases(store, "r-warm")["trainer"]["result"] == "restored"
     venv2 = next((work2 / "trainers").glob(f"kohya-venv-{sha[:12]}-*"))
     assert f"KOHYA_PREFIX {venv2} {work2}/trainers/kohya-{sha[:12]}/library/__init__.py" in log, log[-3000:]
-    assert "pip install" not in log
+    assert "pip install" not in log and "KOHYA_SHADOW 0.0.1" in log
 
 
 def test_a_kohya_commit_the_repository_does_not_have_fails_the_trainer_phase(tmp_path, seaweed, s3_env):
@@ -171,7 +189,7 @@ def test_a_kohya_commit_the_repository_does_not_have_fails_the_trainer_phase(tmp
     wrong = "0123456789abcdef0123456789abcdef01234567"
     rc, log, _ = _agent(tmp_path, "bad", store_cfg, "kohya", {"network_module": "networks.lora"},
                         {"kohya_url": repo.as_uri(), "kohya_commit": wrong}, dataset=str(_images(tmp_path / "p", 1)))
-    assert rc == 1
+    assert rc == 1, log[-3000:]
     status = json.loads(store.get("runs/r-bad/status.json"))
     assert status["phase"] == "failed" and status["boot_phase"] == "trainer", status
     assert f"cannot fetch kohya sd-scripts commit {wrong} from {repo.as_uri()}" in status["reason"], status["reason"]
@@ -209,7 +227,7 @@ def test_diffusers_examples_come_from_the_tag_of_the_installed_diffusers(tmp_pat
     assert _phases(store, "r-warm")["trainer"]["result"] == "restored"
 
     # A tag that is not in the repository (a diffusers without a matching release) fails the phase.
-    rc, log, _ = _agent(tmp_path, "notag", store_cfg, "diffusers", args,
+    rc, _, _ = _agent(tmp_path, "notag", store_cfg, "diffusers", args,
                         {"diffusers_url": (tmp_path / "gone").as_uri(), "diffusers_tag": "v0.0.0"})
     status = json.loads(store.get("runs/r-notag/status.json"))
     assert rc == 1 and status["boot_phase"] == "trainer" and "diffusers examples tag v0.0.0" in status["reason"], status
