@@ -41,6 +41,8 @@ class CountingStore:
 
     def __getattr__(self, name: str):
         fn = getattr(self._store, name)
+        if not callable(fn):  # a property of the store (compare_and_swap), not a request
+            return fn
 
         def call(*args, **kwargs):
             with self._lock:

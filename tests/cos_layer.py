@@ -18,6 +18,19 @@ What COS refuses and this layer refuses too, in COS's XML error envelope
 - path-style requests (`cos.<region>.myqcloud.com/<bucket>/...`), which buckets created since
   2024-01-01 do not take (https://www.tencentcloud.com/document/product/436/57456): 403 PathStyleDomainForbidden;
 - a bucket name that is not `<name>-<appid>`: 400 InvalidBucketName.
+
+Create-only writes, as COS does them (not as S3 does):
+- `x-cos-forbid-overwrite: true` on PUT Object: when the key exists, 409 FileAlreadyExists and
+  nothing is written. Checked and written under one per-key lock, so of racing creators exactly one
+  wins, as on COS. (Tencent's PUT Object page, https://www.tencentcloud.com/document/product/436/7749,
+  lists the header for buckets without versioning; the 409 FileAlreadyExists answer is COS's, as
+  summarised from its docs in public code we read; it is the same code and status Alibaba OSS
+  documents for its x-oss-forbid-overwrite.)
+- `If-None-Match` and `If-Match` on PUT are not COS request headers: PUT Object documents neither
+  and says an existing object of the same name is overwritten with 200 OK; COS documents the
+  conditional headers on GET/HEAD Object only (product/436/7745). So the layer drops them and the
+  PUT overwrites. It re-signs the request without them (SigV4, the client's own test key), since
+  SeaweedFS behind it would otherwise honour them, which COS does not.
 """
 
 from __future__ import annotations
@@ -35,11 +48,19 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 from xml.sax.saxutils import escape
 
-from servers import self_signed_cert
+from servers import TEST_KEYS, self_signed_cert
 
 REGIONS = ("ap-guangzhou", "ap-shanghai", "ap-beijing", "ap-singapore")
 COS_BUCKET_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-[0-9]{5,12}$")
 _HOST_RE = re.compile(r"^(?:(?P<bucket>[^.]+)\.)?cos\.(?P<region>[a-z0-9-]+)\.myqcloud\.com$")
+
+
+class _nolock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
 
 
 def cos_domains(regions: tuple[str, ...] = REGIONS) -> list[str]:
@@ -53,7 +74,8 @@ class Seen:
     host: str
     path: str
     headers: dict[str, str]
-    refused: str = ""
+    refused: str = ""   # a request COS refuses (the client did something COS does not take)
+    answered: str = ""  # an error COS answers to a well-formed request (409 FileAlreadyExists)
 
 
 def _error(code: str, message: str, resource: str) -> bytes:
@@ -72,6 +94,7 @@ class CosLayer:
         self.regions = regions
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
+        self._key_locks: dict[str, threading.Lock] = {}
         self.workdir = Path(tempfile.mkdtemp(prefix="sdcloud-cos-"))
         names = tuple(n for d in cos_domains(regions) for n in (d, f"*.{d}"))
         cert, key = self_signed_cert(self.workdir / "tls", names)
@@ -181,9 +204,24 @@ class CosLayer:
                 length = int(lower.get("content-length") or 0)
                 body = rfile.read(length) if length else b""
                 fwd = {k: v for k, v in headers if k.lower() not in ("expect", "connection", "proxy-connection")}
-                upstream.request(method, path, body=body if length or method in ("PUT", "POST") else None, headers=fwd)
-                resp = upstream.getresponse()
-                data = resp.read()
+                object_put = method == "PUT" and not ({"partNumber", "uploadId"} & set(parse_qs(urlsplit(path).query)))
+                if object_put and ("if-none-match" in lower or "if-match" in lower):
+                    # COS ignores S3's conditional PUT headers: drop them (and re-sign without them).
+                    fwd = self._resign(method, path, lower, body,
+                                       drop=("if-none-match", "if-match", "expect", "connection", "proxy-connection"))
+                forbid = object_put and lower.get("x-cos-forbid-overwrite", "").lower() == "true"
+                with self._key_lock(lower.get("host", "") + urlsplit(path).path) if forbid else _nolock():
+                    if forbid and self._exists(upstream, path, lower):
+                        seen.answered = "FileAlreadyExists"
+                        err = _error("FileAlreadyExists", "The object already exists and x-cos-forbid-overwrite is true.",
+                                     f"{lower.get('host', '')}{path}")
+                        wfile.write(f"HTTP/1.1 409 Conflict\r\nContent-Type: application/xml\r\n"
+                                    f"Content-Length: {len(err)}\r\nx-cos-request-id: {uuid.uuid4().hex}\r\n\r\n".encode() + err)
+                        wfile.flush()
+                        continue
+                    upstream.request(method, path, body=body if length or method in ("PUT", "POST") else None, headers=fwd)
+                    resp = upstream.getresponse()
+                    data = resp.read()
                 out = [f"HTTP/1.1 {resp.status} {resp.reason}\r\n"]
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "content-length", "connection"):
@@ -197,6 +235,37 @@ class CosLayer:
                 wfile.flush()
         finally:
             upstream.close()
+
+    def _key_lock(self, key: str) -> threading.Lock:
+        with self.lock:
+            return self._key_locks.setdefault(key, threading.Lock())
+
+    @staticmethod
+    def _resign(method: str, path: str, headers: dict[str, str], body: bytes, drop: tuple[str, ...] = ()) -> dict[str, str]:
+        """The request's headers less `drop`, signed again (SigV4) with the client's own test key and region."""
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+
+        m = re.search(r"Credential=([^/]+)/\d{8}/([^/]+)/s3/", headers.get("authorization", ""))
+        if m is None:
+            raise ValueError("an unsigned request cannot be re-signed")
+        keep = {k: v for k, v in headers.items()
+                if k not in drop and k not in ("authorization", "x-amz-date", "x-amz-content-sha256", "content-length")}
+        req = AWSRequest(method=method, url=f"https://{headers['host']}{path}", data=body, headers=keep)
+        S3SigV4Auth(Credentials(m[1], TEST_KEYS[m[1]]), "s3", m[2]).add_auth(req)
+        out = dict(req.headers.items())
+        if method in ("PUT", "POST"):
+            out["Content-Length"] = str(len(body))
+        return out
+
+    def _exists(self, upstream: http.client.HTTPConnection, path: str, headers: dict[str, str]) -> bool:
+        """HEAD the object the PUT names, signed as its client (the caller holds the key's lock)."""
+        head = self._resign("HEAD", urlsplit(path).path, {"host": headers["host"], "authorization": headers["authorization"]}, b"")
+        upstream.request("HEAD", urlsplit(path).path, headers=head)
+        resp = upstream.getresponse()
+        resp.read()
+        return resp.status == 200
 
     @staticmethod
     def _refusal(method: str, path: str, headers: dict[str, str]) -> tuple[int, str, str] | None:

@@ -63,6 +63,44 @@ def test_the_layer_refuses_what_cos_refuses(cos_env):
     assert err.value.response["Error"]["Code"] == "InvalidBucketName"
 
 
+def test_the_layer_does_create_only_writes_as_cos_does(cos_env):
+    """COS's create-only write is x-cos-forbid-overwrite (409 FileAlreadyExists); S3's If-None-Match and
+    If-Match on PUT are not COS headers, so they are ignored and the PUT overwrites."""
+    bucket = new_bucket()
+    raw = cos.client(REGION)
+    raw.put_object(Bucket=bucket, Key="k", Body=b"one")
+    raw.put_object(Bucket=bucket, Key="k", Body=b"two", IfNoneMatch="*")
+    assert raw.get_object(Bucket=bucket, Key="k")["Body"].read() == b"two", "COS ignores If-None-Match on PUT"
+    raw.put_object(Bucket=bucket, Key="k", Body=b"three", IfMatch='"not-the-etag"')
+    assert raw.get_object(Bucket=bucket, Key="k")["Body"].read() == b"three", "COS ignores If-Match on PUT"
+
+    def forbid(params, **_):
+        params["headers"]["x-cos-forbid-overwrite"] = "true"
+    raw.meta.events.register("before-call.s3.PutObject", forbid, unique_id="test-forbid")
+    try:
+        with pytest.raises(ClientError) as err:
+            raw.put_object(Bucket=bucket, Key="k", Body=b"four")
+        assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 409
+        assert err.value.response["Error"]["Code"] == "FileAlreadyExists" and "TraceId" in err.value.response["Error"]
+        raw.put_object(Bucket=bucket, Key="new", Body=b"first")
+    finally:
+        raw.meta.events.unregister("before-call.s3.PutObject", unique_id="test-forbid")
+    assert raw.get_object(Bucket=bucket, Key="k")["Body"].read() == b"three"
+    assert raw.get_object(Bucket=bucket, Key="new")["Body"].read() == b"first"
+
+
+def test_agent_store_creates_once_on_cos_with_racers(cos_env):
+    """The agent's create-only write on COS: one winner of many racers, the loser told "exists"."""
+    store = open_store(agent_conf(new_bucket()))
+    assert store.compare_and_swap is False
+    with ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(lambda n: store.put_if_absent("race/k", str(n).encode()), range(8)))
+    assert sum(e is not None for e in won) == 1, won
+    winner = next(n for n, e in enumerate(won) if e)
+    assert store.get("race/k") == str(winner).encode()
+    assert store.create("race/k", b"x") is False and store.create("race/other", b"x") is True
+
+
 def test_agent_store_uploads_to_cos_without_trailers(cos_env, tmp_path):
     """Status, manifest and checkpoint uploads from a Tencent host: single and multipart."""
     bucket = new_bucket()

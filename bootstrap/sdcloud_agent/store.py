@@ -93,6 +93,8 @@ def _join(*parts: str) -> str:
 class LocalStore:
     """A directory as an object store. Crash-safe: temp file + fsync + rename for every write."""
 
+    compare_and_swap = True  # put_if_match is atomic (an exclusive flock around check and rename)
+
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -315,12 +317,15 @@ class S3Store:
         # One TransferManager per store: `workers` connections however many files move.
         self._transfer_manager: Any = None
         self._tm_lock = threading.Lock()
+        from . import cos
+        on_cos = cos.is_cos_endpoint(endpoint_url)
+        # COS: create-only by x-cos-forbid-overwrite, and no compare-and-swap on PUT (cos.py).
+        self.on_cos = on_cos
+        self.compare_and_swap = not on_cos
         if client is None:
             import boto3
             from botocore.config import Config
 
-            from . import cos
-            on_cos = cos.is_cos_endpoint(endpoint_url)
             options: dict[str, Any] = {
                 "s3": {"addressing_style": addressing_style or "auto"},
                 # Checksums on every request where the server supports them (CRC32 by default).
@@ -378,12 +383,9 @@ class S3Store:
     def create(self, key: str, data: bytes) -> bool:
         from botocore.exceptions import ClientError
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, IfNoneMatch="*")
-            return True
+            return self.put_if_absent(key, data) is not None
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
-                return False
             if code in ("NotImplemented", "501"):
                 # An older S3-compatible server: best effort head-then-put.
                 if self.head(key) is not None:
@@ -495,11 +497,15 @@ class S3Store:
     # -- conditional writes (batch work items and leases; see sdcloud_agent.batch) --------------
     # S3 (and SeaweedFS) take If-None-Match: * and If-Match: <etag> on PutObject and answer 412
     # PreconditionFailed (or 409 ConditionalRequestConflict while a racing write is in flight).
+    # COS ignores both on PUT (it would overwrite); its create-only write is x-cos-forbid-overwrite,
+    # refused with 409 FileAlreadyExists, and it has no compare-and-swap (cos.py).
 
     @staticmethod
     def _precondition_failed(exc: Exception) -> bool:
+        from .cos import EXISTS_CODES
+
         code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-        return code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+        return code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", *EXISTS_CODES)
 
     def get_versioned(self, key: str) -> tuple[bytes, str] | None:
         from botocore.exceptions import ClientError
@@ -512,9 +518,13 @@ class S3Store:
         return r["Body"].read(), r["ETag"]
 
     def put_if_absent(self, key: str, data: bytes) -> str | None:
+        """Create-only write: the new ETag, or None if the key exists (S3 If-None-Match, COS forbid-overwrite)."""
         from botocore.exceptions import ClientError
+
+        from .cos import FORBID_OVERWRITE_PARAM
+        cond = {FORBID_OVERWRITE_PARAM: True} if self.on_cos else {"IfNoneMatch": "*"}
         try:
-            return self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, IfNoneMatch="*")["ETag"]
+            return self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, **cond)["ETag"]
         except ClientError as exc:
             if self._precondition_failed(exc):
                 return None
@@ -522,6 +532,9 @@ class S3Store:
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str | None:
         from botocore.exceptions import ClientError
+        if not self.compare_and_swap:
+            # COS would ignore If-Match and overwrite: refuse rather than pretend (leases use create-only there).
+            raise StoreError(f"{self.url} has no compare-and-swap on PUT (COS): use create-only writes")
         try:
             return self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, IfMatch=etag)["ETag"]
         except ClientError as exc:

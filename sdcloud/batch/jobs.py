@@ -88,8 +88,10 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
         raise UserError(f"--model {opts.model}: no such folder (a diffusers model folder, a hub id, or tiny)")
     if opts.lora and not opts.lora.startswith("r-") and not Path(opts.lora).is_file():
         raise UserError(f"--lora {opts.lora}: neither a run id (r-...) nor a file")
+    lora_run = resolve_lora_run(opts.lora) if opts.lora and opts.lora.startswith("r-") else None
     prompts = parse_prompts(opts.prompts, BATCH_TIERS[opts.tier], opts.images_per_prompt)
-    items = build_items(prompts, opts.model, lora_identity(opts.lora))
+    items = build_items(prompts, opts.model, lora_run.identity if lora_run else lora_identity(opts.lora))
+    opts.lora_run = lora_run
     if opts.workers is None:
         opts.workers = workers_for_deadline(opts, sum(len(it["seeds"]) for it in items), len(items))
     return items
@@ -120,6 +122,46 @@ def workers_for_deadline(opts: SubmitOptions, images: int, items: int) -> int:
     import math
 
     return max(1, min(items, math.ceil(work / room)))
+
+
+# The LoRA a training run leaves in its artifacts (the builtin trainer's diffusers-format file).
+RUN_LORA = "pytorch_lora_weights.safetensors"
+
+
+@dataclass
+class LoraRun:
+    run_id: str
+    store: Any          # the training run's store
+    key: str            # runs/<id>/artifacts/pytorch_lora_weights.safetensors
+    identity: str       # what the image keys record: r-...@sha256:<16 hex of the file>
+
+
+def resolve_lora_run(run_id: str) -> LoraRun:
+    """`--lora r-...`: that training run, succeeded, and its LoRA artifact in the run's bucket.
+
+    Resolved here, at submit, not on the hosts: only this machine knows the run's state and its
+    bucket (a host gets the job's store and nothing else), and a run that cannot serve is refused
+    before anything is written or launched. Submit then copies the file into the job's own prefix.
+    """
+    from ..runs import artifacts
+    from ..runs.store import StoreError
+
+    run = _state().get_run(run_id)
+    if run is None or run["spec"].get("kind") == "batch":
+        raise UserError(f"--lora {run_id}: no training run with that id; see: sdcloud list")
+    if run["state"] != "succeeded":
+        raise UserError(f"--lora {run_id}: the run is {run['state']}, not succeeded; its LoRA is not final")
+    store, _url = artifacts._store_and_url(run)
+    key = f"runs/{run['id']}/artifacts/{RUN_LORA}"
+    try:
+        data = store.get(key)
+    except StoreError:
+        data = None
+    if not data:
+        raise UserError(f"--lora {run_id}: the run has no LoRA artifact ({RUN_LORA}); see: sdcloud pull {run_id}")
+    import hashlib
+
+    return LoraRun(run["id"], store, key, f"{run['id']}@sha256:{hashlib.sha256(data).hexdigest()[:16]}")
 
 
 def lora_identity(lora: str | None) -> str | None:
@@ -153,11 +195,20 @@ def submit(opts: SubmitOptions, job_id: str | None = None) -> dict[str, Any]:
     store = open_run_store(conf)
     images = sum(len(it["seeds"]) for it in items)
     lora = str(Path(opts.lora).expanduser().resolve()) if opts.lora and not opts.lora.startswith("r-") else opts.lora
-    spec = {"kind": "batch", "tier": opts.tier, "model": opts.model, "lora": lora, "workers": opts.workers,
+    lora_key = None
+    run_lora: LoraRun | None = getattr(opts, "lora_run", None)
+    if run_lora is not None:
+        # The run's LoRA goes into the job's own prefix: the hosts read only the job's store, and the
+        # job keeps the exact file its image keys name even if the run's artifacts are removed later.
+        lora, lora_key = run_lora.identity, f"{job_prefix(job_id)}/lora/{RUN_LORA}"
+        store.put_if_absent(lora_key, run_lora.store.get(run_lora.key))
+    spec = {"kind": "batch", "tier": opts.tier, "model": opts.model, "lora": lora, "lora_key": lora_key,
+            "workers": opts.workers,
             "market": opts.market, "max_price": opts.max_price, "deadline_hours": opts.deadline_hours,
             "budget": opts.budget, "provider": opts.provider, "store": conf, "prefix": job_prefix(job_id),
             "generator": opts.generator, "fake_delay": opts.fake_delay, "images": images, "items": len(items), "submitted": time.time()}
-    write_job(store, job_prefix(job_id), {k: spec[k] for k in ("tier", "model", "lora", "images", "submitted")}, items)
+    write_job(store, job_prefix(job_id), {k: spec[k] for k in ("tier", "model", "lora", "lora_key", "images", "submitted")},
+              items)
     state = _state()
     state.create_run(job_id, opts.tier, spec, images, name=opts.name)
     state.event(job_id, "batch-submitted", {"items": len(items), "images": images, "workers": opts.workers})

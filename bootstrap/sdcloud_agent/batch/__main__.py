@@ -16,6 +16,21 @@ from ..store import open_store
 from .worker import Worker
 
 
+def prepare_job(store, job: dict, cache_dir: str | None = None) -> dict:
+    """A job whose LoRA came from a training run (`lora_key`, copied into the job's prefix at submit):
+    fetch it once into a local folder and point `lora` at the file, as for `--lora FILE`."""
+    if not job.get("lora_key"):
+        return job
+    import os
+    import tempfile
+
+    folder = cache_dir or tempfile.mkdtemp(prefix="sdcloud-lora-")
+    path = os.path.join(folder, job["lora_key"].rsplit("/", 1)[-1])
+    if not os.path.isfile(path):
+        store.get_file(job["lora_key"], path)
+    return {**job, "lora_identity": job.get("lora"), "lora": path}
+
+
 def make_generator(kind: str, job: dict, args: argparse.Namespace):
     if kind == "fake":  # no model: the protocol alone (tests, the scale run)
         import hashlib
@@ -48,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     conf = json.loads(args.store) if args.store.lstrip().startswith("{") else args.store
     store = open_store(conf)
     job = json.loads(store.get(f"{args.job}/job.json"))
+    if args.generator != "fake":
+        job = prepare_job(store, job)
     gen = make_generator(args.generator, job, args)
     kw = {"worker_id": args.worker_id} if args.worker_id else {}
     w = Worker(store, args.job, gen, ttl=args.ttl, idle_wait=min(2.0, args.ttl / 4),

@@ -67,7 +67,14 @@ class DiffusersGenerator:
         dtype = choose_dtype(torch, device)
         family = "sdxl" if job.get("tier") == "batch-sdxl" else "sd15"
         model = job["model"]
-        if model == "tiny":
+        if model == "tiny" and family == "sdxl":
+            # Random weights in SDXL's shape: two text encoders (the second pooled), text_time conditioning.
+            from diffusers import StableDiffusionXLPipeline
+
+            from ..trainers import tiny
+
+            pipe = StableDiffusionXLPipeline(**tiny.build_components(family="sdxl"), add_watermarker=False)
+        elif model == "tiny":
             from diffusers import StableDiffusionPipeline
 
             from ..trainers import tiny

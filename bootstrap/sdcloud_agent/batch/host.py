@@ -24,8 +24,10 @@ def run_host(config_path: str) -> int:
     b = conf["batch"]
     store = open_store(conf["store"])
     job = json.loads(store.get(f"{b['job']}/job.json"))
-    from .__main__ import make_generator
+    from .__main__ import make_generator, prepare_job
 
+    if b.get("generator", "diffusers") != "fake":
+        job = prepare_job(store, job)
     gen = make_generator(b.get("generator", "diffusers"), job,
                          argparse.Namespace(fake_delay=float(b.get("fake_delay", 0.0)), compile=bool(b.get("compile")),
                                             vae_tiling=bool(b.get("vae_tiling"))))
