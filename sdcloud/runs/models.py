@@ -82,9 +82,10 @@ def known_hash(root: Path, files: list[tuple[str, Path]]) -> str:
     if _listing(files) == sig:  # nothing changed while it was read: worth keeping
         memo[str(root)] = {"listing": sig, "sha256": digest}
         memo_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(memo, indent=1))
-        os.replace(tmp, memo_file)
+        fd, tmp = tempfile.mkstemp(dir=memo_file.parent, prefix=".model-hashes-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(memo, f, indent=1)
+        os.replace(tmp, memo_file)  # two controllers at once: the last one's memo wins, both correct
     return digest
 
 
