@@ -148,9 +148,12 @@ class Agent:
 
     def _stage_model(self) -> str:
         """The base model from the bucket's cache/models/ (fetched and cached once), on local disk."""
-        if not self.phases.enabled:  # the local and SSH hosts: the trainer reads the model as given
-            return self.cfg.model
         from . import models
+
+        # The local and SSH hosts: the trainer reads the model as given, but for a local model the
+        # controller uploaded (a `cache:` reference), which every host restores from the bucket.
+        if not self.phases.enabled and not models.is_cache_ref(self.cfg.model):
+            return self.cfg.model
 
         try:
             with self.phases.phase("model") as ph:

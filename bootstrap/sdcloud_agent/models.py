@@ -3,9 +3,15 @@
     tiny                      built from its small configs (no download), cached like any model
     org/name or org/name@rev  a Hugging Face hub repo, fetched once with huggingface_hub
     https://.../file          one file (a .safetensors checkpoint), fetched once
-    /a/local/path             used in place (the controller uploads a local folder as the dataset is)
+    cache:cache/models/local-<sha16>.tar[#name.safetensors]
+                              a local file or folder the controller packed and uploaded by its
+                              content (sdcloud.runs.models); restored, never fetched: a missing
+                              key fails the model phase
+    /a/local/path             used in place (the local provider's host is the user's machine)
 
-The cache key is the model's identity (id and revision, or URL), hashed: `cache/models/<kind>-<sha16>.tar`.
+The cache key is the model's identity (id and revision, or URL), hashed: `cache/models/<kind>-<sha16>.tar`;
+an uploaded local model's key is its content's hash, and its reference names the key (and the file
+inside it for a single-file checkpoint, which the trainer gets as a file path).
 A tar holds the folder as is; it is written to a temp key and copied into place, so a half-written
 one is never restored.
 """
@@ -24,7 +30,24 @@ from pathlib import Path
 log = logging.getLogger("sdcloud_agent.models")
 
 
+CACHE_REF = "cache:"
+
+
+def is_cache_ref(model: str) -> bool:
+    return model.startswith(CACHE_REF)
+
+
+def split_ref(model: str) -> tuple[str, str]:
+    """(bucket key, path inside the tar: "" for a folder) of a `cache:` reference."""
+    key, _, inner = model[len(CACHE_REF):].partition("#")
+    if not key.startswith("cache/models/") or not key.endswith(".tar") or ".." in inner.split("/"):
+        raise ValueError(f"{model}: not a cache/models/<name>.tar reference")
+    return key, inner
+
+
 def cache_key(model: str) -> str | None:
+    if is_cache_ref(model):
+        return split_ref(model)[0]
     if model == "tiny":
         from .trainers import tiny
         ident = "tiny:" + hashlib.sha256(Path(tiny.__file__).read_bytes()).hexdigest()
@@ -58,9 +81,13 @@ def stage(model: str, store, root: Path) -> tuple[str, str]:
     key = cache_key(model)
     if key is None:
         return model, "in-place"
+    inner = split_ref(model)[1] if is_cache_ref(model) else ""
     dest = root / "models" / Path(key).stem
     if (dest / ".sdcloud-complete").exists():
-        return str(dest), "local"
+        return str(dest / inner) if inner else str(dest), "local"
+    if is_cache_ref(model) and store.head(key) is None:
+        raise FileNotFoundError(f"{key} is not in the run's bucket: the controller uploads a local model "
+                                "there before launch; was it deleted? (start the run again)")
     shutil.rmtree(dest, ignore_errors=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".tmp-"))
@@ -83,4 +110,8 @@ def stage(model: str, store, root: Path) -> tuple[str, str]:
     os.replace(tmp / "m", dest)
     shutil.rmtree(tmp, ignore_errors=True)
     log.info("model %s %s (%s)", model, how, key)
+    if inner:
+        if not (dest / inner).is_file():
+            raise FileNotFoundError(f"{key} holds no {inner}")
+        return str(dest / inner), how
     return str(dest), how

@@ -67,6 +67,10 @@ def plain(kind: str, data: dict) -> str | None:
         return f"budget ${data.get('budget')} reached (${data.get('spent')} spent): stopping with the checkpoint kept"
     if kind == "dataset-uploaded":
         return f"dataset: {data.get('files')} files in the run's bucket ({data.get('sent')} sent, {data.get('mb')} MB)"
+    if kind == "model-uploaded":
+        if data.get("cached"):
+            return f"model: already in the run's bucket ({data.get('key')}, {data.get('mb')} MB), nothing sent"
+        return f"model: {data.get('files')} file(s), {data.get('mb')} MB sent to the run's bucket in {data.get('seconds')} s"
     if kind == "resume":
         return f"resuming a {data.get('from_state')} run from step {data.get('step')} (${data.get('spent_usd')} already spent)"
     if kind.startswith("run-"):

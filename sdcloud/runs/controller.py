@@ -211,9 +211,21 @@ class Controller:
         self._dataset_url = self.store_conf["url"].rstrip("/") + "/" + prefix
         return self._dataset_url
 
+    def model_for_host(self) -> str | None:
+        """The base model as the host sees it: a local file or folder is put once in the bucket's
+        cache/models/ by its content (sdcloud.runs.models); the host gets its cache reference."""
+        from .models import is_local_model, upload_model
+
+        if not is_local_model(self.spec.model, self.spec.provider):
+            return self.spec.model
+        if not getattr(self, "_model_ref", None):
+            self._model_ref = upload_model(self.store, self.spec.model, self.event)
+        return self._model_ref
+
     def _launch_spec(self, n: int) -> LaunchSpec:
         agent = agent_config(self.spec, self.run_id, n, self.total_steps, self.store_conf)
         agent["dataset"] = self.dataset_for_host()
+        agent["model"] = self.model_for_host()
         user_data = ""
         if self.spec.provider in ("aws", "tencent"):
             from .hostboot import cloud_user_data

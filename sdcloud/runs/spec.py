@@ -160,6 +160,12 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
     data["trainer_args"] = merge_trainer_args(data.get("trainer_args"), data.pop("trainer_arg", None) or [])
     data["model"] = resolve_model(data.get("model"), data.get("provider", "local"), tier)
     check_model_family(data["model"], tier)
+    model = str(data["model"])
+    if "://" not in model and not model.startswith("cache:") and Path(model).expanduser().exists():
+        from sdcloud_agent.trainers.models import is_tiny
+
+        if not is_tiny(model):  # a local file or folder: absolute, as the controller (and upload) sees it
+            data["model"] = str(Path(model).expanduser().resolve())
     if dataset and "://" not in str(dataset):
         from .datasets import check_dataset
 

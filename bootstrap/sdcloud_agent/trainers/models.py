@@ -139,6 +139,8 @@ def detect_family(model: str, default_tiny: str | None = None) -> str | None:
         return None
     path = Path(model).expanduser()
     if path.is_dir():
+        if not any(path.iterdir()):
+            raise ModelError(f"{model}: an empty folder, not a model")
         fam = folder_family(path)
         if fam is None:
             raise ModelError(f"{model}: a folder without unet/config.json is not a diffusers model")
@@ -147,6 +149,8 @@ def detect_family(model: str, default_tiny: str | None = None) -> str | None:
         if not path.is_file():
             raise ModelError(f"{model}: no such file")
         return file_family(path)
+    if model.startswith((".", "/", "~")) and not path.exists():
+        raise ModelError(f"{model}: no such file or folder")
     if looks_like_hub_id(model):
         return hub_family(model)
     raise ModelError(f"{model}: not 'tiny', a diffusers folder, a .safetensors file, a bucket URL "
