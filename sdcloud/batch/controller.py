@@ -5,10 +5,16 @@ reclaimed host and replaces it in another zone (the reclaimed zone cools down), 
 strays. This module decides how many hosts the job needs now: K while at least K items are open,
 one per open item after that, none once every item is done, and then stops them all.
 Workers need no signal from here to finish: they leave when nothing is left to claim.
+
+On AWS and Tencent a worker host boots as a training host does: the launch carries the per-run
+user-data of sdcloud.runs.hostboot (the agent config with its `batch` section, the agent wheel
+uploaded to the job's bucket first), and a failed boot phase, or no boot report within the boot
+timeout, ends that host and cools down its offer; N failed boots in a row end the job.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any, Callable
@@ -19,7 +25,11 @@ from ..fleet.lifecycle import Fleet, Progress, Timing
 from ..offers.optimizer import job_hours
 from ..offers.tiers import get_tier
 from ..providers.base import LaunchSpec
+from ..runs import hostboot
 from ..spot.policy import get_policy
+
+# The providers whose hosts boot from our user-data and report their boot phases to the bucket.
+CLOUDS = ("aws", "tencent")
 
 
 class _Named:
@@ -45,6 +55,7 @@ class BatchController:
         self.provider_name = self.spec["provider"]
         self.provider = provider or get_provider(self.provider_name)
         self.store = open_run_store(self.spec["store"])
+        self._infra = state.infra(self.provider_name, self.spec.get("region") or "") or {}
         self.emit = emit or (lambda kind, data: None)
         self.timing = timing or Timing.for_provider(self.provider_name)
         market = "spot" if self.spec.get("market", "spot") == "spot" else "on-demand"
@@ -85,25 +96,95 @@ class BatchController:
                         done_hours=c * done / max(1, int(self.spec["items"])), job_hours=c,
                         deadline_hours=self.spec.get("deadline_hours"))
 
+    # -- what hostboot asks of its controller (the same names as sdcloud.runs.controller's) ----------
+
+    @property
+    def run_id(self) -> str:
+        return self.job_id
+
+    def attempts(self) -> list:
+        return self.fleet.attempts()
+
+    def _end_attempt(self, cur: Any, reason: str) -> None:
+        self.fleet.end(cur, reason)
+
+    def _end_run(self, state: str, reason: str | None) -> None:
+        """The job ends (N failed boots in a row): step() then stops every host."""
+        self.state.update_run(self.job_id, state=state, reason=reason)
+        self.event("batch-" + state, {"reason": reason} if reason else {})
+
     # -- hosts ------------------------------------------------------------------------------------
 
     def launch_spec(self, n: int) -> LaunchSpec:
         agent = {"run_id": self.job_id, "attempt": n, "tier": self.tier.name, "store": self.spec["store"],
-                 "metadata": {"kind": self.provider_name if self.provider_name in ("aws", "tencent") else "none"},
+                 "metadata": {"kind": self.provider_name if self.provider_name in CLOUDS else "none"},
                  "batch": {"job": self.spec["prefix"], "worker_id": f"{self.job_id}-a{n}",
                            "generator": self.spec.get("generator", "diffusers"),
                            "fake_delay": self.spec.get("fake_delay", 0.0), "ttl": 60.0}}
+        user_data = ""
+        if self.provider_name in CLOUDS:
+            # The training run's boot: the agent config in the user-data, the agent wheel in the bucket.
+            user_data = hostboot.cloud_user_data(self.provider_name, self.store, agent, self._infra)
         env = {}
         if self.provider_name == "local":
             env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "TENCENTCLOUD_", "SDCLOUD_CPU"))}
-        return LaunchSpec(run_id=self.job_id, attempt=n, agent_config=agent, env=env)
+        return LaunchSpec(run_id=self.job_id, attempt=n, user_data=user_data, agent_config=agent,
+                          infra=self._infra, env=env)
+
+    def boot_report(self, n: int) -> dict | None:
+        """The host's boot report (runs/<job>/boot/attempt-<n>.json, one per host), None before its first."""
+        from ..runs.store import StoreError
+
+        try:
+            return json.loads(self.store.get(f"runs/{self.job_id}/boot/attempt-{n}.json"))
+        except (StoreError, ValueError, OSError):
+            return None
+
+    def _boot_failure(self, n: int, phase: str) -> dict:
+        """The failed boot as the status hostboot reads: status.json when it is this host's (the job's
+        hosts share that key), else the phase with the end of the host's boot log."""
+        from ..runs.store import StoreError
+
+        try:
+            status = json.loads(self.store.get(f"runs/{self.job_id}/status.json"))
+            if status.get("attempt") == n and status.get("boot_phase"):
+                return status
+        except (StoreError, ValueError, OSError):
+            pass
+        try:
+            tail = "\n".join(self.store.get(f"runs/{self.job_id}/logs/boot-{n}.log").decode(errors="replace")
+                             .splitlines()[-40:])
+        except (StoreError, OSError):
+            tail = ""
+        return {"attempt": n, "phase": "failed", "boot_phase": phase,
+                "reason": f"boot phase {phase} failed; last lines of the bootstrap log:\n{tail}"}
+
+    def watch(self, cur: Any) -> None:
+        """A host that is gone was reclaimed or lost: its item's lease runs out and another worker takes it.
+        On the clouds a failed boot phase, or no boot report within the boot timeout, is a failed boot."""
+        if self.provider_name not in CLOUDS:
+            self.fleet.check(cur, None, time.time())
+            return
+        report = self.boot_report(cur.n)
+        if report and report.get("failed"):
+            hostboot.on_boot_failure(self, cur, self._boot_failure(cur.n, report["failed"]))
+            return
+        # Workers write no heartbeat of their own: a boot report is the sign of life, once.
+        if self.fleet.check(cur, None, time.time() if report else None) == "boot-timeout":
+            hostboot.check_limit(self)
+
+    def ended(self) -> bool:
+        return self.state.get_run(self.job_id)["state"] == "failed"
 
     def step(self) -> bool:
         """One pass: watch the hosts, resize the pool. True when the job is over (all done or cancelled)."""
         done = self.items_done()
         for cur in self.fleet.open_attempts():
-            # A host that is gone was reclaimed or lost; its item's lease runs out and another worker takes it.
-            self.fleet.check(cur, None, time.time())
+            self.watch(cur)
+        if self.ended():  # failed boots in a row: stop every host
+            for cur in self.fleet.open_attempts():
+                self.fleet.end(cur, "stopped")
+            return True
         budget = self.spec.get("budget")
         if budget is not None and not self.cancelled() and self.cost_so_far() >= float(budget):
             # The budget is spent: stop like a cancel (workers stop claiming; finished images stay).
@@ -119,6 +200,8 @@ class BatchController:
             self.fleet.keep_alive(want, self.progress(done), self.launch_spec)
         if self.fleet.sweep_due():
             self.fleet.sweep_strays()
+        if self.state.get_run(self.job_id)["state"] == "recovering":  # hostboot's word for a lost host
+            self.state.update_run(self.job_id, state="running")
         return over
 
     def run(self, poll: float | None = None) -> dict[str, Any]:

@@ -55,15 +55,14 @@ def new_job_id() -> str:
     return "b-" + secrets.token_hex(4)
 
 
-def store_conf(provider: str, store: str | None) -> dict:
-    if store:
-        conf: dict[str, Any] = {"url": store}
-        if os.environ.get("SDCLOUD_STORE_ENDPOINT"):
-            conf["endpoint_url"] = os.environ["SDCLOUD_STORE_ENDPOINT"]
-        return conf
-    if provider in ("local", "ssh"):
-        return {"url": (config.home() / "bucket").resolve().as_uri()}
-    raise UserError(f"batch jobs on {provider} need --store s3://BUCKET/PREFIX (the run bucket from `sdcloud infra up`)")
+def store_conf(provider: str, store: str | None, region: str | None = None) -> dict:
+    """The job's store, chosen as a training run's is (sdcloud.runs.store.store_config): --store, this
+    machine's bucket folder for local and SSH, else the bucket of `sdcloud infra up` (Tencent: COS with
+    its endpoint, virtual addressing and the hosts' CVM role)."""
+    from ..runs.store import store_config
+
+    infra = _state().infra(provider, region or "") if provider in ("aws", "tencent") and not store else None
+    return store_config(provider, store, region, infra)
 
 
 def validate(opts: SubmitOptions) -> list[dict[str, Any]]:

@@ -43,27 +43,9 @@ def new_run_id() -> str:
 
 def store_url(spec: RunSpec, infra: dict | None) -> dict:
     """Where the run's checkpoints, status and logs live, as the agent's store config."""
-    if spec.store:
-        conf = {"url": spec.store}
-        endpoint = os.environ.get("SDCLOUD_STORE_ENDPOINT")
-        if endpoint:
-            conf["endpoint_url"] = endpoint
-        return conf
-    if spec.provider in ("local", "ssh"):
-        return {"url": (config.home() / "bucket").resolve().as_uri()}
-    if infra and infra.get("bucket"):
-        conf = {"url": f"s3://{infra['bucket']}/{infra.get('prefix', 'sdcloud')}"}
-        for key in ("endpoint_url", "region", "addressing_style"):
-            if infra.get(key):
-                conf[key] = infra[key]
-        if spec.provider == "tencent":
-            # COS through its S3 endpoint; the host signs with its CVM role's temporary keys.
-            conf.update({"endpoint_url": infra.get("endpoint") or infra.get("endpoint_url")
-                         or f"https://cos.{infra.get('region') or spec.region}.myqcloud.com",
-                         "region": infra.get("region") or spec.region, "addressing_style": "virtual",
-                         "credentials": "tencent-cvm-role"})
-        return conf
-    raise UserError(f"no bucket for provider {spec.provider}: run `sdcloud infra up --provider {spec.provider}` or pass --store s3://BUCKET/PREFIX")
+    from .store import store_config
+
+    return store_config(spec.provider, spec.store, spec.region, infra)
 
 
 def _status_key(run_id: str) -> str:
