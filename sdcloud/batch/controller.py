@@ -170,7 +170,7 @@ class BatchController:
             hostboot.on_boot_failure(self, cur, self._boot_failure(cur.n, report["failed"]))
             return
         # Workers write no heartbeat of their own: a boot report is the sign of life, once.
-        if self.fleet.check(cur, None, time.time() if report else None) == "boot-timeout":
+        if self.fleet.check(cur, None, time.time() if report is not None else None) == "boot-timeout":
             hostboot.check_limit(self)
 
     def ended(self) -> bool:

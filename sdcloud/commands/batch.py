@@ -47,6 +47,19 @@ def _options(kw: dict):
         fake_delay=kw["fake_delay"])
 
 
+def _ensure_bucket(kw: dict) -> None:
+    """AWS and Tencent jobs without --store use the run bucket of the provider's stack, as `sdcloud up`
+    does: created on first use, cached where the job's store is chosen (sdcloud.batch.jobs.store_conf)."""
+    if kw["provider"] not in ("aws", "tencent") or kw["store"]:
+        return
+    from ..infra.automation import ensure_infra
+    from ..runs.state import StateStore
+    from .run import _default_region
+
+    outputs = ensure_infra(kw["provider"], _default_region(kw["provider"]), on_output=lambda line: click.echo(line, err=True))
+    StateStore().save_infra(kw["provider"], "", outputs)
+
+
 class BatchProgress:
     """A rich progress bar on a terminal (images, images/s, ETA, cost); one line per change otherwise."""
 
@@ -90,6 +103,7 @@ def submit(detach: bool, as_json: bool, **kw) -> None:
     """Validate the prompts, write the work items and start the workers; prints the job id."""
     from ..batch import jobs
 
+    _ensure_bucket(kw)
     res = jobs.submit(_options(kw))
     if detach:
         res["controller_pid"] = jobs.detach(res["job"])
@@ -265,6 +279,7 @@ def fire(job_id: str, kw: dict) -> None:
     """A schedule's fire: submit under the given id (idempotent), run in the background."""
     from ..batch import jobs
 
+    _ensure_bucket(kw)
     res = jobs.submit(_options(kw), job_id=job_id)
     if not res.get("existing"):
         jobs.detach(job_id)
