@@ -174,3 +174,29 @@ def test_a_worker_that_never_reports_is_a_boot_timeout(tmp_path):
     time.sleep(0.1)
     ctl2.step()
     assert ctl2.fleet.attempts()[0].end_reason == "boot-timeout"
+
+
+# -- through the AWS provider, against moto ------------------------------------------------------
+
+def test_a_batch_job_on_the_aws_provider_sends_our_script_with_the_batch_config(tmp_path, aws_env):
+    import boto3
+    from moto import mock_aws
+
+    from sdcloud.providers import get_provider
+
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        ami = ec2.describe_images(ImageIds=["ami-12c6146b"])["Images"][0]["ImageId"]
+        aws = get_provider("aws", region="us-east-1", image_id=ami, retry_base=0, retry_cap=0)
+        job, store = _submit(tmp_path, "aws", prompts=3, workers=1)
+        state = StateStore()
+        state.update_run(job, spec=json.dumps({**state.get_run(job)["spec"], "region": "us-east-1"}))
+        raw: list[str] = []
+        aws.client("ec2", "us-east-1").meta.events.register(
+            "before-call.ec2.RunInstances", lambda params, **kw: raw.append(params["body"]["UserData"]))
+        ctl = BatchController(state, job, provider=aws, timing=Timing(0.01, 60, 60))
+        ctl.step()
+        assert len(raw) == 1
+        script = base64.b64decode(raw[0]).decode()  # what EC2 is sent, decoded
+        check_worker_user_data(script, job, 1, store)
+        ctl.fleet.end(ctl.fleet.open_attempts()[0], "done")
