@@ -200,3 +200,13 @@ def test_a_batch_job_on_the_aws_provider_sends_our_script_with_the_batch_config(
         script = base64.b64decode(raw[0]).decode()  # what EC2 is sent, decoded
         check_worker_user_data(script, job, 1, store)
         ctl.fleet.end(ctl.fleet.open_attempts()[0], "done")
+
+
+def test_submit_on_a_cloud_without_store_takes_the_stack_bucket_as_sdcloud_up_does(monkeypatch):
+    from sdcloud.commands.batch import _ensure_bucket
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    StateStore().save_infra("aws", "us-east-1", {"bucket": "sdcloud-runs-2", "region": "us-east-1"})  # the stack's
+    _ensure_bucket({"provider": "aws", "store": None})
+    assert jobs.store_conf("aws", None)["url"] == "s3://sdcloud-runs-2/sdcloud"
+    _ensure_bucket({"provider": "local", "store": None})  # nothing to create for local, SSH or --store
