@@ -200,7 +200,7 @@ def bench_size(size_mb: int, work: Path, endpoint: str, env: dict, store_opts: d
            "s5cmd_MBps": mbps(up_s["s5cmd"]), "boto3_MBps": mbps(up_s["boto3"]),
            "restore_MBps": mbps(down_s["agent"]), "s5cmd_restore_MBps": mbps(down_s["s5cmd"]),
            "notice_to_durable_s": notice_s, "reupload_s": reupload_s}
-    print(f"size={size_mb}MB part={store.part_size // 2**20}MiB workers={store.workers} "
+    print(f"size={size_mb}MB engine={store.engine} part={store.part_size // 2**20}MiB workers={store.workers} "
           f"order={','.join(order)} | upload MB/s: "
           + " ".join(f"{n} {mbps(up_s[n]):.1f}" for n in ups) + " | restore MB/s: "
           + " ".join(f"{n} {mbps(down_s[n]):.1f}" for n in downs)
@@ -215,8 +215,10 @@ def main() -> int:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--part-mib", type=int, default=None, help="the agent's part size in MiB")
     ap.add_argument("--workers", type=int, default=None, help="the agent's parallel parts/ranges")
+    ap.add_argument("--engine", default=None, choices=("auto", "crt", "s3transfer"),
+                    help="the agent's transfer engine (default auto: CRT where awscrt is installed)")
     args = ap.parse_args()
-    store_opts = {k: v for k, v in {"workers": args.workers,
+    store_opts = {k: v for k, v in {"workers": args.workers, "engine": args.engine,
                                     "part_size": args.part_mib and args.part_mib * 2**20}.items() if v}
     sizes = sorted(int(s) for s in args.sizes.split(","))
     work = Path(args.workdir or tempfile.mkdtemp(prefix="sdcloud-bench-"))

@@ -30,11 +30,20 @@ def _s3_store(s3_env, **opts):
                       part_size=5 * 1024 * 1024, **opts)
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3-crt", "s3-s3transfer"])
 def store(request, tmp_path):
+    """Every store test runs on a local folder and on S3 through both transfer engines."""
     if request.param == "local":
         return LocalStore(tmp_path / "bucket")
-    return _s3_store(request.getfixturevalue("s3_env"))
+    engine = request.param.split("-", 1)[1]
+    got = _s3_store(request.getfixturevalue("s3_env"), engine=engine)
+    assert got.engine == engine
+    return got
+
+
+@pytest.fixture(params=["crt", "s3transfer"])
+def engine(request) -> str:
+    return request.param
 
 
 def _ckpt(folder: Path, step: int, big: int = 0) -> Path:
@@ -89,21 +98,29 @@ def test_cancelled_multipart_leaves_no_object(store, tmp_path):
     assert store.head("x/big.bin") is None
 
 
-def test_upload_cancelled_mid_file_aborts_its_multipart_upload(s3_env, tmp_path, monkeypatch):
+def test_upload_cancelled_mid_file_aborts_its_multipart_upload(s3_env, tmp_path, monkeypatch, engine):
     import sdcloud_agent.transfer as transfer
-    store = _s3_store(s3_env)
+    store = _s3_store(s3_env, engine=engine)
     big = tmp_path / "big.bin"
     big.write_bytes(os.urandom(21 * 1024 * 1024))  # five parts of 5 MiB
     cancel = threading.Event()
     reads = []
-    real = transfer.HashingReader.read
+    real_read, real_readinto = transfer.HashingReader.read, transfer.HashingReader.readinto
 
-    def read(self, n=-1):
-        reads.append(n)
+    def noticed() -> None:
+        reads.append(1)
         if len(reads) == 2:  # the notice lands after the first part was read
             cancel.set()
-        return real(self, n)
+
+    def read(self, n=-1):  # the s3transfer engine reads bytes ...
+        noticed()
+        return real_read(self, n)
+
+    def readinto(self, buf):  # ... the CRT engine fills its own part buffers
+        noticed()
+        return real_readinto(self, buf)
     monkeypatch.setattr(transfer.HashingReader, "read", read)
+    monkeypatch.setattr(transfer.HashingReader, "readinto", readinto)
     with pytest.raises(Cancelled):
         store.put_file("x/big.bin", big, cancel=cancel)
     assert store.head("x/big.bin") is None and len(reads) < 5

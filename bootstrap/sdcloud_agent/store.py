@@ -304,7 +304,7 @@ class S3Store:
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, addressing_style: str | None = None,
                  part_size: int = DEFAULT_PART_SIZE, workers: int = DEFAULT_WORKERS, client: Any = None,
-                 credentials: str | None = None):
+                 credentials: str | None = None, engine: str = "auto"):
         if part_size < 5 * MiB or workers < 1:
             raise ValueError("part_size must be at least 5 MiB (the S3 minimum) and workers at least 1")
         self.bucket = bucket
@@ -314,14 +314,20 @@ class S3Store:
         self.workers = workers
         # COS takes object tags in its own header and its lifecycle rules cannot filter on them: tag on S3 only.
         self.tag_objects = credentials != "tencent-cvm-role" and "myqcloud.com" not in (endpoint_url or "")
-        # One TransferManager per store: `workers` connections however many files move.
+        if engine not in ("auto", "crt", "s3transfer"):
+            raise ValueError(f"unknown transfer engine {engine!r}: use auto, crt or s3transfer")
+        # One transfer engine per store: `workers` connections however many files move.
         self._transfer_manager: Any = None
+        self._crt: Any = None
+        self._crt_args: dict[str, Any] | None = None
         self._tm_lock = threading.Lock()
+        injected = client is not None
         from . import cos
         on_cos = cos.is_cos_endpoint(endpoint_url)
         # COS: create-only by x-cos-forbid-overwrite, and no compare-and-swap on PUT (cos.py).
         self.on_cos = on_cos
         self.compare_and_swap = not on_cos
+        session: Any = None
         if client is None:
             import boto3
             from botocore.config import Config
@@ -339,7 +345,7 @@ class S3Store:
             if credentials == "tencent-cvm-role":
                 from .cloudcreds import tencent_role_session
 
-                session: Any = tencent_role_session()
+                session = tencent_role_session()
             elif credentials and credentials.startswith("file:"):
                 from .cloudcreds import file_session
 
@@ -352,6 +358,18 @@ class S3Store:
             if on_cos:
                 cos.adapt_client(client)  # Content-MD5 on DeleteObjects
         self.client = client
+        from . import transfer
+        # The CRT engine on S3 and S3-compatible servers where awscrt is installed (transfer.py
+        # says why not on COS); a client handed in by a caller (a test's stub) keeps s3transfer.
+        cos_like = on_cos or credentials == "tencent-cvm-role"
+        use_crt = engine == "crt" or (engine == "auto" and not injected and not cos_like and transfer.crt_available())
+        if use_crt:
+            if injected or cos_like:
+                raise ValueError("the crt engine needs the store's own session and an S3 endpoint (not COS)")
+            self._crt_args = {"session": session, "endpoint_url": endpoint_url, "region": region, "config": cfg,
+                              "part_size": part_size, "workers": workers,
+                              "ca_bundle": os.environ.get("AWS_CA_BUNDLE") or None}
+        self.engine = "crt" if use_crt else "s3transfer"
 
     def _k(self, key: str) -> str:
         return _join(self.prefix, key)
@@ -363,6 +381,14 @@ class S3Store:
                 from .transfer import transfer_manager
                 self._transfer_manager = transfer_manager(self.client, self.part_size, self.workers)
             return self._transfer_manager
+
+    def _crt_engine(self) -> Any:
+        """The store's CRT engine, made on first use."""
+        with self._tm_lock:
+            if self._crt is None:
+                from .transfer import CrtEngine
+                self._crt = CrtEngine(**self._crt_args)
+            return self._crt
 
     def _rel(self, full: str) -> str:
         return full[len(self.prefix) + 1:] if self.prefix else full
@@ -404,6 +430,9 @@ class S3Store:
             tagging = self._tagging(key).get("Tagging")
             if size <= self.part_size:
                 return transfer.put_single(self.client, self.bucket, full, path, metadata, cancel, tagging=tagging)
+            if self.engine == "crt":
+                return self._crt_engine().upload(self.bucket, full, path, metadata=metadata, cancel=cancel,
+                                                 tagging=tagging)
             return transfer.upload_s3transfer(self._tm(), self.bucket, full, path, metadata=metadata,
                                               cancel=cancel, tagging=tagging)
         except transfer.TransferCancelled:
@@ -433,7 +462,10 @@ class S3Store:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 os.ftruncate(fd, info.size)
-                digest = transfer.download_s3transfer(self._tm(), self.bucket, full, fd, info.size)
+                if self.engine == "crt":
+                    digest = self._crt_engine().download(self.bucket, full, fd, info.size)
+                else:
+                    digest = transfer.download_s3transfer(self._tm(), self.bucket, full, fd, info.size)
                 # No fsync: what is downloaded is a copy of what the bucket keeps (a restore is
                 # redone on every agent start), and a flush of a whole checkpoint costs seconds.
             finally:
@@ -557,7 +589,8 @@ def open_store(spec: str | dict, **overrides: Any) -> LocalStore | S3Store:
     if parsed.scheme in ("s3", "cos"):
         if not parsed.netloc:
             raise ValueError(f"store URL {url!r} has no bucket")
-        allowed = {"endpoint_url", "region", "addressing_style", "part_size", "workers", "client", "credentials"}
+        allowed = {"endpoint_url", "region", "addressing_style", "part_size", "workers", "client", "credentials",
+                   "engine"}
         return S3Store(parsed.netloc, parsed.path, **{k: v for k, v in opts.items() if k in allowed})
     if parsed.scheme == "file":
         return LocalStore(unquote(parsed.netloc + parsed.path))

@@ -1,18 +1,26 @@
 """Moving file bytes to and from an S3-compatible store, each byte read once and hashed on the way.
 
-The engine is boto3's TransferManager (s3transfer, what awscli uses), one per store, so that its
-`workers` connections are shared by every file in flight. It is fed through file objects that
-hash the bytes it moves:
+Two engines, both from boto3's own transfer libraries, fed through file objects that hash the
+bytes they move:
 
-- upload: `HashingReader` is a non-seekable reader, so s3transfer reads each file's parts in
-  order and the sha256 comes from the very reads that fill the parts;
-- restore: `OrderedHashWriter` is a seekable writer; s3transfer's parallel ranged GETs land at
-  their offsets in the file as they complete, and the writer hashes them in file order, holding
-  only the ranges that arrived ahead of a missing one, so a file is verified when its last byte
-  lands.
+- **CRT** (`awscrt` through s3transfer's CRTTransferManager, what boto3 uses with
+  `preferred_transfer_client="crt"`): the AWS Common Runtime's S3 client, in C, splits each file
+  into parts on its own threads without the GIL. Used on S3 and S3-compatible servers when awscrt
+  is installed (the training environment's lock has it). It delivers a download's body in order,
+  so the restore hashes and writes each chunk as it arrives; an upload reads its body stream in
+  order, so the manifest's sha256 comes from the reads that fill the parts.
+- **s3transfer** (boto3's TransferManager, what awscli uses): Python threads. Used on COS (the
+  CRT client signs trailing checksums into every upload, which COS refuses), where awscrt is
+  absent, and where a test hands the store its own client:
+  - upload: `HashingReader` is a non-seekable reader, so s3transfer reads each file's parts in
+    order and the sha256 comes from the very reads that fill the parts;
+  - restore: `OrderedHashWriter` is a seekable writer; s3transfer's parallel ranged GETs land at
+    their offsets in the file as they complete, and the writer hashes them in file order, holding
+    only the ranges that arrived ahead of a missing one, so a file is verified when its last byte
+    lands.
 
-Our own parallel-parts engine measured slower on restore and no faster on upload (the figures are
-in docs/host-agent.md, "Checkpoint sync"), so it went.
+The figures that chose the engines are in docs/host-agent.md, "Checkpoint sync". Our own
+parallel-parts engine measured slower than both and went.
 """
 
 from __future__ import annotations
@@ -65,6 +73,15 @@ class HashingReader:
         data = self._f.read(n)
         self.hash.update(data)
         return data
+
+    def readinto(self, buf) -> int:
+        # The CRT client fills its own part buffers through readinto: no bytes object per read.
+        if _cancelled(self._cancel):
+            raise TransferCancelled(self._f.name)
+        n = self._f.readinto(buf)
+        if n:
+            self.hash.update(memoryview(buf)[:n])
+        return n or 0
 
     def readable(self) -> bool:
         return True
@@ -136,7 +153,11 @@ class OrderedHashWriter:
             while view:
                 n = os.pwrite(self._fd, view, pos)
                 view, pos = view[n:], pos + n
-            self._ahead[self._pos] = bytes(data)
+            if self._pos == self._next and not self._ahead:
+                self.hash.update(data)  # in order (always, from the CRT engine): nothing to hold
+                self._next = pos
+            else:
+                self._ahead[self._pos] = bytes(data)
             self._pos = pos
             while self._next in self._ahead:
                 chunk = self._ahead.pop(self._next)
@@ -161,3 +182,77 @@ def download_s3transfer(tm: Any, bucket: str, key: str, fd: int, size: int) -> s
     if writer.hashed != size:
         raise ShortRead(f"{key}: {writer.hashed} contiguous bytes, expected {size}")
     return writer.hash.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# The CRT engine
+# ----------------------------------------------------------------------------------------------
+
+def crt_available() -> bool:
+    try:
+        import awscrt.s3  # noqa: F401
+        import s3transfer.crt  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class CrtEngine:
+    """One CRT S3 client and transfer manager per store. Requests are serialized by botocore from
+    the store's own session and client settings (endpoint, region, addressing style), and signed
+    by the CRT with the session's credentials, asked for at every request (refreshable role keys
+    keep working)."""
+
+    def __init__(self, session: Any, *, endpoint_url: str | None, region: str | None, config: Any,
+                 part_size: int, workers: int, ca_bundle: str | None):
+        from s3transfer.crt import (BotocoreCRTCredentialsWrapper, BotocoreCRTRequestSerializer,
+                                    CRTTransferManager, create_s3_crt_client)
+        if getattr(session, "__name__", "") == "boto3":  # the boto3 module: its default credential chain
+            import botocore.session
+            core = botocore.session.get_session()
+        else:
+            core = getattr(session, "_session", session)  # a boto3 Session wraps a botocore one
+        region = region or core.get_config_variable("region") or "us-east-1"
+        creds = BotocoreCRTCredentialsWrapper(core.get_credentials()).to_crt_credentials_provider()
+        # Event-loop threads: one per core, and at least four (restores on two cores ran faster
+        # with four than with two: docs/host-agent.md). The CRT opens as many connections as its
+        # throughput target needs; `workers` is s3transfer's knob.
+        self.client = create_s3_crt_client(region, crt_credentials_provider=creds,
+                                           num_threads=max(CRT_MIN_THREADS, os.cpu_count() or 1),
+                                           part_size=part_size, verify=ca_bundle,
+                                           target_throughput=CRT_TARGET_GBPS * 1_000_000_000 // 8)
+        kwargs: dict[str, Any] = {"region_name": region, "config": config}
+        if endpoint_url:
+            kwargs["endpoint_url"] = endpoint_url
+        if ca_bundle:
+            kwargs["verify"] = ca_bundle
+        self.manager = CRTTransferManager(self.client, BotocoreCRTRequestSerializer(core, kwargs))
+
+    def upload(self, bucket: str, key: str, path: str | Path, *, metadata: dict[str, str] | None,
+               cancel: threading.Event | None, tagging: str | None = None) -> str:
+        reader = HashingReader(path, cancel)
+        extra = {**({"Metadata": metadata} if metadata else {}), **({"Tagging": tagging} if tagging else {})}
+        try:
+            self.manager.upload(reader, bucket, key, extra_args=extra).result()
+        except Exception:
+            if _cancelled(cancel):
+                raise TransferCancelled(key) from None
+            raise
+        finally:
+            reader.close()
+        if _cancelled(cancel):
+            raise TransferCancelled(key)
+        return reader.hash.hexdigest()
+
+    def download(self, bucket: str, key: str, fd: int, size: int) -> str:
+        writer = OrderedHashWriter(fd)
+        self.manager.download(bucket, key, writer).result()
+        if writer.hashed != size:
+            raise ShortRead(f"{key}: {writer.hashed} contiguous bytes, expected {size}")
+        return writer.hash.hexdigest()
+
+
+# The CRT's throughput target decides how many connections it opens. 10 Gbit/s is its own
+# fallback when it cannot tell the NIC; on loopback with two cores more only adds contention.
+CRT_TARGET_GBPS = 10
+CRT_MIN_THREADS = 4
