@@ -296,6 +296,9 @@ def test_the_examples_lock_pins_the_torchvision_paired_with_our_torch():
     paired, rest = scripts.examples_plan(text, "cu128")
     assert paired == [f"torchvision=={pins['torchvision']}", "--index-url", gpu.TORCH_INDEX + "cu128"]
     assert scripts.examples_plan(text, "cpu")[0] == [f"torchvision=={pins['torchvision']}"]
+    assert scripts.examples_plan(text, "cu130", "2.13.0+cu130")[0][-1] == gpu.TORCH_INDEX + "cu130"
+    # A +cpu torch (CI's wheel on disk) takes its pair from the CPU index: the package index's is built for CUDA.
+    assert scripts.examples_plan(text, "cpu", "2.13.0+cpu")[0][1:] == ["--index-url", gpu.TORCH_INDEX + "cpu"]
     assert "torchvision" not in scripts.lock_pins(rest) and f"datasets=={pins['datasets']}" in rest
     assert scripts.examples_plan("ftfy==1\n", "cu128") == (None, "ftfy==1\n")
 

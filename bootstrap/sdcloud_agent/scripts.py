@@ -332,35 +332,46 @@ def lock_pins(text: str) -> dict[str, str]:
     return out
 
 
-def examples_plan(text: str, build: str) -> tuple[list[str] | None, str]:
+def examples_plan(text: str, build: str, torch_version: str = "") -> tuple[list[str] | None, str]:
     """(pip arguments for torchvision, or None when the lock has none; the rest of the lock as a
-    requirements text). A CUDA build takes torchvision from the torch build's index, as boot.py
-    takes torch; a CPU host from the package index."""
+    requirements text). torchvision comes from the index its torch came from: a CUDA build's from
+    the torch build's index, as boot.py takes torch; on a CPU host from the package index, unless
+    the installed torch is a `+cpu` build (CI's wheel on disk), whose pair is on the CPU index (the
+    package index's torchvision is built for its CUDA torch: beside a +cpu torch it fails at import
+    with "operator torchvision::nms does not exist")."""
     from . import gpu
 
+    label = torch_version.partition("+")[2]
+    index = build if build != "cpu" else ("cpu" if label == "cpu" else None)
     paired, rest = None, []
     for line in text.splitlines():
         m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line.split("#", 1)[0])
         if m and m.group(1).lower() == PAIRED:
-            paired = [line.split("#", 1)[0].strip()] + ([] if build == "cpu" else ["--index-url", gpu.TORCH_INDEX + build])
+            paired = [line.split("#", 1)[0].strip()] + (["--index-url", gpu.TORCH_INDEX + index] if index else [])
         else:
             rest.append(line)
     return paired, "\n".join(rest) + "\n"
 
 
 def _examples_venv(store, root: Path, overrides: dict | None) -> tuple[str, str]:
+    import importlib.metadata
+
     from . import boot, gpu
 
     text = examples_lock(overrides)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     build = gpu.host_torch_build()
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = ""
 
     def install(python: str, tmp: Path) -> None:
         # Our lock and torch pin as constraints: pip fails rather than shadow one of them.
         cons = tmp / "constraints.txt"
         cons.write_text(boot.TORCH_PIN + "\n" + boot.lock_text(build))
         req = tmp / "examples-lock.txt"
-        paired, rest = examples_plan(text, build)
+        paired, rest = examples_plan(text, build, torch_version)
         req.write_text(rest)
         if paired:
             log.info("diffusers examples venv: pip install %s", " ".join(paired))
