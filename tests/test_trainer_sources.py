@@ -3,20 +3,24 @@ against SeaweedFS over HTTPS, with no network: kohya sd-scripts from a local git
 pinned commit (a fake sd-scripts tree whose network scripts are tests/kohya_fake.py), installed into
 its own venv with the real pip (its requirements are satisfied offline by the training
 environment), cached in the bucket and restored by the next host; the diffusers examples from the
-tag of the installed diffusers. The trainer is started by absolute paths only."""
+tag of the installed diffusers, with a venv of their own for their lock (here a local wheel in
+place of torchvision and friends), cached and restored the same way. The trainer is started by
+absolute paths only."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
-from sdcloud_agent import scripts
+from sdcloud_agent import boot, gpu, scripts
 from sdcloud_agent.store import open_store
 from sdcloud_agent.trainers.base import Context
 from sdcloud_agent.trainers.diffusers import DiffusersTrainer
@@ -62,6 +66,23 @@ def _shadow_wheel(folder: Path) -> Path:
     return whl
 
 
+def _probe_wheel(folder: Path) -> Path:
+    """A wheel of `sdcloud-examples-probe` on local disk, standing in for the examples' lock
+    (torchvision, datasets, ...) that a test cannot install: no network."""
+    import zipfile
+
+    folder.mkdir()
+    whl = folder / "sdcloud_examples_probe-0.0.1-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr("examples_probe.py", "VERSION = '0.0.1'\n")
+        zf.writestr("sdcloud_examples_probe-0.0.1.dist-info/METADATA",
+                    "Metadata-Version: 2.1\nName: sdcloud-examples-probe\nVersion: 0.0.1\n")
+        zf.writestr("sdcloud_examples_probe-0.0.1.dist-info/WHEEL",
+                    "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr("sdcloud_examples_probe-0.0.1.dist-info/RECORD", "")
+    return whl
+
+
 def _kohya_repo(path: Path, shadow: Path | None = None) -> str:
     fake = (TESTS / "kohya_fake.py").read_text()
     # The script says which interpreter runs it, that sd-scripts' own package imports, and which shellingham it sees.
@@ -83,7 +104,9 @@ def _diffusers_repo(path: Path, tag: str) -> str:
     script = ("import sys\n"
               f"sys.path.insert(0, {str(TESTS)!r})\n"
               "from agent_fakes import fake_external\n"
+              "import diffusers, examples_probe\n"
               "print('DIFFUSERS_PREFIX', sys.prefix, flush=True)\n"
+              "print('DIFFUSERS_LAYERS', diffusers.__file__, examples_probe.__file__, flush=True)\n"
               "sys.exit(fake_external('diffusers', sys.argv[1:]))\n")
     return _git_repo(path, {"examples/dreambooth/train_dreambooth_lora_sdxl.py": script,
                             "examples/dreambooth/requirements_sdxl.txt": "accelerate>=0.16.0\n",
@@ -198,7 +221,7 @@ def test_a_kohya_commit_the_repository_does_not_have_fails_the_trainer_phase(tmp
     assert not store.list("cache/trainers/")
 
 
-def test_diffusers_examples_come_from_the_tag_of_the_installed_diffusers(tmp_path, seaweed, s3_env):
+def test_diffusers_examples_come_from_the_tag_of_the_installed_diffusers_with_their_own_venv(tmp_path, seaweed, s3_env):
     tag = "v" + importlib.metadata.version("diffusers")
     repo = tmp_path / "diffusers"
     sha = _diffusers_repo(repo, tag)
@@ -207,30 +230,77 @@ def test_diffusers_examples_come_from_the_tag_of_the_installed_diffusers(tmp_pat
     store.ensure_bucket()
     (tmp_path / "model").mkdir()
     args = {"instance_prompt": "a photo of sks dog", "instance_data_dir": str(_images(tmp_path / "dog", 1))}
-    sources = {"diffusers_url": repo.as_uri()}  # the tag is the default: v<installed diffusers>
+    # The examples' lock, overridden: one local wheel (the real one needs the network).
+    lock = tmp_path / "examples-lock.txt"
+    lock.write_text(f"# the test's examples lock\nsdcloud-examples-probe @ {_probe_wheel(tmp_path / 'wheels').as_uri()}\n")
+    digest = hashlib.sha256(lock.read_text().encode()).hexdigest()[:12]
+    sources = {"diffusers_url": repo.as_uri(), "diffusers_examples_lock": str(lock)}  # tag: v<installed diffusers>
 
     rc, log, work = _agent(tmp_path, "cold", store_cfg, "diffusers", args, sources)
     assert rc == 0, log[-4000:]
     assert _phases(store, "r-cold")["trainer"]["result"] == "fetched"
     assert store.head(f"cache/trainers/diffusers-examples-{tag}.tar") is not None
+    keys = [o.key for o in store.list("cache/trainers/")]
+    # Keyed by the examples lock and the environment's own key (main lock, torch build, python).
+    venv_key = f"cache/trainers/diffusers-examples-venv-{digest}-{scripts.env_tag()}"
+    assert [k for k in keys if k.startswith(venv_key + ".tar.")], keys
+    assert not [k for k in keys if k.endswith(".part")]
     tree = work / "trainers" / f"diffusers-examples-{tag}"
+    venv = work / "trainers" / f"diffusers-examples-venv-{digest}-{scripts.env_tag()}"
     cmd = _trainer_command(log)
-    assert cmd[:4] == [sys.executable, "-m", "accelerate.commands.launch",
+    assert cmd[:4] == [str(venv / "bin" / "python"), "-m", "accelerate.commands.launch",
                        str(tree / "examples" / "dreambooth" / "train_dreambooth_lora_sdxl.py")], cmd
-    assert f"DIFFUSERS_PREFIX {sys.prefix}" in log
+    # The real pip installed the lock into the venv, with our lock as constraints.
+    assert "pip install -r examples-lock.txt" in log and "pip: Successfully installed sdcloud-examples-probe-0.0.1" in log, log
+    # Layered: the script runs in the venv, its lock's package from the venv, diffusers from our environment.
+    purelib = sysconfig.get_paths()["purelib"]
+    assert f"DIFFUSERS_PREFIX {venv}" in log, log[-3000:]
+    assert f"DIFFUSERS_LAYERS {purelib}/diffusers/__init__.py {venv}/lib/" in log, log[-3000:]
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version("sdcloud-examples-probe")  # the training environment is untouched
     assert (tree / ".sdcloud-source").read_text().split()[-1] == sha
     assert store.head("runs/r-cold/artifacts/final_weights.safetensors") is not None
 
+    # The next host: no repository, no wheel; both come from the bucket, pip does not run.
     shutil.rmtree(repo)
-    rc, log, _ = _agent(tmp_path, "warm", store_cfg, "diffusers", args, sources)
+    shutil.rmtree(tmp_path / "wheels")
+    rc, log, work2 = _agent(tmp_path, "warm", store_cfg, "diffusers", args, sources)
     assert rc == 0, log[-4000:]
     assert _phases(store, "r-warm")["trainer"]["result"] == "restored"
+    venv2 = work2 / "trainers" / venv.name
+    assert _trainer_command(log)[0] == str(venv2 / "bin" / "python")
+    assert "pip install" not in log and f"DIFFUSERS_LAYERS {purelib}/diffusers/__init__.py {venv2}/lib/" in log, log[-3000:]
 
     # A tag that is not in the repository (a diffusers without a matching release) fails the phase.
     rc, _, _ = _agent(tmp_path, "notag", store_cfg, "diffusers", args,
                         {"diffusers_url": (tmp_path / "gone").as_uri(), "diffusers_tag": "v0.0.0"})
     status = json.loads(store.get("runs/r-notag/status.json"))
     assert rc == 1 and status["boot_phase"] == "trainer" and "diffusers examples tag v0.0.0" in status["reason"], status
+
+
+def test_the_examples_lock_pins_the_torchvision_paired_with_our_torch():
+    pins = scripts.lock_pins(scripts.examples_lock())
+    torch = boot.TORCH_PIN.split("==")[1]
+    # PyTorch releases torchvision 0.(N+15) with torch 2.N (2.13.0 <-> 0.28.0): a torch bump needs a torchvision one.
+    major, minor = (int(x) for x in torch.split(".")[:2])
+    assert major == 2 and pins["torchvision"].split(".")[:2] == ["0", str(minor + 15)], (torch, pins["torchvision"])
+    assert {"torchvision", "datasets", "ftfy", "tensorboard"} <= set(pins)
+    # Exact pins only, none of them in (or clashing with) the main lock or torch.
+    text = scripts.examples_lock()
+    lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
+    assert all("==" in ln for ln in lines if ln), lines
+    main = scripts.lock_pins(boot.lock_text("cu128"))
+    assert not set(pins) & (set(main) | {"torch"}), set(pins) & set(main)
+    assert "torchvision" not in main  # never in the main lock: its PyPI build breaks diffusers beside the CPU torch
+    # torchvision comes from the torch build's index on CUDA, from the package index on CPU; the rest from the index.
+    paired, rest = scripts.examples_plan(text, "cu128")
+    assert paired == [f"torchvision=={pins['torchvision']}", "--index-url", gpu.TORCH_INDEX + "cu128"]
+    assert scripts.examples_plan(text, "cpu")[0] == [f"torchvision=={pins['torchvision']}"]
+    assert scripts.examples_plan(text, "cu130", "2.13.0+cu130")[0][-1] == gpu.TORCH_INDEX + "cu130"
+    # A +cpu torch (CI's wheel on disk) takes its pair from the CPU index: the package index's is built for CUDA.
+    assert scripts.examples_plan(text, "cpu", "2.13.0+cpu")[0][1:] == ["--index-url", gpu.TORCH_INDEX + "cpu"]
+    assert "torchvision" not in scripts.lock_pins(rest) and f"datasets=={pins['datasets']}" in rest
+    assert scripts.examples_plan("ftfy==1\n", "cu128") == (None, "ftfy==1\n")
 
 
 def test_commands_use_absolute_paths_and_keep_what_the_user_gave(tmp_path):

@@ -40,7 +40,8 @@ class AgentConfig:
     # Seconds kept in hand before the notice deadline for the final upload; the trainer gets the rest.
     upload_reserve_seconds: float = 30.0
     # Where the external trainers' sources come from (sdcloud_agent/scripts.py): overrides of the
-    # pins in data/trainer-sources.txt, {"kohya_url", "kohya_commit", "diffusers_url", "diffusers_tag"}.
+    # pins in data/trainer-sources.txt, {"kohya_url", "kohya_commit", "diffusers_url", "diffusers_tag"},
+    # and "diffusers_examples_lock": a path that replaces data/examples-lock.txt.
     trainer_sources: dict = field(default_factory=dict)
 
     @property

@@ -4,29 +4,37 @@ of them (the agent's boot phase `trainer`).
     kohya      sd-scripts at the commit pinned in data/trainer-sources.txt, and a venv of its own
                for its requirements (they pin their own diffusers, transformers, accelerate)
     diffusers  the example scripts (`examples/`) from the diffusers tag that matches the diffusers
-               installed in the training environment
+               installed in the training environment, and a venv of their own for what they need
+               beyond it (data/examples-lock.txt: torchvision, datasets, ftfy, tensorboard, ...)
 
-Each is fetched with git (`git fetch --depth 1 <url> <commit or tag>`; by commit, git checks every
-object against its hash), packed as a tar and kept in the run's bucket, written to a temp key and
-copied into place like the models:
+Each tree is fetched with git (`git fetch --depth 1 <url> <commit or tag>`; by commit, git checks
+every object against its hash), packed as a tar and kept in the run's bucket, written to a temp key
+and copied into place like the models:
 
     cache/trainers/kohya-<sha12>.tar                                the sd-scripts tree
     cache/trainers/kohya-venv-<sha12>-<env key>.tar.zst             its venv (env key: lock, build, python)
     cache/trainers/diffusers-examples-<tag>.tar                     the examples tree
+    cache/trainers/diffusers-examples-venv-<lock sha12>-<env key>.tar.zst   their venv
 
-A later boot restores them instead of fetching. The kohya venv is made with the training
-environment's python; a `.pth` file puts the sd-scripts tree (what its `-e .` line would install:
-the `library` package) and then the training environment's site-packages after its own, so it
-reuses our torch and every package its requirements do not pin otherwise, while its own pins shadow
-ours. That `.pth` is written again after every restore: paths differ between hosts.
+A later boot restores them instead of fetching. Both venvs are made the same way (layered_venv),
+with the training environment's python; a `.pth` file puts (kohya) the sd-scripts tree (what its
+`-e .` line would install: the `library` package) and then the training environment's
+site-packages after the venv's own, so it reuses our torch and every package its requirements do
+not pin otherwise, while its own pins shadow ours. That `.pth` is written again after every
+restore: paths differ between hosts. The examples' lock is installed with our lock and torch pin as
+constraints (it never shadows them), torchvision first from the torch build's index: it is built
+for one torch, and is kept out of the main lock (its PyPI build beside the CPU torch breaks
+`import diffusers` on CI).
 
-The adapters then run `<python> -m accelerate.commands.launch <absolute script>`: nothing from PATH.
-The config's `trainer_sources` overrides the URLs and refs ({"kohya_url", "kohya_commit",
-"diffusers_url", "diffusers_tag"}), for a mirror or a test's local repository.
+The adapters then run `<venv python> -m accelerate.commands.launch <absolute script>`: nothing from
+PATH. The config's `trainer_sources` overrides the URLs and refs ({"kohya_url", "kohya_commit",
+"diffusers_url", "diffusers_tag"}) for a mirror or a test's local repository, and
+"diffusers_examples_lock" (a path) replaces data/examples-lock.txt.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -110,7 +118,8 @@ def stage(trainer: str, store, root: Path, overrides: dict | None = None) -> Sou
                               f"diffusers examples tag {tag} (for the installed diffusers {version})", sparse="examples")
     if not (tree / "examples").is_dir():
         raise SourceError(f"the diffusers tag {tag} from {url} has no examples/ folder")
-    return Sources(tree, sys.executable, how, commit)
+    python, vhow = _examples_venv(store, root, overrides)
+    return Sources(tree, python, _combined(how, vhow), commit)
 
 
 def _combined(*hows: str) -> str:
@@ -225,11 +234,12 @@ def _site_dirs() -> list[str]:
     return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
 
 
-def write_layers(venv: Path, tree: Path) -> None:
-    """The `.pth` that puts the tree and then the training environment after the venv's own packages."""
+def write_layers(venv: Path, tree: Path | None = None) -> None:
+    """The `.pth` that puts the tree (if any) and then the training environment after the venv's own
+    packages."""
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    (site / PTH).write_text("\n".join([str(tree), *_site_dirs()]) + "\n")
+    (site / PTH).write_text("\n".join([*([str(tree)] if tree else []), *_site_dirs()]) + "\n")
 
 
 def requirements(tree: Path) -> str:
@@ -238,9 +248,23 @@ def requirements(tree: Path) -> str:
     return "\n".join(ln for ln in lines if not re.fullmatch(r"\s*(-e|--editable)?\s*\.\s*(#.*)?", ln)) + "\n"
 
 
-def _kohya_venv(store, root: Path, tree: Path, commit: str) -> tuple[str, str]:
+def _pip(python: str, args: list[str], what: str, cwd: Path | None = None) -> None:
+    """`python -m pip install <args>`, its output in the log; SourceError with its tail on failure."""
+    p = subprocess.run([python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", *args],
+                       cwd=cwd, capture_output=True, text=True, check=False)
+    for line in (p.stdout + p.stderr).splitlines():
+        log.info("pip: %s", line)
+    if p.returncode != 0:
+        tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-10:])
+        raise SourceError(f"installing {what} failed:\n{tail}")
+
+
+def layered_venv(store, root: Path, name: str, mark: str, what: str, install, tree: Path | None = None) -> tuple[str, str]:
+    """(python, how) of the venv `root/trainers/<name>`, layered on the training environment by
+    `sdcloud-layers.pth` (`tree`, if any, then our site-packages after its own packages): restored
+    from `cache/trainers/<name>.tar.zst` in the bucket, or made and `install(python, tmp)`ed, then
+    packed and cached. `mark` is written in its complete marker. how: local | restored | fetched."""
     ext, compress = _compressor()
-    name = f"kohya-venv-{commit[:12]}-{env_tag()}"
     dest = root / "trainers" / name
     python = str(dest / "bin" / "python")
     key = f"cache/trainers/{name}{ext}"
@@ -248,6 +272,7 @@ def _kohya_venv(store, root: Path, tree: Path, commit: str) -> tuple[str, str]:
         write_layers(dest, tree)
         return python, "local"
     shutil.rmtree(dest, ignore_errors=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".tmp-"))
     try:
         packed = tmp / f"venv{ext}"
@@ -261,25 +286,98 @@ def _kohya_venv(store, root: Path, tree: Path, commit: str) -> tuple[str, str]:
             # cached venv works on any host with the same image.
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
             write_layers(venv, tree)  # before pip: it sees our torch and does not install another
-            req = tmp / "requirements.txt"
-            req.write_text(requirements(tree))
-            log.info("kohya venv: pip install -r requirements.txt (sd-scripts %s)", commit[:12])
-            p = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input",
-                                "--disable-pip-version-check", "-r", str(req)], cwd=tree,
-                               capture_output=True, text=True, check=False)
-            for line in (p.stdout + p.stderr).splitlines():
-                log.info("pip: %s", line)
-            if p.returncode != 0:
-                tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-10:])
-                raise SourceError(f"installing kohya sd-scripts' requirements failed:\n{tail}")
+            install(str(venv / "bin" / "python"), tmp)
             _tar(venv, packed, compress)
             _put(store, key, packed)
             how = "installed"
         got = tmp / "x" / name
-        (got / COMPLETE).write_text(commit)
+        (got / COMPLETE).write_text(mark)
         os.replace(got, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     write_layers(dest, tree)  # this host's paths
-    log.info("kohya venv %s (%s)", how, key)
+    log.info("%s %s (%s)", what, how, key)
     return python, "fetched" if how == "installed" else how
+
+
+def _kohya_venv(store, root: Path, tree: Path, commit: str) -> tuple[str, str]:
+    def install(python: str, tmp: Path) -> None:
+        req = tmp / "requirements.txt"
+        req.write_text(requirements(tree))
+        log.info("kohya venv: pip install -r requirements.txt (sd-scripts %s)", commit[:12])
+        _pip(python, ["-r", str(req)], "kohya sd-scripts' requirements", cwd=tree)
+
+    return layered_venv(store, root, f"kohya-venv-{commit[:12]}-{env_tag()}", commit, "kohya venv", install, tree)
+
+
+PAIRED = "torchvision"  # built for one torch: installed from the torch build's index
+
+
+def examples_lock(overrides: dict | None = None) -> str:
+    """The text of the diffusers examples' lock: data/examples-lock.txt, or the file the config's
+    `trainer_sources.diffusers_examples_lock` names (a mirror's or a test's)."""
+    path = (overrides or {}).get("diffusers_examples_lock")
+    if path:
+        return Path(path).read_text()
+    return resources.files("sdcloud_agent").joinpath("data", "examples-lock.txt").read_text()
+
+
+def lock_pins(text: str) -> dict[str, str]:
+    """{normalized name: version} of a lock's `name==version` lines."""
+    out = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([^\s;#]+)\s*(#.*)?", line)
+        if m:
+            out[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2)
+    return out
+
+
+def examples_plan(text: str, build: str, torch_version: str = "") -> tuple[list[str] | None, str]:
+    """(pip arguments for torchvision, or None when the lock has none; the rest of the lock as a
+    requirements text). torchvision comes from the index its torch came from: a CUDA build's from
+    the torch build's index, as boot.py takes torch; on a CPU host from the package index, unless
+    the installed torch is a `+cpu` build (CI's wheel on disk), whose pair is on the CPU index (the
+    package index's torchvision is built for its CUDA torch: beside a +cpu torch it fails at import
+    with "operator torchvision::nms does not exist")."""
+    from . import gpu
+
+    label = torch_version.partition("+")[2]
+    index = build if build != "cpu" else ("cpu" if label == "cpu" else None)
+    paired, rest = None, []
+    for line in text.splitlines():
+        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line.split("#", 1)[0])
+        if m and m.group(1).lower() == PAIRED:
+            paired = [line.split("#", 1)[0].strip()] + (["--index-url", gpu.TORCH_INDEX + index] if index else [])
+        else:
+            rest.append(line)
+    return paired, "\n".join(rest) + "\n"
+
+
+def _examples_venv(store, root: Path, overrides: dict | None) -> tuple[str, str]:
+    import importlib.metadata
+
+    from . import boot, gpu
+
+    text = examples_lock(overrides)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    build = gpu.host_torch_build()
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = ""
+
+    def install(python: str, tmp: Path) -> None:
+        # Our lock and torch pin as constraints: pip fails rather than shadow one of them.
+        cons = tmp / "constraints.txt"
+        cons.write_text(boot.TORCH_PIN + "\n" + boot.lock_text(build))
+        req = tmp / "examples-lock.txt"
+        paired, rest = examples_plan(text, build, torch_version)
+        req.write_text(rest)
+        if paired:
+            log.info("diffusers examples venv: pip install %s", " ".join(paired))
+            _pip(python, [*paired, "-c", str(cons)], "torchvision for the diffusers examples")
+        log.info("diffusers examples venv: pip install -r examples-lock.txt (%s)", digest)
+        _pip(python, ["-r", str(req), "-c", str(cons)], "the diffusers examples' requirements")
+
+    return layered_venv(store, root, f"diffusers-examples-venv-{digest}-{env_tag()}", digest,
+                        "diffusers examples venv", install)
