@@ -80,13 +80,39 @@ def system_env(root: Path, shim: Path, ca_file: Path, metadata_url: str) -> dict
     return env
 
 
-def boot(root: Path, user_data: str, ca_file: Path, metadata_url: str, timeout: float = 900) -> Boot:
+# An image whose python3 is too old for the lock (Ubuntu 22.04's 3.10) and has no python3.11 yet:
+# both answer the user-data's version check with "too old" and run nothing else. Its apt-get
+# "installs" python3.11 by pointing the name at the real interpreter, and logs what it was asked.
+OLD_PYTHON = r"""#!/bin/bash
+for a in "$@"; do case "$a" in *version_info*) exit 1;; esac; done
+echo "python shim: this image's python is 3.10" >&2; exit 1
+"""
+APT_GET = r"""#!/bin/bash
+echo "apt-get $*" >> "$SDCLOUD_ROOT/var/log/apt-shim.log"
+if [ "$1" = install ]; then
+  for p in "$@"; do
+    if [ "$p" = python3.11 ]; then printf '#!/bin/bash\nexec %s "$@"\n' "$REAL_PYTHON" > "$(dirname "$0")/python3.11"; fi
+  done
+fi
+exit 0
+"""
+
+
+def old_python_image(real_python: str) -> dict[str, str]:
+    """Shims for `boot(..., shims=)`: python3 and python3.11 too old, apt-get that installs 3.11."""
+    return {"python3": OLD_PYTHON, "python3.11": OLD_PYTHON, "python3.12": OLD_PYTHON, "python3.13": OLD_PYTHON,
+            "apt-get": APT_GET.replace("$REAL_PYTHON", real_python)}
+
+
+def boot(root: Path, user_data: str, ca_file: Path, metadata_url: str, timeout: float = 900,
+         shims: dict[str, str] | None = None) -> Boot:
     root.mkdir(parents=True, exist_ok=True)
     (root / "root").mkdir(exist_ok=True)
     shim = root.parent / f"{root.name}-shim"
     shim.mkdir(exist_ok=True)
-    (shim / "systemctl").write_text(SYSTEMCTL)
-    (shim / "systemctl").chmod(0o755)
+    for name, text in {"systemctl": SYSTEMCTL, **(shims or {})}.items():
+        (shim / name).write_text(text)
+        (shim / name).chmod(0o755)
     script = root / "var/lib/cloud/instance/user-data.txt"
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(user_data)

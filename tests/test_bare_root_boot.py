@@ -103,3 +103,35 @@ def test_bare_root_boot_installs_then_restores_from_the_bucket(tmp_path, seaweed
         for b in boots:
             b.kill()
         imds.stop()
+
+
+def test_an_image_with_python_310_gets_the_distributions_python311(tmp_path, seaweed, s3_env):
+    """Ubuntu 22.04's python3 is 3.10, too old for the lock: the user-data installs python3.11 with
+    the image's apt-get (shimmed) and goes on with it. The wheel is taken out of the bucket so
+    that the boot stops at the next phase, with python's result recorded."""
+    import re
+
+    from sdcloud.runs.hostboot import cloud_user_data
+    from sdcloud_agent.store import open_store
+
+    bucket = "bare-root-py310"
+    store = open_store({"url": f"s3://{bucket}/sdcloud", "endpoint_url": seaweed.endpoint, "region": "us-east-1"})
+    store.ensure_bucket()
+    imds = AwsMetadataServer().start()
+    key = next(iter(TEST_KEYS))
+    imds.attach_role("sdcloud-host", key, TEST_KEYS[key])
+    try:
+        root = tmp_path / "host"
+        ud = cloud_user_data("aws", store, _config(seaweed, imds, bucket, "r-py310", 1, root))
+        wheel_key = re.search(r"WHEEL_KEY='([^']+)'", ud).group(1)
+        store.delete(wheel_key)
+        b = bareroot.boot(root, ud, seaweed.ca_file, imds.base_url,
+                          shims=bareroot.old_python_image("/usr/bin/python3"))
+        assert b.rc != 0, b.log[-3000:]
+        apt = (root / "var/log/apt-shim.log").read_text()
+        assert "install -y -q python3.11 python3.11-venv" in apt, apt
+        ph = bareroot.phases(store, "r-py310", 1)
+        assert ph["python"]["result"].startswith("installed Python 3.1"), ph
+        assert ph["wheel"]["result"] == "failed", ph
+    finally:
+        imds.stop()
