@@ -350,3 +350,23 @@ def test_status_json_is_written_atomically_with_the_log(store, tmp_path):
     st.set_phase("training")  # a final status is never overwritten
     assert json.loads(store.get(f"{RUN}/status.json"))["phase"] == "preempted"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+
+
+@pytest.mark.parametrize("given", ["config", "environment"])
+def test_crt_engine_speaks_plain_http_where_the_resolved_endpoint_says_so(seaweed, s3_env, tmp_path, monkeypatch, given):
+    """The CRT client takes TLS from the endpoint botocore resolved: one in the store config, or one
+    from AWS_ENDPOINT_URL (a proxy, moto, a plain test port); TLS against a plain port closes the socket."""
+    bucket = f"st-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=s3_env["endpoint_url"]).create_bucket(Bucket=bucket)
+    conf = {"url": f"s3://{bucket}/p", "engine": "crt"}
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    if given == "config":
+        conf["endpoint_url"] = seaweed.http_endpoint
+    else:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", seaweed.http_endpoint)
+    store = open_store(conf, part_size=5 * 1024 * 1024)
+    assert store.engine == "crt"
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(11 * 1024 * 1024))
+    digest = store.put_file("big.bin", src)
+    assert store.get_file("big.bin", tmp_path / "back.bin") == digest == hashlib.sha256(src.read_bytes()).hexdigest()

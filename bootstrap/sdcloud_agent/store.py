@@ -366,7 +366,10 @@ class S3Store:
         if use_crt:
             if injected or cos_like:
                 raise ValueError("the crt engine needs the store's own session and an S3 endpoint (not COS)")
+            # The endpoint the client resolved (config, AWS_ENDPOINT_URL*, or the region's) says
+            # whether the CRT speaks TLS.
             self._crt_args = {"session": session, "endpoint_url": endpoint_url, "region": region, "config": cfg,
+                              "resolved_endpoint": client.meta.endpoint_url,
                               "part_size": part_size, "workers": workers,
                               "ca_bundle": os.environ.get("AWS_CA_BUNDLE") or None}
         self.engine = "crt" if use_crt else "s3transfer"

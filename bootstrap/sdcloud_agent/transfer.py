@@ -204,7 +204,7 @@ class CrtEngine:
     keep working)."""
 
     def __init__(self, session: Any, *, endpoint_url: str | None, region: str | None, config: Any,
-                 part_size: int, workers: int, ca_bundle: str | None):
+                 part_size: int, workers: int, ca_bundle: str | None, resolved_endpoint: str | None = None):
         from s3transfer.crt import (BotocoreCRTCredentialsWrapper, BotocoreCRTRequestSerializer,
                                     CRTTransferManager, create_s3_crt_client)
         if getattr(session, "__name__", "") == "boto3":  # the boto3 module: its default credential chain
@@ -220,6 +220,8 @@ class CrtEngine:
         self.client = create_s3_crt_client(region, crt_credentials_provider=creds,
                                            num_threads=max(CRT_MIN_THREADS, os.cpu_count() or 1),
                                            part_size=part_size, verify=ca_bundle,
+                                           # TLS unless the endpoint says plain HTTP (a proxy, a test server).
+                                           use_ssl=not (resolved_endpoint or endpoint_url or "").startswith("http://"),
                                            target_throughput=CRT_TARGET_GBPS * 1_000_000_000 // 8)
         kwargs: dict[str, Any] = {"region_name": region, "config": config}
         if endpoint_url:
