@@ -370,7 +370,7 @@ class S3Store:
             # whether the CRT speaks TLS.
             self._crt_args = {"session": session, "endpoint_url": endpoint_url, "region": region, "config": cfg,
                               "resolved_endpoint": client.meta.endpoint_url,
-                              "part_size": part_size, "workers": workers,
+                              "part_size": part_size,
                               "ca_bundle": os.environ.get("AWS_CA_BUNDLE") or None}
         self.engine = "crt" if use_crt else "s3transfer"
 

@@ -204,7 +204,7 @@ class CrtEngine:
     keep working)."""
 
     def __init__(self, session: Any, *, endpoint_url: str | None, region: str | None, config: Any,
-                 part_size: int, workers: int, ca_bundle: str | None, resolved_endpoint: str | None = None):
+                 part_size: int, ca_bundle: str | None, resolved_endpoint: str | None = None):
         from s3transfer.crt import (BotocoreCRTCredentialsWrapper, BotocoreCRTRequestSerializer,
                                     CRTTransferManager, create_s3_crt_client)
         if getattr(session, "__name__", "") == "boto3":  # the boto3 module: its default credential chain
