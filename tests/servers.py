@@ -126,12 +126,19 @@ class SeaweedS3:
                  "s3.port.iceberg", "s3.port.lance"]
         ports = dict(zip(names, free_ports(len(names))))
         self.port, self.https_port = ports["s3.port"], ports["s3.port.https"]
+        self.master_port = ports["master.port"]
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
         cert, key = self_signed_cert(self.workdir / "tls")
         self.ca_file = cert
         args = ([weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.cert.file={cert}",
-                 f"-s3.key.file={key}"] + [f"-{k}={v}" for k, v in ports.items()])
+                 f"-s3.key.file={key}",
+                 # weed gives every bucket a volume of its own and, by default, allows free disk divided
+                 # by the volume size (up to 1 GB each): on a small CI disk the session's server ran out
+                 # after a few dozen buckets and answered PutObject with InternalError. Volumes are
+                 # sparse files, so a generous fixed count costs no disk.
+                 "-volume.max=1000"]
+                + [f"-{k}={v}" for k, v in ports.items()])
         if self.domains:
             args.append(f"-s3.domainName={','.join(self.domains)}")
         if self.keys is not None:
