@@ -170,6 +170,8 @@ def _check_history(history: list[dict], steps: int) -> None:
             # ... and the trainer saved on the notice, so nothing it trained is lost.
             assert h["after"] == (s[-1] if s else h["before"]), (h["attempt"], h["after"], s[-1:])
             assert "notice_to_durable_s=" in h["log"]
+        if s and h["before"] > 0:  # a resumed attempt says how long it took to train again
+            assert "launch_to_resumed_s=" in h["log"], h["attempt"]
         trained += s
         assert _steps_in(h["shipped"])[: len(s) // 2] == s[: len(s) // 2]  # the log reached the bucket
     assert sorted(trained) == list(range(1, steps + 1)), "each step trained exactly once"
@@ -376,3 +378,50 @@ def test_a_killed_agent_takes_its_trainer_with_it(tmp_path):
         time.sleep(0.05)
     os.kill(pid, 9)
     pytest.fail("the trainer outlived its agent")
+
+
+def test_the_checkpoint_restores_while_the_model_and_dataset_stage(tmp_path, monkeypatch):
+    """A resumed attempt downloads its checkpoint beside the staging, not after it: with a model
+    stage and a restore of about a second each, the two overlap and the trainer starts after the
+    longer of them. The status then says how long the agent took to train again."""
+    from sdcloud_agent import agent as agent_mod
+    from sdcloud_agent import config as agent_config
+
+    bucket = tmp_path / "bucket"
+    store = open_store(f"file://{bucket}")
+    # Attempt 1 saves a checkpoint at step 10 and then dies: attempt 2 has something to restore.
+    first = _start_agent(_config(tmp_path, 1, {"url": f"file://{bucket}"}, "http://127.0.0.1:9", kind="none", steps=20),
+                         {"FAKE_FAIL_AT": "14"})
+    first.communicate(timeout=60)
+    assert mf.complete_steps(store, "runs/e2e") == [10]
+    spans: dict[str, tuple[float, float]] = {}
+    real_restore = mf.restore_newest
+
+    def slow_restore(*a, **kw):
+        t0 = time.monotonic()
+        time.sleep(1.0)
+        try:
+            return real_restore(*a, **kw)
+        finally:
+            spans["restore"] = (t0, time.monotonic())
+
+    def slow_model(self):
+        t0 = time.monotonic()
+        time.sleep(1.0)
+        spans["model"] = (t0, time.monotonic())
+        return self.cfg.model
+
+    monkeypatch.setattr(agent_mod.mf, "restore_newest", slow_restore)
+    monkeypatch.setattr(agent_mod.Agent, "_stage_model", slow_model)
+    cfg_path = _config(tmp_path, 2, {"url": f"file://{bucket}"}, "http://127.0.0.1:9", kind="none", steps=20)
+    monkeypatch.setenv("FAKE_STEP_SECONDS", "0.01")
+    rc = agent_mod.Agent(agent_config.load(cfg_path)).run()
+    assert rc == 0
+    (r0, r1), (m0, m1) = spans["restore"], spans["model"]
+    assert r0 < m1 and m0 < r1, f"the restore ({r0:.2f}-{r1:.2f}) and the model stage ({m0:.2f}-{m1:.2f}) did not overlap"
+    text = (tmp_path / "work-2" / "attempt-2.log").read_text()
+    steps = _steps_in(text)
+    assert steps[0] == 11, steps[:3]
+    assert "launch_to_resumed_s=" in text
+    status = json.loads(store.get("runs/e2e/status.json"))
+    assert status["resumed_from"] == 10 and 0 < status["resumed_after_s"] < 60

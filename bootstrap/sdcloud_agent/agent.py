@@ -8,6 +8,7 @@ Exit codes: 0 succeeded, 3 preempted, 1 failed.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import os
 import shutil
@@ -77,6 +78,9 @@ class Agent:
         self.worker: SyncWorker | None = None
         self.log_path: Path | None = None
         self._snaps: dict[int, Path] = {}
+        self._started = time.monotonic()
+        self._first_step = False
+        self._resumed_from: int | None = None
 
     # -- setup ------------------------------------------------------------------------------
     def _setup_logging(self) -> None:
@@ -207,21 +211,35 @@ class Agent:
         except (StoreError, OSError) as exc:
             raise Failure(f"staging the model {model} failed: {exc}") from exc
 
-    def _restore(self, ctx: Context) -> None:
-        self.status.set_phase("restoring")
-        sync = self.worker.sync
+    def _restore_newest(self, ctx: Context) -> tuple[object, float]:
+        """The newest checkpoint that restores whole, or None, and the seconds it took. Runs on a
+        thread of its own beside the model, trainer and dataset staging (`_run`)."""
         t0 = time.monotonic()
         got = mf.restore_newest(self.store, self.cfg.run_prefix, lambda m: self.trainer.restore_dir(ctx, m.name),
                                 log=log.warning)
+        return got, time.monotonic() - t0
+
+    def _restore(self, ctx: Context, restoring: concurrent.futures.Future) -> None:
+        """Wait for the checkpoint restore started before staging and take it up in `ctx`."""
+        if not restoring.done():
+            self.status.set_phase("restoring")
+        t0 = time.monotonic()
+        got, secs = restoring.result()
+        waited = time.monotonic() - t0
+        sync = self.worker.sync
         if got is not None:
             m, dest = got
-            step, secs = m.step, time.monotonic() - t0
-            log.info("restored checkpoint %d (%.1f MB in %.2fs) to %s", step, m.total_bytes / 1e6, secs, dest)
+            step = m.step
+            log.info("restored checkpoint %d (%.1f MB in %.2fs, %.2fs of it after staging) to %s",
+                     step, m.total_bytes / 1e6, secs, waited, dest)
+            self.phases.record("checkpoint", secs, f"step {step}")
             ctx.resume, ctx.resume_step = dest, step
+            self._resumed_from = step
             sync.durable_step = max(sync.durable_step, step)
             # resumed_from: where this attempt took up the work (the controller tells the user).
             self.status.update(step=step, resumed_from=step)
             return
+        self.phases.record("checkpoint", secs, "none")
         log.info("no complete checkpoint in the bucket: starting from step 0")
 
     def _start_trainer(self, ctx: Context) -> subprocess.Popen:
@@ -263,8 +281,15 @@ class Agent:
         prog = self.trainer.parse_line(line)
         if prog:
             self.status.update(**prog)
-            if prog.get("step"):
+            if prog.get("step") and not self._first_step:
+                self._first_step = True
                 self.phases.first_step()
+                if self._resumed_from is not None:
+                    # From this agent's start to training again: the restore, the staging beside
+                    # it and the trainer's own start-up (the boot report has the host's share).
+                    secs = time.monotonic() - self._started
+                    log.info("launch_to_resumed_s=%.1f (resumed from checkpoint %d)", secs, self._resumed_from)
+                    self.status.update(resumed_after_s=round(secs, 1))
 
     def _submit_finished(self, ctx: Context, exited: bool = False, killed: bool = False) -> None:
         for c in self.trainer.finished(ctx, trainer_exited=exited, killed=killed):
@@ -429,19 +454,25 @@ class Agent:
         cfg = self.cfg
         self._prepare_disk()
         self._check_gpu()
-        # A cloud host stages the model from the bucket's cache (boot phase "model"); a model given
-        # as a bucket URL (a folder or one .safetensors file) is then copied to local disk.
-        model = self._stage_bucket_model(self._stage_model())
-        sources = self._stage_trainer_sources()
-        dataset = self._stage()
-        ctx = Context(steps=cfg.steps, checkpoint_every=cfg.checkpoint_every, model=model, workdir=self.workdir,
+        ctx = Context(steps=cfg.steps, checkpoint_every=cfg.checkpoint_every, model=cfg.model, workdir=self.workdir,
                       checkpoint_dir=self.workdir / "checkpoints", output_dir=self.workdir / "output",
-                      dataset=dataset, trainer_args=cfg.trainer_args, gpus=getattr(self, "gpu_count", 0),
-                      trainer_root=sources.tree if sources else None,
-                      trainer_python=sources.python if sources else None)
+                      gpus=getattr(self, "gpu_count", 0))
         ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.worker.sync.seed()
-        self._restore(ctx)
+        # The checkpoint downloads while the model, the trainer's sources and the dataset are
+        # staged: they are independent, and a resumed attempt's start-up is then the longest of
+        # them rather than their sum. The restore writes into a temp folder renamed when whole,
+        # so a staging failure below leaves nothing half-made for the trainer.
+        restoring = _in_background(self._restore_newest, ctx, name="sdcloud-restore")
+        # A cloud host stages the model from the bucket's cache (boot phase "model"); a model given
+        # as a bucket URL (a folder or one .safetensors file) is then copied to local disk.
+        ctx.model = self._stage_bucket_model(self._stage_model())
+        sources = self._stage_trainer_sources()
+        ctx.dataset = self._stage()
+        ctx.trainer_args = cfg.trainer_args  # after the model: the tiny model sets its resolution
+        ctx.trainer_root = sources.tree if sources else None
+        ctx.trainer_python = sources.python if sources else None
+        self._restore(ctx, restoring)
         if self.notice_event.is_set():
             self.status.set_phase("preempted", "spot reclaim before training started")
             return EXIT_PREEMPTED
@@ -481,6 +512,22 @@ class Agent:
         self.status.set_phase("succeeded")
         log.info("run succeeded")
         return EXIT_SUCCEEDED
+
+
+def _in_background(fn, *args, name: str) -> concurrent.futures.Future:
+    """fn(*args) on a daemon thread; its result or exception through the future. Not a pool: a
+    pool's threads are joined at exit, and an agent failing its staging must not wait for them."""
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+
+    def target() -> None:
+        if fut.set_running_or_notify_cancel():
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever takes the result
+                fut.set_exception(exc)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return fut
 
 
 def _load_prctl():
