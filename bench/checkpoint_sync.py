@@ -210,7 +210,9 @@ def bench_size(size_mb: int, work: Path, endpoint: str, env: dict, store_opts: d
            "s5cmd_MBps": mbps(up_s["s5cmd"]), "boto3_MBps": mbps(up_s["boto3"]),
            "restore_MBps": mbps(down_s["agent"]), "s5cmd_restore_MBps": mbps(down_s["s5cmd"]),
            "notice_to_durable_s": notice_s, "reupload_s": reupload_s}
-    print(f"size={size_mb}MB engine={store.engine} part={store.part_size // 2**20}MiB workers={store.workers} "
+    # `workers` is s3transfer's knob; the CRT sizes its own connections.
+    knobs = f" workers={store.workers}" if store.engine == "s3transfer" else ""
+    print(f"size={size_mb}MB engine={store.engine} part={store.part_size // 2**20}MiB{knobs} "
           f"order={','.join(order)} | upload MB/s: "
           + " ".join(f"{n} {mbps(up_s[n]):.1f}" for n in ups) + " | restore MB/s: "
           + " ".join(f"{n} {mbps(down_s[n]):.1f}" for n in downs)

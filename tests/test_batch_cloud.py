@@ -38,12 +38,12 @@ class RecordingCloud(CloudDouble):
         return super().launch(offer, spec, market, max_price, events)
 
 
-def _submit(tmp_path: Path, provider: str, prompts: int = 4, workers: int = 2) -> tuple[str, LocalStore]:
+def _submit(tmp_path: Path, provider: str, prompts: int = 4, workers: int = 2, **opts) -> tuple[str, LocalStore]:
     p = tmp_path / "p.txt"
     p.write_text("".join(f"prompt {n}\n" for n in range(prompts)))
     bucket = tmp_path / "bucket"
     res = jobs.submit(jobs.SubmitOptions(tier="batch-sd15", model="tiny", prompts=str(p), workers=workers,
-                                         provider=provider, store=bucket.as_uri(), generator="fake"))
+                                         provider=provider, store=bucket.as_uri(), generator="fake", **opts))
     return res["job"], LocalStore(bucket)
 
 
@@ -155,6 +155,19 @@ def test_a_failed_boot_ends_that_host_and_three_in_a_row_end_the_job(tmp_path):
     run = state.get_run(job)
     assert run["state"] == "failed" and "3 failed boots in a row" in run["reason"]
     assert cloud.live() == [], "every host stops with the job"
+
+
+def test_max_failed_boots_sets_the_jobs_limit(tmp_path):
+    job, store = _submit(tmp_path, "aws", prompts=4, workers=1, max_failed_boots=1)
+    cloud = RecordingCloud("aws")
+    state = StateStore()
+    ctl = BatchController(state, job, provider=cloud, timing=Timing(0.01, 60, 60))
+    ctl.step()
+    _fail_boot(store, job, 1)
+    assert ctl.step() is True, "with --max-failed-boots 1 the first failed boot ends the job"
+    assert "1 failed boots in a row" in state.get_run(job)["reason"]
+    with pytest.raises(UserError, match="max-failed-boots"):
+        _submit(tmp_path, "aws", max_failed_boots=0)
 
 
 def test_a_worker_that_never_reports_is_a_boot_timeout(tmp_path):

@@ -43,6 +43,7 @@ class SubmitOptions:
     store: str | None = None
     generator: str = "diffusers"   # "fake": no model (tests and protocol demos)
     fake_delay: float = 0.0        # seconds per fake batch, so a test can catch a worker mid-item
+    max_failed_boots: int | None = None  # failed host boots in a row that end the job (None: 3)
 
 
 def _state():
@@ -79,6 +80,8 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
         raise UserError("--max-price must be positive")
     if opts.budget is not None and opts.budget <= 0:
         raise UserError("--budget must be positive")
+    if opts.max_failed_boots is not None and opts.max_failed_boots < 1:
+        raise UserError(f"--max-failed-boots must be at least 1, got {opts.max_failed_boots}")
     if opts.deadline_hours is not None and opts.deadline_hours <= 0:
         raise UserError("--deadline must be in the future")
     if not opts.model.strip():
@@ -205,7 +208,8 @@ def submit(opts: SubmitOptions, job_id: str | None = None) -> dict[str, Any]:
             "workers": opts.workers,
             "market": opts.market, "max_price": opts.max_price, "deadline_hours": opts.deadline_hours,
             "budget": opts.budget, "provider": opts.provider, "store": conf, "prefix": job_prefix(job_id),
-            "generator": opts.generator, "fake_delay": opts.fake_delay, "images": images, "items": len(items), "submitted": time.time()}
+            "generator": opts.generator, "fake_delay": opts.fake_delay, "max_failed_boots": opts.max_failed_boots,
+            "images": images, "items": len(items), "submitted": time.time()}
     write_job(store, job_prefix(job_id), {k: spec[k] for k in ("tier", "model", "lora", "lora_key", "images", "submitted")},
               items)
     state = _state()

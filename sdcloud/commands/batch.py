@@ -27,6 +27,8 @@ def submit_options(f):
         click.option("--provider", default="local", show_default=True),
         click.option("--name", default=None),
         click.option("--store", default=None, help="s3://BUCKET/PREFIX (default: the provider's run bucket)"),
+        click.option("--max-failed-boots", type=int, default=None, metavar="N",
+                     help="failed host boots in a row that end the job (default 3)"),
         click.option("--generator", type=click.Choice(["diffusers", "fake"]), default="diffusers", hidden=True),
         click.option("--fake-delay", type=float, default=0.0, hidden=True),
     ]
@@ -44,7 +46,7 @@ def _options(kw: dict):
         images_per_prompt=kw["images_per_prompt"], workers=kw["workers"], market="spot" if kw["spot"] else "on-demand",
         max_price=kw["max_price"], deadline_hours=parse_duration(kw["deadline"]) if kw["deadline"] else None,
         budget=kw["budget"], provider=kw["provider"], name=kw["name"], store=kw["store"], generator=kw["generator"],
-        fake_delay=kw["fake_delay"])
+        fake_delay=kw["fake_delay"], max_failed_boots=kw["max_failed_boots"])
 
 
 def _ensure_bucket(kw: dict) -> None:

@@ -55,7 +55,10 @@ def on_boot_failure(ctrl, cur, status: dict) -> None:
 
 
 def check_limit(ctrl, phase: str | None = None) -> None:
-    limit = getattr(ctrl.spec, "max_failed_boots", None) or DEFAULT_MAX_FAILED_BOOTS
+    # A training run's spec is a RunSpec, a batch job's a dict (sdcloud.batch.jobs.submit).
+    spec = ctrl.spec
+    limit = (spec.get("max_failed_boots") if isinstance(spec, dict) else getattr(spec, "max_failed_boots", None))
+    limit = limit or DEFAULT_MAX_FAILED_BOOTS
     n = failed_boots_in_a_row(ctrl.attempts())
     if n >= limit:
         where = f" (last: phase {phase})" if phase else ""
