@@ -462,25 +462,32 @@ class S3Store:
         tmp = dest.parent / f"{_LOCAL_TMP_PREFIX}{uuid.uuid4().hex}"
         full = self._k(key)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                os.ftruncate(fd, info.size)
-                if self.engine == "crt":
-                    digest = self._crt_engine().download(self.bucket, full, fd, info.size)
-                else:
+            # No fsync: what is downloaded is a copy of what the bucket keeps (a restore is redone
+            # on every agent start), and a flush of a whole checkpoint costs seconds.
+            if self.engine == "crt":
+                # The CRT writes the file itself (no Python in the body's path) to a temp name of
+                # its own, renamed to `tmp` when whole.
+                digest = self._crt_engine().download_file(self.bucket, full, tmp, info.size)
+            else:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                try:
+                    os.ftruncate(fd, info.size)
                     digest = transfer.download_s3transfer(self._tm(), self.bucket, full, fd, info.size)
-                # No fsync: what is downloaded is a copy of what the bucket keeps (a restore is
-                # redone on every agent start), and a flush of a whole checkpoint costs seconds.
-            finally:
-                os.close(fd)
+                finally:
+                    os.close(fd)
             os.replace(tmp, dest)
         except transfer.ShortRead as exc:
-            tmp.unlink(missing_ok=True)
+            self._drop_download(tmp)
             raise StoreError(str(exc)) from None
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            self._drop_download(tmp)
             raise
         return digest
+
+    @staticmethod
+    def _drop_download(tmp: Path) -> None:
+        tmp.unlink(missing_ok=True)
+        Path(str(tmp) + ".crt").unlink(missing_ok=True)  # the CRT's own temp name (transfer.py)
 
     def head(self, key: str) -> ObjectInfo | None:
         from botocore.exceptions import ClientError
