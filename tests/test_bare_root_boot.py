@@ -63,7 +63,8 @@ def test_bare_root_boot_installs_then_restores_from_the_bucket(tmp_path, seaweed
         done = _wait_status(store, "r-cold", 1, ("succeeded", "failed"), 300)
         assert done["phase"] == "succeeded", (done, b1.agent_log()[-3000:])
         ph1 = bareroot.phases(store, "r-cold", 1)
-        assert [p for p in ph1] == ["driver", "python", "wheel", "env", "agent", "model", "first-step"]
+        assert [p for p in ph1] == ["driver", "python", "wheel", "env", "agent", "model", "checkpoint", "first-step"]
+        assert ph1["checkpoint"]["result"] == "none"  # a fresh run: nothing to restore
         assert ph1["env"]["result"] == "installed" and ph1["model"]["result"] == "fetched"
         assert ph1["wheel"]["result"].startswith("sdcloud_agent-0.1.0+")
         assert ph1["driver"]["result"] == "none" and ph1["python"]["result"].startswith("Python 3.")

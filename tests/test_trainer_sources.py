@@ -171,7 +171,7 @@ def test_kohya_is_fetched_at_its_commit_into_its_own_venv_then_restored_by_the_n
     assert rc == 0, log[-4000:]
     ph = _phases(store, "r-cold")
     assert ph["trainer"]["result"] == "fetched", ph
-    assert list(ph) == ["model", "trainer", "dataset", "first-step"]
+    assert list(ph) == ["model", "trainer", "dataset", "checkpoint", "first-step"]
     keys = [o.key for o in store.list("cache/trainers/")]
     assert f"cache/trainers/kohya-{sha[:12]}.tar" in keys, keys
     assert [k for k in keys if k.startswith(f"cache/trainers/kohya-venv-{sha[:12]}-")], keys
