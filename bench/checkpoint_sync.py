@@ -211,7 +211,7 @@ def bench_size(size_mb: int, work: Path, endpoint: str, env: dict, store_opts: d
            "restore_MBps": mbps(down_s["agent"]), "s5cmd_restore_MBps": mbps(down_s["s5cmd"]),
            "notice_to_durable_s": notice_s, "reupload_s": reupload_s}
     # `workers` is s3transfer's knob; the CRT sizes its own connections.
-    knobs = f" workers={store.workers}" if store.engine == "s3transfer" else ""
+    knobs = f" workers={store.workers}" if store.engine == "s3transfer" else f" target_gbps={store_opts.get('target_gbps') or 'default'}"
     print(f"size={size_mb}MB engine={store.engine} part={store.part_size // 2**20}MiB{knobs} "
           f"order={','.join(order)} | upload MB/s: "
           + " ".join(f"{n} {mbps(up_s[n]):.1f}" for n in ups) + " | restore MB/s: "
@@ -228,10 +228,12 @@ def main() -> int:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--part-mib", type=int, default=None, help="the agent's part size in MiB")
     ap.add_argument("--workers", type=int, default=None, help="the agent's parallel parts/ranges")
+    ap.add_argument("--target-gbps", type=float, default=None,
+                    help="the CRT's throughput target, which sizes its connections (default: the agent's)")
     ap.add_argument("--engine", default=None, choices=("auto", "crt", "s3transfer"),
                     help="the agent's transfer engine (default auto: CRT where awscrt is installed)")
     args = ap.parse_args()
-    store_opts = {k: v for k, v in {"workers": args.workers, "engine": args.engine,
+    store_opts = {k: v for k, v in {"workers": args.workers, "engine": args.engine, "target_gbps": args.target_gbps,
                                     "part_size": args.part_mib and args.part_mib * 2**20}.items() if v}
     sizes = sorted(int(s) for s in args.sizes.split(","))
     work = Path(args.workdir or tempfile.mkdtemp(prefix="sdcloud-bench-"))

@@ -370,3 +370,61 @@ def test_crt_engine_speaks_plain_http_where_the_resolved_endpoint_says_so(seawee
     src.write_bytes(os.urandom(11 * 1024 * 1024))
     digest = store.put_file("big.bin", src)
     assert store.get_file("big.bin", tmp_path / "back.bin") == digest == hashlib.sha256(src.read_bytes()).hexdigest()
+
+
+def test_crt_restore_hashes_the_file_while_it_lands(seaweed, s3_env, tmp_path, monkeypatch):
+    """The CRT writes a restore's ranges out of order; the hash follows the file's written prefix
+    (up to its first hole) while the download runs, so most of it is hashed before the last byte
+    lands, and the digest is the file's. A 20 MB/s link makes the download last about 2 s."""
+    from agent_fakes import SlowProxy
+
+    from sdcloud_agent import transfer
+
+    bucket = f"st-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=s3_env["endpoint_url"]).create_bucket(Bucket=bucket)
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(40 * 1024 * 1024))
+    want = hashlib.sha256(src.read_bytes()).hexdigest()
+    up = open_store({"url": f"s3://{bucket}/p", "endpoint_url": s3_env["endpoint_url"], "engine": "crt"})
+    assert up.put_file("big.bin", src) == want
+    before_finish: list[int] = []
+    real_finish = transfer.HoleFollower.finish
+
+    def finish(self, final_path):
+        before_finish.append(self.hashed)
+        return real_finish(self, final_path)
+
+    monkeypatch.setattr(transfer.HoleFollower, "finish", finish)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    proxy = SlowProxy(seaweed.port, bytes_per_s=20e6)
+    try:
+        store = open_store({"url": f"s3://{bucket}/p", "endpoint_url": proxy.endpoint, "engine": "crt"})
+        assert store.get_file("big.bin", tmp_path / "back.bin") == want
+    finally:
+        proxy.stop()
+    assert (tmp_path / "back.bin").read_bytes() == src.read_bytes()
+    assert before_finish and before_finish[0] >= 16 * 1024 * 1024, f"hashed {before_finish} bytes while it landed"
+
+
+class WrongDigests:
+    """A store whose get_file lands the right bytes but reports a wrong sha256 (a hash taken while
+    bytes were still landing, on a filesystem without holes)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def get_file(self, key, path):
+        self.inner.get_file(key, path)
+        return "0" * 64
+
+
+def test_a_wrong_landing_digest_is_rechecked_from_disk_before_a_file_is_called_corrupt(tmp_path):
+    store = LocalStore(tmp_path / "bucket")
+    sync = CheckpointSync(store, RUN, keep=10)
+    sync.upload(_ckpt(tmp_path, 10), 10)
+    sync.upload(_ckpt(tmp_path, 20), 20)
+    m, dest = mf.restore_newest(WrongDigests(store), RUN, lambda m: tmp_path / "resume" / m.name)
+    assert m.step == 20 and (dest / "weights.bin").read_bytes() == (tmp_path / "step-000000020/weights.bin").read_bytes()

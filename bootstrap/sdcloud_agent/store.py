@@ -304,9 +304,11 @@ class S3Store:
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, addressing_style: str | None = None,
                  part_size: int = DEFAULT_PART_SIZE, workers: int = DEFAULT_WORKERS, client: Any = None,
-                 credentials: str | None = None, engine: str = "auto"):
+                 credentials: str | None = None, engine: str = "auto", target_gbps: float | None = None):
         if part_size < 5 * MiB or workers < 1:
             raise ValueError("part_size must be at least 5 MiB (the S3 minimum) and workers at least 1")
+        if target_gbps is not None and target_gbps <= 0:
+            raise ValueError("target_gbps must be positive")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
@@ -370,7 +372,7 @@ class S3Store:
             # whether the CRT speaks TLS.
             self._crt_args = {"session": session, "endpoint_url": endpoint_url, "region": region, "config": cfg,
                               "resolved_endpoint": client.meta.endpoint_url,
-                              "part_size": part_size,
+                              "part_size": part_size, "target_gbps": target_gbps,
                               "ca_bundle": os.environ.get("AWS_CA_BUNDLE") or None}
         self.engine = "crt" if use_crt else "s3transfer"
 
@@ -600,7 +602,7 @@ def open_store(spec: str | dict, **overrides: Any) -> LocalStore | S3Store:
         if not parsed.netloc:
             raise ValueError(f"store URL {url!r} has no bucket")
         allowed = {"endpoint_url", "region", "addressing_style", "part_size", "workers", "client", "credentials",
-                   "engine"}
+                   "engine", "target_gbps"}
         return S3Store(parsed.netloc, parsed.path, **{k: v for k, v in opts.items() if k in allowed})
     if parsed.scheme == "file":
         return LocalStore(unquote(parsed.netloc + parsed.path))

@@ -204,7 +204,8 @@ class CrtEngine:
     keep working)."""
 
     def __init__(self, session: Any, *, endpoint_url: str | None, region: str | None, config: Any,
-                 part_size: int, ca_bundle: str | None, resolved_endpoint: str | None = None):
+                 part_size: int, ca_bundle: str | None, resolved_endpoint: str | None = None,
+                 target_gbps: float | None = None):
         from s3transfer.crt import (BotocoreCRTCredentialsWrapper, BotocoreCRTRequestSerializer,
                                     CRTTransferManager, create_s3_crt_client)
         if getattr(session, "__name__", "") == "boto3":  # the boto3 module: its default credential chain
@@ -222,7 +223,7 @@ class CrtEngine:
                                            part_size=part_size, verify=ca_bundle,
                                            # TLS unless the endpoint says plain HTTP (a proxy, a test server).
                                            use_ssl=not (resolved_endpoint or endpoint_url or "").startswith("http://"),
-                                           target_throughput=CRT_TARGET_GBPS * 1_000_000_000 // 8)
+                                           target_throughput=int((target_gbps or CRT_TARGET_GBPS) * 1e9 / 8))
         kwargs: dict[str, Any] = {"region_name": region, "config": config}
         if endpoint_url:
             kwargs["endpoint_url"] = endpoint_url
@@ -264,26 +265,25 @@ class CrtEngine:
     def download_file(self, bucket: str, key: str, path: str | Path, size: int) -> str:
         """The object into `path`, written by the CRT itself (parallel ranged GETs landing at their
         offsets, no Python in the body's path) to `<path>.crt` and renamed when whole; returns the
-        sha256 of the file, read back once from the page cache as soon as it landed."""
+        sha256 of the file, hashed from the page cache while it lands (HoleFollower)."""
         path = str(path)
         files: _DownloadFiles = self.file_manager._osutil
         settled = files.expect(path)
+        follower = HoleFollower(files.name_for(path), size)
         try:
             future = self.file_manager.download(bucket, key, path)
             try:
                 future.result()
             finally:
                 settled.wait(60)  # the rename into place (or the removal) after the CRT's done
+                follower.stop()
+            got = os.stat(path).st_size
+            if got != size:
+                raise ShortRead(f"{key}: {got} bytes, expected {size}")
+            return follower.finish(path)
         finally:
+            follower.close()
             files.forget(path)
-        got = os.stat(path).st_size
-        if got != size:
-            raise ShortRead(f"{key}: {got} bytes, expected {size}")
-        # Hashed after it landed: the CRT writes ranges out of order, so there is no prefix to
-        # follow. Files restore several at a time (manifest.download), so one file's hashing
-        # overlaps the others' transfers.
-        return _sha256_path(path)
-
 
 class _DownloadFiles:
     """s3transfer's file utilities for the CRT's file downloads: the temp file is `<path>.crt`, and
@@ -332,6 +332,80 @@ class _DownloadFiles:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._os, name)
+
+
+class HoleFollower:
+    """Hashes a file while the CRT writes it. The CRT writes ranges at their offsets in any order
+    into a new, sparse file, so the bytes before the file's first hole (`SEEK_HOLE`) have all been
+    written, except possibly the page (or large folio) a write is filling right then, which sits
+    just below that hole: a thread of its own hashes up to `HOLD_BACK` bytes short of the first
+    hole, and `finish()` hashes the rest once the download is done. So a restore's hashing runs
+    beside its transfer instead of after it. A filesystem without holes (every offset up to the
+    end reads as data) would let it read bytes not yet written: the digest would then be wrong,
+    never silently right, and the restore rechecks a mismatch from disk before it calls a file
+    corrupt (manifest.download)."""
+
+    HOLD_BACK = 2 * 1024 * 1024  # the largest folio on x86-64
+    CHUNK = 8 * 1024 * 1024
+
+    def __init__(self, path: str, size: int):
+        self.path, self.size = path, size
+        self.hash = hashlib.sha256()
+        self.hashed = 0
+        self._fd: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="sdcloud-restore-hash", daemon=True)
+        self._thread.start()
+
+    def _landed(self) -> int:
+        try:
+            return os.lseek(self._fd, self.hashed, os.SEEK_HOLE)
+        except OSError:  # ENXIO: nothing at or past `hashed` yet
+            return self.hashed
+
+    def _hash_to(self, end: int) -> None:
+        while self.hashed < end:
+            chunk = os.pread(self._fd, min(self.CHUNK, end - self.hashed), self.hashed)
+            if not chunk:
+                return
+            self.hash.update(chunk)
+            self.hashed += len(chunk)
+
+    def _follow(self) -> None:
+        while self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                if self._stop.wait(0.005):
+                    return
+        while not self._stop.is_set():
+            safe = self._landed() - self.HOLD_BACK
+            if safe - self.hashed >= self.HOLD_BACK:
+                self._hash_to(safe)
+            else:
+                self._stop.wait(0.005)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def finish(self, final_path: str) -> str:
+        """The digest, once the download is done: the rest of the file hashed through the same
+        descriptor (the rename into place keeps the inode)."""
+        self.stop()
+        if self._fd is None:  # a small file landed and was renamed before the thread opened it
+            return _sha256_path(final_path)
+        try:
+            self._hash_to(os.fstat(self._fd).st_size)
+        finally:
+            self.close()
+        return self.hash.hexdigest()
+
+    def close(self) -> None:
+        self.stop()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _sha256_path(path: str) -> str:
