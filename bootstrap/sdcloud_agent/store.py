@@ -489,7 +489,9 @@ class S3Store:
     @staticmethod
     def _drop_download(tmp: Path) -> None:
         tmp.unlink(missing_ok=True)
-        Path(str(tmp) + ".crt").unlink(missing_ok=True)  # the CRT's own temp name (transfer.py)
+        from .transfer import DownloadFiles
+
+        Path(DownloadFiles.name_for(str(tmp))).unlink(missing_ok=True)  # the CRT's own temp name
 
     def head(self, key: str) -> ObjectInfo | None:
         from botocore.exceptions import ClientError

@@ -7,8 +7,9 @@ Two engines, both from boto3's own transfer libraries:
   into parts on its own threads without the GIL. Used on S3 and S3-compatible servers when awscrt
   is installed (the training environment's lock has it). An upload reads its body stream in
   order, so the manifest's sha256 comes from the reads that fill the parts. A restore hands the
-  CRT a file path: it writes the ranges at their offsets itself, and the file is hashed once it
-  has landed, from the page cache (handing each chunk to Python instead cost half the speed).
+  CRT a file path: it writes the ranges at their offsets itself, and `HoleFollower` hashes the
+  file's written prefix from the page cache while it lands (handing each chunk to Python
+  instead cost half the speed).
 - **s3transfer** (boto3's TransferManager, what awscli uses): Python threads. Used on COS (the
   CRT client signs trailing checksums into every upload, which COS refuses), where awscrt is
   absent, and where a test hands the store its own client:
@@ -236,7 +237,7 @@ class CrtEngine:
         # manager more, on the same client. (s3transfer 0.19 drops an `osutil` handed to the
         # manager, hence the two assignments.)
         self.file_manager = CRTTransferManager(self.client, serializer)
-        self.file_manager._osutil = self.file_manager._s3_args_creator._os_utils = _DownloadFiles()
+        self.file_manager._osutil = self.file_manager._s3_args_creator._os_utils = DownloadFiles()
 
     def upload(self, bucket: str, key: str, path: str | Path, *, metadata: dict[str, str] | None,
                cancel: threading.Event | None, tagging: str | None = None) -> str:
@@ -267,7 +268,7 @@ class CrtEngine:
         offsets, no Python in the body's path) to `<path>.crt` and renamed when whole; returns the
         sha256 of the file, hashed from the page cache while it lands (HoleFollower)."""
         path = str(path)
-        files: _DownloadFiles = self.file_manager._osutil
+        files: DownloadFiles = self.file_manager._osutil
         settled = files.expect(path)
         follower = HoleFollower(files.name_for(path), size)
         try:
@@ -285,7 +286,7 @@ class CrtEngine:
             follower.close()
             files.forget(path)
 
-class _DownloadFiles:
+class DownloadFiles:
     """s3transfer's file utilities for the CRT's file downloads: the temp file is `<path>.crt`, and
     the rename into place (or the removal after a failure), which s3transfer runs in a done
     callback that can still be running when the future's result() returns, is waited for."""
