@@ -190,8 +190,38 @@ def test_unreachable_host_falls_back_then_capacity_error(sshd, sdcloud_home, wor
         prov.close()
     write_hosts(sdcloud_home / "ssh-hosts.toml", [down])
     prov = SshProvider()
-    with pytest.raises(CapacityError, match="down unreachable"):
+    with pytest.raises(CapacityError, match=r"down unreachable \(NoValidConnectionsError: .*Unable to connect"):
         prov.launch(prov.offers()[0], spec_for(tmp_path), "on-demand")
+
+
+def test_a_channel_that_breaks_is_tried_once_more_on_a_new_connection(provider, tmp_path, monkeypatch):
+    """A connection that dies between operations (NAT timeout, sshd restarted) must not make a
+    live host look down: the operation runs again on a fresh connection, and says so."""
+    import paramiko
+
+    real = paramiko.SSHClient.exec_command
+    broke: list[int] = []
+
+    def flaky(self, *a, **kw):
+        if len(broke) < fail_times:
+            broke.append(id(self))
+            raise paramiko.SSHException("SSH session not active")  # what paramiko raises on a dead transport
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(paramiko.SSHClient, "exec_command", flaky)
+    events: list[tuple[str, dict]] = []
+    provider.events = lambda k, d: events.append((k, d))
+    fail_times = 1
+    assert provider.find_tagged() == []
+    retries = [d for k, d in events if k == "ssh-retry"]
+    assert len(retries) == 1 and retries[0]["op"] == "scan" and "SSH session not active" in retries[0]["error"]
+    assert len(broke) == 1 and id(provider._clients["box"]) != broke[0]  # the broken client was dropped
+    # A host whose channel breaks again on the fresh connection is reported with the cause.
+    broke.clear()
+    fail_times = 2
+    with pytest.raises(CapacityError, match=r"box unreachable \(scan failed: SSHException: SSH session not active\)"):
+        provider.launch(provider.offers()[0], spec_for(tmp_path), "on-demand")
+    assert len(broke) == 2
 
 
 def test_trust_on_first_use_and_changed_host_key(provider, sshd, sdcloud_home, tmp_path):

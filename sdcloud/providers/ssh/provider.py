@@ -312,6 +312,14 @@ def _helper_command(python: str) -> str:
 class HostUnreachable(ProviderError):
     """The host did not answer over SSH (down, network, sshd stopped)."""
 
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message  # the short cause, for a list of hosts tried
+
+
+class _ChannelBroke(Exception):
+    """An operation's SSH channel broke after the connection was made (retried once)."""
+
 
 def _fingerprint(key) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
@@ -403,7 +411,8 @@ class SshProvider:
             raise CredentialsError(f"ssh host {h.name}: {h.user}@{h.host}:{h.port} refused key {h.key}") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             client.close()
-            raise HostUnreachable(f"ssh host {h.name} ({h.host}:{h.port}) unreachable: {exc}") from None
+            raise HostUnreachable(f"ssh host {h.name} ({h.host}:{h.port}) unreachable: {exc}",
+                                  reason=f"{type(exc).__name__}: {exc}") from None
         self._clients[h.name] = client
         return client
 
@@ -421,20 +430,38 @@ class SshProvider:
         os.replace(tmp, self.known_hosts)
 
     def _call(self, h: SshHost, payload: dict, timeout: float = 120.0) -> dict:
-        """Run one helper operation on host `h`."""
-        import paramiko
+        """Run one helper operation on host `h`.
 
-        client = self._client(h)
+        A connection that breaks mid-operation (a dropped idle connection, a NAT timeout, sshd
+        busy) is dropped and the operation is tried once more on a fresh one: every helper
+        operation is safe to repeat (a repeated start adopts the agent the first one started).
+        A host that refuses the connection itself is not retried here: the caller moves on."""
+        import paramiko
+        from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_fixed
+
+        def once() -> tuple[bytes, str, int]:
+            client = self._client(h)
+            try:
+                stdin, stdout, stderr = client.exec_command(_helper_command(h.python), timeout=timeout)
+                stdin.write(json.dumps({"workdir": h.workdir, **payload}))
+                stdin.channel.shutdown_write()
+                out = stdout.read()
+                err = stderr.read().decode(errors="replace").strip()
+                return out, err, stdout.channel.recv_exit_status()
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                self._drop(h)
+                raise _ChannelBroke(f"{payload['op']} failed: {type(exc).__name__}: {exc}") from None
+
+        def report(state) -> None:
+            exc = state.outcome.exception()
+            log.warning("ssh host %s: %s; trying once more on a new connection", h.name, exc)
+            self.events("ssh-retry", {"host": h.name, "op": payload["op"], "error": str(exc)})
+
         try:
-            stdin, stdout, stderr = client.exec_command(_helper_command(h.python), timeout=timeout)
-            stdin.write(json.dumps({"workdir": h.workdir, **payload}))
-            stdin.channel.shutdown_write()
-            out = stdout.read()
-            err = stderr.read().decode(errors="replace").strip()
-            rc = stdout.channel.recv_exit_status()
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            self._drop(h)
-            raise HostUnreachable(f"ssh host {h.name}: {payload['op']} failed: {exc}") from None
+            out, err, rc = Retrying(retry=retry_if_exception_type(_ChannelBroke), stop=stop_after_attempt(2),
+                                    wait=wait_fixed(1.0), before_sleep=report, reraise=True)(once)
+        except _ChannelBroke as exc:
+            raise HostUnreachable(f"ssh host {h.name}: {exc}", reason=str(exc)) from None
         if rc == 127:
             raise UserError(f"ssh host {h.name}: the python {h.python!r} was not found there (set 'python' in {self.hosts_file})")
         if rc != 0:
@@ -513,7 +540,7 @@ class SshProvider:
                 recs = self._call(h, {"op": "scan"})["records"]
             except HostUnreachable as exc:
                 events("host-unreachable", {"host": h.name, "error": str(exc)})
-                why.append(f"{h.name} unreachable")
+                why.append(f"{h.name} unreachable ({exc.reason})")
                 continue
             reachable.append(h)
             for rec in recs:
@@ -537,7 +564,7 @@ class SshProvider:
                 res = self._call(h, payload)
             except HostUnreachable as exc:
                 events("host-unreachable", {"host": h.name, "error": str(exc)})
-                why.append(f"{h.name} unreachable")
+                why.append(f"{h.name} unreachable ({exc.reason})")
                 continue
             if "busy" in res:
                 other = res["busy"].get("tags", {}).get(TAG_RUN, "?")
