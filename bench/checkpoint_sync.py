@@ -8,7 +8,8 @@ For each checkpoint folder size (MB), on the same folder and server, in one run:
     reads, parallel files and parts, manifest last), `aws s3 sync`, `s5cmd cp` and boto3's
     TransferManager with its defaults (no manifest, no sha256 of their own);
   - restore MB/s of the same folder: the agent (manifest.download on a fresh store: parallel
-    ranged GETs, sha256 checked as they land), awscli, s5cmd and boto3. The tools run back to
+    ranged GETs read straight into the files, each checked against its block checksum as it
+    lands), awscli, s5cmd and boto3. The tools run back to
     back in a random order (the machine's load drifts); every restore is compared byte for byte;
   - reupload_s: the same checkpoint uploaded again by the same agent (nothing read or sent), and
     after a restart (every file hashed once, nothing sent);
@@ -162,10 +163,8 @@ def bench_size(size_mb: int, work: Path, endpoint: str, env: dict, store_opts: d
     assert mf.newest_complete(store, "runs/bench").step == 100
     down_s = {name: downs[name]() for name in order}
     assert same_tree(a, dest / "agent" / a.name), "the agent's restore differs"
-    # The same restore again, and s5cmd's again: SeaweedFS serves an object's second read faster
-    # than its first, and more so for objects uploaded in 8 MiB parts with CRC32 trailers (the
-    # agent's, awscli's and boto3's) than for s5cmd's (50 MB parts, no checksum). Printed beside
-    # the first reads so that the layout's share of the gap stays visible.
+    # The same restore again, and s5cmd's again: SeaweedFS serves an object's second read from its
+    # chunk cache, so the second reads are printed beside the first ones.
     shutil.rmtree(dest / "agent", ignore_errors=True)
     again_agent = agent_down()
     again_s5 = nan
@@ -212,6 +211,7 @@ def bench_size(size_mb: int, work: Path, endpoint: str, env: dict, store_opts: d
            "notice_to_durable_s": notice_s, "reupload_s": reupload_s}
     # `workers` is s3transfer's knob; the CRT sizes its own connections.
     knobs = f" workers={store.workers}" if store.engine == "s3transfer" else f" target_gbps={store_opts.get('target_gbps') or 'default'}"
+    knobs += f" restore_workers={store.restore_workers} range={store.range_size // 2**20}MiB"
     print(f"size={size_mb}MB engine={store.engine} part={store.part_size // 2**20}MiB{knobs} "
           f"order={','.join(order)} | upload MB/s: "
           + " ".join(f"{n} {mbps(up_s[n]):.1f}" for n in ups) + " | restore MB/s: "
@@ -231,10 +231,14 @@ def main() -> int:
     ap.add_argument("--target-gbps", type=float, default=None,
                     help="the CRT's throughput target, which sizes its connections (default: the agent's)")
     ap.add_argument("--engine", default=None, choices=("auto", "crt", "s3transfer"),
-                    help="the agent's transfer engine (default auto: CRT where awscrt is installed)")
+                    help="the agent's upload engine (default auto: CRT where awscrt is installed)")
+    ap.add_argument("--restore-workers", type=int, default=None, help="the agent's parallel ranged GETs on restore")
+    ap.add_argument("--range-mib", type=int, default=None, help="the agent's block (and restore range) size in MiB")
     args = ap.parse_args()
     store_opts = {k: v for k, v in {"workers": args.workers, "engine": args.engine, "target_gbps": args.target_gbps,
-                                    "part_size": args.part_mib and args.part_mib * 2**20}.items() if v}
+                                    "part_size": args.part_mib and args.part_mib * 2**20,
+                                    "restore_workers": args.restore_workers,
+                                    "range_size": args.range_mib and args.range_mib * 2**20}.items() if v}
     sizes = sorted(int(s) for s in args.sizes.split(","))
     work = Path(args.workdir or tempfile.mkdtemp(prefix="sdcloud-bench-"))
     # The server speaks HTTPS with a self-signed certificate, as production does; every tool trusts

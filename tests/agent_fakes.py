@@ -150,9 +150,11 @@ class TencentMetadataServer(_MetadataServer):
 
 
 class SlowProxy:
-    def __init__(self, upstream_port: int, bytes_per_s: float = 0.0, marker: bytes = b"/checkpoints/"):
+    def __init__(self, upstream_port: int, bytes_per_s: float = 0.0, marker: bytes = b"/checkpoints/",
+                 down_bytes_per_s: float = 0.0):
         self.upstream = ("127.0.0.1", upstream_port)
-        self.rate = bytes_per_s
+        self.rate = bytes_per_s  # each connection's requests (uploads)
+        self.down_rate = down_bytes_per_s  # each connection's responses (restores)
         self.marker = marker
         self.upload_seen = threading.Event()
         self.sock = socket.socket()
@@ -188,8 +190,9 @@ class SlowProxy:
                     break
                 if upstream and b"PUT " in data and self.marker in data and b"manifest.json" not in data:
                     self.upload_seen.set()
-                if upstream and self.rate:
-                    time.sleep(len(data) / self.rate)
+                rate = self.rate if upstream else self.down_rate
+                if rate:
+                    time.sleep(len(data) / rate)
                 dst.sendall(data)
         except OSError:
             pass

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -255,18 +256,19 @@ class ShortBodies:
 
     def get_object(self, **kw):
         resp = self.inner.get_object(**kw)
-        if kw.get("Range", "").startswith("bytes=5242880-"):
+        if kw.get("Range", "bytes=0-").startswith("bytes=5242880-"):
             body = resp["Body"].read()
             resp["Body"] = io.BytesIO(body[:-10])
         return resp
 
 
 def test_a_short_ranged_read_fails_the_file_and_the_restore_falls_back(s3_env, tmp_path):
-    store = _s3_store(s3_env)
+    store = _s3_store(s3_env, range_size=5 * 1024 * 1024)
     sync = CheckpointSync(store, RUN, keep=10)
-    sync.upload(_ckpt(tmp_path, 10), 10)  # small files only: whole-object GETs
+    sync.upload(_ckpt(tmp_path, 10), 10)  # small files only: one range each
     sync.upload(_ckpt(tmp_path, 20, big=12 * 1024 * 1024), 20)
-    store = S3Store(store.bucket, store.prefix, client=ShortBodies(store.client), part_size=store.part_size)
+    store = S3Store(store.bucket, store.prefix, client=ShortBodies(store.client), part_size=store.part_size,
+                    range_size=store.range_size)
     with pytest.raises(Exception):
         store.get_file(f"{mf.checkpoint_prefix(RUN, 20)}/big.bin", tmp_path / "out" / "big.bin")
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
@@ -372,10 +374,12 @@ def test_crt_engine_speaks_plain_http_where_the_resolved_endpoint_says_so(seawee
     assert store.get_file("big.bin", tmp_path / "back.bin") == digest == hashlib.sha256(src.read_bytes()).hexdigest()
 
 
-def test_crt_restore_hashes_the_file_while_it_lands(seaweed, s3_env, tmp_path, monkeypatch):
-    """The CRT writes a restore's ranges out of order; the hash follows the file's written prefix
-    (up to its first hole) while the download runs, so most of it is hashed before the last byte
-    lands, and the digest is the file's. A 20 MB/s link makes the download last about 2 s."""
+@pytest.mark.parametrize("with_blocks", [True, False])
+def test_a_restore_checks_each_range_while_the_file_lands(seaweed, s3_env, tmp_path, monkeypatch, with_blocks):
+    """Ranges land in any order; each is checked against its block checksum as it arrives (or,
+    for a file without block checksums, hashed in file order as the ranges complete), so the
+    checking is done when the last byte lands. Four connections at 5 MB/s each make the download
+    last about 2.5 s."""
     from agent_fakes import SlowProxy
 
     from sdcloud_agent import transfer
@@ -385,25 +389,65 @@ def test_crt_restore_hashes_the_file_while_it_lands(seaweed, s3_env, tmp_path, m
     src = tmp_path / "big.bin"
     src.write_bytes(os.urandom(40 * 1024 * 1024))
     want = hashlib.sha256(src.read_bytes()).hexdigest()
-    up = open_store({"url": f"s3://{bucket}/p", "endpoint_url": s3_env["endpoint_url"], "engine": "crt"})
-    assert up.put_file("big.bin", src) == want
-    before_finish: list[int] = []
-    real_finish = transfer.HoleFollower.finish
+    mib4 = 4 * 1024 * 1024
+    up = open_store({"url": f"s3://{bucket}/p", "endpoint_url": s3_env["endpoint_url"]}, range_size=mib4)
+    sent = up.put_file("big.bin", src)
+    assert sent == want and sent.sums.block == mib4 and len(sent.sums.crc) == 10
+    checked: list[float] = []
+    real = transfer._range
 
-    def finish(self, final_path):
-        before_finish.append(self.hashed)
-        return real_finish(self, final_path)
+    def timed_range(*a):
+        real(*a)
+        checked.append(time.monotonic())
 
-    monkeypatch.setattr(transfer.HoleFollower, "finish", finish)
+    monkeypatch.setattr(transfer, "_range", timed_range)
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
-    proxy = SlowProxy(seaweed.port, bytes_per_s=20e6)
+    proxy = SlowProxy(seaweed.port, down_bytes_per_s=5e6)
     try:
-        store = open_store({"url": f"s3://{bucket}/p", "endpoint_url": proxy.endpoint, "engine": "crt"})
-        assert store.get_file("big.bin", tmp_path / "back.bin") == want
+        store = open_store({"url": f"s3://{bucket}/p", "endpoint_url": proxy.endpoint}, range_size=mib4,
+                           restore_workers=4)
+        got = store.get_file("big.bin", tmp_path / "back.bin", sums=sent.sums if with_blocks else None)
+        done = time.monotonic()
     finally:
         proxy.stop()
+    assert got == (None if with_blocks else want)
     assert (tmp_path / "back.bin").read_bytes() == src.read_bytes()
-    assert before_finish and before_finish[0] >= 16 * 1024 * 1024, f"hashed {before_finish} bytes while it landed"
+    assert len(checked) == 10 and checked[0] < done - 1.0, "the first range was not checked while the rest landed"
+    if with_blocks:
+        # A flipped byte in the bucket fails its block, and leaves no file behind.
+        raw = bytearray(src.read_bytes())
+        raw[21 * 1024 * 1024] ^= 1
+        up.put("big.bin", bytes(raw))
+        with pytest.raises(transfer.ChecksumMismatch, match="block at byte 20971520"):
+            up.get_file("big.bin", tmp_path / "bad.bin", sums=sent.sums)
+        assert not (tmp_path / "bad.bin").exists() and not list(tmp_path.glob(".sdcloud*"))
+
+
+def test_manifests_carry_block_checksums_and_restore_without_them(s3_env, tmp_path, monkeypatch):
+    """Uploads record a CRC64/NVME per block from the upload's own reads; skipped and copied
+    files keep theirs. A manifest without them (an uploader without awscrt) restores by sha256."""
+    from sdcloud_agent import transfer
+
+    store = _s3_store(s3_env, range_size=5 * 1024 * 1024)
+    sync = CheckpointSync(store, RUN, keep=10)
+    d10 = _ckpt(tmp_path, 10, big=12 * 1024 * 1024)
+    sync.upload(d10, 10)
+    m10 = mf.read(store, RUN, 10)
+    big = next(f for f in m10.files if f.path == "big.bin")
+    assert big.blocks is not None and big.blocks.alg == "crc64nvme" and len(big.blocks.crc) == 3
+    assert all(f.blocks is not None for f in m10.files)
+    sync.upload(d10, 11)  # every file copied or skipped: the blocks come along
+    assert [f.blocks for f in mf.read(store, RUN, 11).files] == [f.blocks for f in m10.files]
+    monkeypatch.setattr(transfer, "_crc64", lambda: None)
+    d20 = _ckpt(tmp_path, 20, big=6 * 1024 * 1024)
+    CheckpointSync(store, RUN, keep=10).upload(d20, 20)
+    assert all(f.blocks is None for f in mf.read(store, RUN, 20).files)
+    m, dest = mf.restore_newest(_s3_store_at(store), RUN, lambda m: tmp_path / "resume" / m.name)
+    assert m.step == 20 and (dest / "big.bin").read_bytes() == (d20 / "big.bin").read_bytes()
+
+
+def _s3_store_at(store):
+    return S3Store(store.bucket, store.prefix, endpoint_url=store.client.meta.endpoint_url, range_size=store.range_size)
 
 
 class WrongDigests:

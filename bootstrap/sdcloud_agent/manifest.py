@@ -9,9 +9,16 @@ manifest.json (format 1):
 
     {"format": 1, "step": 120, "name": "checkpoint-120", "created": 1700000000.0,
      "trainer": "diffusers", "run": "r-1", "attempt": 2,
-     "files": [{"path": "model.safetensors", "size": 123, "sha256": "..."}, ...]}
+     "files": [{"path": "model.safetensors", "size": 123, "sha256": "...",
+                "blocks": {"alg": "crc64nvme", "block": 33554432, "crc": ["16 hex digits", ...]}}, ...]}
 
 `name` is the folder name the trainer gave the checkpoint, so that a restore recreates it exactly.
+
+`sha256` names a file's content (a re-upload of the same bytes is skipped or copied by it).
+`blocks`, where the uploader had awscrt, holds a CRC64/NVME per `block` bytes, taken from the same
+reads as the sha256: a restore checks each ranged GET against its block as it lands, at a small
+part of sha256's CPU cost, and a file without `blocks` (or a host without awscrt) is checked by its
+sha256 instead. Readers that predate `blocks` ignore it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from .store import NotFound, ObjectStore, StoreError, sha256_file
+from .transfer import BlockSums, ChecksumMismatch
 
 FORMAT = 1
 MANIFEST_NAME = "manifest.json"
@@ -38,6 +46,7 @@ class FileEntry:
     path: str
     size: int
     sha256: str
+    blocks: BlockSums | None = None
 
 
 @dataclass
@@ -64,13 +73,20 @@ class Manifest:
         d = json.loads(data)
         if d.get("format") != FORMAT:
             raise ValueError(f"unknown manifest format {d.get('format')!r}")
-        files = [FileEntry(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in d["files"]]
+        files = [FileEntry(str(f["path"]), int(f["size"]), str(f["sha256"]), _blocks(f.get("blocks")))
+                 for f in d["files"]]
         for f in files:
             if f.path.startswith("/") or ".." in f.path.split("/"):
                 raise ValueError(f"bad path in manifest: {f.path!r}")
         return cls(step=int(d["step"]), files=files, name=str(d.get("name", "")),
                    created=float(d.get("created", 0)), trainer=str(d.get("trainer", "")),
                    run=str(d.get("run", "")), attempt=int(d.get("attempt", 0)))
+
+
+def _blocks(d: dict | None) -> BlockSums | None:
+    if not d:
+        return None
+    return BlockSums(str(d["alg"]), int(d["block"]), tuple(str(c) for c in d["crc"]))
 
 
 def checkpoint_prefix(run_prefix: str, step: int) -> str:
@@ -154,8 +170,8 @@ class CorruptCheckpoint(Exception):
 
 def download(store: ObjectStore, run_prefix: str, manifest: Manifest, dest: str | Path, *,
              workers: int = 4) -> Path:
-    """Fetch a checkpoint into `dest` (created atomically: a temp folder renamed when every file's
-    sha256 matched). Raises CorruptCheckpoint on a mismatch."""
+    """Fetch a checkpoint into `dest` (created atomically: a temp folder renamed when every file
+    matched its block checksums or its sha256). Raises CorruptCheckpoint on a mismatch."""
     dest = Path(dest)
     tmp = dest.parent / f".tmp-restore-{uuid.uuid4().hex}"
     tmp.mkdir(parents=True)
@@ -163,16 +179,25 @@ def download(store: ObjectStore, run_prefix: str, manifest: Manifest, dest: str 
 
     def fetch(f: FileEntry) -> None:
         target = tmp / f.path
+        key = f"{base}/{f.path}"
+        if f.blocks is not None and f.blocks.usable() and getattr(store, "verifies_blocks", False):
+            info = store.head(key)
+            if info is not None and info.size != f.size:
+                raise CorruptCheckpoint(f"{key}: {info.size} bytes, the manifest says {f.size}")
+            try:
+                store.get_file(key, target, sums=f.blocks)  # each range checked as it lands
+            except ChecksumMismatch as exc:
+                raise CorruptCheckpoint(f"{exc} (its sha256 would differ from the manifest's)") from None
+            return
         # The store hashes the bytes as they arrive; one that cannot say gets hashed from disk.
-        digest = store.get_file(f"{base}/{f.path}", target)
+        digest = store.get_file(key, target)
         if target.stat().st_size != f.size:
-            raise CorruptCheckpoint(f"{base}/{f.path}: {target.stat().st_size} bytes, the manifest says {f.size}")
+            raise CorruptCheckpoint(f"{key}: {target.stat().st_size} bytes, the manifest says {f.size}")
         if (digest or sha256_file(target)) != f.sha256:
-            # Once more from disk before the file is called corrupt: the CRT's restore hashes
-            # while ranges still land (transfer.HoleFollower), and a filesystem without holes
-            # would hand it bytes not yet written.
+            # Once more from disk before the file is called corrupt: a store whose digest was
+            # taken while bytes still landed may have hashed some that were not there yet.
             if digest is None or sha256_file(target) != f.sha256:
-                raise CorruptCheckpoint(f"{base}/{f.path}: sha256 differs from the manifest")
+                raise CorruptCheckpoint(f"{key}: sha256 differs from the manifest")
 
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -189,7 +214,7 @@ def download(store: ObjectStore, run_prefix: str, manifest: Manifest, dest: str 
 def restore_newest(store: ObjectStore, run_prefix: str, dest_for: Callable[[Manifest], Path], *,
                    attempts: int = 3, log: Callable[[str], None] | None = None) -> tuple[Manifest, Path] | None:
     """Download the newest checkpoint that restores whole: one whose file is missing, truncated or
-    fails its sha256 falls back to the one before. Transport errors are retried; a bad sha256 is
+    fails its checksums falls back to the one before. Transport errors are retried; a bad checksum is
     not (the bytes in the bucket will not change)."""
     for step in reversed(complete_steps(store, run_prefix)):
         m = read(store, run_prefix, step)

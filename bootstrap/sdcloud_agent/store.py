@@ -304,9 +304,17 @@ class S3Store:
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, addressing_style: str | None = None,
                  part_size: int = DEFAULT_PART_SIZE, workers: int = DEFAULT_WORKERS, client: Any = None,
-                 credentials: str | None = None, engine: str = "auto", target_gbps: float | None = None):
+                 credentials: str | None = None, engine: str = "auto", target_gbps: float | None = None,
+                 restore_workers: int | None = None, range_size: int | None = None):
         if part_size < 5 * MiB or workers < 1:
             raise ValueError("part_size must be at least 5 MiB (the S3 minimum) and workers at least 1")
+        from . import transfer
+        # Restores: four connections were fastest on two cores; a bigger host gets one per core.
+        self.restore_workers = restore_workers or max(4, os.cpu_count() or 1)
+        self.range_size = range_size or transfer.BLOCK
+        if self.restore_workers < 1 or self.range_size < MiB:
+            raise ValueError("restore_workers must be at least 1 and range_size at least 1 MiB")
+        self._range_pool: Any = None
         if target_gbps is not None and target_gbps <= 0:
             raise ValueError("target_gbps must be positive")
         self.bucket = bucket
@@ -342,7 +350,7 @@ class S3Store:
             if on_cos:
                 options = cos.config_options()  # no trailer uploads, virtual-hosted only
             cfg = Config(retries={"max_attempts": 5, "mode": "standard"},
-                         max_pool_connections=max(16, workers * 2), connect_timeout=5, read_timeout=60, **options)
+                         max_pool_connections=max(16, workers * 2, self.restore_workers + 4), connect_timeout=5, read_timeout=60, **options)
             # "tencent-cvm-role": COS keys from the CVM's CAM role (boto3 only knows AWS's roles).
             if credentials == "tencent-cvm-role":
                 from .cloudcreds import tencent_role_session
@@ -360,7 +368,6 @@ class S3Store:
             if on_cos:
                 cos.adapt_client(client)  # Content-MD5 on DeleteObjects
         self.client = client
-        from . import transfer
         # The CRT engine on S3 and S3-compatible servers where awscrt is installed (transfer.py
         # says why not on COS); a client handed in by a caller (a test's stub) keeps s3transfer.
         cos_like = on_cos or credentials == "tencent-cvm-role"
@@ -427,19 +434,21 @@ class S3Store:
 
     def put_file(self, key: str, path: str | Path, metadata: dict[str, str] | None = None,
                  cancel: threading.Event | None = None) -> str:
-        """Upload a file (multipart above one part); returns the sha256 of the bytes sent."""
+        """Upload a file (multipart above one part); returns the sha256 of the bytes sent, with their
+        block checksums (a transfer.FileDigest)."""
         from . import transfer
         size = os.path.getsize(path)
         full = self._k(key)
         try:
             tagging = self._tagging(key).get("Tagging")
             if size <= self.part_size:
-                return transfer.put_single(self.client, self.bucket, full, path, metadata, cancel, tagging=tagging)
+                return transfer.put_single(self.client, self.bucket, full, path, metadata, cancel, tagging=tagging,
+                                           block=self.range_size)
             if self.engine == "crt":
                 return self._crt_engine().upload(self.bucket, full, path, metadata=metadata, cancel=cancel,
-                                                 tagging=tagging)
+                                                 tagging=tagging, block=self.range_size)
             return transfer.upload_s3transfer(self._tm(), self.bucket, full, path, metadata=metadata,
-                                              cancel=cancel, tagging=tagging)
+                                              cancel=cancel, tagging=tagging, block=self.range_size)
         except transfer.TransferCancelled:
             raise Cancelled(key) from None
 
@@ -452,9 +461,22 @@ class S3Store:
                 raise NotFound(key) from None
             raise
 
-    def get_file(self, key: str, path: str | Path) -> str:
-        """Parallel ranged GETs written straight into a temp file as they arrive, renamed into
-        place when complete; returns the sha256 of the bytes received (hashed as they land)."""
+    # A restore checks the manifest's block checksums as the ranges land (transfer.download_ranges).
+    verifies_blocks = True
+
+    def _pool(self) -> Any:
+        """The store's pool for ranged GETs: `restore_workers` connections however many files move."""
+        with self._tm_lock:
+            if self._range_pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+                self._range_pool = ThreadPoolExecutor(self.restore_workers, thread_name_prefix="sdcloud-range")
+            return self._range_pool
+
+    def get_file(self, key: str, path: str | Path, sums: Any = None) -> str | None:
+        """Parallel ranged GETs read straight into the file (a temp name, renamed into place when
+        complete). Returns the sha256 of the bytes received, taken as they land; or, with `sums`
+        (a manifest's transfer.BlockSums), checks each range against its block as it lands
+        (ChecksumMismatch) and returns None."""
         from . import transfer
         info = self.head(key)
         if info is None:
@@ -462,36 +484,19 @@ class S3Store:
         dest = Path(path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.parent / f"{_LOCAL_TMP_PREFIX}{uuid.uuid4().hex}"
-        full = self._k(key)
         try:
             # No fsync: what is downloaded is a copy of what the bucket keeps (a restore is redone
             # on every agent start), and a flush of a whole checkpoint costs seconds.
-            if self.engine == "crt":
-                # The CRT writes the file itself (no Python in the body's path) to a temp name of
-                # its own, renamed to `tmp` when whole.
-                digest = self._crt_engine().download_file(self.bucket, full, tmp, info.size)
-            else:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                try:
-                    os.ftruncate(fd, info.size)
-                    digest = transfer.download_s3transfer(self._tm(), self.bucket, full, fd, info.size)
-                finally:
-                    os.close(fd)
+            digest = transfer.download_ranges(self.client, self.bucket, self._k(key), tmp, info.size, self._pool(),
+                                              sums=sums, block=self.range_size)
             os.replace(tmp, dest)
         except transfer.ShortRead as exc:
-            self._drop_download(tmp)
+            tmp.unlink(missing_ok=True)
             raise StoreError(str(exc)) from None
         except BaseException:
-            self._drop_download(tmp)
+            tmp.unlink(missing_ok=True)
             raise
         return digest
-
-    @staticmethod
-    def _drop_download(tmp: Path) -> None:
-        tmp.unlink(missing_ok=True)
-        from .transfer import DownloadFiles
-
-        Path(DownloadFiles.name_for(str(tmp))).unlink(missing_ok=True)  # the CRT's own temp name
 
     def head(self, key: str) -> ObjectInfo | None:
         from botocore.exceptions import ClientError
@@ -604,7 +609,7 @@ def open_store(spec: str | dict, **overrides: Any) -> LocalStore | S3Store:
         if not parsed.netloc:
             raise ValueError(f"store URL {url!r} has no bucket")
         allowed = {"endpoint_url", "region", "addressing_style", "part_size", "workers", "client", "credentials",
-                   "engine", "target_gbps"}
+                   "engine", "target_gbps", "restore_workers", "range_size"}
         return S3Store(parsed.netloc, parsed.path, **{k: v for k, v in opts.items() if k in allowed})
     if parsed.scheme == "file":
         return LocalStore(unquote(parsed.netloc + parsed.path))

@@ -52,6 +52,8 @@ class CheckpointSync:
         self.durable_step = -1
         # sha256 -> key of a committed object with that content (server-side copy instead of upload)
         self._content: dict[str, str] = {}
+        # sha256 -> block checksums of that content (for the manifest of a skipped or copied file)
+        self._blocks: dict[str, mf.BlockSums] = {}
         self.prune_error: str | None = None  # why the last pruning failed (None: it did not)
         # key -> sha256 of what this agent knows is there (committed manifests and its own uploads)
         self._at_key: dict[str, str] = {}
@@ -73,6 +75,8 @@ class CheckpointSync:
         for f in m.files:
             self._content.setdefault(f.sha256, f"{base}/{f.path}")
             self._at_key[f"{base}/{f.path}"] = f.sha256
+            if f.blocks is not None:
+                self._blocks.setdefault(f.sha256, f.blocks)
 
     def _known_hash(self, path: Path, st: os.stat_result) -> str | None:
         return self._hashes.get((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
@@ -95,6 +99,7 @@ class CheckpointSync:
         existing = {o.key: o.size for o in self.store.list(base + "/")}
         counts = {"sent": 0, "skipped": 0, "copied": 0}
         digests: dict[str, str] = {}
+        blocks: dict[str, mf.BlockSums] = {}  # from this upload's reads; skipped and copied files reuse known ones
         lock = threading.Lock()
 
         def present(key: str, size: int, sha: str) -> bool:
@@ -138,11 +143,14 @@ class CheckpointSync:
                 raise StoreError(f"{path} changed while it was being uploaded")
             if path.stat().st_mtime_ns != st.st_mtime_ns:
                 raise StoreError(f"{path} changed while it was being uploaded")
-            self._learn_hash(path, st, sent)
+            self._learn_hash(path, st, str(sent))
             with lock:
                 counts["sent"] += st.st_size
-                digests[rel] = sent
-                self._at_key[key] = sent
+                digests[rel] = str(sent)
+                self._at_key[key] = str(sent)
+                if getattr(sent, "sums", None) is not None:
+                    blocks[rel] = sent.sums
+                    self._blocks[str(sent)] = sent.sums
 
         def guarded(rel: str, path: Path) -> None:
             retry(lambda: one(rel, path), attempts=self.attempts, base_delay=self.base_delay,
@@ -156,7 +164,8 @@ class CheckpointSync:
         if cancel is not None and cancel.is_set():
             raise Cancelled(base)
         m = mf.Manifest(step=step, name=folder.name, **self.fields,
-                        files=[mf.FileEntry(rel, size, digests[rel]) for rel, _, size in sorted(files)])
+                        files=[mf.FileEntry(rel, size, digests[rel], blocks.get(rel) or self._blocks.get(digests[rel]))
+                               for rel, _, size in sorted(files)])
         # Every file is durable: only now may the manifest appear.
         retry(lambda: mf.write(self.store, self.run_prefix, m), attempts=self.attempts,
               base_delay=self.base_delay, log=log.warning, what=f"manifest of step {step}")

@@ -1,34 +1,36 @@
-"""Moving file bytes to and from an S3-compatible store, each byte read once and hashed on the way.
+"""Moving file bytes to and from an S3-compatible store, each byte read once and checked on the way.
 
-Two engines, both from boto3's own transfer libraries:
+Uploads use boto3's own transfer libraries:
 
 - **CRT** (`awscrt` through s3transfer's CRTTransferManager, what boto3 uses with
   `preferred_transfer_client="crt"`): the AWS Common Runtime's S3 client, in C, splits each file
   into parts on its own threads without the GIL. Used on S3 and S3-compatible servers when awscrt
-  is installed (the training environment's lock has it). An upload reads its body stream in
-  order, so the manifest's sha256 comes from the reads that fill the parts. A restore hands the
-  CRT a file path: it writes the ranges at their offsets itself, and `HoleFollower` hashes the
-  file's written prefix from the page cache while it lands (handing each chunk to Python
-  instead cost half the speed).
+  is installed (the training environment's lock has it).
 - **s3transfer** (boto3's TransferManager, what awscli uses): Python threads. Used on COS (the
   CRT client signs trailing checksums into every upload, which COS refuses), where awscrt is
-  absent, and where a test hands the store its own client:
-  - upload: `HashingReader` is a non-seekable reader, so s3transfer reads each file's parts in
-    order and the sha256 comes from the very reads that fill the parts;
-  - restore: `OrderedHashWriter` is a seekable writer; s3transfer's parallel ranged GETs land at
-    their offsets in the file as they complete, and the writer hashes them in file order, holding
-    only the ranges that arrived ahead of a missing one, so a file is verified when its last byte
-    lands.
+  absent, and where a test hands the store its own client.
 
-The figures that chose the engines are in docs/host-agent.md, "Checkpoint sync". Our own
-parallel-parts engine measured slower than both and went.
+Both read a file through `HashingReader`, a non-seekable reader, so the parts are read in order
+and the manifest's sha256 and its block checksums (CRC64/NVME per `BLOCK` bytes, `BlockSums`)
+come from the very reads that fill the parts.
+
+Restores are our own (`download_ranges`): parallel ranged GETs through the store's boto3 client,
+each body read straight into a memory map of the destination file, so the bytes are written once,
+and each range is checked against the manifest's block checksum while it is still in the CPU's
+cache. On this machine the CRT's file download and s3transfer's both spent about twice the CPU
+per byte (the CRT copies each whole part into the page cache from a buffer the size of the
+part), which on two cores shared with the server set the speed; the figures are in
+docs/host-agent.md, "Checkpoint sync".
 """
 
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import threading
+from concurrent.futures import Executor, Future, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +43,89 @@ class ShortRead(Exception):
     """A ranged GET returned fewer bytes than asked for (a truncated object or connection)."""
 
 
+class ChecksumMismatch(Exception):
+    """A restored range's bytes differ from the block checksum recorded when it was uploaded."""
+
+
 def _cancelled(cancel: threading.Event | None) -> bool:
     return cancel is not None and cancel.is_set()
+
+
+# ----------------------------------------------------------------------------------------------
+# Block checksums
+# ----------------------------------------------------------------------------------------------
+
+# The bytes per block checksum, and so per ranged GET of a restore: 32 MiB over four connections
+# restored fastest on two cores (docs/host-agent.md, "Checkpoint sync").
+BLOCK = 32 * 1024 * 1024
+BLOCK_ALG = "crc64nvme"
+
+
+def _crc64() -> Any:
+    """awscrt's CRC64/NVME (SIMD: about 19 GB/s here, against 1.7 GB/s for sha256), or None."""
+    try:
+        from awscrt.checksums import crc64nvme
+    except ImportError:
+        return None
+    return crc64nvme
+
+
+@dataclass(frozen=True)
+class BlockSums:
+    """One checksum per `block` bytes of a file, in order: what lets a restore check each range
+    as it lands, whatever order the ranges land in, for a small part of sha256's cost."""
+
+    alg: str
+    block: int
+    crc: tuple[str, ...]
+
+    def usable(self) -> bool:
+        return self.alg == BLOCK_ALG and self.block > 0 and _crc64() is not None
+
+
+class _BlockSummer:
+    """Block checksums of a stream read in order."""
+
+    def __init__(self, block: int = BLOCK):
+        self._fn = _crc64()
+        self.block = block
+        self._crcs: list[int] = []
+        self._cur = 0
+        self._filled = 0
+
+    def update(self, data) -> None:
+        if self._fn is None:
+            return
+        view = memoryview(data)
+        while view:
+            n = min(len(view), self.block - self._filled)
+            self._cur = self._fn(view[:n], self._cur)
+            self._filled += n
+            view = view[n:]
+            if self._filled == self.block:
+                self._crcs.append(self._cur)
+                self._cur, self._filled = 0, 0
+
+    def sums(self) -> BlockSums | None:
+        if self._fn is None:
+            return None
+        crcs = self._crcs + ([self._cur] if self._filled else [])
+        return BlockSums(BLOCK_ALG, self.block, tuple(f"{c:016x}" for c in crcs))
+
+
+class FileDigest(str):
+    """The sha256 (hex) of the bytes an upload sent, carrying their block checksums, taken from
+    the same reads. A str, so that every caller that wants only the sha256 keeps working."""
+
+    sums: BlockSums | None = None
+
+    def __new__(cls, sha256: str, sums: BlockSums | None) -> FileDigest:  # noqa: PYI034 - always this class
+        obj = super().__new__(cls, sha256)
+        obj.sums = sums
+        return obj
+
+    def __getnewargs__(self) -> tuple[str, BlockSums | None]:  # copy and pickle keep the sums
+        return str(self), self.sums
 
 
 # ----------------------------------------------------------------------------------------------
@@ -50,29 +133,37 @@ def _cancelled(cancel: threading.Event | None) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 def put_single(client: Any, bucket: str, key: str, path: str | Path, metadata: dict[str, str] | None,
-               cancel: threading.Event | None, tagging: str | None = None) -> str:
+               cancel: threading.Event | None, tagging: str | None = None, block: int = BLOCK) -> FileDigest:
     with open(path, "rb") as f:
         data = f.read()
     if _cancelled(cancel):
         raise TransferCancelled(key)
     client.put_object(Bucket=bucket, Key=key, Body=data, Metadata=metadata or {}, **({"Tagging": tagging} if tagging else {}))
-    return hashlib.sha256(data).hexdigest()
+    summer = _BlockSummer(block)
+    summer.update(data)
+    return FileDigest(hashlib.sha256(data).hexdigest(), summer.sums())
 
 
 class HashingReader:
-    """A non-seekable file object over a file that hashes every byte read (for s3transfer, which
-    then reads parts in order from one thread) and stops the transfer when `cancel` is set."""
+    """A non-seekable file object over a file that hashes every byte read, into its sha256 and its
+    block checksums (the engines then read parts in order from one thread), and stops the
+    transfer when `cancel` is set."""
 
-    def __init__(self, path: str | Path, cancel: threading.Event | None):
+    def __init__(self, path: str | Path, cancel: threading.Event | None, block: int = BLOCK):
         self._f = open(path, "rb")
         self._cancel = cancel
         self.hash = hashlib.sha256()
+        self.blocks = _BlockSummer(block)
+
+    def digest(self) -> FileDigest:
+        return FileDigest(self.hash.hexdigest(), self.blocks.sums())
 
     def read(self, n: int = -1) -> bytes:
         if _cancelled(self._cancel):
             raise TransferCancelled(self._f.name)
         data = self._f.read(n)
         self.hash.update(data)
+        self.blocks.update(data)
         return data
 
     def readinto(self, buf) -> int:
@@ -81,7 +172,9 @@ class HashingReader:
             raise TransferCancelled(self._f.name)
         n = self._f.readinto(buf)
         if n:
-            self.hash.update(memoryview(buf)[:n])
+            view = memoryview(buf)[:n]
+            self.hash.update(view)
+            self.blocks.update(view)
         return n or 0
 
     def readable(self) -> bool:
@@ -94,8 +187,8 @@ class HashingReader:
         self._f.close()
 
 
-# The size of the writes a download hands to OrderedHashWriter: 1 MiB restored faster here than
-# s3transfer's default 256 KiB and much faster than 4 MiB (docs/host-agent.md, "Checkpoint sync").
+# The size of each read from a response body: 1 MiB restored faster here than s3transfer's default
+# 256 KiB and much faster than 4 MiB (docs/host-agent.md, "Checkpoint sync").
 IO_CHUNK = 1024 * 1024
 
 
@@ -107,9 +200,9 @@ def transfer_manager(client: Any, part_size: int, workers: int):
     return create_transfer_manager(client, cfg)
 
 
-def upload_s3transfer(tm: Any, bucket: str, key: str, path: str | Path, *,
-                      metadata: dict[str, str] | None, cancel: threading.Event | None, tagging: str | None = None) -> str:
-    reader = HashingReader(path, cancel)
+def upload_s3transfer(tm: Any, bucket: str, key: str, path: str | Path, *, metadata: dict[str, str] | None,
+                      cancel: threading.Event | None, tagging: str | None = None, block: int = BLOCK) -> FileDigest:
+    reader = HashingReader(path, cancel, block)
     try:
         # Tagging: the lifecycle class the stacks' expiry rules match (store.lifecycle_class).
         extra = {**({"Metadata": metadata} if metadata else {}), **({"Tagging": tagging} if tagging else {})} or None
@@ -118,71 +211,88 @@ def upload_s3transfer(tm: Any, bucket: str, key: str, path: str | Path, *,
         reader.close()
     if _cancelled(cancel):
         raise TransferCancelled(key)
-    return reader.hash.hexdigest()
+    return reader.digest()
 
 
 # ----------------------------------------------------------------------------------------------
 # Download
 # ----------------------------------------------------------------------------------------------
 
-class OrderedHashWriter:
-    """A seekable file object for s3transfer's downloads: each write lands at its offset in the
-    file at once (s3transfer writes ranges as they complete, in any order), and the bytes are
-    hashed in file order, holding only the ranges that arrived ahead of a missing one."""
+def download_ranges(client: Any, bucket: str, key: str, path: str | Path, size: int, pool: Executor, *,
+                    sums: BlockSums | None = None, block: int = BLOCK, attempts: int = 3) -> str | None:
+    """The object into the new file `path`, by parallel ranged GETs on `pool`, each body read
+    straight into a memory map of the file (one copy of each byte, by the TLS layer itself).
 
-    def __init__(self, fd: int):
-        self._fd = fd
-        self._pos = 0
-        self._next = 0
-        self._ahead: dict[int, bytes] = {}
-        self._lock = threading.Lock()
-        self.hash = hashlib.sha256()
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if whence != 0:
-            raise OSError("only absolute seeks")
-        self._pos = offset
-        return offset
-
-    def tell(self) -> int:
-        return self._pos
-
-    def write(self, data: bytes) -> int:
-        with self._lock:
-            pos = self._pos
-            view = memoryview(data)
-            while view:
-                n = os.pwrite(self._fd, view, pos)
-                view, pos = view[n:], pos + n
-            if self._pos == self._next and not self._ahead:
-                self.hash.update(data)  # in order (always, from the CRT engine): nothing to hold
-                self._next = pos
-            else:
-                self._ahead[self._pos] = bytes(data)
-            self._pos = pos
-            while self._next in self._ahead:
-                chunk = self._ahead.pop(self._next)
-                self.hash.update(chunk)
-                self._next += len(chunk)
-        return len(data)
-
-    @property
-    def hashed(self) -> int:
-        return self._next
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
+    With `sums` (the manifest's block checksums), the ranges are its blocks and each is checked as
+    it lands, while its bytes are still in the CPU's cache: ChecksumMismatch on a difference, and
+    None is returned (no sha256 is taken). Without, the file's sha256 is taken in file order as
+    the ranges complete (each range is hashed while the later ones are still on the wire) and
+    returned. A range that fails in transit is fetched again, up to `attempts` times."""
+    if sums is not None:
+        block = sums.block
+        if len(sums.crc) != -(-size // block):
+            raise ChecksumMismatch(f"{key}: {size} bytes do not make the manifest's {len(sums.crc)} blocks")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        if size == 0:
+            return None if sums is not None else hashlib.sha256().hexdigest()
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    crc = _crc64() if sums is not None else None
+    offsets = range(0, size, block)
+    futures: list[Future] = []
+    try:
+        futures = [pool.submit(_range_with_retries, client, bucket, key, mm, off, min(block, size - off),
+                               crc, sums.crc[i] if sums is not None else None, attempts)
+                   for i, off in enumerate(offsets)]
+        h = hashlib.sha256() if sums is None else None
+        for off, fut in zip(offsets, futures):
+            fut.result()
+            if h is not None:
+                with memoryview(mm) as whole:
+                    h.update(whole[off:off + block])
+        return h.hexdigest() if h is not None else None
+    finally:
+        for fut in futures:
+            fut.cancel()
+        wait(futures)  # a range still landing holds a view of the map
+        mm.close()
 
 
-def download_s3transfer(tm: Any, bucket: str, key: str, fd: int, size: int) -> str:
-    writer = OrderedHashWriter(fd)
-    tm.download(bucket, key, writer).result()
-    if writer.hashed != size:
-        raise ShortRead(f"{key}: {writer.hashed} contiguous bytes, expected {size}")
-    return writer.hash.hexdigest()
+def _range_with_retries(client: Any, bucket: str, key: str, mm: mmap.mmap, off: int, n: int, crc: Any,
+                        want: str | None, attempts: int) -> None:
+    for i in range(attempts):
+        try:
+            return _range(client, bucket, key, mm, off, n, crc, want)
+        except ChecksumMismatch:
+            raise  # the bucket's bytes will not change
+        except Exception:  # a reset, a timeout, a short body: fetch the range again
+            if i == attempts - 1:
+                raise
+
+
+def _range(client: Any, bucket: str, key: str, mm: mmap.mmap, off: int, n: int, crc: Any, want: str | None) -> None:
+    body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={off}-{off + n - 1}")["Body"]
+    got, value = 0, 0
+    try:
+        with memoryview(mm) as whole:
+            view = whole[off:off + n]
+            try:
+                while got < n:
+                    k = body.readinto(view[got:got + IO_CHUNK])
+                    if not k:
+                        raise ShortRead(f"{key}: range at {off} ended after {got} of {n} bytes")
+                    if crc is not None:
+                        value = crc(view[got:got + k], value)  # while the chunk is still in cache
+                    got += k
+            finally:
+                view.release()
+    finally:
+        body.close()
+    if want is not None and f"{value:016x}" != want:
+        raise ChecksumMismatch(f"{key}: the block at byte {off} differs from the manifest's {BLOCK_ALG}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,16 +342,9 @@ class CrtEngine:
             kwargs["verify"] = ca_bundle
         serializer = BotocoreCRTRequestSerializer(core, kwargs)
         self.manager = CRTTransferManager(self.client, serializer)
-        # Restores go to a file path, so that the CRT writes the body itself, in C: two to three
-        # times the restore speed of handing every chunk to Python (docs/host-agent.md). One
-        # manager more, on the same client. (s3transfer 0.19 drops an `osutil` handed to the
-        # manager, hence the two assignments.)
-        self.file_manager = CRTTransferManager(self.client, serializer)
-        self.file_manager._osutil = self.file_manager._s3_args_creator._os_utils = DownloadFiles()
-
     def upload(self, bucket: str, key: str, path: str | Path, *, metadata: dict[str, str] | None,
-               cancel: threading.Event | None, tagging: str | None = None) -> str:
-        reader = HashingReader(path, cancel)
+               cancel: threading.Event | None, tagging: str | None = None, block: int = BLOCK) -> FileDigest:
+        reader = HashingReader(path, cancel, block)
         extra = {**({"Metadata": metadata} if metadata else {}), **({"Tagging": tagging} if tagging else {})}
         try:
             future = self.manager.upload(reader, bucket, key, extra_args=extra)
@@ -261,160 +364,7 @@ class CrtEngine:
             reader.close()
         if _cancelled(cancel):
             raise TransferCancelled(key)
-        return reader.hash.hexdigest()
-
-    def download_file(self, bucket: str, key: str, path: str | Path, size: int) -> str:
-        """The object into `path`, written by the CRT itself (parallel ranged GETs landing at their
-        offsets, no Python in the body's path) to `<path>.crt` and renamed when whole; returns the
-        sha256 of the file, hashed from the page cache while it lands (HoleFollower)."""
-        path = str(path)
-        files: DownloadFiles = self.file_manager._osutil
-        settled = files.expect(path)
-        follower = HoleFollower(files.name_for(path), size)
-        try:
-            future = self.file_manager.download(bucket, key, path)
-            try:
-                future.result()
-            finally:
-                settled.wait(60)  # the rename into place (or the removal) after the CRT's done
-                follower.stop()
-            got = os.stat(path).st_size
-            if got != size:
-                raise ShortRead(f"{key}: {got} bytes, expected {size}")
-            return follower.finish(path)
-        finally:
-            follower.close()
-            files.forget(path)
-
-class DownloadFiles:
-    """s3transfer's file utilities for the CRT's file downloads: the temp file is `<path>.crt`, and
-    the rename into place (or the removal after a failure), which s3transfer runs in a done
-    callback that can still be running when the future's result() returns, is waited for."""
-
-    def __init__(self):
-        from s3transfer.utils import OSUtils
-
-        self._os = OSUtils()
-        self._settled: dict[str, threading.Event] = {}
-        self._lock = threading.Lock()
-
-    def expect(self, path: str) -> threading.Event:
-        with self._lock:
-            return self._settled.setdefault(self.name_for(path), threading.Event())
-
-    def forget(self, path: str) -> None:
-        with self._lock:
-            self._settled.pop(self.name_for(path), None)
-
-    def _settle(self, temp: str) -> None:
-        with self._lock:
-            ev = self._settled.get(temp)
-        if ev is not None:
-            ev.set()
-
-    @staticmethod
-    def name_for(path: str) -> str:
-        return path + ".crt"
-
-    def get_temp_filename(self, filename: str) -> str:
-        return self.name_for(filename)
-
-    def rename_file(self, current: str, new: str) -> None:
-        try:
-            self._os.rename_file(current, new)
-        finally:
-            self._settle(current)
-
-    def remove_file(self, filename: str) -> None:
-        try:
-            self._os.remove_file(filename)
-        finally:
-            self._settle(filename)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._os, name)
-
-
-class HoleFollower:
-    """Hashes a file while the CRT writes it. The CRT writes ranges at their offsets in any order
-    into a new, sparse file, so the bytes before the file's first hole (`SEEK_HOLE`) have all been
-    written, except possibly the page (or large folio) a write is filling right then, which sits
-    just below that hole: a thread of its own hashes up to `HOLD_BACK` bytes short of the first
-    hole, and `finish()` hashes the rest once the download is done. So a restore's hashing runs
-    beside its transfer instead of after it. A filesystem without holes (every offset up to the
-    end reads as data) would let it read bytes not yet written: the digest would then be wrong,
-    never silently right, and the restore rechecks a mismatch from disk before it calls a file
-    corrupt (manifest.download)."""
-
-    HOLD_BACK = 2 * 1024 * 1024  # the largest folio on x86-64
-    CHUNK = 8 * 1024 * 1024
-
-    def __init__(self, path: str, size: int):
-        self.path, self.size = path, size
-        self.hash = hashlib.sha256()
-        self.hashed = 0
-        self._fd: int | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._follow, name="sdcloud-restore-hash", daemon=True)
-        self._thread.start()
-
-    def _landed(self) -> int:
-        try:
-            return os.lseek(self._fd, self.hashed, os.SEEK_HOLE)
-        except OSError:  # ENXIO: nothing at or past `hashed` yet
-            return self.hashed
-
-    def _hash_to(self, end: int) -> None:
-        while self.hashed < end:
-            chunk = os.pread(self._fd, min(self.CHUNK, end - self.hashed), self.hashed)
-            if not chunk:
-                return
-            self.hash.update(chunk)
-            self.hashed += len(chunk)
-
-    def _follow(self) -> None:
-        while self._fd is None:
-            try:
-                self._fd = os.open(self.path, os.O_RDONLY)
-            except FileNotFoundError:
-                if self._stop.wait(0.005):
-                    return
-        while not self._stop.is_set():
-            safe = self._landed() - self.HOLD_BACK
-            if safe - self.hashed >= self.HOLD_BACK:
-                self._hash_to(safe)
-            else:
-                self._stop.wait(0.005)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def finish(self, final_path: str) -> str:
-        """The digest, once the download is done: the rest of the file hashed through the same
-        descriptor (the rename into place keeps the inode)."""
-        self.stop()
-        if self._fd is None:  # a small file landed and was renamed before the thread opened it
-            return _sha256_path(final_path)
-        try:
-            self._hash_to(os.fstat(self._fd).st_size)
-        finally:
-            self.close()
-        return self.hash.hexdigest()
-
-    def close(self) -> None:
-        self.stop()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def _sha256_path(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 * 1024 * 1024):
-            h.update(chunk)
-    return h.hexdigest()
+        return reader.digest()
 
 
 # The CRT's throughput target decides how many connections it opens. 10 Gbit/s is its own
