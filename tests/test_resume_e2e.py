@@ -66,8 +66,11 @@ def check_resumed(home, name: str, stopped_at: int, proc: subprocess.CompletedPr
 
 def test_ctrl_c_then_resume_by_name(sdcloud_home):
     name = "cc"
-    proc = start("up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "30", "--name", name)
+    # 60 steps: the interrupt must land while the run trains, however slowly the machine
+    # reports its steps (at 30, a loaded 2-core machine saw step 4 only as the run finished).
+    proc = start("up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "60", "--name", name)
     wait_until(lambda: step_of(name) >= 4)
+    assert step_of(name) < 60, "the run finished before the test could interrupt it"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-2000:]

@@ -342,6 +342,7 @@ class CrtEngine:
             kwargs["verify"] = ca_bundle
         serializer = BotocoreCRTRequestSerializer(core, kwargs)
         self.manager = CRTTransferManager(self.client, serializer)
+
     def upload(self, bucket: str, key: str, path: str | Path, *, metadata: dict[str, str] | None,
                cancel: threading.Event | None, tagging: str | None = None, block: int = BLOCK) -> FileDigest:
         reader = HashingReader(path, cancel, block)
