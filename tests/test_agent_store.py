@@ -446,6 +446,28 @@ def test_manifests_carry_block_checksums_and_restore_without_them(s3_env, tmp_pa
     assert m.step == 20 and (dest / "big.bin").read_bytes() == (d20 / "big.bin").read_bytes()
 
 
+def test_a_full_disk_fails_the_restore_with_enospc_and_leaves_nothing(s3_env, tmp_path, monkeypatch):
+    """The file's blocks are allocated before the ranges are written into its map, so a full disk
+    is an error the agent reports and falls back from, not a SIGBUS that kills it."""
+    import errno
+
+    from sdcloud_agent import transfer
+
+    store = _s3_store(s3_env)
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(6 * 1024 * 1024))
+    store.put_file("big.bin", src)
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(transfer.os, "posix_fallocate", full)
+    out = tmp_path / "out"
+    with pytest.raises(OSError, match="No space left"):
+        store.get_file("big.bin", out / "big.bin")
+    assert list(out.iterdir()) == []
+
+
 def _s3_store_at(store):
     return S3Store(store.bucket, store.prefix, endpoint_url=store.client.meta.endpoint_url, range_size=store.range_size)
 

@@ -25,6 +25,7 @@ docs/host-agent.md, "Checkpoint sync".
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import mmap
 import os
@@ -236,7 +237,7 @@ def download_ranges(client: Any, bucket: str, key: str, path: str | Path, size: 
     try:
         if size == 0:
             return None if sums is not None else hashlib.sha256().hexdigest()
-        os.ftruncate(fd, size)
+        _reserve(fd, size)
         mm = mmap.mmap(fd, size)
     finally:
         os.close(fd)
@@ -259,6 +260,17 @@ def download_ranges(client: Any, bucket: str, key: str, path: str | Path, size: 
             fut.cancel()
         wait(futures)  # a range still landing holds a view of the map
         mm.close()
+
+
+def _reserve(fd: int, size: int) -> None:
+    """The file's blocks, allocated before the map is written: a full disk is then ENOSPC here, an
+    error the restore reports, where a write into a sparse map would kill the agent with SIGBUS."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)  # a filesystem that cannot allocate ahead: sparse, as before
 
 
 def _range_with_retries(client: Any, bucket: str, key: str, mm: mmap.mmap, off: int, n: int, crc: Any,
