@@ -181,13 +181,14 @@ def download(store: ObjectStore, run_prefix: str, manifest: Manifest, dest: str 
         target = tmp / f.path
         key = f"{base}/{f.path}"
         if f.blocks is not None and f.blocks.usable() and getattr(store, "verifies_blocks", False):
-            info = store.head(key)
-            if info is not None and info.size != f.size:
-                raise CorruptCheckpoint(f"{key}: {info.size} bytes, the manifest says {f.size}")
             try:
-                store.get_file(key, target, sums=f.blocks)  # each range checked as it lands
+                # Each range checked as it lands; an object of another size fails its block count
+                # or its last block (the store's own HEAD gives the size: no second one here).
+                store.get_file(key, target, sums=f.blocks)
             except ChecksumMismatch as exc:
                 raise CorruptCheckpoint(f"{exc} (its sha256 would differ from the manifest's)") from None
+            if target.stat().st_size != f.size:
+                raise CorruptCheckpoint(f"{key}: {target.stat().st_size} bytes, the manifest says {f.size}")
             return
         # The store hashes the bytes as they arrive; one that cannot say gets hashed from disk.
         digest = store.get_file(key, target)
