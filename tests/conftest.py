@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,35 @@ def sdcloud_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     return home
+
+
+class Clock:
+    """A calendar clock that stands still until a test moves it (sdcloud.clock.utc_now)."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def set(self, now: datetime | str) -> None:
+        self.now = datetime.fromisoformat(now) if isinstance(now, str) else now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    """Freeze sdcloud's calendar clock, so that an age or a date in a test never depends on the hour
+    the suite runs at. Starts at 2026-12-01 12:00 UTC; `clock.set("2026-12-01T23:59:00+00:00")` moves it.
+
+    To check that the suite passes at any hour, run it with the process clock set near midnight UTC
+    (libfaketime, `apt-get install faketime`; the clock keeps running from the given instant):
+        TZ=UTC faketime -f "@2026-12-02 23:59:00" python -m pytest -q tests/test_offers.py
+    """
+    from sdcloud import clock as sdclock
+
+    fixed = Clock(datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc))
+    monkeypatch.setattr(sdclock, "utc_now", fixed)
+    return fixed
 
 
 @pytest.fixture(scope="session")

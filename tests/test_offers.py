@@ -391,17 +391,30 @@ def test_an_old_catalog_is_named_in_one_stderr_line_and_offers_still_answer(caps
     assert code == 0 and "warning:" not in err and len(json.loads(out2)) == len(json.loads(out))
 
 
-def test_a_fresh_refreshed_catalog_raises_no_warning_and_ages_from_its_dates(capsys, sdcloud_home):
-    from datetime import date
-    today = date.today().isoformat()
-    rows = [_with(r, snapshot_date=today, ondemand_date=today, spot_date=today) for r in bundled_rows("aws")
+def test_a_fresh_refreshed_catalog_raises_no_warning_and_ages_from_its_dates(capsys, sdcloud_home, clock):
+    # The age is read against sdcloud's clock, frozen here: the test gives the same answer at any
+    # hour (it used to fail from 22:48 UTC on, when an age rounded to 0.1 day reads 1.0).
+    day = "2026-11-30"
+    clock.set(f"{day}T08:00:00+00:00")  # the refresh's own time
+    rows = [_with(r, snapshot_date=day, ondemand_date=day, spot_date=day) for r in bundled_rows("aws")
             if r.region == "us-east-1"]
     write_refreshed("aws", rows)
     sdcloud_home.mkdir(parents=True, exist_ok=True)
     (sdcloud_home / "config.toml").write_text("[catalog]\nmax_age_days = 3\n")
-    code, out, err = run_cli(capsys, "offers", "--tier", "sd15-lora", "--provider", "aws", "--json", "--limit", "0")
-    assert code == 0 and "warning:" not in err
-    assert all(r["price_age_days"] < 1 for r in json.loads(out))
+
+    def ages(now: str) -> tuple[set, str]:
+        clock.set(now)
+        code, out, err = run_cli(capsys, "offers", "--tier", "sd15-lora", "--provider", "aws", "--json", "--limit", "0")
+        assert code == 0
+        return {r["price_age_days"] for r in json.loads(out)}, err
+
+    found, err = ages("2026-11-30T12:00:00+00:00")
+    assert found == {0.5} and "warning:" not in err and "refreshed catalog of 2026-11-30 (4 h old)" in err
+    found, err = ages("2026-11-30T23:59:00+00:00")  # the last minute of the price's day
+    assert found == {1.0} and "warning:" not in err
+    found, err = ages("2026-12-03T23:59:00+00:00")  # past max_age_days = 3: said in one line
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert found == {4.0} and len(warnings) == 1 and warnings[0].startswith("warning: prices older than 3 days")
     # Tencent's bundled prices carry no published date: said so, and its rows say null.
     code, out, err = run_cli(capsys, "offers", "--tier", "sd15-lora", "--provider", "tencent", "--json", "--limit", "0")
     assert code == 0 and "tencent bundled catalog has prices of no published date" in err

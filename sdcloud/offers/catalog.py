@@ -15,7 +15,7 @@ from datetime import date, datetime, timezone
 from importlib import resources
 from pathlib import Path
 
-from .. import config
+from .. import clock, config
 from ..errors import UserError
 from .gpus import gpu_table
 
@@ -99,7 +99,7 @@ class CatalogRow:
         text = self.market_date(market)
         if not text:
             return None
-        now = now or datetime.now(timezone.utc)
+        now = now or clock.utc_now()
         return round((now - _parse_time(text)).total_seconds() / 86400, 1)
 
 
@@ -150,7 +150,7 @@ class CatalogSource:
     def age_days(self, now: datetime | None = None) -> float | None:
         if self.as_of is None:
             return None
-        now = now or datetime.now(timezone.utc)
+        now = now or clock.utc_now()
         return (now - self.as_of).total_seconds() / 86400
 
     def describe(self, now: datetime | None = None) -> str:
@@ -214,7 +214,7 @@ def stale_warning(sources: list[CatalogSource], now: datetime | None = None) -> 
     """One line naming every catalog older than max_age_days (or undated), with the refresh command; None if all fresh."""
     limit = max_age_days()
     old = []
-    now = now or datetime.now(timezone.utc)
+    now = now or clock.utc_now()
     for s in sources:
         stamp = s.oldest or s.as_of
         if stamp is None:
@@ -293,7 +293,7 @@ def write_refreshed(provider: str, rows: list[CatalogRow], errors: list[str] | N
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "provider": provider,
-        "fetched_at": (fetched_at or datetime.now(timezone.utc)).isoformat(),
+        "fetched_at": (fetched_at or clock.utc_now()).isoformat(),
         "errors": list(errors or []),
         "rows": [r.as_dict() for r in rows],
     }

@@ -23,10 +23,11 @@ import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .. import clock
 from ..errors import UserError
 from .catalog import CatalogRow, load_provider, write_refreshed
 
@@ -117,7 +118,7 @@ def refresh_public(regions: list[str] | None = None, *, price_list_url: str | No
     """Update the AWS catalog in use from the public price list and advisor data; returns (path, rows, errors)."""
     price_list_url = price_list_url or os.environ.get("SDCLOUD_AWS_PRICE_LIST_URL") or PRICE_LIST_URL
     advisor_url = advisor_url or os.environ.get("SDCLOUD_SPOT_ADVISOR_URL") or ADVISOR_URL
-    now = now or datetime.now(timezone.utc)
+    now = now or clock.utc_now()
     today = now.date().isoformat()
     rows, _ = load_provider("aws")
     known = sorted({r.region for r in rows})
