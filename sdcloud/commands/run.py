@@ -485,6 +485,12 @@ def _store_for(run: dict):
 
 _LOG_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(?:[.,](\d+))?")
 _STEP_LINE = re.compile(r"SDCLOUD_STEP \{")
+# The trainer's protocol lines (sdcloud_agent.trainers.base): for the agent, not for people.
+_PROTOCOL = re.compile(r"\bSDCLOUD_(STEP|CHECKPOINT|DONE) (\{.*\})\s*$")
+# A Python warning as the warnings module prints it (`file.py:12: FutureWarning: ...`, or bare
+# `UserWarning: ...`), and the indented source line it prints next: library noise unless -v.
+_PY_WARNING = re.compile(r"(?:^|\.py:\d+: |: )[A-Z]\w*Warning: ")
+_AGENT_PREFIX = re.compile(r"^[A-Z]+ sdcloud_agent\.trainer: ")
 
 
 def _parse_time(line: str) -> float | None:
@@ -524,13 +530,16 @@ def log_records(run: dict, offsets: dict, steps: bool = False) -> list[dict]:
             m = re.search(r"attempt-(\d+)", name)
             attempt = int(m.group(1)) if m else None
             last = offsets.get(info.key + "#t", 0.0)
+            in_warning = offsets.get(info.key + "#w", False)
             for line in data[seen:].decode(errors="replace").splitlines():
                 at = _parse_time(line) or last
                 last = at
                 if not steps and _STEP_LINE.search(line):
                     continue
-                out.append({"time": at, "source": name.removesuffix(".log"), "attempt": attempt, "kind": "log",
+                kind, in_warning = _line_kind(line, in_warning)
+                out.append({"time": at, "source": name.removesuffix(".log"), "attempt": attempt, "kind": kind,
                             "text": line, "detail": ""})
+            offsets[info.key + "#w"] = in_warning
             offsets[info.key] = len(data)
             offsets[info.key + "#t"] = last
     except (StoreError, OSError, ValueError):
@@ -539,12 +548,54 @@ def log_records(run: dict, offsets: dict, steps: bool = False) -> list[dict]:
     return out
 
 
+def _line_kind(line: str, in_warning: bool) -> tuple[str, bool]:
+    """A host log line's kind: "log", "warning" (a library's Python warning, with the source line
+    the warnings module prints under it) or a protocol tag ("step", "checkpoint", "done"); and
+    whether the next line may still belong to a warning."""
+    proto = _PROTOCOL.search(line)
+    if proto:
+        return proto.group(1).lower(), False
+    body = _AGENT_PREFIX.sub("", _LOG_TIME.sub("", line).lstrip())
+    if _PY_WARNING.search(body):
+        return "warning", True
+    if in_warning and (body.startswith((" ", "\t")) or not body.strip()):
+        return "warning", True
+    return "log", False
+
+
+def _protocol_words(tag: str, payload: str) -> str | None:
+    """A protocol line in plain words; None when it cannot be read (then it is shown as it is)."""
+    import json as _json
+
+    try:
+        doc = _json.loads(payload)
+    except ValueError:
+        return None
+    if tag == "CHECKPOINT":
+        return f"checkpoint step {doc.get('step', '?')} saved"
+    if tag == "DONE":
+        return "trainer finished" + (f" at step {doc['step']}" if "step" in doc else "")
+    parts = [f"step {doc.get('step', '?')}"]
+    if doc.get("loss") is not None:
+        parts.append(f"loss {doc['loss']:.4g}" if isinstance(doc["loss"], (int, float)) else f"loss {doc['loss']}")
+    if doc.get("it_per_s") is not None:
+        parts.append(f"{doc['it_per_s']} it/s")
+    return ", ".join(parts)
+
+
 def _log_line(r: dict) -> str:
+    """One line per record, with one time stamp: the record's own (a host line's is taken off its text)."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"]))
     if r["source"] == "controller":
         text = f"{r['kind']} {r['detail']}".strip() if render.VERBOSITY > 0 else r["text"]
         return f"{stamp} controller {text}"
-    return f"{stamp} {r['source']}: {r['text']}"
+    text = _LOG_TIME.sub("", r["text"], count=1).lstrip() if _LOG_TIME.match(r["text"]) else r["text"]
+    proto = _PROTOCOL.search(text)
+    if proto and render.VERBOSITY <= 0:
+        words = _protocol_words(proto.group(1), proto.group(2))
+        if words is not None:
+            text = text[:proto.start()] + words
+    return f"{stamp} {r['source']}: {text}"
 
 
 @click.command()
@@ -556,7 +607,10 @@ def _log_line(r: dict) -> str:
 @click.option("--steps", is_flag=True, help="Include the trainer's per-step lines.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON record per line: time, source, attempt, kind, text.")
 def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps: bool, as_json: bool) -> None:
-    """Print (or follow) a run's log: controller events and the hosts' logs, merged in time order."""
+    """Print (or follow) a run's log: controller events and the hosts' logs, merged in time order.
+
+    The trainer's protocol lines read in plain words (checkpoint step 500 saved) and libraries'
+    Python warnings are left out; -v shows both as the host wrote them."""
     import json as _json
 
     from ..runs.state import FINAL_RUN_STATES
@@ -571,6 +625,9 @@ def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps:
         if attempt is not None:
             records = [r for r in records if r["attempt"] in (attempt, None) and
                        (r["attempt"] == attempt or r["source"] == "controller" and r["kind"].startswith("run-"))]
+        if render.VERBOSITY <= 0:
+            # Libraries' Python warnings (FutureWarning and the like) are noise to a user: -v shows them.
+            records = [r for r in records if r["source"] == "controller" or r["kind"] != "warning"]
         if first and tail_n is not None:
             records = records[-tail_n:] if tail_n else []
         for r in records:
