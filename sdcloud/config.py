@@ -78,3 +78,25 @@ def defaults() -> dict:
         raise UserError(f"{home() / 'config.toml'}: unknown key(s) in [defaults]: {', '.join(sorted(unknown))}; "
                         f"known: {', '.join(DEFAULT_KEYS)}")
     return {k: str(v) for k, v in raw.items()}
+
+
+LOCAL_KEYS = ("price_per_hour", "notice_seconds")
+
+
+def local() -> dict[str, float]:
+    """[local] in config.toml, the keys that are set: what this machine costs in USD per hour (for
+    costs and the cost report) and the seconds of the simulated reclaim notice."""
+    raw = settings().get("local", {})
+    if not isinstance(raw, dict):
+        raise UserError(f"{home() / 'config.toml'}: [local] must be a table")
+    out = {}
+    for key in LOCAL_KEYS:
+        if key in raw:
+            value = raw[key]
+            try:
+                out[key] = float(value)
+            except (TypeError, ValueError):
+                raise UserError(f"config.toml [local] {key} must be a number, got {value!r}") from None
+            if out[key] < 0:
+                raise UserError(f"config.toml [local] {key} must be 0 or more, got {value!r}")
+    return out

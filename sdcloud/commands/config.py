@@ -18,7 +18,8 @@ def config() -> None:
 @output_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def show(as_json: bool) -> None:
-    """The defaults `up` and `offers` use, the currency rate, and where sdcloud keeps its files."""
+    """The defaults `up` and `offers` use, the currency rate, the local machine's price, every other
+    setting in config.toml, and where sdcloud keeps its files."""
     from .. import config as cfg
 
     home = cfg.home()
@@ -33,6 +34,19 @@ def show(as_json: bool) -> None:
     source = ("SDCLOUD_CNY_PER_USD" if os.environ.get("SDCLOUD_CNY_PER_USD")
               else "config.toml [currency]" if settings.get("currency", {}).get("cny_per_usd") else "built-in default")
     rows.append(("currency.cny_per_usd", f"{rate:g}", source))
+    from ..providers.local.provider import DEFAULT_NOTICE_SECONDS
+
+    local = cfg.local()
+    for key, default, unit in (("price_per_hour", 0.0, " USD/h"), ("notice_seconds", DEFAULT_NOTICE_SECONDS, " s")):
+        rows.append((f"local.{key}", f"{local.get(key, default):g}{unit}",
+                     "config.toml [local]" if key in local else "built-in default"))
+    # Every other setting in config.toml, as written, so that nothing set there is left out.
+    shown = {name for name, _, _ in rows}
+    for section, table_ in settings.items():
+        for key, value in (table_.items() if isinstance(table_, dict) else [("", table_)]):
+            name = f"{section}.{key}" if key else section
+            if name not in shown and section not in ("defaults", "local"):
+                rows.append((name, str(value), f"config.toml [{section}]" if key else "config.toml"))
     if as_json:
         emit_json({name: {"value": value, "source": source} for name, value, source in rows})
         return
