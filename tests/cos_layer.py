@@ -19,6 +19,11 @@ What COS refuses and this layer refuses too, in COS's XML error envelope
   2024-01-01 do not take (https://www.tencentcloud.com/document/product/436/57456): 403 PathStyleDomainForbidden;
 - a bucket name that is not `<name>-<appid>`: 400 InvalidBucketName.
 
+Permissions, as CAM enforces them: `CosLayer(seaweed, policies={key_pattern: policy_json})` judges
+every request signed with a matching access key (a glob: `AKID-tmp-*` for a CVM role's temporary
+keys) against that CAM policy, action by action (tests/cam_policy.py), and answers 403 AccessDenied
+in COS's envelope where the policy does not allow it. Keys with no policy are the account owner's.
+
 Create-only writes, as COS does them (not as S3 does):
 - `x-cos-forbid-overwrite: true` on PUT Object: when the key exists, 409 FileAlreadyExists and
   nothing is written. Checked and written under one per-key lock, so of racing creators exactly one
@@ -44,10 +49,12 @@ import tempfile
 import threading
 import uuid
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 from xml.sax.saxutils import escape
 
+import cam_policy
 from servers import TEST_KEYS, self_signed_cert
 
 REGIONS = ("ap-guangzhou", "ap-shanghai", "ap-beijing", "ap-singapore")
@@ -76,6 +83,7 @@ class Seen:
     headers: dict[str, str]
     refused: str = ""   # a request COS refuses (the client did something COS does not take)
     answered: str = ""  # an error COS answers to a well-formed request (409 FileAlreadyExists)
+    actions: tuple[str, ...] = ()  # the CAM actions judged (requests signed with a key that has a policy)
 
 
 def _error(code: str, message: str, resource: str) -> bytes:
@@ -89,8 +97,9 @@ class CosLayer:
     """`with CosLayer(seaweed) as cos:` then `cos.env` (HTTPS_PROXY, NO_PROXY, AWS_CA_BUNDLE) and
     `cos.endpoint(region)` for the client; `cos.seen` lists every request."""
 
-    def __init__(self, seaweed, regions: tuple[str, ...] = REGIONS):
+    def __init__(self, seaweed, regions: tuple[str, ...] = REGIONS, policies: dict[str, str] | None = None):
         self.seaweed = seaweed
+        self.policies: dict[str, str] = dict(policies or {})  # access-key glob -> CAM policy (JSON)
         self.regions = regions
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
@@ -124,6 +133,11 @@ class CosLayer:
     def env(self) -> dict[str, str]:
         return {"HTTPS_PROXY": self.proxy, "https_proxy": self.proxy, "NO_PROXY": "127.0.0.1,localhost",
                 "no_proxy": "127.0.0.1,localhost", "AWS_CA_BUNDLE": str(self.ca_file)}
+
+    def denials(self) -> list[Seen]:
+        """Requests refused by the CAM policy (403 AccessDenied)."""
+        with self.lock:
+            return [s for s in self.seen if s.refused == "AccessDenied"]
 
     def refusals(self) -> list[str]:
         with self.lock:
@@ -203,6 +217,15 @@ class CosLayer:
                     wfile.flush()
                 length = int(lower.get("content-length") or 0)
                 body = rfile.read(length) if length else b""
+                denial = self._denial(method, path, lower, body, seen)
+                if denial is not None:
+                    seen.refused = "AccessDenied"
+                    err = _error("AccessDenied", denial, f"{lower.get('host', '')}{path}")
+                    wfile.write(f"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n"
+                                f"Content-Length: {len(err) if method != 'HEAD' else 0}\r\n"
+                                f"x-cos-request-id: {uuid.uuid4().hex}\r\n\r\n".encode() + (err if method != "HEAD" else b""))
+                    wfile.flush()
+                    continue
                 fwd = {k: v for k, v in headers if k.lower() not in ("expect", "connection", "proxy-connection")}
                 object_put = method == "PUT" and not ({"partNumber", "uploadId"} & set(parse_qs(urlsplit(path).query)))
                 if object_put and ("if-none-match" in lower or "if-match" in lower):
@@ -235,6 +258,25 @@ class CosLayer:
                 wfile.flush()
         finally:
             upstream.close()
+
+    def policy_for(self, headers: dict[str, str], path: str) -> str | None:
+        """The CAM policy of the request's signing key, or None (an unrestricted key)."""
+        m = re.search(r"Credential=([^/,\s]+)/", headers.get("authorization", ""))
+        key = m[1] if m else parse_qs(urlsplit(path).query).get("X-Amz-Credential", [""])[0].split("/")[0]
+        return next((p for pattern, p in self.policies.items() if key and fnmatchcase(key, pattern)), None)
+
+    def _denial(self, method: str, path: str, headers: dict[str, str], body: bytes, seen: Seen) -> str | None:
+        """Why CAM refuses the request (the message of COS's AccessDenied), or None when allowed."""
+        policy = self.policy_for(headers, path)
+        if policy is None:
+            return None
+        m = _HOST_RE.match(headers.get("host", "").split(":")[0])
+        bucket = m["bucket"] if m else None
+        app_id = bucket.rsplit("-", 1)[1] if bucket else ""
+        wanted = cam_policy.needs(method, bucket, m["region"] if m else "", app_id, path, headers, body)
+        seen.actions = tuple(n.action for n in wanted)
+        need = cam_policy.denied(policy, wanted)
+        return None if need is None else f"Access Denied: {need.action} on {need.resource}"
 
     def _key_lock(self, key: str) -> threading.Lock:
         with self.lock:

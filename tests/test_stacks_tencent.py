@@ -130,6 +130,9 @@ def test_role_policy_allows_only_the_bucket_prefix(built):
         if st["action"] == ["name/cos:GetBucket"]:
             assert st["resource"] == [f"{base}/*"]
             assert st["condition"]["string_like"]["cos:prefix"] == ["team/sd/*", "team/sd"]
+        elif st["action"] == ["name/cos:DeleteMultipleObjects"]:
+            # A bucket action: each key in the batch is checked for DeleteObject under the prefix.
+            assert st["resource"] == [f"{base}/*"]
         else:
             assert st["resource"] == [f"{base}/team/sd/*"]
     [attach] = mocks.of_type("Cam/rolePolicyAttachment:RolePolicyAttachment")

@@ -32,6 +32,9 @@ import tencentcloud_iac_pulumi as tencentcloud
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # stacks/stack_common.py
 from stack_common import check_prefix, check_ssh_cidr, generic_user_data  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_policy.py beside this file
+from host_policy import role_policy_document  # noqa: E402,F401  (the CVM role's policy)
+
 DEFAULT_IMAGE_REGEX = r"^Ubuntu Server 22\.04 LTS 64"
 DEFAULT_DRIVER = "535-server"
 
@@ -132,25 +135,6 @@ def tags_for(cfg: StackConfig, name: str) -> dict[str, str]:
 
 def _slug(text: str, limit: int) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:limit].strip("-") or "default"
-
-
-def role_policy_document(region: str, app_id: str, bucket: str, prefix: str) -> str:
-    """The CVM role's policy: objects under `<prefix>/` of one COS bucket, and nothing else."""
-    base = f"qcs::cos:{region}:uid/{app_id}:{bucket}"
-    return json.dumps({
-        "version": "2.0",
-        "statement": [
-            {"effect": "allow",
-             "action": ["name/cos:GetObject", "name/cos:HeadObject", "name/cos:PutObject", "name/cos:DeleteObject",
-                        "name/cos:InitiateMultipartUpload", "name/cos:UploadPart", "name/cos:CompleteMultipartUpload",
-                        "name/cos:AbortMultipartUpload", "name/cos:ListParts",
-                        "name/cos:GetObjectTagging", "name/cos:PutObjectTagging"],
-             "resource": [f"{base}/{prefix}/*"]},
-            # Listing is a bucket action; the condition keeps it to keys under the prefix.
-            {"effect": "allow", "action": ["name/cos:GetBucket"], "resource": [f"{base}/*"],
-             "condition": {"string_like": {"cos:prefix": [f"{prefix}/*", prefix]}}},
-        ],
-    }, indent=1)
 
 
 def _zones(cfg: StackConfig) -> list[str]:
