@@ -66,7 +66,7 @@ def test_agent_wheel_uploaded_once_per_version(tmp_path):
 
 # -- GPU: torch build and usable VRAM ----------------------------------------------------------
 
-@pytest.mark.parametrize("name,build", [("g4dn-dlami-t4.txt", "cu128"), ("g5-a10g-535.txt", "cu126"),
+@pytest.mark.parametrize("name,build", [("g4dn-dlami-t4.txt", "cu126"), ("g5-a10g-535.txt", "cu126"),
                                         ("p5-h100-580.txt", "cu130"), ("tencent-gn7-t4-525.txt", "cu126")])
 def test_torch_build_from_nvidia_smi(name, build):
     from sdcloud_agent import gpu
@@ -75,6 +75,17 @@ def test_torch_build_from_nvidia_smi(name, build):
     assert gpu.torch_build(gpu.driver_cuda(text)) == build
     ran = lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, text, "")  # noqa: E731
     assert gpu.host_torch_build(run=ran) == build
+
+
+@pytest.mark.parametrize("cuda,build", [((12, 0), "cu126"), ((12, 2), "cu126"), ((12, 6), "cu126"), ((12, 8), "cu126"),
+                                        ((12, 9), "cu126"), ((13, 0), "cu130"), ((13, 2), "cu130")])
+def test_torch_build_is_an_index_torch_2_13_publishes(cuda, build):
+    """torch 2.13.0's stable CUDA builds are 12.6 and 13.0: a 12.8 driver takes cu126, never cu128."""
+    from sdcloud_agent import boot, gpu
+
+    assert boot.TORCH_PIN == "torch==2.13.0"  # the published builds below are this pin's
+    assert gpu.torch_build(cuda) == build
+    assert {tag for _, tag in gpu.TORCH_CUDA_BUILDS} == {"cu126", "cu130"}
 
 
 def test_torch_build_refuses_a_driver_older_than_every_build_and_is_cpu_without_gpu():

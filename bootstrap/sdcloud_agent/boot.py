@@ -8,7 +8,7 @@ before any package is installed, and by the agent for its own phases.
     put --config C KEY FILE                   upload a large file with the agent's store (multipart)
 
 The environment cache key is (lock hash, torch build, Python version): one tar per combination at
-`cache/env/<lock sha16>-<cu128|cpu>-py311.tar.zst`. A restore untars it in place; the agent wheel
+`cache/env/<lock sha16>-<cu126|cu130|cpu>-py311.tar.zst`. A restore untars it in place; the agent wheel
 is then (re)installed into it without dependencies, so a new agent version never invalidates it.
 """
 

@@ -113,11 +113,14 @@ def utilisation(run: Callable = subprocess.run) -> float | None:
         return None
 
 
-# Torch CUDA builds of the pinned torch, as (CUDA version, wheel index tag), oldest first. A driver
-# runs every build whose CUDA is not newer than the "CUDA Version" nvidia-smi prints; within CUDA
-# 12 a driver >= 525.60 also runs newer 12.x builds (minor version compatibility), so a 12.0-12.5
-# driver still gets the oldest 12.x build. Check this list against the index when the pin changes.
-TORCH_CUDA_BUILDS = (((12, 6), "cu126"), ((12, 8), "cu128"), ((13, 0), "cu130"))
+# Torch CUDA builds of the pinned torch (boot.TORCH_PIN, 2.13.0) that download.pytorch.org
+# publishes, as (CUDA version, wheel index tag), oldest first: its stable builds are CUDA 12.6 and
+# 13.0 (PyTorch's release compatibility matrix, https://github.com/pytorch/pytorch/blob/main/RELEASE.md;
+# there is no cu128 index for it). A driver runs every build whose CUDA is not newer than the "CUDA
+# Version" nvidia-smi prints, so a 12.8 driver takes cu126; within CUDA 12 a driver >= 525.60 also
+# runs newer 12.x builds (NVIDIA's minor version compatibility), so a 12.0-12.5 driver (Tencent's
+# 525/535 images) still gets cu126. Check this list against the index when the pin changes.
+TORCH_CUDA_BUILDS = (((12, 6), "cu126"), ((13, 0), "cu130"))
 TORCH_INDEX = "https://download.pytorch.org/whl/"
 
 
@@ -128,7 +131,7 @@ def driver_cuda(nvidia_smi_text: str) -> tuple[int, int] | None:
 
 
 def torch_build(cuda: tuple[int, int] | None) -> str:
-    """The wheel index tag for this driver: `cu128`, ..., or `cpu` without a GPU. Raises ValueError
+    """The wheel index tag for this driver: `cu126`, `cu130`, or `cpu` without a GPU. Raises ValueError
     for a driver too old for every build."""
     if cuda is None:
         return "cpu"
