@@ -88,9 +88,9 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
         raise UserError("--model must name a model")
     if opts.provider == "local" and opts.model.startswith(("/", ".", "~")) and not Path(opts.model).expanduser().is_dir():
         raise UserError(f"--model {opts.model}: no such folder (a diffusers model folder, a hub id, or tiny)")
-    if opts.lora and not opts.lora.startswith("r-") and not Path(opts.lora).is_file():
-        raise UserError(f"--lora {opts.lora}: neither a run id (r-...) nor a file")
-    lora_run = resolve_lora_run(opts.lora) if opts.lora and opts.lora.startswith("r-") else None
+    # --lora: a run id (r-...), else a file, else a run's name (what `sdcloud status` shows).
+    is_file = bool(opts.lora) and not opts.lora.startswith("r-") and Path(opts.lora).expanduser().is_file()
+    lora_run = resolve_lora_run(opts.lora) if opts.lora and not is_file else None
     prompts = parse_prompts(opts.prompts, BATCH_TIERS[opts.tier], opts.images_per_prompt)
     items = build_items(prompts, opts.model, lora_run.identity if lora_run else lora_identity(opts.lora))
     opts.lora_run = lora_run
@@ -139,7 +139,7 @@ class LoraRun:
 
 
 def resolve_lora_run(run_id: str) -> LoraRun:
-    """`--lora r-...`: that training run, succeeded, and its LoRA artifact in the run's bucket.
+    """`--lora r-...` or `--lora NAME`: that training run, succeeded, and its LoRA artifact in the run's bucket.
 
     Resolved here, at submit, not on the hosts: only this machine knows the run's state and its
     bucket (a host gets the job's store and nothing else), and a run that cannot serve is refused
@@ -148,9 +148,10 @@ def resolve_lora_run(run_id: str) -> LoraRun:
     from ..runs import artifacts
     from ..runs.store import StoreError
 
-    run = _state().get_run(run_id)
+    run = _state().get_run(run_id)  # an id or a name
     if run is None or run["spec"].get("kind") == "batch":
-        raise UserError(f"--lora {run_id}: no training run with that id; see: sdcloud list")
+        what = "no training run with that id" if run_id.startswith("r-") else "no LoRA file and no training run of that name"
+        raise UserError(f"--lora {run_id}: {what}; see: sdcloud status")
     if run["state"] != "succeeded":
         raise UserError(f"--lora {run_id}: the run is {run['state']}, not succeeded; its LoRA is not final")
     store, _url = artifacts._store_and_url(run)
@@ -160,7 +161,7 @@ def resolve_lora_run(run_id: str) -> LoraRun:
     except StoreError:
         data = None
     if not data:
-        raise UserError(f"--lora {run_id}: the run has no LoRA artifact ({RUN_LORA}); see: sdcloud pull {run_id}")
+        raise UserError(f"--lora {run_id}: the run has no LoRA artifact ({RUN_LORA}); see: sdcloud pull {run['id']}")
     import hashlib
 
     return LoraRun(run["id"], store, key, f"{run['id']}@sha256:{hashlib.sha256(data).hexdigest()[:16]}")

@@ -16,7 +16,7 @@ def submit_options(f):
     opts = [
         click.option("--tier", required=True, help="batch-sd15 or batch-sdxl"),
         click.option("--model", required=True, help="base model (a hub id or a local folder on the host)"),
-        click.option("--lora", default=None, help="a training run id (r-...) or a LoRA file"),
+        click.option("--lora", default=None, help="a training run (its id or name, see sdcloud status) or a LoRA file"),
         click.option("--prompts", "prompts", required=True, type=click.Path(dir_okay=False), help="text (one a line) or JSONL"),
         click.option("--images-per-prompt", type=int, default=1, show_default=True),
         click.option("--workers", type=int, default=None, help="K hosts working in parallel (default 1, or what --deadline needs)"),
