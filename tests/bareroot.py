@@ -89,13 +89,40 @@ echo "python shim: this image's python is 3.10" >&2; exit 1
 """
 APT_GET = r"""#!/bin/bash
 echo "apt-get $*" >> "$SDCLOUD_ROOT/var/log/apt-shim.log"
-if [ "$1" = install ]; then
+# The dpkg lock as apt takes it: without -o DPkg::Lock::Timeout=N a held lock fails at once
+# (exit 100, "Could not get lock"), with it apt waits up to N seconds.
+lock="$SDCLOUD_ROOT/var/lib/dpkg/lock-frontend"; mkdir -p "${lock%/*}"
+wait=""; cmd=""
+for a in "$@"; do
+  case "$a" in DPkg::Lock::Timeout=*) wait="${a#*=}";; update|install) [ -z "$cmd" ] && cmd=$a;; esac
+done
+t0=$(date +%s.%N)
+if [ -n "$wait" ]; then flock -w "$wait" "$lock" true; else flock -n "$lock" true; fi || {
+  echo "E: Could not get lock $lock. It is held by process 1234 (unattended-upgr)" >&2; exit 100; }
+echo "apt-get $cmd: lock after $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')s" >> "$SDCLOUD_ROOT/var/log/apt-shim.log"
+if [ "$cmd" = install ]; then
   for p in "$@"; do
     if [ "$p" = python3.11 ]; then printf '#!/bin/bash\nexec %s "$@"\n' "$REAL_PYTHON" > "$(dirname "$0")/python3.11"; fi
   done
 fi
 exit 0
 """
+
+
+def hold_dpkg_lock(root: Path, seconds: float) -> subprocess.Popen:
+    """Hold the image's dpkg lock for `seconds`, as unattended-upgrades does in a new instance's
+    first minutes; returns once the lock is held."""
+    lock = root / "var/lib/dpkg/lock-frontend"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    held = root / "var/lib/dpkg/held"
+    proc = subprocess.Popen(["flock", str(lock), "sh", "-c", f'touch "{held}"; sleep {seconds}'])
+    deadline = time.monotonic() + 10
+    while not held.exists():
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("could not take the dpkg lock")
+        time.sleep(0.02)
+    return proc
 
 
 def old_python_image(real_python: str) -> dict[str, str]:

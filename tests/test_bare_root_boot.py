@@ -126,11 +126,19 @@ def test_an_image_with_python_310_gets_the_distributions_python311(tmp_path, sea
         ud = cloud_user_data("aws", store, _config(seaweed, imds, bucket, "r-py310", 1, root))
         wheel_key = re.search(r"WHEEL_KEY='([^']+)'", ud).group(1)
         store.delete(wheel_key)
+        # Unattended upgrades hold the dpkg lock for the boot's first seconds: apt waits for it.
+        holder = bareroot.hold_dpkg_lock(root, 3)
         b = bareroot.boot(root, ud, seaweed.ca_file, imds.base_url,
                           shims=bareroot.old_python_image("/usr/bin/python3"))
+        holder.wait(timeout=30)
         assert b.rc != 0, b.log[-3000:]
         apt = (root / "var/log/apt-shim.log").read_text()
         assert "install -y -q python3.11 python3.11-venv" in apt, apt
+        assert "Could not get lock" not in b.log, b.log[-3000:]
+        calls = [line for line in apt.splitlines() if line.startswith("apt-get -")]
+        assert calls and all("-o DPkg::Lock::Timeout=600 " in c for c in calls), apt
+        waited = [float(w) for w in re.findall(r"lock after ([0-9.]+)s", apt)]
+        assert waited[0] >= 1.5, apt  # the first apt-get waited for the lock, then all went on
         ph = bareroot.phases(store, "r-py310", 1)
         assert ph["python"]["result"].startswith("installed Python 3.1"), ph
         assert ph["wheel"]["result"] == "failed", ph

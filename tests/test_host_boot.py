@@ -256,8 +256,27 @@ def test_tencent_user_data_installs_the_driver_first_and_only_when_missing():
                              "metadata": {"kind": "tencent"}}, "agent/a.whl", driver="535-server")
     assert "DRIVER='535-server'" in text
     body = text[text.index("p_driver() {"):]
-    assert body.index("nvidia-smi >/dev/null 2>&1; then echo present") < body.index('apt-get install -y -q "nvidia-driver-$DRIVER"')
+    assert body.index("nvidia-smi >/dev/null 2>&1; then echo present") < body.index(
+        'apt-get -o DPkg::Lock::Timeout=$APT_LOCK_WAIT install -y -q "nvidia-driver-$DRIVER"')
     assert text.index("phase driver p_driver") < text.index("phase wheel p_wheel")
+
+
+def test_every_apt_get_at_first_boot_waits_for_the_dpkg_lock():
+    """Unattended upgrades hold the dpkg lock in a new instance's first minutes: every apt-get the
+    boot runs (driver, python3.11, its venv module) waits for it instead of failing the phase."""
+    import re
+
+    from sdcloud_agent.userdata import render_user_data
+
+    text = render_user_data({"run_id": "r", "store": {"url": "cos://b-1250000000/p", "credentials": "tencent-cvm-role"},
+                             "metadata": {"kind": "tencent"}}, "agent/a.whl", driver="535-server")
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    calls = re.findall(r"apt-get (?!>)[^;&|\n]*", code.replace("command -v apt-get", ""))
+    calls = [c for c in calls if not c.startswith("apt-get to ")]  # the message naming it
+    assert len(calls) == 6, calls
+    assert all(c.startswith("apt-get -o DPkg::Lock::Timeout=$APT_LOCK_WAIT ") for c in calls), calls
+    wait = int(re.search(r"^APT_LOCK_WAIT=(\d+)$", text, re.M)[1])
+    assert 300 <= wait <= 900  # minutes, inside the 30-minute boot timeout
 
 
 def test_aws_never_ranks_p3_the_launch_image_cannot_drive(aws_env):

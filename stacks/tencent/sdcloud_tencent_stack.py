@@ -37,6 +37,7 @@ from host_policy import role_policy_document  # noqa: E402,F401  (the CVM role's
 
 DEFAULT_IMAGE_REGEX = r"^Ubuntu Server 22\.04 LTS 64"
 DEFAULT_DRIVER = "535-server"
+APT_LOCK_WAIT = 600  # seconds apt-get waits for the dpkg lock (as the generic user-data does)
 
 
 @dataclass
@@ -110,8 +111,9 @@ def driver_block(driver: str) -> str:
     return f"""# NVIDIA driver (the public image has none); the agent's torch wheel brings its own CUDA runtime.
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q nvidia-driver-{driver} nvidia-utils-{driver} python3-venv
+  # Wait for the dpkg lock: unattended upgrades hold it in a new instance's first minutes.
+  apt-get -o DPkg::Lock::Timeout={APT_LOCK_WAIT} update -q
+  apt-get -o DPkg::Lock::Timeout={APT_LOCK_WAIT} install -y -q nvidia-driver-{driver} nvidia-utils-{driver} python3-venv
   modprobe nvidia || true
 fi
 """
