@@ -284,8 +284,13 @@ def verify_job(job_id: str) -> dict[str, Any]:
     return {"job": job_id, **verify(_store(job), job["spec"]["prefix"]).as_dict()}
 
 
-def pull(job_id: str, dest: str | None) -> dict[str, Any]:
-    """Download the images, one merged index.jsonl (from the done markers) and the gallery."""
+def pull(job_id: str, dest: str | None, force: bool = False) -> dict[str, Any]:
+    """Download the images, one merged index.jsonl (from the done markers) and the gallery.
+
+    Into a new or empty folder, or an earlier pull of the same job (then only missing images are
+    fetched); any other folder only with `force`, so that two jobs' images never mix unasked.
+    """
+    from ..runs import pulls
     from sdcloud_agent.batch import layout
     from sdcloud_agent.batch.verify import done_markers
 
@@ -294,7 +299,8 @@ def pull(job_id: str, dest: str | None) -> dict[str, Any]:
     job = find_job(job_id)
     store = _store(job)
     prefix = job["spec"]["prefix"]
-    out = Path(dest or job_id).expanduser()
+    out = Path(dest or job["id"]).expanduser()
+    pulls.check_destination(_state(), job["id"], out, force, f"batch job {job['id']}")
     (out / "images").mkdir(parents=True, exist_ok=True)
     lines = sorted((ln for m in done_markers(store, prefix).values() for ln in m["images"]),
                    key=lambda ln: (ln["item"], ln["seed"]))
@@ -306,6 +312,7 @@ def pull(job_id: str, dest: str | None) -> dict[str, Any]:
             fetched += 1
     (out / "index.jsonl").write_text("".join(json.dumps(ln, sort_keys=True) + "\n" for ln in lines))
     write_gallery(out, lines, title=f"sdcloud batch {job_id}")
+    pulls.record(_state(), job["id"], out)
     return {"job": job_id, "dir": str(out), "images": len(lines), "fetched": fetched,
             "gallery": str(out / "index.html")}
 

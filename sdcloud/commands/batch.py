@@ -189,12 +189,15 @@ def cancel(job: str) -> None:
 @output_options
 @click.argument("job")
 @click.argument("dest", required=False)
+@click.option("--force", is_flag=True, help="Write into a folder that holds other files (same names are replaced).")
 @click.option("--json", "as_json", is_flag=True)
-def pull(job: str, dest: str | None, as_json: bool) -> None:
-    """Download the images, index.jsonl and the gallery (index.html)."""
+def pull(job: str, dest: str | None, force: bool, as_json: bool) -> None:
+    """Download the images, index.jsonl and the gallery (index.html) into DIR (default: ./JOB).
+
+    DIR must be new, empty, or an earlier pull of the same job; --force writes into any folder."""
     from ..batch import jobs
 
-    res = jobs.pull(job, dest)
+    res = jobs.pull(job, dest, force=force)
     emit_json(res) if as_json else click.echo(f"{res['images']} images in {res['dir']} (gallery: {res['gallery']})")
 
 

@@ -12,9 +12,13 @@ from ..render import emit_json
 @click.command()
 @click.argument("run")
 @click.argument("dest", required=False)
+@click.option("--force", is_flag=True, help="Write into a folder that holds other files (same names are replaced).")
 @click.option("--json", "as_json", is_flag=True)
-def pull(run: str, dest: str | None, as_json: bool) -> None:
-    """Download a run's artifacts (the LoRA files, README) into DIR (default: ./RUN)."""
+def pull(run: str, dest: str | None, force: bool, as_json: bool) -> None:
+    """Download a run's artifacts (the LoRA files, README) into DIR (default: ./RUN).
+
+    DIR must be new, empty, or an earlier pull of the same run (then only what is missing is fetched);
+    --force writes into any folder."""
     from ..errors import UserError
     from ..runs.artifacts import pull as pull_artifacts
     from ..runs.state import StateStore
@@ -22,8 +26,12 @@ def pull(run: str, dest: str | None, as_json: bool) -> None:
     found = StateStore().get_run(run)
     if found is None:
         raise UserError(f"no run {run!r}; see: sdcloud status")
-    folder = Path(dest or found["id"])
+    from ..runs import pulls
+
+    folder = Path(dest or found["id"]).expanduser()
+    pulls.check_destination(StateStore(), found["id"], folder, force, f"run {found['id']}")
     files = pull_artifacts(found, folder)
+    pulls.record(StateStore(), found["id"], folder)
     if as_json:
         emit_json({"run": found["id"], "dir": str(folder.resolve()), "files": [str(f) for f in files]})
         return
