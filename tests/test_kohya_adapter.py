@@ -127,3 +127,106 @@ def test_a_model_in_the_bucket_is_staged_for_the_trainer(tmp_path):
     store = open_store(f"file://{bucket}")
     assert store.head("runs/e2e/artifacts/lora_kohya.safetensors") is not None
     shutil.rmtree(tmp_path / "work-1", ignore_errors=True)
+
+
+# -- the flags the model and the GPU need, checked against the pinned sd-scripts parsers -----------
+
+def _kohya_cmd(tmp_path: Path, args: dict, model: str = "m", cap: float | None = 7.5, monkeypatch=None) -> list[str]:
+    from sdcloud_agent import gpu
+
+    monkeypatch.setattr(gpu, "compute_capability", lambda: cap)
+    ctx = Context(steps=100, checkpoint_every=10, model=model, workdir=tmp_path, checkpoint_dir=tmp_path / "ck",
+                  output_dir=tmp_path / "out", trainer_args=dict(args))
+    return KohyaTrainer().command(ctx)
+
+
+def _flags(cmd: list[str]) -> dict[str, str | bool]:
+    """{--flag: value or True} of the script's part of a command line."""
+    at = next(i for i, a in enumerate(cmd) if a.endswith(".py"))
+    out: dict[str, str | bool] = {}
+    rest = cmd[at + 1:]
+    for i, a in enumerate(rest):
+        if a.startswith("--"):
+            nxt = rest[i + 1] if i + 1 < len(rest) else None
+            out[a] = True if nxt is None or nxt.startswith("--") else nxt
+    return out
+
+
+def _sd2_v_model(root: Path) -> Path:
+    """A diffusers folder shaped like stabilityai/stable-diffusion-2-1 (768-v): configs only."""
+    (root / "unet").mkdir(parents=True)
+    (root / "scheduler").mkdir()
+    (root / "unet" / "config.json").write_text(json.dumps({"cross_attention_dim": 1024, "sample_size": 96}))
+    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps({"prediction_type": "v_prediction"}))
+    return root
+
+
+def test_sdxl_under_fp16_keeps_its_vae_in_fp32(tmp_path, monkeypatch):
+    """A V100 (7.0) or T4 (7.5) settles "auto" to fp16: SDXL's VAE must run in fp32 there."""
+    args = {"script": "sdxl_train_network.py", "network_module": "networks.lora", "mixed_precision": "auto"}
+    flags = _flags(_kohya_cmd(tmp_path, args, cap=7.0, monkeypatch=monkeypatch))
+    assert flags["--mixed_precision"] == "fp16" and flags["--no_half_vae"] is True and flags["--sdpa"] is True
+    flags = _flags(_kohya_cmd(tmp_path, args, cap=8.6, monkeypatch=monkeypatch))
+    assert flags["--mixed_precision"] == "bf16" and "--no_half_vae" not in flags
+
+
+def test_an_sd2_v_model_trains_with_v2_and_v_parameterization(tmp_path, monkeypatch):
+    model = _sd2_v_model(tmp_path / "sd21")
+    args = {"script": "train_network.py", "network_module": "networks.lora", "mixed_precision": "auto"}
+    flags = _flags(_kohya_cmd(tmp_path, args, model=str(model), monkeypatch=monkeypatch))
+    assert flags["--v2"] is True and flags["--v_parameterization"] is True
+    # SD 1.5 (768-wide text encoder) and SD 2 base (epsilon) get neither.
+    (model / "scheduler" / "scheduler_config.json").write_text(json.dumps({"prediction_type": "epsilon"}))
+    flags = _flags(_kohya_cmd(tmp_path, args, model=str(model), monkeypatch=monkeypatch))
+    assert "--v2" not in flags and "--v_parameterization" not in flags
+
+
+def test_the_users_attention_choice_wins_over_sdpa(tmp_path, monkeypatch):
+    args = {"script": "train_network.py", "network_module": "networks.lora", "xformers": True}
+    flags = _flags(_kohya_cmd(tmp_path, args, monkeypatch=monkeypatch))
+    assert flags["--xformers"] is True and "--sdpa" not in flags
+
+
+def _tier_names() -> list[str]:
+    from sdcloud.offers.tiers import all_tiers
+
+    return list(all_tiers())
+
+
+@pytest.mark.parametrize("tier_name", _tier_names())
+@pytest.mark.parametrize("cap,sd2v", [(7.0, False), (8.9, False), (7.5, True)], ids=["fp16", "bf16", "sd2-v-fp16"])
+def test_every_tiers_kohya_command_is_accepted_by_the_pinned_parsers(tmp_path, monkeypatch, tier_name, cap, sd2v):
+    """Flag by flag, against the option table read from the pinned sd-scripts' argparse calls
+    (data/trainer-options.json: source URL and commit recorded there), on fp16 and bf16 GPUs and
+    with an SD 2 v-prediction model."""
+    from sdcloud.offers.tiers import get_tier
+    from sdcloud.runs.training import tier_defaults
+    from sdcloud_agent.trainers import options
+
+    tier = get_tier(tier_name)
+    args = tier_defaults("kohya", tier)
+    model = _sd2_v_model(tmp_path / "sd2v") if sd2v else "m"
+    cmd = _kohya_cmd(tmp_path, args, model=str(model), cap=cap, monkeypatch=monkeypatch)
+    script = next(a for a in cmd if a.endswith(".py"))
+    accepted = options.script_options("kohya", script)
+    assert accepted is not None, script
+    assert options.table()["kohya"]["commit"] == "ae72efb92babe89ff8e70f057e42db68440e8d61"
+    for flag, value in _flags(cmd).items():
+        assert flag in accepted, f"{Path(script).name} has no {flag}"
+        kind = accepted[flag]
+        assert (value is True) == (kind == "flag"), (flag, value, kind)
+    flags = _flags(cmd)
+    sdxl = Path(script).name.startswith("sdxl_")
+    assert ("--no_half_vae" in flags) == (sdxl and cap < 8), flags
+    assert ("--v_parameterization" in flags) == ("--v2" in flags) == (sd2v and not sdxl), flags
+    assert "--sdpa" in flags
+
+
+def test_kohya_venv_installs_the_headless_opencv(tmp_path):
+    from sdcloud_agent import scripts
+
+    (tmp_path / "requirements.txt").write_text("accelerate==1.6.0\nopencv-python==4.10.0.84\n"
+                                               "opencv-python-headless==1\n-e .\n")
+    req = scripts.requirements(tmp_path)
+    assert "opencv-python-headless==4.10.0.84" in req.splitlines()
+    assert not any(ln.startswith("opencv-python==") for ln in req.splitlines()) and "-e ." not in req

@@ -243,9 +243,12 @@ def write_layers(venv: Path, tree: Path | None = None) -> None:
 
 
 def requirements(tree: Path) -> str:
-    """kohya's requirements.txt without its `-e .` (the tree is put on the venv's path instead)."""
+    """kohya's requirements.txt without its `-e .` (the tree is put on the venv's path instead), and
+    with `opencv-python` replaced by `opencv-python-headless` at the same pin: the full build links
+    libGL.so.1, which server images lack (import cv2 fails), and kohya uses no GUI part of it."""
     lines = (tree / "requirements.txt").read_text().splitlines() if (tree / "requirements.txt").exists() else []
-    return "\n".join(ln for ln in lines if not re.fullmatch(r"\s*(-e|--editable)?\s*\.\s*(#.*)?", ln)) + "\n"
+    kept = [ln for ln in lines if not re.fullmatch(r"\s*(-e|--editable)?\s*\.\s*(#.*)?", ln)]
+    return "\n".join(re.sub(r"^(\s*)opencv-python(?![-\w])", r"\1opencv-python-headless", ln) for ln in kept) + "\n"
 
 
 def _pip(python: str, args: list[str], what: str, cwd: Path | None = None) -> None:

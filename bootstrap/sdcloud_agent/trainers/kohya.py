@@ -29,6 +29,23 @@ STEP_LOSING_SCRIPTS = ("train_db.py", "sdxl_train.py", "fine_tune.py", "sd3_trai
 OWNED = ("output_dir", "max_train_steps", "save_every_n_steps", "save_state", "resume", "skip_until_initial_step")
 # Our keys in trainer_args that are not kohya flags.
 OURS = ("instance_prompt",)
+# Attention implementations kohya takes (library/train_util.py at the pin): the user's choice wins.
+ATTENTION = ("sdpa", "xformers", "mem_eff_attn")
+
+
+def v_prediction_sd2(model: str) -> bool:
+    """True for a Stable Diffusion 2 v-prediction model (SD 2.x 768-v) in diffusers layout: its
+    UNet cross-attends to OpenCLIP-H (1024 wide) and its scheduler predicts v. kohya must then be
+    told `--v2 --v_parameterization`, or it loads the wrong text encoder and trains on the wrong
+    target. A single-file checkpoint does not say; the user passes the flags for one."""
+    root = Path(model)
+    try:
+        unet = json.loads((root / "unet" / "config.json").read_text())
+        sched = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (unet.get("cross_attention_dim") == 1024 and not unet.get("addition_embed_type")
+            and sched.get("prediction_type") == "v_prediction")
 
 
 class KohyaTrainer(AccelerateTrainer):
@@ -56,8 +73,31 @@ class KohyaTrainer(AccelerateTrainer):
             out.append("resolution")
         return out
 
+    def model_flags(self, script: str, args: dict, model: str) -> dict:
+        """Flags the model and the settled precision need, over what the user gave (each checked
+        against the pinned sd-scripts parsers in data/trainer-options.json by the tests):
+        - SDXL under fp16 (T4, V100): `--no_half_vae`, since SDXL's VAE overflows to NaN in fp16
+          (kohya's docs/train_SDXL-en.md says so and recommends the flag);
+        - an SD 2.x v-prediction model: `--v2 --v_parameterization`;
+        - `--sdpa` (PyTorch's scaled-dot-product attention) unless another attention is chosen:
+          without one of them kohya runs its plain attention, slower and larger.
+        At the pinned commit (ae72efb9) the parsers define them at train_network.py:1849 and
+        sdxl_train.py:925 (--no_half_vae), library/train_util.py:3644/3647 (--v2,
+        --v_parameterization) and :3941 (--sdpa)."""
+        out = dict(args)
+        name = Path(script).name
+        if name.startswith("sdxl_") and out.get("mixed_precision") == "fp16":
+            out.setdefault("no_half_vae", True)
+        if not name.startswith("sdxl_") and v_prediction_sd2(model):
+            out.setdefault("v2", True)
+            out.setdefault("v_parameterization", True)
+        if not any(out.get(a) for a in ATTENTION):
+            out["sdpa"] = True
+        return out
+
     def command(self, ctx: Context) -> list[str]:
         launcher, script, args = self._opts(ctx)
+        args = self.model_flags(script, args, str(args.get("pretrained_model_name_or_path") or ctx.model))
         for k in OWNED:
             args.pop(k, None)
         instance_prompt = str(args.pop("instance_prompt", "sks"))
