@@ -1,4 +1,5 @@
-"""The gallery: one offline index.html beside the pulled images, with thumbnails, prompt, seed and settings.
+"""The gallery: one offline index.html beside the pulled images, with thumbnails, prompt, seed,
+settings, and the model and LoRA that made them.
 
 Thumbnails are embedded as data: URIs so the page needs nothing but itself; each links to its full
 image in images/. No scripts, no fonts, no network.
@@ -37,11 +38,18 @@ def _thumb(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
+def made_with(ln: dict[str, Any]) -> str:
+    """The model and LoRA an image was made with, in words: `tiny + LoRA r-1a2b@sha256:...`."""
+    lora = ln.get("lora")
+    return f"{ln.get('model') or 'unknown model'}" + (f" + LoRA {lora}" if lora else ", no LoRA")
+
+
 def write_gallery(out: Path, lines: list[dict[str, Any]], title: str = "sdcloud batch") -> Path:
     tiles = []
     for ln in lines:
         img = out / "images" / f"{ln['key']}.png"
-        settings = f"{ln.get('width')}x{ln.get('height')}, {ln.get('steps')} steps, guidance {ln.get('guidance')}, {ln.get('scheduler')}"
+        settings = (f"{made_with(ln)} · {ln.get('width')}x{ln.get('height')}, {ln.get('steps')} steps, "
+                    f"guidance {ln.get('guidance')}, {ln.get('scheduler')}")
         neg = f"<br><span class=s>negative: {html.escape(ln['negative_prompt'])}</span>" if ln.get("negative_prompt") else ""
         tiles.append(
             f'<figure data-key="{ln["key"]}"><a href="images/{ln["key"]}.png">'
@@ -50,6 +58,7 @@ def write_gallery(out: Path, lines: list[dict[str, Any]], title: str = "sdcloud 
             f"<span class=s>seed {ln['seed']} · {html.escape(settings)}</span></figcaption></figure>")
     page = (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body><h1>{html.escape(title)} · {len(lines)} images</h1>"
+            f"<p class=s>{html.escape('; '.join(dict.fromkeys(made_with(ln) for ln in lines)))}</p>"
             f"<div class=grid>{''.join(tiles)}</div></body></html>\n")
     path = out / "index.html"
     path.write_text(page, encoding="utf-8")

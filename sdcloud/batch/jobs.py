@@ -304,6 +304,7 @@ def pull(job_id: str, dest: str | None, force: bool = False) -> dict[str, Any]:
     (out / "images").mkdir(parents=True, exist_ok=True)
     lines = sorted((ln for m in done_markers(store, prefix).values() for ln in m["images"]),
                    key=lambda ln: (ln["item"], ln["seed"]))
+    _add_model_and_lora(store, prefix, lines)
     fetched = 0
     for ln in lines:
         target = out / "images" / f"{ln['key']}.png"
@@ -315,6 +316,20 @@ def pull(job_id: str, dest: str | None, force: bool = False) -> dict[str, Any]:
     pulls.record(_state(), job["id"], out)
     return {"job": job_id, "dir": str(out), "images": len(lines), "fetched": fetched,
             "gallery": str(out / "index.html")}
+
+
+def _add_model_and_lora(store, prefix: str, lines: list[dict[str, Any]]) -> None:
+    """Give each index line the model and LoRA its item was made with. Workers record both; lines
+    from workers of an older sdcloud do not, and take them from their item."""
+    from sdcloud_agent.batch.worker import read_items
+
+    older = [ln for ln in lines if "model" not in ln or "lora" not in ln]
+    if not older:
+        return
+    settings = {it["id"]: it["settings"] for it in read_items(store, prefix)}  # one read: items.jsonl
+    for ln in older:
+        ln.setdefault("model", settings[ln["item"]].get("model"))
+        ln.setdefault("lora", settings[ln["item"]].get("lora"))
 
 
 # -- running the workers ------------------------------------------------------------------------

@@ -212,7 +212,8 @@ class Worker:
 
     def _line(self, item: dict[str, Any], seed: int, key: str, seconds: float, reused: bool = False) -> dict[str, Any]:
         s = item["settings"]
-        return {"item": item["id"], "prompt": s.get("prompt"), "negative_prompt": s.get("negative_prompt"),
-                "seed": seed, "key": key, "worker": self.worker_id, "seconds": round(seconds, 4),
+        # The model and LoRA belong to each image's record: a pulled folder must say what made it.
+        return {"item": item["id"], "model": s.get("model"), "lora": s.get("lora"),
+                "prompt": s.get("prompt"), "negative_prompt": s.get("negative_prompt"), "seed": seed, "key": key, "worker": self.worker_id, "seconds": round(seconds, 4),
                 "width": s.get("width"), "height": s.get("height"), "steps": s.get("steps"),
                 "guidance": s.get("guidance"), "scheduler": s.get("scheduler"), **({"reused": True} if reused else {})}
