@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 # Set by --wide (commands that show tables), -q and -v (every command).
 WIDE = False
@@ -34,58 +34,175 @@ def console(stderr: bool = False):
     return c
 
 
-def table_width(columns: Sequence[str], rows: list[list[str]], keep: Sequence[int], wrap: Sequence[str] = ()) -> int:
-    """Characters a rich table with these columns needs when nothing but the `wrap` columns may wrap."""
+def _cell_min(text: str) -> int:
+    """The narrowest a wrapping cell can be without cutting a word: its longest word."""
+    return max((len(w) for w in text.split()), default=0)
+
+
+def table_width(columns: Sequence[str], rows: list[list[str]], keep: Sequence[int], wrap: Sequence[str] = (),
+                tight: bool = False) -> int:
+    """Characters a rich table with these columns needs when nothing but the `wrap` columns may wrap.
+
+    A wrapping column is counted at WRAP_MIN (`tight`: at its longest word), or at its longest word
+    when that is longer: rich wraps a cell at spaces, and a word wider than its column would be cut."""
     total = 1
     for i in keep:
         natural = max([len(columns[i])] + [len(r[i]) for r in rows])
-        total += (min(natural, WRAP_MIN) if columns[i] in wrap else natural) + 3
+        if columns[i] in wrap:
+            word = max([_cell_min(columns[i])] + [_cell_min(r[i]) for r in rows])
+            natural = min(natural, word if tight else max(WRAP_MIN, word))
+        total += natural + 3
     return total
 
 
 def fit_columns(columns: Sequence[str], rows: list[list[str]], width: int, drop: Sequence[str] = (),
                 wrap: Sequence[str] = (), wide: bool = False) -> list[int]:
-    """Indexes of the columns to show: non-empty ones, less the lesser ones until the table fits."""
+    """Indexes of the columns to show: non-empty ones, less the lesser ones until the table fits.
+
+    The `drop` columns give way first, in their order. If the table is still too wide, the wrapping
+    columns may wrap down to their longest word, and then the other columns give way from the right
+    (never the first, which names the row). Last, the dropped columns that fit again come back, the
+    most important first, so that no room is left unused."""
     keep = [i for i, _ in enumerate(columns) if any(r[i] for r in rows)] or list(range(len(columns)))
+    if wide:
+        return keep
+    tight = False
 
     def need(idx: list[int]) -> int:
-        return table_width(columns, rows, idx, wrap)
+        return table_width(columns, rows, idx, wrap, tight)
 
-    if not wide:
-        for name in drop:
-            if need(keep) <= width:
-                break
-            keep = [i for i in keep if columns[i] != name]
+    dropped: list[int] = []
+    for name in drop:
+        if need(keep) <= width:
+            break
+        i = columns.index(name) if name in columns else -1
+        if i in keep and len(keep) > 1:
+            keep = [k for k in keep if k != i]
+            dropped.append(i)
+    if need(keep) > width:
+        tight = True
+    for i in reversed(keep[1:]):
+        if need(keep) <= width:
+            break
+        keep = [k for k in keep if k != i]
+        dropped.append(i)
+    for i in reversed(dropped if not tight else []):  # wrapped cells already: no column comes back
+        trial = sorted(keep + [i])
+        if need(trial) <= width:
+            keep = trial
     return keep
 
 
-def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None,
-          *, drop: Sequence[str] = (), wrap: Sequence[str] = ()) -> None:
-    """Print a table. `drop`: columns that give way when it is too wide, lesser first; `wrap`: columns
-    (descriptions) that may wrap. Every other column is shown whole."""
+def _wrap_widths(columns: Sequence[str], rows: list[list[str]], keep: Sequence[int], wrap: Sequence[str],
+                 width: int) -> dict[int, int]:
+    """Widths for the wrapping columns when the table must wrap some cells to fit: each gets at least
+    its longest word (rich would otherwise shrink it below that and cut words), and the room left is
+    shared in proportion to what each would need to show its cells on one line."""
+    wrapping = [i for i in keep if columns[i] in wrap]
+    natural = {i: max([len(columns[i])] + [len(r[i]) for r in rows]) for i in keep}
+    room = width - 1 - 3 * len(keep) - sum(natural[i] for i in keep if i not in wrapping)
+    if not wrapping or sum(natural[i] for i in wrapping) <= room:
+        return {}
+    least = {i: max([_cell_min(columns[i])] + [_cell_min(r[i]) for r in rows]) for i in wrapping}
+    spare = max(0, room - sum(least.values()))
+    want = {i: natural[i] - least[i] for i in wrapping}
+    total_want = sum(want.values()) or 1
+    return {i: least[i] + (spare * want[i]) // total_want for i in wrapping}
+
+
+def hidden_note(hidden: Sequence[str]) -> str:
+    """The line under a table that had to leave columns out."""
+    return f"hidden to fit: {', '.join(hidden)}; --wide shows them"
+
+
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]],
+          caption: str | Callable[[set[str]], str] | None = None, *, drop: Sequence[str] = (), wrap: Sequence[str] = (),
+          note_hidden: bool = True) -> list[str]:
+    """Print a table; return the names of the columns left out to fit.
+
+    `drop`: columns that give way when it is too wide, lesser first (others follow from the right);
+    `wrap`: columns (descriptions) that may wrap at spaces. Every other column is shown whole.
+    `caption`: text under the table, or a function of the shown column names (so that it explains
+    only what is shown). Unless `note_hidden` is false, a line names the columns left out and --wide."""
     from rich.table import Table
 
     out = console()
     cells = [["" if v is None else str(v) for v in row] for row in rows]
     keep = fit_columns(columns, cells, out.width, drop, wrap, WIDE)
-    t = Table(title=title, caption=caption, caption_justify="left")
-    for i in keep:
-        t.add_column(columns[i], no_wrap=columns[i] not in wrap, overflow="fold" if columns[i] in wrap else "ignore")
-    for row in cells:
-        t.add_row(*(row[i] for i in keep))
-    needed = table_width(columns, cells, keep, wrap)
+    shown = [columns[i] for i in keep]
+    nonempty = [i for i, _ in enumerate(columns) if any(r[i] for r in cells)]
+    hidden = [columns[i] for i in nonempty if i not in keep] if cells else []
+    if callable(caption):
+        caption = caption(set(shown))
+    needed = table_width(columns, cells, keep, wrap, tight=True)
     if needed > out.width:
-        # Still wider than the terminal: let the line run on rather than cut an identifier.
+        # Still wider than the terminal (--wide, or one column alone is): let the line run on rather
+        # than cut an identifier.
         from rich.console import Console
 
         out = Console(width=needed, force_terminal=out.is_terminal, no_color=out.no_color)
+    widths = _wrap_widths(columns, cells, keep, wrap, out.width)
+    t = Table(title=title, caption=caption, caption_justify="left")
+    for i in keep:
+        t.add_column(columns[i], no_wrap=columns[i] not in wrap, overflow="fold" if columns[i] in wrap else "ignore",
+                     width=widths.get(i))
+    for row in cells:
+        t.add_row(*(row[i] for i in keep))
     out.print(t)
+    if hidden and note_hidden:
+        echo(hidden_note(hidden))
+    return hidden
 
 
-def note(message: str) -> None:
-    """A line for the human on stderr, so that stdout stays parseable (-q silences it)."""
-    if VERBOSITY >= 0:
-        sys.stderr.write(message + "\n")
+def wrap_text(text: str, width: int, indent: str = "  ") -> list[str]:
+    """Lines of at most `width` characters, broken between "; "-separated parts where it can, else at
+    spaces; never inside a word (a word longer than the line gets a line of its own). Lines after
+    the first are indented, so that a wrapped message reads as one."""
+    import textwrap
+
+    if width <= 0 or len(text) <= width:
+        return [text]
+    parts = text.split("; ")
+    tokens = [p + ";" for p in parts[:-1]] + [parts[-1]]
+    lines: list[str] = []
+    line = ""
+    for tok in tokens:
+        candidate = f"{line} {tok}" if line.strip() else line + tok
+        if len(candidate) <= width:
+            line = candidate
+            continue
+        if line.strip():
+            lines.append(line)
+        line = (indent if lines else "") + tok
+        if len(line) > width:
+            pieces = textwrap.wrap(line, width=width, subsequent_indent=indent, break_long_words=False,
+                                   break_on_hyphens=False)
+            lines.extend(pieces[:-1])
+            line = pieces[-1]
+    if line.strip():
+        lines.append(line)
+    return lines
+
+
+def echo(text: str) -> None:
+    """A line of a command's human output on stdout, wrapped at word boundaries to the terminal."""
+    for line in wrap_text(text, console().width):
+        sys.stdout.write(line + "\n")
+
+
+def note(message: str, wrap: bool = False) -> None:
+    """A line for the human on stderr, so that stdout stays parseable (-q silences it).
+
+    `wrap`: break a long line (a warning) at word boundaries to the terminal's width, rather than
+    let the terminal cut words at its edge; piped without COLUMNS it stays one line, for grep."""
+    if VERBOSITY < 0:
+        return
+    width = 0
+    if wrap:
+        err = console(stderr=True)
+        width = err.width if err.is_terminal or os.environ.get("COLUMNS") else 0
+    for line in wrap_text(message, width):
+        sys.stderr.write(line + "\n")
 
 
 def verbose(message: str) -> None:

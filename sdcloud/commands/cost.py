@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..errors import UserError
-from ..render import emit_json, output_options
+from ..render import emit_json, output_options, wide_option
 
 
 def _since_seconds(since: str | None) -> float | None:
@@ -41,6 +41,7 @@ def cost() -> None:
 
 @cost.command()
 @output_options
+@wide_option
 @click.argument("runs", nargs=-1)
 @click.option("--since", help="Runs created or active within this long, e.g. 7d, 36h.")
 @click.option("--all", "all_runs", is_flag=True, help="Every run in the state store.")
@@ -93,6 +94,7 @@ def report(runs: tuple[str, ...], since: str | None, all_runs: bool, fmt: str, o
 
 @cost.command()
 @output_options
+@wide_option
 @click.option("--since", default="30d", show_default=True, help="Runs created or active within this long.")
 @click.option("--threshold", default="10", show_default=True, help="Flag runs whose bill differs by more than this percent.")
 @click.option("--json", "as_json", is_flag=True)

@@ -82,10 +82,10 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
     else:
         sources = catalog.sources
     for source in sources:
-        note(source.describe())
+        note(source.describe(), wrap=True)
     warning = stale_warning(sources)
     if warning:
-        note(warning)
+        note(warning, wrap=True)
     shown = ranked[:limit] if limit else ranked
     if as_json:
         emit_json([e.as_dict() for e in shown])
@@ -98,13 +98,31 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
           ["#", "provider", "region", "type", "GPU", "VRAM", "market", "$/h", "est h", "est $", "interruption", "notes"],
           [(i + 1, e.offer.row.provider, e.offer.row.region, e.offer.row.instance_type,
             f"{e.offer.row.gpu_count}x {e.offer.row.gpu}", f"{e.offer.row.usable_vram_mib / 1024:.1f}/{e.offer.row.vram_gb:g} GB", e.offer.market,
-            f"{e.offer.price_per_hour_usd:.4f}" + ("~" if (e.offer.row.spot_estimate if e.offer.market == "spot" else e.offer.row.ondemand_estimate) else ""),
+            f"{e.offer.price_per_hour_usd:.4f}" + ("~" if _estimated(e) else ""),
             f"{e.est_hours:.2f}", f"{e.est_cost:.2f}", e.as_dict()["interruption"], _short_notes(e))
            for i, e in enumerate(shown)],
           drop=[c for c, fixed in (("provider", provider), ("region", region), ("market", market)) if fixed]
           + ["notes", "interruption", "GPU", "est h", "VRAM", "#"],
-          caption=f"{len(ranked)} offers fit; VRAM = usable (as the driver reports it)/nominal; ~ = estimated price; "
-                  "prices in USD (CNY converted); est $ = $/h x est h; --explain shows each row's inputs")
+          caption=lambda columns: _caption(len(ranked), columns, any(_estimated(e) for e in shown)))
+
+
+def _estimated(e) -> bool:
+    """Whether a row's price is an estimate (marked ~), not a published figure."""
+    return bool(e.offer.row.spot_estimate if e.offer.market == "spot" else e.offer.row.ondemand_estimate)
+
+
+def _caption(total: int, shown: set[str], estimated: bool) -> str:
+    """The footer of `offers`: it explains only the columns the table shows."""
+    parts = [f"{total} offers fit"]
+    if "VRAM" in shown:
+        parts.append("VRAM = usable (as the driver reports it)/nominal")
+    if estimated and "$/h" in shown:
+        parts.append("~ = estimated price")
+    parts.append("prices in USD (CNY converted)")
+    if "est h" in shown:
+        parts.append("est $ = $/h x est h")
+    parts.append("--explain shows each row's inputs")
+    return "; ".join(parts)
 
 
 def _age(days: float | None) -> str:
@@ -130,8 +148,9 @@ def _explain(tier, job: int, shown, total: int) -> None:
     table(f"{tier.name}: {job} {tier.unit}, why each offer ranks where it does",
           ["#", "offer", "market", "$/h", "price basis, age", "price source", "speed (A10G=1)", "speed source",
            "interruption", "overhead", "est h", "est $"], rows,
-          drop=["price source", "speed source", "overhead", "est h", "interruption", "#"],
-          wrap=["price source", "speed source"],
+          drop=["price source", "speed source", "overhead", "est h", "interruption", "#", "market"],
+          # Cells wrap at spaces only: an offer's provider, region and type each stay whole.
+          wrap=["offer", "price source", "speed source"],
           caption=f"{total} offers fit; est h = ({SETUP_HOURS:g} h setup + job / (tier rate x speed x GPUs)) x overhead; "
                   f"overhead = 1 + reclaims/h x ({RESTART_HOURS:g} h restart + {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2); "
                   "docs/offers.md explains each column")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import io
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from .report import ITEMS, fmt
 
@@ -53,7 +53,7 @@ def _charts(report: dict) -> list[tuple[str, str]]:
             cum += a["cost_usd"]
     ax.set_xlabel("hours since the run started")
     ax.set_ylabel("USD, cumulative")
-    if runs:
+    if any(r["attempts"] for r in runs):  # a legend of no lines is a warning, not a legend
         ax.legend(fontsize=7)
     charts.append(("Cost over time, per attempt", _svg(fig)))
     plt.close(fig)
@@ -81,15 +81,34 @@ def _charts(report: dict) -> list[tuple[str, str]]:
     plt.close(fig)
 
     # 4. Cost per run over the period.
+    fig = _period_chart(plt, runs)
+    charts.append(("Cost per run over the period", _svg(fig)))
+    plt.close(fig)
+    return charts
+
+
+# A single run, or runs on one day, are shown with this much either side (hours): a day in all.
+PERIOD_PAD_HOURS = 12.0
+
+
+def _period_chart(plt, runs: list[dict]):
+    """Cost of each run at the time it was created. The x-axis spans the runs' own period, padded by
+    5 % (at least PERIOD_PAD_HOURS): matplotlib's default for one date is four years around it."""
+    import matplotlib.dates as mdates
+
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     order = sorted(runs, key=lambda r: r["created"])
     days = [datetime.fromtimestamp(r["created"], timezone.utc) for r in order]
     ax.plot(days, [r["total_usd"] for r in order], marker="o")
     ax.set_ylabel("USD per run")
+    if days:
+        pad = max((days[-1] - days[0]) * 0.05, timedelta(hours=PERIOD_PAD_HOURS))
+        ax.set_xlim(days[0] - pad, days[-1] + pad)
+        locator = mdates.AutoDateLocator(tz=timezone.utc, maxticks=8)
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=timezone.utc))
     fig.autofmt_xdate()
-    charts.append(("Cost per run over the period", _svg(fig)))
-    plt.close(fig)
-    return charts
+    return fig
 
 
 def _cell(value, field: str | None = None, left: bool = False) -> str:

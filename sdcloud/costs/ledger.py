@@ -169,6 +169,16 @@ def _overheads(attempts: list, costs: dict[int, dict]) -> dict[int, dict]:
     return out
 
 
+def savings(total: float, ondemand: float) -> dict:
+    """What the on-demand counterfactual would have cost more, in USD and percent, from the figures
+    as rounded for the user: a run that cost what on-demand would saves 0, not -0.0000 or -0.2%
+    from a difference below the last printed decimal."""
+    total, ondemand = round(total, DECIMALS), round(ondemand, DECIMALS)
+    saved = round(ondemand - total, DECIMALS) + 0.0  # + 0.0: no negative zero
+    pct = round(100 * saved / ondemand, 1) + 0.0 if ondemand > 0 else None
+    return {"savings_usd": saved, "savings_pct": pct}
+
+
 def run_cost(state, run: dict, now: float | None = None) -> dict:
     """A run added up: per attempt and in total, in USD, with each figure's source."""
     now = now or time.time()
@@ -248,8 +258,7 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
         "total_source": "billed" if billed_usd is not None else "estimate",
         "unbilled_usd": round(uncovered, DECIMALS),
         "ondemand_usd": round(ondemand, DECIMALS),
-        "savings_usd": round(ondemand - total, DECIMALS),
-        "savings_pct": round(100 * (1 - total / ondemand), 1) if ondemand > 0 else None,
+        **savings(total, ondemand),
         "cost_per_1k_steps": round(total / steps * 1000, DECIMALS) if steps else None,
         "cost_per_image": round(total / images, DECIMALS) if images else None,
         "currencies": sorted(currencies),
@@ -274,4 +283,4 @@ def summary_cost(state, run: dict, now: float | None = None) -> dict:
             "savings_pct": c["savings_pct"], "reclaims": c["reclaims"], "lost_hours": c["lost_hours"]}
 
 
-__all__ = ["summary_cost", "attempt_costs_usd", "started", "observe", "closed", "record_egress", "price_attempt", "run_cost", "live_cost_usd", "mean_price"]
+__all__ = ["savings", "summary_cost", "attempt_costs_usd", "started", "observe", "closed", "record_egress", "price_attempt", "run_cost", "live_cost_usd", "mean_price"]

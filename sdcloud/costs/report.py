@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 from .. import config
 from ..errors import UserError
-from .ledger import DECIMALS, run_cost
+from .ledger import DECIMALS, run_cost, savings
 
 FORMATS = ("table", "json", "csv", "html")
 GROUPINGS = ("tier", "provider", "day")
@@ -48,12 +48,11 @@ def build_report(state, runs: list[dict], by: str | None = None, now: float | No
         raise UserError(f"--by must be one of {', '.join(GROUPINGS)}, got {by!r}")
     per_run = [run_cost(state, r, now=now) for r in runs]
     totals = {k: round(sum(r[k] for r in per_run), DECIMALS)
-              for k in ("estimate_usd", "total_usd", "ondemand_usd", "savings_usd", "lost_hours", "hours", "lost_usd")}
+              for k in ("estimate_usd", "total_usd", "ondemand_usd", "lost_hours", "hours", "lost_usd")}
     totals["runs"] = len(per_run)
     totals["attempts"] = sum(len(r["attempts"]) for r in per_run)
     totals["reclaims"] = sum(r["reclaims"] for r in per_run)
-    totals["savings_pct"] = (round(100 * (1 - totals["total_usd"] / totals["ondemand_usd"]), 1)
-                             if totals["ondemand_usd"] > 0 else None)
+    totals.update(savings(totals["total_usd"], totals["ondemand_usd"]))
     currencies = sorted({c for r in per_run for c in r["currencies"]} - {"USD"})
     out = {
         "generated": now, "currency": "USD",
@@ -68,10 +67,11 @@ def build_report(state, runs: list[dict], by: str | None = None, now: float | No
             g = groups.setdefault(key, {"key": key, "runs": 0, "total_usd": 0.0, "ondemand_usd": 0.0, "savings_usd": 0.0,
                                         "lost_hours": 0.0})
             g["runs"] += 1
-            for k in ("total_usd", "ondemand_usd", "savings_usd", "lost_hours"):
+            for k in ("total_usd", "ondemand_usd", "lost_hours"):
                 g[k] += r[k]
         out["by"] = by
-        out["groups"] = [{**g, **{k: round(g[k], DECIMALS) for k in ("total_usd", "ondemand_usd", "savings_usd", "lost_hours")}}
+        out["groups"] = [{**g, **{k: round(g[k], DECIMALS) for k in ("total_usd", "ondemand_usd", "lost_hours")},
+                          "savings_usd": savings(g["total_usd"], g["ondemand_usd"])["savings_usd"]}
                          for _, g in sorted(groups.items())]
     return out
 
@@ -117,20 +117,34 @@ def to_csv(report: dict) -> str:
     return buf.getvalue()
 
 
-def print_tables(report: dict) -> None:
-    """The report as rich tables on stdout: one per run, then the period's totals."""
-    import click
+# Columns of a run's table that give way at a narrow terminal, lesser first: the item breakdown
+# (its sum is "cost $"), then the detail of each attempt. Zone, type, market, cost and the
+# on-demand counterfactual stay longest.
+RUN_COLUMNS = ("#", "provider", "zone", "type", "market", "hours", "ended by", *[f"{i} $" for i in ITEMS], "source",
+               "lost h", "cost $", "on-demand $")
+RUN_DROP = ("provider", "requests $", "bucket $", "disk $", "source", "compute $", "lost h", "hours", "#", "ended by")
 
-    from ..render import table
+
+def print_tables(report: dict) -> None:
+    """The report as rich tables on stdout: one per run, then the period's totals. Lines wrap at
+    word boundaries; columns left out to fit are named once, under the last table."""
+    from ..render import echo, hidden_note, table
+
+    hidden: list[str] = []
+
+    def note_hidden(names: list[str]) -> None:
+        hidden.extend(n for n in names if n not in hidden)
 
     for r in report["runs"]:
         title = f"run {r['run']}" + (f" ({r['name']})" if r["name"] else "") + f": {r['tier']}, {r['state']}"
-        table(title, ["#", "provider", "zone", "type", "market", "hours", "ended by", *[f"{i} $" for i in ITEMS],
-                      "source", "lost h", "cost $", "on-demand $"],
-              [(a["n"], a["provider"], a["zone"], a["instance_type"], a["market"], fmt(a["hours"]), a["end_reason"] or "running",
-                *[fmt(a["items"][i]["usd"]) if i in a["items"] else "" for i in ITEMS], a["items"]["compute"]["source"],
-                fmt(a["overhead"]["lost_hours"]) if a["overhead"] else fmt(0.0), fmt(a["cost_usd"]), fmt(a["ondemand_usd"]))
-               for a in r["attempts"]])
+        rows = [(a["n"], a["provider"], a["zone"], a["instance_type"], a["market"], fmt(a["hours"]), a["end_reason"] or "running",
+                 *[fmt(a["items"][i]["usd"]) if i in a["items"] else "" for i in ITEMS], a["items"]["compute"]["source"],
+                 fmt(a["overhead"]["lost_hours"]) if a["overhead"] else fmt(0.0), fmt(a["cost_usd"]), fmt(a["ondemand_usd"]))
+                for a in r["attempts"]]
+        if rows:
+            note_hidden(table(title, RUN_COLUMNS, rows, drop=RUN_DROP, note_hidden=False))
+        else:  # a run or job that has not started a host: no empty table
+            echo(f"{title}: no attempt yet")
         line = (f"total ${fmt(r['total_usd'])} ({r['total_source']}); estimate ${fmt(r['estimate_usd'])}; "
                 f"on-demand ${fmt(r['ondemand_usd'])}; saved ${fmt(r['savings_usd'])}")
         if r["savings_pct"] is not None:
@@ -142,13 +156,16 @@ def print_tables(report: dict) -> None:
             line += f"; ${fmt(r['cost_per_image'])} per image"
         if r["billed_usd"] is not None:
             line += f"; billed ${fmt(r['billed_usd'])}"
-        click.echo(line)
+        echo(line)
     if report.get("groups"):
-        table(f"by {report['by']}", [report["by"], "runs", "total $", "on-demand $", "saved $", "lost h"],
-              [(g["key"], g["runs"], fmt(g["total_usd"]), fmt(g["ondemand_usd"]), fmt(g["savings_usd"]), fmt(g["lost_hours"]))
-               for g in report["groups"]])
+        note_hidden(table(f"by {report['by']}", [report["by"], "runs", "total $", "on-demand $", "saved $", "lost h"],
+                          [(g["key"], g["runs"], fmt(g["total_usd"]), fmt(g["ondemand_usd"]), fmt(g["savings_usd"]),
+                            fmt(g["lost_hours"])) for g in report["groups"]],
+                          drop=["lost h", "runs", "on-demand $"], note_hidden=False))
     t = report["totals"]
-    click.echo(f"all {t['runs']} runs: total ${fmt(t['total_usd'])}; on-demand ${fmt(t['ondemand_usd'])}; "
-               f"saved ${fmt(t['savings_usd'])}; reclaims {t['reclaims']}, lost {fmt(t['lost_hours'])} h")
+    echo(f"all {t['runs']} runs: total ${fmt(t['total_usd'])}; on-demand ${fmt(t['ondemand_usd'])}; "
+         f"saved ${fmt(t['savings_usd'])}; reclaims {t['reclaims']}, lost {fmt(t['lost_hours'])} h")
     for cur, rate in report["rates"].items():
-        click.echo(f"{cur} converted at {rate['usd_per_unit']} USD per {cur}")
+        echo(f"{cur} converted at {rate['usd_per_unit']} USD per {cur}")
+    if hidden:
+        echo(hidden_note(hidden))
