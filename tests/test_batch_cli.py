@@ -60,7 +60,7 @@ def test_bad_prompts_file_is_one_line_and_exit_2(capsys, tmp_path, content, suff
     (("--tier", "sd15-lora"), "is not a batch tier"),
     (("--provider", "mars"), "unknown provider"),
     (("--deadline", "soon"), "--deadline must be a duration"),
-    (("--lora", "missing.safetensors"), "neither a run id"),
+    (("--lora", "missing.safetensors"), "neither a LoRA file nor a training run's name"),
     (("--model", "/no/such/model"), "no such folder"),
 ])
 def test_bad_options_are_one_line_and_exit_2(capsys, prompts, extra, needle):

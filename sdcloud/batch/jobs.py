@@ -150,7 +150,7 @@ def resolve_lora_run(run_id: str) -> LoraRun:
 
     run = _state().get_run(run_id)  # an id or a name
     if run is None or run["spec"].get("kind") == "batch":
-        what = "no training run with that id" if run_id.startswith("r-") else "no LoRA file and no training run of that name"
+        what = "no training run with that id" if run_id.startswith("r-") else "neither a LoRA file nor a training run's name"
         raise UserError(f"--lora {run_id}: {what}; see: sdcloud status")
     if run["state"] != "succeeded":
         raise UserError(f"--lora {run_id}: the run is {run['state']}, not succeeded; its LoRA is not final")
@@ -341,6 +341,23 @@ def _worker_cmd(job: dict, n: int, ttl: float) -> list[str]:
             "--ttl", str(ttl), "--fake-delay", str(spec.get("fake_delay", 0.0))]
 
 
+def _worker_attempt_started(state, job: dict, pid: int) -> None:
+    """A local worker process is the pool's host: an attempt of the job at the [local] price_per_hour,
+    as a local training run's host is one, so that `batch status` and the cost report count and price it."""
+    n = max((a.n for a in state.attempts(job["id"])), default=0) + 1
+    state.add_attempt(job["id"], n, "local", f"{job['id']}-w{n}", region="local", zone="local",
+                      instance_type="this-machine", market=job["spec"].get("market") or "on-demand",
+                      price=config.local().get("price_per_hour", 0.0), currency="USD", instance_id=f"pid-{pid}")
+    state.update_attempt(job["id"], n, state="running", start=time.time())
+
+
+def _worker_attempts_ended(state, job_id: str, reason: str, pid: int | None = None) -> None:
+    """Close the attempt of worker `pid`, or every open one (the pool is over)."""
+    for a in state.attempts(job_id):
+        if a.end is None and a.provider == "local" and (pid is None or a.instance_id == f"pid-{pid}"):
+            state.update_attempt(job_id, a.n, state="ended", end=time.time(), end_reason=reason)
+
+
 def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=None) -> dict[str, Any]:
     """Keep K worker processes on this machine until every item is done (the local provider).
 
@@ -364,6 +381,7 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
         procs[slot] = subprocess.Popen(_worker_cmd(job, started, ttl), stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True)
         state.event(job_id, "worker-started", {"slot": slot, "n": started, "pid": procs[slot].pid})
+        _worker_attempt_started(state, job, procs[slot].pid)
 
     state.update_run(job_id, state="running")
     for slot in range(k):
@@ -382,6 +400,7 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
             for slot, proc in list(procs.items()):
                 if proc.poll() is not None:
                     state.event(job_id, "worker-exited", {"slot": slot, "pid": proc.pid, "rc": proc.returncode})
+                    _worker_attempts_ended(state, job_id, "succeeded" if proc.returncode == 0 else "failed", proc.pid)
                     del procs[slot]
                     if p["items_done"] < p["items"] and proc.returncode != 0:
                         if started >= MAX_WORKER_STARTS_PER_SLOT * k:
@@ -402,6 +421,7 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        _worker_attempts_ended(state, job_id, "stopped")
     final = progress(job_id)
     if _state().get_run(job_id)["state"] != "stopped":
         v = verify_job(job_id)
