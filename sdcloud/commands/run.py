@@ -354,6 +354,11 @@ def up(tier, spot, on_demand, max_price, provider, region, deadline, budget, nam
         check = getattr(prov, "check_credentials", None)
         if check:
             check()
+        if spec.provider not in ("aws", "tencent") and (spec.budget is not None or spec.deadline_hours is not None):
+            from ..runs.preflight import check_own_hosts
+
+            # This machine and SSH hosts are not in the catalog: their own offers, priced by the user.
+            check_own_hosts(spec, tier_obj, total, prov.offers(tier_obj, spec.market))
         # Only once the input is known good: a refused run prints its one line and nothing else.
         _warn_if_prices_old(spec.provider)
         if spec.provider in ("aws", "tencent") and not spec.store:

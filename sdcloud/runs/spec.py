@@ -150,6 +150,11 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
             raise UserError("--simulate-preemption works with the local provider only")
     if data.get("name") is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", str(data["name"])):
         raise UserError(f"--name must be letters, digits, '.', '_' or '-' (at most 63), got {data['name']!r}")
+    if data.get("store") is not None:
+        from .preflight import check_store_url
+
+        # Before anything is created: an unusable URL used to leave a pending run behind.
+        data["store"] = check_store_url(str(data["store"]), data.get("provider", "local"))
     dataset = data.get("dataset")
     if dataset and "://" not in str(dataset) and not Path(str(dataset)).expanduser().exists():
         raise UserError(f"dataset path {dataset} does not exist")
@@ -172,4 +177,8 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
         check_dataset(Path(str(dataset)).expanduser())
     spec = RunSpec(**data)
     check_trainer_args(spec, tier)
+    from .preflight import check_trainer_flags
+
+    # The trainer's own parser, here rather than on a host that boots to print its usage text.
+    check_trainer_flags(spec, tier, spec.steps or tier.job_size)
     return spec

@@ -167,7 +167,9 @@ class Signals:
 # ---------------------------------------------------------------------------------------------
 # Flags
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The trainer's flags. Pure (no torch): the control plane checks `--trainer-arg` with it
+    before launch (sdcloud/runs/preflight.py)."""
     env = os.environ
     p = argparse.ArgumentParser(
         prog="python -m sdcloud_agent.trainers.builtin",
@@ -235,6 +237,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "'latest' (newest in --checkpoint-dir; start fresh when there is none)")
     p.add_argument("--output", type=Path, default=Path(env.get("SDCLOUD_OUTPUT_DIR") or "output"),
                    help="where the final weights go")
+    return p
+
+
+def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """The flags, parsed and checked together (`parser`: one whose error() raises, for a check)."""
+    p = parser or build_parser()
     a = p.parse_args(argv)
     if a.steps < 1:
         p.error("--steps must be >= 1")
