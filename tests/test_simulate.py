@@ -216,3 +216,82 @@ def test_cli_rejects_bad_traces(tmp_path, capsys, doc, message):
     f = str(tmp_path / "missing.json") if doc is None else write(tmp_path, "t.json", doc)
     assert main(["simulate", "--trace", f, "--job-hours", "1", "--deadline-hours", "2", "--restart-hours", "0.2"]) == 2
     assert message in capsys.readouterr().err
+
+
+# Per-zone prices (docs/policies.md, "Prices"): C = 1 h, d = 0.2 h, 600 s ticks as above.
+
+
+def test_each_zone_pays_its_own_spot_price():
+    # Both zones always have spot; a costs 2 $/h, b 1 $/h. The job starts in a (start zone 0).
+    avail = np.ones((2, 20), bool)
+    prices = np.vstack([np.full(20, 2.0), np.full(20, 1.0)])
+    st = setting(1.0, 2.0)
+    keys = ["us-west-2a", "us-west-2b"]
+    # sdcloud launches in the cheapest zone with spot: 1.2 h (restart included) at b's 1 $/h.
+    moved = replay(get_policy("sdcloud"), avail, keys, TICK, 0, 0, st, spot_prices=prices)
+    assert moved.cost == pytest.approx(1.2)
+    # Uniform Progress keeps to a: the same 1.2 h, restart included, at a's 2 $/h.
+    stayed = replay(get_policy("uniform-progress"), avail, keys, TICK, 0, 0, st, spot_prices=prices)
+    assert stayed.cost == pytest.approx(2.4)
+    cost, met = optimal_batch(avail, TICK, st, np.array([0]), np.array([0]), single_zone=False, spot_prices=prices)
+    assert (float(cost[0]), bool(met[0])) == (pytest.approx(1.2), True)
+    cost, _ = optimal_batch(avail, TICK, st, np.array([0]), np.array([0]), single_zone=True, spot_prices=prices)
+    assert float(cost[0]) == pytest.approx(2.4)
+
+
+def test_a_price_series_is_paid_tick_by_tick():
+    # Spot 1 $/h in ticks 0-2, 2 $/h from tick 3. Launch at 0 (0.2 h restart), done at 1.2 h:
+    # ticks 0-2 = 0.5 h at 1 $/h, then 0.7 h at 2 $/h = 0.5 + 1.4 = 1.9 $. Waiting only costs
+    # more (the price rises), so the optimum pays the same.
+    avail = np.ones((1, 20), bool)
+    prices = np.where(np.arange(20) < 3, 1.0, 2.0)[None, :]
+    st = setting(1.0, 2.0)
+    out = replay(get_policy("sdcloud"), avail, ["z0"], TICK, 0, 0, st, spot_prices=prices)
+    assert out.cost == pytest.approx(1.9) and out.finish_hours == pytest.approx(1.2)
+    cost, _ = optimal_batch(avail, TICK, st, np.array([0]), np.array([0]), single_zone=True, spot_prices=prices)
+    assert float(cost[0]) == pytest.approx(1.9, abs=1e-4)
+
+
+def test_on_demand_is_priced_by_region_and_savings_against_it():
+    # No spot: on-demand at the zone's region price, 5 $/h: 1.2 h x 5 = 6 $; savings against
+    # C x 5 $/h = 1 - 6/5 = -20%, whatever the flat on-demand price says.
+    avail = np.zeros((1, 20), bool)
+    st = setting(1.0, 2.0)
+    res = {r.policy: r for r in simulate(avail, ["eu-west-1a"], TICK, st, ["on-demand", "sdcloud", "optimal"],
+                                         starts=3, ondemand_prices=np.array([5.0]))}
+    for name in ("on-demand", "sdcloud", "optimal"):
+        assert res[name].costs == pytest.approx(6.0, abs=1e-4)
+        assert res[name].savings == pytest.approx(-0.2, abs=1e-5)
+
+
+def test_optimum_with_prices_is_a_lower_bound():
+    rng = np.random.default_rng(11)
+    avail = rng.random((2, 400)) < 0.5
+    prices = 0.8 + rng.random((2, 400))
+    od = np.array([3.06, 2.5])
+    st = Setting(6.0, 9.0, 0.2, 0.9731, 3.06)
+    res = {r.policy: r for r in simulate(avail, ["us-east-1a", "eu-west-1b"], TICK, st, ONLINE + ["optimal"], starts=20,
+                                         seed=2, spot_prices=prices, ondemand_prices=od)}
+    assert res["optimal"].met.all()
+    for name in ONLINE:
+        assert (res["optimal"].costs <= res[name].costs + 1e-3).all()
+
+
+def test_price_series_load_coarsen_and_attach(tmp_path):
+    from sdcloud.errors import UserError
+    from sdcloud.spot.simulate import region_of, stack_prices, with_prices
+
+    f = tmp_path / "us-east-1c_v100_1.json"
+    f.write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": [1, 1, 0, 1], "prices": [1.0, 2.0, 3.0, 5.0]}))
+    t = load_trace(f)
+    assert list(t.prices) == [1.0, 2.0, 3.0, 5.0]
+    assert list(coarsen(t, 600).prices) == [1.5, 4.0]  # a coarse tick at the mean of its fine ones
+    plain = Trace("us-west-2a_v100_1", 300, np.ones(4, bool))
+    assert stack_prices([plain], 0.97) is None
+    assert stack_prices([t, plain], 0.97).tolist() == [[1.0, 2.0, 3.0, 5.0], [0.97] * 4]
+    assert list(with_prices(plain, [1.0, 2.0]).prices) == [1.0, 2.0, 2.0, 2.0]  # holds its last price
+    assert list(with_prices(plain, [1, 2, 3, 4, 5]).prices) == [1, 2, 3, 4]
+    assert (region_of("us-east-1c_v100_1"), region_of("eu-west-1a"), region_of("local")) == ("us-east-1", "eu-west-1", "local")
+    f.write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": [1, 1], "prices": [1.0]}))
+    with pytest.raises(UserError, match="'prices' must be a list of 2 non-negative numbers"):
+        load_trace(f)

@@ -9,8 +9,10 @@ The model (docs/policies.md has it in full, with the hand-computed cases the tes
 - Every launch (first start, restart after a reclaim, a move to another zone or market) costs
   `d` hours of no progress, paid at that market's price; a reclaim during those hours loses them.
 - The job ends the moment progress reaches C (the last tick is paid pro rata). The deadline is met
-  when that moment is <= R. Cost = spot hours x spot price + on-demand hours x on-demand price;
-  savings = 1 - cost / (C x on-demand price).
+  when that moment is <= R. Cost = the sum over ticks of hours x the price of the market run in
+  that tick: a zone's own spot price series where its trace carries one (else the flat spot
+  price), the on-demand price of the zone's region; savings = 1 - cost / (C x the least on-demand
+  price among the zones the job may use).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Trace:
     key: str
     gap_seconds: int
     avail: np.ndarray  # bool, one value per tick
+    prices: np.ndarray | None = None  # spot USD per hour, one value per tick, where the trace carries them
 
     @property
     def hours(self) -> float:
@@ -64,7 +67,31 @@ def load_trace(path: str | Path) -> Trace:
     data = doc["data"]
     if not data or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in data):
         raise UserError(f"trace file {path}: 'data' must be a non-empty list of numbers")
+    prices = doc.get("prices")
+    if prices is not None:
+        if (not isinstance(prices, list) or len(prices) != len(data)
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 for v in prices)):
+            raise UserError(f"trace file {path}: 'prices' must be a list of {len(data)} non-negative numbers, one per tick")
+        return Trace(path.stem, int(gap), np.asarray(data, dtype=float) > 0, np.asarray(prices, dtype=float))
     return Trace(path.stem, int(gap), np.asarray(data, dtype=float) > 0)
+
+
+def with_prices(trace: Trace, series: Sequence[float]) -> Trace:
+    """A price series from elsewhere (e.g. ../shared/data/spot-prices), one value per trace tick.
+
+    A series longer than the trace is cut; a shorter one holds its last price to the end."""
+    arr = np.asarray(series, dtype=float)
+    if arr.ndim != 1 or not len(arr) or not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise UserError(f"the price series for {trace.key} must be non-negative numbers")
+    n = len(trace.avail)
+    arr = arr[:n] if len(arr) >= n else np.concatenate([arr, np.full(n - len(arr), arr[-1])])
+    return Trace(trace.key, trace.gap_seconds, trace.avail, arr)
+
+
+def region_of(key: str) -> str:
+    """us-west-2a_v100_1 -> us-west-2: the zone is the part before the first '_', less its letter."""
+    zone = key.split("_", 1)[0]
+    return zone[:-1] if zone[-1:].isalpha() and zone[-2:-1].isdigit() else zone
 
 
 def coarsen(trace: Trace, tick_seconds: int) -> Trace:
@@ -75,7 +102,9 @@ def coarsen(trace: Trace, tick_seconds: int) -> Trace:
     n = len(trace.avail) // f
     if n == 0:
         raise UserError(f"trace {trace.key} is shorter than one {tick_seconds} s tick")
-    return Trace(trace.key, tick_seconds, trace.avail[: n * f].reshape(n, f).all(axis=1))
+    # A coarse tick is paid at the mean of its fine ticks' prices.
+    prices = None if trace.prices is None else trace.prices[: n * f].reshape(n, f).mean(axis=1)
+    return Trace(trace.key, tick_seconds, trace.avail[: n * f].reshape(n, f).all(axis=1), prices)
 
 
 def stack(traces: Sequence[Trace]) -> tuple[np.ndarray, int, list[str]]:
@@ -90,6 +119,21 @@ def stack(traces: Sequence[Trace]) -> tuple[np.ndarray, int, list[str]]:
         raise UserError(f"two traces have the same zone name: {keys}")
     n = min(len(t.avail) for t in traces)
     return np.stack([t.avail[:n] for t in traces]), gaps.pop(), keys
+
+
+def stack_prices(traces: Sequence[Trace], default: float) -> np.ndarray | None:
+    """The zones' spot prices on the clock of `stack` (Z, n); `default` where a trace has none.
+    None when no trace carries prices (every zone at the flat price)."""
+    if all(t.prices is None for t in traces):
+        return None
+    n = min(len(t.avail) for t in traces)
+    return np.stack([t.prices[:n] if t.prices is not None else np.full(n, default) for t in traces])
+
+
+def ondemand_by_zone(keys: Sequence[str], default: float, by_region: dict[str, float] | None = None) -> np.ndarray:
+    """Each zone's on-demand price: its region's from `by_region`, else `default`."""
+    by_region = by_region or {}
+    return np.array([by_region.get(region_of(k), default) for k in keys], dtype=float)
 
 
 @dataclass(frozen=True)
@@ -148,14 +192,21 @@ def choose_starts(n_ticks: int, n_zones: int, setting: Setting, gap_seconds: int
 
 
 def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: int, start: int, start_zone: int,
-           setting: Setting, single_zone: bool = False) -> Outcome:
-    """Run one job through an online policy from tick `start`; the policy sees only tick k at k."""
+           setting: Setting, single_zone: bool = False, spot_prices: np.ndarray | None = None,
+           ondemand_prices: np.ndarray | None = None) -> Outcome:
+    """Run one job through an online policy from tick `start`; the policy sees only tick k at k.
+
+    spot_prices (zones x ticks) and ondemand_prices (one per zone) price each zone by its own
+    figures; without them every zone has the setting's flat prices. A policy sees tick k's prices
+    at k, and every hour (restarts included) is paid at the price of the market it runs in."""
     g = gap_seconds / 3600
     c, d = setting.job_hours, setting.restart_hours
-    price = {SPOT: setting.spot_price, ON_DEMAND: setting.ondemand_price}
-    zones = range(len(keys)) if (policy.multi_zone and not single_zone) else [start_zone]
-    views = {z: (ZoneView(keys[z], False, setting.spot_price, setting.ondemand_price),
-                 ZoneView(keys[z], True, setting.spot_price, setting.ondemand_price)) for z in zones}
+    zones = list(range(len(keys))) if (policy.multi_zone and not single_zone) else [start_zone]
+    od = np.full(len(keys), setting.ondemand_price) if ondemand_prices is None else np.asarray(ondemand_prices, float)
+    views = {z: (ZoneView(keys[z], False, setting.spot_price, float(od[z])),
+                 ZoneView(keys[z], True, setting.spot_price, float(od[z]))) for z in zones}
+    if hasattr(policy, "reset"):
+        policy.reset()  # a policy that learns from what it saw starts every job afresh
     index = {keys[z]: z for z in zones}
     n_ticks = avail.shape[1]
     obs = Observation(0.0, 0.0, c, setting.deadline_hours, d, None, None, [], g)
@@ -173,7 +224,11 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
             market = None  # reclaimed at the start of this tick
         obs.elapsed, obs.progress, obs.market = t, p, market
         obs.zone = None if zone is None else keys[zone]
-        obs.zones = [views[z][u] for z, u in zip(zones, up)]
+        if spot_prices is None:
+            obs.zones = [views[z][u] for z, u in zip(zones, up)]
+        else:
+            j = min(i, n_ticks - 1)
+            obs.zones = [ZoneView(keys[z], u, float(spot_prices[z, j]), float(od[z])) for z, u in zip(zones, up)]
         act = policy.decide(obs)
         if act.kind == WAIT:
             market = None
@@ -204,7 +259,10 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
             dt = g
             t += g
             p += gain
-        cost += price[market] * dt
+        if market == SPOT:
+            cost += (setting.spot_price if spot_prices is None else float(spot_prices[z, min(i, n_ticks - 1)])) * dt
+        else:
+            cost += float(od[z]) * dt
         if market == SPOT:
             spot_h += dt
         else:
@@ -214,10 +272,15 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
     raise RuntimeError(f"policy {policy.name} did not finish the job within {limit} ticks")
 
 
-def optimal_costs(windows: np.ndarray, gap_seconds: int, setting: Setting) -> np.ndarray:
+def optimal_costs(windows: np.ndarray, gap_seconds: int, setting: Setting, price_windows: np.ndarray | None = None,
+                  ondemand: np.ndarray | None = None) -> np.ndarray:
     """The least cost that meets the deadline, knowing the future, for a batch of jobs.
 
     windows: bool (B, Z, K): for each job, each zone it may use, the K ticks of its deadline window.
+    price_windows (B, Z, K): spot USD/h of each zone in each tick (default: the flat spot price).
+    ondemand (B,): the least on-demand price among the job's zones (default: the flat one). One
+    on-demand market at that price is exact: on-demand never fails, so the optimum never runs or
+    moves to a dearer on-demand region.
     Dynamic programming on the tick grid in (market, restart left, waste) where waste = elapsed -
     progress: the deadline is met iff the final waste <= R - C, so waste past that is dropped, and
     a tick of work moves no state along the waste axis. Exact for the model above when d is a whole
@@ -234,7 +297,11 @@ def optimal_costs(windows: np.ndarray, gap_seconds: int, setting: Setting) -> np
     width = w_max + 1
     rests = [d - j * g for j in range(1, d // g + 1) if d - j * g > 0] + [0]
     r_index = {r: i for i, r in enumerate(rests)}
-    prices = [setting.spot_price] * z_n + [setting.ondemand_price]
+    # Per-job prices as (B, 1) columns, so that they broadcast over the waste axis.
+    od_col = (np.full((b_n, 1), setting.ondemand_price) if ondemand is None
+              else np.asarray(ondemand, float).reshape(b_n, 1)).astype(DP_DTYPE)
+    flat_spot = np.full((b_n, 1), setting.spot_price, dtype=DP_DTYPE)
+    prices = list(range(z_n + 1))  # markets: the zones' spot, then on-demand
     inf = np.inf
     # Waste cannot exceed the time elapsed: after tick k only the first hi(k) columns can be finite,
     # so the arrays start narrow and widen to w_max + 1.
@@ -244,7 +311,7 @@ def optimal_costs(windows: np.ndarray, gap_seconds: int, setting: Setting) -> np
     best = np.full(b_n, inf)
     waste_s = np.arange(width) * u
 
-    def shifted(a: np.ndarray, n: int, add: float, hi: int) -> np.ndarray:
+    def shifted(a: np.ndarray, n: int, add: float | np.ndarray, hi: int) -> np.ndarray:
         out = np.empty((b_n, hi), dtype=DP_DTYPE)
         m = max(0, min(a.shape[1], hi - n))
         out[:, : min(n, hi)] = inf
@@ -262,8 +329,12 @@ def optimal_costs(windows: np.ndarray, gap_seconds: int, setting: Setting) -> np
                 low = np.minimum(low, a)
         new_idle = shifted(low, g // u, 0.0, hi)
         new_run = []
-        for m, price in enumerate(prices):
-            per_s = price / 3600
+        for m in prices:
+            if m == z_n:
+                col = od_col
+            else:
+                col = flat_spot if price_windows is None else price_windows[:, m, k].reshape(b_n, 1).astype(DP_DTYPE)
+            per_s = col / 3600
             targets: list[np.ndarray | None] = [None] * len(rests)
             sources = [(low, d)] + [(run[m][i], r) for i, r in enumerate(rests)]
             for src, r in sources:
@@ -305,8 +376,12 @@ class Summary:
 
 
 def simulate(avail: np.ndarray, keys: Sequence[str], gap_seconds: int, setting: Setting, policies: Iterable[str],
-             starts: int = 300, seed: int = 0, single_zone: bool = False) -> list[Summary]:
-    """Every policy from the same start points (and start zones); one summary per policy."""
+             starts: int = 300, seed: int = 0, single_zone: bool = False, spot_prices: np.ndarray | None = None,
+             ondemand_prices: np.ndarray | None = None) -> list[Summary]:
+    """Every policy from the same start points (and start zones); one summary per policy.
+
+    With per-zone prices, savings are against on-demand all through at the least on-demand price
+    among the zones each job may use (its own zone in single-zone mode)."""
     setting.check()
     names = list(policies)
     known = all_policy_names()
@@ -314,14 +389,17 @@ def simulate(avail: np.ndarray, keys: Sequence[str], gap_seconds: int, setting: 
         if name not in known:
             raise UserError(f"unknown policy {name!r}; choose from: {', '.join(known)}")
     begin, zone0 = choose_starts(avail.shape[1], avail.shape[0], setting, gap_seconds, starts, seed)
-    full = setting.job_hours * setting.ondemand_price
+    od = np.full(len(keys), setting.ondemand_price) if ondemand_prices is None else np.asarray(ondemand_prices, float)
+    full = setting.job_hours * (od[zone0] if single_zone or len(keys) == 1 else np.full(len(begin), od.min()))
     out = []
     for name in names:
         if name == OPTIMAL:
-            costs, met = optimal_batch(avail, gap_seconds, setting, begin, zone0, single_zone)
+            costs, met = optimal_batch(avail, gap_seconds, setting, begin, zone0, single_zone, spot_prices=spot_prices,
+                                       ondemand_prices=ondemand_prices)
         else:
             policy = get_policy(name)
-            runs = [replay(policy, avail, keys, gap_seconds, int(s), int(z), setting, single_zone) for s, z in zip(begin, zone0)]
+            runs = [replay(policy, avail, keys, gap_seconds, int(s), int(z), setting, single_zone, spot_prices,
+                           ondemand_prices) for s, z in zip(begin, zone0)]
             costs = np.array([o.cost for o in runs])
             met = np.array([o.deadline_met(setting) for o in runs])
         out.append(Summary(name, 1 - costs / full, met, costs))
@@ -329,15 +407,24 @@ def simulate(avail: np.ndarray, keys: Sequence[str], gap_seconds: int, setting: 
 
 
 def optimal_batch(avail: np.ndarray, gap_seconds: int, setting: Setting, begin: np.ndarray, zone0: np.ndarray,
-                  single_zone: bool, chunk: int = 30) -> tuple[np.ndarray, np.ndarray]:
+                  single_zone: bool, chunk: int = 30, spot_prices: np.ndarray | None = None,
+                  ondemand_prices: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     span = ticks_needed(setting, gap_seconds)
+    od = np.full(avail.shape[0], setting.ondemand_price) if ondemand_prices is None else np.asarray(ondemand_prices, float)
+    sp = None if spot_prices is None else np.asarray(spot_prices, float)
     if single_zone or avail.shape[0] == 1:
         windows = np.stack([avail[z, s: s + span][None, :] for s, z in zip(begin, zone0)])
+        pw = None if sp is None else np.stack([sp[z, s: s + span][None, :] for s, z in zip(begin, zone0)])
+        od_b = od[np.asarray(zone0, int)]
     else:
         windows = np.stack([avail[:, s: s + span] for s in begin])
+        pw = None if sp is None else np.stack([sp[:, s: s + span] for s in begin])
+        od_b = np.full(len(begin), od.min())
     # Chunks keep the arrays in cache; the result does not depend on the chunk size.
-    costs = np.concatenate([optimal_costs(windows[i: i + chunk], gap_seconds, setting) for i in range(0, len(windows), chunk)])
+    costs = np.concatenate([optimal_costs(windows[i: i + chunk], gap_seconds, setting,
+                                          None if pw is None else pw[i: i + chunk], od_b[i: i + chunk])
+                            for i in range(0, len(windows), chunk)])
     met = np.isfinite(costs)
     # No schedule meets the deadline: report on-demand from the start, which comes closest.
-    fallback = (setting.job_hours + setting.restart_hours) * setting.ondemand_price
+    fallback = (setting.job_hours + setting.restart_hours) * od_b
     return np.where(met, costs, fallback), met
