@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from ... import clock
 from ...offers.catalog import CatalogRow, bundled_rows, load_provider, write_refreshed
 from ...errors import UserError
 from ...offers.gpus import gpu_table
@@ -240,7 +241,7 @@ def refresh(regions: list[str] | None = None, *, session=None, retry: Retry | No
     ec2 = {r: session.client("ec2", region_name=r, config=CLIENT_CONFIG) for r in regions}
     pricing = session.client("pricing", region_name=pricing_region, config=CLIENT_CONFIG)
     bundled = {(r.region, r.instance_type): r for r in base if not r.zone}
-    today = date.today().isoformat()
+    today = clock.utc_now().date().isoformat()  # the UTC day, as every price age is counted
 
     results: dict[str, tuple[list[CatalogRow], list[str]]] = {}
     with ThreadPoolExecutor(max_workers=min(8, len(regions))) as pool:

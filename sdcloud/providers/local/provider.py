@@ -19,7 +19,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ... import config
+from ... import clock, config
 from ...offers.catalog import CatalogRow
 from ...errors import UserError
 from ...offers.optimizer import Offer
@@ -83,7 +83,7 @@ class LocalProvider:
         row = CatalogRow(provider="local", region="local", zone="local", instance_type="this-machine", gpu=gpu,
                          gpu_count=max(count, 1), vram_gb=vram, vcpus=os.cpu_count() or 1, memory_gb=_memory_gb(),
                          nvme_gb=0, ondemand_price=self.price_per_hour, spot_price=self.price_per_hour, currency="USD",
-                         interruption_band=None, snapshot_date=datetime.now(timezone.utc).date().isoformat(),
+                         interruption_band=None, snapshot_date=clock.utc_now().date().isoformat(),
                          ondemand_estimate=False, spot_estimate=False, source="this machine")
         return [Offer(row, market or "on-demand")]
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ... import config
+from ... import clock, config
 from ...offers.catalog import CatalogRow
 from ...errors import UserError
 from ...offers.optimizer import Offer
@@ -512,7 +512,7 @@ class SshProvider:
             have = ", ".join(f"{h.name} {h.vram_gb:g} GB" for h in self.hosts)
             raise UserError(f"no ssh host has the {need:g} GB of GPU memory tier {tier.name} needs ({have}); "
                             f"see {self.hosts_file}")
-        today = datetime.now(timezone.utc).date().isoformat()
+        today = clock.utc_now().date().isoformat()
         return [Offer(CatalogRow(provider="ssh", region="ssh", zone=h.name, instance_type=h.name, gpu=h.gpu,
                                  gpu_count=h.gpu_count, vram_gb=h.vram_gb, vcpus=0, memory_gb=0.0, nvme_gb=0.0,
                                  ondemand_price=h.price_per_hour, spot_price=h.price_per_hour, currency="USD",

@@ -19,12 +19,12 @@ import os
 import re
 import time
 import urllib.request
-from datetime import date, datetime, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ... import config
+from ... import clock, config
 from ...offers.catalog import CatalogRow, bundled_rows, load_provider, write_refreshed
 from ...errors import UserError
 from ...offers.optimizer import Offer
@@ -259,7 +259,7 @@ class TencentProvider:
         from ...offers.gpus import gpu_table
 
         gpus = gpu_table()
-        today = date.today().isoformat()
+        today = clock.utc_now().date().isoformat()  # the UTC day, as every price age is counted
         currency = self.account_currency(region)
         merged: dict[tuple[str, str], dict] = {}
         for charge in (ONDEMAND, SPOT):
