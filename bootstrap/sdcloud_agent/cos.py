@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 from typing import Any
 from urllib.parse import urlparse
 
@@ -35,15 +36,42 @@ def is_cos_endpoint(endpoint_url: str | None) -> bool:
     return host.endswith(COS_DOMAIN) and (host.startswith("cos.") or ".cos." in host)
 
 
-def config_options() -> dict[str, Any]:
-    """botocore Config keyword arguments that every COS client needs."""
+# AWS S3's own endpoints (regional, dual-stack, FIPS, access points, the China partition).
+AWS_DOMAINS = (".amazonaws.com", ".amazonaws.com.cn")
+
+
+def effective_endpoint(endpoint_url: str | None) -> str | None:
+    """The endpoint a boto3 S3 client will use: the given one, else AWS_ENDPOINT_URL_S3 /
+    AWS_ENDPOINT_URL (botocore honours both), else None (AWS's regional endpoint)."""
+    return endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def is_aws_endpoint(endpoint_url: str | None) -> bool:
+    """True for AWS S3 itself: no endpoint (boto3 resolves the region's) or a host under amazonaws.com."""
+    if not endpoint_url:
+        return True
+    host = (urlparse(endpoint_url).hostname or "").lower()
+    return host.endswith(AWS_DOMAINS)
+
+
+def compatible_options(addressing_style: str | None = None) -> dict[str, Any]:
+    """botocore Config keyword arguments for an S3-compatible store that is not AWS S3 (MinIO, Ceph,
+    R2, B2, SeaweedFS, COS): the COS rules for bodies, since many such stores refuse botocore's
+    aws-chunked uploads with a checksum trailer (411 MissingContentLength) as COS does. A checksum
+    only where the S3 API requires one, Content-Length on every body, SigV4; the addressing style
+    the user gave, else botocore's (path-style for an IP address or a name a bucket cannot prefix)."""
     return {
         "signature_version": "s3v4",
-        "s3": {"addressing_style": "virtual"},
-        # Checksums only where an operation requires one: no aws-chunked trailer uploads.
+        "s3": {"addressing_style": addressing_style or "auto"},
         "request_checksum_calculation": "when_required",
         "response_checksum_validation": "when_required",
     }
+
+
+def config_options() -> dict[str, Any]:
+    """botocore Config keyword arguments that every COS client needs."""
+    # The S3-compatible dialect, virtual-hosted only (buckets made since 2024 refuse path-style).
+    return compatible_options("virtual")
 
 
 def _content_md5(params: dict, **_: Any) -> None:
@@ -71,6 +99,13 @@ def _take_forbid_flag(params: dict, context: dict, **_: Any) -> None:
 def _forbid_header(params: dict, context: dict, **_: Any) -> None:
     if context.get("sdcloud_cos_forbid_overwrite"):
         params["headers"]["x-cos-forbid-overwrite"] = "true"
+
+
+def adapt_compatible_client(client: Any) -> Any:
+    """What every S3-compatible (non-AWS) client needs beyond its Config: Content-MD5 on
+    DeleteObjects, which the S3 API requires and botocore now replaces with a CRC32 header."""
+    client.meta.events.register("before-call.s3.DeleteObjects", _content_md5, unique_id="sdcloud-cos-content-md5")
+    return client
 
 
 def adapt_client(client: Any) -> Any:

@@ -337,6 +337,9 @@ class S3Store:
         # COS: create-only by x-cos-forbid-overwrite, and no compare-and-swap on PUT (cos.py).
         self.on_cos = on_cos
         self.compare_and_swap = not on_cos
+        # One dialect for every store that is not AWS S3 itself (cos.compatible_options): no
+        # checksum trailers, Content-Length on every body, Content-MD5 on DeleteObjects.
+        self.on_aws = not on_cos and credentials != "tencent-cvm-role" and cos.is_aws_endpoint(cos.effective_endpoint(endpoint_url))
         session: Any = None
         if client is None:
             import boto3
@@ -349,6 +352,8 @@ class S3Store:
             }
             if on_cos:
                 options = cos.config_options()  # no trailer uploads, virtual-hosted only
+            elif not self.on_aws:
+                options = cos.compatible_options(addressing_style)  # the same bodies, any addressing
             cfg = Config(retries={"max_attempts": 5, "mode": "standard"},
                          max_pool_connections=max(16, workers * 2, self.restore_workers + 4), connect_timeout=5, read_timeout=60, **options)
             # "tencent-cvm-role": COS keys from the CVM's CAM role (boto3 only knows AWS's roles).
@@ -366,12 +371,16 @@ class S3Store:
                 raise ValueError(f"unknown store credentials {credentials!r}: use tencent-cvm-role, file:PATH or leave it out")
             client = session.client("s3", endpoint_url=endpoint_url, region_name=region, config=cfg)
             if on_cos:
-                cos.adapt_client(client)  # Content-MD5 on DeleteObjects
+                cos.adapt_client(client)  # Content-MD5 on DeleteObjects, forbid-overwrite
+            elif not self.on_aws:
+                cos.adapt_compatible_client(client)  # Content-MD5 on DeleteObjects
         self.client = client
         # The CRT engine on S3 and S3-compatible servers where awscrt is installed (transfer.py
         # says why not on COS); a client handed in by a caller (a test's stub) keeps s3transfer.
         cos_like = on_cos or credentials == "tencent-cvm-role"
-        use_crt = engine == "crt" or (engine == "auto" and not injected and not cos_like and transfer.crt_available())
+        # "auto" takes the CRT on AWS S3 only: it signs checksum trailers into uploads, which
+        # S3-compatible stores refuse as COS does. Asked for by name it runs anywhere but COS.
+        use_crt = engine == "crt" or (engine == "auto" and not injected and self.on_aws and transfer.crt_available())
         if use_crt:
             if injected or cos_like:
                 raise ValueError("the crt engine needs the store's own session and an S3 endpoint (not COS)")
