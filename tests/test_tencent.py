@@ -509,6 +509,22 @@ def test_max_price_is_sent_in_the_accounts_currency(fake, monkeypatch, site, reg
     assert call["params"]["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] == sent
 
 
+@pytest.mark.parametrize("site, row_currency, od, sent", [
+    # A CNY catalog row on an international (USD) account: 9.55 CNY at 7.0 CNY/USD is 1.3643 USD.
+    ("international", "CNY", 9.55, "1.3643"),
+    # A USD row on a China-site (CNY) account: 1.25 USD is 8.75 CNY.
+    ("china", "USD", 1.25, "8.7500"),
+    # Same currency both sides: the on-demand price as it is.
+    ("china", "CNY", 9.55, "9.5500"),
+])
+def test_the_default_spot_cap_is_the_rows_on_demand_price_in_the_accounts_currency(fake, monkeypatch, site, row_currency, od, sent):
+    monkeypatch.setenv("SDCLOUD_CNY_PER_USD", "7.0")
+    fake.cvm.site = site
+    provider().launch(Offer(row(zone="ap-guangzhou-4", od=od, spot=0.01, currency=row_currency), "spot"), spec(), "spot")
+    (call,) = calls(fake, "RunInstances")
+    assert call["params"]["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] == sent
+
+
 def test_the_site_can_be_set_in_config_and_wins(fake, monkeypatch, sdcloud_home):
     monkeypatch.setenv("SDCLOUD_CNY_PER_USD", "7.1")
     fake.cvm.site = "international"

@@ -552,7 +552,8 @@ class TencentProvider:
             if max_price is not None:
                 local_max = max_price / usd
             elif row.ondemand_price is not None:
-                local_max = row.ondemand_price * config.usd_per(currency) / usd
+                # The row's price in its own currency (a CNY catalog row on a USD account), to USD, to the account's.
+                local_max = row.ondemand_price * config.usd_per(row.currency) / usd
             if local_max is None:
                 raise UserError(f"no max price for spot {row.instance_type} in {region}: pass --max-price")
         price_text = f"{local_max:.4f}" if local_max is not None else None
