@@ -238,3 +238,74 @@ def test_a_deadline_that_fits_passes(sdcloud_home):
     with pytest.raises(UserError, match="4.0 min for 120 steps at 2 s a step"):
         check_own_hosts(build_spec(None, {"tier": "sd15-lora", "model": "tiny", "steps": 120, "deadline_hours": "3m",
                                           "trainer_arg": ["min-step-seconds=2"]}), tier, 120, offers)
+
+
+# -- batch settings against the model --------------------------------------------------------------
+
+BATCH = ["batch", "submit", "--tier", "batch-sd15", "--model", "tiny", "--generator", "fake"]
+
+
+@pytest.fixture
+def plain_prompts(tmp_path) -> Path:
+    p = tmp_path / "prompts.txt"
+    p.write_text("a red fox\na blue bird\n")
+    return p
+
+
+def _items(prompts: Path, **flags) -> list[dict]:
+    from sdcloud.batch import jobs
+
+    opts = jobs.SubmitOptions(tier="batch-sd15", model=flags.pop("model", "tiny"), prompts=str(prompts),
+                              generator="fake", **flags)
+    return jobs.validate(opts)
+
+
+def test_a_plain_prompts_file_on_the_tiny_model_uses_its_small_defaults(plain_prompts):
+    settings = [it["settings"] for it in _items(plain_prompts)]
+    assert {(s["width"], s["height"], s["steps"]) for s in settings} == {(64, 64, 2)}
+    # Another model keeps Stable Diffusion's.
+    real = _items(plain_prompts, model="org/some-sd15")[0]["settings"]
+    assert (real["width"], real["height"], real["steps"]) == (512, 512, 30)
+
+
+def test_width_height_and_steps_flags_set_a_plain_file_and_a_jsonl_line_still_wins(tmp_path, plain_prompts):
+    settings = _items(plain_prompts, width=96, height=128, steps=3)[0]["settings"]
+    assert (settings["width"], settings["height"], settings["steps"]) == (96, 128, 3)
+    jl = tmp_path / "p.jsonl"
+    jl.write_text(json.dumps({"prompt": "a cat", "steps": 4}) + "\n" + json.dumps({"prompt": "a dog"}) + "\n")
+    got = [(it["settings"]["width"], it["settings"]["steps"]) for it in _items(jl, width=96, steps=3)]
+    assert got == [(96, 4), (96, 3)]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--width", "100"], "--width for the tiny model: width must be an integer from 32 to 512, a multiple of 8, got 100"),
+    (["--steps", "500"], "--steps for the tiny model: steps must be an integer from 1 to 50, got 500"),
+    (["--model", "org/sd15", "--height", "4096"], "--height for Stable Diffusion: height must be an integer from 64 to 2048"),
+    (["--store", "ftp://x/y"], "--store ftp://x/y: unsupported store URL"),
+])
+def test_bad_batch_settings_are_refused_before_anything_is_written(capsys, sdcloud_home, plain_prompts, extra, needle):
+    err = refused(capsys, sdcloud_home, [*BATCH, "--prompts", str(plain_prompts), *extra])
+    assert needle in err
+
+
+def test_a_jsonl_line_too_big_for_the_tiny_model_is_refused(capsys, sdcloud_home, tmp_path):
+    jl = tmp_path / "p.jsonl"
+    jl.write_text(json.dumps({"prompt": "a cat", "width": 1024}) + "\n")
+    err = refused(capsys, sdcloud_home, [*BATCH, "--prompts", str(jl)])
+    assert "p.jsonl line 1: width must be an integer from 32 to 512" in err
+
+
+@pytest.mark.slow
+def test_the_submit_line_states_the_settings_and_where_they_came_from(capsys, sdcloud_home, plain_prompts):
+    code = main([*BATCH, "--prompts", str(plain_prompts), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    res = json.loads(out)
+    line = f"{res['job']}: 2 images at 64x64 px, 2 steps (the tiny model's defaults where the file gives none; " \
+           "set them with --width/--height/--steps)"
+    assert line in err and res["settings"] in line
+    code = main([*BATCH, "--prompts", str(plain_prompts), "--steps", "1", "--name", "second"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert ": 2 images at 64x64 px, 1 step (the tiny model's defaults where the file gives none; " \
+           "set them with --width/--height)" in err

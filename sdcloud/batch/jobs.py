@@ -44,6 +44,10 @@ class SubmitOptions:
     generator: str = "diffusers"   # "fake": no model (tests and protocol demos)
     fake_delay: float = 0.0        # seconds per fake batch, so a test can catch a worker mid-item
     max_failed_boots: int | None = None  # failed host boots in a row that end the job (None: 3)
+    # --width/--height/--steps: over the model's defaults (prompts.defaults_for), under a JSONL line's own.
+    width: int | None = None
+    height: int | None = None
+    steps: int | None = None
 
 
 def _state():
@@ -91,7 +95,9 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
     # --lora: a run id (r-...), else a file, else a run's name (what `sdcloud status` shows).
     is_file = bool(opts.lora) and not opts.lora.startswith("r-") and Path(opts.lora).expanduser().is_file()
     lora_run = resolve_lora_run(opts.lora) if opts.lora and not is_file else None
-    prompts = parse_prompts(opts.prompts, BATCH_TIERS[opts.tier], opts.images_per_prompt)
+    prompts = parse_prompts(opts.prompts, BATCH_TIERS[opts.tier], opts.images_per_prompt, model=opts.model,
+                            settings={"width": opts.width, "height": opts.height, "steps": opts.steps})
+    opts.prompt_list = prompts  # the submit line states their settings (commands/batch.py)
     items = build_items(prompts, opts.model, lora_run.identity if lora_run else lora_identity(opts.lora))
     opts.lora_run = lora_run
     if opts.workers is None:

@@ -14,8 +14,60 @@ SCHEDULERS = ("ddim", "euler", "euler_a", "dpmpp_2m", "pndm", "lms")
 FIELDS = {"prompt", "negative_prompt", "seed", "count", "width", "height", "steps", "guidance", "scheduler"}
 DEFAULTS = {"sd15": {"width": 512, "height": 512, "steps": 30, "guidance": 7.5, "scheduler": "dpmpp_2m"},
             "sdxl": {"width": 1024, "height": 1024, "steps": 30, "guidance": 5.0, "scheduler": "euler"}}
+# Model `tiny` (sdcloud_agent/trainers/tiny.py: random weights, a 2-block UNet and a VAE that halves
+# the image, built for tests on a CPU): its own small defaults. At SD's 512 px and 30 steps a CPU
+# made 0 of 20 images in 21 minutes; at 64 px and 2 steps the same 20 took 28 s (issue 23).
+TINY = "tiny"
+TINY_DEFAULTS = {"width": 64, "height": 64, "steps": 2}
+# What each model takes: (lowest side, highest side, side multiple, most steps). SD 1.5 and SDXL
+# decode latents 8 times smaller than the image; tiny's sides stay small (a test model, on a CPU).
+LIMITS = {"sd": (64, 2048, 8, 200), "tiny": (32, 512, 8, 50)}
+SETTING_FLAGS = ("width", "height", "steps")
 # Images per work item: small enough that a reclaim loses little, big enough to fill a GPU batch.
 IMAGES_PER_ITEM = 4
+
+
+def defaults_for(family: str, model: str | None) -> dict[str, Any]:
+    """The settings a prompt gets when neither its line nor a flag gives them."""
+    out = dict(DEFAULTS[family])
+    if model == TINY:
+        out.update(TINY_DEFAULTS)
+    return out
+
+
+def limits_for(model: str | None) -> tuple[int, int, int, int]:
+    return LIMITS["tiny" if model == TINY else "sd"]
+
+
+def check_settings(settings: dict[str, Any], model: str | None) -> dict[str, int]:
+    """`--width/--height/--steps` against the model; the ones given, as integers."""
+    lo, hi, mult, most = limits_for(model)
+    what = "the tiny model" if model == TINY else "Stable Diffusion"
+    out = {}
+    for key in SETTING_FLAGS:
+        value = settings.get(key)
+        if value is None:
+            continue
+        if key == "steps":
+            out[key] = _int(value, "steps", f"--steps for {what}", 1, most)
+        else:
+            out[key] = _int(value, key, f"--{key} for {what}", lo, hi, mult)
+    return out
+
+
+def describe(prompts: list["Prompt"], family: str, model: str | None, given: dict[str, Any]) -> str:
+    """The settings the job renders with, in words, and where they come from (for the submit line)."""
+    sizes = sorted({(p.width, p.height) for p in prompts})
+    steps = sorted({p.steps for p in prompts})
+    size = f"{sizes[0][0]}x{sizes[0][1]} px" if len(sizes) == 1 else f"{len(sizes)} sizes"
+    step = f"{steps[0]} step{'s' if steps[0] != 1 else ''}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]} steps"
+    defaulted = [k for k in SETTING_FLAGS if given.get(k) is None]
+    source = ""
+    if defaulted:
+        whose = "the tiny model's" if model == TINY else f"{family}'s"
+        source = f" ({whose} defaults where the file gives none; set them with " + \
+            "/".join(f"--{k}" for k in defaulted) + ")"
+    return f"{size}, {step}{source}"
 
 
 @dataclass(frozen=True)
@@ -39,7 +91,10 @@ def _int(v: Any, name: str, where: str, lo: int, hi: int, multiple: int = 1) -> 
     return v
 
 
-def parse_prompts(path: str | Path, family: str, images_per_prompt: int = 1) -> list[Prompt]:
+def parse_prompts(path: str | Path, family: str, images_per_prompt: int = 1, model: str | None = None,
+                  settings: dict[str, Any] | None = None) -> list[Prompt]:
+    """The file's prompts, each checked against the model. `settings` (--width, --height, --steps)
+    go over the model's defaults; a JSONL line's own fields go over both."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -47,7 +102,8 @@ def parse_prompts(path: str | Path, family: str, images_per_prompt: int = 1) -> 
         raise UserError(f"prompts file {p} does not exist") from None
     except UnicodeDecodeError:
         raise UserError(f"prompts file {p} is not UTF-8 text") from None
-    defaults = DEFAULTS[family]
+    defaults = {**defaults_for(family, model), **check_settings(settings or {}, model)}
+    lo, hi, mult, most = limits_for(model)
     out: list[Prompt] = []
     seen: dict[tuple, int] = {}
     jsonl = p.suffix.lower() in (".jsonl", ".ndjson") or text.lstrip().startswith("{")
@@ -77,9 +133,9 @@ def parse_prompts(path: str | Path, family: str, images_per_prompt: int = 1) -> 
         # Without a seed, one that follows from the prompt: the same file gives the same images.
         seed = _int(row.get("seed", zlib.crc32(prompt.encode()) & 0x7FFFFFFF), "seed", where, 0, 2**32 - 1)
         count = _int(row.get("count", images_per_prompt), "count", where, 1, 10_000)
-        width = _int(row.get("width", defaults["width"]), "width", where, 64, 2048, 8)
-        height = _int(row.get("height", defaults["height"]), "height", where, 64, 2048, 8)
-        steps = _int(row.get("steps", defaults["steps"]), "steps", where, 1, 200)
+        width = _int(row.get("width", defaults["width"]), "width", where, lo, hi, mult)
+        height = _int(row.get("height", defaults["height"]), "height", where, lo, hi, mult)
+        steps = _int(row.get("steps", defaults["steps"]), "steps", where, 1, most)
         guidance = row.get("guidance", defaults["guidance"])
         if isinstance(guidance, bool) or not isinstance(guidance, (int, float)) or not 0 <= guidance <= 30:
             raise UserError(f"{where}: guidance must be a number from 0 to 30, got {guidance!r}")

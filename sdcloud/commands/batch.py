@@ -19,6 +19,11 @@ def submit_options(f):
         click.option("--lora", default=None, help="a training run (its id or name, see sdcloud status) or a LoRA file"),
         click.option("--prompts", "prompts", required=True, type=click.Path(dir_okay=False), help="text (one a line) or JSONL"),
         click.option("--images-per-prompt", type=int, default=1, show_default=True),
+        click.option("--width", type=int, default=None, metavar="PX",
+                     help="image width for every prompt (a JSONL line's own wins; default: the model's, tiny 64)"),
+        click.option("--height", type=int, default=None, metavar="PX", help="image height (as --width)"),
+        click.option("--steps", type=int, default=None, metavar="N",
+                     help="sampling steps (as --width; default 30, tiny 2)"),
         click.option("--workers", type=int, default=None, help="K hosts working in parallel (default 1, or what --deadline needs)"),
         click.option("--spot/--on-demand", "spot", default=True, show_default=True),
         click.option("--max-price", type=float, default=None, help="USD per hour per host"),
@@ -41,12 +46,20 @@ def _options(kw: dict):
     from ..batch.jobs import SubmitOptions
     from ..runs.spec import parse_duration
 
+    store = kw["store"]
+    if store:
+        from ..runs.preflight import check_store_url
+
+        # Before the bucket is opened or a row written: ftp://... used to end in a traceback.
+        store = check_store_url(store, kw["provider"])
     return SubmitOptions(
         tier=kw["tier"], model=kw["model"], prompts=str(Path(kw["prompts"]).expanduser().resolve()), lora=kw["lora"],
         images_per_prompt=kw["images_per_prompt"], workers=kw["workers"], market="spot" if kw["spot"] else "on-demand",
         max_price=kw["max_price"], deadline_hours=parse_duration(kw["deadline"]) if kw["deadline"] else None,
-        budget=kw["budget"], provider=kw["provider"], name=kw["name"], store=kw["store"], generator=kw["generator"],
-        fake_delay=kw["fake_delay"], max_failed_boots=kw["max_failed_boots"])
+        budget=kw["budget"], provider=kw["provider"], name=kw["name"], store=store, generator=kw["generator"],
+        fake_delay=kw["fake_delay"], max_failed_boots=kw["max_failed_boots"],
+        # A schedule added before these flags existed has none of them.
+        width=kw.get("width"), height=kw.get("height"), steps=kw.get("steps"))
 
 
 def _ensure_bucket(kw: dict) -> None:
@@ -104,9 +117,16 @@ def batch() -> None:
 def submit(detach: bool, as_json: bool, **kw) -> None:
     """Validate the prompts, write the work items and start the workers; prints the job id."""
     from ..batch import jobs
+    from ..batch.prompts import describe
 
+    opts = _options(kw)
+    jobs.validate(opts)  # every check before the stack's bucket is made or a row written
     _ensure_bucket(kw)
-    res = jobs.submit(_options(kw))
+    res = jobs.submit(opts)
+    settings = describe(opts.prompt_list, jobs.BATCH_TIERS[opts.tier], opts.model,
+                        {k: kw.get(k) for k in ("width", "height", "steps")})
+    res["settings"] = settings
+    note(f"{res['job']}: {res['images']} images at {settings}")
     if detach:
         res["controller_pid"] = jobs.detach(res["job"])
     else:
