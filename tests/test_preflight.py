@@ -83,7 +83,7 @@ def test_kohya_flags_are_checked_against_the_pinned_sd_scripts(capsys, sdcloud_h
     assert "--network_dim must be a whole number, got 'eight'" in err
     # A LoRA tier's flags on a full fine-tune script: every one of them is named, the first in words.
     err = refused(capsys, sdcloud_home, [*base, "--trainer-arg", "script=sdxl_train.py"])
-    assert "sdxl_train.py has no flag --network_module" in err and "2 more problems" in err
+    assert "sdxl_train.py has no flag --network_module (a default of tier sd15-lora: pick a script for lora)" in err
 
 
 def test_diffusers_flags_are_checked_against_the_example_script(capsys, sdcloud_home, dataset):

@@ -126,7 +126,15 @@ def check_script_args(spec: Any, tier: Tier) -> None:
     if Path(script).is_absolute() or options.script_options(spec.trainer, script) is None:
         return  # not a script the table knows (the user's own, or another of the repository's)
     skip = ("script", "launcher", *(KOHYA_OURS if spec.trainer == "kohya" else ()))
-    found = options.problems(spec.trainer, script, args, skip=skip, settled={"mixed_precision": ("auto",)})
+    user = spec.trainer_args if isinstance(spec.trainer_args, dict) else {}
+    # The user's flags first, one by one; then the tier's defaults (a LoRA tier's network flags on a
+    # full fine-tune script are the user's choice of script, said so).
+    found = options.problems(spec.trainer, script, {k: v for k, v in args.items() if k in user}, skip=skip,
+                             settled={"mixed_precision": ("auto",)})
+    if not found:
+        theirs = options.problems(spec.trainer, script, {k: v for k, v in args.items() if k not in user}, skip=skip,
+                                  settled={"mixed_precision": ("auto",)})
+        found = [f"{t} (a default of tier {tier.name}: pick a script for {tier.mode})" for t in theirs]
     if found:
         meta = options.table()[spec.trainer]
         what = "sd-scripts" if spec.trainer == "kohya" else "diffusers examples"
