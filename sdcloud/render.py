@@ -39,37 +39,48 @@ def _cell_min(text: str) -> int:
     return max((len(w) for w in text.split()), default=0)
 
 
-def table_width(columns: Sequence[str], rows: list[list[str]], keep: Sequence[int], wrap: Sequence[str] = (),
-                tight: bool = False) -> int:
-    """Characters a rich table with these columns needs when nothing but the `wrap` columns may wrap.
+def _natural(columns: Sequence[str], rows: list[list[str]], i: int) -> int:
+    return max([len(columns[i])] + [len(r[i]) for r in rows])
 
-    A wrapping column is counted at WRAP_MIN (`tight`: at its longest word), or at its longest word
-    when that is longer: rich wraps a cell at spaces, and a word wider than its column would be cut."""
-    total = 1
-    for i in keep:
-        natural = max([len(columns[i])] + [len(r[i]) for r in rows])
-        if columns[i] in wrap:
-            word = max([_cell_min(columns[i])] + [_cell_min(r[i]) for r in rows])
-            natural = min(natural, word if tight else max(WRAP_MIN, word))
-        total += natural + 3
-    return total
+
+def _least(columns: Sequence[str], rows: list[list[str]], i: int, wrap: Sequence[str], fold: Sequence[str],
+           tight: bool) -> int:
+    """The width column i is counted at when checking whether a table fits.
+
+    A `wrap` column wraps at spaces only, so it needs its longest word at least, and WRAP_MIN unless
+    `tight`; a `fold` column (a value such as a path) may also cut a long word, and needs WRAP_MIN;
+    any other column needs its widest cell."""
+    natural = _natural(columns, rows, i)
+    if columns[i] in fold:
+        return min(natural, WRAP_MIN)
+    if columns[i] in wrap:
+        word = max([_cell_min(columns[i])] + [_cell_min(r[i]) for r in rows])
+        return min(natural, word if tight else max(WRAP_MIN, word))
+    return natural
+
+
+def table_width(columns: Sequence[str], rows: list[list[str]], keep: Sequence[int], wrap: Sequence[str] = (),
+                tight: bool = False, fold: Sequence[str] = ()) -> int:
+    """Characters a rich table with these columns needs when nothing but the `wrap` and `fold`
+    columns may wrap (see _least)."""
+    return 1 + sum(_least(columns, rows, i, wrap, fold, tight) + 3 for i in keep)
 
 
 def fit_columns(columns: Sequence[str], rows: list[list[str]], width: int, drop: Sequence[str] = (),
-                wrap: Sequence[str] = (), wide: bool = False) -> list[int]:
+                wrap: Sequence[str] = (), wide: bool = False, fold: Sequence[str] = ()) -> list[int]:
     """Indexes of the columns to show: non-empty ones, less the lesser ones until the table fits.
 
     The `drop` columns give way first, in their order. If the table is still too wide, the wrapping
     columns may wrap down to their longest word, and then the other columns give way from the right
-    (never the first, which names the row). Last, the dropped columns that fit again come back, the
-    most important first, so that no room is left unused."""
+    (never the first, which names the row). Last, unless cells had to wrap that far, the dropped
+    columns that fit again come back, the most important first, so that no room is left unused."""
     keep = [i for i, _ in enumerate(columns) if any(r[i] for r in rows)] or list(range(len(columns)))
     if wide:
         return keep
     tight = False
 
     def need(idx: list[int]) -> int:
-        return table_width(columns, rows, idx, wrap, tight)
+        return table_width(columns, rows, idx, wrap, tight, fold)
 
     dropped: list[int] = []
     for name in drop:
@@ -86,7 +97,7 @@ def fit_columns(columns: Sequence[str], rows: list[list[str]], width: int, drop:
             break
         keep = [k for k in keep if k != i]
         dropped.append(i)
-    for i in reversed(dropped if not tight else []):  # wrapped cells already: no column comes back
+    for i in reversed(dropped if not tight else []):
         trial = sorted(keep + [i])
         if need(trial) <= width:
             keep = trial
@@ -94,16 +105,16 @@ def fit_columns(columns: Sequence[str], rows: list[list[str]], width: int, drop:
 
 
 def _wrap_widths(columns: Sequence[str], rows: list[list[str]], keep: Sequence[int], wrap: Sequence[str],
-                 width: int) -> dict[int, int]:
+                 fold: Sequence[str], width: int) -> dict[int, int]:
     """Widths for the wrapping columns when the table must wrap some cells to fit: each gets at least
-    its longest word (rich would otherwise shrink it below that and cut words), and the room left is
-    shared in proportion to what each would need to show its cells on one line."""
-    wrapping = [i for i in keep if columns[i] in wrap]
-    natural = {i: max([len(columns[i])] + [len(r[i]) for r in rows]) for i in keep}
+    its least width (rich would otherwise shrink a column below its longest word and cut it), and
+    the room left is shared in proportion to what each would need to show its cells on one line."""
+    wrapping = [i for i in keep if columns[i] in wrap or columns[i] in fold]
+    natural = {i: _natural(columns, rows, i) for i in keep}
     room = width - 1 - 3 * len(keep) - sum(natural[i] for i in keep if i not in wrapping)
     if not wrapping or sum(natural[i] for i in wrapping) <= room:
         return {}
-    least = {i: max([_cell_min(columns[i])] + [_cell_min(r[i]) for r in rows]) for i in wrapping}
+    least = {i: _least(columns, rows, i, wrap, fold, True) for i in wrapping}
     spare = max(0, room - sum(least.values()))
     want = {i: natural[i] - least[i] for i in wrapping}
     total_want = sum(want.values()) or 1
@@ -117,35 +128,36 @@ def hidden_note(hidden: Sequence[str]) -> str:
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]],
           caption: str | Callable[[set[str]], str] | None = None, *, drop: Sequence[str] = (), wrap: Sequence[str] = (),
-          note_hidden: bool = True) -> list[str]:
+          fold: Sequence[str] = (), note_hidden: bool = True) -> list[str]:
     """Print a table; return the names of the columns left out to fit.
 
     `drop`: columns that give way when it is too wide, lesser first (others follow from the right);
-    `wrap`: columns (descriptions) that may wrap at spaces. Every other column is shown whole.
+    `wrap`: columns (descriptions) that may wrap at spaces; `fold`: columns of long values (paths)
+    that may also be cut inside a word. Every other column is shown whole.
     `caption`: text under the table, or a function of the shown column names (so that it explains
     only what is shown). Unless `note_hidden` is false, a line names the columns left out and --wide."""
     from rich.table import Table
 
     out = console()
     cells = [["" if v is None else str(v) for v in row] for row in rows]
-    keep = fit_columns(columns, cells, out.width, drop, wrap, WIDE)
+    keep = fit_columns(columns, cells, out.width, drop, wrap, WIDE, fold)
     shown = [columns[i] for i in keep]
     nonempty = [i for i, _ in enumerate(columns) if any(r[i] for r in cells)]
     hidden = [columns[i] for i in nonempty if i not in keep] if cells else []
     if callable(caption):
         caption = caption(set(shown))
-    needed = table_width(columns, cells, keep, wrap, tight=True)
+    needed = table_width(columns, cells, keep, wrap, True, fold)
     if needed > out.width:
         # Still wider than the terminal (--wide, or one column alone is): let the line run on rather
         # than cut an identifier.
         from rich.console import Console
 
         out = Console(width=needed, force_terminal=out.is_terminal, no_color=out.no_color)
-    widths = _wrap_widths(columns, cells, keep, wrap, out.width)
+    widths = _wrap_widths(columns, cells, keep, wrap, fold, out.width)
     t = Table(title=title, caption=caption, caption_justify="left")
     for i in keep:
-        t.add_column(columns[i], no_wrap=columns[i] not in wrap, overflow="fold" if columns[i] in wrap else "ignore",
-                     width=widths.get(i))
+        wraps = columns[i] in wrap or columns[i] in fold
+        t.add_column(columns[i], no_wrap=not wraps, overflow="fold" if wraps else "ignore", width=widths.get(i))
     for row in cells:
         t.add_row(*(row[i] for i in keep))
     out.print(t)

@@ -210,3 +210,170 @@ def test_logs_merge_controller_and_attempts_in_time_order(capsys, sdcloud_home, 
     assert {r["attempt"] for r in records} <= {1, None} and not any("a2 first" in r["text"] for r in records)
     rc, out, _ = run_cli(capsys, "logs", "r-0000beef", "--tail", "2")
     assert len(out.splitlines()) == 2 and "run succeeded" in out.splitlines()[-1]
+
+
+# -- every table at 80 columns (issue 23: output that fits) -------------------------------------------
+T_RUNS = 1_793_577_600.0  # 2026-11-02 00:00 UTC: the runs' attempts start here
+
+
+def _row(provider: str, region: str, zone: str, itype: str, gpu: str, od: float, spot: float, currency: str = "USD"):
+    from sdcloud.offers.catalog import CatalogRow
+
+    return CatalogRow(provider=provider, region=region, zone=zone, instance_type=itype, gpu=gpu, gpu_count=1, vram_gb=24,
+                      vcpus=8, memory_gb=32, nvme_gb=0, ondemand_price=od, spot_price=spot, currency=currency,
+                      interruption_band=2, snapshot_date="2026-11-01", ondemand_estimate=False, spot_estimate=False,
+                      source="test")
+
+
+def _attempt(state, run_id: str, n: int, row, market: str, start: float, end: float | None, reason: str | None,
+             first_step_at: float | None = None, start_step: int | None = None, last_step: int | None = None) -> None:
+    """One attempt of a run, through the calls the controller makes (ledger.started, observe, closed)."""
+    from sdcloud.costs import ledger
+    from sdcloud.offers.optimizer import Offer
+
+    state.add_attempt(run_id, n, row.provider, f"tok{n}", region=row.region, zone=row.zone, instance_type=row.instance_type,
+                      market=market, price=row.spot_price if market == "spot" else row.ondemand_price, currency=row.currency)
+    state.update_attempt(run_id, n, state="running", start=start, instance_id=f"i-{run_id}-{n}")
+    ledger.started(state, run_id, n, Offer(row, market), market, 100, zone=row.zone, at=start)
+    if first_step_at is not None:
+        state.set_attempt_costs(run_id, n, first_step_at=first_step_at, start_step=start_step, last_step=last_step,
+                                it_per_s=1.0)
+    elif last_step is not None:
+        state.set_attempt_costs(run_id, n, last_step=last_step, it_per_s=1.0)
+    if end is not None:
+        state.update_attempt(run_id, n, state="ended", end=end, end_reason=reason)
+        ledger.closed(state, run_id, n)
+
+
+@pytest.fixture
+def populated(sdcloud_home, tmp_path):
+    """A state store with what a user accumulates: training runs on AWS and Tencent (reclaimed, on-demand,
+    succeeded), one that never launched, a batch job, and a schedule."""
+    from sdcloud.batch import jobs, schedules
+    from sdcloud.runs.state import StateStore
+
+    state = StateStore()
+    aws = _row("aws", "us-east-1", "us-east-1a", "g5.xlarge", "A10G", 1.006, 0.40)
+    tencent = _row("tencent", "ap-guangzhou", "ap-guangzhou-3", "GN10Xp.2XLARGE40", "V100-32GB", 20.0, 6.0, "CNY")
+    state.create_run("r-0a0a0a0a", "sdxl-dreambooth", {"tier": "sdxl-dreambooth", "provider": "aws"}, 3000,
+                     name="studio-product-shoot-autumn")
+    _attempt(state, "r-0a0a0a0a", 1, aws, "spot", T_RUNS, T_RUNS + 2400, "preempted", last_step=900)
+    _attempt(state, "r-0a0a0a0a", 2, aws, "on-demand", T_RUNS + 3000, T_RUNS + 9000, "succeeded",
+             first_step_at=T_RUNS + 3300, start_step=800)
+    state.update_run("r-0a0a0a0a", state="succeeded", step=3000)
+    state.create_run("r-0b0b0b0b", "sd15-lora", {"tier": "sd15-lora", "provider": "tencent"}, 1500, name="cats")
+    _attempt(state, "r-0b0b0b0b", 1, tencent, "spot", T_RUNS + 600, T_RUNS + 4200, "succeeded")
+    state.update_run("r-0b0b0b0b", state="succeeded", step=1500)
+    state.create_run("r-0c0c0c0c", "sdxl-lora", {"tier": "sdxl-lora", "provider": "local"}, 10)
+    state.update_run("r-0c0c0c0c", state="stopped")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cube\na blue sphere\n")
+    job = jobs.submit(jobs.SubmitOptions(tier="batch-sd15", model="tiny", prompts=str(prompts), generator="fake",
+                                         name="nightly-gallery-renders"))["job"]
+    sid = schedules.Schedules().add("0 2 * * *", "Europe/Berlin", {"tier": "batch-sd15", "model": "tiny",
+                                                                  "prompts": str(prompts)})
+    trace = tmp_path / "z1.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [1] * 50}))
+    return {"runs": ["r-0a0a0a0a", "r-0b0b0b0b", "r-0c0c0c0c"], "job": job, "schedule": sid, "trace": str(trace)}
+
+
+def _headers(out: str) -> list[list[str]]:
+    """The column names of each rich table in `out` (a header that wraps is joined up again)."""
+    names: list[list[str]] = []
+    lines = out.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].lstrip().startswith("┏"):
+            cols: list[str] | None = None
+            i += 1
+            while i < len(lines) and not lines[i].lstrip().startswith(("┡", "┗")):
+                cells = [c.strip() for c in lines[i].strip().strip("┃").split("┃")]
+                cols = cells if cols is None else [f"{a} {b}".strip() for a, b in zip(cols, cells)]
+                i += 1
+            names.append(cols or [])
+        i += 1
+    return names
+
+
+def _hidden(out: str) -> list[str]:
+    found = re.findall(r"hidden to fit: (.*?); --wide shows them", " ".join(out.split()))
+    return [name for line in found for name in line.split(", ")]
+
+
+def _whole(ident: str, text: str) -> bool:
+    return re.search(rf"(?<![\w.-]){re.escape(ident)}(?![\w.-])", text) is not None
+
+
+# Each command, and what must appear whole in its output at 80 columns (from the populated state).
+TABLE_COMMANDS = {
+    "status": (["status"], lambda p: p["runs"] + [p["job"]]),
+    "status RUN": (["status", "r-0a0a0a0a"], lambda p: ["r-0a0a0a0a", "us-east-1a", "g5.xlarge", "preempted"]),
+    "cost report": (["cost", "report", "--all"],
+                    lambda p: p["runs"] + [p["job"], "us-east-1a", "g5.xlarge", "ap-guangzhou-3", "GN10Xp.2XLARGE40"]),
+    "cost report --by": (["cost", "report", "--all", "--by", "tier"], lambda p: ["sdxl-dreambooth", "sd15-lora", "batch-sd15"]),
+    "offers": (["offers", "--tier", "sdxl-lora"], lambda p: ["g6e.xlarge", "us-west-2"]),
+    "offers --explain": (["offers", "--tier", "sdxl-lora", "--explain"], lambda p: ["g6e.xlarge", "us-west-2", "ap-singapore"]),
+    "offers --provider": (["offers", "--tier", "sd15-lora", "--provider", "tencent", "--limit", "0"],
+                          lambda p: ["ap-guangzhou", "GN10Xp.2XLARGE40"]),
+    "tiers": (["tiers"], lambda p: ["sdxl-dreambooth", "batch-sdxl"]),
+    "catalog show": (["catalog", "show", "--provider", "tencent"], lambda p: ["ap-guangzhou", "GN10Xp.2XLARGE40"]),
+    "config show": (["config", "show"], lambda p: ["defaults.provider", "currency.cny_per_usd"]),
+    "batch list": (["batch", "list"], lambda p: [p["job"], "batch-sd15"]),
+    "batch status": (["batch", "status", "JOB"], lambda p: [p["job"], "images_done"]),
+    "batch schedule list": (["batch", "schedule", "list"], lambda p: [p["schedule"], "Europe/Berlin"]),
+    "simulate": (["simulate", "--trace", "TRACE", "--job-hours", "1", "--deadline-hours", "2", "--restart-hours", "0.2",
+                  "--starts", "3"], lambda p: ["uniform-progress", "on-demand"]),
+}
+
+
+@pytest.mark.parametrize("name", list(TABLE_COMMANDS))
+def test_every_table_fits_80_columns_and_names_what_it_hides(capsys, monkeypatch, populated, name):
+    args, idents = TABLE_COMMANDS[name]
+    args = [{"JOB": populated["job"], "TRACE": populated["trace"]}.get(a, a) for a in args]
+    rc, wide, _ = run_cli(capsys, *args, "--wide", columns=80, monkeypatch=monkeypatch)
+    assert rc == 0
+    rc, out, err = run_cli(capsys, *args, columns=80, monkeypatch=monkeypatch)
+    assert rc == 0, err
+    too_long = [line for line in (out + err).splitlines() if len(line) > 80]
+    assert not too_long, f"{name}: lines wider than 80 columns: {too_long}"
+    for ident in idents(populated):
+        assert _whole(ident, out), f"{name}: {ident} cut or missing at 80 columns"
+    shown, every = _headers(out), _headers(wide)
+    assert shown and len(shown) == len(every)
+    # Whatever --wide shows and 80 columns do not is named on the hidden-columns line, and nothing else.
+    missing = {c for narrow, full in zip(shown, every) for c in full if c not in narrow}
+    assert all(set(narrow) <= set(full) for narrow, full in zip(shown, every))
+    assert missing == set(_hidden(out)), name
+    assert not _hidden(wide)
+
+
+def test_offers_footer_explains_only_the_columns_it_shows(capsys, monkeypatch, sdcloud_home):
+    rc, out, _ = run_cli(capsys, "offers", "--tier", "sdxl-lora", columns=80, monkeypatch=monkeypatch)
+    assert rc == 0
+    flat = " ".join(out.split())
+    assert "est h" in _hidden(out) and "VRAM" in _hidden(out)
+    assert "est h" not in _headers(out)[0] and "est $ = $/h x est h" not in flat and "VRAM =" not in flat
+    rc, out, _ = run_cli(capsys, "offers", "--tier", "sdxl-lora", "--wide", columns=80, monkeypatch=monkeypatch)
+    flat = " ".join(out.split())
+    assert "est h" in _headers(out)[0] and "est $ = $/h x est h" in flat and "VRAM = usable" in flat
+
+
+def test_stale_price_warning_wraps_between_words(capsys, monkeypatch, sdcloud_home):
+    from datetime import datetime, timezone
+
+    from sdcloud import clock
+    from sdcloud.offers.catalog import load_catalog, stale_warning
+
+    monkeypatch.setattr(clock, "utc_now", lambda: datetime(2026, 12, 1, 23, 59, tzinfo=timezone.utc))
+    warning = stale_warning(load_catalog().sources)
+    assert warning and len(warning) > 80  # the bundled catalog is older than max_age_days at that date
+    rc, _, err = run_cli(capsys, "offers", "--tier", "sdxl-lora", "--limit", "1", columns=80, monkeypatch=monkeypatch)
+    assert rc == 0
+    assert max(len(line) for line in err.splitlines()) <= 80
+    # Every word of the warning is whole on some line, in order: the lines join back into the warning.
+    assert " ".join(warning.split()) in " ".join(err.split())
+    start = next(i for i, line in enumerate(err.splitlines()) if line.startswith("warning:"))
+    assert all(line.startswith("  ") for line in err.splitlines()[start + 1:])  # continuation lines, indented
+    monkeypatch.delenv("COLUMNS")  # piped, as into grep or a log: one line
+    main(["offers", "--tier", "sdxl-lora", "--limit", "1"])
+    assert warning in capsys.readouterr().err.splitlines()

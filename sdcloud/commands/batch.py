@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..render import emit_json, note, output_options, table
+from ..render import emit_json, note, output_options, table, wide_option
 
 
 def submit_options(f):
@@ -143,6 +143,7 @@ def submit(detach: bool, as_json: bool, **kw) -> None:
 
 @batch.command("list")
 @output_options
+@wide_option
 @click.option("--json", "as_json", is_flag=True)
 def list_(as_json: bool) -> None:
     """List batch jobs."""
@@ -153,11 +154,13 @@ def list_(as_json: bool) -> None:
         emit_json(rows)
     else:
         table("batch jobs", ["job", "name", "tier", "state", "images", "workers"],
-              [[r["job"], r["name"] or "", r["tier"], r["state"], r["images"], r["workers"]] for r in rows])
+              [[r["job"], r["name"] or "", r["tier"], r["state"], r["images"], r["workers"]] for r in rows],
+              drop=["workers", "name"])
 
 
 @batch.command()
 @output_options
+@wide_option
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True)
 def status(job: str, as_json: bool) -> None:
@@ -168,7 +171,7 @@ def status(job: str, as_json: bool) -> None:
     if as_json:
         emit_json(p)
     else:
-        table(f"batch {p['job']}", ["field", "value"], [[k, v] for k, v in p.items()])
+        table(f"batch {p['job']}", ["field", "value"], [[k, v] for k, v in p.items()], fold=["value"])
 
 
 @batch.command()
@@ -202,7 +205,9 @@ def cancel(job: str) -> None:
     """Stop a job: workers stop claiming, hosts stop."""
     from ..batch import jobs
 
-    click.echo(json.dumps(jobs.cancel(job)))
+    res = jobs.cancel(job)
+    res["hosts_ended"] = jobs.end_hosts(res["job"])
+    click.echo(json.dumps(res))
 
 
 @batch.command()
@@ -261,6 +266,7 @@ def schedule_add(cron: str, tz: str, **kw) -> None:
 
 @schedule.command("list")
 @output_options
+@wide_option
 @click.option("--json", "as_json", is_flag=True)
 def schedule_list(as_json: bool) -> None:
     from ..batch import schedules
@@ -270,7 +276,8 @@ def schedule_list(as_json: bool) -> None:
         emit_json(rows)
     else:
         table("schedules", ["id", "cron", "tz", "paused", "next", "last job"],
-              [[s["id"], s["cron"], s["tz"], "yes" if s["paused"] else "", s["next"] or "", s["last_job"] or ""] for s in rows])
+              [[s["id"], s["cron"], s["tz"], "yes" if s["paused"] else "", s["next"] or "", s["last_job"] or ""] for s in rows],
+              drop=["last job", "paused"])
 
 
 @schedule.command("remove")

@@ -9,7 +9,7 @@ import click
 
 from ..offers.catalog import PROVIDERS, load_provider, stale_warning
 from ..errors import UserError
-from ..render import emit_json, note, table, output_options
+from ..render import emit_json, note, output_options, table, wide_option
 
 
 @click.group()
@@ -32,6 +32,7 @@ def _refresher(provider: str):
 
 @catalog.command()
 @output_options
+@wide_option
 @click.option("--provider", required=True, type=click.Choice(PROVIDERS), help="Which provider's catalog to refresh.")
 @click.option("--region", "regions", multiple=True, help="Region to refresh (repeatable; default: the catalog's regions).")
 @click.option("--public", is_flag=True, help="AWS: on-demand prices from the public bulk price list and bands from the "
@@ -63,7 +64,7 @@ def refresh(provider: str, regions: tuple[str, ...], public: bool, as_json: bool
         emit_json({"provider": provider, "path": str(path), "rows": len(rows), "regions": summary, "errors": errors})
         return
     for err in errors:
-        note(f"warning: {err}")
+        note(f"warning: {err}", wrap=True)
     table(f"{provider} catalog refreshed: {path}", ["region", "types", "zones", "spot prices", "on-demand prices"],
           [(region, s["types"], len(s["zones"]), s["spot_prices"], s["ondemand_prices"]) for region, s in summary.items()],
           caption=f"{len(rows)} rows in all" + (f"; {len(errors)} problems (above)" if errors else ""))
@@ -71,6 +72,7 @@ def refresh(provider: str, regions: tuple[str, ...], public: bool, as_json: bool
 
 @catalog.command()
 @output_options
+@wide_option
 @click.option("--provider", type=click.Choice(PROVIDERS), help="One provider (default: all).")
 @click.option("--region", help="One region.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -94,10 +96,10 @@ def show(provider: str | None, region: str | None, as_json: bool) -> None:
                             for r in rows]})
         return
     for s in sources:
-        note(s.describe())
+        note(s.describe(), wrap=True)
     warning = stale_warning(sources)
     if warning:
-        note(warning)
+        note(warning, wrap=True)
     table("GPU offer catalog", ["provider", "region", "zone", "type", "GPU", "VRAM MiB/GB", "vCPU", "RAM", "NVMe",
                                 "on-demand", "spot", "cur", "band"],
           [(r.provider, r.region, r.zone or "*", r.instance_type, f"{r.gpu_count}x {r.gpu}", f"{r.usable_vram_mib}/{r.vram_gb:g}", r.vcpus,
@@ -105,5 +107,15 @@ def show(provider: str | None, region: str | None, as_json: bool) -> None:
             "" if r.ondemand_price is None else f"{r.ondemand_price:g}" + ("~" if r.ondemand_estimate else ""),
             "" if r.spot_price is None else f"{r.spot_price:g}" + ("~" if r.spot_estimate else ""),
             r.currency, "" if r.interruption_band is None else r.interruption_band) for r in rows],
-          caption="VRAM = usable MiB as the driver reports it / nominal GB; ~ = estimated price; "
-                  "zone * = the price holds in every zone of the region; --json has each price's basis, source and date")
+          drop=["NVMe", "RAM", "vCPU", "band", "VRAM MiB/GB", "provider", "GPU"],
+          caption=_show_caption)
+
+
+def _show_caption(shown: set[str]) -> str:
+    """The footer of `catalog show`: it explains only the columns the table shows."""
+    parts = []
+    if "VRAM MiB/GB" in shown:
+        parts.append("VRAM = usable MiB as the driver reports it / nominal GB")
+    parts += ["~ = estimated price", "zone * = the price holds in every zone of the region",
+              "--json has each price's basis, source and date"]
+    return "; ".join(parts)

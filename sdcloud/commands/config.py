@@ -6,7 +6,7 @@ import os
 
 import click
 
-from ..render import emit_json, output_options, table
+from ..render import emit_json, output_options, table, wide_option
 
 
 @click.group()
@@ -16,6 +16,7 @@ def config() -> None:
 
 @config.command()
 @output_options
+@wide_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def show(as_json: bool) -> None:
     """The defaults `up` and `offers` use, the currency rate, the local machine's price, every other
@@ -50,4 +51,5 @@ def show(as_json: bool) -> None:
     if as_json:
         emit_json({name: {"value": value, "source": source} for name, value, source in rows})
         return
-    table("sdcloud settings", ["setting", "value", "source"], rows, wrap=["value"])
+    # A value (a path) may be cut across lines of its cell; the setting's name never is.
+    table("sdcloud settings", ["setting", "value", "source"], rows, fold=["value", "source"])

@@ -11,7 +11,7 @@ from dataclasses import asdict
 
 import click
 
-from ..render import emit_json, note, table, output_options
+from ..render import emit_json, note, output_options, table, wide_option
 
 
 def _row(inst) -> dict:
@@ -22,6 +22,7 @@ def _row(inst) -> dict:
 
 @click.command()
 @output_options
+@wide_option
 @click.option("--provider", required=True, type=click.Choice(["aws", "tencent", "ssh", "local"]), help="Where to search: a cloud, your SSH hosts, or this machine.")
 @click.option("--region", "regions", multiple=True, help="Region to search (repeatable; default: the catalog's regions).")
 @click.option("--yes", is_flag=True, help="Terminate without asking.")

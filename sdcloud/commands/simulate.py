@@ -5,11 +5,12 @@ from __future__ import annotations
 import click
 
 from ..errors import UserError
-from ..render import emit_json, note, table, output_options
+from ..render import emit_json, note, output_options, table, wide_option
 
 
 @click.command()
 @output_options
+@wide_option
 @click.option("--trace", "traces", multiple=True, required=True, metavar="FILE",
               help="Availability trace (JSON, one value per tick, > 0 = spot). Several = several zones.")
 @click.option("--job-hours", type=float, required=True, help="C: hours of work the job needs.")
