@@ -13,7 +13,7 @@ import click
 
 from .. import render
 from ..errors import UserError
-from ..render import emit_json, note, output_options, table, wide_option
+from ..render import echo, emit_json, note, output_options, table, wide_option
 from .common import complete_providers, complete_regions, complete_runs, complete_tiers, market_of, market_options
 
 # Exit codes (docs/runs.md): 0 the run succeeded, 1 it stopped or failed, 2 bad input (nothing
@@ -176,7 +176,7 @@ def _warn_if_prices_old(provider: str) -> None:
 
         warning = stale_warning(load_catalog([provider]).sources)
         if warning:
-            note(warning)
+            note(warning, wrap=True)
 
 
 def render_summary(summ: dict) -> None:
@@ -189,11 +189,11 @@ def render_summary(summ: dict) -> None:
     line = f"step {summ['step']}/{summ['total_steps']}; total ${c['total']:.4f}"
     if c.get("savings_pct") is not None:
         line += f"; on-demand would have cost ${c['ondemand_equivalent']:.4f} (saved {c['savings_pct']:.1f}%)"
-    click.echo(line)
+    echo(line)
     best = summ.get("best_cloud_offer")
     if best:
-        click.echo(f"the best cloud offer for this tier and job: {best['provider']} {best['region']} {best['instance_type']} "
-                   f"{best['market']} at ${best['price_per_hour_usd']:.4f}/h, about {best['est_hours']:.2f} h, ${best['est_cost']:.4f}")
+        echo(f"the best cloud offer for this tier and job: {best['provider']} {best['region']} {best['instance_type']} "
+             f"{best['market']} at ${best['price_per_hour_usd']:.4f}/h, about {best['est_hours']:.2f} h, ${best['est_cost']:.4f}")
 
 
 def _budget(value: str | None) -> str | None:
@@ -458,7 +458,7 @@ def status(run: str | None, as_json: bool) -> None:
         else:
             render_summary(summ)
             if dead:
-                click.echo(dead)
+                echo(dead)
         return
     runs = state.list_runs()
     summs = []
@@ -475,7 +475,7 @@ def status(run: str | None, as_json: bool) -> None:
             len(r["attempts"]), f"{r['cost']['total']:.4f}") for r in summs],
           drop=["attempts", "provider", "name"])
     if any(r["controller"] == "none" for r in summs):
-        click.echo("no controller: resume a run with: sdcloud resume RUN; or stop it with: sdcloud down RUN")
+        echo("no controller: resume a run with: sdcloud resume RUN; or stop it with: sdcloud down RUN")
 
 
 def _store_for(run: dict):
