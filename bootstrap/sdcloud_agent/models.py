@@ -1,7 +1,8 @@
 """The base model, fetched once and kept in the run's bucket under cache/models/, staged to local disk.
 
     tiny                      built from its small configs (no download), cached like any model
-    org/name or org/name@rev  a Hugging Face hub repo, fetched once with huggingface_hub
+    org/name or org/name@rev  a Hugging Face hub repo (HF_ENDPOINT: the hub or a mirror), fetched
+                              once with huggingface_hub: only the files training needs
     https://.../file          one file (a .safetensors checkpoint), fetched once
     cache:cache/models/local-<sha16>.tar[#name.safetensors]
                               a local file or folder the controller packed and uploaded by its
@@ -71,9 +72,11 @@ def _fetch(model: str, dest: Path) -> None:
         with urllib.request.urlopen(model, timeout=60) as r, open(dest / name, "wb") as f:
             shutil.copyfileobj(r, f, 1 << 20)
     else:
-        from huggingface_hub import snapshot_download
-        repo, _, rev = model.partition("@")
-        snapshot_download(repo, revision=rev or None, local_dir=str(dest))
+        # The pipeline's components in safetensors, one precision, nothing else (the trainers'
+        # rule, trainers/models.py hub_selection): about 14 GB of SDXL base's ~70 GB repository.
+        from .trainers.models import download_hub
+        download_hub(model, dest)
+        shutil.rmtree(dest / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping, not the model
 
 
 def stage(model: str, store, root: Path) -> tuple[str, str]:

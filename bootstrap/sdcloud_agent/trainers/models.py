@@ -16,6 +16,7 @@ use it before launch. The families: ``sd15`` (SD 1.x), ``sd2`` (SD 2.x, often v-
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -160,8 +161,76 @@ def detect_family(model: str, default_tiny: str | None = None) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Loading (on the host; imports torch and diffusers)
 
-HUB_PATTERNS = ["model_index.json", "*/config.json", "*/*.json", "*/*.txt",
-                "*/diffusion_pytorch_model.safetensors", "*/model.safetensors"]
+# ---------------------------------------------------------------------------------------------
+# Which files of a hub repository training needs: one rule for every hub id (the trainers' loader
+# here and the host's model cache, sdcloud_agent/models.py).
+
+_WEIGHTS = re.compile(r"^(diffusion_pytorch_model|model)(-\d{5}-of-\d{5})?(?:\.([A-Za-z0-9_]+))?\.safetensors$")
+_VARIANT_INDEX = re.compile(r"^(diffusion_pytorch_model|model)\.safetensors\.index\.([A-Za-z0-9_]+)\.json$")
+
+
+def hub_selection(files: list[str], components: list[str] | None) -> tuple[list[str], dict[str, str]]:
+    """(the files to fetch, {fetched name: name to keep it under}) for a diffusers repository.
+
+    The pipeline's components (the folders `model_index.json` names; the top level for a repo of
+    one component), each with its configs and tokenizer files (`*.json`, `*.txt`) and its weights
+    in safetensors, one precision variant: the plain files (what kohya and `from_pretrained`
+    without a variant load), else fp16, else the first variant, kept under the plain name. Never:
+    flax (`*.msgpack`), onnx, openvino, PyTorch `.bin` duplicates, folders the pipeline does not
+    name (SDXL base's `vae_1_0/`, `vae_decoder/`), nor top-level single-file copies."""
+    have = set(files)
+    dirs = [f"{c}/" for c in components] if components is not None else [""]
+    wanted: list[str] = ["model_index.json"] if "model_index.json" in have else []
+    renames: dict[str, str] = {}
+    for d in dirs:
+        names = [f[len(d):] for f in files if f.startswith(d) and "/" not in f[len(d):]]
+        weights: dict[str | None, list[str]] = {}
+        for n in names:
+            m = _WEIGHTS.match(n)
+            if m:
+                weights.setdefault(m.group(3), []).append(n)
+            elif n.endswith((".json", ".txt")) and not _VARIANT_INDEX.match(n) and (d or n != "model_index.json"):
+                wanted.append(d + n)
+        if not weights:
+            continue
+        variant = None if None in weights else ("fp16" if "fp16" in weights else sorted(weights)[0])
+        for n in sorted(weights[variant]):
+            wanted.append(d + n)
+            if variant is not None:
+                renames[d + n] = d + n.replace(f".{variant}.safetensors", ".safetensors")
+        if variant is not None:
+            for n in names:
+                m = _VARIANT_INDEX.match(n)
+                if m and m.group(2) == variant:
+                    wanted.append(d + n)
+                    renames[d + n] = d + f"{m.group(1)}.safetensors.index.json"
+    return wanted, renames
+
+
+def download_hub(model: str, local_dir: Path | None = None) -> Path:
+    """Fetch what training needs of hub repo `org/name[@revision]` (hub_selection) from the hub
+    endpoint (HF_ENDPOINT, a mirror); into `local_dir` (variants renamed to the plain names) or the
+    Hugging Face cache. Returns the folder."""
+    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+
+    repo, _, rev = model.partition("@")
+    info = HfApi().model_info(repo, revision=rev or None)
+    files = [s.rfilename for s in (info.siblings or [])]
+    components = None
+    if "model_index.json" in files:
+        index = json.loads(Path(hf_hub_download(repo, "model_index.json", revision=info.sha,
+                                                local_dir=str(local_dir) if local_dir else None)).read_text())
+        components = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and v and v[0]]
+    wanted, renames = hub_selection(files, components)
+    if not any(_WEIGHTS.match(f.rsplit("/", 1)[-1]) for f in wanted):
+        raise ModelError(f"--model {model}: the repository has no safetensors weights for its components "
+                         "(flax, onnx or .bin only?): convert it, or give a .safetensors file")
+    folder = Path(snapshot_download(repo, revision=info.sha, local_dir=str(local_dir) if local_dir else None,
+                                    allow_patterns=wanted))
+    if local_dir is not None:
+        for src, dst in renames.items():
+            (folder / src).replace(folder / dst)
+    return folder
 
 
 def _from_folder(path: Path) -> dict[str, Any]:
@@ -215,11 +284,8 @@ def load_components(model: str, family: str | None = None, resolution: int = 32,
             raise ModelError(f"--model {model}: no such file")
         return _from_single_file(path, family, config)
     if looks_like_hub_id(model):
-        from huggingface_hub import snapshot_download
-
-        # Only the weights training needs, in safetensors, one copy (no fp16 duplicates).
-        folder = snapshot_download(model, allow_patterns=HUB_PATTERNS)
-        return _from_folder(Path(folder))
+        # Only the files training needs, in safetensors, one precision (hub_selection).
+        return _from_folder(download_hub(model))
     raise ModelError(f"--model {model}: not tiny, a diffusers folder, a .safetensors file nor a hub id")
 
 
