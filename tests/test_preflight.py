@@ -204,7 +204,13 @@ def test_a_budget_below_two_polls_of_the_cheapest_host_is_refused(capsys, sdclou
     assert "this-machine at $0.5/h: $0.00027778" in err and "--budget 0.000278" in err
 
 
-def test_a_free_host_takes_any_budget(sdcloud_home):
+@pytest.fixture
+def cpu_only(monkeypatch):
+    """This machine as a CPU box, whatever the test runs on (its GPU would give another estimate)."""
+    monkeypatch.setattr("sdcloud.providers.local.provider._local_gpu", lambda: ("CPU", 0, 0.0))
+
+
+def test_a_free_host_takes_any_budget(sdcloud_home, cpu_only):
     from sdcloud.offers.tiers import get_tier
     from sdcloud.providers import get_provider
     from sdcloud.runs.preflight import check_own_hosts
@@ -222,7 +228,7 @@ def test_a_deadline_shorter_than_the_estimate_is_refused(capsys, sdcloud_home):
     assert "2000 steps at 1 s a step" in err
 
 
-def test_a_deadline_that_fits_passes(sdcloud_home):
+def test_a_deadline_that_fits_passes(sdcloud_home, cpu_only):
     from sdcloud.offers.tiers import get_tier
     from sdcloud.providers import get_provider
     from sdcloud.runs.preflight import check_own_hosts
@@ -238,6 +244,29 @@ def test_a_deadline_that_fits_passes(sdcloud_home):
     with pytest.raises(UserError, match="4.0 min for 120 steps at 2 s a step"):
         check_own_hosts(build_spec(None, {"tier": "sd15-lora", "model": "tiny", "steps": 120, "deadline_hours": "3m",
                                           "trainer_arg": ["min-step-seconds=2"]}), tier, 120, offers)
+
+
+def test_an_ssh_host_with_a_known_gpu_is_held_to_the_optimizers_estimate(sdcloud_home, cpu_only):
+    import dataclasses
+
+    from sdcloud.offers.optimizer import Offer, job_hours
+    from sdcloud.offers.tiers import get_tier
+    from sdcloud.providers import get_provider
+    from sdcloud.runs.preflight import check_own_hosts
+    from sdcloud.runs.spec import build_spec
+
+    tier = get_tier("sd15-lora")
+    row = dataclasses.replace(get_provider("local").offers(tier, "spot")[0].row, provider="ssh", gpu="T4",
+                              instance_type="box1", gpu_count=1)
+    offers = [Offer(row, "on-demand")]
+    spec = build_spec(None, {"tier": "sd15-lora", "provider": "ssh", "model": "org/some-sd15", "steps": 1500,
+                             "deadline_hours": "10m"})
+    hours = job_hours(tier, row, 1500, 1)
+    assert hours > 10 / 60
+    with pytest.raises(UserError, match=rf"10.0 min is shorter than the estimate on the fastest offer: .* for 1500 steps on box1 \(T4\)"):
+        check_own_hosts(spec, tier, 1500, offers)
+    spec.deadline_hours = hours * 1.01
+    check_own_hosts(spec, tier, 1500, offers)
 
 
 # -- batch settings against the model --------------------------------------------------------------
