@@ -142,8 +142,8 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     cells = [["" if v is None else str(v) for v in row] for row in rows]
     keep = fit_columns(columns, cells, out.width, drop, wrap, WIDE, fold)
     shown = [columns[i] for i in keep]
-    nonempty = [i for i, _ in enumerate(columns) if any(r[i] for r in cells)]
-    hidden = [columns[i] for i in nonempty if i not in keep] if cells else []
+    candidates = [i for i, _ in enumerate(columns) if any(r[i] for r in cells)] or range(len(columns))
+    hidden = [columns[i] for i in candidates if i not in keep]
     if callable(caption):
         caption = caption(set(shown))
     needed = table_width(columns, cells, keep, wrap, True, fold)
