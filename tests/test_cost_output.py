@@ -55,6 +55,9 @@ def even_run():
     add_attempt(state, "r-even0001", 2, T0 + 70, T0 + 130, "succeeded", first_step_at=T0 + 70.2, start_step=10,
                 last_step=20, it_per_s=1.0)
     state.update_run("r-even0001", state="succeeded", step=20)
+    # Created at a set time, not now: the chart's axis must not depend on the day the test runs.
+    state._db.execute("UPDATE runs SET created = ? WHERE id = ?", (T0, "r-even0001"))
+    state._db.commit()
     return state, "r-even0001"
 
 
@@ -122,11 +125,9 @@ def test_period_chart_of_one_run_spans_about_a_day_around_it(even_run, capsys):
 
 
 def test_period_chart_spans_the_runs_period(even_run, capsys):
-    state, run_id = even_run
-    for i, day in enumerate((3, 17)):  # runs created 3 and 17 days after the first
-        rid = f"r-later00{i}"
+    state, _ = even_run
+    for rid in ("r-later000", "r-later001"):  # created 3 and 17 days after the first, below
         state.create_run(rid, "sd15-lora", {"tier": "sd15-lora", "provider": "local"}, 20)
-    state._db.execute("UPDATE runs SET created = ? WHERE id = ?", (T0, run_id))
     state._db.execute("UPDATE runs SET created = ? WHERE id = ?", (T0 + 3 * 86400, "r-later000"))
     state._db.execute("UPDATE runs SET created = ? WHERE id = ?", (T0 + 17 * 86400, "r-later001"))
     state._db.commit()
