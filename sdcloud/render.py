@@ -1,8 +1,11 @@
 """Output helpers shared by the commands: JSON to stdout, tables through rich, notes on stderr.
 
 Tables fit the terminal without folding what a user copies: identifiers and figures never wrap.
-Columns that are empty are left out, and when the table is still too wide the columns a command
-names as lesser give way first (`drop`, lesser first). `--wide` keeps every column.
+Columns that are empty are left out; when the table is still too wide the columns a command names
+as lesser give way first (`drop`, lesser first), then descriptions wrap down to their longest word,
+then columns give way from the right. One line under the table names what was left out, and
+`--wide` keeps every column. Long lines of human output (`echo`) and warnings (`note(wrap=True)`)
+wrap between words, so the terminal never cuts a word at its edge.
 """
 
 from __future__ import annotations
@@ -146,13 +149,13 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     hidden = [columns[i] for i in candidates if i not in keep]
     if callable(caption):
         caption = caption(set(shown))
-    needed = table_width(columns, cells, keep, wrap, True, fold)
-    if needed > out.width:
+    if table_width(columns, cells, keep, wrap, True, fold) > out.width:
         # Still wider than the terminal (--wide, or one column alone is): let the line run on rather
-        # than cut an identifier.
+        # than cut an identifier, with descriptions at their usual width.
         from rich.console import Console
 
-        out = Console(width=needed, force_terminal=out.is_terminal, no_color=out.no_color)
+        out = Console(width=table_width(columns, cells, keep, wrap, False, fold), force_terminal=out.is_terminal,
+                      no_color=out.no_color)
     widths = _wrap_widths(columns, cells, keep, wrap, fold, out.width)
     t = Table(title=title, caption=caption, caption_justify="left")
     for i in keep:
