@@ -61,7 +61,15 @@ def anonymous_seaweed():
 
 def test_cos_store_uses_the_cvm_role_and_refreshes(anonymous_seaweed, monkeypatch):
     """Over HTTPS at COS's own host name (through the COS-behaviour layer), with the host's config."""
-    with CosLayer(anonymous_seaweed) as cos:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks" / "tencent"))
+    from host_policy import role_policy_document
+
+    # The role's temporary keys get only what the Tencent stack grants the CVM role.
+    policy = role_policy_document("ap-guangzhou", "1250000000", "role-ckpt-1250000000", "sdcloud")
+    with CosLayer(anonymous_seaweed, policies={"AKID-tmp-*": policy}) as cos:
         for k, v in cos.env.items():
             monkeypatch.setenv(k, v)
         boto3.client("s3", endpoint_url=cos.endpoint("ap-guangzhou"), region_name="ap-guangzhou",
@@ -80,6 +88,7 @@ def test_cos_store_uses_the_cvm_role_and_refreshes(anonymous_seaweed, monkeypatc
         assert creds.method == "tencent-cvm-role" and creds.get_frozen_credentials().token == "tmp-token"
         assert meta.hits >= 2  # fetched, then refreshed as the expiry is near
         assert not cos.refusals()
+        assert any(s.actions for s in cos.seen)  # the role's requests were judged, and allowed
         assert {s.host for s in cos.seen} == {"role-ckpt-1250000000.cos.ap-guangzhou.myqcloud.com"}
         meta.httpd.shutdown()
 
