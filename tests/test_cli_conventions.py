@@ -377,3 +377,21 @@ def test_stale_price_warning_wraps_between_words(capsys, monkeypatch, sdcloud_ho
     monkeypatch.delenv("COLUMNS")  # piped, as into grep or a log: one line
     main(["offers", "--tier", "sdxl-lora", "--limit", "1"])
     assert warning in capsys.readouterr().err.splitlines()
+
+
+def test_reconcile_keeps_the_flag_at_80_columns(capsys, monkeypatch, sdcloud_home):
+    """The bill itself comes from the clouds (tests/test_cost_reconcile.py); here only its table."""
+    from sdcloud.costs import reconcile
+
+    rows = [{"run": "r-0a0a0a0a", "provider": "tencent", "estimate_usd": 1.7071, "billed_usd": 2.1,
+             "difference_usd": 0.3929, "difference_pct": 23.0, "flag": "off"},
+            {"run": "r-0b0b0b0b", "provider": "aws", "estimate_usd": 0.852, "billed_usd": None, "difference_usd": None,
+             "difference_pct": None, "flag": "no bill yet"}]
+    monkeypatch.setattr(reconcile, "reconcile", lambda state, since_seconds, threshold_pct: rows)
+    rc, out, _ = run_cli(capsys, "cost", "reconcile", columns=80, monkeypatch=monkeypatch)
+    assert rc == 0 and max(len(line) for line in out.splitlines()) <= 80
+    (shown,) = _headers(out)
+    assert {"run", "estimate $", "billed $", "difference %", "flag"} <= set(shown)
+    for ident in ("r-0a0a0a0a", "r-0b0b0b0b", "off", "no bill yet", "23.0", "2.1000"):
+        assert _whole(ident, out), ident
+    assert set(_hidden(out)) == {"difference $"}

@@ -119,4 +119,5 @@ def reconcile(since: str, threshold: str, as_json: bool) -> None:
     table("estimate against the bill", ["run", "provider", "estimate $", "billed $", "difference $", "difference %", "flag"],
           [(r["run"], r["provider"], f"{r['estimate_usd']:.4f}", "" if r["billed_usd"] is None else f"{r['billed_usd']:.4f}",
             "" if r["difference_usd"] is None else f"{r['difference_usd']:.4f}",
-            "" if r["difference_pct"] is None else f"{r['difference_pct']:.1f}", r["flag"] or "") for r in rows])
+            "" if r["difference_pct"] is None else f"{r['difference_pct']:.1f}", r["flag"] or "") for r in rows],
+          drop=["provider", "difference $"])
