@@ -40,12 +40,13 @@ def gc(provider: str, regions: tuple[str, ...], yes: bool, as_json: bool) -> Non
         strays = [i for i in found if not i.run_id or not store.run_is_active(i.run_id)]
         kept = [i for i in found if i not in strays]
         for err in errors:
-            note(f"warning: {err}")
+            note(f"warning: {err}", wrap=True)
         if not as_json:
             table(f"{provider}: {len(strays)} stray host(s) of {len(found)} tagged",
                   ["instance", "region", "zone", "type", "market", "state", "run", "attempt", "launched"],
                   [(i.id, i.region, i.zone, i.instance_type, i.market, i.state, i.run_id, i.tags.get("sdcloud:attempt"),
-                    i.launched_at) for i in strays])
+                    i.launched_at) for i in strays],
+                  drop=["attempt", "market", "state", "zone", "region"])
         terminated: list[str] = []
         if strays and (yes or click.confirm(f"terminate {len(strays)} stray host(s)?", default=False, err=True)):
             by_region: dict[str, list] = defaultdict(list)
