@@ -338,3 +338,22 @@ def test_the_submit_line_states_the_settings_and_where_they_came_from(capsys, sd
     assert code == 0, err
     assert ": 2 images at 64x64 px, 1 step (the tiny model's defaults where the file gives none; " \
            "set them with --width/--height)" in err
+
+
+def test_an_off_switch_reaches_the_builtin_trainer_as_its_no_flag(sdcloud_home):
+    """`--trainer-arg buckets=false` (docs/training.md) was left out of the command, so the
+    trainer's default (buckets on for SDXL) won; every on/off flag of the parser is negatable."""
+    from sdcloud.offers.tiers import get_tier
+    from sdcloud.runs.preflight import _builtin_argv, _raising_parser
+    from sdcloud.runs.spec import build_spec
+    from sdcloud_agent.trainers.builtin_adapter import NEGATABLE
+
+    spec = build_spec(None, {"tier": "sdxl-lora", "model": "tiny-sdxl", "steps": 3,
+                             "trainer_arg": ["buckets=false", "gradient_checkpointing=false"]})
+    argv = _builtin_argv(spec, get_tier("sdxl-lora"), 3)
+    assert "--no-buckets" in argv and "--no-gradient-checkpointing" in argv
+    import argparse
+
+    parser = _raising_parser()
+    negatable = {a.dest.replace("_", "-") for a in parser._actions if isinstance(a, argparse.BooleanOptionalAction)}
+    assert negatable == set(NEGATABLE)

@@ -16,6 +16,8 @@ from pathlib import Path
 from .base import Context, Trainer, flag_args
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+# The trainer's on/off flags (argparse.BooleanOptionalAction in builtin.py): off is --no-<flag>.
+NEGATABLE = ("buckets", "gradient-checkpointing")
 
 
 class BuiltinTrainer(Trainer):
@@ -46,7 +48,14 @@ class BuiltinTrainer(Trainer):
             # The agent uploads from hard-linked snapshots, so the trainer may delete old folders.
             cmd += ["--keep-checkpoints", "2"]
         if isinstance(args, dict):  # its flags use dashes: {"keep_checkpoints": 2} -> --keep-checkpoints 2
-            cmd += flag_args({k.replace("_", "-"): v for k, v in args.items()})
+            flags = {}
+            for k, v in args.items():
+                k = k.replace("_", "-")
+                if v is False and k in NEGATABLE:
+                    flags[f"no-{k}"] = True  # buckets=false is --no-buckets (left out, the default would win)
+                else:
+                    flags[k] = v
+            cmd += flag_args(flags)
         else:
             cmd += [str(a) for a in (args or [])]
         return cmd
