@@ -257,8 +257,44 @@ def test_tencent_user_data_installs_the_driver_first_and_only_when_missing():
     assert "DRIVER='535-server'" in text
     body = text[text.index("p_driver() {"):]
     assert body.index("nvidia-smi >/dev/null 2>&1; then echo present") < body.index(
-        'apt-get -o DPkg::Lock::Timeout=$APT_LOCK_WAIT install -y -q "nvidia-driver-$DRIVER"')
+        'apt-get -o DPkg::Lock::Timeout=$APT_LOCK_WAIT install -y -q "linux-headers-$(uname -r)" "nvidia-driver-$DRIVER"')
     assert text.index("phase driver p_driver") < text.index("phase wheel p_wheel")
+
+
+def test_the_driver_install_brings_kernel_headers_and_keeps_nouveau_off(tmp_path):
+    """The driver phase run as on a fresh Tencent image (its commands shimmed): DKMS gets the
+    running kernel's headers in the same install, and nouveau is blacklisted and unloaded first."""
+    import re
+
+    from sdcloud_agent.userdata import render_user_data
+
+    text = render_user_data({"run_id": "r", "store": {"url": "cos://b-1250000000/p", "credentials": "tencent-cvm-role"},
+                             "metadata": {"kind": "tencent"}}, "agent/a.whl", driver="535-server")
+    p_driver = re.search(r"^p_driver\(\) \{.*?^\}$", text, re.S | re.M)[0]
+    shim, root = tmp_path / "bin", tmp_path / "root"
+    shim.mkdir()
+    (root / "boot").mkdir(parents=True)
+    log = tmp_path / "calls.log"
+    shims = {
+        "uname": 'echo 5.15.0-105-generic',
+        "modprobe": f'echo "modprobe $*" >> {log}',
+        "apt-get": f'echo "apt-get $*" >> {log}; case " $* " in *" install "*) '
+                   f'printf "#!/bin/bash\\necho driver 535\\n" > {shim}/nvidia-smi; chmod +x {shim}/nvidia-smi;; esac',
+    }
+    for name, body in shims.items():
+        (shim / name).write_text(f"#!/bin/bash\n{body}\n")
+        (shim / name).chmod(0o755)
+    script = (f"set -Eeuo pipefail\nR={root}\nBOOT={root}/boot\nDRIVER=535-server\nREQUIRE_GPU=1\nAPT_LOCK_WAIT=600\n"
+              f"{p_driver}\np_driver\n")
+    p = subprocess.run(["/bin/bash", "-c", script], env={"PATH": f"{shim}:/usr/bin:/bin"}, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    calls = log.read_text().splitlines()
+    install = next(c for c in calls if " install " in c)
+    assert "linux-headers-5.15.0-105-generic nvidia-driver-535-server nvidia-utils-535-server" in install
+    assert calls.index("modprobe -r nouveau") < calls.index(install) < calls.index("modprobe nvidia")
+    conf = (root / "etc/modprobe.d/sdcloud-blacklist-nouveau.conf").read_text()
+    assert conf.splitlines() == ["blacklist nouveau", "options nouveau modeset=0"]
+    assert (root / "boot/result").read_text().strip() == "installed"
 
 
 def test_every_apt_get_at_first_boot_waits_for_the_dpkg_lock():

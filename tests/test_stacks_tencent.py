@@ -173,6 +173,7 @@ def test_user_data_installs_driver_and_agent_without_credentials(built):
         text = base64.b64decode(t["userData"]).decode()
         assert text.startswith("#!/bin/bash")
         assert "nvidia-driver-535-server" in text
+        assert '"linux-headers-$(uname -r)" nvidia-driver-535-server' in text and "blacklist nouveau" in text
         assert "pip install" not in text and "sdcloud==" not in text  # nothing installed by name
         lowered = text.lower()
         for word in ("tencentcloud_secret_id", "tencentcloud_secret_key", "secretid", "secretkey", "password", "akid"):

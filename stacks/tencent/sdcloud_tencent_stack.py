@@ -111,9 +111,13 @@ def driver_block(driver: str) -> str:
     return f"""# NVIDIA driver (the public image has none); the agent's torch wheel brings its own CUDA runtime.
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
+  # nouveau would hold the GPU: blacklisted before the install (its initramfs update leaves it out).
+  printf 'blacklist nouveau\noptions nouveau modeset=0\n' > /etc/modprobe.d/sdcloud-blacklist-nouveau.conf
+  modprobe -r nouveau 2>/dev/null || true
   # Wait for the dpkg lock: unattended upgrades hold it in a new instance's first minutes.
   apt-get -o DPkg::Lock::Timeout={APT_LOCK_WAIT} update -q
-  apt-get -o DPkg::Lock::Timeout={APT_LOCK_WAIT} install -y -q nvidia-driver-{driver} nvidia-utils-{driver} python3-venv
+  # DKMS builds the driver's module for the running kernel: its headers come first.
+  apt-get -o DPkg::Lock::Timeout={APT_LOCK_WAIT} install -y -q "linux-headers-$(uname -r)" nvidia-driver-{driver} nvidia-utils-{driver} python3-venv
   modprobe nvidia || true
 fi
 """
