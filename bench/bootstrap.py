@@ -7,11 +7,18 @@ with nothing cached in the bucket (what a host would pay on every boot without t
 
 SeaweedFS over HTTPS on loopback is the bucket, a local IMDSv2 fake gives the role credentials.
 
-    python bench/bootstrap.py
+The model phase for a repository shaped like SDXL base (tests/fake_hub.py, its files' published
+sizes divided by --scale), served by a local hub through HF_ENDPOINT: bytes from the hub and
+seconds, cold (fetch what training needs, tar, upload) and warm (restore from the bucket), beside
+the full-repository download a host did before (snapshot_download with no filter).
+
+    python bench/bootstrap.py [--model-only] [--scale 1000]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import subprocess
 import sys
@@ -58,7 +65,60 @@ def plain_pip(build: str) -> float:
         return time.time() - t0
 
 
+_STAGE = """
+import json, sys, time
+from pathlib import Path
+from sdcloud_agent import models
+from sdcloud_agent.store import LocalStore
+t0 = time.time()
+if sys.argv[1] == "full":
+    from huggingface_hub import snapshot_download
+    snapshot_download(sys.argv[2], local_dir=sys.argv[4])
+    how = "full"
+else:
+    how = models.stage(sys.argv[2], LocalStore(sys.argv[3]), Path(sys.argv[4]))[1]
+print(json.dumps({"how": how, "seconds": time.time() - t0}))
+"""
+
+
+def model_phase(scale: int) -> None:
+    """Bytes from the hub and seconds of the model phase, cold and warm, and today's full download."""
+    from fake_hub import REPO_SDXL, FakeHub, sdxl_shaped
+
+    repo = sdxl_shaped(scale)
+    work = Path(tempfile.mkdtemp(prefix="sdcloud-bench-model-"))
+    try:
+        with FakeHub({REPO_SDXL: repo}) as hub:
+            env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(work / "hf"), "HF_HUB_OFFLINE": "0",
+                   "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1"}
+            out = {}
+            for name, mode, dest in (("full_repo", "full", "full"), ("cold", "stage", "host1"), ("warm", "stage", "host2")):
+                before = hub.bytes_fetched()
+                p = subprocess.run([sys.executable, "-c", _STAGE, mode, REPO_SDXL, str(work / "bucket"), str(work / dest)],
+                                   env=env, capture_output=True, text=True, check=True)
+                got = json.loads(p.stdout.strip().splitlines()[-1])
+                out[name] = (hub.bytes_fetched() - before, got["seconds"], got["how"])
+        tar = sum(f.stat().st_size for f in (work / "bucket").rglob("*.tar"))
+        whole = sum(len(d) for d in repo.values())
+        for name, (b, sec, how) in out.items():
+            print(f"model {name:9s}: {b / 1e6:9.2f} MB from the hub ({b * scale / 1e9:6.1f} GB at full size) "
+                  f"in {sec:.2f}s ({how})")
+        print(f"bootstrap model sdxl_shaped scale=1/{scale} repo_MB={whole / 1e6:.2f} "
+              f"full_repo_hub_MB={out['full_repo'][0] / 1e6:.2f} full_repo_s={out['full_repo'][1]:.2f} "
+              f"cold_hub_MB={out['cold'][0] / 1e6:.2f} cold_s={out['cold'][1]:.2f} cached_tar_MB={tar / 1e6:.2f} "
+              f"warm_hub_MB={out['warm'][0] / 1e6:.2f} warm_s={out['warm'][1]:.2f}")
+    finally:
+        subprocess.run(["rm", "-rf", str(work)])
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-only", action="store_true", help="only the model phase (no environment install)")
+    ap.add_argument("--scale", type=int, default=1000, help="the SDXL-shaped repository's sizes divided by this")
+    args = ap.parse_args()
+    model_phase(args.scale)
+    if args.model_only:
+        return
     from sdcloud.runs.hostboot import cloud_user_data
     from sdcloud_agent.store import open_store
 

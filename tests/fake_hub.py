@@ -25,6 +25,7 @@ from urllib.parse import unquote, urlsplit
 
 GB, MB = 10**9, 10**6
 SHA = "a" * 40  # the repository's one commit
+REPO_SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
 
 # Approximate sizes of stabilityai/stable-diffusion-xl-base-1.0's files as listed on its hub page.
 SDXL_BASE: dict[str, int] = {
