@@ -26,6 +26,7 @@ from ..offers.optimizer import job_hours
 from ..offers.tiers import get_tier
 from ..providers.base import LaunchSpec
 from ..runs import hostboot
+from ..runs.state import FINAL_RUN_STATES
 from ..spot.policy import get_policy
 
 # The providers whose hosts boot from our user-data and report their boot phases to the bucket.
@@ -78,7 +79,20 @@ class BatchController:
     def items_done(self) -> int:
         return len(self.store.list(f"{self.spec['prefix']}/done/"))
 
+    def _images_done(self) -> int:
+        """Images in the done markers, for `status` (the row's step); the last count if the store is unreachable."""
+        from ..runs.store import StoreError
+
+        try:
+            return sum(len(json.loads(self.store.get(o.key))["images"])
+                       for o in self.store.list(f"{self.spec['prefix']}/done/"))
+        except (StoreError, OSError, ValueError, KeyError):
+            return int(self.state.get_run(self.job_id)["step"] or 0)
+
     def cancelled(self) -> bool:
+        """A cancel from any place: the job's row (batch cancel, down) or the bucket's marker."""
+        if self.state.get_run(self.job_id)["state"] == "cancelled":
+            return True
         return self.store.head(f"{self.spec['prefix']}/cancel") is not None
 
     def wanted_hosts(self, done: int) -> int:
@@ -174,7 +188,8 @@ class BatchController:
             hostboot.check_limit(self)
 
     def ended(self) -> bool:
-        return self.state.get_run(self.job_id)["state"] == "failed"
+        """Failed boots in a row, or a cancel: every host stops and nothing is launched again."""
+        return self.state.get_run(self.job_id)["state"] in ("failed", "cancelled")
 
     def step(self) -> bool:
         """One pass: watch the hosts, resize the pool. True when the job is over (all done or cancelled)."""
@@ -206,7 +221,13 @@ class BatchController:
 
     def run(self, poll: float | None = None) -> dict[str, Any]:
         self.fleet.reconcile()
-        self.state.update_run(self.job_id, state="running")
+        if self.state.get_run(self.job_id)["state"] in FINAL_RUN_STATES:
+            # Ended already (a cancel before this driver started): stop what is open, launch nothing.
+            for cur in self.fleet.open_attempts():
+                self.fleet.end(cur, "stopped")
+            return {"job": self.job_id, "state": self.state.get_run(self.job_id)["state"],
+                    "hosts": len(self.fleet.attempts()), "cost_usd": round(self.cost_so_far(), 6)}
+        self.state.update_run(self.job_id, state="running", controller_pid=os.getpid())
         while not self.step():
             if self.fleet.exhausted():
                 self.state.update_run(self.job_id, state="failed", reason="no host could be launched")
@@ -214,7 +235,8 @@ class BatchController:
             time.sleep(self.timing.poll_seconds if poll is None else poll)
         for cur in self.fleet.open_attempts():
             self.fleet.end(cur, "done")
+        self.state.update_run(self.job_id, step=self._images_done(), controller_pid=None)
         if self.state.get_run(self.job_id)["state"] == "running":
-            self.state.update_run(self.job_id, state="stopped" if self.cancelled() else "succeeded")
+            self.state.update_run(self.job_id, state="cancelled" if self.cancelled() else "succeeded")
         return {"job": self.job_id, "state": self.state.get_run(self.job_id)["state"],
                 "hosts": len(self.fleet.attempts()), "cost_usd": round(self.cost_so_far(), 6)}

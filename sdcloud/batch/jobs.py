@@ -6,6 +6,7 @@ and a prefix `batch/<job>/` in the bucket that holds everything the workers need
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -250,7 +251,7 @@ def progress(job_id: str) -> dict[str, Any]:
     prefix = job["spec"]["prefix"]
     done = [json.loads(store.get(o.key)) for o in store.list(f"{prefix}/done/")]
     images = sum(len(m["images"]) for m in done)
-    elapsed = max(1e-6, (job["updated"] if job["state"] in ("succeeded", "stopped", "failed") else time.time())
+    elapsed = max(1e-6, (job["updated"] if job["state"] in ("succeeded", "stopped", "failed", "cancelled") else time.time())
                   - job["spec"]["submitted"])
     rate = images / elapsed
     left = job["total_steps"] - images
@@ -267,20 +268,89 @@ def progress(job_id: str) -> dict[str, Any]:
             "cost_per_image_usd": round(cost / images, 8) if images else None}
 
 
-def cancel(job_id: str) -> dict[str, Any]:
+def cancel(job_id: str, reason: str = "cancelled by sdcloud batch cancel") -> dict[str, Any]:
+    """End a job for good: the state first (so that no driver starts another worker), then the bucket's
+    cancel marker (workers stop claiming), then this machine's worker processes.
+
+    `job_id` may be the job's name; every write uses the id found (a write by name matched no row and
+    left the job `running` while its pool kept relaunching workers).
+    """
+    from ..runs.state import ACTIVE_RUN_STATES
+    from ..runs.store import StoreError
+
     job = find_job(job_id)
-    store = _store(job)
-    store.put(f"{job['spec']['prefix']}/cancel", b"cancelled\n")
+    jid = job["id"]
+    state = _state()
+    if job["state"] in ACTIVE_RUN_STATES:  # an ended job keeps its end (a cancel changes nothing there)
+        state.update_run(jid, state="cancelled", reason=reason)
+        state.event(jid, "batch-cancelled", {"reason": reason})
+    try:
+        _store(job).put(f"{job['spec']['prefix']}/cancel", b"cancelled\n")
+    except (StoreError, OSError) as exc:
+        # The state already says cancelled, which every driver obeys; workers then stop at their lease's end.
+        state.event(jid, "batch-cancel-marker-failed", {"error": str(exc)[:200]})
     for pid in job["spec"].get("worker_pids", []):
         try:
             os.kill(int(pid), 15)
         except (ProcessLookupError, PermissionError):
             pass
+    return {"job": jid, "state": state.get_run(jid)["state"]}
+
+
+# How long a cancel waits for a live driver to end its own hosts before it stops the driver and ends
+# them itself (a driver sees the cancel within one poll: 0.5 s locally, the provider's poll on a cloud).
+DRIVER_STOP_SECONDS = 30.0
+
+
+def end_hosts(job_id: str, wait_s: float | None = None) -> int:
+    """After a cancel: give a live driver `wait_s` to stop, then SIGTERM it; end whatever hosts are
+    still open here (local worker processes, cloud instances through the fleet). Returns how many."""
+    import signal
+
+    from ..runs.controller import controller_alive
+
     state = _state()
-    if job["state"] not in ("succeeded", "failed"):
-        state.update_run(job_id, state="stopped", reason="cancelled")
-    state.event(job_id, "batch-cancelled", {})
-    return {"job": job_id, "state": "stopped"}
+    row = state.get_run(job_id)
+    if controller_alive(row):
+        until = time.time() + (DRIVER_STOP_SECONDS if wait_s is None else wait_s)
+        while time.time() < until and controller_alive(state.get_run(job_id)):
+            time.sleep(0.2)
+        row = state.get_run(job_id)
+        if controller_alive(row):
+            try:
+                os.kill(int(row["controller_pid"]), signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+            until = time.time() + 10
+            while time.time() < until and controller_alive(state.get_run(job_id)):
+                time.sleep(0.2)
+    open_ = [a for a in state.attempts(job_id) if a.state != "ended"]
+    if not open_:
+        return 0
+    if row["spec"].get("provider", "local") == "local":
+        for a in open_:
+            pid = a.instance_id.removeprefix("pid-") if a.instance_id else ""
+            if pid.isdigit():
+                try:
+                    os.kill(int(pid), signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        _worker_attempts_ended(state, job_id, "stopped")
+    else:
+        from .controller import BatchController
+
+        ctl = BatchController(state, job_id)
+        for cur in ctl.fleet.open_attempts():
+            ctl.fleet.end(cur, "stopped")
+    return len(open_)
+
+
+def job_over(job_id: str) -> bool:
+    """Whether the job's row says it ended (cancelled, failed, succeeded, stopped): drivers stop at once."""
+    from ..runs.state import FINAL_RUN_STATES
+
+    row = _state().get_run(job_id)
+    return row is None or row["state"] in FINAL_RUN_STATES
 
 
 def verify_job(job_id: str) -> dict[str, Any]:
@@ -382,6 +452,8 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
 
     def start(slot: int) -> None:
         nonlocal started
+        if job_over(job_id):  # a cancel between this pass's check and now: start nothing
+            return
         started += 1
         log = open(logs / f"worker-{started}.log", "ab")
         procs[slot] = subprocess.Popen(_worker_cmd(job, started, ttl), stdout=log, stderr=subprocess.STDOUT,
@@ -389,7 +461,9 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
         state.event(job_id, "worker-started", {"slot": slot, "n": started, "pid": procs[slot].pid})
         _worker_attempt_started(state, job, procs[slot].pid)
 
-    state.update_run(job_id, state="running")
+    if job_over(job_id):
+        return {**progress(job_id), "workers_started": 0}
+    state.update_run(job_id, state="running", controller_pid=os.getpid())
     for slot in range(k):
         start(slot)
     try:
@@ -397,11 +471,13 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
             spec = dict(job["spec"], worker_pids=[p.pid for p in procs.values()])
             state.update_run(job_id, spec=json.dumps(spec))
             p = progress(job_id)
+            state.update_run(job_id, step=p["images_done"])
             if on_progress:
                 on_progress(p)
             if p["items_done"] >= p["items"]:
                 break
-            if _state().get_run(job_id)["state"] == "stopped":
+            # A cancel (or `down`) is final: checked before any worker is started again.
+            if job_over(job_id) or _cancel_marked(job):
                 break
             for slot, proc in list(procs.items()):
                 if proc.poll() is not None:
@@ -429,22 +505,52 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
                 proc.kill()
         _worker_attempts_ended(state, job_id, "stopped")
     final = progress(job_id)
-    if _state().get_run(job_id)["state"] != "stopped":
+    state.update_run(job_id, step=final["images_done"], controller_pid=None)
+    if _cancel_marked(job) and not job_over(job_id):
+        state.update_run(job_id, state="cancelled", reason="cancelled (the bucket's cancel marker)")
+    if not job_over(job_id):
         v = verify_job(job_id)
         state.update_run(job_id, state="succeeded" if v["ok"] else "failed",
                          reason=None if v["ok"] else "verify failed")
     return {**progress(job_id), "workers_started": started, "final_images": final["images_done"]}
 
 
+def _cancel_marked(job: dict) -> bool:
+    from ..runs.store import StoreError
+
+    try:
+        return _store(job).head(f"{job['spec']['prefix']}/cancel") is not None
+    except (StoreError, OSError):
+        return False  # unknown now; the state row is the other signal and is checked each pass
+
+
 def run_job(job_id: str, on_progress=None) -> dict[str, Any]:
     """Run a job to its end: K worker processes here (local), or K hosts through the fleet (clouds, SSH)."""
     job = find_job(job_id)
-    if job["spec"]["provider"] == "local":
-        return run_local(job_id, on_progress=on_progress)
-    from .controller import BatchController
+    with _sigterm_exits():
+        if job["spec"]["provider"] == "local":
+            return run_local(job["id"], on_progress=on_progress)
+        from .controller import BatchController
 
-    res = BatchController(_state(), job_id).run()
-    return {**progress(job_id), **res}
+        res = BatchController(_state(), job["id"]).run()
+        return {**progress(job["id"]), **res}
+
+
+@contextlib.contextmanager
+def _sigterm_exits():
+    """A driver that is told to stop (down, batch cancel) unwinds, so that its pool's `finally` ends its
+    workers; Python's default SIGTERM would end it without running any."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def detach(job_id: str) -> int:

@@ -23,9 +23,20 @@ def pull(run: str, dest: str | None, force: bool, as_json: bool) -> None:
     from ..runs.artifacts import pull as pull_artifacts
     from ..runs.state import StateStore
 
+    from ..runs.state import BATCH, run_kind
+
     found = StateStore().get_run(run)
     if found is None:
         raise UserError(f"no run {run!r}; see: sdcloud status")
+    if run_kind(found) == BATCH:  # one command for both kinds: a batch job's pull is its images
+        from ..batch import jobs
+
+        res = jobs.pull(found["id"], dest, force=force)
+        if as_json:
+            emit_json(res)
+        else:
+            click.echo(f"{res['images']} image(s) of batch job {found['id']} in {res['dir']} (gallery: {res['gallery']})")
+        return
     from ..runs import pulls
 
     folder = Path(dest or found["id"]).expanduser()

@@ -180,13 +180,19 @@ def _warn_if_prices_old(provider: str) -> None:
 
 
 def render_summary(summ: dict) -> None:
-    table(f"run {summ['run']} ({summ['tier']}): {summ['state']}" + (f" ({summ['reason']})" if summ.get("reason") else ""),
-          ["#", "provider", "region", "zone", "type", "market", "$/h", "hours", "cost $", "ended by"],
-          [(a["n"], a["provider"], a["region"], a["zone"], a["instance_type"], a["market"],
-            f"{a['price']:.4f}" if a["price"] is not None else "", f"{a['hours']:.3f}", f"{a['cost']:.4f}", a["end_reason"] or "running")
-           for a in summ["attempts"]], drop=["provider", "region", "hours", "#"])
+    what = "batch job" if summ.get("kind") == "batch" else "run"
+    title = f"{what} {summ['run']} ({summ['tier']}): {summ['state']}" + (f" ({summ['reason']})" if summ.get("reason") else "")
+    if not summ["attempts"]:  # nothing launched (yet): no empty table
+        echo(title)
+    else:
+        table(title, ["#", "provider", "region", "zone", "type", "market", "$/h", "hours", "cost $", "ended by"],
+              [(a["n"], a["provider"], a["region"], a["zone"], a["instance_type"], a["market"],
+                f"{a['price']:.4f}" if a["price"] is not None else "", f"{a['hours']:.3f}", f"{a['cost']:.4f}",
+                a["end_reason"] or "running")
+               for a in summ["attempts"]], drop=["provider", "region", "hours", "#"])
     c = summ["cost"]
-    line = f"step {summ['step']}/{summ['total_steps']}; total ${c['total']:.4f}"
+    done = "images" if summ.get("kind") == "batch" else "step"
+    line = f"{done} {summ['step']}/{summ['total_steps']}; total ${c['total']:.4f}"
     if c.get("savings_pct") is not None:
         line += f"; on-demand would have cost ${c['ondemand_equivalent']:.4f} (saved {c['savings_pct']:.1f}%)"
     echo(line)
@@ -406,8 +412,12 @@ def resume(run, budget, deadline, max_price, spot, on_demand, steps, detach, as_
     """Continue a stopped or failed run from its durable checkpoint, under its own run id."""
     from ..runs.controller import ACTIVE_RUN_STATES
 
+    from ..runs.state import BATCH, run_kind
+
     state = _state()
     found = _find_run(state, run)
+    if run_kind(found) == BATCH:
+        return _resume_batch(state, found, detach)
     if found["state"] == "succeeded":
         raise UserError(f"run {found['id']} has already succeeded; start a new one with sdcloud up")
     flags = {"budget": _budget(budget), "deadline_hours": deadline, "max_price": max_price,
@@ -423,6 +433,25 @@ def resume(run, budget, deadline, max_price, spot, on_demand, steps, detach, as_
     _resume(state, found, flags, None, detach, as_json)
 
 
+def _resume_batch(state, job: dict, detach: bool) -> None:
+    """A batch job whose driver is gone gets one again; an ended job (cancel is final) is refused."""
+    from ..batch import jobs
+    from ..runs.controller import ACTIVE_RUN_STATES, controller_alive
+
+    if job["state"] not in ACTIVE_RUN_STATES:
+        raise UserError(f"batch job {job['id']} is {job['state']}: it does not run again; "
+                        f"submit a new one with: sdcloud batch submit")
+    if controller_alive(job):
+        raise UserError(f"batch job {job['id']} is running; follow it with: sdcloud batch watch {job['id']}")
+    if detach:
+        pid = jobs.detach(job["id"])
+        note(f"batch job {job['id']}: driver started in the background (pid {pid})")
+        return
+    note(f"driving batch job {job['id']} again")
+    res = jobs.run_job(job["id"])
+    click.echo(f"{res['job']} {state.get_run(job['id'])['state']}: {res['images_done']}/{res['images']} images")
+
+
 def _default_region(provider: str) -> str:
     return {"aws": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"), "tencent": "ap-guangzhou"}.get(provider, "")
 
@@ -431,9 +460,14 @@ def controller_note(run: dict) -> str | None:
     """For an unfinished run that no live controller drives: what to do about it (hosts may be billing)."""
     from ..runs.controller import ACTIVE_RUN_STATES, controller_alive
 
+    from ..runs.state import BATCH, run_kind
+
     if run["state"] not in ACTIVE_RUN_STATES or controller_alive(run):
         return None
     name = run.get("name") or run["id"]
+    if run_kind(run) == BATCH:
+        return (f"no controller: nothing drives batch job {run['id']}, and its hosts may still be billing; "
+                f"drive it again with: sdcloud resume {name}; or cancel it with: sdcloud down {name}")
     return (f"no controller: nothing is watching run {run['id']}, and its host may still be billing; "
             f"resume it with: sdcloud resume {name}; or stop it with: sdcloud down {name}")
 
@@ -444,15 +478,16 @@ def controller_note(run: dict) -> str | None:
 @click.argument("run", required=False, metavar="RUN", shell_complete=complete_runs)
 @click.option("--json", "as_json", is_flag=True)
 def status(run: str | None, as_json: bool) -> None:
-    """Show runs, or one run's state, step and attempts."""
+    """Show runs and batch jobs, or one's state, progress and attempts."""
     from ..runs.controller import summary
+    from ..runs.state import ACTIVE_RUN_STATES
 
     state = _state()
     if run:
         found = _find_run(state, run)
         summ = summary(state, found["id"])
         dead = controller_note(found)
-        summ["controller"] = "none" if dead else ("alive" if found["state"] not in ("succeeded", "failed", "stopped") else "ended")
+        summ["controller"] = "none" if dead else ("alive" if found["state"] in ACTIVE_RUN_STATES else "ended")
         if as_json:
             emit_json(summ)
         else:
@@ -475,7 +510,8 @@ def status(run: str | None, as_json: bool) -> None:
             len(r["attempts"]), f"{r['cost']['total']:.4f}") for r in summs],
           drop=["attempts", "provider", "name"])
     if any(r["controller"] == "none" for r in summs):
-        echo("no controller: resume a run with: sdcloud resume RUN; or stop it with: sdcloud down RUN")
+        echo("no controller: drive a run or batch job again with: sdcloud resume RUN; "
+             "or stop it with: sdcloud down RUN")
 
 
 def _store_for(run: dict):
@@ -483,6 +519,10 @@ def _store_for(run: dict):
     from ..runs.spec import RunSpec
     from ..runs.store import open_run_store
 
+    from ..runs.state import BATCH, run_kind
+
+    if run_kind(run) == BATCH:  # a batch job's spec holds its store's config itself
+        return open_run_store(run["spec"]["store"])
     spec = RunSpec(**run["spec"])
     state = _state()
     return open_run_store(store_url(spec, state.infra(spec.provider, spec.region or "")))
@@ -659,15 +699,30 @@ def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
     if not run and not all_runs:
         raise UserError("name a run or pass --all; see: sdcloud status")
     state = _state()
+    from ..runs.state import BATCH, run_kind
+
     runs = state.list_runs(ACTIVE_RUN_STATES) if all_runs else [_find_run(state, run)]
     if all_runs and runs and not yes:
         click.confirm(f"Stop {len(runs)} run(s): {', '.join(r['id'] for r in runs)}?", abort=True, err=True)
     done = []
     for r in runs:
+        if run_kind(r) == BATCH:
+            # A batch job's stop is its cancel: final, its driver exits and starts no worker or host again.
+            from ..batch.jobs import end_hosts
+
+            if r["state"] in ACTIVE_RUN_STATES:
+                from ..batch.jobs import cancel as cancel_job
+
+                cancel_job(r["id"], reason="cancelled by sdcloud down")
+            end_hosts(r["id"])
+            done.append({"run": r["id"], "state": state.get_run(r["id"])["state"]})
+            continue
         if controller_alive(r):
             os.kill(r["controller_pid"], signal.SIGTERM)
             deadline = time.time() + 120
-            while time.time() < deadline and state.get_run(r["id"])["state"] in ACTIVE_RUN_STATES:
+            # Until the controller has stopped the run, or is gone without doing so (then we finish it here).
+            while (time.time() < deadline and state.get_run(r["id"])["state"] in ACTIVE_RUN_STATES
+                   and controller_alive(state.get_run(r["id"]))):
                 time.sleep(0.5)
         if state.get_run(r["id"])["state"] in ACTIVE_RUN_STATES:
             ctl = Controller(state, r["id"])

@@ -34,7 +34,7 @@ from ..spot.policy import ON_DEMAND, SPOT, WAIT, get_policy
 from . import hostboot
 from .spec import RunSpec
 from .agent_reports import report_agent_problems
-from .state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore
+from .state import ACTIVE_RUN_STATES, BATCH, FINAL_RUN_STATES, Attempt, StateStore, run_kind
 
 
 def new_run_id() -> str:
@@ -59,6 +59,8 @@ class Controller:
         run = state.get_run(run_id)
         if run is None:
             raise UserError(f"no run {run_id!r}; see: sdcloud status")
+        if run_kind(run) == BATCH:
+            raise UserError(f"{run['id']} is a batch job, not a training run; see: sdcloud batch status {run['id']}")
         self.run_id = run["id"]
         self.spec = RunSpec(**run["spec"])
         self.tier = get_tier(self.spec.tier)
@@ -390,7 +392,6 @@ def summary(state: StateStore, run_id: str) -> dict:
     run = state.get_run(run_id)
     if run is None:
         raise UserError(f"no run {run_id!r}; see: sdcloud status")
-    spec = RunSpec(**run["spec"])
     attempts = state.attempts(run["id"])
     rows = []
     ledger_cost = cost_ledger.attempt_costs_usd(state, run)
@@ -399,12 +400,19 @@ def summary(state: StateStore, run_id: str) -> dict:
                      "market": a.market, "price": a.price, "hours": round(a.hours, 4),
                      "cost": ledger_cost.get(a.n, round(a.cost, 4)),
                      "instance_id": a.instance_id, "start": a.start, "end": a.end, "end_reason": a.end_reason})
+    kind = run_kind(run)
     out = {
-        "run": run["id"], "name": run["name"], "tier": run["tier"], "provider": spec.provider, "state": run["state"],
+        "run": run["id"], "kind": kind, "name": run["name"], "tier": run["tier"],
+        "provider": run["spec"].get("provider") or "local", "state": run["state"],
+        # A batch job's step is its images done, as its driver last counted them (no store read here).
         "reason": run["reason"], "step": run["step"], "total_steps": run["total_steps"], "attempts": rows,
         # From the cost ledger: every item, open attempts priced up to now (sdcloud cost report has the detail).
         "cost": cost_ledger.summary_cost(state, run),
     }
+    if kind == BATCH:
+        out["workers"] = run["spec"].get("workers")
+        return out
+    spec = RunSpec(**run["spec"])
     if spec.provider in ("local", "ssh"):
         try:
             best = rank(get_tier(spec.tier), load_catalog(), market="spot", job_size=run["total_steps"])[0]

@@ -23,8 +23,8 @@ CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY,
     name TEXT,
     tier TEXT NOT NULL,
-    state TEXT NOT NULL,            -- pending, launching, running, recovering, succeeded, failed, stopped
-    spec TEXT NOT NULL,             -- JSON: the run's settings (never secrets)
+    state TEXT NOT NULL,            -- pending, launching, running, recovering, succeeded, failed, stopped, cancelled
+    spec TEXT NOT NULL,             -- JSON: the run's settings (never secrets); a batch job's has kind "batch"
     step INTEGER NOT NULL DEFAULT 0,
     total_steps INTEGER NOT NULL DEFAULT 0,
     reason TEXT,
@@ -125,7 +125,18 @@ CREATE TABLE IF NOT EXISTS infra (
 """
 
 ACTIVE_RUN_STATES = ("pending", "launching", "running", "recovering")
-FINAL_RUN_STATES = ("succeeded", "failed", "stopped")
+# "cancelled": a batch job ended by `batch cancel` or `down` (final: nothing relaunches it). A training
+# run ended by `down` is "stopped": final for every driver too, and `sdcloud resume` may take it up again.
+FINAL_RUN_STATES = ("succeeded", "failed", "stopped", "cancelled")
+
+# The runs table is one honest union of two kinds: training runs and batch jobs (spec "kind": "batch").
+# Every command that lists or acts on rows asks this, never RunSpec(**spec) on a row of unknown kind.
+TRAIN, BATCH = "train", "batch"
+
+
+def run_kind(run: dict) -> str:
+    spec = run.get("spec") if isinstance(run.get("spec"), dict) else {}
+    return BATCH if spec.get("kind") == BATCH else TRAIN
 
 
 @dataclass
