@@ -17,7 +17,7 @@ def obs(t=0.0, p=0.0, zone=None, market=None, zones=(("a", True),), c=10.0, r=20
 
 
 def test_registry():
-    assert policy_names() == ["on-demand", "greedy", "uniform-progress", "sdcloud"]
+    assert policy_names() == ["on-demand", "greedy", "uniform-progress", "sdcloud", "sdcloud-up"]
     with pytest.raises(UserError, match="unknown policy 'x'; choose from: on-demand, greedy"):
         get_policy("x")
 
@@ -59,10 +59,64 @@ def test_sdcloud_zones():
     assert (act.kind, act.zone) == (SPOT, "b")
     # After a wait the last zone wins a tie.
     assert sd.decide(obs(t=1, p=1, zone="b", zones=two)).zone == "b"
-    # No spot anywhere and behind: on-demand; ahead: wait.
+    # The previous rule, Uniform Progress across zones: no spot anywhere and behind: on-demand; ahead: wait.
+    prev = get_policy("sdcloud-up")
     none = (("a", False), ("b", False))
-    assert sd.decide(obs(t=5, p=2.4, zones=none)).kind == ON_DEMAND
-    assert sd.decide(obs(t=5, p=2.6, zones=none)).kind == WAIT
+    assert prev.decide(obs(t=5, p=2.4, zones=none)).kind == ON_DEMAND
+    assert prev.decide(obs(t=5, p=2.6, zones=none)).kind == WAIT
+
+
+def test_sdcloud_waits_while_the_slack_is_ample():
+    """C = 10, R = 20, d = 0.2, tick 1/6 h: S = 10, net = max(2d, d + tick) = 0.4,
+    reserve = min(S (R - t) / R, 0.25 (C - p)); wait while slack - net >= reserve."""
+    none = (("a", False),)
+    # t = 5, p = 2.4: slack 7.4, free 7.0, reserve min(7.5, 1.9) = 1.9 -> wait, where Uniform Progress
+    # (p < ep(5) = 2.5) pays on-demand.
+    assert get_policy("sdcloud").decide(obs(t=5, p=2.4, zones=none)).kind == WAIT
+    assert get_policy("uniform-progress").decide(obs(t=5, p=2.4, zones=none)).kind == ON_DEMAND
+    # t = 10, p = 2.5: slack 2.5, free 2.1 >= reserve min(5, 1.875) -> wait.
+    assert get_policy("sdcloud").decide(obs(t=10, p=2.5, zones=none)).kind == WAIT
+    # t = 10, p = 2: slack 2, free 1.6 < reserve min(5, 2.0) -> on-demand.
+    assert get_policy("sdcloud").decide(obs(t=10, p=2.0, zones=none)).kind == ON_DEMAND
+    # Late in a short job the Uniform Progress line is the smaller reserve: t = 19, p = 9.2 -> slack 0.2
+    # is under the net: on-demand whatever the reserve.
+    assert get_policy("sdcloud").decide(obs(t=19, p=9.2, zones=none)).kind == ON_DEMAND
+
+
+def test_sdcloud_leaves_on_demand_only_for_spot_that_has_lasted():
+    """On on-demand, back to spot once the zone has had spot for max(d, tick) = 0.2 h and
+    slack - net >= reserve - 1.5 d C / R (= reserve - 0.15 here)."""
+    sd = get_policy("sdcloud")
+    g = 1 / 6
+    # Spot first seen at t = 10: 0 h old, then 1/6 h: stay on on-demand; at 2/6 h old: spot.
+    assert sd.decide(obs(t=10, p=4, market=ON_DEMAND, zone="a")).kind == ON_DEMAND
+    assert sd.decide(obs(t=10 + g, p=4 + g, market=ON_DEMAND, zone="a")).kind == ON_DEMAND
+    assert sd.decide(obs(t=10 + 2 * g, p=4 + 2 * g, market=ON_DEMAND, zone="a")).kind == SPOT
+    # A reclaim resets the age: spot gone at 11, back at 11 + 1/6 -> 0 h old again.
+    assert sd.decide(obs(t=11, p=4.5, zones=(("a", False),), zone="a")).kind == WAIT
+    assert sd.decide(obs(t=11 + g, p=4.5 + g, market=ON_DEMAND, zone="a")).kind == ON_DEMAND
+    # Slack decides too (spot seen since t = 9): t = 10, p = 2.25: free 1.85 >= reserve 1.9375 - 0.15 -> spot;
+    # p = 2.1: free 1.7 < 1.975 - 0.15 -> stay on on-demand.
+    for p, kind in ((2.25, SPOT), (2.1, ON_DEMAND)):
+        sd = get_policy("sdcloud")
+        sd.decide(obs(t=9, p=p - 1, market=ON_DEMAND, zone="a"))
+        assert sd.decide(obs(t=10, p=p, market=ON_DEMAND, zone="a")).kind == kind
+    # Time going backwards is another job: what was seen is forgotten. Spot seen since t = 0 is 5 h old
+    # at t = 5; a new job at t = 0.3 has seen it for 0 h, not 0.3 h.
+    sd = get_policy("sdcloud")
+    assert sd.decide(obs(t=0, p=0, market=ON_DEMAND, zone="a")).kind == ON_DEMAND
+    assert sd.decide(obs(t=5, p=4.6, market=ON_DEMAND, zone="a")).kind == SPOT
+    assert sd.decide(obs(t=0.3, p=0.3, market=ON_DEMAND, zone="a")).kind == ON_DEMAND
+
+
+def test_sdcloud_on_demand_in_the_cheapest_region():
+    sd = get_policy("sdcloud")
+    views = [ZoneView("a", False, 1.0, 3.5), ZoneView("b", False, 1.0, 3.0)]
+    act = sd.decide(Observation(10, 0.5, 10.0, 20.0, 0.2, "a", None, views, 1 / 6))
+    assert (act.kind, act.zone) == (ON_DEMAND, "b")
+    # A running on-demand instance does not move.
+    act = sd.decide(Observation(10.2, 0.6, 10.0, 20.0, 0.2, "a", ON_DEMAND, views, 1 / 6))
+    assert (act.kind, act.zone) == (ON_DEMAND, "a")
 
 
 def test_sdcloud_safety_net_uses_the_tick():
@@ -98,8 +152,9 @@ def test_sdcloud_never_misses_on_random_markov_traces(tick, d):
                 c = 12.0
                 r = max(c / ratio, c + d + 2 * g)
                 st = Setting(c, r, d)
-                res = simulate(avail, [f"z{i}" for i in range(zones)], tick, st, ["sdcloud"], starts=25, seed=3)[0]
-                assert res.met.all(), (tick, d, p_fail, p_back, zones, ratio)
+                for res in simulate(avail, [f"z{i}" for i in range(zones)], tick, st, ["sdcloud", "sdcloud-up"],
+                                    starts=25, seed=3):
+                    assert res.met.all(), (res.policy, tick, d, p_fail, p_back, zones, ratio)
 
 
 SETS = {

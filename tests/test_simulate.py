@@ -17,7 +17,7 @@ TICK = 600  # seconds: 1/6 h, so d = 0.2 h is 1.2 ticks and the partial tick is 
 G = TICK / 3600
 # Easy prices: spot 1 $/h, on-demand 3 $/h.
 S, K = 1.0, 3.0
-ONLINE = ["on-demand", "greedy", "uniform-progress", "sdcloud"]
+ONLINE = ["on-demand", "greedy", "uniform-progress", "sdcloud", "sdcloud-up"]
 
 
 def setting(c: float, r: float, d: float = 0.2) -> Setting:
@@ -53,9 +53,13 @@ def test_never_available():
     assert res["greedy"].cost == pytest.approx(3.6)
     assert res["greedy"].finish_hours == pytest.approx(4 * G + 1.2)
     # Uniform progress: behind ep(1/6) = 1/12 at the second tick, so on-demand from 1/6 h.
-    for name in ("uniform-progress", "sdcloud"):
+    for name in ("uniform-progress", "sdcloud-up"):
         assert res[name].finish_hours == pytest.approx(G + 1.2)
         assert res[name].cost == pytest.approx(3.6)
+    # sdcloud waits while slack - net = (1 - t) - 0.4 >= reserve = min(S (R - t)/R, 0.25 C) = 0.25:
+    # at 0, 1/6 and 2/6 h; on-demand from 3/6 h. Waiting is free, so the same 3.6 $.
+    assert res["sdcloud"].finish_hours == pytest.approx(3 * G + 1.2)
+    assert res["sdcloud"].cost == pytest.approx(3.6)
     assert res["optimal"] == (pytest.approx(3.6), True)
     assert all(res[n].deadline_met(st) for n in ONLINE)
 
@@ -189,7 +193,7 @@ def test_cli_json_and_table(tmp_path, capsys):
     (["--job-hours", "0"], "--job-hours must be more than 0"),
     (["--deadline-hours", "0.5"], "impossible deadline"),
     (["--restart-hours", "-0.1"], "--restart-hours must be 0 or more"),
-    (["--policy", "cheapest"], "unknown policy 'cheapest'; choose from: on-demand, greedy, uniform-progress, sdcloud, optimal"),
+    (["--policy", "cheapest"], "unknown policy 'cheapest'; choose from: on-demand, greedy, uniform-progress, sdcloud, sdcloud-up, optimal"),
     (["--starts", "0"], "--starts must be at least 1"),
     (["--deadline-hours", "100"], "less than the deadline window"),
 ])
@@ -295,3 +299,22 @@ def test_price_series_load_coarsen_and_attach(tmp_path):
     f.write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": [1, 1], "prices": [1.0]}))
     with pytest.raises(UserError, match="'prices' must be a list of 2 non-negative numbers"):
         load_trace(f)
+
+
+def test_sdcloud_waits_out_an_outage_uniform_progress_pays_for():
+    # No spot in the first hour (ticks 0-5), spot from then on; C = 1 h, R = 3 h, d = 0.2 h.
+    avail = np.ones((1, 30), bool)
+    avail[0, :6] = False
+    st = setting(1.0, 3.0)
+    res = run_all(avail, st)
+    # Uniform Progress is behind ep(1/6) at the second tick: on-demand from 1/6 h to 1 h (5 ticks,
+    # 2.5 $, progress 5/6 - 0.2 = 0.633 h); at 1 h p >= ep(1 + 2d) = 0.467: spot, 0.2 h restart then
+    # the 0.367 h left: 0.567 h at 1 $/h. 3.067 $, done at 1.567 h, two launches.
+    up = res["uniform-progress"]
+    assert up.cost == pytest.approx(2.5 + 0.2 + 0.3667, abs=1e-3) and up.launches == 2
+    # sdcloud: reserve = min(S (R - t)/R, 0.25 (C - p)) = 0.25 h with p = 0, and slack - net =
+    # 2 - t - 0.4 >= 0.25 until t = 1.35 h: it waits through tick 5, launches spot at 1 h once:
+    # 1.2 h at 1 $/h, done at 2.2 h, as the optimum.
+    sd = res["sdcloud"]
+    assert sd.cost == pytest.approx(1.2) and sd.finish_hours == pytest.approx(2.2) and sd.launches == 1
+    assert res["optimal"] == (pytest.approx(1.2), True)

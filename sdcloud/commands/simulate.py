@@ -19,7 +19,7 @@ from ..render import emit_json, note, output_options, table, wide_option
 @click.option("--spot-price", type=float, default=0.9731, show_default=True, help="Spot USD per hour.")
 @click.option("--ondemand-price", type=float, default=3.06, show_default=True, help="On-demand USD per hour.")
 @click.option("--policy", "policies", multiple=True, metavar="P",
-              help="Policy to replay (repeatable; default all): on-demand, greedy, uniform-progress, sdcloud, optimal.")
+              help="Policy to replay (repeatable; default all): on-demand, greedy, uniform-progress, sdcloud, sdcloud-up, optimal.")
 @click.option("--starts", type=int, default=300, show_default=True, help="Random start points (the same for every policy).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the start points.")
 @click.option("--single-zone", is_flag=True, help="Keep every policy to the zone it started in.")

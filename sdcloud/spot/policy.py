@@ -7,6 +7,11 @@ alone, so a controller that crashes and restarts needs to persist nothing for th
 persists progress and the current instance anyway). Online policies never see the future: only
 which zones have spot now and the prices.
 
+One exception to "stateless": `sdcloud` remembers since when it has seen spot in each zone
+(one number per zone, in the policy object, for the job it serves). Losing it (a controller
+restart) only makes it wait one more probe before it leaves on-demand; it never touches the
+deadline guarantee, which rests on the observation alone.
+
 Units are hours and USD per hour. The accounting the simulator applies to these decisions is in
 docs/policies.md.
 """
@@ -149,8 +154,9 @@ class UniformProgress(Policy):
         return WAIT_ACTION
 
 
-class Sdcloud(Policy):
-    """sdcloud's policy: Uniform Progress over every zone offered, with a tight safety net.
+class SdcloudUP(Policy):
+    """sdcloud's previous policy, kept for comparison: Uniform Progress over every zone offered,
+    with a tight safety net.
 
     - Spot counts as available when any zone has it now. A running spot instance stays where it is
       (a hop costs a restart); after a reclaim the job moves to the cheapest zone with spot now
@@ -164,7 +170,7 @@ class Sdcloud(Policy):
       and measured slightly worse than 2d on the shared traces, so 2d stays the floor.)
     """
 
-    name = "sdcloud"
+    name = "sdcloud-up"
     multi_zone = True
 
     def decide(self, obs: Observation) -> Action:
@@ -190,7 +196,101 @@ class Sdcloud(Policy):
         return min(open_zones, key=lambda z: (z.spot_price, z.key != last)).key
 
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (OnDemand, Greedy, UniformProgress, Sdcloud)}
+class Sdcloud(Policy):
+    """sdcloud's policy: spend the slack on waiting for spot, not on on-demand, while it is ample.
+
+    slack = time left - work left: the hours that may still be lost (waiting, restarts) and the
+    deadline met. S = R - C is the slack at the start. net = max(2d, d + tick).
+
+    1. Safety net: slack < net -> on-demand (for good: on-demand loses no slack after its launch).
+    2. A running spot instance whose zone still has spot stays (a hop costs a restart).
+    3. reserve = min(S (R - t) / R, BETA (C - p)): the slack kept back for later outages. The
+       first term is Uniform Progress's line; the cap says a job never needs to hold back more
+       than BETA hours per hour of work left, so a job with ample slack waits out outages that
+       Uniform Progress pays on-demand for.
+    4. No instance, no spot anywhere: wait while slack - net >= reserve, else on-demand.
+    5. No instance, spot somewhere: launch spot in the cheapest zone that has it.
+    6. On on-demand: back to spot only in a zone that has had spot for at least PROBE x max(d, tick)
+       (a spot run that has just begun is the likeliest to end before it repays two restarts),
+       and only while slack - net >= reserve - RETURN x d x C / R. (Uniform Progress leaves
+       on-demand at reserve + 2 d C / R; a return is work done on spot instead of on-demand,
+       not slack burnt, so it may dip a little below the waiting line.)
+
+    Rules 2-6 only act while slack >= net, and a tick loses at most one tick of slack (the worst
+    case: it brings no progress at all), so the next decision still has slack >= net - tick >= d:
+    enough for an on-demand launch, which then loses no more and finishes by the deadline. That
+    holds for any tick length (docs/policies.md). BETA, PROBE and RETURN were tuned on the shared
+    traces with bench/policy.py; nothing in the rule knows which trace it replays.
+    """
+
+    name = "sdcloud"
+    multi_zone = True
+    BETA = 0.25
+    PROBE = 1.0
+    RETURN = 1.5
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what was seen: a new job."""
+        self._last: float | None = None
+        self._up_since: dict[str, float] = {}
+
+    def _observe(self, obs: Observation) -> None:
+        # One note per zone: the elapsed hour spot was first seen in its current run.
+        if self._last is not None and obs.elapsed < self._last - EPS:
+            self.reset()  # time went backwards: another job
+        self._last = obs.elapsed
+        for z in obs.zones:
+            if z.spot_available:
+                self._up_since.setdefault(z.key, obs.elapsed)
+            else:
+                self._up_since.pop(z.key, None)
+
+    def reserve(self, obs: Observation) -> float:
+        c, r, t = obs.job_hours, obs.deadline_hours, obs.elapsed
+        return min((r - c) * max(0.0, r - t) / r, self.BETA * obs.work_left)
+
+    def decide(self, obs: Observation) -> Action:
+        d, t, tick = obs.restart_hours, obs.elapsed, obs.tick_hours
+        self._observe(obs)
+        net = max(2 * d, d + tick)
+        slack = obs.time_left - obs.work_left
+        if slack < net - EPS:
+            return self._on_demand(obs)
+        open_zones = [z for z in obs.zones if z.spot_available]
+        if obs.market == SPOT and any(z.key == obs.zone for z in open_zones):
+            return Action(SPOT, obs.zone)
+        free = slack - net
+        reserve = self.reserve(obs)
+        if obs.market == ON_DEMAND:
+            probe = self.PROBE * max(d, tick)
+            ripe = [z for z in open_zones if t - self._up_since.get(z.key, t) >= probe - EPS]
+            if ripe and free >= reserve - self.RETURN * d * obs.job_hours / obs.deadline_hours - EPS:
+                return Action(SPOT, Sdcloud._pick(ripe, obs.zone))
+            return self._on_demand(obs)
+        if open_zones:
+            return Action(SPOT, Sdcloud._pick(open_zones, obs.zone))
+        if free >= reserve - EPS:
+            return WAIT_ACTION
+        return self._on_demand(obs)
+
+    @staticmethod
+    def _pick(open_zones: Sequence[ZoneView], last: str | None) -> str:
+        # Cheapest spot now; the last zone wins a tie (its data and image are warm), then list order.
+        return min(open_zones, key=lambda z: (z.spot_price, z.key != last)).key
+
+    @staticmethod
+    def _on_demand(obs: Observation) -> Action:
+        # A running on-demand instance stays; otherwise the cheapest on-demand zone, the last one on a tie.
+        if obs.market == ON_DEMAND or not obs.zones:
+            return _on_demand(obs)
+        home = _home(obs)
+        return Action(ON_DEMAND, min(obs.zones, key=lambda z: (z.ondemand_price, z.key != home)).key)
+
+
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (OnDemand, Greedy, UniformProgress, Sdcloud, SdcloudUP)}
 DEFAULT_POLICY = Sdcloud.name
 
 
