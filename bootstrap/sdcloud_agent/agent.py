@@ -390,6 +390,9 @@ class Agent:
         self._setup_logging()
         cfg = self.cfg
         log.info("sdcloud agent: run %s attempt %d, trainer %s, %d steps", cfg.run_id, cfg.attempt, cfg.trainer, cfg.steps)
+        from .network import apply as apply_network
+        for var, value in apply_network(cfg.network).items():  # before anything is fetched; trainers inherit it
+            log.info("network: %s=%s", var, value)
         try:
             self.store = open_store(cfg.store)
             self.lease = Lease(self.store, cfg.run_prefix, cfg.attempt, ttl=max(10.0, 6 * cfg.heartbeat_seconds))

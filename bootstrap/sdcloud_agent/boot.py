@@ -65,6 +65,9 @@ def _result(boot_dir: Path | None, text: str) -> None:
 
 def env_phase(cfg: dict, wheel: Path, dest: Path, boot_dir: Path | None = None) -> str:
     """restored | installed; the environment at `dest` has the lock and the agent either way."""
+    from .network import apply as apply_network
+    for var, value in apply_network(cfg.get("network")).items():  # pip and the torch index below
+        print(f"network: {var}={value}", flush=True)
     bucket = s3lite.Bucket(cfg["store"] if isinstance(cfg["store"], dict) else {"url": cfg["store"]},
                            cfg.get("metadata") or {})
     build = gpu.host_torch_build()
@@ -86,7 +89,7 @@ def env_phase(cfg: dict, wheel: Path, dest: Path, boot_dir: Path | None = None) 
             lock.write_text(lock_text(build))
             pip = [str(py), "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
             # torch first, from the index of its CUDA build (CPU: the package index's own wheel).
-            _run(pip + [TORCH_PIN] + ([] if build == "cpu" else ["--index-url", gpu.TORCH_INDEX + build]))
+            _run(pip + [TORCH_PIN] + ([] if build == "cpu" else ["--index-url", gpu.torch_index(build)]))
             _run(pip + ["-r", str(lock)])
             _run(["tar", "-C", str(dest.parent), "-I", compressor, "-cf", str(packed), dest.name])
             # boto3 is in the environment now: multipart upload with the agent's own store.

@@ -43,6 +43,12 @@ class AgentConfig:
     # pins in data/trainer-sources.txt, {"kohya_url", "kohya_commit", "diffusers_url", "diffusers_tag"},
     # and "diffusers_examples_lock": a path that replaces data/examples-lock.txt.
     trainer_sources: dict = field(default_factory=dict)
+    # How this host ends itself after its terminal phase and its lifetime cap (sdcloud_agent/selfend.py):
+    # {"provider", "grace_s", "unattended_after_s", "price_per_hour", "budget_left", "deadline_at",
+    # "estimate_hours", "launched_at", "region"}. Absent: the agent just exits, as before.
+    self_end: dict = field(default_factory=dict)
+    # Where the host gets the package index, the model hub and torch's wheels (network.py).
+    network: dict = field(default_factory=dict)
 
     @property
     def run_prefix(self) -> str:
@@ -93,6 +99,11 @@ def from_dict(d: dict) -> AgentConfig:
         raise ConfigError(f"trainer must be one of {', '.join(TRAINERS)}, not {cfg.trainer!r}")
     if cfg.steps <= 0 or cfg.checkpoint_every <= 0:
         raise ConfigError("steps and checkpoint_every must be positive")
+    from .network import check as check_network
+    try:
+        check_network(cfg.network)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if cfg.trainer == "command" and not cfg.trainer_args:
         raise ConfigError("trainer 'command' needs trainer_args: the command line (a list, or {'command': [...]})")
     return cfg

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -122,6 +123,12 @@ def utilisation(run: Callable = subprocess.run) -> float | None:
 # 525/535 images) still gets cu126. Check this list against the index when the pin changes.
 TORCH_CUDA_BUILDS = (((12, 6), "cu126"), ((13, 0), "cu130"))
 TORCH_INDEX = "https://download.pytorch.org/whl/"
+
+
+def torch_index(build: str) -> str:
+    """The wheel index of a torch build: the run's torch_index_url (network.py) or PyTorch's."""
+    base = os.environ.get("SDCLOUD_TORCH_INDEX_URL") or TORCH_INDEX
+    return base.rstrip("/") + "/" + build
 
 
 def driver_cuda(nvidia_smi_text: str) -> tuple[int, int] | None:

@@ -350,7 +350,7 @@ def examples_plan(text: str, build: str, torch_version: str = "") -> tuple[list[
     for line in text.splitlines():
         m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line.split("#", 1)[0])
         if m and m.group(1).lower() == PAIRED:
-            paired = [line.split("#", 1)[0].strip()] + (["--index-url", gpu.TORCH_INDEX + index] if index else [])
+            paired = [line.split("#", 1)[0].strip()] + (["--index-url", gpu.torch_index(index)] if index else [])
         else:
             rest.append(line)
     return paired, "\n".join(rest) + "\n"
