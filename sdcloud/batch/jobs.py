@@ -560,6 +560,10 @@ def detach(job_id: str) -> int:
     log = open(logs / "controller.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "sdcloud.batch.jobs", "run", job_id], stdout=log,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    log.close()
+    # Recorded now, not when the driver gets going: in between, `status` would call the job unattended
+    # and `down` would not know whom to stop.
+    _state().update_run(job_id, controller_pid=proc.pid)
     return proc.pid
 
 
