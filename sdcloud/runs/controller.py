@@ -152,10 +152,13 @@ class Controller:
             self._end_run("stopped", f"budget ${budget:g} spent")
             return
         kind, offer = self.decide(None)
+        if self.state.get_run(self.run_id)["state"] in FINAL_RUN_STATES:
+            return  # stopped by `down` (from another process) while this step decided: launch nothing
         if kind == WAIT or offer is None:
             self.state.update_run(self.run_id, state="recovering")
             return
         self.state.update_run(self.run_id, state="launching")
+        self._launch_offer = offer  # its price bounds the host's lifetime cap (agent config's self_end)
         try:
             inst = self.fleet.launch(kind, offer, self._launch_spec)
         except UserError as exc:
