@@ -62,3 +62,37 @@ def test_the_model_phase_fetches_from_the_configured_hub(tmp_path):
         assert p.returncode == 0, p.stderr[-3000:]
         assert json.loads(p.stdout.strip().splitlines()[-1])[1] == "fetched"
         assert hub.bytes_fetched() > 0
+
+
+def _agent_config(user_data: str) -> dict:
+    start = user_data.index("<<'SDCLOUD_CONFIG'\n") + len("<<'SDCLOUD_CONFIG'\n")
+    return json.loads(user_data[start:user_data.index("\nSDCLOUD_CONFIG\n", start)])
+
+
+def test_config_toml_names_the_mirrors_hosts_use(sdcloud_home, tmp_path):
+    from sdcloud.runs.hostboot import cloud_user_data
+    from sdcloud_agent.store import LocalStore
+
+    sdcloud_home.mkdir(parents=True, exist_ok=True)
+    (sdcloud_home / "config.toml").write_text(
+        '[network]\npip_index_url = "https://pypi.mirror.example/simple"\n'
+        '[network.regions."ap-guangzhou"]\nhf_endpoint = "https://hub.mirror.example"\n')
+    store = LocalStore(tmp_path / "bucket")
+    agent = {"run_id": "r", "store": {"url": "cos://b-1250000000/p", "region": "ap-guangzhou"}}
+    cfg = _agent_config(cloud_user_data("tencent", store, agent, {"region": "ap-guangzhou"}))
+    assert cfg["network"] == {"pip_index_url": "https://pypi.mirror.example/simple", "hf_endpoint": "https://hub.mirror.example"}
+    cfg = _agent_config(cloud_user_data("aws", store, {"run_id": "r", "store": {"url": "s3://b/p"}}, {"region": "us-east-1"}))
+    assert cfg["network"] == {"pip_index_url": "https://pypi.mirror.example/simple"}
+
+
+def test_no_config_means_no_network_setting_and_a_bad_one_is_one_line(sdcloud_home, tmp_path):
+    from sdcloud.errors import UserError
+    from sdcloud.runs.hostboot import cloud_user_data
+    from sdcloud_agent.store import LocalStore
+
+    store = LocalStore(tmp_path / "bucket")
+    assert "network" not in _agent_config(cloud_user_data("aws", store, {"run_id": "r", "store": {"url": "s3://b/p"}}))
+    sdcloud_home.mkdir(parents=True, exist_ok=True)
+    (sdcloud_home / "config.toml").write_text('[network]\nhub = "https://x"\n')
+    with pytest.raises(UserError, match="no setting 'hub'"):
+        cloud_user_data("aws", store, {"run_id": "r", "store": {"url": "s3://b/p"}})

@@ -22,6 +22,13 @@ def cloud_user_data(provider: str, store, agent: dict, infra: dict | None = None
     """The per-run user-data for an AWS or Tencent host; uploads the agent wheel if needed."""
     from sdcloud_agent.userdata import render_user_data
 
+    from .network import host_network
+
+    store_conf = agent.get("store") if isinstance(agent.get("store"), dict) else {}
+    region = (infra or {}).get("region") or store_conf.get("region")
+    net = host_network(region)
+    if net and "network" not in agent:  # config.toml's mirrors (sdcloud/runs/network.py)
+        agent = {**agent, "network": net}
     wheel = agent_wheel.ensure_uploaded(store)
     driver = ""
     if provider == "tencent":  # the per-run user-data replaces the template's, driver install included
