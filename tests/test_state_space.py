@@ -114,6 +114,7 @@ READ_ONLY = (
     ("status", "{id}"), ("status", "{id}", "--json"), ("logs", "{id}"), ("logs", "{id}", "--tail", "1"),
     ("logs", "{id}", "--json"), ("cost", "report", "{id}"), ("cost", "report", "{id}", "--format", "json"),
     ("batch", "status", "{id}"), ("batch", "status", "{id}", "--json"), ("batch", "verify", "{id}"),
+    ("batch", "pull", "{id}", "{dest}"),
 )
 
 
@@ -132,7 +133,7 @@ def test_read_only_commands_survive_every_row_and_change_nothing(world, capsys, 
     assert listed[world["batch-pending"]]["controller"] == "ok"
     for label, rid in world.items():
         for template in READ_ONLY:
-            args = [a.format(id=rid) for a in template]
+            args = [a.format(id=rid, dest=tmp_path / "batch-pulls" / label) for a in template]
             rc, out, err = call(capsys, *args)
             check_exit(rc, err, f"{' '.join(args)} ({label})")
             if template[0] == "batch" and label.startswith("train"):
@@ -226,3 +227,33 @@ def test_resume_and_batch_cancel_on_each_row(world, capsys, monkeypatch, label):
     else:
         assert rc == 0
         assert snapshot()[rid][0] == ("cancelled" if prior in ACTIVE else prior)
+
+
+def test_cancel_by_name_stops_the_pool_and_nothing_restarts(tmp_path, monkeypatch):
+    """The bug as users met it: `batch cancel NAME` wrote by name, matched no row, and the pool kept
+    relaunching workers every few seconds with the job `running`."""
+    import threading
+
+    from sdcloud.batch import jobs
+    from sdcloud.runs.state import StateStore
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("".join(f"item {i}\n" for i in range(40)))
+    res = jobs.submit(jobs.SubmitOptions(tier="batch-sd15", model="tiny", prompts=str(prompts), generator="fake",
+                                         fake_delay=0.5, workers=2, name="gal"))
+    job = res["job"]
+    out: dict = {}
+    driver = threading.Thread(target=lambda: out.update(jobs.run_job(job)), daemon=True)
+    driver.start()
+    state = StateStore()
+    until = time.time() + 60
+    while time.time() < until and not any(e["kind"] == "worker-started" for e in state.events(job)):
+        time.sleep(0.1)
+    assert jobs.cancel("gal")["state"] == "cancelled"
+    driver.join(30)
+    assert not driver.is_alive(), "the pool kept running after the cancel"
+    starts = sum(1 for e in state.events(job) if e["kind"] == "worker-started")
+    time.sleep(3)
+    assert sum(1 for e in state.events(job) if e["kind"] == "worker-started") == starts
+    assert state.get_run(job)["state"] == "cancelled"
+    assert out["workers_started"] <= 2 and out["images_done"] < out["images"]
