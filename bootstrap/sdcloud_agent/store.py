@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import threading
 import time
 import uuid
@@ -53,6 +54,114 @@ class StoreError(Exception):
 
 class NotFound(StoreError):
     pass
+
+
+# ----------------------------------------------------------------------------------------------
+# Transient faults (docs/runs.md, "Store faults")
+# ----------------------------------------------------------------------------------------------
+# botocore retries a request (5 attempts, standard mode), but not the reading of its body: a reset
+# or a short body while reading get_object()["Body"] raises ResponseStreamingError out of read().
+# Every S3Store call therefore runs inside `with_retries`, request and body read together, with a
+# bounded, jittered backoff. (A plain loop, not tenacity: the agent's wheel depends on boto3 only.)
+
+# Codes that say "try again later": throttling, a server's own error, a request that timed out.
+TRANSIENT_CODES = frozenset({
+    "SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "RequestTimeTooSkewed", "Throttling",
+    "ThrottlingException", "RequestLimitExceeded", "TooManyRequests", "OperationAborted", "BadGateway",
+    "GatewayTimeout", "500", "502", "503", "504", "429"})
+# Codes that the next request, and the next host with the same grant, would meet again.
+PERMANENT_CAUSES = {
+    "AccessDenied": "permission-denied", "InvalidAccessKeyId": "permission-denied",
+    "SignatureDoesNotMatch": "permission-denied", "AllAccessDisabled": "permission-denied",
+    "AccountProblem": "permission-denied", "InvalidToken": "permission-denied", "403": "permission-denied",
+    "NoSuchBucket": "no-bucket",
+}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """At most `attempts` tries and `deadline` seconds per operation; full-jitter exponential backoff."""
+    attempts: int = 6
+    base_delay: float = 0.25
+    max_delay: float = 4.0
+    deadline: float = 90.0
+
+    def delay(self, retry: int, rng: random.Random = random.Random()) -> float:
+        return rng.uniform(self.base_delay / 2, min(self.max_delay, self.base_delay * 2 ** retry))
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+def error_code(exc: BaseException) -> str:
+    """The S3 error code of a botocore ClientError (or of the error it wraps), else ''."""
+    seen = 0
+    while exc is not None and seen < 5:
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):
+            err = response.get("Error") or {}
+            code = str(err.get("Code") or "")
+            if not code:
+                code = str((response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or "")
+            if code:
+                return code
+        # __cause__ only: an error raised while handling another (a read-back after a 412) is its own.
+        exc, seen = exc.__cause__, seen + 1
+    return ""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A fault that a later try may not meet: throttling, a 5xx, a reset, a short body, a stall."""
+    import http.client
+
+    if isinstance(exc, (Cancelled, NotFound)):
+        return False
+    code = error_code(exc)
+    if code:
+        return code in TRANSIENT_CODES or (code.isdigit() and (int(code) >= 500 or int(code) == 429))
+    try:
+        from botocore import exceptions as bx
+        if isinstance(exc, (bx.ConnectionError, bx.HTTPClientError, bx.IncompleteReadError)):
+            return True
+    except ImportError:  # a LocalStore-only process
+        pass
+    try:
+        from urllib3 import exceptions as ux
+        if isinstance(exc, (ux.ProtocolError, ux.ReadTimeoutError, ux.SSLError)):
+            return True
+    except ImportError:
+        pass
+    from .transfer import ShortRead
+    return isinstance(exc, (http.client.IncompleteRead, ConnectionError, TimeoutError, ShortRead))
+
+
+def failure_cause(exc: BaseException) -> str | None:
+    """`permission-denied` or `no-bucket` for a refusal that will recur on the next host, else None."""
+    return PERMANENT_CAUSES.get(error_code(exc))
+
+
+def with_retries(fn: Callable[[], Any], what: str, policy: RetryPolicy = DEFAULT_RETRY,
+                 log: Callable[[str], None] | None = None) -> Any:
+    """fn() again after a transient fault, within the policy's bounds. A refusal (403, 404, 412) is
+    not retried; a fault still there at the end becomes a StoreError that names it."""
+    start = time.monotonic()
+    for i in range(policy.attempts):
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - sorted by is_transient
+            if not is_transient(exc):
+                raise
+            delay = policy.delay(i)
+            if i == policy.attempts - 1 or time.monotonic() - start + delay > policy.deadline:
+                raise StoreError(f"{what} failed after {i + 1} attempts: {type(exc).__name__}: {exc}") from exc
+            (log or _log_retry)(f"{what}: {type(exc).__name__}: {exc}; retry {i + 1} in {delay:.2f}s")
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _log_retry(msg: str) -> None:
+    import logging
+    logging.getLogger("sdcloud_agent.store").info("%s", msg)
 
 
 class ObjectStore(Protocol):
@@ -305,7 +414,8 @@ class S3Store:
                  region: str | None = None, addressing_style: str | None = None,
                  part_size: int = DEFAULT_PART_SIZE, workers: int = DEFAULT_WORKERS, client: Any = None,
                  credentials: str | None = None, engine: str = "auto", target_gbps: float | None = None,
-                 restore_workers: int | None = None, range_size: int | None = None):
+                 restore_workers: int | None = None, range_size: int | None = None,
+                 retry_policy: RetryPolicy | None = None, read_timeout: float | None = None):
         if part_size < 5 * MiB or workers < 1:
             raise ValueError("part_size must be at least 5 MiB (the S3 minimum) and workers at least 1")
         from . import transfer
@@ -322,6 +432,7 @@ class S3Store:
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.part_size = part_size
         self.workers = workers
+        self.retry_policy = retry_policy or DEFAULT_RETRY
         # COS takes object tags in its own header and its lifecycle rules cannot filter on them: tag on S3 only.
         self.tag_objects = credentials != "tencent-cvm-role" and "myqcloud.com" not in (endpoint_url or "")
         if engine not in ("auto", "crt", "s3transfer"):
@@ -355,7 +466,7 @@ class S3Store:
             elif not self.on_aws:
                 options = cos.compatible_options(addressing_style)  # the same bodies, any addressing
             cfg = Config(retries={"max_attempts": 5, "mode": "standard"},
-                         max_pool_connections=max(16, workers * 2, self.restore_workers + 4), connect_timeout=5, read_timeout=60, **options)
+                         max_pool_connections=max(16, workers * 2, self.restore_workers + 4), connect_timeout=5, read_timeout=read_timeout or 60, **options)
             # "tencent-cvm-role": COS keys from the CVM's CAM role (boto3 only knows AWS's roles).
             if credentials == "tencent-cvm-role":
                 from .cloudcreds import tencent_role_session
@@ -423,9 +534,14 @@ class S3Store:
         cls = lifecycle_class(key) if self.tag_objects else None
         return {"Tagging": f"{CLASS_TAG}={cls}"} if cls else {}
 
+    def _retry(self, fn: Callable[[], Any], what: str) -> Any:
+        return with_retries(fn, f"{what} (s3://{self.bucket})", self.retry_policy)
+
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, Metadata=metadata or {},
-                               **self._tagging(key))
+        # A plain PUT is idempotent: a retry after a lost answer writes the same bytes again.
+        self._retry(lambda: self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data,
+                                                   Metadata=metadata or {}, **self._tagging(key)),
+                    f"PUT {self._k(key)}")
 
     def create(self, key: str, data: bytes) -> bool:
         from botocore.exceptions import ClientError
@@ -451,8 +567,10 @@ class S3Store:
         try:
             tagging = self._tagging(key).get("Tagging")
             if size <= self.part_size:
-                return transfer.put_single(self.client, self.bucket, full, path, metadata, cancel, tagging=tagging,
-                                           block=self.range_size)
+                # One PUT of the whole file: retried whole (multipart parts are retried by s3transfer).
+                return self._retry(lambda: transfer.put_single(self.client, self.bucket, full, path, metadata, cancel,
+                                                               tagging=tagging, block=self.range_size),
+                                   f"PUT {full}")
             if self.engine == "crt":
                 return self._crt_engine().upload(self.bucket, full, path, metadata=metadata, cancel=cancel,
                                                  tagging=tagging, block=self.range_size)
@@ -463,8 +581,11 @@ class S3Store:
 
     def get(self, key: str) -> bytes:
         from botocore.exceptions import ClientError
+        full = self._k(key)
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._k(key))["Body"].read()
+            # The body is read inside the retry: a reset or a short body mid-read fetches it again.
+            return self._retry(lambda: self.client.get_object(Bucket=self.bucket, Key=full)["Body"].read(),
+                               f"GET {full}")
         except ClientError as exc:
             if self._missing(exc):
                 raise NotFound(key) from None
@@ -510,7 +631,8 @@ class S3Store:
     def head(self, key: str) -> ObjectInfo | None:
         from botocore.exceptions import ClientError
         try:
-            r = self.client.head_object(Bucket=self.bucket, Key=self._k(key))
+            r = self._retry(lambda: self.client.head_object(Bucket=self.bucket, Key=self._k(key)),
+                            f"HEAD {self._k(key)}")
         except ClientError as exc:
             if self._missing(exc):
                 return None
@@ -526,15 +648,18 @@ class S3Store:
             yield from page.get("Contents", [])
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        return sorted((ObjectInfo(self._rel(o["Key"]), int(o["Size"])) for o in self._iter(prefix)),
-                      key=lambda o: o.key)
+        # A fault on page n lists again from the start: a listing is a snapshot, not a cursor to resume.
+        return self._retry(lambda: sorted((ObjectInfo(self._rel(o["Key"]), int(o["Size"])) for o in self._iter(prefix)),
+                                          key=lambda o: o.key), f"LIST {self._k(prefix)}")
 
     def delete(self, keys: str | list[str]) -> None:
         keys = [keys] if isinstance(keys, str) else list(keys)
         for i in range(0, len(keys), 1000):
             batch = [{"Key": self._k(k)} for k in keys[i:i + 1000]]
             if batch:
-                resp = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+                resp = self._retry(lambda: self.client.delete_objects(Bucket=self.bucket,
+                                                                      Delete={"Objects": batch, "Quiet": True}),
+                                   f"DELETE {len(batch)} keys")
                 # DeleteObjects answers 200 even when keys were not deleted: those are in Errors.
                 errors = resp.get("Errors") or []
                 if errors:
@@ -543,7 +668,8 @@ class S3Store:
                                      f"{first.get('Key')}: {first.get('Code')} {first.get('Message', '')}".rstrip())
 
     def copy(self, src_key: str, dst_key: str) -> None:
-        self.client.copy({"Bucket": self.bucket, "Key": self._k(src_key)}, self.bucket, self._k(dst_key))
+        self._retry(lambda: self.client.copy({"Bucket": self.bucket, "Key": self._k(src_key)}, self.bucket,
+                                             self._k(dst_key)), f"COPY {self._k(src_key)}")
 
     def ensure_bucket(self) -> None:
         """Create the bucket if it is absent (tests, the local demo; real runs get it from the stacks)."""
@@ -569,13 +695,15 @@ class S3Store:
 
     def get_versioned(self, key: str) -> tuple[bytes, str] | None:
         from botocore.exceptions import ClientError
-        try:
+        def once() -> tuple[bytes, str]:
             r = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
+            return r["Body"].read(), r["ETag"]
+        try:
+            return self._retry(once, f"GET {self._k(key)}")
         except ClientError as exc:
             if self._missing(exc):
                 return None
             raise
-        return r["Body"].read(), r["ETag"]
 
     def put_if_absent(self, key: str, data: bytes) -> str | None:
         """Create-only write: the new ETag, or None if the key exists (S3 If-None-Match, COS forbid-overwrite)."""
@@ -584,11 +712,21 @@ class S3Store:
         from .cos import FORBID_OVERWRITE_PARAM
         cond = {FORBID_OVERWRITE_PARAM: True} if self.on_cos else {"IfNoneMatch": "*"}
         try:
-            return self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, **cond)["ETag"]
+            return self._retry(lambda: self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data,
+                                                              **cond)["ETag"], f"PUT {self._k(key)} (create-only)")
         except ClientError as exc:
             if self._precondition_failed(exc):
-                return None
+                # A lost acknowledgement: the write committed, its answer (a 500, a reset) did not
+                # arrive, and the retry (ours or botocore's) met our own object. It is ours when it
+                # holds our bytes (leases and markers carry a random token; an image that equals
+                # ours is the same image).
+                return self._own_write(key, data)
             raise
+
+    def _own_write(self, key: str, data: bytes) -> str | None:
+        """The object's ETag when it holds exactly `data` (our write landed), else None."""
+        current = self.get_versioned(key)
+        return current[1] if current is not None and current[0] == data else None
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str | None:
         from botocore.exceptions import ClientError
@@ -596,10 +734,13 @@ class S3Store:
             # COS would ignore If-Match and overwrite: refuse rather than pretend (leases use create-only there).
             raise StoreError(f"{self.url} has no compare-and-swap on PUT (COS): use create-only writes")
         try:
-            return self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, IfMatch=etag)["ETag"]
+            return self._retry(lambda: self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data,
+                                                              IfMatch=etag)["ETag"], f"PUT {self._k(key)} (if-match)")
         except ClientError as exc:
             if self._precondition_failed(exc) or self._missing(exc):
-                return None
+                # Read again before calling the swap lost: a retry after a committed write finds the
+                # ETag changed by our own write.
+                return self._own_write(key, data)
             raise
 
 
@@ -618,7 +759,7 @@ def open_store(spec: str | dict, **overrides: Any) -> LocalStore | S3Store:
         if not parsed.netloc:
             raise ValueError(f"store URL {url!r} has no bucket")
         allowed = {"endpoint_url", "region", "addressing_style", "part_size", "workers", "client", "credentials",
-                   "engine", "target_gbps", "restore_workers", "range_size"}
+                   "engine", "target_gbps", "restore_workers", "range_size", "retry_policy", "read_timeout"}
         return S3Store(parsed.netloc, parsed.path, **{k: v for k, v in opts.items() if k in allowed})
     if parsed.scheme == "file":
         return LocalStore(unquote(parsed.netloc + parsed.path))
