@@ -477,23 +477,34 @@ def controller_note(run: dict) -> str | None:
 @wide_option
 @click.argument("run", required=False, metavar="RUN", shell_complete=complete_runs)
 @click.option("--json", "as_json", is_flag=True)
-def status(run: str | None, as_json: bool) -> None:
+@click.option("--store", "store_url", metavar="URL",
+              help="Read RUN's history from its bucket (s3://BUCKET/PREFIX, cos://..., file:///DIR): from any machine.")
+def status(run: str | None, as_json: bool, store_url: str | None) -> None:
     """Show runs and batch jobs, or one's state, progress and attempts."""
     from ..runs.controller import summary
     from ..runs.state import ACTIVE_RUN_STATES
 
     state = _state()
+    if store_url and not run:
+        raise UserError("--store reads one run's history: name the run, e.g. sdcloud status RUN --store URL")
+    if run and store_url:
+        _restore_from_bucket(state, run, store_url)
     if run:
         found = _find_run(state, run)
         summ = summary(state, found["id"])
         dead = controller_note(found)
         summ["controller"] = "none" if dead else ("alive" if found["state"] in ACTIVE_RUN_STATES else "ended")
+        host = _host_state(found)
+        if host:
+            summ["host"] = host
         if as_json:
             emit_json(summ)
         else:
             render_summary(summ)
             if dead:
                 echo(dead)
+            if host:
+                echo(f"host: {host}")
         return
     runs = state.list_runs()
     summs = []
@@ -512,6 +523,39 @@ def status(run: str | None, as_json: bool) -> None:
     if any(r["controller"] == "none" for r in summs):
         echo("no controller: drive a run or batch job again with: sdcloud resume RUN; "
              "or stop it with: sdcloud down RUN")
+
+
+def _host_state(run: dict) -> str | None:
+    """What the run's host says of itself beyond its phase: `unattended` (the controller's heartbeat
+    is stale), or that it ended itself and why; None when it says neither or cannot be read."""
+    import json as _json
+
+    from ..runs.state import TRAIN, run_kind
+
+    if run_kind(run) != TRAIN:
+        return None
+    try:
+        doc = _json.loads(_store_for(run).get(f"runs/{run['id']}/status.json"))
+    except Exception:  # noqa: BLE001 - no status yet, no store: nothing to add
+        return None
+    se = doc.get("self_end")
+    if isinstance(se, dict):
+        return f"ended itself ({se.get('reason')}{', unattended' if se.get('unattended') else ''})"
+    return "unattended" if doc.get("unattended") else None
+
+
+def _restore_from_bucket(state, run: str, url: str) -> None:
+    """Rebuild RUN's rows here from the journal in its bucket (sdcloud.runs.journal); then every
+    command (logs, watch, cost report, down, resume) works on this machine as on the one that started it."""
+    from ..runs.journal import restore
+    from ..runs.preflight import check_store_url
+    from ..runs.store import open_run_store, store_config
+
+    conf = store_config("local", check_store_url(url), None, None)
+    found = state.get_run(run)
+    if restore(state, open_run_store(conf), found["id"] if found else run) is None:
+        raise UserError(f"no run {run!r} in {url} (its journal is runs/{run}/journal/run.json); "
+                        "name the run by its id there")
 
 
 def _store_for(run: dict):

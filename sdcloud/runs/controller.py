@@ -75,6 +75,10 @@ class Controller:
         from .store import open_run_store
 
         self.store = open_run_store(self.store_conf)
+        from .journal import Journal
+
+        # The run's history in its bucket, after every step: any machine rebuilds state.db from it.
+        self.journal = Journal(state, self.store, self.run_id)
         self.provider_name = getattr(self.provider, "name", None) or self.spec.provider
         from .training import gpus_used
 
@@ -141,9 +145,11 @@ class Controller:
                 self._watch(cur)
             if self.fleet.sweep_due():
                 self.sweep_strays()
+            self.journal.flush()
             time.sleep(self.timing.poll_seconds)
         self.sweep_strays()
         self.state.update_run(self.run_id, controller_pid=None)
+        self.journal.flush()
         return summary(self.state, self.run_id)
 
     def _start_attempt(self) -> None:
@@ -335,6 +341,7 @@ class Controller:
         if cur is not None:
             self._end_attempt(cur, "stopped")
         self._end_run("stopped", reason)
+        self.journal.flush()
 
     def reconcile(self) -> None:
         """Bring the state store and the provider into agreement after a restart."""

@@ -1,0 +1,132 @@
+"""A run's history in its bucket (sdcloud.runs.journal): written after every controller step, read
+back on a machine that never saw the run. The end-to-end case trains on the local provider against
+SeaweedFS over HTTPS, then asks a fresh $SDCLOUD_HOME for the run's status, logs and cost."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from sdcloud.runs import journal
+from sdcloud.runs.state import StateStore
+from sdcloud_agent.store import LocalStore
+
+
+class CountingStore(LocalStore):
+    def __init__(self, root):
+        super().__init__(root)
+        self.puts: list[str] = []
+
+    def put(self, key, data, metadata=None):
+        self.puts.append(key)
+        return super().put(key, data, metadata)
+
+
+def _a_run(state: StateStore, run_id: str = "r-0000abcd") -> str:
+    state.create_run(run_id, "sd15-lora", {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1"}, 100,
+                     name="studio-shoot")
+    state.add_attempt(run_id, 1, "aws", "tok1", region="us-east-1", zone="us-east-1a", instance_type="g5.xlarge",
+                      market="spot", price=0.42, currency="USD", instance_id="i-1", start=1000.0)
+    state.update_attempt(run_id, 1, state="ended", end=4600.0, end_reason="preempted")
+    state.set_attempt_costs(run_id, 1, currency="USD", quote_price=0.42, ondemand_price=1.006, disk_gb=200)
+    state.put_ledger(run_id, 1, [{"item": "compute", "amount": 0.42, "currency": "USD", "usd": 0.42,
+                                  "source": "price-history", "detail": {"hours": 1.0}}])
+    state.event(run_id, "launching", {"attempt": 1, "instance_type": "g5.xlarge"})
+    state.event(run_id, "reclaim-notice", {"attempt": 1, "step": 40})
+    state.update_run(run_id, state="recovering", step=40)
+    return run_id
+
+
+def test_a_fresh_machine_rebuilds_the_run_from_its_journal(tmp_path):
+    here = StateStore(tmp_path / "a.db")
+    store = CountingStore(tmp_path / "bucket")
+    rid = _a_run(here)
+    j = journal.Journal(here, store, rid, clock=lambda: 0.0)
+    j.flush()
+    there = StateStore(tmp_path / "b.db")
+    assert there.get_run(rid) is None
+    got = journal.restore(there, store, rid)
+    assert got["state"] == "recovering" and got["step"] == 40 and got["name"] == "studio-shoot"
+    assert got["spec"] == here.get_run(rid)["spec"]
+    assert [a.__dict__ for a in there.attempts(rid)] == [a.__dict__ for a in here.attempts(rid)]
+    assert there.attempt_costs(rid) == here.attempt_costs(rid)
+    assert there.ledger(rid) == here.ledger(rid)
+    assert [(e["kind"], e["data"]) for e in there.events(rid)] == [(e["kind"], e["data"]) for e in here.events(rid)]
+    # Restoring again adds no event twice.
+    journal.restore(there, store, rid)
+    assert len(there.events(rid)) == len(here.events(rid))
+
+
+def test_the_journal_writes_only_what_changed(tmp_path):
+    state = StateStore(tmp_path / "a.db")
+    store = CountingStore(tmp_path / "bucket")
+    rid = _a_run(state)
+    now = [0.0]
+    j = journal.Journal(state, store, rid, clock=lambda: now[0])
+    j.flush()
+    first = len(store.puts)
+    assert first == 2  # one events object, one run.json
+    now[0] = 10.0
+    j.flush()
+    assert len(store.puts) == first, "nothing changed: nothing written"
+    state.event(rid, "resumed", {"attempt": 2, "from_step": 40})
+    j.flush()
+    assert [k.rsplit("/", 2)[-2] for k in store.puts[first:]] == ["events"], "a new event is one object, not a rewrite"
+    state.update_run(rid, step=41)
+    j.flush()
+    assert store.puts[-1].endswith("journal/run.json")
+    now[0] = 10.0 + journal.REWRITE_SECONDS
+    n = len(store.puts)
+    j.flush()
+    assert len(store.puts) == n + 1, "run.json is rewritten at least once a minute (its updated time)"
+
+
+def test_status_of_an_unknown_run_in_a_bucket_without_it_is_one_line(capsys, tmp_path):
+    from sdcloud.cli import main
+
+    rc = main(["status", "r-00000000", "--store", (tmp_path / "empty").as_uri()])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "no run" in err
+    rc = main(["status", "--store", "ftp://x/y"])
+    assert rc == 2
+
+
+@pytest.mark.slow
+def test_a_second_machine_sees_the_whole_run(s3_env, tmp_path, sdcloud_home):
+    import boto3
+
+    bucket = f"jr-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=s3_env["endpoint_url"]).create_bucket(Bucket=bucket)
+    url = f"s3://{bucket}/sd"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SDCLOUD_STORE_ENDPOINT": s3_env["endpoint_url"]}
+
+    def sdcloud(home, *args):
+        return subprocess.run([sys.executable, "-m", "sdcloud.cli", *args], capture_output=True, text=True,
+                              timeout=900, env={**env, "SDCLOUD_HOME": str(home)})
+
+    up = sdcloud(sdcloud_home, "up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "6",
+                 "--store", url, "--yes", "--json")
+    assert up.returncode == 0, up.stderr[-3000:]
+    rid = json.loads(up.stdout)["run"]
+    first = json.loads(sdcloud(sdcloud_home, "status", rid, "--json").stdout)
+
+    other = tmp_path / "second-machine"
+    assert sdcloud(other, "status", rid).returncode == 2, "a machine that never saw the run does not know it"
+    seen = sdcloud(other, "status", rid, "--store", url, "--json")
+    assert seen.returncode == 0, seen.stderr
+    second = json.loads(seen.stdout)
+    for key in ("state", "step", "total_steps", "tier", "name"):
+        assert second[key] == first[key], key
+    assert [a["instance_id"] for a in second["attempts"]] == [a["instance_id"] for a in first["attempts"]]
+    assert second["cost"]["total"] == pytest.approx(first["cost"]["total"], abs=1e-6)
+    logs = sdcloud(other, "logs", rid)
+    assert logs.returncode == 0 and "succeeded" in logs.stdout
+    report = sdcloud(other, "cost", "report", rid, "--format", "json")
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["totals"]["runs"] == 1
