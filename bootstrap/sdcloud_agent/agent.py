@@ -20,6 +20,7 @@ from pathlib import Path
 
 from . import gpu, manifest as mf, nvme, staging
 from . import hostphases
+from . import oom as oomlib
 from .lease import Lease, LeaseHeld
 from .config import AgentConfig
 from .status import StatusReporter
@@ -81,6 +82,8 @@ class Agent:
         self._started = time.monotonic()
         self._first_step = False
         self._resumed_from: int | None = None
+        self.oom = oomlib.Detector()  # CUDA out-of-memory in the trainer's output (oom.py)
+        self.healer: oomlib.Healer | None = None
 
     # -- setup ------------------------------------------------------------------------------
     def _setup_logging(self) -> None:
@@ -278,6 +281,7 @@ class Agent:
             return
         self.tail.append(line)
         trainer_log.info("%s", line)
+        self.oom.feed(line)
         prog = self.trainer.parse_line(line)
         if prog:
             self.status.update(**prog)
@@ -319,6 +323,36 @@ class Agent:
             shutil.rmtree(tmp, ignore_errors=True)
             return path
         return snap
+
+    def _heal_oom(self, ctx: Context, rc: int) -> bool:
+        """The trainer died of CUDA out-of-memory: start it again from the newest checkpoint with
+        the next rung of the ladder (oom.py). False: not healable here. The spent ladder ends the
+        attempt with reason out-of-memory (the controller moves to an offer with more VRAM)."""
+        seen = self.oom.seen
+        self._submit_finished(ctx, exited=True, killed=True)
+        done = self.trainer.finished(ctx, trainer_exited=True, killed=True)
+        newest = max(done, key=lambda c: c.step) if done else None
+        step = newest.step if newest else (ctx.resume_step if ctx.resume else 0)
+        ev = self.healer.climb(seen, step=step, peak_gb=getattr(self, "peak_vram_gb", None))
+        if ev is None:
+            self.worker.wait_idle(timeout=300)
+            tried = ", ".join(self.healer.recipe.rungs) or "none applied"
+            self.status.update(failure_cause="out-of-memory", oom_spent=True, oom_events=self.healer.events,
+                               oom_retries=len(self.healer.events))
+            tail = "\n".join(list(self.tail)[-15:])
+            raise Failure(f"out-of-memory: the memory ladder is spent ({tried}); this run needs a GPU with "
+                          f"more VRAM. The trainer exited with code {rc}; last output:\n{tail}")
+        log.warning("CUDA out of memory (peak %s GB): restarting from step %d with rung %s: %s",
+                    ev["peak_gb"], step, ev["rung"], ev["change"])
+        self.status.update(oom_events=self.healer.events, oom_retries=len(self.healer.events), step=step)
+        self.status.flush(ship_log=False)
+        if newest is not None:
+            ctx.resume, ctx.resume_step = newest.path, newest.step
+        ctx.trainer_args, recipe_env = self.healer.args()
+        ctx.env.update(recipe_env)
+        self.trainer = make_trainer(self.cfg.trainer)  # a fresh adapter: its step offsets follow the resume
+        self.oom.reset()
+        return True
 
     def _upload_artifacts(self, ctx: Context) -> int:
         files = self.trainer.artifacts(ctx)
@@ -473,6 +507,12 @@ class Agent:
         sources = self._stage_trainer_sources()
         ctx.dataset = self._stage()
         ctx.trainer_args = cfg.trainer_args  # after the model: the tiny model sets its resolution
+        # The memory recipe an earlier attempt healed to after a CUDA out-of-memory (oom.py).
+        self.healer = oomlib.Healer(cfg.trainer, ctx.trainer_args, store=self.store, run_prefix=cfg.run_prefix,
+                                    python=sources.python if sources else None,
+                                    cuda=bool(getattr(self, "gpu_count", 0)))
+        ctx.trainer_args, recipe_env = self.healer.start()
+        ctx.env.update(recipe_env)
         ctx.trainer_root = sources.tree if sources else None
         ctx.trainer_python = sources.python if sources else None
         self._restore(ctx, restoring)
@@ -480,15 +520,18 @@ class Agent:
             self.status.set_phase("preempted", "spot reclaim before training started")
             return EXIT_PREEMPTED
         self.status.set_phase("training")
-        self.proc = proc = self._start_trainer(ctx)
-        while proc.poll() is None:
-            self._submit_finished(ctx)
-            if self.notice_event.wait(0.25):
+        while True:  # more than once only when a CUDA out-of-memory is healed on this host
+            self.proc = proc = self._start_trainer(ctx)
+            while proc.poll() is None:
+                self._submit_finished(ctx)
+                if self.notice_event.wait(0.25):
+                    return self._handle_notice(ctx, proc)
+            rc = proc.wait()
+            self._reader.join(timeout=5)  # its last lines (the failure's tail, the final step)
+            if self.notice_event.is_set():
                 return self._handle_notice(ctx, proc)
-        rc = proc.wait()
-        self._reader.join(timeout=5)  # its last lines (the failure's tail, the final step)
-        if self.notice_event.is_set():
-            return self._handle_notice(ctx, proc)
+            if rc == 0 or self.oom.seen is None or not self._heal_oom(ctx, rc):
+                break
         if rc != 0:
             self._submit_finished(ctx, exited=True, killed=True)
             self.worker.wait_idle(timeout=300)

@@ -62,3 +62,17 @@ def per_zone(provider, offers: list[Offer], events: Callable[[str, dict], None])
         zones = cache[r.region] or [""]
         out += [Offer(CatalogRow(**{**r.as_dict(), "zone": z}), offer.market) for z in zones]
     return out
+
+
+def with_more_vram(offers: list[Offer], than_mib: int) -> list[Offer]:
+    """The offers whose GPUs have more usable VRAM than `than_mib` (an attempt that ran out of
+    memory with every rung of the agent's memory ladder: the same GPU would fail the same way)."""
+    return [o for o in offers if o.row.usable_vram_mib > than_mib]
+
+
+def vram_of(offers: list[Offer], key: str) -> int | None:
+    """Usable VRAM (MiB per GPU) of the candidate with this zone key, or None."""
+    for o in offers:
+        if zone_key(o) == key:
+            return o.row.usable_vram_mib
+    return None

@@ -31,7 +31,7 @@ from ..costs import ledger as cost_ledger
 from ..providers import get_provider
 from ..providers.base import LaunchSpec
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, get_policy
-from . import hostboot
+from . import hostboot, oom_move
 from .spec import RunSpec
 from .agent_reports import report_agent_problems
 from .state import ACTIVE_RUN_STATES, BATCH, FINAL_RUN_STATES, Attempt, StateStore, run_kind
@@ -247,6 +247,7 @@ class Controller:
         phase = status.get("phase") if status else None
         cost_ledger.observe(self.state, self.run_id, cur, status, sample=lambda: self._price_sample(cur))
         report_agent_problems(self, cur.n, status)
+        oom_move.oom_events(self, cur.n, status)
         if status and status.get("step") is not None:
             step = int(status["step"])
             if cur.n not in self._seen_attempts and phase in ("training", "saving", "uploading", "succeeded"):
@@ -270,6 +271,8 @@ class Controller:
             return
         if hostboot.is_boot_failure(status):  # a bad host or image: the next offer, not the end
             return hostboot.on_boot_failure(self, cur, status)
+        if oom_move.is_out_of_memory(status):  # the memory ladder is spent: an offer with more VRAM
+            return oom_move.on_out_of_memory(self, cur, status)
         if phase == "failed":
             self._end_attempt(cur, "failed")
             self._end_run("failed", status.get("reason") or "the host agent failed")

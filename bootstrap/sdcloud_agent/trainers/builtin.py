@@ -57,6 +57,12 @@ LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
 # Test hook: seconds to sleep inside a checkpoint save, after the weights are written and before
 # trainer_state.json, so a test can kill -9 the process mid-save. Never set it in production.
 SAVE_PAUSE_ENV = "SDCLOUD_TRAINER_SAVE_PAUSE"
+# Test hook: "STEP:FLAG" raises torch.cuda.OutOfMemoryError at global step STEP unless FLAG (an
+# attribute of the parsed flags, e.g. gradient_checkpointing) is on: the agent's OOM ladder
+# (sdcloud_agent/oom.py) is driven by it without a GPU. Never set it in production.
+OOM_AT_ENV = "SDCLOUD_TRAINER_OOM_AT"
+# Test hook: seconds each sample's read takes (a slow dataset disk), counted as data wait.
+READ_DELAY_ENV = "SDCLOUD_TRAINER_READ_DELAY"
 
 
 class UsageError(Exception):
@@ -205,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: the memory recipe's)")
     p.add_argument("--optimizer", choices=["adamw", "adamw8bit", "adafactor"], default=None,
                    help="adamw8bit needs bitsandbytes and CUDA (default: the memory recipe's, else adamw)")
+    p.add_argument("--optimizer-change", action="store_true",
+                   help="resume from a checkpoint saved with another --optimizer: keep its weights, "
+                        "LR schedule and RNG, start the new optimizer's state afresh (the agent's "
+                        "out-of-memory ladder uses it; otherwise such a resume is refused)")
     p.add_argument("--memory-recipe", choices=["auto", "off"], default="auto",
                    help="auto: on CUDA, pick gradient checkpointing, the optimizer and the micro-batch "
                         "from the GPU's usable VRAM (trainers/recipes.py); flags given win")
@@ -717,14 +727,21 @@ class Trainer:
         g = torch.Generator(device=dev).manual_seed(step_seed(args.seed, step, purpose))
         sched = self.noise_scheduler
         total = 0.0
+        self._oom_hook(step)
+        self.data_wait = 0.0
+        read_delay = float(os.environ.get(READ_DELAY_ENV) or 0)
         for m in range(args.grad_accum):
             micro = order[m * args.batch_size:(m + 1) * args.batch_size]
             groups: dict[tuple, list[int]] = {}
             for i in micro:
                 groups.setdefault(tuple(self.lat_mean[i].shape), []).append(i)
             for members in groups.values():
+                w0 = time.perf_counter()
+                if read_delay:
+                    time.sleep(read_delay * len(members))
                 mean = torch.cat([self.lat_mean[i] for i in members]).to(dev)
                 std = torch.cat([self.lat_std[i] for i in members]).to(dev)
+                self.data_wait += time.perf_counter() - w0
                 latents = (mean + std * torch.randn(mean.shape, generator=g, device=dev)) * self.scaling
                 noise = torch.randn(latents.shape, generator=g, device=dev)
                 t = torch.randint(0, sched.config.num_train_timesteps, (latents.shape[0],),
@@ -771,6 +788,15 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return total
 
+    def _oom_hook(self, step: int) -> None:
+        spec = os.environ.get(OOM_AT_ENV)
+        if not spec:
+            return
+        at, _, flag = spec.partition(":")
+        if step >= int(at) and not getattr(self.args, flag.replace("-", "_"), False):
+            raise self.torch.cuda.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate 20.00 MiB (injected by {OOM_AT_ENV} at step {step})")
+
     # -- checkpoints ----------------------------------------------------------------------------
 
     def _weights(self) -> dict[str, Any]:
@@ -803,6 +829,7 @@ class Trainer:
         from safetensors.torch import save_file
 
         torch, step = self.torch, self.global_step
+        save_t0 = time.monotonic()
         root = self.args.checkpoint_dir
         root.mkdir(parents=True, exist_ok=True)
         final = root / f"step-{step:09d}"
@@ -845,7 +872,8 @@ class Trainer:
         else:
             os.rename(tmp, final)
         _fsync_path(root)
-        emit("CHECKPOINT", {"step": step, "path": str(final.resolve())})
+        emit("CHECKPOINT", {"step": step, "path": str(final.resolve()),
+                            "save_s": round(time.monotonic() - save_t0, 3)})
         self._prune()
         return final
 
@@ -865,7 +893,13 @@ class Trainer:
         torch = self.torch
         state = json.loads((path / STATE_FILE).read_text())
         mine = self._config_record()
+        fresh_optimizer = False
         for key in ("mode", "rank", "family", "optimizer"):
+            if key == "optimizer" and state.get(key) != mine[key] and self.args.optimizer_change:
+                log(f"optimizer {state.get(key)} -> {mine[key]}: its state starts afresh at step "
+                    f"{state.get('global_step')}")
+                fresh_optimizer = True
+                continue
             if state.get(key) != mine[key]:
                 raise UsageError(f"checkpoint {path} has {key}={state.get(key)!r}, "
                                  f"this run {mine[key]!r}")
@@ -884,8 +918,9 @@ class Trainer:
             self.unet.load_state_dict(weights)
         for p in self.params:
             p.data = p.data.float()
-        self.optimizer.load_state_dict(
-            torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True))
+        if not fresh_optimizer:
+            self.optimizer.load_state_dict(
+                torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True))
         self.lr_scheduler.load_state_dict(
             torch.load(path / "scheduler.pt", weights_only=True))
         if self.scaler is not None and (path / "scaler.pt").is_file():
@@ -998,7 +1033,11 @@ class Trainer:
                 dt = time.perf_counter() - t0
             emit("STEP", {"step": self.global_step, "loss": round(loss, 6),
                           "lr": self.lr_scheduler.get_last_lr()[0],
-                          "it_per_s": round(1.0 / dt, 3) if dt > 0 else None})
+                          "it_per_s": round(1.0 / dt, 3) if dt > 0 else None,
+                          # Seconds of the step spent gathering its samples, and the step's own:
+                          # the agent's health sampler (sdcloud_agent/health.py) reads both.
+                          "data_wait_s": round(getattr(self, "data_wait", 0.0), 4),
+                          "step_s": round(dt, 4)})
             due = args.checkpoint_every and self.global_step % args.checkpoint_every == 0
             stop, save = (DIST.any(bool(sig.stop)), DIST.any(sig.save)) if DIST.on else (sig.stop, sig.save)
             if stop and not sig.stop:
@@ -1025,6 +1064,11 @@ class Trainer:
         return EXIT_OK
 
 
+def _is_oom(exc: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError, or an older torch's RuntimeError saying the same."""
+    return type(exc).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     signals = Signals()
     signals.install()  # before the slow imports: a SIGTERM during start-up still exits cleanly
@@ -1043,6 +1087,20 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(args, signals)
         try:
             return trainer.run(resume)
+        except Exception as exc:
+            if not _is_oom(exc):
+                raise
+            # One line the agent reads (sdcloud_agent/oom.py): the error and torch's peak.
+            import torch
+
+            peak = total = None
+            if torch.cuda.is_available():
+                peak = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
+                total = round(torch.cuda.get_device_properties(0).total_memory / 2 ** 30, 2)
+            emit("OOM", {"step": trainer.global_step, "peak_gb": peak, "total_gb": total,
+                         "error": str(exc).splitlines()[0][:300]})
+            print(f"torch.OutOfMemoryError: {exc}", file=sys.stderr, flush=True)
+            return EXIT_FAILED
         finally:
             DIST.close()
     except UsageError as e:

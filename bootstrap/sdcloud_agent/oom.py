@@ -1,0 +1,411 @@
+"""CUDA out-of-memory: recognised in any trainer's output and healed on the same host.
+
+A trainer that dies of CUDA OOM is started again from the newest checkpoint with the next rung of
+a ladder of leaner recipes, each through the trainer's own flags (docs/training.md has the table):
+
+    1 gradient-checkpointing  recompute activations in the backward pass (~25-30% slower)
+    2 8bit-optimizer          AdamW8bit (bitsandbytes), else Adafactor: the optimizer state shrinks
+    3 cache-latents           latents (and SDXL text-encoder outputs) computed once, encoders off
+    4 half-batch              half the micro-batch, twice the gradient accumulation (repeated down
+                              to a micro-batch of 1); the samples per optimizer step never change
+
+A rung that the trainer already uses, or whose flag its script does not accept
+(data/trainer-options.json), is passed over. When no rung is left the attempt ends with reason
+out-of-memory and the controller moves to an offer with more usable VRAM. The recipe that worked
+is written to `<run prefix>/recipe.json` and read by the run's next attempts.
+
+Pure: no torch; the agent feeds it lines and asks for the next recipe.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import re
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("sdcloud_agent.oom")
+
+RUNGS = ("gradient-checkpointing", "8bit-optimizer", "cache-latents", "half-batch")
+RECIPE_KEY = "recipe.json"
+# What PyTorch, the CUDA runtime and cuBLAS print when an allocation fails. The first two are
+# torch's OutOfMemoryError text in both its formats (torch < 2.1: "(GPU 0; 11.76 GiB total
+# capacity; ...)", later: "GPU 0 has a total capacity of ..."); tests/data/oom/ has real lines.
+OOM_TEXT = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED"
+    r"|cudaErrorMemoryAllocation", re.IGNORECASE)
+_GIB = {"kib": 1 / 1024 ** 2, "mib": 1 / 1024, "gib": 1.0, "tib": 1024.0}
+# Memory in use when it failed: "Process 118916 has 39.55 GiB memory in use" (torch >= 2.1) or
+# "10.92 GiB already allocated" (older); the total: "total capacity of 39.56 GiB" / "11.76 GiB total capacity".
+_IN_USE = re.compile(r"has ([\d.]+) ([KMGT]iB) memory in use|([\d.]+) ([KMGT]iB) already allocated", re.I)
+_TOTAL = re.compile(r"total capacity of ([\d.]+) ([KMGT]iB)|([\d.]+) ([KMGT]iB) total capacity", re.I)
+# The builtin trainer's own line (trainers/builtin.py) with torch's peak allocation.
+OOM_LINE = "SDCLOUD_OOM "
+
+
+def _gib(num: str, unit: str) -> float:
+    return float(num) * _GIB[unit.lower()]
+
+
+@dataclass
+class OomSeen:
+    """What the output said about the failure."""
+    line: str
+    peak_gb: float | None = None  # memory in use (or torch's peak) when it failed
+    total_gb: float | None = None
+
+
+class Detector:
+    """Fed every output line; remembers the first OOM and the memory figures around it."""
+
+    def __init__(self) -> None:
+        self.seen: OomSeen | None = None
+
+    def reset(self) -> None:
+        self.seen = None
+
+    def feed(self, line: str) -> bool:
+        if line.startswith(OOM_LINE):
+            try:
+                doc = json.loads(line[len(OOM_LINE):])
+            except ValueError:
+                doc = {}
+            seen = self.seen or OomSeen(line=doc.get("error") or line)
+            if doc.get("peak_gb") is not None:
+                seen.peak_gb = float(doc["peak_gb"])
+            if doc.get("total_gb") is not None:
+                seen.total_gb = float(doc["total_gb"])
+            self.seen = seen
+            return True
+        if not OOM_TEXT.search(line):
+            return False
+        if self.seen is None:
+            self.seen = OomSeen(line=line.strip()[:400])
+        m = _IN_USE.search(line)
+        if m and self.seen.peak_gb is None:
+            self.seen.peak_gb = round(_gib(m.group(1), m.group(2)) if m.group(1) else _gib(m.group(3), m.group(4)), 2)
+        m = _TOTAL.search(line)
+        if m and self.seen.total_gb is None:
+            self.seen.total_gb = round(_gib(m.group(1), m.group(2)) if m.group(1) else _gib(m.group(3), m.group(4)), 2)
+        return True
+
+
+def scan(text: str) -> OomSeen | None:
+    """The OOM in a whole log, or None (for recorded output and the failure's tail)."""
+    d = Detector()
+    for line in text.replace("\r", "\n").splitlines():
+        d.feed(line)
+    return d.seen
+
+
+# ---------------------------------------------------------------------------------------------
+# The recipe and the ladder
+
+
+@dataclass
+class Recipe:
+    """The memory savings the ladder added over the user's own flags."""
+    rungs: list[str] = field(default_factory=list)  # in the order they were climbed
+    gradient_checkpointing: bool = False
+    optimizer: str | None = None  # "adamw8bit" or "adafactor"
+    cache: bool = False
+    batch_size: int | None = None  # the micro-batch, when the ladder changed it
+    grad_accum: int | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Recipe":
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+
+def _lookup(args: Any, *names: str) -> Any:
+    """A flag's value in trainer_args (a dict, or an argv list for builtin/command); None if unset."""
+    keys = {n for name in names for n in (name, name.replace("-", "_"), name.replace("_", "-"))}
+    if isinstance(args, dict):
+        for k, v in args.items():
+            if str(k).lstrip("-") in keys:
+                return v
+        return None
+    if isinstance(args, list):
+        found = None
+        items = [str(a) for a in args]
+        for i, a in enumerate(items):
+            key, eq, val = a.lstrip("-").partition("=")
+            if a.startswith("--") and key in keys:
+                if eq:
+                    found = val
+                elif i + 1 < len(items) and not items[i + 1].startswith("--"):
+                    found = items[i + 1]
+                else:
+                    found = True
+            if a.startswith("--no-") and a[5:] in keys:
+                found = False
+        return found
+    return None
+
+
+def _int(v: Any, default: int) -> int:
+    try:
+        return int(v) if v not in (None, True, False) else default
+    except (TypeError, ValueError):
+        return default
+
+
+def _halve(batch: int) -> int | None:
+    """The largest divisor of `batch` at most half of it (3 -> 1, 8 -> 4), None at 1."""
+    if batch <= 1:
+        return None
+    return max(d for d in range(1, batch // 2 + 1) if batch % d == 0)
+
+
+class Ladder:
+    """One trainer's ladder: what each rung changes, through that trainer's flags."""
+
+    def __init__(self, trainer: str, trainer_args: Any, *, script_options: dict | None = None,
+                 has_bitsandbytes: bool = False, cuda: bool = True):
+        self.trainer = trainer
+        self.args = trainer_args if isinstance(trainer_args, (dict, list)) else {}
+        self.options = script_options  # {"--flag": kind} of an external script, None: unknown
+        self.bnb = has_bitsandbytes
+        self.cuda = cuda
+
+    def _accepts(self, flag: str) -> bool:
+        if self.trainer in ("builtin", "command"):
+            return True
+        return self.options is None or f"--{flag}" in self.options
+
+    def _batch(self, recipe: Recipe) -> tuple[int, int]:
+        names = {"builtin": (("batch-size",), ("grad-accum",))}.get(
+            self.trainer, (("train_batch_size", "batch_size"), ("gradient_accumulation_steps", "grad_accum")))
+        b = recipe.batch_size or _int(_lookup(self.args, *names[0]), 1)
+        a = recipe.grad_accum or _int(_lookup(self.args, *names[1]), 1)
+        return b, a
+
+    def step(self, recipe: Recipe) -> tuple[Recipe, str, str] | None:
+        """(the next recipe, its rung, what changed in words), or None when the ladder is spent."""
+        if self.trainer == "command" and not (isinstance(self.args, dict) and self.args.get("memory_ladder")):
+            return None  # any command: restarting it unchanged would fail the same way
+        done = set(recipe.rungs)
+        for rung in RUNGS:
+            if rung in done and rung != "half-batch":
+                continue
+            change = self._try(rung, recipe)
+            if change is not None:
+                new, text = change
+                new.rungs = [*recipe.rungs, rung]
+                return new, rung, text
+        return None
+
+    def _try(self, rung: str, r: Recipe) -> tuple[Recipe, str] | None:
+        a, t = self.args, self.trainer
+        new = Recipe.from_dict(r.as_dict())
+        if rung == "gradient-checkpointing":
+            if _lookup(a, "gradient_checkpointing") is True or not self._accepts("gradient_checkpointing"):
+                return None
+            new.gradient_checkpointing = True
+            return new, "gradient checkpointing on"
+        if rung == "8bit-optimizer":
+            if t == "builtin":
+                cur = str(_lookup(a, "optimizer") or "adamw").lower()
+                if cur != "adamw":
+                    return None
+                new.optimizer = "adamw8bit" if (self.bnb and self.cuda) else "adafactor"
+            elif t == "kohya":
+                cur = str(_lookup(a, "optimizer_type") or "AdamW").lower()
+                if _lookup(a, "use_8bit_adam") is True or cur not in ("adamw", ""):
+                    return None
+                new.optimizer = "adamw8bit" if self.bnb else "adafactor"
+            elif t == "diffusers":
+                # The example scripts offer no Adafactor: without bitsandbytes this rung is passed over.
+                if _lookup(a, "use_8bit_adam") is True or not self.bnb or not self._accepts("use_8bit_adam"):
+                    return None
+                new.optimizer = "adamw8bit"
+            else:
+                new.optimizer = "adamw8bit" if self.bnb else "adafactor"
+            return new, {"adamw8bit": "optimizer AdamW -> AdamW8bit",
+                         "adafactor": "optimizer AdamW -> Adafactor (no bitsandbytes)"}[new.optimizer]
+        if rung == "cache-latents":
+            if t == "builtin":
+                return None  # it always encodes the dataset once and moves the encoders off the GPU
+            if t == "kohya":
+                # kohya refuses cached latents with per-step image augmentation (train_util asserts).
+                if (_lookup(a, "cache_latents") is True or _lookup(a, "random_crop") is True
+                        or _lookup(a, "color_aug") is True or not self._accepts("cache_latents")):
+                    return None
+            elif t == "diffusers" and not self._accepts("cache_latents"):
+                return None  # the pinned example scripts have no such flag
+            new.cache = True
+            return new, "latents cached" + (" and text-encoder outputs cached" if self._te_cache() else "")
+        if rung == "half-batch":
+            b, acc = self._batch(r)
+            half = _halve(b)
+            if half is None:
+                return None
+            new.batch_size, new.grad_accum = half, acc * (b // half)
+            return new, (f"micro-batch {b} -> {half}, gradient accumulation {acc} -> {new.grad_accum} "
+                         f"(effective batch {b * acc} unchanged)")
+        return None
+
+    def _te_cache(self) -> bool:
+        """kohya's SDXL scripts cache the text encoders' outputs too, where the text encoders are
+        not trained: a network script must be told --network_train_unet_only by the user (caching
+        would otherwise change what is trained), sdxl_train.py must not train them."""
+        if self.trainer != "kohya" or not self._accepts("cache_text_encoder_outputs") or self.options is None:
+            return self.trainer == "command"
+        if _lookup(self.args, "cache_text_encoder_outputs") is True:
+            return False
+        if "--network_train_unet_only" in self.options:
+            return _lookup(self.args, "network_train_unet_only") is True
+        return _lookup(self.args, "train_text_encoder") is not True
+
+    # -- applying it -----------------------------------------------------------------------------
+    def apply(self, recipe: Recipe) -> Any:
+        """trainer_args with the recipe's flags set (the user's other flags unchanged)."""
+        t = self.trainer
+        if t == "command":
+            return self.args  # told through SDCLOUD_MEMORY_RECIPE (environment)
+        flags: dict[str, Any] = {}
+        if t == "builtin":
+            if recipe.gradient_checkpointing:
+                flags["gradient-checkpointing"] = True
+            if recipe.optimizer:
+                flags["optimizer"] = recipe.optimizer
+                # The checkpoint holds AdamW state: the new optimizer starts its own (builtin.py).
+                flags["optimizer-change"] = True
+            if recipe.batch_size:
+                flags["batch-size"], flags["grad-accum"] = recipe.batch_size, recipe.grad_accum
+        else:
+            if recipe.gradient_checkpointing:
+                flags["gradient_checkpointing"] = True
+            if recipe.optimizer:
+                if t == "kohya":
+                    flags["optimizer_type"] = "AdamW8bit" if recipe.optimizer == "adamw8bit" else "Adafactor"
+                    if recipe.optimizer == "adafactor":
+                        # Adafactor with a fixed learning rate, as kohya's docs give it.
+                        flags["optimizer_args"] = ["scale_parameter=False", "relative_step=False",
+                                                   "warmup_init=False"]
+                else:
+                    flags["use_8bit_adam"] = True
+            if recipe.cache:
+                flags["cache_latents"] = True
+                if self._te_cache():
+                    flags["cache_text_encoder_outputs"] = True
+            if recipe.batch_size:
+                flags["train_batch_size"], flags["gradient_accumulation_steps"] = recipe.batch_size, recipe.grad_accum
+        if isinstance(self.args, dict):
+            out = {k: v for k, v in self.args.items()
+                   if str(k).lstrip("-").replace("_", "-") not in {f.replace("_", "-") for f in flags}}
+            if t == "builtin":
+                out = {k: v for k, v in out.items() if str(k).lstrip("-").replace("_", "-") != "no-gradient-checkpointing"}
+            return {**out, **flags}
+        # An argv list: argparse takes the last value, so the recipe's flags go at the end.
+        from .trainers.base import flag_args
+
+        return [*self.args, *flag_args({k if t == "builtin" else k: v for k, v in flags.items()})]
+
+
+def environment(recipe: Recipe) -> dict[str, str]:
+    """What a `command` trainer is told: the recipe as JSON (it applies what it can)."""
+    return {"SDCLOUD_MEMORY_RECIPE": json.dumps(recipe.as_dict(), sort_keys=True)} if recipe.rungs else {}
+
+
+def has_bitsandbytes(python: str | None = None) -> bool:
+    """Whether the trainer's interpreter can import bitsandbytes (its own venv for kohya)."""
+    if python is None:
+        return importlib.util.find_spec("bitsandbytes") is not None
+    try:
+        return subprocess.run([python, "-c", "import importlib.util,sys;"
+                               "sys.exit(importlib.util.find_spec('bitsandbytes') is None)"],
+                              capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def script_options(trainer: str, trainer_args: Any) -> dict | None:
+    if trainer not in ("kohya", "diffusers"):
+        return None
+    from .trainers import options
+
+    default = {"kohya": "sdxl_train_network.py", "diffusers": "train_dreambooth_lora_sdxl.py"}[trainer]
+    script = trainer_args.get("script", default) if isinstance(trainer_args, dict) else default
+    return options.script_options(trainer, Path(str(script)).name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The recipe kept in the run's prefix
+
+
+def load(store: Any, run_prefix: str) -> Recipe | None:
+    """The recipe an earlier attempt of this run healed to, or None."""
+    try:
+        data = store.get(f"{run_prefix}/{RECIPE_KEY}")
+    except Exception:  # noqa: BLE001 - absent (or unreadable): start from the user's own flags
+        return None
+    if not data:
+        return None
+    try:
+        return Recipe.from_dict(json.loads(data))
+    except (ValueError, TypeError):
+        log.warning("ignoring an unreadable %s", RECIPE_KEY)
+        return None
+
+
+def save(store: Any, run_prefix: str, recipe: Recipe) -> None:
+    store.put(f"{run_prefix}/{RECIPE_KEY}", json.dumps(recipe.as_dict(), sort_keys=True).encode())
+
+
+# ---------------------------------------------------------------------------------------------
+# The agent's side: one per attempt
+
+
+class Healer:
+    """Holds the attempt's recipe; climbs one rung per OOM and keeps the recipe in the store."""
+
+    def __init__(self, trainer: str, trainer_args: Any, *, store: Any = None, run_prefix: str = "",
+                 python: str | None = None, cuda: bool = True):
+        self.trainer = trainer
+        self.base_args = trainer_args
+        self.store, self.run_prefix = store, run_prefix
+        bnb = has_bitsandbytes(python) if cuda else False
+        self.ladder = Ladder(trainer, trainer_args, script_options=script_options(trainer, trainer_args),
+                             has_bitsandbytes=bnb, cuda=cuda)
+        self.recipe = Recipe()
+        self.events: list[dict] = []
+
+    def start(self) -> tuple[Any, dict[str, str]]:
+        """(trainer_args, environment) for the first start: with the recipe an earlier attempt
+        healed to, if there is one."""
+        kept = load(self.store, self.run_prefix) if self.store is not None else None
+        if kept is not None and kept.rungs:
+            self.recipe = kept
+            log.info("memory recipe kept from an earlier attempt: %s", ", ".join(kept.rungs))
+        return self.ladder.apply(self.recipe), environment(self.recipe)
+
+    def climb(self, seen: OomSeen | None, *, step: int | None, peak_gb: float | None = None) -> dict | None:
+        """The next rung's event ({"rung", "change", "peak_gb", ...}) with the recipe moved on, or
+        None when the ladder is spent."""
+        nxt = self.ladder.step(self.recipe)
+        if nxt is None:
+            return None
+        self.recipe, rung, change = nxt
+        peaks = [p for p in (peak_gb, seen.peak_gb if seen else None) if p is not None]
+        ev = {"rung": rung, "change": change, "peak_gb": max(peaks) if peaks else None,
+              "total_gb": seen.total_gb if seen else None, "resume_step": step,
+              "n": len(self.events) + 1, "error": (seen.line if seen else "")[:300]}
+        self.events.append(ev)
+        if self.store is not None:
+            try:
+                save(self.store, self.run_prefix, self.recipe)
+            except Exception as exc:  # noqa: BLE001 - this attempt heals anyway; the next re-climbs
+                log.warning("cannot keep the memory recipe: %s", exc)
+        return ev
+
+    def args(self) -> tuple[Any, dict[str, str]]:
+        return self.ladder.apply(self.recipe), environment(self.recipe)
