@@ -100,3 +100,19 @@ def local() -> dict[str, float]:
             if out[key] < 0:
                 raise UserError(f"config.toml [local] {key} must be 0 or more, got {value!r}")
     return out
+
+
+DEFAULT_SELF_END_GRACE_S = 600.0
+
+
+def self_end_grace() -> float:
+    """[hosts] self_end_grace in config.toml (seconds, or a duration such as "10m"): how long a host
+    whose work is over waits for the controller before it ends itself; 10 minutes when unset."""
+    raw = settings().get("hosts", {})
+    if not isinstance(raw, dict):
+        raise UserError(f"{home() / 'config.toml'}: [hosts] must be a table")
+    if "self_end_grace" not in raw:
+        return DEFAULT_SELF_END_GRACE_S
+    from .runs.spec import parse_seconds
+
+    return parse_seconds(raw["self_end_grace"], "config.toml [hosts] self_end_grace")

@@ -109,6 +109,11 @@ def _condition_holds(condition: dict, context: dict[str, str]) -> bool:
             if ckey not in context:
                 return False
             have = context[ckey]
+            if op == "for_any_value:string_equal":  # a key with many values (qcs:resource_tag): any one
+                haves = have if isinstance(have, (list, tuple)) else [have]
+                if not any(h in wanted for h in haves):
+                    return False
+                continue
             if op == "string_like" and not any(_glob(w, have) for w in wanted):
                 return False
             if op == "string_equal" and have not in wanted:

@@ -158,6 +158,41 @@ class FakeCVM:
             self.passable_roles: set[str] | None = None  # None: any CAM role may be passed
             self.balance_ok = True  # False: InvalidAccount.InsufficientBalance
             self.templates: dict[str, dict] = {}  # launch template id -> its RunInstances fields
+            # A CVM role's temporary keys: TmpSecretId -> {"key", "token", "role", "policies"}. A call
+            # signed with them must carry its token and is judged against the role's CAM policies.
+            self.role_keys: dict[str, dict] = {}
+
+    def add_role_keys(self, role: str, policies: list[str]) -> dict:
+        """Temporary keys of a CVM role (as the metadata service hands them out) with its policies."""
+        with self.lock:
+            keys = {"TmpSecretId": "AKID" + secrets.token_hex(16), "TmpSecretKey": secrets.token_hex(16),
+                    "Token": secrets.token_hex(24), "ExpiredTime": int(time.time()) + 3600, "Code": "Success"}
+            self.role_keys[keys["TmpSecretId"]] = {"key": keys["TmpSecretKey"], "token": keys["Token"], "role": role,
+                                                   "policies": list(policies)}
+            return keys
+
+    def authorize(self, secret_id: str, token: str, action: str, region: str, params: dict) -> str | None:
+        """Account keys may do anything here; a role's keys need their token and a CAM policy that
+        allows the action on every instance it names (its tags as `qcs:resource_tag`). The caller's
+        role name, or None for the account's keys."""
+        role = self.role_keys.get(secret_id)
+        if role is None:
+            return None
+        if token != role["token"]:
+            raise ApiError("AuthFailure.TokenFailure", "the token does not belong to these temporary keys")
+        from cam_policy import Need, allowed
+
+        with self.lock:
+            ids = params.get("InstanceIds") or [None]
+            for iid in ids:
+                inst = self.instances.get(iid) if iid else None
+                tags = tuple(f"{k}&{v}" for k, v in (inst.tags if inst else {}).items())
+                need = Need(f"name/cvm:{action}", f"qcs::cvm:{region}:uin/100000000001:instance/{iid or '*'}",
+                            (("qcs:resource_tag", tags),))
+                if not any(allowed(p, need) for p in role["policies"]):
+                    raise ApiError("UnauthorizedOperation",
+                                   f"role {role['role']} may not {action} {iid or ''}: no policy allows it")
+        return role["role"]
 
     def add_launch_template(self, template_id: str, fields: dict) -> None:
         """A launch template (as the stack makes one): RunInstances fields in the API's own names."""
@@ -278,7 +313,7 @@ class FakeCVM:
         return {f["Name"]: [str(v) for v in f.get("Values", [])] for f in params.get("Filters") or []}
 
     # -- actions --------------------------------------------------------------------------------
-    def handle(self, action: str, region: str, params: dict) -> dict:
+    def handle(self, action: str, region: str, params: dict, caller: str | None = None) -> dict:
         with self.lock:
             self._tick()
             fn = getattr(self, "do_" + action, None)
@@ -287,7 +322,8 @@ class FakeCVM:
             self._check_fields(action + "Request", params)
             zone = (params.get("Placement") or {}).get("Zone")
             self._injected(action, zone)
-            self.calls.append({"action": action, "region": region, "params": params})
+            self.calls.append({"action": action, "region": region, "params": params,
+                               "caller": f"role:{caller}" if caller else "account"})
             return fn(region, params)
 
     def do_DescribeZones(self, region: str, params: dict) -> dict:
@@ -561,10 +597,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _verify(self, body: bytes) -> None:
-        headers = verify_tc3(self, body, self.fake.accounts, "cvm")
+    def _verify(self, body: bytes) -> dict[str, str]:
+        accounts = {**self.fake.accounts, **{k: v["key"] for k, v in self.fake.role_keys.items()}}
+        headers = verify_tc3(self, body, accounts, "cvm")
         if headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise ApiError("InvalidParameter", "Content-Type must be application/json")
+        return headers
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -576,7 +614,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send({"error": str(exc)})
             return
         try:
-            self._verify(body)
+            headers = self._verify(body)
             if self.headers.get("X-TC-Version") != API_VERSION:
                 raise ApiError("InvalidParameter", f"X-TC-Version must be {API_VERSION}")
             action = self.headers.get("X-TC-Action", "")
@@ -587,7 +625,9 @@ class _Handler(BaseHTTPRequestHandler):
                 params = json.loads(body or b"{}")
             except ValueError:
                 raise ApiError("InvalidParameter", "the body is not JSON") from None
-            result = self.fake.handle(action, region, params)
+            secret_id = _AUTH_RE.match(headers.get("authorization", "")).group(1)
+            caller = self.fake.authorize(secret_id, headers.get("x-tc-token", ""), action, region, params)
+            result = self.fake.handle(action, region, params, caller)
             self._send({"Response": {**result, "RequestId": request_id}})
         except ApiError as exc:
             self._send({"Response": {"Error": {"Code": exc.code, "Message": exc.message}, "RequestId": request_id}})

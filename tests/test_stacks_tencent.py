@@ -121,7 +121,7 @@ def test_role_policy_allows_only_the_bucket_prefix(built):
     [role] = mocks.of_type("Cam/role:Role")
     trust = json.loads(role["document"])
     assert trust["statement"][0]["principal"] == {"service": ["cvm.qcloud.com"]}
-    [policy] = mocks.of_type("Cam/policy:Policy")
+    [policy] = [p for p in mocks.of_type("Cam/policy:Policy") if p["name"].endswith("-bucket")]
     doc = json.loads(policy["document"])
     base = f"qcs::cos:ap-guangzhou:uid/{APP_ID}:sdcloud-ap-guangzhou-{APP_ID}"
     for st in doc["statement"]:
@@ -135,8 +135,24 @@ def test_role_policy_allows_only_the_bucket_prefix(built):
             assert st["resource"] == [f"{base}/*"]
         else:
             assert st["resource"] == [f"{base}/team/sd/*"]
-    [attach] = mocks.of_type("Cam/rolePolicyAttachment:RolePolicyAttachment")
-    assert attach == {"roleId": "host-role-id", "policyId": "host-bucket-access-id"}
+    attaches = mocks.of_type("Cam/rolePolicyAttachment:RolePolicyAttachment")
+    assert sorted(a["policyId"] for a in attaches) == ["host-bucket-access-id", "host-self-end-id"]
+    assert {a["roleId"] for a in attaches} == {"host-role-id"}
+
+
+def test_role_may_terminate_only_instances_with_the_stacks_tag(built):
+    """A host ends itself with TerminateInstances; the condition keeps it to this stack's instances."""
+    from cam_policy import Need, allowed
+
+    mocks, _ = built
+    [policy] = [p for p in mocks.of_type("Cam/policy:Policy") if p["name"].endswith("-self-end")]
+    [template] = mocks.of_type("Cvm/launchTemplate:LaunchTemplate")[:1]
+    tags = tuple(f"{t['key']}&{t['value']}" for t in template["tagSpecifications"][0]["tags"])
+    need = lambda tags: Need("name/cvm:TerminateInstances", "qcs::cvm:ap-guangzhou:uin/1:instance/ins-1",  # noqa: E731
+                             (("qcs:resource_tag", tags),))
+    assert allowed(policy["document"], need(tags))
+    assert not allowed(policy["document"], need(("sdcloud:stack&other", "team&web")))
+    assert not allowed(policy["document"], Need("name/cvm:RunInstances", "*", (("qcs:resource_tag", tags),)))
 
 
 def test_launch_templates_use_the_image_local_nvme_and_the_role(built):

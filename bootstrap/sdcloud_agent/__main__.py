@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         logging.getLogger("sdcloud_agent").error("%s", exc)
         return EXIT_FAILED
-    return Agent(cfg).run()
+    agent = Agent(cfg)
+    rc = agent.run()
+    # Its terminal phase: the host ends itself after the grace unless the controller ends it first.
+    agent.end_host(rc)
+    return rc
 
 
 def _is_batch(path: str) -> bool:

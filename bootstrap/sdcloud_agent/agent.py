@@ -22,6 +22,7 @@ from . import gpu, manifest as mf, nvme, staging
 from . import hostphases
 from . import oom as oomlib
 from .lease import Lease, LeaseHeld
+from . import selfend
 from .config import AgentConfig
 from .status import StatusReporter
 from .store import Cancelled, StoreError, open_store, retry
@@ -80,8 +81,13 @@ class Agent:
         self.log_path: Path | None = None
         self._snaps: dict[int, Path] = {}
         self._started = time.monotonic()
+        self._started_wall = time.time()
         self._first_step = False
         self._resumed_from: int | None = None
+        # Self-end (selfend.py): the controller's heartbeat, and the lifetime cap once it is reached.
+        self.self_end = selfend.SelfEnd.from_dict(cfg.self_end)
+        self.attendance: selfend.Attendance | None = None
+        self.cap_reason: str | None = None
         self.oom = oomlib.Detector()  # CUDA out-of-memory in the trainer's output (oom.py)
         self.healer: oomlib.Healer | None = None
 
@@ -117,6 +123,8 @@ class Agent:
         out["prune_error"] = self.worker.sync.prune_error if self.worker is not None else None
         if self.cfg.require_gpu:
             out["gpu_util"] = gpu.utilisation()
+        if self.attendance is not None:  # `unattended`: the controller's heartbeat is stale
+            out["unattended"] = self.attendance.unattended()
         return out
 
     # -- phases -----------------------------------------------------------------------------
@@ -402,7 +410,8 @@ class Agent:
         secs = time.monotonic() - t0
         log.warning("notice_to_durable_s=%.2f durable_step=%d uploads_done=%s", secs, durable, done)
         self.status.update(step=max(durable, 0))
-        self.status.set_phase("preempted", f"spot reclaim: newest durable checkpoint is step {durable}"
+        why = f"lifetime cap reached ({self.cap_reason})" if self.cap_reason else "spot reclaim"
+        self.status.set_phase("preempted", f"{why}: newest durable checkpoint is step {durable}"
                               + ("" if done else " (an upload did not finish in time)"))
         return EXIT_PREEMPTED
 
@@ -449,6 +458,7 @@ class Agent:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         watcher = make_watcher(cfg.metadata)
         watch = WatchThread(watcher, self._on_notice, cfg.poll_seconds).start() if watcher else None
+        self._start_self_end_watch()
         sync = CheckpointSync(self.store, cfg.run_prefix, keep=cfg.keep_checkpoints, run=cfg.run_id,
                               attempt=cfg.attempt, trainer=cfg.trainer)
         self.worker = SyncWorker(sync)
@@ -484,8 +494,55 @@ class Agent:
         proc = getattr(self, "proc", None)
         if proc is not None and proc.poll() is None:
             self.trainer.kill(proc)
+        # This host has nothing left to do: it ends itself (after the grace) rather than bill on.
+        self.end_host(EXIT_LEASE_HELD, record=False)
         logging.shutdown()
         os._exit(EXIT_LEASE_HELD)
+
+    # -- self-end (selfend.py) ------------------------------------------------------------------
+    def _start_self_end_watch(self) -> None:
+        """The controller's heartbeat (for `unattended`) and the lifetime cap, on a daemon thread."""
+        se = self.self_end
+        if se.provider == "none":
+            return
+        self.attendance = selfend.Attendance(self.store, self.cfg.run_prefix, se.unattended_after_s, time.time())
+        cap, why = selfend.lifetime_cap(se)
+        # Leave time to save and upload inside the cap: the notice's deadline is the cap itself.
+        save_s = max(5.0, min(0.2 * cap, 300.0))
+        start = se.launched_at if se.launched_at is not None else time.time()
+        trigger = start + max(0.0, cap - save_s)
+        log.info("lifetime cap: %.0fs from launch (%s)", cap, why)
+
+        def watch() -> None:
+            while time.time() < trigger:
+                time.sleep(min(5.0, max(0.05, trigger - time.time())))
+            if self.status is not None and self.status.phase in ("succeeded", "failed", "preempted"):
+                return
+            self.cap_reason = why
+            log.warning("lifetime cap reached (%s): saving, uploading and ending this host", why)
+            if self.status is not None:
+                self.status.update(ended_by="lifetime-cap", cap=why)
+            now = time.time()
+            self._on_notice(Notice("terminate", now + save_s, now, f"lifetime cap reached ({why})"))
+
+        threading.Thread(target=watch, name="sdcloud-lifetime-cap", daemon=True).start()
+
+    def end_host(self, rc: int, record: bool = True) -> dict | None:
+        """After the terminal phase: wait the grace for the controller (none when unattended or the
+        cap was reached), record the end in status.json, end the host as its provider allows."""
+        se = self.self_end
+        if se.provider == "none":
+            return None
+        reason = selfend.REASONS.get(rc, f"agent exit {rc}")
+        if self.cap_reason:
+            reason = f"lifetime cap reached ({self.cap_reason})"
+        elif self.status is not None and self.status.state.get("boot_phase"):
+            reason = f"failed boot ({self.status.state['boot_phase']})"
+        att = self.attendance or selfend.Attendance(self.store, self.cfg.run_prefix, se.unattended_after_s,
+                                                    self._started_wall)
+        return selfend.finish(se, self.store if record or rc != EXIT_LEASE_HELD else None, self.cfg.run_prefix,
+                              self.cfg.attempt, reason, attendance=att, grace=self.cap_reason is None,
+                              local_path=self.workdir / "status.json")
 
     def _run(self) -> int:
         cfg = self.cfg

@@ -312,12 +312,14 @@ def drive(state, run_id: str, detach: bool, as_json: bool) -> None:
 @click.option("--checkpoint-every", metavar="N", help="Save a checkpoint every N steps.")
 @click.option("--store", metavar="URL", help="Bucket URL for checkpoints instead of the stack's (s3://BUCKET/PREFIX or file:///DIR).")
 @click.option("--simulate-preemption", metavar="SECONDS", help="Local provider: announce a reclaim this many seconds into the first attempt.")
+@click.option("--self-end-grace", metavar="DURATION",
+              help="How long a finished host waits for this controller before it ends itself (default 10m; 0: at once).")
 @click.option("-f", "--file", "runfile", metavar="PATH", help="Run file (YAML or TOML) with the same fields; flags override it.")
 @click.option("--detach", is_flag=True, help="Run the controller in the background; follow with sdcloud watch RUN.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation before launching paid hosts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 def up(tier, spot, on_demand, max_price, provider, region, deadline, budget, name, dataset, trainer, model, trainer_arg, steps,
-       checkpoint_every, store, simulate_preemption, runfile, detach, yes, as_json) -> None:
+       checkpoint_every, store, simulate_preemption, self_end_grace, runfile, detach, yes, as_json) -> None:
     """Run a training job: pick the offer, launch, survive reclaims, report the cost."""
     from .. import config
     from ..offers.tiers import get_tier
@@ -327,7 +329,7 @@ def up(tier, spot, on_demand, max_price, provider, region, deadline, budget, nam
              "region": region, "deadline_hours": deadline, "budget": _budget(budget), "name": name,
              "dataset": _local_path(dataset), "trainer": trainer, "model": _local_path(model), "steps": steps,
              "checkpoint_every": checkpoint_every, "store": store, "simulate_preemption": simulate_preemption,
-             "trainer_arg": list(trainer_arg) or None}
+             "self_end_grace": self_end_grace, "trainer_arg": list(trainer_arg) or None}
     state = _state()
     existing = state.get_run(name) if name else None
     if existing and existing["state"] in ("stopped", "failed"):

@@ -138,6 +138,7 @@ class Controller:
             if self._stop_reason:
                 self._finish_stop(self._stop_reason)
                 break
+            self.heartbeat()
             cur = self.current()
             if cur is None:
                 self._start_attempt()
@@ -219,6 +220,7 @@ class Controller:
         agent = agent_config(self.spec, self.run_id, n, self.total_steps, self.store_conf)
         agent["dataset"] = self.dataset_for_host()
         agent["model"] = self.model_for_host()
+        agent["self_end"] = self.self_end_config()
         user_data = ""
         if self.spec.provider in ("aws", "tencent"):
             from .hostboot import cloud_user_data
@@ -231,6 +233,40 @@ class Controller:
         self._launched_spec = LaunchSpec(run_id=self.run_id, attempt=n, user_data=user_data, agent_config=agent,
                                          infra=self._infra, env=env)
         return self._launched_spec
+
+    def self_end_config(self) -> dict:
+        """How the host ends itself (sdcloud_agent/selfend.py): the grace, when the run counts as
+        unattended, and the figures of its lifetime cap (this host's price, the budget left, the
+        deadline, the estimate)."""
+        offer = getattr(self, "_launch_offer", None)
+        run = self.state.get_run(self.run_id)
+        budget_left = None if self.spec.budget is None else max(0.0, self.spec.budget - self.cost_so_far())
+        deadline_at = run["created"] + self.spec.deadline_hours * 3600 if self.spec.deadline_hours else None
+        return {"provider": self.spec.provider, "grace_s": self_end_grace(self.spec),
+                # A few polls without the controller's heartbeat: nobody drives the run.
+                "unattended_after_s": UNATTENDED_POLLS * self.timing.poll_seconds,
+                "price_per_hour": offer.price_per_hour_usd if offer is not None else None,
+                "budget_left": budget_left, "deadline_at": deadline_at, "estimate_hours": self._job_hours(),
+                "launched_at": time.time(), "region": self.spec.region}
+
+    def heartbeat(self) -> None:
+        """runs/<id>/controller.json: someone drives this run (the host's `unattended` reads it)."""
+        doc = {"time": time.time(), "pid": os.getpid(), "poll_seconds": self.timing.poll_seconds}
+        try:
+            self.store.put(f"runs/{self.run_id}/controller.json", json.dumps(doc).encode())
+        except Exception as exc:  # noqa: BLE001 - a missed heartbeat is not worth dying for
+            self.emit("heartbeat-failed", {"error": str(exc)})
+
+    def note_self_end(self, cur: Attempt, status: dict | None) -> float | None:
+        """A host that ended itself: one event with its reason; the time its billing stopped."""
+        se = (status or {}).get("self_end")
+        if not isinstance(se, dict) or status.get("attempt") != cur.n:
+            return None
+        if not any(e["kind"] == "self-ended" and e["data"].get("attempt") == cur.n for e in self.state.events(self.run_id)):
+            self.event("self-ended", {"attempt": cur.n, "reason": se.get("reason"), "action": se.get("action"),
+                                      "unattended": bool(se.get("unattended")), "at": se.get("at"),
+                                      "error": se.get("error")})
+        return float(se["at"]) if se.get("at") and not se.get("error") else None
 
     def read_status(self) -> dict | None:
         from sdcloud_agent.store import StoreError
@@ -265,6 +301,11 @@ class Controller:
                 self._end_attempt(cur, "budget")
                 self._end_run("stopped", f"budget ${self.spec.budget:g} reached; checkpoint kept in the bucket")
                 return
+        if status and status.get("ended_by") == "lifetime-cap" and phase in ("preempted", "failed", "succeeded"):
+            # The host saved and ended itself at its cap: not a reclaim, nothing to relaunch.
+            self._end_attempt(cur, "lifetime-cap")
+            self._end_run("stopped", f"the host's lifetime cap was reached ({status.get('cap')}); checkpoint kept in the bucket")
+            return
         if phase == "succeeded":
             self._end_attempt(cur, "succeeded")
             self._end_run("succeeded", None)
@@ -320,6 +361,10 @@ class Controller:
 
     def _closed(self, cur: Attempt, end: float) -> None:
         """Price every item of an ended attempt (AWS spot from its zone's own price history) into the ledger."""
+        ended_at = self.note_self_end(cur, self.read_status())
+        if ended_at is not None and ended_at < end:
+            # The host ended itself: its billing stopped then, not when the controller noticed.
+            self.state.update_attempt(self.run_id, cur.n, end=max(ended_at, cur.start or ended_at))
         cost_ledger.closed(self.state, self.run_id, cur.n, self.provider, self.store, events=self.event,
                            heartbeat_s=agent_config(self.spec, self.run_id, cur.n, 0, {})["heartbeat_seconds"],
                            poll_s=self.timing.poll_seconds)
@@ -371,6 +416,16 @@ def _trainer_args(spec: RunSpec):
     from .training import trainer_args_for
 
     return trainer_args_for(spec, get_tier(spec.tier))
+
+
+UNATTENDED_POLLS = 4
+
+
+def self_end_grace(spec: RunSpec) -> float:
+    """Seconds a finished host waits for the controller: the run's own, else config.toml's, else 10 min."""
+    if spec.self_end_grace is not None:
+        return float(spec.self_end_grace)
+    return config.self_end_grace()
 
 
 def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, store_conf: dict) -> dict:

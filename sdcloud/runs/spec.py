@@ -39,6 +39,20 @@ def parse_duration(text: str | float | int, what: str = "--deadline") -> float:
     return hours
 
 
+def parse_seconds(text: str | float | int, what: str) -> float:
+    """Seconds from '10m', '90s', '1h' or a bare number of seconds; 0 is allowed (no wait)."""
+    raw = str(text).strip().lower()
+    try:
+        value = float(raw)
+    except ValueError:
+        if raw in ("0", "0s", "0m", "0h"):
+            return 0.0
+        value = parse_duration(raw, what) * 3600
+    if value < 0 or value != value:
+        raise UserError(f"{what} must be 0 or more seconds (or a duration such as 10m), got {text!r}")
+    return value
+
+
 @dataclass
 class RunSpec:
     tier: str
@@ -59,6 +73,9 @@ class RunSpec:
     simulate_preemption: float | None = None  # seconds into the first attempt (local provider)
     store: str | None = None  # bucket URL override, e.g. s3://bucket/prefix or file:///dir
     max_failed_boots: int | None = None  # failed boots in a row that end the run (default 3)
+    # Seconds a host waits for the controller after its last phase before it ends itself (None:
+    # config.toml's [hosts] self_end_grace, else 10 minutes; docs/runs.md).
+    self_end_grace: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -68,7 +85,7 @@ FIELDS = {f.name for f in fields(RunSpec)}
 # Names a run file may use for the same fields as the flags.
 ALIASES = {"deadline": "deadline_hours", "max-price": "max_price", "simulate-preemption": "simulate_preemption",
            "trainer-args": "trainer_args", "checkpoint-every": "checkpoint_every",
-           "max-failed-boots": "max_failed_boots"}
+           "max-failed-boots": "max_failed_boots", "self-end-grace": "self_end_grace"}
 
 
 def load_runfile(path: str) -> dict:
@@ -144,6 +161,8 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
         data["checkpoint_every"] = _positive(data["checkpoint_every"], "--checkpoint-every", integer=True)
     if data.get("max_failed_boots") is not None:
         data["max_failed_boots"] = _positive(data["max_failed_boots"], "max-failed-boots", integer=True)
+    if data.get("self_end_grace") is not None:
+        data["self_end_grace"] = parse_seconds(data["self_end_grace"], "--self-end-grace")
     if data.get("simulate_preemption") is not None:
         data["simulate_preemption"] = _positive(data["simulate_preemption"], "--simulate-preemption")
         if data.get("provider", "local") != "local":

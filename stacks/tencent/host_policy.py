@@ -41,3 +41,21 @@ def role_policy_document(region: str, app_id: str, bucket: str, prefix: str) -> 
             {"effect": "allow", "action": ["name/cos:DeleteMultipleObjects"], "resource": [f"{base}/*"]},
         ],
     }, indent=1)
+
+
+def self_end_policy_document(stack_tag: tuple[str, str]) -> str:
+    """The CVM role's second policy: TerminateInstances on instances that carry the stack's tag only.
+
+    A host whose work is over and whose controller is gone ends itself with its own
+    TerminateInstances (docs/host-agent.md, "Self-end"). The tag condition is CAM's authorization by
+    tag (https://intl.cloud.tencent.com/document/product/598/47827): `qcs:resource_tag` holds the
+    resource's tags as `key&value`, so the role cannot end any other instance of the account.
+    """
+    key, value = stack_tag
+    return json.dumps({
+        "version": "2.0",
+        "statement": [
+            {"effect": "allow", "action": ["name/cvm:TerminateInstances"], "resource": ["*"],
+             "condition": {"for_any_value:string_equal": {"qcs:resource_tag": [f"{key}&{value}"]}}},
+        ],
+    }, indent=1)

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # stacks/stack_com
 from stack_common import check_prefix, check_ssh_cidr, generic_user_data  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_policy.py beside this file
-from host_policy import role_policy_document  # noqa: E402,F401  (the CVM role's policy)
+from host_policy import role_policy_document, self_end_policy_document  # noqa: E402,F401  (the CVM role's policies)
 
 DEFAULT_IMAGE_REGEX = r"^Ubuntu Server 22\.04 LTS 64"
 DEFAULT_DRIVER = "535-server"
@@ -207,6 +207,12 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         document=pulumi.Output.all(app_id, bucket.bucket).apply(
             lambda v: role_policy_document(region, v[0], v[1], cfg.prefix)))
     tencentcloud.cam.RolePolicyAttachment("host-bucket-access", role_id=role.id, policy_id=policy.id)
+    # A finished host whose controller is gone ends itself: TerminateInstances, on this stack's hosts only.
+    self_end = tencentcloud.cam.Policy(
+        "host-self-end", name=f"sdcloud-{_slug(cfg.stack, 40)}-self-end",
+        description="sdcloud hosts: terminate an instance tagged with this stack (a host ending itself)",
+        document=self_end_policy_document(("sdcloud:stack", cfg.stack)))
+    tencentcloud.cam.RolePolicyAttachment("host-self-end", role_id=role.id, policy_id=self_end.id)
 
     key_id: pulumi.Input[str] = ""
     if cfg.public_key.strip():

@@ -460,7 +460,9 @@ class TencentProvider:
         # The stack makes one template per zone (Tencent binds a template to its zone).
         template_id = (infra.get("launch_template_ids") or {}).get(zone) or infra.get("launch_template_id")
         defaults = infra.get("instance_defaults") or {}
-        tags = {**(infra.get("host_tags") or {}), **spec.tags} if template_id else dict(spec.tags)
+        # The stack's tags on every host (template or not): the host role's self-end policy allows
+        # TerminateInstances only on instances that carry them (stacks/tencent/host_policy.py).
+        tags = {**(infra.get("host_tags") or {}), **spec.tags}
         params: dict[str, Any] = {
             "InstanceChargeType": CHARGE_TYPES[market],
             "Placement": {"Zone": zone},
