@@ -425,3 +425,83 @@ def test_tencent_host_terminates_itself_with_its_role(monkeypatch, tmp_path, s3_
         status = ctl.read_status()
         assert status["phase"] == "succeeded" and status["self_end"]["action"] == "terminate-instances"
         assert "error" not in status["self_end"]
+
+
+# -- the lifetime cap on a live host ---------------------------------------------------------------------
+
+FAKE = str(Path(__file__).parent / "agent_fakes.py")
+
+
+@pytest.mark.slow
+def test_the_lifetime_cap_saves_uploads_and_ends_the_host(tmp_path):
+    """The cap is reached mid-training with nobody driving the run: the agent saves (the trainer's
+    SIGTERM save), uploads the checkpoint, reports it and ends its host at once (no grace)."""
+    import subprocess
+    import time
+
+    from sdcloud_agent import manifest as mf
+    from sdcloud_agent.store import open_store
+
+    store_conf = {"url": (tmp_path / "bucket").as_uri()}
+    rec = tmp_path / "shutdown.log"
+    shim = tmp_path / "shutdown"
+    shim.write_text(f"#!/bin/sh\necho \"shutdown $@\" >> {rec}\n")
+    shim.chmod(0o755)
+    now = time.time()
+    cfg = {"run_id": "cap", "attempt": 1, "trainer": "command", "trainer_args": [sys.executable, FAKE],
+           "steps": 100000, "checkpoint_every": 100000, "store": store_conf, "metadata": {"kind": "none"},
+           "workdir": str(tmp_path / "work"), "nvme": False, "require_gpu": False, "heartbeat_seconds": 0.5,
+           "poll_seconds": 0.2,
+           # A 6 s cap (the figures' own cap is tested above): the notice comes 5 s before it.
+           "self_end": {"provider": "aws", "cap_s": 6, "grace_s": 600, "launched_at": now,
+                        "unattended_after_s": 2}}
+    path = tmp_path / "agent.json"
+    path.write_text(json.dumps(cfg))
+    proc = subprocess.run([sys.executable, "-m", "sdcloud_agent", "run", "--config", str(path)],
+                          env={**os.environ, "SDCLOUD_SHUTDOWN_COMMAND": f"{shim} -h now", "FAKE_STEP_SECONDS": "0.02"},
+                          capture_output=True, text=True, timeout=120)
+    took = time.time() - now
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    store = open_store(store_conf)
+    status = json.loads(store.get("runs/cap/status.json"))
+    assert status["phase"] == "preempted" and status["ended_by"] == "lifetime-cap", status
+    assert status["reason"].startswith("lifetime cap reached")
+    durable = mf.complete_steps(store, "runs/cap")
+    assert durable and durable[-1] == status["step"] > 0  # the save at the cap is in the bucket
+    assert status["self_end"]["reason"].startswith("lifetime cap reached") and status["self_end"]["waited_s"] < 1
+    assert rec.read_text().strip() == "shutdown -h now"
+    assert took < 60
+
+
+def test_a_capped_host_stops_the_run_and_is_not_relaunched(tmp_path, monkeypatch):
+    """The controller (alive again) reads a host that stopped at its lifetime cap: the run is
+    `stopped` with the cap in its reason (resume continues it), never relaunched as a reclaim; the
+    self-end is one event and the attempt ends at the host's own second."""
+    import time
+
+    from sdcloud.runs.controller import Controller, Timing, new_run_id
+    from sdcloud.runs.state import StateStore
+
+    monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path))
+    state = StateStore()
+    run_id = new_run_id()
+    state.create_run(run_id, "sd15-lora", {"tier": "sd15-lora", "provider": "local", "model": "tiny", "steps": 10}, 10)
+    ctl = Controller(state, run_id, timing=Timing(poll_seconds=0.2, boot_timeout=60, heartbeat_timeout=60))
+    start = time.time() - 100
+    state.add_attempt(run_id, 1, "local", "tok-1", instance_id="local-gone", state="running", start=start,
+                      market="spot", price=0.5, instance_type="local")
+    at = start + 40
+    ctl.store.put(f"runs/{run_id}/status.json", json.dumps({
+        "attempt": 1, "phase": "preempted", "step": 6, "time": at, "ended_by": "lifetime-cap",
+        "cap": "the budget left", "reason": "lifetime cap reached (the budget left): newest durable checkpoint is step 6",
+        "self_end": {"reason": "lifetime cap reached (the budget left)", "action": "os-shutdown", "at": at,
+                     "unattended": True}}).encode())
+    ctl._watch(state.attempts(run_id)[0])
+    run = state.get_run(run_id)
+    assert run["state"] == "stopped" and "lifetime cap" in run["reason"] and "sdcloud resume" in run["reason"]
+    [att] = state.attempts(run_id)
+    assert att.end_reason == "lifetime-cap" and att.end == pytest.approx(at)
+    kinds = [e["kind"] for e in state.events(run_id)]
+    assert kinds.count("self-ended") == 1 and "launching" not in kinds
+    ctl.heartbeat()
+    assert json.loads(ctl.store.get(f"runs/{run_id}/controller.json"))["time"] == pytest.approx(time.time(), abs=5)
