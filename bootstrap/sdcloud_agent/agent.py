@@ -21,6 +21,7 @@ from pathlib import Path
 from . import gpu, manifest as mf, nvme, staging
 from . import hostphases
 from . import oom as oomlib
+from . import health as healthlib
 from .lease import Lease, LeaseHeld
 from . import selfend
 from .config import AgentConfig
@@ -90,6 +91,7 @@ class Agent:
         self.cap_reason: str | None = None
         self.oom = oomlib.Detector()  # CUDA out-of-memory in the trainer's output (oom.py)
         self.healer: oomlib.Healer | None = None
+        self.health = healthlib.Monitor()  # samples and verdicts for status.json `health` (health.py)
 
     # -- setup ------------------------------------------------------------------------------
     def _setup_logging(self) -> None:
@@ -121,6 +123,7 @@ class Agent:
         out = {"disk_free_gb": staging.disk_free_gb(self.workdir)}
         # Old checkpoints that could not be deleted stay on the user's bill: the controller reports it.
         out["prune_error"] = self.worker.sync.prune_error if self.worker is not None else None
+        out["health"] = self.health.summary()
         if self.cfg.require_gpu:
             out["gpu_util"] = gpu.utilisation()
         if self.attendance is not None:  # `unattended`: the controller's heartbeat is stale
@@ -291,6 +294,7 @@ class Agent:
         trainer_log.info("%s", line)
         self.oom.feed(line)
         prog = self.trainer.parse_line(line)
+        self.health.feed_line(line, prog)
         if prog:
             self.status.update(**prog)
             if prog.get("step") and not self._first_step:
@@ -341,7 +345,7 @@ class Agent:
         done = self.trainer.finished(ctx, trainer_exited=True, killed=True)
         newest = max(done, key=lambda c: c.step) if done else None
         step = newest.step if newest else (ctx.resume_step if ctx.resume else 0)
-        ev = self.healer.climb(seen, step=step, peak_gb=getattr(self, "peak_vram_gb", None))
+        ev = self.healer.climb(seen, step=step, peak_gb=self.health.peak_mem_gb)
         if ev is None:
             self.worker.wait_idle(timeout=300)
             tried = ", ".join(self.healer.recipe.rungs) or "none applied"
@@ -479,6 +483,7 @@ class Agent:
             if watch:
                 watch.stop()
             self.worker.close()
+            self.health.stop()
             self.status.stop()
             self.status.flush()
             self.lease.release()
@@ -577,8 +582,10 @@ class Agent:
             self.status.set_phase("preempted", "spot reclaim before training started")
             return EXIT_PREEMPTED
         self.status.set_phase("training")
+        self.health.start()
         while True:  # more than once only when a CUDA out-of-memory is healed on this host
             self.proc = proc = self._start_trainer(ctx)
+            self.health.set_pid(proc.pid)
             while proc.poll() is None:
                 self._submit_finished(ctx)
                 if self.notice_event.wait(0.25):

@@ -177,14 +177,16 @@ class BatchController:
         """A host that is gone was reclaimed or lost: its item's lease runs out and another worker takes it.
         On the clouds a failed boot phase, or no boot report within the boot timeout, is a failed boot."""
         if self.provider_name not in CLOUDS:
-            self.fleet.check(cur, None, time.time())
+            # A worker whose process failed is not a reclaim: it counts toward the failed-boot limit.
+            if self.fleet.check(cur, None, time.time()) in hostboot.COUNTED_OUTCOMES:
+                hostboot.check_limit(self)
             return
         report = self.boot_report(cur.n)
         if report and report.get("failed"):
             hostboot.on_boot_failure(self, cur, self._boot_failure(cur.n, report["failed"]))
             return
         # Workers write no heartbeat of their own: a boot report is the sign of life, once.
-        if self.fleet.check(cur, None, time.time() if report is not None else None) == "boot-timeout":
+        if self.fleet.check(cur, None, time.time() if report is not None else None) in hostboot.COUNTED_OUTCOMES:
             hostboot.check_limit(self)
 
     def ended(self) -> bool:
@@ -219,6 +221,18 @@ class BatchController:
             self.state.update_run(self.job_id, state="running")
         return over
 
+    def _guarded_step(self) -> bool:
+        """step(), except that a store it cannot reach is noted and the step tried again next poll."""
+        try:
+            done = self.step()
+        except Exception as exc:
+            if not hostboot.is_store_fault(exc):
+                raise
+            hostboot.store_unreachable(self, exc)
+            return False
+        hostboot.store_reachable(self)
+        return done
+
     def run(self, poll: float | None = None) -> dict[str, Any]:
         self.fleet.reconcile()
         if self.state.get_run(self.job_id)["state"] in FINAL_RUN_STATES:
@@ -228,7 +242,7 @@ class BatchController:
             return {"job": self.job_id, "state": self.state.get_run(self.job_id)["state"],
                     "hosts": len(self.fleet.attempts()), "cost_usd": round(self.cost_so_far(), 6)}
         self.state.update_run(self.job_id, state="running", controller_pid=os.getpid())
-        while not self.step():
+        while not self._guarded_step():
             if self.fleet.exhausted():
                 self.state.update_run(self.job_id, state="failed", reason="no host could be launched")
                 break

@@ -54,6 +54,15 @@ def plain(kind: str, data: dict) -> str | None:
         step = data.get("step")
         saved = "the host saved its checkpoint" if data.get("phase") == "preempted" else "the host is gone"
         return f"spot reclaim of attempt {n}" + (f" at step {step}" if step is not None else "") + f": {saved}"
+    if kind == "host-failed":
+        why = data.get("cause") or data.get("state") or "failed"
+        return f"attempt {n}: host {data.get('instance')} failed ({why}), not a reclaim" + (
+            f": {data['reason']}" if data.get("reason") else "")
+    if kind == "store-unreachable":
+        return (f"the run's store cannot be reached ({data.get('error')}); trying again every "
+                f"{data.get('retry_s')} s" + (f" ({data['for_s']} s so far)" if data.get("for_s") else ""))
+    if kind == "store-reachable":
+        return f"the run's store answers again (after {data.get('after_s')} s)"
     if kind == "host-lost":
         return f"attempt {n}: host {data.get('instance')} lost" + (
             f" (no heartbeat for {data['heartbeat_age_s']} s)" if data.get("heartbeat_age_s") else "")

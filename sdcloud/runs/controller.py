@@ -268,18 +268,26 @@ class Controller:
                                       "error": se.get("error")})
         return float(se["at"]) if se.get("at") and not se.get("error") else None
 
-    def read_status(self) -> dict | None:
-        from sdcloud_agent.store import StoreError
+    def read_status(self, strict: bool = False) -> dict | None:
+        """The host's status.json; None when absent. `strict`: a store that cannot be read raises
+        (the step is tried again) rather than passing for a host that never reported."""
+        from sdcloud_agent.store import NotFound, StoreError
 
         try:
             return json.loads(self.store.get(_status_key(self.run_id)))
-        except (StoreError, ValueError, OSError):
+        except (NotFound, ValueError):
+            return None
+        except (StoreError, OSError):
+            if strict:
+                raise
             return None
 
     def _watch(self, cur: Attempt) -> None:
-        status = self.read_status()
+        status = self.read_status(strict=True)
         if status and status.get("attempt") != cur.n:
             status = None
+        if status is None:  # a store that refused the host's writes: the host's own copy, where readable
+            status = hostboot.host_side_status(self, cur)
         phase = status.get("phase") if status else None
         cost_ledger.observe(self.state, self.run_id, cur, status, sample=lambda: self._price_sample(cur))
         report_agent_problems(self, cur.n, status)
@@ -310,6 +318,8 @@ class Controller:
             self._end_attempt(cur, "succeeded")
             self._end_run("succeeded", None)
             return
+        if hostboot.on_failure_cause(self, cur, status):  # a refusal that recurs ends the run; others count
+            return
         if hostboot.is_boot_failure(status):  # a bad host or image: the next offer, not the end
             return hostboot.on_boot_failure(self, cur, status)
         if oom_move.is_out_of_memory(status):  # the memory ladder is spent: an offer with more VRAM
@@ -320,7 +330,7 @@ class Controller:
             return
         outcome = self.fleet.check(cur, phase, status.get("time") if status else None,
                                    status.get("step") if status else None)
-        if outcome == "boot-timeout":  # never reported at all: a failed boot, counted toward the limit
+        if outcome in hostboot.COUNTED_OUTCOMES:  # never reported, or its agent failed: counted toward the limit
             self._closed(cur, time.time())
             return hostboot.check_limit(self)
         renew = getattr(self.provider, "renew_credentials", None)
@@ -330,6 +340,7 @@ class Controller:
         if outcome != "ok":
             self._closed(cur, time.time())
             self.state.update_run(self.run_id, state="recovering")
+            hostboot.check_unreported(self)
             return
         if cur.market == SPOT and self.spec.deadline_hours:
             kind, offer = self.decide(cur)
