@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from .lease import Lease, LeaseHeld
 from . import selfend
 from .config import AgentConfig
 from .status import StatusReporter
-from .store import Cancelled, StoreError, open_store, retry
+from .store import Cancelled, StoreError, attempt_cause, describe_failure, open_store, retry
 from .sync import CheckpointSync, SyncWorker
 from .trainers.base import Context, Trainer
 from .watchers import Notice, WatchThread, make_watcher
@@ -63,9 +64,10 @@ class Failure(Exception):
     problem (a GPU it cannot use, a model or dataset it cannot stage): the controller ends the
     attempt and tries another offer."""
 
-    def __init__(self, reason: str, boot_phase: str | None = None):
+    def __init__(self, reason: str, boot_phase: str | None = None, cause: str | None = None):
         super().__init__(reason)
         self.boot_phase = boot_phase
+        self.cause = cause  # status.json's failure_cause (docs/runs.md, "Why an attempt ended")
 
 
 class Agent:
@@ -414,6 +416,7 @@ class Agent:
         secs = time.monotonic() - t0
         log.warning("notice_to_durable_s=%.2f durable_step=%d uploads_done=%s", secs, durable, done)
         self.status.update(step=max(durable, 0))
+        self._set_cause("lifetime-cap" if getattr(self, "cap_reason", None) else "reclaim-notice")
         why = f"lifetime cap reached ({self.cap_reason})" if self.cap_reason else "spot reclaim"
         self.status.set_phase("preempted", f"{why}: newest durable checkpoint is step {durable}"
                               + ("" if done else " (an upload did not finish in time)"))
@@ -449,8 +452,7 @@ class Agent:
             self._close_logging()
             return EXIT_LEASE_HELD
         except Exception as exc:  # noqa: BLE001
-            log.error("cannot open the store: %s", exc)
-            return EXIT_FAILED
+            return self._store_failed(exc)
         self.lease.start(max(1.0, cfg.heartbeat_seconds), self._lease_lost)
         self.phases = hostphases.AgentPhases(self.store, cfg)
         self.status = StatusReporter(self.store, cfg.run_prefix, cfg.run_id, cfg.attempt, cfg.steps,
@@ -470,6 +472,8 @@ class Agent:
             return self._run()
         except Failure as exc:
             log.error("failed: %s", exc)
+            self._set_cause(exc.cause or (attempt_cause(exc.__cause__) if exc.__cause__ is not None else None)
+                            or ("boot-failed" if exc.boot_phase else "agent-error"))
             if exc.boot_phase:
                 self.status.update(boot_phase=exc.boot_phase)
                 self.phases.failed(exc.boot_phase)
@@ -477,6 +481,7 @@ class Agent:
             return EXIT_FAILED
         except Exception as exc:  # noqa: BLE001 - whatever happens, say so in status.json
             log.exception("agent crashed")
+            self._set_cause(attempt_cause(exc))
             self.status.set_phase("failed", f"agent error: {type(exc).__name__}: {exc}")
             return EXIT_FAILED
         finally:
@@ -488,6 +493,27 @@ class Agent:
             self.status.flush()
             self.lease.release()
             self._close_logging()
+
+    def _set_cause(self, cause: str) -> None:
+        """Why the attempt ended, unless a more precise cause was set first (out-of-memory)."""
+        if not self.status.state.get("failure_cause"):
+            self.status.update(failure_cause=cause)
+
+    def _store_failed(self, exc: Exception) -> int:
+        """The store could not be opened or refused the lease: say why, in one line, in the bucket's
+        status.json when the store takes the write and in the host's own copy always (the local
+        provider's controller reads it), then end the attempt. A refusal that recurs (a role without
+        the grant, revoked keys, no bucket) ends the run after this attempt (docs/runs.md)."""
+        cause = attempt_cause(exc)
+        reason = f"the store refused this host ({cause}): {describe_failure(exc, self.cfg.store.get('url', ''))}"
+        log.error("cannot open the store: %s", reason)
+        print(f"sdcloud agent: {reason}", file=sys.stderr, flush=True)
+        status = StatusReporter(self.store, self.cfg.run_prefix, self.cfg.run_id, self.cfg.attempt, self.cfg.steps,
+                                local_path=self.workdir / "status.json", log_path=self.log_path)
+        status.update(failure_cause=cause)
+        status.set_phase("failed", reason)
+        self.status = self.status or status
+        return EXIT_FAILED
 
     def _close_logging(self) -> None:
         for h in self._handlers:
@@ -579,6 +605,7 @@ class Agent:
         ctx.trainer_python = sources.python if sources else None
         self._restore(ctx, restoring)
         if self.notice_event.is_set():
+            self._set_cause("reclaim-notice")
             self.status.set_phase("preempted", "spot reclaim before training started")
             return EXIT_PREEMPTED
         self.status.set_phase("training")
@@ -600,7 +627,7 @@ class Agent:
             self._submit_finished(ctx, exited=True, killed=True)
             self.worker.wait_idle(timeout=300)
             tail = "\n".join(list(self.tail)[-15:])
-            raise Failure(f"trainer exited with code {rc}; last output:\n{tail}")
+            raise Failure(f"trainer exited with code {rc}; last output:\n{tail}", cause="trainer-error")
         self._submit_finished(ctx, exited=True)
         missing = self.trainer.missing_output(ctx)
         if missing:

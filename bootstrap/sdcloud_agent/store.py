@@ -140,6 +140,40 @@ def failure_cause(exc: BaseException) -> str | None:
     return PERMANENT_CAUSES.get(error_code(exc))
 
 
+# Why an attempt ended, as the agent reports it in status.json (`failure_cause`); the first three
+# recur on the next host (the same grant, the same bucket, the same config), so the run ends there.
+RECURRING_CAUSES = ("permission-denied", "no-bucket", "bad-config")
+
+
+def attempt_cause(exc: BaseException) -> str:
+    """The cause an exception stands for: a refusal that recurs, a store that stayed unreachable
+    (`store-unreachable`: its faults outlasted the retries) or refused otherwise (`store-refused`),
+    a bad store configuration, or `agent-error`."""
+    cause = failure_cause(exc)
+    if cause:
+        return cause
+    if isinstance(exc, StoreError) or is_transient(exc):
+        return "store-unreachable"
+    if error_code(exc):
+        return "store-refused"
+    if isinstance(exc, ValueError):
+        return "bad-config"
+    return "agent-error"
+
+
+def describe_failure(exc: BaseException, where: str = "") -> str:
+    """One line for a store error: `AccessDenied (Access Denied) on PutObject of s3://...`."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict) and response.get("Error"):
+        err = response["Error"]
+        op = getattr(exc, "operation_name", "") or "a request"
+        text = f"{err.get('Code')} ({err.get('Message') or 'no message'}) on {op}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    text = " ".join(text.split())
+    return f"{text} at {where}" if where else text
+
+
 def with_retries(fn: Callable[[], Any], what: str, policy: RetryPolicy = DEFAULT_RETRY,
                  log: Callable[[str], None] | None = None) -> Any:
     """fn() again after a transient fault, within the policy's bounds. A refusal (403, 404, 412) is

@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from ..errors import UserError
 from ..offers.optimizer import RESTART_HOURS, Offer
-from ..providers.base import TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
+from ..providers.base import FAILED, TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, ZoneView
 from .candidates import attempt_zone_key, zone_key
 
@@ -204,15 +204,29 @@ class Fleet:
 
     # watch
     def check(self, cur: Any, phase: str | None, heartbeat: float | None, step: int | None = None) -> str:
-        """'ok', or why the host is gone: 'preempted', 'lost', or 'boot-timeout' when it never reported
-        (the attempt is then ended; a reclaimed or unbootable offer's zone is cooled down)."""
+        """'ok', or why the host is gone: 'preempted', 'lost', 'host-failed' (its agent's process
+        failed), or 'boot-timeout' when it never reported (the attempt is then ended; a reclaimed or
+        unbootable offer's zone is cooled down).
+
+        Only a reclaim notice (the agent's `preempted`) or an instance the cloud took back counts as
+        a reclaim: a host whose agent failed is a failure that the owner counts toward its
+        failed-boot limit, so that no cause relaunches without a bound."""
         inst = (next(iter(self.provider.describe([cur.instance_id], region=cur.region)), None)
                 if cur.instance_id else None)
         gone = inst is None or not inst.live
+        if gone and phase != "preempted" and inst is not None and inst.state == FAILED:
+            self.event("host-failed", {"attempt": cur.n, "instance": cur.instance_id, "phase": phase,
+                                       "state": inst.state})
+            self.end(cur, "host-failed")
+            self.cool_down(attempt_zone_key(cur.provider, cur.region, cur.zone, cur.instance_type), "host-failed")
+            return "host-failed"
         if phase == "preempted" or gone:
             reason = "preempted" if (phase == "preempted" or cur.market == SPOT) else "lost"
+            # `reported`: whether the host ever wrote a heartbeat. Hosts that vanish before they
+            # report, attempt after attempt, are bounded too (hostboot.check_unreported).
             self.event("reclaimed" if reason == "preempted" else "host-lost",
-                       {"attempt": cur.n, "instance": cur.instance_id, "phase": phase, "step": step})
+                       {"attempt": cur.n, "instance": cur.instance_id, "phase": phase, "step": step,
+                        "reported": heartbeat is not None or phase == "preempted"})
             self.end(cur, reason)
             self.cool_down(attempt_zone_key(cur.provider, cur.region, cur.zone, cur.instance_type), reason)
             return reason

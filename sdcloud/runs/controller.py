@@ -139,11 +139,19 @@ class Controller:
                 self._finish_stop(self._stop_reason)
                 break
             self.heartbeat()
-            cur = self.current()
-            if cur is None:
-                self._start_attempt()
+            try:
+                cur = self.current()
+                if cur is None:
+                    self._start_attempt()
+                else:
+                    self._watch(cur)
+            except Exception as exc:
+                # A step that cannot reach the store waits a poll and tries again; never a traceback.
+                if not hostboot.is_store_fault(exc):
+                    raise
+                hostboot.store_unreachable(self, exc)
             else:
-                self._watch(cur)
+                hostboot.store_reachable(self)
             if self.fleet.sweep_due():
                 self.sweep_strays()
             self.journal.flush()

@@ -4,16 +4,37 @@ and what the controller does when a host reports a failed boot phase.
 A boot failure (a phase of the user-data, the agent's model or dataset staging, or a GPU the agent
 cannot use) ends that attempt and cools down that offer, not the run; after `max_failed_boots`
 failed boots in a row the run ends with one line.
+
+Why an attempt ended is the agent's `failure_cause` in status.json (docs/runs.md). A cause that
+recurs on the next host (the store refused the host's credentials or grant, no bucket, a bad store
+configuration) ends the run after that attempt; a store that stayed unreachable, refused otherwise,
+or an agent error counts toward the same limit as a failed boot, as does a host that ended (or whose
+agent failed) before a reclaim notice. Only a reclaim notice, or a host that reported and then
+vanished, is a reclaim (sdcloud.fleet.lifecycle.Fleet.check).
 """
 
 from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
 
 
 from sdcloud_agent import wheel as agent_wheel
 
 # What a tier's run file may override with `max-failed-boots:`.
 DEFAULT_MAX_FAILED_BOOTS = 3
-BOOT_FAILURES = ("boot-failed", "boot-timeout")
+BOOT_FAILURES = ("boot-failed", "boot-timeout", "host-failed")
+# Fleet.check's outcomes that count toward the limit.
+COUNTED_OUTCOMES = ("boot-failed", "boot-timeout", "host-failed")
+# failure_cause values that count toward the limit (another host may not meet them); the recurring
+# ones (sdcloud_agent.store.RECURRING_CAUSES) end the run at once.
+COUNTED_CAUSES = ("store-unreachable", "store-refused", "agent-error")
+# Hosts in a row that vanished before their first heartbeat (reclaimed during boot, or ended by a
+# store that refused them) before the run ends: a bound even where no cause could be reported.
+MAX_UNREPORTED_ENDS = 5
+# A controller that cannot reach the store says so again at most this often while it waits.
+STORE_NOTE_SECONDS = 60.0
 # The driver series Tencent hosts install when their image has none (the stack's default).
 TENCENT_DRIVER = "535-server"
 
@@ -73,3 +94,107 @@ def check_limit(ctrl, phase: str | None = None) -> None:
     else:
         ctrl.state.update_run(ctrl.run_id, state="recovering")
 
+
+
+# -- why an attempt ended ---------------------------------------------------------------------------
+
+def host_side_status(ctrl, cur) -> dict | None:
+    """The host's own copy of status.json, where the controller can read it (the local provider's
+    host folder): a store that refused the host's writes leaves the bucket's copy missing."""
+    host_dir = getattr(ctrl.provider, "host_dir", None)
+    if host_dir is None or not cur.instance_id:
+        return None
+    try:
+        folder = host_dir(cur.instance_id)
+        if not folder:
+            return None
+        doc = json.loads((Path(folder) / "work" / "status.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("attempt") == cur.n else None
+
+
+def on_failure_cause(ctrl, cur, status: dict | None) -> bool:
+    """End the run (a cause that recurs) or the attempt (a cause counted toward the limit) for a
+    failed status; False when the status is not one of those (the caller goes on)."""
+    from sdcloud_agent.store import RECURRING_CAUSES
+
+    if not status or status.get("phase") != "failed":
+        return False
+    cause = status.get("failure_cause")
+    reason = " ".join(str(status.get("reason") or "the host agent failed").split())
+    if cause in RECURRING_CAUSES:
+        ctrl.event("host-failed", {"attempt": cur.n, "instance": cur.instance_id, "cause": cause,
+                                   "reason": reason[:2000]})
+        ctrl._end_attempt(cur, f"failed:{cause}")
+        ctrl._end_run("failed", f"{reason[:500]} (attempt {cur.n}; the next host would meet it too, so no other "
+                                f"was launched)")
+        return True
+    if cause in COUNTED_CAUSES and not status.get("boot_phase"):
+        ctrl.event("host-failed", {"attempt": cur.n, "instance": cur.instance_id, "cause": cause,
+                                   "reason": reason[:2000]})
+        ctrl._end_attempt(cur, f"host-failed:{cause}")
+        check_limit(ctrl, cause)
+        return True
+    return False
+
+
+# -- a controller that cannot reach the store ------------------------------------------------------
+
+def is_store_fault(exc: BaseException) -> bool:
+    """An error of the run's store (the agent's StoreError, botocore's transport errors, an S3
+    refusal), as opposed to a bug or a provider's answer."""
+    from sdcloud_agent.store import StoreError
+
+    if isinstance(exc, StoreError):
+        return True
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        return False
+    if isinstance(exc, BotoCoreError):
+        return True
+    return isinstance(exc, ClientError) and getattr(exc, "operation_name", "") in _S3_OPERATIONS
+
+
+_S3_OPERATIONS = frozenset({"GetObject", "PutObject", "HeadObject", "ListObjectsV2", "ListObjects", "DeleteObject",
+                            "DeleteObjects", "CopyObject", "CreateMultipartUpload", "UploadPart",
+                            "CompleteMultipartUpload", "AbortMultipartUpload", "HeadBucket"})
+
+
+def store_unreachable(ctrl, exc: BaseException, now: float | None = None) -> None:
+    """A step could not reach the store: note it (an event `watch` shows, again every minute while
+    it lasts) and let the loop wait a poll and try the step again."""
+    from sdcloud_agent.store import describe_failure
+
+    now = time.time() if now is None else now
+    since = getattr(ctrl, "_store_down_since", None)
+    if since is None:
+        ctrl._store_down_since = since = now
+        ctrl._store_noted = 0.0
+    if now - ctrl._store_noted >= STORE_NOTE_SECONDS:
+        ctrl._store_noted = now
+        ctrl.event("store-unreachable", {"error": describe_failure(exc)[:500], "for_s": round(now - since),
+                                         "retry_s": ctrl.timing.poll_seconds})
+
+
+def store_reachable(ctrl, now: float | None = None) -> None:
+    """The step went through: if the store had been unreachable, say that it is back."""
+    since = getattr(ctrl, "_store_down_since", None)
+    if since is not None:
+        ctrl._store_down_since = None
+        ctrl.event("store-reachable", {"after_s": round((time.time() if now is None else now) - since)})
+
+
+def check_unreported(ctrl) -> None:
+    """End the run when the last MAX_UNREPORTED_ENDS attempts all vanished before they reported."""
+    unreported = {e["data"].get("attempt") for e in ctrl.state.events(ctrl.run_id)
+                  if e["kind"] in ("reclaimed", "host-lost") and e["data"].get("reported") is False}
+    n = 0
+    for a in reversed([a for a in ctrl.attempts() if a.end_reason]):
+        if a.n not in unreported:
+            break
+        n += 1
+    if n >= MAX_UNREPORTED_ENDS:
+        ctrl._end_run("failed", f"{n} hosts in a row ended before they reported (reclaimed while booting, or refused "
+                                f"by the store); see: sdcloud logs {ctrl.run_id}")

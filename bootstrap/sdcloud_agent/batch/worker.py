@@ -15,8 +15,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from ..store import StoreError
 from . import layout
 from .lease import Lease, Leases
+
+# Passes in a row that may fail on the store (each already retried with backoff in the store)
+# before the worker gives up: the item's lease runs out and another worker takes it.
+MAX_STORE_FAILURES = 5
 
 
 class Generator(Protocol):
@@ -78,42 +83,57 @@ class Worker:
         order = sorted(items)
         pos = {item_id: n for n, item_id in enumerate(order)}
         first = True
+        failures = 0
         try:
             while not self.stop.is_set():
-                if self.store.head(layout.cancel_key(self.job)) is not None:
-                    self.log("job cancelled: stopping")
-                    break
-                done = {o.key.rsplit("/", 1)[-1].removesuffix(".json") for o in self.store.list(f"{self.job}/done/")}
-                todo = [i for i in order if i not in done]
-                if not todo:
-                    break
-                # Where to work: first a random place, so K workers spread over the list; later the
-                # middle of the longest stretch nobody has finished, the farthest from whoever works
-                # through it. A refused claim means we ran into someone: look again (one LIST).
-                at = self._rng.randrange(len(todo)) if first else self._widest_gap(todo, pos)
+                try:
+                    if self._pass(items, order, pos, first):
+                        break
+                    failures = 0
+                except StoreError as exc:  # its retries ran out: wait, then look again from the listing
+                    failures += 1
+                    if failures >= MAX_STORE_FAILURES:
+                        raise
+                    self.log(f"store error ({exc}); trying again ({failures}/{MAX_STORE_FAILURES - 1})")
+                    self.stop.wait(self.idle_wait * failures)
                 first = False
-                progressed = False
-                for item_id in todo[at:] + todo[:at]:
-                    if self.stop.is_set():
-                        break
-                    lease = self.leases.claim(item_id)
-                    if lease is None:
-                        self.stats.claims_refused += 1
-                        break
-                    if lease.attempt > 1 and self.store.head(layout.done_key(self.job, item_id)) is not None:
-                        # Finished since our listing (its old lease simply ran out): we are in a
-                        # stretch others have done; list again and jump.
-                        self.stats.claims_refused += 1
-                        break
-                    progressed = True
-                    self._work(items[item_id], lease)
-                if not progressed:
-                    # Every open item we tried is leased by a live worker: wait for them to finish or expire.
-                    self.stop.wait(self.idle_wait)
         finally:
             self._flush_index(force=True)
         self.stats.seconds = time.monotonic() - start
         return self.stats
+
+    def _pass(self, items: dict, order: list[str], pos: dict[str, int], first: bool) -> bool:
+        """One look at the job: claim and work items from one listing. True when the work is over."""
+        if self.store.head(layout.cancel_key(self.job)) is not None:
+            self.log("job cancelled: stopping")
+            return True
+        done = {o.key.rsplit("/", 1)[-1].removesuffix(".json") for o in self.store.list(f"{self.job}/done/")}
+        todo = [i for i in order if i not in done]
+        if not todo:
+            return True
+        # Where to work: first a random place, so K workers spread over the list; later the
+        # middle of the longest stretch nobody has finished, the farthest from whoever works
+        # through it. A refused claim means we ran into someone: look again (one LIST).
+        at = self._rng.randrange(len(todo)) if first else self._widest_gap(todo, pos)
+        progressed = False
+        for item_id in todo[at:] + todo[:at]:
+            if self.stop.is_set():
+                break
+            lease = self.leases.claim(item_id)
+            if lease is None:
+                self.stats.claims_refused += 1
+                break
+            if lease.attempt > 1 and self.store.head(layout.done_key(self.job, item_id)) is not None:
+                # Finished since our listing (its old lease simply ran out): we are in a
+                # stretch others have done; list again and jump.
+                self.stats.claims_refused += 1
+                break
+            progressed = True
+            self._work(items[item_id], lease)
+        if not progressed:
+            # Every open item we tried is leased by a live worker: wait for them to finish or expire.
+            self.stop.wait(self.idle_wait)
+        return False
 
     def _widest_gap(self, todo: list[str], pos: dict[str, int]) -> int:
         """A random place in the middle half of the longest unfinished stretch (random, so that
@@ -153,7 +173,13 @@ class Worker:
                 if self.stop.is_set():
                     abort.set()
                 if time.monotonic() >= next_renew:
-                    if not self.leases.renew(lease):
+                    try:
+                        renewed = self.leases.renew(lease)
+                    except StoreError as exc:  # retried in the store already; the ttl has room for one more
+                        self.log(f"{item['id']}: lease renewal failed ({exc}); trying again")
+                        next_renew = time.monotonic() + self.ttl / 6
+                        continue
+                    if not renewed:
                         lost.set()
                         abort.set()
                         return
