@@ -144,3 +144,49 @@ def test_an_image_with_python_310_gets_the_distributions_python311(tmp_path, sea
         assert ph["wheel"]["result"] == "failed", ph
     finally:
         imds.stop()
+
+
+SHUTDOWN_SHIM = r"""#!/bin/bash
+# shutdown for the bare-root boot: records how it was called (on EC2 the OS halts and, launched with
+# InstanceInitiatedShutdownBehavior=terminate, the instance is terminated).
+echo "shutdown $*" >> "$SDCLOUD_ROOT/var/log/shutdown-shim.log"
+"""
+
+
+def test_a_failed_boot_ends_its_host_after_the_grace(tmp_path, seaweed, s3_env):
+    """The user-data's failure path: the driver phase fails (a GPU host image without a driver);
+    with nobody coming for the host, the user-data runs the agent's self-end from the wheel in the
+    bucket on the image's own python (no boto3: the user-data's S3 client records it), which after
+    the grace (1 s here) writes the self-end into status.json and runs `shutdown -h now`."""
+    import time
+
+    from sdcloud.runs.hostboot import cloud_user_data
+    from sdcloud_agent.store import open_store
+
+    bucket = "bare-root-self-end"
+    store = open_store({"url": f"s3://{bucket}/sdcloud", "endpoint_url": seaweed.endpoint, "region": "us-east-1"})
+    store.ensure_bucket()
+    imds = AwsMetadataServer().start()
+    key = next(iter(TEST_KEYS))
+    imds.attach_role("sdcloud-host", key, TEST_KEYS[key])
+    try:
+        root = tmp_path / "host"
+        cfg = _config(seaweed, imds, bucket, "r-selfend", 1, root, require_gpu=True,
+                      self_end={"provider": "aws", "grace_s": 1, "unattended_after_s": 600})
+        ud = cloud_user_data("aws", store, cfg)
+        b = bareroot.boot(root, ud, seaweed.ca_file, imds.base_url, shims={"shutdown": SHUTDOWN_SHIM})
+        assert b.rc != 0, b.log[-3000:]
+        shim_log = root / "var/log/shutdown-shim.log"
+        deadline = time.time() + 60
+        while not shim_log.exists() and time.time() < deadline:
+            time.sleep(0.5)
+        log = (root / "var/log/sdcloud-bootstrap.log").read_text()
+        assert shim_log.exists(), log[-3000:]
+        assert shim_log.read_text().strip() == "shutdown -h now"
+        status = json.loads(store.get("runs/r-selfend/status.json"))
+        assert status["phase"] == "failed" and status["boot_phase"] == "driver", status
+        se = status["self_end"]
+        assert se["reason"] == "failed boot (driver)" and se["action"] == "os-shutdown", se
+        assert se["waited_s"] >= 1
+    finally:
+        imds.stop()

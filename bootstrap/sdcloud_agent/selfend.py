@@ -267,6 +267,26 @@ def finish(se: SelfEnd, store, run_prefix: str, attempt: int, reason: str, *, at
     return doc
 
 
+class _LiteStore:
+    """get/put over s3lite (standard library only) for a host whose boot failed before boto3."""
+
+    def __init__(self, conf: dict, metadata: dict):
+        from .s3lite import Bucket
+
+        self.bucket = Bucket(conf, metadata)
+
+    def get(self, key: str) -> bytes:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            self.bucket.get(key, f"{d}/obj")
+            with open(f"{d}/obj", "rb") as f:
+                return f.read()
+
+    def put(self, key: str, data: bytes) -> None:
+        self.bucket.put_bytes(key, data)
+
+
 REASONS = {0: "succeeded", 1: "failed", 3: "saved after a reclaim notice", 4: "lease lost"}
 
 
@@ -284,12 +304,16 @@ def main(argv: list[str] | None = None) -> int:
         cfg = json.load(f)
     se = SelfEnd.from_dict(cfg.get("self_end"))
     store = None
+    conf = cfg["store"] if isinstance(cfg["store"], dict) else {"url": cfg["store"]}
     try:
         from .store import open_store
 
-        store = open_store(cfg["store"] if isinstance(cfg["store"], dict) else {"url": cfg["store"]})
-    except Exception as exc:  # noqa: BLE001 - the host still ends
-        log.warning("self-end: no store (%s)", exc)
+        store = open_store(conf)
+    except Exception:  # noqa: BLE001 - a failed boot has no boto3: the user-data's own S3 client
+        try:
+            store = _LiteStore(conf, cfg.get("metadata") or {})
+        except Exception as exc:  # noqa: BLE001 - the host still ends
+            log.warning("self-end: no store (%s)", exc)
     prefix = f"runs/{cfg['run_id']}"
     att = Attendance(store, prefix, se.unattended_after_s, time.time())
     finish(se, store, prefix, int(cfg.get("attempt", 1)), args.reason, attendance=att, grace=not args.no_grace)

@@ -253,9 +253,11 @@ class Controller:
         return {"provider": self.spec.provider, "grace_s": self_end_grace(self.spec),
                 # A few polls without the controller's heartbeat: nobody drives the run.
                 "unattended_after_s": UNATTENDED_POLLS * self.timing.poll_seconds,
-                "price_per_hour": offer.price_per_hour_usd if offer is not None else None,
-                "budget_left": budget_left, "deadline_at": deadline_at, "estimate_hours": self._job_hours(),
-                "launched_at": time.time(), "region": self.spec.region}
+                "price_per_hour": round(offer.price_per_hour_usd, 6) if offer is not None else None,
+                "budget_left": None if budget_left is None else round(budget_left, 4),
+                "deadline_at": None if deadline_at is None else round(deadline_at),
+                "estimate_hours": round(self._job_hours(), 3), "launched_at": round(time.time(), 1),
+                "region": self.spec.region}
 
     def heartbeat(self) -> None:
         """runs/<id>/controller.json: someone drives this run (the host's `unattended` reads it)."""
