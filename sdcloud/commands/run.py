@@ -40,6 +40,10 @@ def _find_run(state, run: str) -> dict:
 
 def plain(kind: str, data: dict) -> str | None:
     """An event told in plain words, or None for events only -v shows."""
+    from ..runs import health_view
+
+    if kind in health_view.KINDS:
+        return health_view.plain(kind, data)
     n = data.get("attempt")
     where = " ".join(str(x) for x in (data.get("instance_type"), data.get("zone") and f"in {data['zone']}") if x)
     if kind == "launching":
@@ -205,6 +209,10 @@ def render_summary(summ: dict) -> None:
     if c.get("savings_pct") is not None:
         line += f"; on-demand would have cost ${c['ondemand_equivalent']:.4f} (saved {c['savings_pct']:.1f}%)"
     echo(line)
+    if summ.get("health"):
+        from ..runs.health_view import line as health_line
+
+        echo(health_line(summ["health"]))
     best = summ.get("best_cloud_offer")
     if best:
         echo(f"the best cloud offer for this tier and job: {best['provider']} {best['region']} {best['instance_type']} "

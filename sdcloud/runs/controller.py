@@ -31,7 +31,7 @@ from ..costs import ledger as cost_ledger
 from ..providers import get_provider
 from ..providers.base import LaunchSpec
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, get_policy
-from . import hostboot, oom_move
+from . import health_view, hostboot, oom_move
 from .spec import RunSpec
 from .agent_reports import report_agent_problems
 from .state import ACTIVE_RUN_STATES, BATCH, FINAL_RUN_STATES, Attempt, StateStore, run_kind
@@ -302,6 +302,7 @@ class Controller:
         cost_ledger.observe(self.state, self.run_id, cur, status, sample=lambda: self._price_sample(cur))
         report_agent_problems(self, cur.n, status)
         oom_move.oom_events(self, cur.n, status)
+        health_view.note(self, cur.n, status)
         if status and status.get("step") is not None:
             step = int(status["step"])
             if cur.n not in self._seen_attempts and phase in ("training", "saving", "uploading", "succeeded"):
@@ -501,6 +502,8 @@ def summary(state: StateStore, run_id: str) -> dict:
     if kind == BATCH:
         out["workers"] = run["spec"].get("workers")
         return out
+    # The host's latest health verdict and its out-of-memory retries (runs/health_view.py).
+    out["health"] = health_view.latest(state, run["id"])
     spec = RunSpec(**run["spec"])
     if spec.provider in ("local", "ssh"):
         try:

@@ -1,0 +1,80 @@
+"""The host's training health (sdcloud_agent/health.py) and its out-of-memory retries, as the
+controller records them and `sdcloud status` / `watch` show them.
+
+The agent puts `health` (one verdict with its figures) and `oom_events` in status.json. The
+controller records a `health` event when the verdict changes, and at most once a minute while it
+holds (HEALTH_EVENT_SECONDS), so that `status` reads the latest from the state store without
+touching the bucket; each rung the agent climbed is one `oom-retry` event (runs/oom_move.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+HEALTH_EVENT_SECONDS = 60.0
+KINDS = ("health", "oom-retry", "out-of-memory")
+# The figures kept in the event (and in `status --json`'s `health`).
+FIELDS = ("verdict", "why", "gpu_util", "data_wait_pct", "step_s", "save_pct", "throttle_pct", "throttle_reasons",
+          "sm_clock_pct", "power_w", "power_limit_w", "temp_c", "mem_used_gb", "mem_total_gb", "peak_mem_gb",
+          "read_mb_s", "gpu_samples", "samples", "sampler_ms")
+
+
+def note(controller: Any, attempt: int, status: dict | None, now: float | None = None) -> None:
+    """Record the host's health as an event when it changed (or a minute passed)."""
+    h = (status or {}).get("health")
+    if not isinstance(h, dict) or not h.get("verdict"):
+        return
+    now = time.time() if now is None else now
+    last = getattr(controller, "_health_last", None)
+    if last is not None and last[0] == attempt and last[1] == h["verdict"] and now - last[2] < HEALTH_EVENT_SECONDS:
+        return
+    controller._health_last = (attempt, h["verdict"], now)
+    controller.event("health", {"attempt": attempt, **{k: h.get(k) for k in FIELDS if h.get(k) is not None}})
+
+
+def latest(state: Any, run_id: str) -> dict | None:
+    """The run's newest health figures and its out-of-memory retries, or None when it has neither."""
+    health, retries = None, 0
+    for ev in state.events(run_id):
+        if ev["kind"] == "health":
+            health = dict(ev["data"])
+        elif ev["kind"] == "oom-retry":
+            retries += 1
+    if health is None and not retries:
+        return None
+    out = health or {"verdict": None}
+    out["oom_retries"] = retries
+    return out
+
+
+def line(h: dict) -> str:
+    """`health: io-bound: GPU 23%, data wait 64%, no throttling, 0 OOM retries (why)`."""
+    bits = [f"GPU {h['gpu_util']:.0f}%" if h.get("gpu_util") is not None else "GPU not sampled"]
+    bits.append(f"data wait {h['data_wait_pct']:.0f}%" if h.get("data_wait_pct") is not None else "data wait unknown")
+    reasons = h.get("throttle_reasons") or []
+    if reasons:
+        share = f" {h['throttle_pct']:.0f}% of the time" if h.get("throttle_pct") is not None else ""
+        bits.append(f"throttled by {', '.join(reasons)}{share}")
+    else:
+        bits.append("no throttling")
+    n = h.get("oom_retries") or 0
+    bits.append(f"{n} OOM retr{'y' if n == 1 else 'ies'}")
+    verdict = h.get("verdict") or "not sampled"
+    why = f" ({h['why']})" if h.get("why") and verdict != "healthy" else ""
+    return f"health: {verdict}: {', '.join(bits)}{why}"
+
+
+def plain(kind: str, data: dict) -> str | None:
+    n = data.get("attempt")
+    if kind == "health":
+        return f"attempt {n}: " + line({**data, "oom_retries": None}).replace(", 0 OOM retries", "")
+    if kind == "oom-retry":
+        peak = f", peak {data['peak_gb']} GB" if data.get("peak_gb") is not None else ""
+        return (f"attempt {n}: out of GPU memory; restarted on the same host from step {data.get('resume_step')} "
+                f"with rung {data.get('n')} {data.get('rung')} ({data.get('change')}{peak})")
+    if kind == "out-of-memory":
+        nxt = data.get("next") or []
+        return (f"attempt {n}: out of GPU memory with every rung of the memory ladder on {data.get('offer')}; "
+                + (f"moving to more VRAM: {', '.join(nxt)}" if nxt else "no offer with more VRAM"))
+    return None
