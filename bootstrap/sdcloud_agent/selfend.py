@@ -9,11 +9,12 @@ margin (or twice the estimate plus two hours), makes a host that never reaches i
 
 How a host ends, per provider:
 - aws: the OS shutdown; the instance was launched with InstanceInitiatedShutdownBehavior=terminate,
-  so an OS shutdown terminates it (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/terminating-instances.html).
+  so an OS shutdown terminates it (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html;
+  `shutdown -h` powers off under systemd, unlike `halt`, which AWS says does not end the instance).
 - tencent: its own TerminateInstances, signed TC3-HMAC-SHA256 with the CVM role's temporary keys
-  (an OS shutdown would leave a pay-as-you-go instance stopped and still charged for its disk, and
-  a spot one cannot use no-charge shutdown). The stack's role may end only instances carrying the
-  stack's tag (stacks/tencent/host_policy.py).
+  (an OS shutdown would leave a pay-as-you-go instance stopped and still charged for its disks:
+  https://tencentcloud.com/document/product/213/19922). The stack's role may end only instances
+  carrying the stack's tag (stacks/tencent/host_policy.py).
 - ssh: never powers off a machine the user owns: the agent exits and frees the GPU.
 - local, none: the end is recorded (status.json's `self_end`); the agent exits.
 
