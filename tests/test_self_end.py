@@ -141,6 +141,27 @@ def test_aws_self_end_runs_the_os_shutdown(tmp_path, monkeypatch):
     assert selfend.shutdown_command() == ["shutdown", "-h", "now"]
 
 
+@pytest.mark.parametrize("market", ["spot", "on-demand"])
+def test_aws_hosts_are_launched_to_terminate_on_an_os_shutdown(aws_env, market):
+    """The self-end on AWS is the OS shutdown: it ends the instance only while every launch keeps
+    InstanceInitiatedShutdownBehavior=terminate (with it `stop`, a shut-down host keeps its volume)."""
+    from moto import mock_aws
+
+    from sdcloud.offers.catalog import bundled_rows
+    from sdcloud.offers.optimizer import Offer
+    from sdcloud.providers import get_provider
+    from sdcloud.providers.base import LaunchSpec
+
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        prov = get_provider("aws", region="us-east-1", image_id=AMI, retry_base=0, retry_cap=0)
+        row = next(r for r in bundled_rows("aws") if r.region == "us-east-1" and r.instance_type == "g5.xlarge")
+        inst = prov.launch(Offer(row, market), LaunchSpec(run_id="r-shut", attempt=1, user_data="#!/bin/sh\n"),
+                           market, max_price=5.0, events=lambda k, d: None)
+        how = ec2.describe_instance_attribute(InstanceId=inst.id, Attribute="instanceInitiatedShutdownBehavior")
+        assert how["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+
+
 # -- Tencent: TerminateInstances with the role's keys, held to the stack's tag --------------------------
 
 def _fake_instance(cvm, iid: str, tags: dict, zone: str = "ap-guangzhou-3"):
