@@ -526,3 +526,34 @@ def test_a_capped_host_stops_the_run_and_is_not_relaunched(tmp_path, monkeypatch
     assert kinds.count("self-ended") == 1 and "launching" not in kinds
     ctl.heartbeat()
     assert json.loads(ctl.store.get(f"runs/{run_id}/controller.json"))["time"] == pytest.approx(time.time(), abs=5)
+
+
+@pytest.mark.slow
+def test_a_batch_worker_with_nothing_left_ends_its_host_after_the_grace(tmp_path):
+    """A batch worker host whose driver is gone: once the queue is empty it waits the grace (1 s
+    here) and ends its host with the OS shutdown."""
+    import subprocess
+    import time
+
+    from sdcloud_agent.batch.worker import write_job
+    from sdcloud_agent.store import open_store
+
+    store_conf = {"url": (tmp_path / "bucket").as_uri()}
+    items = [{"id": f"i{n}", "settings": {"model": "tiny-sd15", "prompt": f"thing {n}", "steps": 2, "width": 64,
+                                          "height": 64}, "seeds": [0]} for n in range(2)]
+    write_job(open_store(store_conf), "jobs/j", {}, items)
+    rec = tmp_path / "shutdown.log"
+    shim = tmp_path / "shutdown"
+    shim.write_text(f"#!/bin/sh\necho \"shutdown $@\" >> {rec}\n")
+    shim.chmod(0o755)
+    cfg = {"run_id": "b-1", "attempt": 1, "store": store_conf, "metadata": {"kind": "none"},
+           "batch": {"job": "jobs/j", "generator": "fake"}, "self_end": {"provider": "aws", "grace_s": 1}}
+    path = tmp_path / "agent.json"
+    path.write_text(json.dumps(cfg))
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "sdcloud_agent", "run", "--config", str(path)],
+                          env={**os.environ, "SDCLOUD_SHUTDOWN_COMMAND": f"{shim} -h now"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert rec.read_text().strip() == "shutdown -h now"
+    assert "self-end: batch worker done" in proc.stderr and time.time() - t0 >= 1

@@ -135,6 +135,11 @@ class BatchController:
                  "batch": {"job": self.spec["prefix"], "worker_id": f"{self.job_id}-a{n}",
                            "generator": self.spec.get("generator", "diffusers"),
                            "fake_delay": self.spec.get("fake_delay", 0.0), "ttl": 60.0}}
+        if self.provider_name in CLOUDS:
+            # A worker with nothing left ends its host after the grace if the driver has not (docs/batch.md).
+            from .. import config
+
+            agent["self_end"] = {"provider": self.provider_name, "grace_s": config.self_end_grace()}
         user_data = ""
         if self.provider_name in CLOUDS:
             # The training run's boot: the agent config in the user-data, the agent wheel in the bucket.

@@ -50,4 +50,10 @@ def run_host(config_path: str) -> int:
         if watch:
             watch.stop()
     print(json.dumps({"worker": w.worker_id, **stats.__dict__}), flush=True)
+    # Its work is over: after the grace for the job's driver, the host ends itself (selfend.py).
+    from ..selfend import SelfEnd, finish
+
+    se = SelfEnd.from_dict(conf.get("self_end"))
+    if se.provider != "none":
+        finish(se, None, f"runs/{conf.get('run_id')}", int(conf.get("attempt", 1)), "batch worker done")
     return 0
