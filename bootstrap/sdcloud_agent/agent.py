@@ -537,6 +537,8 @@ class Agent:
         if se.provider == "none":
             return
         self.attendance = selfend.Attendance(self.store, self.cfg.run_prefix, se.unattended_after_s, time.time())
+        if not se.ends_machine:  # the cap bounds a cloud bill: a box of the user's or this machine has none
+            return
         cap, why = selfend.lifetime_cap(se)
         # Leave time to save and upload inside the cap: the notice's deadline is the cap itself.
         save_s = max(5.0, min(0.2 * cap, 300.0))
