@@ -68,16 +68,16 @@ def test_sdcloud_zones():
 
 def test_sdcloud_waits_while_the_slack_is_ample():
     """C = 10, R = 20, d = 0.2, tick 1/6 h: S = 10, net = max(2d, d + tick) = 0.4,
-    reserve = min(S (R - t) / R, 0.25 (C - p)); wait while slack - net >= reserve."""
+    reserve = min(S (R - t) / R, 0.25 (C - p)); wait while slack >= reserve (and >= net)."""
     none = (("a", False),)
-    # t = 5, p = 2.4: slack 7.4, free 7.0, reserve min(7.5, 1.9) = 1.9 -> wait, where Uniform Progress
+    # t = 5, p = 2.4: slack 7.4 >= reserve min(7.5, 1.9) = 1.9 -> wait, where Uniform Progress
     # (p < ep(5) = 2.5) pays on-demand.
     assert get_policy("sdcloud").decide(obs(t=5, p=2.4, zones=none)).kind == WAIT
     assert get_policy("uniform-progress").decide(obs(t=5, p=2.4, zones=none)).kind == ON_DEMAND
-    # t = 10, p = 2.5: slack 2.5, free 2.1 >= reserve min(5, 1.875) -> wait.
+    # t = 10, p = 2.5: slack 2.5 >= reserve min(5, 1.875) -> wait.
     assert get_policy("sdcloud").decide(obs(t=10, p=2.5, zones=none)).kind == WAIT
-    # t = 10, p = 2: slack 2, free 1.6 < reserve min(5, 2.0) -> on-demand.
-    assert get_policy("sdcloud").decide(obs(t=10, p=2.0, zones=none)).kind == ON_DEMAND
+    # t = 10, p = 1.8: slack 1.8 < reserve min(5, 2.05) -> on-demand.
+    assert get_policy("sdcloud").decide(obs(t=10, p=1.8, zones=none)).kind == ON_DEMAND
     # Late in a short job the Uniform Progress line is the smaller reserve: t = 19, p = 9.2 -> slack 0.2
     # is under the net: on-demand whatever the reserve.
     assert get_policy("sdcloud").decide(obs(t=19, p=9.2, zones=none)).kind == ON_DEMAND
@@ -85,7 +85,7 @@ def test_sdcloud_waits_while_the_slack_is_ample():
 
 def test_sdcloud_leaves_on_demand_only_for_spot_that_has_lasted():
     """On on-demand, back to spot once the zone has had spot for max(d, tick) = 0.2 h and
-    slack - net >= reserve - 1.5 d C / R (= reserve - 0.15 here)."""
+    slack >= reserve - 1.5 d C / R (= reserve - 0.15 here)."""
     sd = get_policy("sdcloud")
     g = 1 / 6
     # Spot first seen at t = 10: 0 h old, then 1/6 h: stay on on-demand; at 2/6 h old: spot.
@@ -95,9 +95,9 @@ def test_sdcloud_leaves_on_demand_only_for_spot_that_has_lasted():
     # A reclaim resets the age: spot gone at 11, back at 11 + 1/6 -> 0 h old again.
     assert sd.decide(obs(t=11, p=4.5, zones=(("a", False),), zone="a")).kind == WAIT
     assert sd.decide(obs(t=11 + g, p=4.5 + g, market=ON_DEMAND, zone="a")).kind == ON_DEMAND
-    # Slack decides too (spot seen since t = 9): t = 10, p = 2.25: free 1.85 >= reserve 1.9375 - 0.15 -> spot;
-    # p = 2.1: free 1.7 < 1.975 - 0.15 -> stay on on-demand.
-    for p, kind in ((2.25, SPOT), (2.1, ON_DEMAND)):
+    # Slack decides too (spot seen since t = 9): t = 10, p = 1.95: slack 1.95 >= reserve 2.0125 - 0.15 -> spot;
+    # p = 1.8: slack 1.8 < 2.05 - 0.15 -> stay on on-demand.
+    for p, kind in ((1.95, SPOT), (1.8, ON_DEMAND)):
         sd = get_policy("sdcloud")
         sd.decide(obs(t=9, p=p - 1, market=ON_DEMAND, zone="a"))
         assert sd.decide(obs(t=10, p=p, market=ON_DEMAND, zone="a")).kind == kind

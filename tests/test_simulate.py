@@ -56,9 +56,9 @@ def test_never_available():
     for name in ("uniform-progress", "sdcloud-up"):
         assert res[name].finish_hours == pytest.approx(G + 1.2)
         assert res[name].cost == pytest.approx(3.6)
-    # sdcloud waits while slack - net = (1 - t) - 0.4 >= reserve = min(S (R - t)/R, 0.25 C) = 0.25:
-    # at 0, 1/6 and 2/6 h; on-demand from 3/6 h. Waiting is free, so the same 3.6 $.
-    assert res["sdcloud"].finish_hours == pytest.approx(3 * G + 1.2)
+    # sdcloud waits while slack = 1 - t >= reserve = min(S (R - t)/R, 0.25 C) = 0.25 and >= the net
+    # max(2d, d + tick) = 0.4: at 0 to 3/6 h; on-demand from 4/6 h. Waiting is free: the same 3.6 $.
+    assert res["sdcloud"].finish_hours == pytest.approx(4 * G + 1.2)
     assert res["sdcloud"].cost == pytest.approx(3.6)
     assert res["optimal"] == (pytest.approx(3.6), True)
     assert all(res[n].deadline_met(st) for n in ONLINE)
@@ -312,8 +312,8 @@ def test_sdcloud_waits_out_an_outage_uniform_progress_pays_for():
     # the 0.367 h left: 0.567 h at 1 $/h. 3.067 $, done at 1.567 h, two launches.
     up = res["uniform-progress"]
     assert up.cost == pytest.approx(2.5 + 0.2 + 0.3667, abs=1e-3) and up.launches == 2
-    # sdcloud: reserve = min(S (R - t)/R, 0.25 (C - p)) = 0.25 h with p = 0, and slack - net =
-    # 2 - t - 0.4 >= 0.25 until t = 1.35 h: it waits through tick 5, launches spot at 1 h once:
+    # sdcloud: reserve = min(S (R - t)/R, 0.25 (C - p)) = 0.25 h with p = 0, and slack = 2 - t >=
+    # max(0.25, net 0.4) until t = 1.6 h: it waits through tick 5, launches spot at 1 h once:
     # 1.2 h at 1 $/h, done at 2.2 h, as the optimum.
     sd = res["sdcloud"]
     assert sd.cost == pytest.approx(1.2) and sd.finish_hours == pytest.approx(2.2) and sd.launches == 1

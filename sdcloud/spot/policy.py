@@ -208,11 +208,11 @@ class Sdcloud(Policy):
        first term is Uniform Progress's line; the cap says a job never needs to hold back more
        than BETA hours per hour of work left, so a job with ample slack waits out outages that
        Uniform Progress pays on-demand for.
-    4. No instance, no spot anywhere: wait while slack - net >= reserve, else on-demand.
+    4. No instance, no spot anywhere: wait while slack >= reserve, else on-demand.
     5. No instance, spot somewhere: launch spot in the cheapest zone that has it.
     6. On on-demand: back to spot only in a zone that has had spot for at least PROBE x max(d, tick)
        (a spot run that has just begun is the likeliest to end before it repays two restarts),
-       and only while slack - net >= reserve - RETURN x d x C / R. (Uniform Progress leaves
+       and only while slack >= reserve - RETURN x d x C / R. (Uniform Progress leaves
        on-demand at reserve + 2 d C / R; a return is work done on spot instead of on-demand,
        not slack burnt, so it may dip a little below the waiting line.)
 
@@ -228,6 +228,7 @@ class Sdcloud(Policy):
     BETA = 0.25
     PROBE = 1.0
     RETURN = 1.5
+    HOP_HOURS = 0.0
 
     def __init__(self) -> None:
         self.reset()
@@ -260,21 +261,36 @@ class Sdcloud(Policy):
         if slack < net - EPS:
             return self._on_demand(obs)
         open_zones = [z for z in obs.zones if z.spot_available]
-        if obs.market == SPOT and any(z.key == obs.zone for z in open_zones):
-            return Action(SPOT, obs.zone)
-        free = slack - net
         reserve = self.reserve(obs)
+        if obs.market == SPOT and any(z.key == obs.zone for z in open_zones):
+            return Action(SPOT, self._hop(obs, open_zones, slack, reserve))
         if obs.market == ON_DEMAND:
             probe = self.PROBE * max(d, tick)
             ripe = [z for z in open_zones if t - self._up_since.get(z.key, t) >= probe - EPS]
-            if ripe and free >= reserve - self.RETURN * d * obs.job_hours / obs.deadline_hours - EPS:
+            if ripe and slack >= reserve - self.RETURN * d * obs.job_hours / obs.deadline_hours - EPS:
                 return Action(SPOT, Sdcloud._pick(ripe, obs.zone))
             return self._on_demand(obs)
         if open_zones:
             return Action(SPOT, Sdcloud._pick(open_zones, obs.zone))
-        if free >= reserve - EPS:
+        if slack >= reserve - EPS:
             return WAIT_ACTION
         return self._on_demand(obs)
+
+    def _hop(self, obs: Observation, open_zones: Sequence[ZoneView], slack: float, reserve: float) -> str:
+        """The zone to run spot in while spot runs in obs.zone: stay, unless another zone is so much
+        cheaper that HOP_HOURS of work there repay two restarts (the hop and, likely, one more),
+        its spot has lasted the probe, and the slack spares the restart."""
+        here = next(z for z in open_zones if z.key == obs.zone)
+        d, t = obs.restart_hours, obs.elapsed
+        if not self.HOP_HOURS or slack < reserve + d:
+            return here.key
+        probe = self.PROBE * max(d, obs.tick_hours)
+        best = min(open_zones, key=lambda z: (z.spot_price, z.key != obs.zone))
+        hours = min(obs.work_left, self.HOP_HOURS)
+        if (best.key != here.key and t - self._up_since.get(best.key, t) >= probe - EPS
+                and (here.spot_price - best.spot_price) * hours > 2 * d * best.spot_price):
+            return best.key
+        return here.key
 
     @staticmethod
     def _pick(open_zones: Sequence[ZoneView], last: str | None) -> str:
