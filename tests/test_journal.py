@@ -71,7 +71,8 @@ def test_the_journal_writes_only_what_changed(tmp_path):
     j = journal.Journal(state, store, rid, clock=lambda: now[0])
     j.flush()
     first = len(store.puts)
-    assert first == 2  # one events object, one run.json
+    assert sorted(k.split("/")[-2] for k in store.puts) == ["active", "events", "journal"]  # events, run.json, index
+    assert store.head(f"drivers/active/{rid}") is not None, "a live run is in the cloud driver's index"
     now[0] = 10.0
     j.flush()
     assert len(store.puts) == first, "nothing changed: nothing written"
@@ -85,6 +86,9 @@ def test_the_journal_writes_only_what_changed(tmp_path):
     n = len(store.puts)
     j.flush()
     assert len(store.puts) == n + 1, "run.json is rewritten at least once a minute (its updated time)"
+    state.update_run(rid, state="succeeded")
+    j.flush()
+    assert store.head(f"drivers/active/{rid}") is None, "an ended run leaves the index"
 
 
 def test_status_of_an_unknown_run_in_a_bucket_without_it_is_one_line(capsys, tmp_path):

@@ -301,6 +301,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool) -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        ctl.lease.release()  # after a Ctrl-C too: the next driver need not wait for the lease to lapse
         view.close()
         close = getattr(ctl.provider, "close", None)
         if close:

@@ -54,7 +54,7 @@ def _status_key(run_id: str) -> str:
 
 class Controller:
     def __init__(self, state: StateStore, run_id: str, provider=None, emit: Callable[[str, dict], None] | None = None,
-                 timing: Timing | None = None):
+                 timing: Timing | None = None, driver: str | None = None):
         self.state = state
         run = state.get_run(run_id)
         if run is None:
@@ -79,6 +79,10 @@ class Controller:
 
         # The run's history in its bucket, after every step: any machine rebuilds state.db from it.
         self.journal = Journal(state, self.store, self.run_id)
+        from .driver import DriverLease
+
+        # Exactly one driver acts on the run at a time (the laptop, its daemon, the cloud function).
+        self.lease = DriverLease(self.store, self.run_id, self.timing.poll_seconds, driver)
         self.provider_name = getattr(self.provider, "name", None) or self.spec.provider
         from .training import gpus_used
 
@@ -129,37 +133,59 @@ class Controller:
         self._stop_reason = reason
 
     def run(self) -> dict:
+        """Drive the run to its end here: take the driver lease, then one step a poll."""
+        self.lease.acquire_or_refuse()
         self.state.update_run(self.run_id, controller_pid=os.getpid())
         self.reconcile()
-        while True:
-            run = self.state.get_run(self.run_id)
-            if run["state"] in FINAL_RUN_STATES:
-                break
-            if self._stop_reason:
-                self._finish_stop(self._stop_reason)
-                break
-            self.heartbeat()
-            try:
-                cur = self.current()
-                if cur is None:
-                    self._start_attempt()
-                else:
-                    self._watch(cur)
-            except Exception as exc:
-                # A step that cannot reach the store waits a poll and tries again; never a traceback.
-                if not hostboot.is_store_fault(exc):
-                    raise
-                hostboot.store_unreachable(self, exc)
-            else:
-                hostboot.store_reachable(self)
-            if self.fleet.sweep_due():
-                self.sweep_strays()
-            self.journal.flush()
+        while not self.guarded_step():
             time.sleep(self.timing.poll_seconds)
-        self.sweep_strays()
+        self.finish_driving()
+        return summary(self.state, self.run_id)
+
+    def guarded_step(self) -> bool:
+        """step(), except that a step that cannot reach the store is noted (an event `watch` shows)
+        and tried again after a poll: a store fault never ends the controller."""
+        try:
+            done = self.step()
+        except Exception as exc:
+            if not hostboot.is_store_fault(exc):
+                raise
+            hostboot.store_unreachable(self, exc)
+            return False
+        hostboot.store_reachable(self)
+        return done
+
+    def step(self) -> bool:
+        """One controller step over the run's state: renew the lease, read, let the policy decide, act
+        once, write back (state.db and the bucket's journal). True when this driver is done with the
+        run: it ended, it was stopped, or another driver holds the lease now (then it acts no more)."""
+        run = self.state.get_run(self.run_id)
+        if run["state"] in FINAL_RUN_STATES:
+            return True
+        if not self.lease.renew():
+            self.event("driver-lost", {"driver": self.lease.driver, "holder": (self.lease.holder() or {}).get("worker")})
+            return True
+        if self._stop_reason:
+            self._finish_stop(self._stop_reason)
+            return True
+        self.heartbeat()
+        cur = self.current()
+        if cur is None:
+            self._start_attempt()
+        else:
+            self._watch(cur)
+        if self.fleet.sweep_due():
+            self.sweep_strays()
+        self.journal.flush()
+        return False
+
+    def finish_driving(self) -> None:
+        """After the last step: strays swept and the lease handed back, if this driver still holds it."""
+        if self.lease.held:
+            self.sweep_strays()
         self.state.update_run(self.run_id, controller_pid=None)
         self.journal.flush()
-        return summary(self.state, self.run_id)
+        self.lease.release()
 
     def _start_attempt(self) -> None:
         budget = self.spec.budget

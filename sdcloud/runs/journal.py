@@ -1,10 +1,11 @@
 """A run's history in its own bucket, so that `state.db` is a cache any machine can rebuild.
 
-The controller writes, under `runs/<id>/journal/`:
+The controller writes, in the run's bucket:
 
 ```
-run.json                   the run's row, its attempts, their cost inputs and ledger items (rewritten)
-events/<ns>-<host>.json    the events since the last write, one create-only object per write
+runs/<id>/journal/run.json                 the run's row, attempts, cost inputs, ledger items, infra outputs
+runs/<id>/journal/events/<ns>-<host>.json  the events since the last write, one object per write
+drivers/active/<id>                        present while the run is active (the cloud driver's index)
 ```
 
 `run.json` is rewritten when something in it changed, and at most once a minute otherwise, so a
@@ -22,9 +23,10 @@ import socket
 import time
 from typing import Any, Callable
 
-from .state import StateStore
+from .state import ACTIVE_RUN_STATES, StateStore
 
 REWRITE_SECONDS = 60.0
+ACTIVE_INDEX = "drivers/active"
 
 
 def prefix(run_id: str) -> str:
@@ -40,6 +42,9 @@ def snapshot(state: StateStore, run_id: str) -> dict[str, Any]:
         "version": 1,
         "run": {k: run[k] for k in ("id", "name", "tier", "state", "spec", "step", "total_steps", "reason",
                                     "created", "updated")},
+        # The stack's outputs the run was launched with (bucket, role, network names; never a secret),
+        # so that a driver elsewhere reaches the same bucket and launches into the same network.
+        "infra": state.infra((run["spec"] or {}).get("provider") or "", (run["spec"] or {}).get("region") or ""),
         "attempts": [a.__dict__ for a in state.attempts(run_id)],
         "attempt_costs": list(state.attempt_costs(run_id).values()),
         "ledger": state.ledger(run_id),
@@ -55,6 +60,7 @@ class Journal:
         self._last_write = 0.0
         self._event_id = 0
         self._host = socket.gethostname().replace("/", "_")[:40] or "host"
+        self._indexed: bool | None = None
 
     def flush(self) -> None:
         """Write what changed. Store faults are left to the next step: the journal is a copy of state.db."""
@@ -85,6 +91,15 @@ class Journal:
         if body == self._last_body and now - self._last_write < REWRITE_SECONDS:
             return
         self.store.put(f"{prefix(self.run_id)}/run.json", body)
+        # The index the cloud driver lists (one small object per live run, gone when it ends), so it
+        # never lists a bucket full of checkpoints to find the runs it may have to drive.
+        active = snap["run"]["state"] in ACTIVE_RUN_STATES
+        if active != self._indexed:
+            if active:
+                self.store.put(f"{ACTIVE_INDEX}/{self.run_id}", b"")
+            else:
+                self.store.delete(f"{ACTIVE_INDEX}/{self.run_id}")
+            self._indexed = active
         self._last_body, self._last_write = body, now
 
 
@@ -105,6 +120,9 @@ def restore(state: StateStore, store: Any, run_id: str) -> dict | None:
 
         raise UserError(f"cannot read run {run_id}'s journal: {exc}") from None
     run = snap["run"]
+    spec = run["spec"] or {}
+    if snap.get("infra"):
+        state.save_infra(spec.get("provider") or "", spec.get("region") or "", snap["infra"])
     with state.tx() as db:
         db.execute("DELETE FROM runs WHERE id = ?", (run["id"],))
         db.execute("INSERT INTO runs (id, name, tier, state, spec, step, total_steps, reason, created, updated)"
