@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 SMI_QUERY = ["nvidia-smi", "-q", "-d", "UTILIZATION,MEMORY,CLOCK,PERFORMANCE,POWER,TEMPERATURE"]
-SAMPLE_SECONDS = 5.0  # SDCLOUD_HEALTH_SECONDS overrides
+SAMPLE_SECONDS = 5.0  # SDCLOUD_HEALTH_SECONDS overrides (< 0: no sampling)
 WINDOW = 24  # samples judged together (two minutes at the default interval)
 IO_WAIT_SHARE = 0.30
 IO_GPU_UTIL = 50.0
@@ -353,6 +353,8 @@ class Monitor:
 
     def start(self, every: float | None = None) -> "Monitor":
         every = every or float(os.environ.get("SDCLOUD_HEALTH_SECONDS") or SAMPLE_SECONDS)
+        if every <= 0:
+            return self  # sampling off (bench/health_overhead.py's baseline); the trainer's lines still count
 
         def loop() -> None:
             while not self._stop.wait(every):
