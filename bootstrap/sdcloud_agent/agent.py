@@ -361,12 +361,31 @@ class Agent:
         self.status.update(oom_events=self.healer.events, oom_retries=len(self.healer.events), step=step)
         self.status.flush(ship_log=False)
         if newest is not None:
-            ctx.resume, ctx.resume_step = newest.path, newest.step
+            ctx.resume, ctx.resume_step = self._set_aside(ctx, newest, done), newest.step
         ctx.trainer_args, recipe_env = self.healer.args()
         ctx.env.update(recipe_env)
         self.trainer = make_trainer(self.cfg.trainer)  # a fresh adapter: its step offsets follow the resume
         self.oom.reset()
         return True
+
+    def _set_aside(self, ctx: Context, newest, done: list) -> Path:
+        """The checkpoint to resume from, where a restored one would be (trainer.restore_dir), and
+        the others out of the folder the trainer writes: a kohya script that counts its steps from 0
+        again would otherwise write folders whose names mean other steps. All are durable or
+        superseded (uploaded from their snapshots) before they move."""
+        dest = self.trainer.restore_dir(ctx, newest.path.name)
+        if dest.resolve() == newest.path.resolve():
+            return newest.path  # diffusers: it resumes from the newest in its own folder
+        self.worker.wait_idle(timeout=300)
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(newest.path, dest)
+        aside = self.workdir / f"oom-{len(self.healer.events)}"
+        for c in done:
+            if c.path.exists():
+                aside.mkdir(parents=True, exist_ok=True)
+                os.replace(c.path, aside / c.path.name)
+        return dest
 
     def _upload_artifacts(self, ctx: Context) -> int:
         files = self.trainer.artifacts(ctx)
@@ -594,6 +613,9 @@ class Agent:
         # A cloud host stages the model from the bucket's cache (boot phase "model"); a model given
         # as a bucket URL (a folder or one .safetensors file) is then copied to local disk.
         ctx.model = self._stage_bucket_model(self._stage_model())
+        if cfg.resolution_from_model:  # the tier's resolution is a fallback; the model's config decides
+            from .resolution import settle
+            cfg.trainer_args = settle(cfg.trainer, cfg.trainer_args, ctx.model)
         sources = self._stage_trainer_sources()
         ctx.dataset = self._stage()
         ctx.trainer_args = cfg.trainer_args  # after the model: the tiny model sets its resolution

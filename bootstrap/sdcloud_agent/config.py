@@ -49,6 +49,9 @@ class AgentConfig:
     self_end: dict = field(default_factory=dict)
     # Where the host gets the package index, the model hub and torch's wheels (network.py).
     network: dict = field(default_factory=dict)
+    # The resolution in trainer_args is the tier's fallback: the host replaces it with the model's
+    # own once the model is on disk (resolution.py). False when the user chose a resolution.
+    resolution_from_model: bool = False
 
     @property
     def run_prefix(self) -> str:

@@ -478,6 +478,8 @@ def self_end_grace(spec: RunSpec) -> float:
 
 def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, store_conf: dict) -> dict:
     """The agent's config for one attempt (no secrets: credentials come from the instance role or env)."""
+    from .training import resolution_from_model
+
     tier = get_tier(spec.tier)
     local = spec.provider == "local"
     return {
@@ -488,6 +490,8 @@ def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, sto
         "rec_vram_gb": tier.rec_vram_gb,
         "trainer": spec.trainer,
         "trainer_args": _trainer_args(spec),
+        # The host settles the resolution from the model's config when the user did not give one.
+        "resolution_from_model": resolution_from_model(spec),
         "model": spec.model,
         "steps": total_steps,
         "checkpoint_every": spec.checkpoint_every or max(1, min(500, total_steps // 8 or 1)),

@@ -155,6 +155,16 @@ def trainer_args_for(spec: Any, tier: Tier) -> Any:
     return [*flag_args(missing), *map(str, user)]
 
 
+def resolution_from_model(spec: Any) -> bool:
+    """Whether the host replaces the tier's resolution with the model's own (sdcloud_agent/resolution.py):
+    for the trainers that take one, unless the user gave a resolution (or, for kohya, a dataset
+    config, which carries its own)."""
+    if spec.trainer not in ("builtin", "kohya", "diffusers"):
+        return False
+    user = spec.trainer_args if spec.trainer_args is not None else []
+    return not (_given(user, "resolution") or (spec.trainer == "kohya" and _given(user, "dataset_config")))
+
+
 def check_trainer_args(spec: Any, tier: Tier) -> None:
     """Refuse, before launch, a run whose trainer would stop at once for want of a flag."""
     if spec.trainer not in ("kohya", "diffusers"):
