@@ -96,3 +96,100 @@ def test_a_refusal_is_not_retried_and_names_its_cause(seaweed, bucket, code):
             store.put_if_absent("runs/r/lease/000000001.json", b"{}")
         assert failure_cause(err.value) == "permission-denied" and not is_transient(err.value)
         assert len(front.refused) == 1, front.refused  # refused once: not retried
+
+
+# -- end to end: a local training run and a batch job through the fronts --------------------------
+
+def _sdcloud(*args: str, env: dict, timeout: float = 900):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "sdcloud.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1", **env})
+
+
+# What the controller itself writes to a run's prefix (its driver lease, journal and heartbeat);
+# every other write is the host's.
+CONTROLLER_KEYS = ("/leases/", "/journal/", "/controller.json")
+
+
+def _refuse_host_writes(code: str):
+    def refuse(method, path, headers):
+        if method in ("PUT", "POST", "DELETE") and not any(k in path for k in CONTROLLER_KEYS):
+            return 403, code
+        return None
+    return refuse
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("code", ["AccessDenied", "InvalidAccessKeyId"])
+def test_a_store_refusing_the_hosts_writes_fails_the_run_in_one_attempt(seaweed, bucket, code, sdcloud_home):
+    """Today: each refused host was recorded as a reclaim and relaunched (81 times in 5 minutes)."""
+    from sdcloud.runs.state import StateStore
+
+    with FaultFront(seaweed, refuse=_refuse_host_writes(code)) as front:
+        proc = _sdcloud("up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "10",
+                        "--store", f"s3://{bucket}/p", "--name", "refused", "--yes", "--json",
+                        env={"SDCLOUD_STORE_ENDPOINT": front.endpoint}, timeout=600)
+    assert front.refused, "the front never refused a host's write"
+    run = next(r for r in StateStore().list_runs() if r["name"] == "refused")
+    attempts = StateStore().attempts(run["id"])
+    assert run["state"] == "failed", (run, proc.stderr[-2000:])
+    assert 1 <= len(attempts) <= 3, [a.end_reason for a in attempts]
+    assert not any(a.end_reason == "preempted" for a in attempts)
+    reason = run["reason"]
+    assert "\n" not in reason and code in reason and "permission-denied" in reason, reason
+    assert proc.returncode != 0
+    events = [e["kind"] for e in StateStore().events(run["id"])]
+    assert "reclaimed" not in events and "host-failed" in events
+    print(f"{code}: {len(attempts)} attempt(s), reason: {reason}")
+
+
+@pytest.mark.slow
+def test_a_training_run_with_a_reclaim_succeeds_through_store_faults(seaweed, bucket, sdcloud_home):
+    """SlowDown, resets, truncated GET bodies, stalls and 500s after committed writes, a few percent
+    each: the run is reclaimed once, resumes at its durable checkpoint and succeeds."""
+    from sdcloud.runs.state import StateStore
+
+    with FaultFront(seaweed, seed=25, slowdown=0.03, reset=0.03, truncate=0.03, stall=0.02, late_500=0.03,
+                    stall_seconds=0.5) as front:
+        proc = _sdcloud("up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "40",
+                        "--checkpoint-every", "5", "--simulate-preemption", "20", "--store", f"s3://{bucket}/p",
+                        "--name", "faulty", "--yes", "--json", env={"SDCLOUD_STORE_ENDPOINT": front.endpoint})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["state"] == "succeeded" and out["step"] == 40, out
+    assert [a["end_reason"] for a in out["attempts"]] == ["preempted", "succeeded"]
+    resumed = [e["data"] for e in StateStore().events(out["run"]) if e["kind"] == "resumed"]
+    assert resumed and resumed[0]["from_step"] > 0, resumed
+    assert all(front.injected[k] > 0 for k in ("slowdown", "reset", "truncate", "stall", "late_500")), front.injected
+
+
+@pytest.mark.slow
+def test_a_batch_job_with_a_killed_worker_verifies_through_store_faults(seaweed, bucket, tmp_path, monkeypatch,
+                                                                        sdcloud_home):
+    from test_batch_cli import _job_state, _kill_one_worker_mid_item, _wait
+
+    with FaultFront(seaweed, seed=26, slowdown=0.03, reset=0.03, truncate=0.03, stall=0.02, late_500=0.03,
+                    stall_seconds=0.5) as front:
+        monkeypatch.setenv("SDCLOUD_STORE_ENDPOINT", front.endpoint)
+        p = tmp_path / "many.jsonl"
+        p.write_text("".join(json.dumps({"prompt": f"product shot {n}", "count": 6}) + "\n" for n in range(8)))
+        sub = _sdcloud("batch", "submit", "--tier", "batch-sd15", "--model", "tiny", "--generator", "fake",
+                       "--prompts", str(p), "--workers", "2", "--fake-delay", "0.3", "--store", f"s3://{bucket}/b",
+                       "--detach", "--json", env={}, timeout=120)
+        assert sub.returncode == 0, sub.stderr
+        job = json.loads(sub.stdout)["job"]
+        _kill_one_worker_mid_item(job)
+        _wait(lambda: _job_state(job)["state"] in ("succeeded", "failed"), 600, "the job to end")
+        assert _job_state(job)["state"] == "succeeded", _job_state(job)
+        from sdcloud.runs.state import StateStore
+
+        exits = [e["data"]["rc"] for e in StateStore().events(job) if e["kind"] == "worker-exited"]
+        # Only the killed worker ended badly: none died of a store fault (rc 1).
+        assert sorted(rc for rc in exits if rc != 0) == [-9], exits
+        v = _sdcloud("batch", "verify", job, "--json", env={}, timeout=300)
+    verdict = json.loads(v.stdout)
+    assert verdict["ok"] and verdict["images_present"] == 48 and not verdict["duplicate_keys"], verdict
+    assert front.injected["late_500"] > 0 and front.injected["truncate"] > 0, front.injected
