@@ -59,7 +59,10 @@ def _dead_here(worker: str) -> bool:
 class _DriverLeases(Leases):
     def _live(self, data: bytes, now: float) -> tuple[bool, dict]:  # type: ignore[override]
         live, held = Leases._live(data, now)
-        if live and held.get("worker") != self.worker and _dead_here(str(held.get("worker", ""))):
+        worker = str(held.get("worker", ""))
+        # The same named driver (the cloud function's previous invocation) takes its own lease over;
+        # a process of this machine that is gone holds nothing.
+        if live and (worker == self.worker or _dead_here(worker)):
             return False, held
         return live, held
 

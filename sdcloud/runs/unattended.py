@@ -1,0 +1,130 @@
+"""The cloud driver: a scheduled function in the user's own account that takes controller steps for
+every live run whose driver lease has lapsed (the laptop closed, the daemon died).
+
+One entry point for both clouds, called as each calls a Python function:
+
+- AWS Lambda, invoked by an EventBridge Scheduler schedule: `handler(event, context)` where the
+  event is the schedule's input (the stack sets `{"sdcloud": "drive"}`; a classic EventBridge rule's
+  `Scheduled Event` envelope is accepted too) and `context.get_remaining_time_in_millis()` bounds
+  the invocation.
+- Tencent SCF, invoked by a timer trigger: `main_handler(event, context)` with the timer's event
+  `{"Type": "Timer", "TriggerName": ..., "Time": ..., "Message": ...}`; SCF's context is a dict
+  whose `time_limit_in_ms` bounds the invocation.
+
+It runs the control plane's own code (the Controller and its step), not a second implementation:
+state.db is rebuilt in the function's /tmp from each run's journal in the bucket, the driver lease
+makes it the only driver of the run, one step a poll until the invocation's time is nearly spent,
+and the journal carries what it did back to the bucket. The next invocation renews the lease, so a
+laptop that comes back does not race it (`sdcloud watch RUN --drive` takes a run back when asked).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+# Stop taking steps this long before the function's time runs out: a step's launch or terminate
+# call, the journal's writes and the lease's renewal must fit after the last one started.
+SAFETY_SECONDS = 30.0
+DEFAULT_INVOCATION_SECONDS = 60.0
+
+
+def _driver_name(event: dict) -> str:
+    if isinstance(event, dict) and event.get("Type") == "Timer":
+        return "tencent-scf"
+    return "aws-lambda"
+
+
+def _time_left(context: Any, started: float) -> Callable[[], float]:
+    """Seconds the invocation has left, from the context each platform passes."""
+    if context is not None and hasattr(context, "get_remaining_time_in_millis"):
+        return lambda: context.get_remaining_time_in_millis() / 1000.0
+    limit_ms = context.get("time_limit_in_ms") if isinstance(context, dict) else None
+    limit = float(limit_ms) / 1000.0 if limit_ms else DEFAULT_INVOCATION_SECONDS
+    return lambda: limit - (time.monotonic() - started)
+
+
+def _store_conf() -> dict:
+    """The bucket the stack deployed the function for (environment set by the stack; no secrets:
+    the function signs with its own role)."""
+    url = os.environ.get("SDCLOUD_STORE")
+    if not url:
+        raise RuntimeError("SDCLOUD_STORE is not set: the stack sets it to the run bucket's URL")
+    conf: dict = {"url": url}
+    for env, key in (("SDCLOUD_STORE_ENDPOINT", "endpoint_url"), ("SDCLOUD_STORE_REGION", "region"),
+                     ("SDCLOUD_STORE_ADDRESSING", "addressing_style")):
+        if os.environ.get(env):
+            conf[key] = os.environ[env]
+    return conf
+
+
+def live_runs(store: Any) -> list[str]:
+    """Runs the journal lists as live (drivers/active/<id>), oldest first."""
+    from .journal import ACTIVE_INDEX
+
+    return [o.key.rsplit("/", 1)[-1] for o in sorted(store.list(f"{ACTIVE_INDEX}/"), key=lambda o: o.key)]
+
+
+def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
+                 sleep: Callable[[float], None] = time.sleep) -> dict:
+    """Take steps for every live run no other driver holds, while time is left. Returns what it did."""
+    if not os.environ.get("SDCLOUD_HOME"):
+        # Lambda and SCF give a writable /tmp only; state.db is a cache rebuilt from the journal.
+        os.environ["SDCLOUD_HOME"] = tempfile.mkdtemp(prefix="sdcloud-driver-")
+    from .controller import Controller
+    from .journal import restore
+    from .state import FINAL_RUN_STATES, StateStore
+    from .store import open_run_store
+
+    store = open_run_store(store_conf)
+    state = StateStore(Path(os.environ["SDCLOUD_HOME"]) / "state.db")
+    report: dict = {"driver": driver, "runs": {}}
+    for run_id in live_runs(store):
+        if time_left() < SAFETY_SECONDS:
+            break
+        if restore(state, store, run_id) is None:
+            continue
+        ctl = Controller(state, run_id, driver=driver)
+        if not ctl.lease.acquire():
+            holder = (ctl.lease.holder() or {}).get("worker")
+            report["runs"][run_id] = {"skipped": f"driven by {holder}"}
+            continue
+        ctl.event("driver-took-over", {"driver": driver})
+        ctl.reconcile()
+        steps = 0
+        done = False
+        while time_left() > SAFETY_SECONDS + ctl.timing.poll_seconds:
+            done = ctl.guarded_step()
+            steps += 1
+            if done:
+                break
+            sleep(ctl.timing.poll_seconds)
+        if done or state.get_run(run_id)["state"] in FINAL_RUN_STATES:
+            ctl.finish_driving()
+        else:
+            # Keep the lease: the next invocation renews it, and no laptop races this driver meanwhile.
+            state.update_run(run_id, controller_pid=None)
+            ctl.journal.flush()
+        report["runs"][run_id] = {"steps": steps, "state": state.get_run(run_id)["state"]}
+    return report
+
+
+def handler(event: dict, context: Any = None) -> dict:
+    """AWS Lambda's entry point (EventBridge Scheduler)."""
+    started = time.monotonic()
+    return drive_lapsed(_store_conf(), _driver_name(event), _time_left(context, started))
+
+
+def main_handler(event: dict, context: Any = None) -> dict:
+    """Tencent SCF's entry point (timer trigger); SCF names its Python entry `main_handler` by default."""
+    return handler(event, context)
+
+
+if __name__ == "__main__":  # a local dry run: python -m sdcloud.runs.unattended '{"Type": "Timer"}'
+    import sys
+
+    print(json.dumps(handler(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}), indent=2))
