@@ -80,7 +80,8 @@ def test_config_toml_names_the_mirrors_hosts_use(sdcloud_home, tmp_path):
     store = LocalStore(tmp_path / "bucket")
     agent = {"run_id": "r", "store": {"url": "cos://b-1250000000/p", "region": "ap-guangzhou"}}
     cfg = _agent_config(cloud_user_data("tencent", store, agent, {"region": "ap-guangzhou"}))
-    assert cfg["network"] == {"pip_index_url": "https://pypi.mirror.example/simple", "hf_endpoint": "https://hub.mirror.example"}
+    assert cfg["network"] == {"pip_index_url": "https://pypi.mirror.example/simple", "hf_endpoint": "https://hub.mirror.example",
+                              "trainer_sources": "bucket"}  # the last from the mainland profile
     cfg = _agent_config(cloud_user_data("aws", store, {"run_id": "r", "store": {"url": "s3://b/p"}}, {"region": "us-east-1"}))
     assert cfg["network"] == {"pip_index_url": "https://pypi.mirror.example/simple"}
 

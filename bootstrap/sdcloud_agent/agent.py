@@ -200,7 +200,9 @@ class Agent:
             return None
         try:
             with self.phases.phase("trainer") as ph:
-                src = scripts.stage(self.cfg.trainer, self.store, self.workdir, self.cfg.trainer_sources)
+                bucket_only = self.cfg.network.get("trainer_sources") == "bucket"  # never GitHub (network.py)
+                src = scripts.stage(self.cfg.trainer, self.store, self.workdir,
+                                    {**self.cfg.trainer_sources, "bucket_only": bucket_only})
                 ph.result = src.how
         except Exception as exc:  # any fetch or install error is this host's boot failure
             raise Failure(f"putting the {self.cfg.trainer} trainer on this host failed: {exc}",

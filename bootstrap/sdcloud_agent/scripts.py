@@ -97,8 +97,24 @@ def needed(trainer: str, trainer_args) -> bool:
     return not os.path.isabs(str(args.get("script") or ""))
 
 
-def stage(trainer: str, store, root: Path, overrides: dict | None = None) -> Sources:
-    """The trainer's sources under `root/trainers/`, from the bucket's cache or fetched and cached."""
+@dataclass
+class Archive:
+    """One trainer's source tree as the bucket keeps it: cache/trainers/<name>.tar."""
+    name: str
+    url: str
+    ref: str  # a commit sha, or refs/tags/<tag>
+    what: str
+    sparse: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"cache/trainers/{self.name}.tar"
+
+
+def archive(trainer: str, overrides: dict | None = None, diffusers_version: str | None = None) -> Archive:
+    """Which source tree a run of `trainer` needs (the pins, or the config's overrides). The
+    control plane calls it too, with the diffusers version of the host's lock, to carry the tree
+    through the bucket."""
     overrides = overrides or {}
     url, ref = pins()[trainer]
     if trainer == "kohya":
@@ -106,18 +122,43 @@ def stage(trainer: str, store, root: Path, overrides: dict | None = None) -> Sou
         commit = str(overrides.get("kohya_commit") or ref)
         if not re.fullmatch(r"[0-9a-f]{40}", commit):
             raise SourceError(f"kohya commit {commit!r} is not a full 40-digit sha: the pin is a commit, not a tag")
-        tree, how, _ = _tree(store, root, f"kohya-{commit[:12]}", url, commit, f"kohya sd-scripts commit {commit}")
-        python, vhow = _kohya_venv(store, root, tree, commit)
-        return Sources(tree, python, _combined(how, vhow), commit)
-    import importlib.metadata
+        return Archive(f"kohya-{commit[:12]}", url, commit, f"kohya sd-scripts commit {commit}")
+    if diffusers_version is None:
+        import importlib.metadata
 
-    version = importlib.metadata.version("diffusers")
+        diffusers_version = importlib.metadata.version("diffusers")
     url = overrides.get("diffusers_url") or url
-    tag = str(overrides.get("diffusers_tag") or ref.format(version=version))
-    tree, how, commit = _tree(store, root, f"diffusers-examples-{tag}", url, f"refs/tags/{tag}",
-                              f"diffusers examples tag {tag} (for the installed diffusers {version})", sparse="examples")
+    tag = str(overrides.get("diffusers_tag") or ref.format(version=diffusers_version))
+    return Archive(f"diffusers-examples-{tag}", url, f"refs/tags/{tag}",
+                   f"diffusers examples tag {tag} (for the installed diffusers {diffusers_version})", "examples")
+
+
+def pack(a: Archive, dest_tar: Path) -> str:
+    """Fetch `a` with git and pack it as the bucket keeps it; the commit."""
+    tmp = Path(tempfile.mkdtemp(prefix=".sdcloud-src-"))
+    try:
+        commit = fetch(a.url, a.ref, tmp / a.name, a.what, a.sparse)
+        dest_tar.parent.mkdir(parents=True, exist_ok=True)
+        _tar(tmp / a.name, dest_tar)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return commit
+
+
+def stage(trainer: str, store, root: Path, overrides: dict | None = None) -> Sources:
+    """The trainer's sources under `root/trainers/`, from the bucket's cache or fetched and cached.
+    With overrides["bucket_only"] (the network's trainer_sources = "bucket") nothing is fetched:
+    a tree the bucket does not hold is an error."""
+    overrides = overrides or {}
+    a = archive(trainer, overrides)
+    only = bool(overrides.get("bucket_only"))
+    if trainer == "kohya":
+        tree, how, _ = _tree(store, root, a.name, a.url, a.ref, a.what, bucket_only=only)
+        python, vhow = _kohya_venv(store, root, tree, a.ref)
+        return Sources(tree, python, _combined(how, vhow), a.ref)
+    tree, how, commit = _tree(store, root, a.name, a.url, a.ref, a.what, sparse=a.sparse, bucket_only=only)
     if not (tree / "examples").is_dir():
-        raise SourceError(f"the diffusers tag {tag} from {url} has no examples/ folder")
+        raise SourceError(f"{a.what} from {a.url} has no examples/ folder")
     python, vhow = _examples_venv(store, root, overrides)
     return Sources(tree, python, _combined(how, vhow), commit)
 
@@ -185,7 +226,8 @@ def _untar(tar_path: Path, into: Path, compress: str | None = None) -> None:
     subprocess.run(cmd, check=True)
 
 
-def _tree(store, root: Path, name: str, url: str, ref: str, what: str, sparse: str | None = None):
+def _tree(store, root: Path, name: str, url: str, ref: str, what: str, sparse: str | None = None,
+          bucket_only: bool = False):
     """(tree, how, commit) of one source tree at root/trainers/<name>."""
     dest = root / "trainers" / name
     key = f"cache/trainers/{name}.tar"
@@ -202,6 +244,10 @@ def _tree(store, root: Path, name: str, url: str, ref: str, what: str, sparse: s
             got = tmp / "x" / name
             commit = (got / ".sdcloud-source").read_text().split()[-1]
             how = "restored"
+        elif bucket_only:
+            raise SourceError(f"{what}: the run's bucket has no {key} and this host's network takes trainer "
+                              "sources from the bucket only (network.trainer_sources = \"bucket\"); the "
+                              "control plane puts it there at launch (docs/providers-tencent.md)")
         else:
             got = tmp / "x" / name
             commit = fetch(url, ref, got, what, sparse)

@@ -504,6 +504,8 @@ def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, sto
         "metadata": {"kind": spec.provider if spec.provider in ("aws", "tencent") else "none"},
         "heartbeat_seconds": 2 if local else 10,
         "poll_seconds": 1 if local else 5,
+        # The run's own mirrors; the host's region and config.toml add theirs at launch (hostboot.py).
+        **({"network": dict(spec.network)} if spec.network else {}),
     }
 
 

@@ -47,9 +47,15 @@ def cloud_user_data(provider: str, store, agent: dict, infra: dict | None = None
 
     store_conf = agent.get("store") if isinstance(agent.get("store"), dict) else {}
     region = (infra or {}).get("region") or store_conf.get("region")
-    net = host_network(region)
-    if net and "network" not in agent:  # config.toml's mirrors (sdcloud/runs/network.py)
-        agent = {**agent, "network": net}
+    # The region's profile, config.toml's mirrors and the run's own (sdcloud/runs/network.py).
+    net = host_network(region, provider, agent.get("network"))
+    agent = {k: v for k, v in agent.items() if k != "network"}
+    if net:
+        agent["network"] = net
+    if net.get("trainer_sources") == "bucket":
+        from .carry import carry_trainer_sources
+
+        carry_trainer_sources(store, agent)  # the host will not fetch them from GitHub
     wheel = agent_wheel.ensure_uploaded(store)
     driver = ""
     if provider == "tencent":  # the per-run user-data replaces the template's, driver install included

@@ -76,6 +76,9 @@ class RunSpec:
     # Seconds a host waits for the controller after its last phase before it ends itself (None:
     # config.toml's [hosts] self_end_grace, else 10 minutes; docs/runs.md).
     self_end_grace: float | None = None
+    # Where this run's hosts get outside things, over the region's profile and config.toml
+    # (sdcloud/runs/network.py): pip_index_url, hf_endpoint, torch_index_url, trainer_sources.
+    network: dict | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -174,6 +177,10 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
 
         # Before anything is created: an unusable URL used to leave a pending run behind.
         data["store"] = check_store_url(str(data["store"]), data.get("provider", "local"))
+    if data.get("network") is not None:
+        from .network import check_run
+
+        data["network"] = check_run(data["network"])
     dataset = data.get("dataset")
     if dataset and "://" not in str(dataset) and not Path(str(dataset)).expanduser().exists():
         raise UserError(f"dataset path {dataset} does not exist")
