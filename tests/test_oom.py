@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -260,3 +261,47 @@ def test_spent_ladder_cools_the_offer_and_moves_to_more_vram():
     cur2 = SimpleNamespace(n=2, provider="aws", region="us-east-1", zone="us-east-1a", instance_type="g5.xlarge")
     oom_move.on_out_of_memory(ctrl, cur2, status)
     assert ctrl.run_end[0] == "failed" and "no candidate offer has more VRAM" in ctrl.run_end[1]
+
+
+# -- the external trainers' recorded OOM output, through the agent ----------------------------------
+
+OOM_FAKE = str(Path(__file__).parent / "oom_fake.py")
+
+
+def _external(tmp: Path, trainer: str, script: str, cure: str, text: str) -> tuple[int, dict, str]:
+    cfg = {"run_id": "oomx", "attempt": 1, "trainer": trainer,
+           "trainer_args": {"launcher": [sys.executable, OOM_FAKE], "script": script},
+           "steps": 12, "checkpoint_every": 5, "keep_checkpoints": 3,
+           "store": {"url": f"file://{tmp}/bucket"}, "metadata": {"kind": "none"},
+           "workdir": str(tmp / "work"), "nvme": False, "require_gpu": False,
+           "heartbeat_seconds": 0.5, "poll_seconds": 0.2}
+    (tmp / "agent.json").write_text(json.dumps(cfg))
+    env = {**os.environ, "FAKE_STEP_SECONDS": "0.05", "FAKE_OOM_AT": "7", "FAKE_OOM_CURE": cure,
+           "FAKE_OOM_TEXT": str(DATA / text)}
+    proc = subprocess.run([sys.executable, "-m", "sdcloud_agent", "run", "--config", str(tmp / "agent.json")],
+                          env=env, capture_output=True, timeout=300)
+    status = json.loads((tmp / "bucket/runs/oomx/status.json").read_text())
+    return proc.returncode, status, (tmp / "work/attempt-1.log").read_text(errors="replace")
+
+
+def test_diffusers_script_oom_restarts_with_gradient_checkpointing_from_its_checkpoint(tmp_path):
+    rc, status, log = _external(tmp_path, "diffusers", "diffusers", "--gradient_checkpointing",
+                                "diffusers-dreambooth-sd3.txt")
+    assert rc == 0, log[-3000:]
+    (ev,) = status["oom_events"]
+    assert ev["rung"] == "gradient-checkpointing" and ev["resume_step"] == 5 and ev["peak_gb"] == 39.55
+    steps = [int(x) for x in re.findall(r"FAKESTEP (\d+)", log)]
+    assert steps == [1, 2, 3, 4, 5, 6, 6, 7, 8, 9, 10, 11, 12]  # the second run takes up at checkpoint 5
+    assert "--resume_from_checkpoint latest" in log.split("with rung gradient-checkpointing")[1]
+
+
+def test_kohya_script_oom_climbs_to_cached_latents_with_kohyas_flags(tmp_path):
+    rc, status, log = _external(tmp_path, "kohya", "sdxl_train.py", "--cache_latents",
+                                "kohya-sdxl-train-torch2.txt")
+    assert rc == 0, log[-3000:]
+    assert [e["rung"] for e in status["oom_events"]] == ["gradient-checkpointing", "8bit-optimizer", "cache-latents"]
+    assert all(e["resume_step"] == 5 for e in status["oom_events"])
+    last = log.split("with rung cache-latents")[1]
+    assert "--gradient_checkpointing" in last and "--cache_latents" in last and "--optimizer_type" in last
+    steps = [int(x) for x in re.findall(r"FAKESTEP (\d+)", log)]
+    assert steps[-6:] == [7, 8, 9, 10, 11, 12] and steps.count(6) == 4  # each restart from 5
