@@ -318,3 +318,20 @@ def test_sdcloud_waits_out_an_outage_uniform_progress_pays_for():
     sd = res["sdcloud"]
     assert sd.cost == pytest.approx(1.2) and sd.finish_hours == pytest.approx(2.2) and sd.launches == 1
     assert res["optimal"] == (pytest.approx(1.2), True)
+
+
+def test_cli_prices_from_the_trace_and_from_a_file(tmp_path, capsys):
+    # Zone a carries its own series (2 $/h); b gets 1 $/h from --prices: sdcloud and the optimum run in b,
+    # 1.2 h at 1 $/h = 1.2 $, savings 1 - 1.2 / (1 h x 3 $/h) = 60%.
+    a = write(tmp_path, "a.json", {"metadata": {"gap_seconds": 600}, "data": [1] * 50, "prices": [2.0] * 50})
+    b = write(tmp_path, "b.json", {"metadata": {"gap_seconds": 600}, "data": [1] * 50})
+    prices = write(tmp_path, "prices.json", {"b": [1.0, 1.0], "a": [9.0]})  # a's own series wins
+    args = ["simulate", "--trace", a, "--trace", b, "--job-hours", "1", "--deadline-hours", "2", "--restart-hours",
+            "0.2", "--ondemand-price", "3", "--starts", "4", "--policy", "sdcloud", "--policy", "optimal", "--json"]
+    assert main(args + ["--prices", prices]) == 0
+    rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["sdcloud"]["mean_cost"] == pytest.approx(1.2) and rows["optimal"]["mean_cost"] == pytest.approx(1.2, abs=1e-4)
+    assert rows["sdcloud"]["mean_savings"] == pytest.approx(0.6)
+    bad = write(tmp_path, "bad.json", {"b": []})
+    assert main(args + ["--prices", bad]) == 2
+    assert capsys.readouterr().err.strip().endswith("must map trace names to non-empty lists of non-negative prices")

@@ -16,7 +16,11 @@ from ..render import emit_json, note, output_options, table, wide_option
 @click.option("--job-hours", type=float, required=True, help="C: hours of work the job needs.")
 @click.option("--deadline-hours", type=float, required=True, help="R: hours from start to deadline.")
 @click.option("--restart-hours", type=float, required=True, help="d: hours lost on every launch, move or restart.")
-@click.option("--spot-price", type=float, default=0.9731, show_default=True, help="Spot USD per hour.")
+@click.option("--spot-price", type=float, default=0.9731, show_default=True,
+              help="Spot USD per hour, for zones without a price series of their own.")
+@click.option("--prices", "prices_file", metavar="FILE",
+              help="JSON object: trace name (file name less .json) -> spot price series, spread evenly over "
+                   "that trace (as ../shared/data/spot-prices/v100_spot_prices.json). A trace's own 'prices' win.")
 @click.option("--ondemand-price", type=float, default=3.06, show_default=True, help="On-demand USD per hour.")
 @click.option("--policy", "policies", multiple=True, metavar="P",
               help="Policy to replay (repeatable; default all): on-demand, greedy, uniform-progress, sdcloud, sdcloud-up, optimal.")
@@ -27,8 +31,8 @@ from ..render import emit_json, note, output_options, table, wide_option
               "available only if spot was there all through it.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per policy.")
 def simulate(traces: tuple[str, ...], job_hours: float, deadline_hours: float, restart_hours: float, spot_price: float,
-             ondemand_price: float, policies: tuple[str, ...], starts: int, seed: int, single_zone: bool,
-             tick_seconds: int | None, as_json: bool) -> None:
+             prices_file: str | None, ondemand_price: float, policies: tuple[str, ...], starts: int, seed: int,
+             single_zone: bool, tick_seconds: int | None, as_json: bool) -> None:
     """Replay spot availability traces through the spot policies; savings are against on-demand."""
     from ..spot import simulate as sim
 
@@ -42,12 +46,18 @@ def simulate(traces: tuple[str, ...], job_hours: float, deadline_hours: float, r
     if tick_seconds is not None and tick_seconds <= 0:
         raise UserError(f"--tick must be a positive number of seconds, got {tick_seconds}")
     loaded = [sim.load_trace(path) for path in traces]
+    if prices_file is not None:
+        series = _load_prices(prices_file)
+        loaded = [t if t.prices is not None or t.key not in series
+                  else sim.with_prices(t, sim.stretch_series(series[t.key], len(t.avail))) for t in loaded]
     if tick_seconds is not None:
         loaded = [sim.coarsen(t, tick_seconds) for t in loaded]
     avail, gap, keys = sim.stack(loaded)
     if sim.OPTIMAL in names and gap < 120:
         note(f"optimal: {gap} s ticks make the dynamic programme slow; --tick 300 or more speeds it up")
-    results = sim.simulate(avail, keys, gap, setting, names, starts=starts, seed=seed, single_zone=single_zone)
+    spot_prices = sim.stack_prices(loaded, spot_price)
+    results = sim.simulate(avail, keys, gap, setting, names, starts=starts, seed=seed, single_zone=single_zone,
+                           spot_prices=spot_prices)
     if as_json:
         emit_json([r.as_dict() for r in results])
         return
@@ -56,5 +66,23 @@ def simulate(traces: tuple[str, ...], job_hours: float, deadline_hours: float, r
           ["policy", "mean savings", "deadline met", "mean cost $", "starts"],
           [(r.policy, f"{100 * r.savings.mean():.1f}%", f"{100 * r.met.mean():.1f}%", f"{r.costs.mean():.2f}", len(r.costs))
            for r in (x for x in results)],
-          caption=f"savings = 1 - cost / (C x on-demand {ondemand_price:g} $/h); spot {spot_price:g} $/h; "
+          caption=f"savings = 1 - cost / (C x on-demand {ondemand_price:g} $/h); spot "
+                  f"{'per zone from its series' if spot_prices is not None else f'{spot_price:g} $/h'}; "
                   f"{gap} s ticks over {avail.shape[1] * gap / 3600:.0f} h; zones: {', '.join(keys)}")
+
+
+def _load_prices(path: str) -> dict[str, list[float]]:
+    import json
+    from pathlib import Path
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"--prices file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"--prices file {path} is not readable JSON: {exc}") from None
+    if not isinstance(doc, dict) or not all(
+            isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in v)
+            for v in doc.values()):
+        raise UserError(f"--prices file {path} must map trace names to non-empty lists of non-negative prices")
+    return doc

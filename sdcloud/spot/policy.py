@@ -203,7 +203,9 @@ class Sdcloud(Policy):
     deadline met. S = R - C is the slack at the start. net = max(2d, d + tick).
 
     1. Safety net: slack < net -> on-demand (for good: on-demand loses no slack after its launch).
-    2. A running spot instance whose zone still has spot stays (a hop costs a restart).
+    2. A running spot instance whose zone still has spot stays (a hop costs a restart), unless
+       another zone's spot is so much cheaper that HOP_HOURS of work there repay two restarts,
+       has lasted the probe of rule 6, and slack >= reserve + d spares the restart.
     3. reserve = min(S (R - t) / R, BETA (C - p)): the slack kept back for later outages. The
        first term is Uniform Progress's line; the cap says a job never needs to hold back more
        than BETA hours per hour of work left, so a job with ample slack waits out outages that
@@ -228,7 +230,7 @@ class Sdcloud(Policy):
     BETA = 0.25
     PROBE = 1.0
     RETURN = 1.5
-    HOP_HOURS = 0.0
+    HOP_HOURS = 4.0
 
     def __init__(self) -> None:
         self.reset()
