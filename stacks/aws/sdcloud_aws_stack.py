@@ -33,6 +33,9 @@ import pulumi_aws as aws
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # stacks/stack_common.py
 from stack_common import check_prefix, check_ssh_cidr, generic_user_data  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # driver_policy.py beside this file
+import driver_policy  # noqa: E402  (the cloud driver's policies, readable without Pulumi)
+
 # The Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04): NVIDIA driver and CUDA, no
 # framework (the agent installs its own torch). AWS publishes its id under this public parameter.
 DEFAULT_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
@@ -59,6 +62,9 @@ class StackConfig:
     max_zones: int = 6
     force_destroy: bool = False
     extra_tags: dict[str, str] = field(default_factory=dict)
+    # The cloud driver's function package (sdcloud/infra/function_package.py), a zip path set by
+    # `sdcloud infra up`; empty: no driver function, schedule or their roles.
+    driver_package: str = ""
 
     def validate(self) -> None:
         self.prefix = check_prefix(self.prefix)
@@ -91,6 +97,7 @@ def load_config() -> StackConfig:
         vpc_cidr=conf.get("vpcCidr") or defaults.vpc_cidr,
         max_zones=conf.get_int("maxZones") or defaults.max_zones,
         force_destroy=conf.get_bool("forceDestroy") or False,
+        driver_package=conf.get("driverPackage") or "",
     )
     return cfg
 
@@ -230,7 +237,12 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         tags=tags_for(cfg, "host-template"),
     )
 
+    outputs: dict[str, Any] = {}
+    if cfg.driver_package:
+        outputs = _driver(cfg, region, bucket, role)
+
     return {
+        **outputs,
         "bucket": bucket.bucket,
         "prefix": cfg.prefix,
         "launch_template_id": template.id,
@@ -243,3 +255,42 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         "key_name": key_name,
         "region": region,
     }
+
+
+def _driver(cfg: StackConfig, region: str, bucket: aws.s3.Bucket, host_role: aws.iam.Role) -> dict[str, Any]:
+    """The cloud driver (issue 27): a Lambda function on an EventBridge Scheduler schedule that takes
+    controller steps for runs no laptop drives. Its role may do what a step does, on this stack's
+    bucket prefix and on instances tagged `sdcloud:run` (stacks/aws/driver_policy.py)."""
+    account = aws.get_caller_identity().account_id
+    name = f"sdcloud-{cfg.stack}-driver"[:64]
+    # Created here rather than by Lambda on first write, so that it is tagged, expires and goes with the stack.
+    logs = aws.cloudwatch.LogGroup("driver-logs", name=f"/aws/lambda/{name}", retention_in_days=14,
+                                   tags=tags_for(cfg, "driver-logs"))
+    role = aws.iam.Role("driver-role", description="sdcloud cloud driver: a controller step's calls, nothing more",
+                        assume_role_policy=driver_policy.assume_role_policy("lambda.amazonaws.com"),
+                        tags=tags_for(cfg, "driver-role"))
+    aws.iam.RolePolicy("driver-access", role=role.id, policy=pulumi.Output.all(bucket.bucket, host_role.arn, logs.arn).apply(
+        lambda v: driver_policy.function_policy_document(v[0], cfg.prefix, account, v[1], v[2])))
+    function = aws.lambda_.Function(
+        "driver", name=name, description="sdcloud cloud driver: steps for runs whose driver lease lapsed",
+        role=role.arn, runtime=driver_policy.FUNCTION_RUNTIME, handler=driver_policy.FUNCTION_HANDLER,
+        architectures=["x86_64"], code=pulumi.FileArchive(cfg.driver_package),
+        timeout=driver_policy.FUNCTION_TIMEOUT, memory_size=driver_policy.FUNCTION_MEMORY_MB,
+        environment={"variables": {"SDCLOUD_STORE": bucket.bucket.apply(lambda b: f"s3://{b}/{cfg.prefix}"),
+                                   "SDCLOUD_STORE_REGION": region}},
+        tags=tags_for(cfg, "driver"), opts=pulumi.ResourceOptions(depends_on=[logs]))
+    invoker = aws.iam.Role("driver-scheduler-role", description="sdcloud cloud driver's schedule: invoke the driver only",
+                           assume_role_policy=driver_policy.assume_role_policy("scheduler.amazonaws.com"),
+                           tags=tags_for(cfg, "driver-scheduler-role"))
+    aws.iam.RolePolicy("driver-invoke", role=invoker.id, policy=function.arn.apply(driver_policy.scheduler_policy_document))
+    schedule = aws.scheduler.Schedule(
+        "driver-schedule", name=name, description="sdcloud cloud driver: every 5 minutes",
+        schedule_expression=driver_policy.SCHEDULE_RATE,
+        # OFF: each invocation at its time, so that a lapsed lease waits at most one rate for the driver.
+        flexible_time_window={"mode": "OFF"},
+        target={"arn": function.arn, "role_arn": invoker.arn, "input": json.dumps(driver_policy.SCHEDULE_INPUT),
+                # A missed invocation is not retried: the next one comes within the rate anyway.
+                "retry_policy": {"maximum_retry_attempts": 0}},
+        state="ENABLED")
+    return {"driver_function": function.name, "driver_function_arn": function.arn, "driver_schedule": schedule.name,
+            "driver_role_arn": role.arn}

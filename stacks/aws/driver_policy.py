@@ -1,0 +1,116 @@
+"""The cloud driver's IAM policies on AWS: what the Lambda function may do, and what the scheduler may.
+
+Kept apart from the stack program (no Pulumi import), so that tests judge the API calls a
+controller step makes against exactly these documents (tests/test_stacks_driver.py).
+
+The function takes controller steps (sdcloud/runs/unattended.py), so its role may do what a step
+does and nothing more:
+- the run bucket, under the stack's prefix only: read and write the journal, the driver lease
+  (conditional PUTs: If-None-Match / If-Match need s3:PutObject only), the agent's config and
+  wheel, status and events; the store tags checkpoint and log objects as it puts them, which needs
+  s3:PutObjectTagging; delete (lease release, the active index); list under the prefix;
+- EC2: launch (RunInstances, with tags on create, from the stack's launch template), describe
+  (instances, zones, spot prices for the zone order and the ledger, the image's root device when
+  no template), and terminate, on instances that carry `sdcloud:run` only; the AMI's public SSM
+  parameter when the stack gave no image;
+- iam:PassRole for the host role, to EC2 only (RunInstances hands it to the instance);
+- CloudWatch Logs for the function's own log group (the platform writes the function's output
+  with the role; no step calls it).
+IAM action names: https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html
+and .../list_amazons3.html; tag conditions on EC2:
+https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/supported-iam-actions-tagging.html
+"""
+
+from __future__ import annotations
+
+import json
+
+RUN_TAG = "sdcloud:run"  # sdcloud/providers/base.py TAG_RUN: every instance a run launches carries it
+SCHEDULE_RATE = "rate(5 minutes)"
+SCHEDULE_SECONDS = 300
+# Below the schedule's rate, so that two invocations never overlap (the lease would refuse the
+# second anyway); long enough for a few polls of a step after the journal is read back.
+FUNCTION_TIMEOUT = 240
+FUNCTION_MEMORY_MB = 512
+FUNCTION_RUNTIME = "python3.11"
+FUNCTION_HANDLER = "sdcloud.runs.unattended.handler"  # sdcloud/infra/function_package.py LAMBDA_HANDLER
+SCHEDULE_INPUT = {"sdcloud": "drive"}
+AMI_PARAMETERS = "parameter/aws/service/deeplearning/*"
+
+# Each API operation a controller step sends (boto3's service and operation names) and the IAM
+# actions it needs. The test maps recorded calls through this table and compares with the policy.
+STEP_CALLS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("s3", "GetObject"): ("s3:GetObject",),
+    ("s3", "HeadObject"): ("s3:GetObject",),
+    ("s3", "PutObject"): ("s3:PutObject", "s3:PutObjectTagging"),
+    ("s3", "CopyObject"): ("s3:GetObject", "s3:PutObject"),
+    ("s3", "DeleteObject"): ("s3:DeleteObject",),
+    ("s3", "DeleteObjects"): ("s3:DeleteObject",),
+    ("s3", "ListObjectsV2"): ("s3:ListBucket",),
+    ("ec2", "RunInstances"): ("ec2:RunInstances", "ec2:CreateTags", "iam:PassRole"),
+    ("ec2", "DescribeInstances"): ("ec2:DescribeInstances",),
+    ("ec2", "DescribeAvailabilityZones"): ("ec2:DescribeAvailabilityZones",),
+    ("ec2", "DescribeSpotPriceHistory"): ("ec2:DescribeSpotPriceHistory",),
+    ("ec2", "DescribeImages"): ("ec2:DescribeImages",),
+    ("ec2", "TerminateInstances"): ("ec2:TerminateInstances",),
+    ("ssm", "GetParameter"): ("ssm:GetParameter",),
+}
+# Written by the platform with the function's role, not by a step.
+LOG_ACTIONS = ("logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents")
+
+
+def step_actions() -> set[str]:
+    return {a for actions in STEP_CALLS.values() for a in actions}
+
+
+def assume_role_policy(service: str) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
+
+
+def function_policy_document(bucket: str, prefix: str, account_id: str, host_role_arn: str, log_group_arn: str) -> str:
+    """The function role's policy: a controller step's calls, on the run bucket's prefix and sdcloud's instances."""
+    instances = f"arn:aws:ec2:*:{account_id}:instance/*"
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "RunObjects", "Effect": "Allow",
+             "Action": ["s3:GetObject", "s3:PutObject", "s3:PutObjectTagging", "s3:DeleteObject"],
+             "Resource": [f"arn:aws:s3:::{bucket}/{prefix}/*"]},
+            {"Sid": "ListPrefix", "Effect": "Allow", "Action": ["s3:ListBucket"],
+             "Resource": [f"arn:aws:s3:::{bucket}"],
+             "Condition": {"StringLike": {"s3:prefix": [f"{prefix}/*", prefix]}}},
+            # The instance a step launches must carry the run tag in the request itself.
+            {"Sid": "LaunchTaggedInstances", "Effect": "Allow", "Action": ["ec2:RunInstances"],
+             "Resource": [instances], "Condition": {"Null": {f"aws:RequestTag/{RUN_TAG}": "false"}}},
+            # The other resources RunInstances names: the stack's template, subnet, group, image, key, disks.
+            {"Sid": "LaunchFrom", "Effect": "Allow", "Action": ["ec2:RunInstances"],
+             "Resource": [f"arn:aws:ec2:*:{account_id}:{kind}/*" for kind in
+                          ("launch-template", "subnet", "security-group", "network-interface", "volume", "key-pair")]
+             + ["arn:aws:ec2:*::image/*"]},
+            # Tags only as part of the launch (no retagging someone else's instance into sdcloud's).
+            {"Sid": "TagOnLaunch", "Effect": "Allow", "Action": ["ec2:CreateTags"],
+             "Resource": [instances, f"arn:aws:ec2:*:{account_id}:volume/*"],
+             "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}}},
+            {"Sid": "EndSdcloudInstances", "Effect": "Allow", "Action": ["ec2:TerminateInstances"],
+             "Resource": [instances], "Condition": {"Null": {f"aws:ResourceTag/{RUN_TAG}": "false"}}},
+            # Describe actions take no resource ARN; read-only.
+            {"Sid": "Describe", "Effect": "Allow",
+             "Action": ["ec2:DescribeInstances", "ec2:DescribeAvailabilityZones", "ec2:DescribeSpotPriceHistory",
+                        "ec2:DescribeImages"],
+             "Resource": "*"},
+            {"Sid": "ImageParameter", "Effect": "Allow", "Action": ["ssm:GetParameter"],
+             "Resource": [f"arn:aws:ssm:*::{AMI_PARAMETERS}"]},
+            {"Sid": "PassHostRole", "Effect": "Allow", "Action": ["iam:PassRole"], "Resource": [host_role_arn],
+             "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
+            {"Sid": "OwnLogs", "Effect": "Allow", "Action": list(LOG_ACTIONS),
+             "Resource": [log_group_arn, f"{log_group_arn}:*"]},
+        ],
+    }, indent=1)
+
+
+def scheduler_policy_document(function_arn: str) -> str:
+    """The schedule's role: invoke the driver function, nothing else."""
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "InvokeDriver", "Effect": "Allow", "Action": ["lambda:InvokeFunction"],
+         "Resource": [function_arn, f"{function_arn}:*"]}]}, indent=1)

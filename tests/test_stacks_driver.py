@@ -1,0 +1,267 @@
+"""The cloud driver in the stacks (issue 27): function, role, schedule under Pulumi mocks, and the
+function role's policy judged against the API calls a controller step makes.
+
+The calls are recorded, not listed by hand: every botocore request the step's code paths send
+(the journal, the driver lease, the agent wheel's upload, a spot launch, describe, find, the
+ledger's price history, terminate) against moto in this process, mapped to IAM actions through
+stacks/aws/driver_policy.STEP_CALLS. The policy must grant exactly those actions (no fewer: the
+step would fail; no more: the role could do what no step does), on the resources the step used.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pulumi = pytest.importorskip("pulumi")
+pytest.importorskip("pulumi_aws")
+
+STACKS = Path(__file__).resolve().parents[1] / "stacks"
+sys.path.insert(0, str(STACKS / "aws"))
+
+import driver_policy  # noqa: E402
+import sdcloud_aws_stack as aws_stack  # noqa: E402
+
+AMI = "ami-12c6146b"  # one of moto's stock images
+ZONES = ["us-east-1a", "us-east-1b"]
+BUCKET = "sdcloud-test-abc123"
+PREFIX = "team/sd"
+ACCOUNT = "123456789012"
+
+
+class Recorder(pulumi.runtime.Mocks):
+    def __init__(self) -> None:
+        self.resources: list[tuple[str, str, dict]] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        self.resources.append((args.typ, args.name, dict(args.inputs)))
+        state = dict(args.inputs)
+        if args.typ == "aws:s3/bucket:Bucket":
+            state["bucket"] = BUCKET
+        if args.typ in ("aws:iam/role:Role", "aws:iam/instanceProfile:InstanceProfile"):
+            state["arn"] = f"arn:aws:iam::{ACCOUNT}:role/{args.name}"
+            state["name"] = args.name
+        if args.typ == "aws:lambda/function:Function":
+            state["arn"] = f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:{args.inputs['name']}"
+        if args.typ == "aws:cloudwatch/logGroup:LogGroup":
+            state["arn"] = f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:{args.inputs['name']}"
+        return f"{args.name}-id", state
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        if args.token == "aws:ssm/getParameter:getParameter":
+            return {"name": args.args["name"], "value": AMI, "type": "String", "arn": "arn", "id": "p", "version": 1,
+                    "insecureValue": AMI}
+        if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
+            return {"names": ZONES, "zoneIds": ["use1-az1", "use1-az2"], "id": "us-east-1", "groupNames": ["us-east-1"]}
+        if args.token == "aws:index/getRegion:getRegion":
+            return {"region": "us-east-1", "name": "us-east-1", "id": "us-east-1"}
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {"accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/me", "userId": "AID", "id": ACCOUNT}
+        raise AssertionError(f"unexpected invoke {args.token}")
+
+    def of_type(self, suffix: str) -> list[tuple[str, dict]]:
+        return [(name, inputs) for typ, name, inputs in self.resources if typ.endswith(suffix)]
+
+
+def _build(cfg) -> tuple[Recorder, dict]:
+    mocks = Recorder()
+    pulumi.runtime.set_mocks(mocks, project="sdcloud-aws", stack="test", preview=False)
+    result: dict = {}
+
+    @pulumi.runtime.test
+    def program():
+        return pulumi.Output.from_input(aws_stack.build(cfg)).apply(result.update)
+
+    program()
+    return mocks, result
+
+
+@pytest.fixture(scope="module")
+def aws_built(tmp_path_factory) -> tuple[Recorder, dict]:
+    package = tmp_path_factory.mktemp("pkg") / "sdcloud-driver.zip"
+    with zipfile.ZipFile(package, "w") as zf:
+        zf.writestr("sdcloud_driver.py", "def main_handler(event, context):\n    return {}\n")
+    cfg = aws_stack.StackConfig(stack="test", region="us-east-1", prefix=PREFIX, owner_tag="alice",
+                                driver_package=str(package))
+    return _build(cfg)
+
+
+def _policies(mocks: Recorder) -> dict[str, dict]:
+    return {name: json.loads(inputs["policy"]) for name, inputs in mocks.of_type("iam/rolePolicy:RolePolicy")}
+
+
+def _actions(policy: dict) -> set[str]:
+    out: set[str] = set()
+    for st in policy["Statement"]:
+        assert st["Effect"] == "Allow"
+        out |= set(st["Action"] if isinstance(st["Action"], list) else [st["Action"]])
+    return out
+
+
+def test_the_function_runs_the_handler_within_the_schedules_rate(aws_built):
+    mocks, out = aws_built
+    [(_, fn)] = mocks.of_type("lambda/function:Function")
+    assert fn["runtime"] == "python3.11"
+    assert fn["handler"] == "sdcloud.runs.unattended.handler"
+    from sdcloud.infra.function_package import LAMBDA_HANDLER
+
+    assert fn["handler"] == LAMBDA_HANDLER
+    assert 60 <= fn["timeout"] < driver_policy.SCHEDULE_SECONDS
+    assert fn["environment"]["variables"]["SDCLOUD_STORE"] == f"s3://{BUCKET}/{PREFIX}"
+    assert fn["role"].endswith("role/driver-role")
+    assert fn["tags"]["sdcloud:managed"] == "true" and fn["tags"]["sdcloud:owner"] == "alice"
+    assert out["driver_function"] == "sdcloud-test-driver"
+
+
+def test_the_schedule_invokes_the_function_every_five_minutes_with_the_drive_input(aws_built):
+    mocks, _ = aws_built
+    [(_, sched)] = mocks.of_type("scheduler/schedule:Schedule")
+    assert sched["scheduleExpression"] == "rate(5 minutes)"
+    assert sched["flexibleTimeWindow"] == {"mode": "OFF"}
+    assert sched["target"]["arn"] == f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:sdcloud-test-driver"
+    assert json.loads(sched["target"]["input"]) == {"sdcloud": "drive"}
+    assert sched["target"]["roleArn"].endswith("role/driver-scheduler-role")
+    invoke = _policies(mocks)["driver-invoke"]
+    assert _actions(invoke) == {"lambda:InvokeFunction"}
+    [st] = invoke["Statement"]
+    assert all(r.startswith(sched["target"]["arn"]) for r in st["Resource"])
+
+
+def test_roles_are_assumed_by_their_services_only(aws_built):
+    mocks, _ = aws_built
+    roles = {name: json.loads(inputs["assumeRolePolicy"]) for name, inputs in mocks.of_type("iam/role:Role")}
+    assert roles["driver-role"]["Statement"][0]["Principal"] == {"Service": "lambda.amazonaws.com"}
+    assert roles["driver-scheduler-role"]["Statement"][0]["Principal"] == {"Service": "scheduler.amazonaws.com"}
+    for name, inputs in mocks.of_type("iam/role:Role"):
+        assert not inputs.get("managedPolicyArns") and not inputs.get("inlinePolicies"), name
+
+
+def test_the_function_role_ends_only_tagged_instances_and_passes_only_the_host_role(aws_built):
+    mocks, _ = aws_built
+    policy = _policies(mocks)["driver-access"]
+    by_action: dict[str, list[dict]] = {}
+    for st in policy["Statement"]:
+        for a in st["Action"] if isinstance(st["Action"], list) else [st["Action"]]:
+            by_action.setdefault(a, []).append(st)
+    [term] = by_action["ec2:TerminateInstances"]
+    assert term["Condition"] == {"Null": {"aws:ResourceTag/sdcloud:run": "false"}}
+    assert term["Resource"] == [f"arn:aws:ec2:*:{ACCOUNT}:instance/*"]
+    [pass_role] = by_action["iam:PassRole"]
+    assert pass_role["Resource"] == [f"arn:aws:iam::{ACCOUNT}:role/host-role"]
+    assert pass_role["Condition"]["StringEquals"]["iam:PassedToService"] == "ec2.amazonaws.com"
+    [tag] = by_action["ec2:CreateTags"]
+    assert tag["Condition"] == {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
+    launches = by_action["ec2:RunInstances"]
+    assert any(st.get("Condition") == {"Null": {"aws:RequestTag/sdcloud:run": "false"}} for st in launches)
+    for st in policy["Statement"]:
+        actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+        assert not any("*" in a for a in actions)
+        if any(a.startswith("s3:") for a in actions):
+            assert st["Resource"] in ([f"arn:aws:s3:::{BUCKET}/{PREFIX}/*"], [f"arn:aws:s3:::{BUCKET}"])
+        if st["Resource"] == "*":  # only read-only actions that take no resource ARN
+            assert all(a.startswith("ec2:Describe") for a in actions)
+
+
+def test_no_driver_without_a_package():
+    mocks, out = _build(aws_stack.StackConfig(stack="test", region="us-east-1"))
+    assert not mocks.of_type("lambda/function:Function") and not mocks.of_type("scheduler/schedule:Schedule")
+    assert "driver_function" not in out
+
+
+# ---- the calls a step makes, against the policy ----------------------------------------------------
+
+def _record_calls(monkeypatch) -> list[tuple[str, str, dict]]:
+    import botocore.client
+
+    calls: list[tuple[str, str, dict]] = []
+    original = botocore.client.BaseClient._make_api_call
+
+    def recording(self, operation_name, api_params):
+        calls.append((self.meta.service_model.endpoint_prefix, operation_name, dict(api_params)))
+        return original(self, operation_name, api_params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recording)
+    return calls
+
+
+def _step_calls(monkeypatch, tmp_path) -> list[tuple[str, str, dict]]:
+    """Run the AWS side of a controller step's paths against moto, recording every call."""
+    import boto3
+    from botocore.awsrequest import AWSResponse
+    from datetime import datetime, timedelta, timezone
+    from moto import mock_aws
+
+    from sdcloud.offers.catalog import bundled_rows
+    from sdcloud.offers.optimizer import Offer
+    from sdcloud.providers import get_provider
+    from sdcloud.providers.base import LaunchSpec
+    from sdcloud.runs.driver import DriverLease
+    from sdcloud.runs.journal import Journal, restore
+    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.store import open_run_store
+    from sdcloud.runs.unattended import live_runs
+    from sdcloud_agent import wheel
+
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        calls = _record_calls(monkeypatch)
+        store = open_run_store({"url": f"s3://{BUCKET}/{PREFIX}", "region": "us-east-1"})
+        state = StateStore(tmp_path / "state.db")
+        rid = "run-driver-1"
+        state.create_run(rid, "sd15-lora", {"provider": "aws", "region": "us-east-1", "tier": "sd15-lora"}, 10)
+        state.update_run(rid, state="running")
+        Journal(state, store, rid).flush()
+        assert live_runs(store) == [rid]
+        assert restore(StateStore(tmp_path / "fn.db"), store, rid) is not None
+        lease = DriverLease(store, rid, poll_seconds=5, driver="aws-lambda")
+        assert lease.acquire() and lease.renew()
+        wheel.ensure_uploaded(store)  # a relaunch's user-data names the agent wheel in the bucket
+
+        provider = get_provider("aws", region="us-east-1", regions=["us-east-1"], retry_base=0, retry_cap=0)
+        provider.client("ssm", "us-east-1").meta.events.register(  # moto reserves /aws/ names: answer as AWS does
+            "before-call.ssm.GetParameter",
+            lambda **kw: (AWSResponse("https://ssm", 200, {}, None),
+                          {"Parameter": {"Name": "x", "Type": "String", "Value": AMI}}))
+        row = next(r for r in bundled_rows("aws") if r.region == "us-east-1" and r.instance_type == "g5.xlarge")
+        inst = provider.launch(Offer(row, "spot"), LaunchSpec(run_id=rid, attempt=2, user_data="#!/bin/sh\ntrue\n"),
+                               "spot")
+        assert provider.describe([inst.id], "us-east-1")
+        assert [i.id for i in provider.find_tagged(rid, regions=["us-east-1"])] == [inst.id]
+        now = datetime.now(timezone.utc)
+        provider.price_history("g5.xlarge", inst.zone, now - timedelta(hours=1), now)
+        provider.terminate([inst.id], "us-east-1")
+        lease.release()
+        state.update_run(rid, state="succeeded")
+        Journal(state, store, rid).flush()  # a finished run leaves the driver's index
+        assert live_runs(store) == []
+        return list(calls)
+
+
+@pytest.mark.slow
+def test_every_call_a_step_makes_is_allowed_and_nothing_more_is_granted(aws_built, aws_env, monkeypatch, tmp_path):
+    mocks, _ = aws_built
+    calls = _step_calls(monkeypatch, tmp_path)
+    unmapped = sorted({(svc, op) for svc, op, _ in calls} - set(driver_policy.STEP_CALLS))
+    assert not unmapped, f"calls the policy table does not know: {unmapped}"
+    needed = {a for svc, op, _ in calls for a in driver_policy.STEP_CALLS[(svc, op)]}
+    granted = _actions(_policies(mocks)["driver-access"]) - set(driver_policy.LOG_ACTIONS)
+    assert needed == granted, {"missing": sorted(needed - granted), "unused": sorted(granted - needed)}
+
+    # ...and on the resources the policy names.
+    for svc, op, params in calls:
+        if svc == "s3":
+            assert params["Bucket"] == BUCKET
+            keys = ([o["Key"] for o in params["Delete"]["Objects"]] if op == "DeleteObjects"
+                    else [params["Prefix"]] if op == "ListObjectsV2" else [params["Key"]])
+            assert all(k.startswith(f"{PREFIX}/") for k in keys), (op, keys)
+        if (svc, op) == ("ec2", "RunInstances"):
+            tagged = {t["Key"] for spec in params["TagSpecifications"] for t in spec["Tags"]
+                      if spec["ResourceType"] == "instance"}
+            assert driver_policy.RUN_TAG in tagged  # the aws:RequestTag condition holds
+            assert {spec["ResourceType"] for spec in params["TagSpecifications"]} <= {"instance", "volume"}
+        if (svc, op) == ("ssm", "GetParameter"):
+            assert params["Name"].startswith("/aws/service/deeplearning/")
