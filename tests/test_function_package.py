@@ -129,3 +129,14 @@ def test_the_modules_a_step_runs_import_nothing_undeclared_at_module_level():
     imported = _third_party_imports([ROOT / m for m in step_modules])
     provided = {"boto3", "botocore", "tenacity", "tencentcloud", "yaml", "urllib3", "s3transfer"}
     assert imported <= provided, imported - provided
+
+
+@pytest.mark.slow
+def test_infra_up_writes_the_package_once_per_version(sdcloud_home):
+    from sdcloud.infra import automation
+
+    first = automation.driver_package()
+    assert first.parent == sdcloud_home / "driver" and first.name == fp.current().filename
+    stamp = first.stat().st_mtime_ns
+    assert automation.driver_package() == first and first.stat().st_mtime_ns == stamp
+    assert "aws" in automation.DRIVER_PROVIDERS

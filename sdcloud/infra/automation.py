@@ -273,12 +273,30 @@ def _validate(provider: str, options: InfraOptions) -> None:
         raise UserError(str(exc)) from None
 
 
+# Stacks that declare the cloud driver (issue 27); `extra` driverPackage="" leaves it out.
+DRIVER_PROVIDERS = ("aws",)
+
+
+def driver_package() -> Path:
+    """The cloud driver's function zip for this control plane, under $SDCLOUD_HOME/driver/ (one file per version)."""
+    from .function_package import current
+
+    package = current()
+    over = package.over_limits()
+    if over:
+        raise UserError("the cloud driver's package is too large: " + "; ".join(over), exit_code=1)
+    return package.write(config.home() / "driver")
+
+
 def _configure(stack: Any, provider: str, region: str, options: InfraOptions) -> None:
     auto = _auto()
     _, region_key, plugin, dist = _STACKS[provider]
     values = {region_key: auto.ConfigValue(region)}
     for key, value in options.stack_config().items():
         values[key] = auto.ConfigValue(value, secret=False)
+    if provider in DRIVER_PROVIDERS and "driverPackage" not in options.extra:
+        # The cloud driver runs this control plane's own code: its package is built from it here.
+        values["sdcloud:driverPackage"] = auto.ConfigValue(str(driver_package()), secret=False)
     stack.set_all_config(values)
     # Install the provider plugin this SDK version expects (the engine would fetch it too, later and quieter).
     version = "v" + metadata.version(dist).lstrip("v")
