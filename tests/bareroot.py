@@ -132,7 +132,9 @@ def old_python_image(real_python: str) -> dict[str, str]:
 
 
 def boot(root: Path, user_data: str, ca_file: Path, metadata_url: str, timeout: float = 900,
-         shims: dict[str, str] | None = None) -> Boot:
+         shims: dict[str, str] | None = None, env: dict[str, str | None] | None = None) -> Boot:
+    """Run the user-data on `root`; `env` adds to (or, as None values, removes from) the host's
+    environment: a network in which only some names are reached (tests/mainland.py)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "root").mkdir(exist_ok=True)
     shim = root.parent / f"{root.name}-shim"
@@ -144,7 +146,13 @@ def boot(root: Path, user_data: str, ca_file: Path, metadata_url: str, timeout: 
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(user_data)
     t0 = time.time()
-    proc = subprocess.run(["/bin/bash", str(script)], env=system_env(root, shim, ca_file, metadata_url),
+    host_env = system_env(root, shim, ca_file, metadata_url)
+    for k, v in (env or {}).items():
+        if v is None:
+            host_env.pop(k, None)
+        else:
+            host_env[k] = v
+    proc = subprocess.run(["/bin/bash", str(script)], env=host_env,
                           capture_output=True, text=True, timeout=timeout, cwd=root)
     pid_file = root / "run/sdcloud-agent.pid"
     pid = int(pid_file.read_text()) if pid_file.exists() else None

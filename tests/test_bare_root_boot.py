@@ -190,3 +190,84 @@ def test_a_failed_boot_ends_its_host_after_the_grace(tmp_path, seaweed, s3_env):
         assert se["waited_s"] >= 1
     finally:
         imds.stop()
+
+
+def test_a_mainland_boot_reaches_the_first_step_from_the_mirrors_and_the_bucket_alone(tmp_path, seaweed, s3_env):
+    """The boot once more in a mainland profile: the host's outbound requests go through a proxy
+    that refuses every name (the hub, GitHub, download.pytorch.org, PyPI); the package index and
+    the hub are local mirrors (tests/mainland.py), the rest is the bucket. The model is a hub id,
+    fetched from the hub mirror; the trainer trains at the model's own resolution (32 px).
+    Smaller than a first boot in a new bucket: the environment cache is seeded (a cold install
+    would need every package of the lock in the local index, which this machine's /opt/pypi does
+    not hold); what pip does under the same settings is checked on its own below."""
+    import os
+    import subprocess
+    import sys
+
+    import mainland
+    from fake_hub import FakeHub
+
+    from sdcloud.runs.hostboot import cloud_user_data
+    from sdcloud_agent import network
+    from sdcloud_agent.store import open_store
+    from sdcloud_agent.trainers import tiny
+
+    bucket = "bare-root-mainland"
+    store = open_store({"url": f"s3://{bucket}/sdcloud", "endpoint_url": seaweed.endpoint, "region": "us-east-1"})
+    store.ensure_bucket()
+    mainland.seed_env(store)
+    repo = "sdcloud-tests/tiny-sd15"
+    files = mainland.tiny_hub_repo(tiny.save_pipeline(tmp_path / "tiny"))
+    imds = AwsMetadataServer().start()
+    key = next(iter(TEST_KEYS))
+    imds.attach_role("sdcloud-host", key, TEST_KEYS[key])
+    proxy = mainland.RefusingProxy()
+    index = mainland.StaticIndex("/opt/pypi")
+    boot = None
+    try:
+        with FakeHub({repo: files}) as hub:
+            net = {"pip_index_url": index.url, "hf_endpoint": hub.endpoint,
+                   "torch_index_url": index.url.rsplit("/", 1)[0] + "/whl/", "trainer_sources": "bucket"}
+            root = tmp_path / "host"
+            cfg = _config(seaweed, imds, bucket, "r-mainland", 1, root, model=repo, network=net,
+                          trainer_args={"family": "sd15", "mode": "lora", "resolution": 512, "batch-size": 1},
+                          resolution_from_model=True)
+            ud = cloud_user_data("aws", store, cfg)
+            assert "trainer_sources" in ud and hub.endpoint in ud
+            env = {**proxy.env(), "HF_HUB_OFFLINE": None, "HF_HUB_DISABLE_XET": "1", "PIP_FIND_LINKS": None}
+            boot = bareroot.boot(root, ud, seaweed.ca_file, imds.base_url, env=env)
+            assert boot.rc == 0, boot.log[-4000:]
+            done = _wait_status(store, "r-mainland", 1, ("succeeded", "failed"), 300)
+            assert done["phase"] == "succeeded", (done, boot.agent_log()[-3000:])
+            ph = bareroot.phases(store, "r-mainland", 1)
+            assert "first-step" in ph and ph["env"]["result"] == "restored" and ph["model"]["result"] == "fetched", ph
+            assert hub.bytes_fetched() > 0
+            agent_log = (root / "var/lib/sdcloud/work/attempt-1.log").read_text()
+            assert "resolution: 32 px from the model's config" in agent_log
+            # Nothing on the host asked for a name outside: the proxy saw no request at all.
+            assert proxy.hosts == [], proxy.hosts
+            # The same network refuses each outside name, so a fetch from one would have failed.
+            host_env = {**proxy.env(), "PATH": "/usr/bin:/bin"}
+            refused = mainland.outside_reachable(host_env, "/usr/bin/python3")
+            assert all("403" in v or "Tunnel" in v for v in refused.values()), refused
+            assert sorted(set(proxy.hosts)) == sorted(mainland.OUTSIDE), proxy.hosts
+            # pip under the host's network settings gets a package from the mirror and nowhere else.
+            pip_env: dict[str, str] = {}
+            network.apply(net, pip_env)
+            assert pip_env["PIP_TRUSTED_HOST"] == "127.0.0.1"
+            clean = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+            before = len(proxy.hosts)
+            p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "-d",
+                                str(tmp_path / "dl"), "accelerate==1.15.0"],
+                               env={**clean, **proxy.env(), **pip_env, "PIP_CONFIG_FILE": os.devnull},
+                               capture_output=True, text=True, timeout=300)
+            assert p.returncode == 0, p.stderr[-2000:]
+            assert list((tmp_path / "dl").glob("accelerate-1.15.0-*.whl"))
+            assert any(r.startswith("/simple/accelerate") for r in index.requests)
+            assert len(proxy.hosts) == before
+    finally:
+        if boot is not None:
+            boot.kill()
+        proxy.close()
+        index.close()
+        imds.stop()
