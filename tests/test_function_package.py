@@ -10,6 +10,7 @@ standard library. No network: the distributions are copied from this venv, as a 
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import subprocess
@@ -140,3 +141,69 @@ def test_infra_up_writes_the_package_once_per_version(sdcloud_home):
     stamp = first.stat().st_mtime_ns
     assert automation.driver_package() == first and first.stat().st_mtime_ns == stamp
     assert "aws" in automation.DRIVER_PROVIDERS
+
+
+class _RuntimeAPI:
+    """SCF's runtime API as the Custom Runtime docs describe it, on loopback: one timer event, then closed."""
+
+    def __init__(self, events: list[dict]):
+        import http.server
+        import threading
+
+        self.events, self.posts = list(events), []
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_GET(self):
+                if self.path != "/runtime/invocation/next" or not api.events:
+                    self.send_response(410)
+                    self.end_headers()
+                    return
+                body = json.dumps(api.events.pop(0)).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                api.posts.append((self.path, self.rfile.read(length)))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.mark.slow
+def test_scf_custom_runtime_bootstrap_answers_a_timer_event(package, tmp_path):
+    pkg, task = package
+    with zipfile.ZipFile(io.BytesIO(pkg.data)) as zf:
+        modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in zf.infolist()}
+    assert all(modes[name] == 0o755 for name in fp.SCF_BOOTSTRAPS)
+    for name in fp.SCF_BOOTSTRAPS:  # zipfile does not restore modes; SCF's unpacking does
+        (task / name).chmod(0o755)
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    api = _RuntimeAPI([{"Type": "Timer", "TriggerName": "sdcloud-driver", "Time": "2026-12-02T01:30:00Z",
+                        "Message": ""}])
+    try:
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SDCLOUD_PYTHON": sys.executable,
+               "SCF_RUNTIME_API": "127.0.0.1", "SCF_RUNTIME_API_PORT": str(api.port),
+               "SDCLOUD_STORE": bucket.as_uri(), "SDCLOUD_HOME": str(tmp_path / "fn-tmp"),
+               "SDCLOUD_TIME_LIMIT_MS": "60000", "PYTHONDONTWRITEBYTECODE": "1"}
+        run = subprocess.run([str(task / "scf_bootstrap")], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=300)
+    finally:
+        api.stop()
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [p for p, _ in api.posts] == ["/runtime/init/ready", "/runtime/invocation/response"]
+    assert json.loads(api.posts[1][1]) == {"driver": "tencent-scf", "runs": {}}

@@ -17,8 +17,9 @@ the static import walk in tests/test_function_package.py):
   torch, diffusers, numpy, matplotlib, paramiko, rich and click are imported lazily, by the
   trainers, reports, SSH provider and CLI, none of which a step calls. awscrt is left out too:
   without it the transfer module falls back to s3transfer, and a step transfers no checkpoints.
-- a top-level `sdcloud_driver.py` with both entry points, for SCF, whose handler setting is
-  `<file>.<function>` of a file at the package's root.
+- a top-level `sdcloud_driver.py` with both entry points, and SCF's Custom Runtime files: the
+  `scf_bootstrap` that SCF executes and the runtime loop it starts (SCF's Python runtimes stop at
+  3.10; the control plane needs 3.11).
 
 The distributions are copied from this interpreter's site-packages (as a Lambda zip is made with
 `pip install -t`), so the package is built for the Python that builds it: `sdcloud infra up` must
@@ -67,6 +68,68 @@ _SKIP_PREFIXES = ("sdcloud/infra/stacks/",)
 _SHIM_TEXT = '''"""SCF loads `<file>.<function>` from the package root; Lambda may use either name."""
 from sdcloud.runs.unattended import handler, main_handler  # noqa: F401
 '''
+
+# SCF's Python runtimes stop at 3.10 and the control plane needs 3.11 (tomllib and more), so on
+# SCF the function is a Custom Runtime: SCF runs the package's bootstrap file, which starts a
+# Python 3.11+ from the image (or SDCLOUD_PYTHON) on SCF_RUNTIME_LOOP. The loop speaks SCF's
+# runtime API (https://cloud.tencent.com/document/product/583/47274): POST /runtime/init/ready
+# once, then GET /runtime/invocation/next for each event and POST its result to
+# /runtime/invocation/response (or /runtime/invocation/error).
+SCF_RUNTIME_LOOP = "sdcloud_scf_runtime.py"
+SCF_BOOTSTRAPS = ("scf_bootstrap", "bootstrap")  # the current name, and the one older docs give
+_SCF_RUNTIME_TEXT = '''"""SCF Custom Runtime loop for the sdcloud cloud driver (started by scf_bootstrap)."""
+import json
+import os
+import sys
+import urllib.request
+
+
+def _url(path):
+    return "http://%s:%s%s" % (os.environ["SCF_RUNTIME_API"], os.environ["SCF_RUNTIME_API_PORT"], path)
+
+
+def _post(path, body):
+    urllib.request.urlopen(urllib.request.Request(_url(path), data=body, method="POST"), timeout=30).read()
+
+
+def main():
+    from sdcloud.runs.unattended import main_handler
+
+    # The stack sets the function's own timeout here: the handler stops taking steps before it.
+    limit_ms = int(os.environ.get("SDCLOUD_TIME_LIMIT_MS") or 60000)
+    _post("/runtime/init/ready", b" ")
+    while True:
+        try:
+            with urllib.request.urlopen(_url("/runtime/invocation/next"), timeout=None) as resp:
+                raw = resp.read()
+        except OSError as exc:  # the runtime API went away: the instance is being recycled
+            print("sdcloud driver: runtime API closed: %s" % exc, file=sys.stderr)
+            return 0
+        try:
+            event = json.loads(raw or b"{}")
+            result = main_handler(event, {"time_limit_in_ms": limit_ms})
+            _post("/runtime/invocation/response", json.dumps(result).encode())
+        except Exception as exc:  # noqa: BLE001 - reported to SCF as the invocation's error
+            _post("/runtime/invocation/error", json.dumps({"error": "%s: %s" % (type(exc).__name__, exc)}).encode())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+_SCF_BOOTSTRAP_TEXT = f'''#!/bin/bash
+# sdcloud cloud driver on SCF (Custom Runtime): start the runtime loop on a Python 3.11 or newer.
+cd "$(dirname "$0")"
+for py in "${{SDCLOUD_PYTHON:-}}" /var/lang/python3*/bin/python3 python3.13 python3.12 python3.11 python3; do
+  [ -n "$py" ] && command -v "$py" >/dev/null 2>&1 || continue
+  if "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    # -S: only what the package carries (its dependencies are beside this file).
+    PYTHONPATH="$PWD" exec "$py" -S {SCF_RUNTIME_LOOP}
+  fi
+done
+echo "sdcloud driver: no Python 3.11 or newer on this SCF image; set SDCLOUD_PYTHON to one" >&2
+exit 1
+'''
+_EXECUTABLE = set(SCF_BOOTSTRAPS)
 
 
 @dataclass
@@ -188,7 +251,8 @@ def _zip(files: list[tuple[str, bytes]]) -> bytes:
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
         for path, data in files:
             info = zipfile.ZipInfo(path, _EPOCH)
-            info.external_attr = 0o644 << 16
+            # SCF runs the bootstrap file only when it is executable.
+            info.external_attr = (0o755 if path in _EXECUTABLE else 0o644) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, data)
     return buf.getvalue()
@@ -220,6 +284,8 @@ def build() -> FunctionPackage:
     for name in dists:
         files = files + _distribution_files(name)
     files.append((SHIM, _SHIM_TEXT.encode()))
+    files.append((SCF_RUNTIME_LOOP, _SCF_RUNTIME_TEXT.encode()))
+    files += [(name, _SCF_BOOTSTRAP_TEXT.encode()) for name in SCF_BOOTSTRAPS]
     by_path = dict(files)  # one copy of each path; sorted, so the bytes follow the content only
     ordered = sorted(by_path.items())
     return FunctionPackage(_zip(ordered), version, sum(len(d) for _, d in ordered), dists)
