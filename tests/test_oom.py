@@ -119,7 +119,11 @@ def test_an_argv_list_gets_the_rungs_at_its_end_and_a_rung_already_on_is_passed_
     ladder = oom.Ladder("builtin", ["--gradient-checkpointing", "--batch-size", "2"], has_bitsandbytes=True)
     r, rung, change = ladder.step(oom.Recipe())
     assert rung == "8bit-optimizer" and "AdamW8bit" in change
-    assert ladder.apply(r)[-3:] == ["adamw8bit", "--optimizer-change"] or "--optimizer" in ladder.apply(r)
+    assert ladder.apply(r) == ["--gradient-checkpointing", "--batch-size", "2", "--optimizer", "adamw8bit",
+                               "--optimizer-change"]
+    r, rung, _ = ladder.step(r)
+    assert rung == "half-batch" and ladder.apply(r)[-4:] == ["--batch-size", "1", "--grad-accum", "2"]
+    assert ladder.step(r) is None  # a micro-batch of 1: the ladder is spent
 
 
 def test_a_plain_command_is_not_restarted_but_one_that_reads_the_recipe_is():
@@ -305,3 +309,16 @@ def test_kohya_script_oom_climbs_to_cached_latents_with_kohyas_flags(tmp_path):
     assert "--gradient_checkpointing" in last and "--cache_latents" in last and "--optimizer_type" in last
     steps = [int(x) for x in re.findall(r"FAKESTEP (\d+)", log)]
     assert steps[-6:] == [7, 8, 9, 10, 11, 12] and steps.count(6) == 4  # each restart from 5
+
+
+def test_a_rung_the_builtin_trainers_gpu_recipe_already_has_is_passed_over():
+    d = oom.Detector()
+    d.feed('SDCLOUD_START {"step": 0, "total_steps": 10, "resumed_from": null, "recipe": '
+           '{"gradient_checkpointing": true, "optimizer": "adamw8bit", "batch_size": 1, "grad_accum": 4}}')
+    assert d.feed("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB.")
+    h = oom.Healer("builtin", {"batch_size": 4}, cuda=True)
+    # The GPU's recipe already checkpoints, uses AdamW8bit and a micro-batch of 1: nothing is left.
+    assert h.climb(d.seen, step=0, effective=d.effective) is None
+    h2 = oom.Healer("builtin", {"batch_size": 4}, cuda=True)
+    ev = h2.climb(d.seen, step=0, effective={**d.effective, "batch_size": 2, "grad_accum": 2})
+    assert ev["rung"] == "half-batch" and h2.args()[0]["batch-size"] == 1 and h2.args()[0]["grad-accum"] == 4

@@ -125,7 +125,12 @@ def reference(tmp_path_factory) -> tuple[Run, Path]:
 
 def test_trains_and_writes_loadable_lora(reference):
     run, tmp = reference
-    assert run.of("START") == [{"step": 0, "total_steps": N, "resumed_from": None}]
+    (start,) = run.of("START")
+    assert {k: start[k] for k in ("step", "total_steps", "resumed_from")} == {"step": 0, "total_steps": N,
+                                                                               "resumed_from": None}
+    # The memory settings in force (on CPU: no recipe, the flags' defaults), for the OOM ladder.
+    assert start["recipe"] == {"gradient_checkpointing": False, "optimizer": "adamw", "batch_size": 2,
+                               "grad_accum": 1}
     assert run.steps() == list(range(1, N + 1))
     assert [c["step"] for c in run.of("CHECKPOINT")] == [5, 10, 15, 20, N]
     for c in run.of("CHECKPOINT"):

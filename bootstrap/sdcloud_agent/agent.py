@@ -349,7 +349,8 @@ class Agent:
         done = self.trainer.finished(ctx, trainer_exited=True, killed=True)
         newest = max(done, key=lambda c: c.step) if done else None
         step = newest.step if newest else (ctx.resume_step if ctx.resume else 0)
-        ev = self.healer.climb(seen, step=step, peak_gb=self.health.peak_mem_gb)
+        ev = self.healer.climb(seen, step=step, peak_gb=self.health.peak_mem_gb,
+                               effective=self.oom.effective)
         if ev is None:
             self.worker.wait_idle(timeout=300)
             tried = ", ".join(self.healer.recipe.rungs) or "none applied"

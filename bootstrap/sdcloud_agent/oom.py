@@ -45,6 +45,7 @@ _IN_USE = re.compile(r"has ([\d.]+) ([KMGT]iB) memory in use|([\d.]+) ([KMGT]iB)
 _TOTAL = re.compile(r"total capacity of ([\d.]+) ([KMGT]iB)|([\d.]+) ([KMGT]iB) total capacity", re.I)
 # The builtin trainer's own line (trainers/builtin.py) with torch's peak allocation.
 OOM_LINE = "SDCLOUD_OOM "
+START_LINE = "SDCLOUD_START "
 
 
 def _gib(num: str, unit: str) -> float:
@@ -64,11 +65,21 @@ class Detector:
 
     def __init__(self) -> None:
         self.seen: OomSeen | None = None
+        # The builtin trainer's memory settings in force (its SDCLOUD_START line), when it said.
+        self.effective: dict = {}
 
     def reset(self) -> None:
         self.seen = None
 
     def feed(self, line: str) -> bool:
+        if line.startswith(START_LINE):
+            try:
+                recipe = json.loads(line[len(START_LINE):]).get("recipe")
+            except ValueError:
+                recipe = None
+            if isinstance(recipe, dict):
+                self.effective = recipe
+            return False
         if line.startswith(OOM_LINE):
             try:
                 doc = json.loads(line[len(OOM_LINE):])
@@ -153,7 +164,7 @@ def _lookup(args: Any, *names: str) -> Any:
 
 def _int(v: Any, default: int) -> int:
     try:
-        return int(v) if v not in (None, True, False) else default
+        return default if v is None or isinstance(v, bool) else int(v)
     except (TypeError, ValueError):
         return default
 
@@ -175,6 +186,9 @@ class Ladder:
         self.options = script_options  # {"--flag": kind} of an external script, None: unknown
         self.bnb = has_bitsandbytes
         self.cuda = cuda
+        # What the trainer ran with, where it says (the builtin trainer's GPU recipe fills unset
+        # flags): a rung already in force there is passed over, and the micro-batch halves from it.
+        self.effective: dict = {}
 
     def _accepts(self, flag: str) -> bool:
         if self.trainer in ("builtin", "command"):
@@ -184,8 +198,9 @@ class Ladder:
     def _batch(self, recipe: Recipe) -> tuple[int, int]:
         names = {"builtin": (("batch-size",), ("grad-accum",))}.get(
             self.trainer, (("train_batch_size", "batch_size"), ("gradient_accumulation_steps", "grad_accum")))
-        b = recipe.batch_size or _int(_lookup(self.args, *names[0]), 1)
-        a = recipe.grad_accum or _int(_lookup(self.args, *names[1]), 1)
+        eff = self.effective
+        b = recipe.batch_size or _int(eff.get("batch_size"), 0) or _int(_lookup(self.args, *names[0]), 1)
+        a = recipe.grad_accum or _int(eff.get("grad_accum"), 0) or _int(_lookup(self.args, *names[1]), 1)
         return b, a
 
     def step(self, recipe: Recipe) -> tuple[Recipe, str, str] | None:
@@ -207,13 +222,14 @@ class Ladder:
         a, t = self.args, self.trainer
         new = Recipe.from_dict(r.as_dict())
         if rung == "gradient-checkpointing":
-            if _lookup(a, "gradient_checkpointing") is True or not self._accepts("gradient_checkpointing"):
+            if (_lookup(a, "gradient_checkpointing") is True or self.effective.get("gradient_checkpointing")
+                    or not self._accepts("gradient_checkpointing")):
                 return None
             new.gradient_checkpointing = True
             return new, "gradient checkpointing on"
         if rung == "8bit-optimizer":
             if t == "builtin":
-                cur = str(_lookup(a, "optimizer") or "adamw").lower()
+                cur = str(self.effective.get("optimizer") or _lookup(a, "optimizer") or "adamw").lower()
                 if cur != "adamw":
                     return None
                 new.optimizer = "adamw8bit" if (self.bnb and self.cuda) else "adafactor"
@@ -308,7 +324,7 @@ class Ladder:
         # An argv list: argparse takes the last value, so the recipe's flags go at the end.
         from .trainers.base import flag_args
 
-        return [*self.args, *flag_args({k if t == "builtin" else k: v for k, v in flags.items()})]
+        return [*self.args, *flag_args(flags)]
 
 
 def environment(recipe: Recipe) -> dict[str, str]:
@@ -388,9 +404,12 @@ class Healer:
             log.info("memory recipe kept from an earlier attempt: %s", ", ".join(kept.rungs))
         return self.ladder.apply(self.recipe), environment(self.recipe)
 
-    def climb(self, seen: OomSeen | None, *, step: int | None, peak_gb: float | None = None) -> dict | None:
+    def climb(self, seen: OomSeen | None, *, step: int | None, peak_gb: float | None = None,
+              effective: dict | None = None) -> dict | None:
         """The next rung's event ({"rung", "change", "peak_gb", ...}) with the recipe moved on, or
-        None when the ladder is spent."""
+        None when the ladder is spent. `effective`: the settings the trainer said it ran with."""
+        if effective:
+            self.ladder.effective = dict(effective)
         nxt = self.ladder.step(self.recipe)
         if nxt is None:
             return None

@@ -1022,7 +1022,12 @@ class Trainer:
             saved_step = self.global_step
             log(f"resumed from {resume} at global step {self.global_step}")
         emit("START", {"step": self.global_step, "total_steps": args.steps,
-                       "resumed_from": str(resume) if resume else None})
+                       "resumed_from": str(resume) if resume else None,
+                       # The memory settings in force (the GPU's recipe filled what the flags left
+                       # unset): the agent's out-of-memory ladder climbs from these.
+                       "recipe": {"gradient_checkpointing": bool(args.gradient_checkpointing),
+                                  "optimizer": args.optimizer, "batch_size": args.batch_size,
+                                  "grad_accum": args.grad_accum}})
         while self.global_step < args.steps and not DIST.any(bool(sig.stop)):
             t0 = time.perf_counter()
             self.global_step += 1
