@@ -256,8 +256,12 @@ def progress(job_id: str) -> dict[str, Any]:
     rate = images / elapsed
     left = job["total_steps"] - images
     attempts = sum(int(m.get("attempt", 1)) for m in done)
-    attempts_ = _state().attempts(job["id"])  # the job's hosts (fleet attempts); none for the local pool
-    cost = sum(a.cost for a in attempts_)
+    state = _state()
+    attempts_ = state.attempts(job["id"])  # the job's hosts: fleet attempts, or the local pool's worker processes
+    # Priced by the cost ledger, as a training run's attempts are (every item; open ones up to now).
+    from ..costs.ledger import run_cost
+
+    cost = run_cost(state, job)["total_usd"] if attempts_ else 0.0
     return {"job": job_id, "state": job["state"], "name": job.get("name"), "tier": job["tier"],
             "items": job["spec"]["items"], "items_done": len(done), "images": job["total_steps"],
             "images_done": images, "images_per_s": round(rate, 3),
