@@ -65,7 +65,8 @@ def usd_per(currency: str) -> float:
     raise UserError(f"unknown currency {currency!r}: sdcloud knows USD and CNY")
 
 
-DEFAULT_KEYS = ("provider", "region", "tier")
+# unattended: `sdcloud up` hands every run to the cloud driver (as --unattended does).
+DEFAULT_KEYS = ("provider", "region", "tier", "unattended")
 
 
 def defaults() -> dict:

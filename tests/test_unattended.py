@@ -119,3 +119,124 @@ def test_a_run_whose_laptop_went_away_is_finished_by_the_cloud_driver(tmp_path, 
                           text=True, timeout=120, env={**os.environ, "SDCLOUD_HOME": str(tmp_path / "third")})
     kinds = [json.loads(ln)["kind"] for ln in logs.stdout.splitlines() if ln.strip()]
     assert "driver-took-over" in kinds
+
+
+def test_drivers_racing_for_one_run_launch_once_per_decision(tmp_path, monkeypatch):
+    """The laptop, a second laptop and the cloud driver take steps on one run for many rounds, in a
+    seeded interleaving at step granularity, on a controlled clock; drivers fall asleep (a closed lid)
+    and wake. Each has its own state.db (a cache rebuilt from the journal when it takes the lease).
+    At most one instance is ever live, and every launch is made by the lease's holder."""
+    import random
+
+    from sdcloud.fleet.lifecycle import Timing
+    from sdcloud.runs.controller import Controller
+    from sdcloud.runs.driver import DriverLease, LEASE_ITEM
+    from sdcloud.runs.journal import Journal, restore
+    from sdcloud.runs.state import StateStore
+    from test_fleet import CloudDouble
+
+    bucket = tmp_path / "bucket"
+    spec = {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1", "model": "tiny", "steps": 100,
+            "market": "spot", "store": bucket.as_uri()}
+    first = StateStore(tmp_path / "laptop-a.db")
+    first.create_run("r-race0001", "sd15-lora", spec, 100)
+    store = LocalStore(bucket)
+    Journal(first, store, "r-race0001").flush()
+    now = [1_000_000.0]
+    monkeypatch.setattr("sdcloud.runs.controller.time.time", lambda: now[0])
+    cloud = CloudDouble()
+    acting: list[str] = []
+    launches: list[tuple[str, str]] = []
+    real_launch = cloud.launch
+
+    def launch(offer, spec_, market, max_price, events=None):
+        held = DriverLease(store, "r-race0001", 5.0, "observer").holder()
+        assert held and held["worker"] == acting[-1] and not held["released"], "a launch without the lease"
+        assert held["expires_at"] > now[0], "a launch on a lapsed lease"
+        inst = real_launch(offer, spec_, market, max_price, events)
+        launches.append((acting[-1], inst.id))
+        return inst
+
+    cloud.launch = launch
+    drivers = {}
+    for name in ("laptop-a", "laptop-b", "aws-lambda"):
+        state = first if name == "laptop-a" else StateStore(tmp_path / f"{name}.db")
+        if name != "laptop-a":
+            restore(state, store, "r-race0001")
+        ctl = Controller(state, "r-race0001", provider=cloud, timing=Timing(5.0, 10_000, 10_000), driver=name)
+        ctl.lease = DriverLease(ctl.store, "r-race0001", 5.0, name, clock=lambda: now[0])
+        drivers[name] = ctl
+    rng = random.Random(2026)
+    asleep = {name: 0 for name in drivers}
+    for _ in range(400):
+        name = rng.choice(list(drivers))
+        ctl = drivers[name]
+        if asleep[name] > 0:
+            asleep[name] -= 1
+            continue
+        if rng.random() < 0.03:
+            asleep[name] = rng.randint(5, 40)  # the lid closes: no renewal for a while
+        now[0] += rng.uniform(1.0, 8.0)
+        acting.append(name)
+        if not ctl.lease.held:
+            if not ctl.lease.acquire():
+                continue
+            restore(ctl.state, ctl.store, "r-race0001")  # the bucket's history, newer than this cache
+        ctl.step()
+        live = cloud.live()
+        assert len(live) <= 1, f"{len(live)} instances live at once: {[i.id for i in live]}"
+        if live and rng.random() < 0.05:
+            cloud.reclaim(live[0].id)  # a spot reclaim: the holder's next step relaunches
+    assert len({driver for driver, _ in launches}) >= 2, "the run changed hands at least once"
+    holder = DriverLease(store, "r-race0001", 5.0, "observer").holder()
+    assert holder["worker"] in drivers and LEASE_ITEM == "driver"
+
+
+def test_up_unattended_hands_the_run_over_and_starts_nothing(tmp_path, capsys, sdcloud_home):
+    from sdcloud.cli import main
+    from sdcloud.runs.state import StateStore
+
+    bucket = tmp_path / "bucket"
+    rc = main(["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "4",
+               "--store", bucket.as_uri(), "--unattended", "--yes", "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rid = json.loads(out.out)["run"]
+    store = LocalStore(bucket)
+    assert store.head(f"drivers/active/{rid}") is not None, "the cloud driver's index lists the run"
+    assert json.loads(store.get(f"runs/{rid}/journal/run.json"))["run"]["state"] == "pending"
+    assert StateStore().attempts(rid) == [] and not agent_processes(f"SDCLOUD_HOME={sdcloud_home}")
+    assert store.head(f"runs/{rid}/leases/driver.json") is None, "no driver holds it: the function takes it"
+    # The same by config.toml's [defaults], and the flag that contradicts it is refused.
+    (sdcloud_home / "config.toml").write_text("[defaults]\nunattended = true\n")
+    rc = main(["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "4",
+               "--store", bucket.as_uri(), "--yes", "--json"])
+    assert rc == 0 and len(store.list("drivers/active/")) == 2
+    capsys.readouterr()
+    rc = main(["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "4",
+               "--store", bucket.as_uri(), "--detach", "--yes"])
+    assert rc == 2 and "choose one" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_watch_drive_takes_the_run_back_from_the_cloud_driver(tmp_path, capsys, sdcloud_home, monkeypatch):
+    from sdcloud.cli import main
+    from sdcloud.runs.driver import DriverLease
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bucket = tmp_path / "bucket"
+    assert main(["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "4",
+                 "--store", bucket.as_uri(), "--unattended", "--yes", "--json"]) == 0
+    rid = json.loads(capsys.readouterr().out)["run"]
+    store = LocalStore(bucket)
+    cloud = DriverLease(store, rid, 5.0, "aws-lambda")
+    assert cloud.acquire()
+    assert main(["resume", rid]) == 2, "a plain resume does not race the cloud driver"
+    assert "driven by aws-lambda" in capsys.readouterr().err
+    assert main(["watch", rid, "--drive"]) == 0
+    assert not cloud.renew(), "the cloud driver lost the run to the user's explicit ask"
+    capsys.readouterr()
+    rc = main(["status", rid, "--json"])
+    st = json.loads(capsys.readouterr().out)
+    assert rc == 0 and st["state"] == "succeeded" and st["step"] == 4
+    assert store.head(f"drivers/active/{rid}") is None

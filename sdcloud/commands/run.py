@@ -265,7 +265,7 @@ def _run_ended(ctl, state, run_id: str, as_json: bool, interrupted: bool = False
         raise SystemExit(EXIT_NOT_SUCCEEDED)
 
 
-def drive(state, run_id: str, detach: bool, as_json: bool) -> None:
+def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = False) -> None:
     """Drive a run to its end here (or in the background with --detach), then report it."""
     from ..runs.controller import Controller, detach as detach_run
 
@@ -282,7 +282,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool) -> None:
     interrupted = False
     try:
         try:
-            ctl.run()
+            ctl.run(take_over=take_over)
         except KeyboardInterrupt:
             # Ctrl-C stops the run cleanly: the host saves and is terminated. A second Ctrl-C does
             # not cut the stop short (that would leave a host billing): it says what is going on.
@@ -334,10 +334,12 @@ def drive(state, run_id: str, detach: bool, as_json: bool) -> None:
               help="How long a finished host waits for this controller before it ends itself (default 10m; 0: at once).")
 @click.option("-f", "--file", "runfile", metavar="PATH", help="Run file (YAML or TOML) with the same fields; flags override it.")
 @click.option("--detach", is_flag=True, help="Run the controller in the background; follow with sdcloud watch RUN.")
+@click.option("--unattended", is_flag=True, default=None,
+              help="Hand the run to the cloud driver at once (sdcloud infra up deploys it): nothing runs here.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation before launching paid hosts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 def up(tier, spot, on_demand, max_price, provider, region, deadline, budget, name, dataset, trainer, model, trainer_arg, steps,
-       checkpoint_every, store, simulate_preemption, self_end_grace, runfile, detach, yes, as_json) -> None:
+       checkpoint_every, store, simulate_preemption, self_end_grace, runfile, detach, unattended, yes, as_json) -> None:
     """Run a training job: pick the offer, launch, survive reclaims, report the cost."""
     from .. import config
     from ..offers.tiers import get_tier
@@ -356,7 +358,13 @@ def up(tier, spot, on_demand, max_price, provider, region, deadline, budget, nam
     from ..runs.spec import build_spec, load_runfile
 
     in_file = set(load_runfile(_local_path(runfile))) if runfile else set()
-    for key, value in config.defaults().items():  # [defaults] in config.toml: below the run file and the flags
+    defaults = config.defaults()
+    if unattended is None:
+        unattended = defaults.pop("unattended", "false").lower() in ("1", "true", "yes")
+    defaults.pop("unattended", None)
+    if unattended and detach:
+        raise UserError("--unattended and --detach both say who drives the run: choose one")
+    for key, value in defaults.items():  # [defaults] in config.toml: below the run file and the flags
         if flags.get(key) is None and key not in in_file:
             flags[key] = value
     spec = build_spec(_local_path(runfile), flags)
@@ -400,7 +408,22 @@ def up(tier, spot, on_demand, max_price, provider, region, deadline, budget, nam
         run_id = new_run_id()
         state.create_run(run_id, spec.tier, spec.as_dict(), total, spec.name)
         note(f"run {run_id}: {spec.tier} on {spec.provider}, {total} steps")
+    if unattended:
+        return _hand_over(state, run_id, as_json)
     drive(state, run_id, detach, as_json)
+
+
+def _hand_over(state, run_id: str, as_json: bool) -> None:
+    """The run goes to the cloud driver: written to its bucket's journal, nothing started here."""
+    from ..runs.controller import Controller
+
+    ctl = Controller(state, run_id)
+    ctl.hand_over()
+    if as_json:
+        emit_json({"run": run_id, "state": state.get_run(run_id)["state"], "driver": "cloud"})
+        return
+    click.echo(f"run {run_id} is handed to the cloud driver, which takes it within its next invocation "
+               f"(5 minutes); follow it with: sdcloud watch {run_id}; take it back with: sdcloud watch {run_id} --drive")
 
 
 def _resume(state, run: dict, flags: dict, runfile, detach: bool, as_json: bool) -> None:
@@ -804,13 +827,26 @@ def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
 @output_options
 @click.argument("run", metavar="RUN", shell_complete=complete_runs)
 @click.option("--interval", type=float, default=2.0, show_default=True, metavar="SECONDS", help="How often to look.")
-def watch(run: str, interval: float) -> None:
+@click.option("--drive", "take_over", is_flag=True,
+              help="Take the run from whichever driver holds it (the cloud driver, another machine) and drive it here.")
+def watch(run: str, interval: float, take_over: bool) -> None:
     """Follow a run's progress until it ends; exit with the run's own exit code."""
     from ..runs.controller import summary
-    from ..runs.state import FINAL_RUN_STATES
+    from ..runs.state import FINAL_RUN_STATES, TRAIN, run_kind
 
     state = _state()
     found = _find_run(state, run)
+    if take_over:
+        if run_kind(found) != TRAIN:
+            raise UserError(f"{found['id']} is a batch job; --drive takes training runs")
+        from ..runs.journal import restore
+
+        restore(state, _store_for(found), found["id"])  # the bucket's history is newer than this machine's
+        found = state.get_run(found["id"])
+        if found["state"] in FINAL_RUN_STATES:
+            raise UserError(f"run {found['id']} has ended ({found['state']}); nothing to drive")
+        drive(state, found["id"], False, False, take_over=True)
+        return
     view = ProgressView(found["total_steps"], quiet=False)
     offsets: dict = {}
     # A controller that was just started writes its pid at once; give it a moment before judging.

@@ -132,9 +132,11 @@ class Controller:
     def request_stop(self, reason: str = "stopped") -> None:
         self._stop_reason = reason
 
-    def run(self) -> dict:
+    def run(self, take_over: bool = False) -> dict:
         """Drive the run to its end here: take the driver lease, then one step a poll."""
-        self.lease.acquire_or_refuse()
+        self.lease.acquire_or_refuse(take_over)
+        if take_over:
+            self.event("driver-took-over", {"driver": self.lease.driver})
         self.state.update_run(self.run_id, controller_pid=os.getpid())
         self.reconcile()
         while not self.guarded_step():
@@ -178,6 +180,12 @@ class Controller:
             self.sweep_strays()
         self.journal.flush()
         return False
+
+    def hand_over(self) -> None:
+        """Leave the run to the cloud driver (sdcloud up --unattended): its journal in the bucket says it
+        is live, and no lease is held here, so the function's next invocation takes it."""
+        self.event("handed-over", {"to": "the cloud driver"})
+        self.journal.flush()
 
     def finish_driving(self) -> None:
         """After the last step: strays swept and the lease handed back, if this driver still holds it."""

@@ -57,8 +57,12 @@ def _dead_here(worker: str) -> bool:
 
 
 class _DriverLeases(Leases):
+    take_over = False  # the user asked this driver to take the run (sdcloud watch RUN --drive)
+
     def _live(self, data: bytes, now: float) -> tuple[bool, dict]:  # type: ignore[override]
         live, held = Leases._live(data, now)
+        if self.take_over:
+            return False, held
         worker = str(held.get("worker", ""))
         # The same named driver (the cloud function's previous invocation) takes its own lease over;
         # a process of this machine that is gone holds nothing.
@@ -85,18 +89,24 @@ class DriverLease:
     def holder(self) -> dict | None:
         return self._leases.holder(LEASE_ITEM)
 
-    def acquire(self) -> bool:
-        """Take the run if no other driver holds a live lease on it."""
+    def acquire(self, take_over: bool = False) -> bool:
+        """Take the run if no other driver holds a live lease on it; with `take_over`, even if one
+        does (an explicit ask of the user's: the other driver's next renewal fails and it stops)."""
         if self._held is None:
-            self._held = self._leases.claim(LEASE_ITEM)
+            self._leases.take_over = take_over
+            try:
+                self._held = self._leases.claim(LEASE_ITEM)
+            finally:
+                self._leases.take_over = False
         return self._held is not None
 
-    def acquire_or_refuse(self) -> None:
-        if not self.acquire():
+    def acquire_or_refuse(self, take_over: bool = False) -> None:
+        if not self.acquire(take_over):
             held = self.holder() or {}
             left = max(0, int(float(held.get("expires_at", 0)) - time.time()))
             raise UserError(f"run {self.run_id} is driven by {held.get('worker', 'another driver')} "
-                            f"(its lease runs {left} s more); follow it with: sdcloud watch {self.run_id}")
+                            f"(its lease runs {left} s more); follow it with: sdcloud watch {self.run_id}, "
+                            f"or drive it from here with: sdcloud watch {self.run_id} --drive")
 
     def renew(self) -> bool:
         """Before each step: False when another driver has taken the run (then act no more)."""
