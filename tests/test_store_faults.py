@@ -193,3 +193,91 @@ def test_a_batch_job_with_a_killed_worker_verifies_through_store_faults(seaweed,
     verdict = json.loads(v.stdout)
     assert verdict["ok"] and verdict["images_present"] == 48 and not verdict["duplicate_keys"], verdict
     assert front.injected["late_500"] > 0 and front.injected["truncate"] > 0, front.injected
+
+
+# -- the controller's side, on an in-process cloud --------------------------------------------------
+
+def _controller(tmp_path):
+    from test_fleet import CloudDouble
+
+    from sdcloud.runs.controller import Controller
+    from sdcloud.runs.state import StateStore
+
+    state = StateStore()
+    spec = {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1", "model": "tiny", "steps": 100,
+            "market": "spot", "store": (tmp_path / "bucket").as_uri()}
+    state.create_run("r-fault001", "sd15-lora", spec, 100)
+    cloud = CloudDouble()
+    return Controller(state, "r-fault001", provider=cloud), cloud, state
+
+
+def test_a_host_whose_agent_failed_is_not_a_reclaim_and_is_bounded(tmp_path, sdcloud_home):
+    from sdcloud.providers.base import FAILED
+
+    ctl, cloud, state = _controller(tmp_path)
+    for n in range(1, 4):
+        ctl._start_attempt()
+        cur = ctl.current()
+        assert cur.n == n
+        cloud.instances[cur.instance_id].state = FAILED  # its agent's process failed, no reclaim notice
+        ctl._watch(cur)
+    ends = [a.end_reason for a in state.attempts("r-fault001")]
+    assert ends == ["host-failed"] * 3
+    run = state.get_run("r-fault001")
+    assert run["state"] == "failed" and "3 failed boots in a row" in run["reason"]
+    kinds = [e["kind"] for e in state.events("r-fault001")]
+    assert "reclaimed" not in kinds and kinds.count("host-failed") == 3
+
+
+def test_a_recurring_refusal_in_the_status_ends_the_run_after_one_attempt(tmp_path, sdcloud_home):
+    ctl, cloud, state = _controller(tmp_path)
+    ctl._start_attempt()
+    cur = ctl.current()
+    ctl.store.put("runs/r-fault001/status.json", json.dumps({
+        "attempt": 1, "phase": "failed", "failure_cause": "no-bucket", "time": 1.0,
+        "reason": "the store refused this host (no-bucket): NoSuchBucket (The specified bucket does not exist)\n"
+                  "on PutObject"}).encode())
+    ctl._watch(cur)
+    run = state.get_run("r-fault001")
+    assert run["state"] == "failed" and "NoSuchBucket" in run["reason"] and "\n" not in run["reason"]
+    assert [a.end_reason for a in state.attempts("r-fault001")] == ["failed:no-bucket"]
+
+
+def test_hosts_that_vanish_before_reporting_are_bounded(tmp_path, sdcloud_home):
+    from sdcloud.runs import hostboot
+
+    ctl, cloud, state = _controller(tmp_path)
+    for _ in range(hostboot.MAX_UNREPORTED_ENDS):
+        ctl._start_attempt()
+        cur = ctl.current()
+        cloud.reclaim(cur.instance_id)  # gone before its first heartbeat
+        ctl._watch(cur)
+    assert state.get_run("r-fault001")["state"] == "failed"
+    assert len(state.attempts("r-fault001")) == hostboot.MAX_UNREPORTED_ENDS
+
+
+def test_a_store_that_cannot_be_read_is_a_fault_to_wait_out(tmp_path, sdcloud_home):
+    """read_status raises (rather than passing for a host that never reported) and the controller
+    notes the outage as events that `watch` prints, once a minute, and its end."""
+    from botocore.exceptions import ResponseStreamingError
+
+    from sdcloud.commands.run import plain
+    from sdcloud.runs import hostboot
+
+    ctl, cloud, state = _controller(tmp_path)
+    err = ResponseStreamingError(error="IncompleteRead(111 bytes read, 112 more expected)")
+    assert hostboot.is_store_fault(err) and not hostboot.is_store_fault(ValueError("a bug"))
+
+    def broken(key):
+        raise StoreError("GET runs/r-fault001/status.json failed after 6 attempts: ResponseStreamingError") from err
+    ctl.store.get = broken
+    with pytest.raises(StoreError):
+        ctl.read_status(strict=True)
+    assert ctl.read_status() is None
+    for t in (1000.0, 1005.0, 1030.0, 1061.0):
+        hostboot.store_unreachable(ctl, err, now=t)
+    hostboot.store_reachable(ctl, now=1070.0)
+    events = [(e["kind"], e["data"]) for e in state.events("r-fault001") if e["kind"].startswith("store-")]
+    assert [k for k, _ in events] == ["store-unreachable", "store-unreachable", "store-reachable"]
+    assert events[1][1]["for_s"] == 61 and events[2][1]["after_s"] == 70
+    assert "cannot be reached" in plain(*events[0]) and "answers again" in plain(*events[2])
