@@ -265,3 +265,121 @@ def test_every_call_a_step_makes_is_allowed_and_nothing_more_is_granted(aws_buil
             assert {spec["ResourceType"] for spec in params["TagSpecifications"]} <= {"instance", "volume"}
         if (svc, op) == ("ssm", "GetParameter"):
             assert params["Name"].startswith("/aws/service/deeplearning/")
+
+
+# ---- Tencent Cloud: SCF function on a timer, its CAM role ---------------------------------------
+
+sys.path.insert(0, str(STACKS / "tencent"))
+APP_ID = "1250000000"
+OWNER_UIN = "100000000001"
+
+
+def _tencent_build(cfg) -> tuple[list[tuple[str, str, dict]], dict]:
+    pytest.importorskip("tencentcloud_iac_pulumi")
+    import sdcloud_tencent_stack as tc_stack
+
+    resources: list[tuple[str, str, dict]] = []
+
+    class Mocks(pulumi.runtime.Mocks):
+        def new_resource(self, args):
+            resources.append((args.typ, args.name, dict(args.inputs)))
+            return f"{args.name}-id", dict(args.inputs)
+
+        def call(self, args):
+            if args.token == "tencentcloud:User/getInfo:getInfo":
+                return {"appId": APP_ID, "id": "info", "name": "me", "ownerUin": OWNER_UIN, "uin": OWNER_UIN}
+            raise AssertionError(f"unexpected invoke {args.token}")
+
+    pulumi.runtime.set_mocks(Mocks(), project="sdcloud-tencent", stack="test", preview=False)
+    result: dict = {}
+
+    @pulumi.runtime.test
+    def program():
+        return pulumi.Output.from_input(tc_stack.build(cfg)).apply(result.update)
+
+    program()
+    return resources, result
+
+
+@pytest.fixture(scope="module")
+def tencent_built(tmp_path_factory):
+    pytest.importorskip("tencentcloud_iac_pulumi")
+    import sdcloud_tencent_stack as tc_stack
+
+    package = tmp_path_factory.mktemp("tpkg") / "sdcloud-driver.zip"
+    with zipfile.ZipFile(package, "w") as zf:
+        zf.writestr("scf_bootstrap", "#!/bin/bash\n")
+    cfg = tc_stack.StackConfig(stack="test", region="ap-guangzhou", prefix=PREFIX, owner_tag="alice",
+                               zones=["ap-guangzhou-3"], image_id="img-test", driver_package=str(package))
+    return _tencent_build(cfg)
+
+
+def _of(resources, suffix: str) -> list[tuple[str, dict]]:
+    return [(name, inputs) for typ, name, inputs in resources if typ.lower().endswith(suffix.lower())]
+
+
+def test_scf_function_and_timer(tencent_built):
+    from sdcloud.infra import function_package as fp
+
+    resources, out = tencent_built
+    [(_, fn)] = _of(resources, "scf/function:Function")
+    assert fn["runtime"] == "CustomRuntime" and fp.SCF_BOOTSTRAPS[0] == "scf_bootstrap"
+    assert fn["handler"] == fp.SCF_HANDLER
+    assert 60 <= fn["timeout"] < 300 and fn["memSize"] == 512
+    assert fn["zipFile"].endswith("sdcloud-driver.zip")
+    env = fn["environment"]
+    assert env["SDCLOUD_STORE"] == f"s3://sdcloud-test-{APP_ID}/{PREFIX}"
+    assert env["SDCLOUD_STORE_ENDPOINT"] == "https://cos.ap-guangzhou.myqcloud.com"
+    assert int(env["SDCLOUD_TIME_LIMIT_MS"]) == int(fn["timeout"]) * 1000
+    [trigger] = fn["triggers"]
+    assert trigger["type"] == "timer"
+    fields = trigger["triggerDesc"].split()
+    assert len(fields) == 7 and fields[0] == "0" and fields[1] == "*/5" and set(fields[2:]) == {"*"}
+    assert fn["role"] == "sdcloud-test-driver"
+    assert fn["tags"]["sdcloud:managed"] == "true"
+    assert out["driver_function"] == "sdcloud-test-driver"
+
+
+def test_scf_role_is_assumed_by_scf_and_may_only_what_a_step_does(tencent_built):
+    resources, _ = tencent_built
+    roles = {name: json.loads(inputs["document"]) for name, inputs in _of(resources, "cam/role:Role")}
+    assert roles["driver-role"]["statement"][0]["principal"] == {"service": ["scf.qcloud.com"]}
+    policies = {name: json.loads(inputs["document"]) for name, inputs in _of(resources, "cam/policy:Policy")}
+    doc = policies["driver-access"]
+    attached = {(i["roleId"], i["policyId"]) for _, i in _of(resources, "cam/rolePolicyAttachment:RolePolicyAttachment")}
+    assert ("driver-role-id", "driver-access-id") in attached
+    base = f"qcs::cos:ap-guangzhou:uid/{APP_ID}:sdcloud-test-{APP_ID}"
+    for st in doc["statement"]:
+        assert st["effect"] == "allow"
+        assert not any(a.endswith("*") for a in st["action"])
+        if any(a.startswith("name/cos:") for a in st["action"]):
+            assert st["resource"] in ([f"{base}/{PREFIX}/*"], [f"{base}/*"])
+        if st["action"] == ["name/cvm:TerminateInstances"]:
+            assert st["condition"] == {"for_any_value:string_equal": {"qcs:resource_tag": ["sdcloud:stack&test"]}}
+        if st["action"] == ["name/cam:PassRole"]:
+            assert st["resource"] == [f"qcs::cam::uin/{OWNER_UIN}:roleName/sdcloud-test-host"]
+        if st["action"] == ["name/cos:GetBucket"]:
+            assert st["condition"]["string_like"]["cos:prefix"] == [f"{PREFIX}/*", PREFIX]
+
+
+def _tencent_actions_called() -> set[str]:
+    """The CVM actions the Tencent provider sends (its every `self.call(region, "Action", ...)`)."""
+    import re
+
+    source = (Path(__file__).resolve().parents[1] / "sdcloud/providers/tencent/compute.py").read_text()
+    return {f"name/cvm:{a}" for a in re.findall(r'self\.call\(\s*\w+,\s*"([A-Za-z]+)"', source)}
+
+
+@pytest.mark.slow
+def test_every_call_a_step_makes_on_tencent_is_allowed_and_nothing_more(tencent_built, aws_env, monkeypatch, tmp_path):
+    import scf_policy as tpol
+
+    resources, _ = tencent_built
+    doc = {name: json.loads(i["document"]) for name, i in _of(resources, "cam/policy:Policy")}["driver-access"]
+    granted = {a for st in doc["statement"] for a in st["action"]}
+    # The store is the same code on COS: the S3 operations a step sent (recorded above) map to COS actions.
+    store_ops = {op for svc, op, _ in _step_calls(monkeypatch, tmp_path) if svc == "s3"}
+    needed = {a for op in store_ops for a in tpol.STORE_CALLS[op]}
+    needed |= _tencent_actions_called() | {"name/cam:PassRole"}
+    # Every account_currency/catalog read is a step's too (DescribeZoneInstanceConfigInfos); nothing else.
+    assert needed == granted, {"missing": sorted(needed - granted), "unused": sorted(granted - needed)}

@@ -34,6 +34,7 @@ from stack_common import check_prefix, check_ssh_cidr, generic_user_data  # noqa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_policy.py beside this file
 from host_policy import role_policy_document, self_end_policy_document  # noqa: E402,F401  (the CVM role's policies)
+import scf_policy  # noqa: E402  (the cloud driver's policy, readable without Pulumi)
 
 DEFAULT_IMAGE_REGEX = r"^Ubuntu Server 22\.04 LTS 64"
 DEFAULT_DRIVER = "535-server"
@@ -61,6 +62,9 @@ class StackConfig:
     max_zones: int = 8
     bandwidth_mbps: int = 100
     force_destroy: bool = False
+    # The cloud driver's function package (sdcloud/infra/function_package.py), a zip path set by
+    # `sdcloud infra up`; empty: no driver function, timer or role.
+    driver_package: str = ""
 
     def validate(self) -> None:
         self.prefix = check_prefix(self.prefix)
@@ -101,6 +105,7 @@ def load_config() -> StackConfig:
         max_zones=conf.get_int("maxZones") or d.max_zones,
         bandwidth_mbps=conf.get_int("bandwidthMbps") or d.bandwidth_mbps,
         force_destroy=conf.get_bool("forceDestroy") or False,
+        driver_package=conf.get("driverPackage") or "",
     )
 
 
@@ -248,7 +253,12 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         )
         template_ids[zone] = template.id
 
+    driver: dict[str, Any] = {}
+    if cfg.driver_package:
+        driver = _driver(cfg, region, app_id, bucket, role)
+
     return {
+        **driver,
         "bucket": bucket.bucket,
         "prefix": cfg.prefix,
         "region": region,
@@ -269,3 +279,35 @@ def build(cfg: StackConfig) -> dict[str, Any]:
                               "system_disk_type": "CLOUD_BSSD", "bandwidth_mbps": cfg.bandwidth_mbps,
                               "local_nvme_disks": list(cfg.local_nvme_disks)},
     }
+
+
+def _driver(cfg: StackConfig, region: str, app_id: Any, bucket: Any, host_role: Any) -> dict[str, Any]:
+    """The cloud driver (issue 27): an SCF function (Custom Runtime) on a 5-minute timer that takes
+    controller steps for runs no laptop drives. Its CAM role may do what a step does, on this
+    stack's bucket prefix and, for TerminateInstances, on instances with the stack's tag
+    (stacks/tencent/scf_policy.py)."""
+    owner_uin = tencentcloud.user.get_info().owner_uin
+    slug = _slug(cfg.stack, 40)
+    role = tencentcloud.cam.Role(
+        "driver-role", name=f"sdcloud-{slug}-driver", console_login=False,
+        description="sdcloud cloud driver: a controller step's calls, nothing more",
+        document=scf_policy.assume_role_document(), tags=tags_for(cfg, "driver-role"))
+    policy = tencentcloud.cam.Policy(
+        "driver-access", name=f"sdcloud-{slug}-driver",
+        description="sdcloud cloud driver: the run prefix, launches, and ending this stack's instances",
+        document=pulumi.Output.all(app_id, bucket.bucket, host_role.name).apply(
+            lambda v: scf_policy.function_policy_document(region, v[0], v[1], cfg.prefix, owner_uin, v[2],
+                                                             ("sdcloud:stack", cfg.stack))))
+    tencentcloud.cam.RolePolicyAttachment("driver-access", role_id=role.id, policy_id=policy.id)
+    function = tencentcloud.scf.Function(
+        "driver", name=f"sdcloud-{slug}-driver", description="sdcloud cloud driver: steps for runs whose lease lapsed",
+        runtime=scf_policy.FUNCTION_RUNTIME, handler=scf_policy.FUNCTION_HANDLER,
+        zip_file=cfg.driver_package, timeout=scf_policy.FUNCTION_TIMEOUT, mem_size=scf_policy.FUNCTION_MEMORY_MB,
+        role=role.name,
+        environment={"SDCLOUD_STORE": bucket.bucket.apply(lambda b: f"s3://{b}/{cfg.prefix}"),
+                     "SDCLOUD_STORE_ENDPOINT": f"https://cos.{region}.myqcloud.com",
+                     "SDCLOUD_STORE_REGION": region, "SDCLOUD_STORE_ADDRESSING": "virtual",
+                     "SDCLOUD_TIME_LIMIT_MS": str(scf_policy.FUNCTION_TIMEOUT * 1000)},
+        triggers=[{"name": "sdcloud-driver", "type": "timer", "trigger_desc": scf_policy.TIMER_CRON}],
+        tags=tags_for(cfg, "driver"))
+    return {"driver_function": function.name, "driver_role_name": role.name}
