@@ -35,6 +35,7 @@ from stack_common import check_prefix, check_ssh_cidr, generic_user_data  # noqa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # driver_policy.py beside this file
 import driver_policy  # noqa: E402  (the cloud driver's policies, readable without Pulumi)
+import aws_host_policy  # noqa: E402  (the host role's policy, likewise)
 
 # The Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04): NVIDIA driver and CUDA, no
 # framework (the agent installs its own torch). AWS publishes its id under this public parameter.
@@ -114,25 +115,8 @@ def tags_for(cfg: StackConfig, name: str) -> dict[str, str]:
     return {**tags, **cfg.extra_tags}
 
 
-def role_policy_document(bucket: str, prefix: str) -> str:
-    """The host role's policy: objects under `<prefix>/` of one bucket, and nothing else of S3."""
-    objects = f"arn:aws:s3:::{bucket}/{prefix}/*"
-    return json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [
-            {"Sid": "ObjectsUnderPrefix", "Effect": "Allow",
-             "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
-                        "s3:ListMultipartUploadParts", "s3:GetObjectTagging", "s3:PutObjectTagging"],
-             "Resource": [objects]},
-            # Listing is a bucket action; the condition keeps it to keys under the prefix.
-            {"Sid": "ListPrefix", "Effect": "Allow", "Action": ["s3:ListBucket"],
-             "Resource": [f"arn:aws:s3:::{bucket}"],
-             "Condition": {"StringLike": {"s3:prefix": [f"{prefix}/*", prefix]}}},
-            # EC2 Describe actions take no resource ARN; read-only, used to see its own instance.
-            {"Sid": "DescribeSelf", "Effect": "Allow", "Action": ["ec2:DescribeInstances", "ec2:DescribeTags"],
-             "Resource": "*"},
-        ],
-    }, indent=1)
+# The host role's policy lives in aws_host_policy.py, readable without Pulumi (the tests enforce it).
+role_policy_document = aws_host_policy.role_policy_document
 
 
 def _zones(cfg: StackConfig) -> list[str]:
