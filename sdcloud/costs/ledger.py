@@ -229,6 +229,12 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
             "overhead": {**oh, "lost_hours": round(lost, DECIMALS)} if oh else None,
         })
     run_items = [i for i in stored.get(0, [])]
+    # The cloud driver's invocations for this run (sdcloud/costs/driver.py): counted from its events.
+    from .driver import driver_item
+
+    driver = driver_item(state.events(run["id"]))
+    if driver is not None and not any(i["item"] == "driver" for i in run_items):
+        run_items.append(driver)
     extra = sum(i["usd"] for i in run_items)
     estimate += extra
     ondemand += extra

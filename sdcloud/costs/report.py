@@ -156,6 +156,12 @@ def print_tables(report: dict) -> None:
             line += f"; ${fmt(r['cost_per_image'])} per image"
         if r["billed_usd"] is not None:
             line += f"; billed ${fmt(r['billed_usd'])}"
+        driver = r.get("run_items", {}).get("driver")
+        if driver:  # the cloud driver's invocations for this run (sdcloud/costs/driver.py)
+            calls = sum(d["invocations"] for d in driver["detail"]["drivers"].values())
+            line += f"; cloud driver {calls} invocations ${fmt(driver['usd'])}"
+            if driver["detail"]["unpriced"]:
+                line += " (" + ", ".join(driver["detail"]["unpriced"]) + " unpriced)"
         echo(line)
     if report.get("groups"):
         note_hidden(table(f"by {report['by']}", [report["by"], "runs", "total $", "on-demand $", "saved $", "lost h"],

@@ -274,7 +274,7 @@ def _validate(provider: str, options: InfraOptions) -> None:
 
 
 # Stacks that declare the cloud driver (issue 27); `extra` driverPackage="" leaves it out.
-DRIVER_PROVIDERS = ("aws",)
+DRIVER_PROVIDERS = ("aws", "tencent")
 
 
 def driver_package() -> Path:
