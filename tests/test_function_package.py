@@ -207,3 +207,21 @@ def test_scf_custom_runtime_bootstrap_answers_a_timer_event(package, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert [p for p, _ in api.posts] == ["/runtime/init/ready", "/runtime/invocation/response"]
     assert json.loads(api.posts[1][1]) == {"driver": "tencent-scf", "runs": {}}
+
+
+def test_scf_role_keys_reach_the_sdk_and_the_store(tmp_path):
+    import importlib.util
+
+    path = tmp_path / fp.SCF_RUNTIME_LOOP
+    path.write_text(fp._SCF_RUNTIME_TEXT)
+    spec = importlib.util.spec_from_file_location("scf_loop", path)
+    loop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loop)
+    env = {"TENCENTCLOUD_SECRETID": "AKIDtemp", "TENCENTCLOUD_SECRETKEY": "k", "TENCENTCLOUD_SESSIONTOKEN": "t"}
+    loop.role_credentials(env)
+    assert env["TENCENTCLOUD_SECRET_ID"] == env["AWS_ACCESS_KEY_ID"] == "AKIDtemp"
+    assert env["TENCENTCLOUD_SECRET_KEY"] == env["AWS_SECRET_ACCESS_KEY"] == "k"
+    assert env["TENCENTCLOUD_SESSION_TOKEN"] == env["AWS_SESSION_TOKEN"] == "t"
+    untouched: dict = {}
+    loop.role_credentials(untouched)
+    assert untouched == {}

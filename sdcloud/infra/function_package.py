@@ -92,6 +92,20 @@ def _post(path, body):
     urllib.request.urlopen(urllib.request.Request(_url(path), data=body, method="POST"), timeout=30).read()
 
 
+def role_credentials(env=os.environ):
+    """SCF gives the function role's temporary keys as TENCENTCLOUD_SECRETID, _SECRETKEY and
+    _SESSIONTOKEN (https://cloud.tencent.com/document/product/583/32748); the Tencent provider reads
+    TENCENTCLOUD_SECRET_ID and the others, the store's S3 client reads AWS_*. Set both from them."""
+    sid, skey, token = (env.get(k, "") for k in ("TENCENTCLOUD_SECRETID", "TENCENTCLOUD_SECRETKEY",
+                                                  "TENCENTCLOUD_SESSIONTOKEN"))
+    if not (sid and skey):
+        return
+    env.update({"TENCENTCLOUD_SECRET_ID": sid, "TENCENTCLOUD_SECRET_KEY": skey,
+                "AWS_ACCESS_KEY_ID": sid, "AWS_SECRET_ACCESS_KEY": skey})
+    if token:
+        env.update({"TENCENTCLOUD_SESSION_TOKEN": token, "AWS_SESSION_TOKEN": token})
+
+
 def main():
     from sdcloud.runs.unattended import main_handler
 
@@ -106,6 +120,7 @@ def main():
             print("sdcloud driver: runtime API closed: %s" % exc, file=sys.stderr)
             return 0
         try:
+            role_credentials()  # per invocation: SCF may renew the role's keys between them
             event = json.loads(raw or b"{}")
             result = main_handler(event, {"time_limit_in_ms": limit_ms})
             _post("/runtime/invocation/response", json.dumps(result).encode())
