@@ -253,7 +253,7 @@ def _driver(cfg: StackConfig, region: str, bucket: aws.s3.Bucket, host_role: aws
     role = aws.iam.Role("driver-role", description="sdcloud cloud driver: a controller step's calls, nothing more",
                         assume_role_policy=driver_policy.assume_role_policy("lambda.amazonaws.com"),
                         tags=tags_for(cfg, "driver-role"))
-    aws.iam.RolePolicy("driver-access", role=role.id, policy=pulumi.Output.all(bucket.bucket, host_role.arn, logs.arn).apply(
+    access = aws.iam.RolePolicy("driver-access", role=role.id, policy=pulumi.Output.all(bucket.bucket, host_role.arn, logs.arn).apply(
         lambda v: driver_policy.function_policy_document(v[0], cfg.prefix, account, v[1], v[2])))
     function = aws.lambda_.Function(
         "driver", name=name, description="sdcloud cloud driver: steps for runs whose driver lease lapsed",
@@ -262,7 +262,8 @@ def _driver(cfg: StackConfig, region: str, bucket: aws.s3.Bucket, host_role: aws
         timeout=driver_policy.FUNCTION_TIMEOUT, memory_size=driver_policy.FUNCTION_MEMORY_MB,
         environment={"variables": {"SDCLOUD_STORE": bucket.bucket.apply(lambda b: f"s3://{b}/{cfg.prefix}"),
                                    "SDCLOUD_STORE_REGION": region}},
-        tags=tags_for(cfg, "driver"), opts=pulumi.ResourceOptions(depends_on=[logs]))
+        # After its policy: a function created first can fail its first invocations on a role with no rights yet.
+        tags=tags_for(cfg, "driver"), opts=pulumi.ResourceOptions(depends_on=[logs, access]))
     invoker = aws.iam.Role("driver-scheduler-role", description="sdcloud cloud driver's schedule: invoke the driver only",
                            assume_role_policy=driver_policy.assume_role_policy("scheduler.amazonaws.com"),
                            tags=tags_for(cfg, "driver-scheduler-role"))

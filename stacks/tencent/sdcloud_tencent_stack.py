@@ -298,7 +298,7 @@ def _driver(cfg: StackConfig, region: str, app_id: Any, bucket: Any, host_role: 
         document=pulumi.Output.all(app_id, bucket.bucket, host_role.name).apply(
             lambda v: scf_policy.function_policy_document(region, v[0], v[1], cfg.prefix, owner_uin, v[2],
                                                              ("sdcloud:stack", cfg.stack))))
-    tencentcloud.cam.RolePolicyAttachment("driver-access", role_id=role.id, policy_id=policy.id)
+    attached = tencentcloud.cam.RolePolicyAttachment("driver-access", role_id=role.id, policy_id=policy.id)
     function = tencentcloud.scf.Function(
         "driver", name=f"sdcloud-{slug}-driver", description="sdcloud cloud driver: steps for runs whose lease lapsed",
         runtime=scf_policy.FUNCTION_RUNTIME, handler=scf_policy.FUNCTION_HANDLER,
@@ -309,5 +309,6 @@ def _driver(cfg: StackConfig, region: str, app_id: Any, bucket: Any, host_role: 
                      "SDCLOUD_STORE_REGION": region, "SDCLOUD_STORE_ADDRESSING": "virtual",
                      "SDCLOUD_TIME_LIMIT_MS": str(scf_policy.FUNCTION_TIMEOUT * 1000)},
         triggers=[{"name": "sdcloud-driver", "type": "timer", "trigger_desc": scf_policy.TIMER_CRON}],
-        tags=tags_for(cfg, "driver"))
+        # After its policy: the timer's first invocations would otherwise meet a role with no rights yet.
+        tags=tags_for(cfg, "driver"), opts=pulumi.ResourceOptions(depends_on=[attached]))
     return {"driver_function": function.name, "driver_role_name": role.name}
