@@ -632,7 +632,7 @@ class Agent:
         ctx.trainer_python = sources.python if sources else None
         self._restore(ctx, restoring)
         if self.notice_event.is_set():
-            self._set_cause("reclaim-notice")
+            self._set_cause("lifetime-cap" if getattr(self, "cap_reason", None) else "reclaim-notice")
             self.status.set_phase("preempted", "spot reclaim before training started")
             return EXIT_PREEMPTED
         self.status.set_phase("training")
