@@ -24,6 +24,7 @@ STACKS = Path(__file__).resolve().parents[1] / "stacks"
 sys.path.insert(0, str(STACKS / "aws"))
 
 import driver_policy  # noqa: E402
+from driver_calls import assert_allowed, needed_actions, record_aws_calls  # noqa: E402
 import sdcloud_aws_stack as aws_stack  # noqa: E402
 
 AMI = "ami-12c6146b"  # one of moto's stock images
@@ -174,20 +175,6 @@ def test_no_driver_without_a_package():
 
 # ---- the calls a step makes, against the policy ----------------------------------------------------
 
-def _record_calls(monkeypatch) -> list[tuple[str, str, dict]]:
-    import botocore.client
-
-    calls: list[tuple[str, str, dict]] = []
-    original = botocore.client.BaseClient._make_api_call
-
-    def recording(self, operation_name, api_params):
-        calls.append((self.meta.service_model.endpoint_prefix, operation_name, dict(api_params)))
-        return original(self, operation_name, api_params)
-
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recording)
-    return calls
-
-
 def _step_calls(monkeypatch, tmp_path) -> list[tuple[str, str, dict]]:
     """Run the AWS side of a controller step's paths against moto, recording every call."""
     import boto3
@@ -208,7 +195,7 @@ def _step_calls(monkeypatch, tmp_path) -> list[tuple[str, str, dict]]:
 
     with mock_aws():
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
-        calls = _record_calls(monkeypatch)
+        calls = record_aws_calls(monkeypatch)
         store = open_run_store({"url": f"s3://{BUCKET}/{PREFIX}", "region": "us-east-1"})
         state = StateStore(tmp_path / "state.db")
         rid = "run-driver-1"
@@ -245,26 +232,11 @@ def _step_calls(monkeypatch, tmp_path) -> list[tuple[str, str, dict]]:
 def test_every_call_a_step_makes_is_allowed_and_nothing_more_is_granted(aws_built, aws_env, monkeypatch, tmp_path):
     mocks, _ = aws_built
     calls = _step_calls(monkeypatch, tmp_path)
-    unmapped = sorted({(svc, op) for svc, op, _ in calls} - set(driver_policy.STEP_CALLS))
-    assert not unmapped, f"calls the policy table does not know: {unmapped}"
-    needed = {a for svc, op, _ in calls for a in driver_policy.STEP_CALLS[(svc, op)]}
-    granted = _actions(_policies(mocks)["driver-access"]) - set(driver_policy.LOG_ACTIONS)
+    policy = _policies(mocks)["driver-access"]
+    needed = needed_actions(calls)
+    granted = _actions(policy) - set(driver_policy.LOG_ACTIONS)
     assert needed == granted, {"missing": sorted(needed - granted), "unused": sorted(granted - needed)}
-
-    # ...and on the resources the policy names.
-    for svc, op, params in calls:
-        if svc == "s3":
-            assert params["Bucket"] == BUCKET
-            keys = ([o["Key"] for o in params["Delete"]["Objects"]] if op == "DeleteObjects"
-                    else [params["Prefix"]] if op == "ListObjectsV2" else [params["Key"]])
-            assert all(k.startswith(f"{PREFIX}/") for k in keys), (op, keys)
-        if (svc, op) == ("ec2", "RunInstances"):
-            tagged = {t["Key"] for spec in params["TagSpecifications"] for t in spec["Tags"]
-                      if spec["ResourceType"] == "instance"}
-            assert driver_policy.RUN_TAG in tagged  # the aws:RequestTag condition holds
-            assert {spec["ResourceType"] for spec in params["TagSpecifications"]} <= {"instance", "volume"}
-        if (svc, op) == ("ssm", "GetParameter"):
-            assert params["Name"].startswith("/aws/service/deeplearning/")
+    assert_allowed(calls, policy, BUCKET, PREFIX)  # ...and on the resources the policy names
 
 
 # ---- Tencent Cloud: SCF function on a timer, its CAM role ---------------------------------------
