@@ -557,3 +557,22 @@ def test_a_batch_worker_with_nothing_left_ends_its_host_after_the_grace(tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert rec.read_text().strip() == "shutdown -h now"
     assert "self-end: batch worker done" in proc.stderr and time.time() - t0 >= 1
+
+
+def test_status_shows_an_unattended_host_and_a_self_end(tmp_path, monkeypatch, capsys):
+    from sdcloud.cli import main
+    from sdcloud.runs.state import StateStore
+    from sdcloud_agent.store import open_store
+
+    monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path))
+    state = StateStore()
+    state.create_run("r-0000beef", "sd15-lora", {"tier": "sd15-lora", "provider": "local", "model": "tiny"}, 10)
+    bucket = open_store({"url": (tmp_path / "bucket").resolve().as_uri()})
+    doc = {"attempt": 1, "phase": "training", "step": 3, "unattended": True}
+    bucket.put("runs/r-0000beef/status.json", json.dumps(doc).encode())
+    assert main(["status", "r-0000beef"]) == 0
+    assert "host: unattended" in capsys.readouterr().out
+    doc.update(phase="succeeded", self_end={"reason": "succeeded", "unattended": True, "action": "os-shutdown"})
+    bucket.put("runs/r-0000beef/status.json", json.dumps(doc).encode())
+    assert main(["status", "r-0000beef", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["host"] == "ended itself (succeeded, unattended)"
