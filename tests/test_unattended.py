@@ -240,3 +240,99 @@ def test_watch_drive_takes_the_run_back_from_the_cloud_driver(tmp_path, capsys, 
     st = json.loads(capsys.readouterr().out)
     assert rc == 0 and st["state"] == "succeeded" and st["step"] == 4
     assert store.head(f"drivers/active/{rid}") is None
+
+
+@pytest.mark.slow
+def test_on_aws_the_cloud_driver_carries_a_reclaim_after_the_laptop_is_gone(moto_server, monkeypatch, tmp_path):
+    """The acceptance on the AWS provider against moto over HTTP, the real agent behind each
+    instance (tests/host_emulator.py): the laptop drives a few steps and then is gone without a word
+    (its lease simply stops being renewed, as after SIGKILL), the first instance is reclaimed, and
+    the Lambda handler, called as EventBridge Scheduler calls it, relaunches and finishes the run
+    with a complete cost ledger; a fresh machine then sees the whole history."""
+    import boto3
+
+    from host_emulator import HostEmulator
+    from sdcloud.fleet.lifecycle import Timing
+    from sdcloud.providers import get_provider
+    from sdcloud.runs import driver as driver_mod, unattended
+    from sdcloud.runs.controller import Controller, new_run_id
+    from sdcloud.runs.state import StateStore
+
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": moto_server}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    # The lease lapses after two polls here (a minute in production), so the test need not wait.
+    monkeypatch.setattr(driver_mod, "MIN_LEASE_SECONDS", 2.0)
+    monkeypatch.setattr(driver_mod, "LEASE_POLLS", 2)
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="sdcloud-unattended")
+    ec2 = boto3.client("ec2")
+    provider = get_provider("aws", image_id="ami-12c6146b", region="us-east-1", regions=["us-east-1"])
+    # The function builds its provider from the run's spec and the stack's outputs; here, moto's.
+    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: provider)
+
+    def listing():
+        for res in ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": ["sdcloud:run"]}])["Reservations"]:
+            for inst in res["Instances"]:
+                running = inst["State"]["Name"] == "running"
+                ud = (ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")["UserData"]
+                      .get("Value", "") if running else "")
+                yield inst["InstanceId"], running, ud
+
+    hosts = HostEmulator(listing, tmp_path / "hosts", env).start()
+    url = "s3://sdcloud-unattended/sd"
+    try:
+        steps = 60
+        spec = {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1", "model": "tiny", "steps": steps,
+                "checkpoint_every": 5, "store": url, "market": "spot", "trainer_args": ["--min-step-seconds", "0.3"]}
+        laptop = StateStore()
+        rid = new_run_id()
+        laptop.create_run(rid, "sd15-lora", spec, steps)
+        ctl = Controller(laptop, rid, provider=provider, driver="laptop",
+                         timing=Timing(poll_seconds=0.5, boot_timeout=240, heartbeat_timeout=120))
+        ctl.lease.acquire_or_refuse()
+        ctl.reconcile()
+
+        def trained() -> int:
+            st = ctl.read_status()
+            return int(st.get("step") or 0) if st and st.get("attempt") == 1 else 0
+
+        until = time.time() + 600
+        while trained() < 8 and time.time() < until:
+            ctl.step()
+            time.sleep(0.5)
+        assert trained() >= 8, "the first host never trained"
+        first = laptop.attempts(rid)[0]
+        # The laptop is gone (no more steps, no goodbye); the first host is reclaimed.
+        ec2.terminate_instances(InstanceIds=[first.instance_id])
+        monkeypatch.setenv("SDCLOUD_STORE", url)
+        monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "lambda-tmp"))
+        reports = []
+        for _ in range(15):
+            reports.append(unattended.handler({"sdcloud": "drive"}, LambdaContext(90)))
+            if not StateStore(tmp_path / "lambda-tmp" / "state.db").list_runs() or \
+                    StateStore(tmp_path / "lambda-tmp" / "state.db").get_run(rid)["state"] == "succeeded":
+                break
+            time.sleep(1)
+        fn_state = StateStore(tmp_path / "lambda-tmp" / "state.db")
+        assert fn_state.get_run(rid)["state"] == "succeeded", reports
+        ends = [a.end_reason for a in fn_state.attempts(rid)]
+        assert ends[0] == "preempted" and ends[-1] == "succeeded", ends
+        live = [i for r in ec2.describe_instances(Filters=[{"Name": "instance-state-name",
+                                                            "Values": ["pending", "running"]}])["Reservations"]
+                for i in r["Instances"]]
+        assert live == []
+        from sdcloud.costs.ledger import run_cost
+
+        cost = run_cost(fn_state, fn_state.get_run(rid))
+        assert all({"compute", "disk"} <= set(a["items"]) for a in cost["attempts"]), cost["attempts"]
+        assert cost["reclaims"] == 1
+    finally:
+        hosts.stop()
+    third = tmp_path / "third"
+    seen = subprocess.run([sys.executable, "-m", "sdcloud.cli", "status", rid, "--store", url, "--json"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "SDCLOUD_HOME": str(third)})
+    assert seen.returncode == 0, seen.stderr
+    st = json.loads(seen.stdout)
+    assert st["state"] == "succeeded" and [a["end_reason"] for a in st["attempts"]][-1] == "succeeded"
