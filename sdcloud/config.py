@@ -114,6 +114,6 @@ def self_end_grace() -> float:
         raise UserError(f"{home() / 'config.toml'}: [hosts] must be a table")
     if "self_end_grace" not in raw:
         return DEFAULT_SELF_END_GRACE_S
-    from .runs.spec import parse_seconds
+    from .durations import parse_seconds
 
     return parse_seconds(raw["self_end_grace"], "config.toml [hosts] self_end_grace")
