@@ -336,3 +336,30 @@ def test_on_aws_the_cloud_driver_carries_a_reclaim_after_the_laptop_is_gone(moto
     assert seen.returncode == 0, seen.stderr
     st = json.loads(seen.stdout)
     assert st["state"] == "succeeded" and [a["end_reason"] for a in st["attempts"]][-1] == "succeeded"
+
+
+def test_every_live_run_gets_its_steps_in_one_invocation(tmp_path, monkeypatch):
+    """Two live runs: the function takes a step of each in turn, not the whole invocation on the first."""
+    from sdcloud.runs import unattended
+    from sdcloud.runs.journal import Journal
+    from sdcloud.runs.state import StateStore
+    from test_fleet import CloudDouble
+
+    bucket = tmp_path / "bucket"
+    laptop = StateStore(tmp_path / "laptop.db")
+    store = LocalStore(bucket)
+    for rid in ("r-aaaa0001", "r-bbbb0002"):
+        laptop.create_run(rid, "sd15-lora", {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1",
+                                             "model": "tiny", "steps": 100, "market": "spot",
+                                             "store": bucket.as_uri()}, 100)
+        Journal(laptop, store, rid).flush()
+    cloud = CloudDouble()
+    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: cloud)
+    monkeypatch.setenv("SDCLOUD_STORE", bucket.as_uri())
+    monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "fn"))
+    monkeypatch.setenv("SDCLOUD_DRIVER_SECONDS", "12")
+    report = unattended.drive_lapsed(unattended._store_conf(), "aws-lambda", lambda: 60.0, sleep=lambda s: None)
+    steps = {rid: r["steps"] for rid, r in report["runs"].items()}
+    assert set(steps) == {"r-aaaa0001", "r-bbbb0002"} and min(steps.values()) >= 1, report
+    assert abs(steps["r-aaaa0001"] - steps["r-bbbb0002"]) <= 1, "the runs take turns"
+    assert len(cloud.live()) == 2, "each run launched its own host, once"

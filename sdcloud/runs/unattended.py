@@ -31,6 +31,10 @@ from typing import Any, Callable
 # call, the journal's writes and the lease's renewal must fit after the last one started.
 SAFETY_SECONDS = 30.0
 DEFAULT_INVOCATION_SECONDS = 60.0
+# At most this long driving per invocation (SDCLOUD_DRIVER_SECONDS overrides): a host saves on its
+# own at a reclaim notice, so a step every schedule tick (5 minutes) loses no work, and a short
+# invocation keeps a month of a live run inside the functions' free tiers (docs/runs.md).
+DRIVE_SECONDS = 60.0
 
 
 def _driver_name(event: dict) -> str:
@@ -83,8 +87,16 @@ def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
     store = open_run_store(store_conf)
     state = StateStore(Path(os.environ["SDCLOUD_HOME"]) / "state.db")
     report: dict = {"driver": driver, "runs": {}}
+    started = time.monotonic()
+    spend = float(os.environ.get("SDCLOUD_DRIVER_SECONDS", DRIVE_SECONDS))
+
+    def room() -> float:
+        """Seconds left for steps: within the platform's limit less the safety, and this driver's own cap."""
+        return min(time_left() - SAFETY_SECONDS, spend - (time.monotonic() - started))
+
+    driving = []
     for run_id in live_runs(store):
-        if time_left() < SAFETY_SECONDS:
+        if room() <= 0:
             break
         if restore(state, store, run_id) is None:
             continue
@@ -95,21 +107,25 @@ def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
             continue
         ctl.event("driver-took-over", {"driver": driver})
         ctl.reconcile()
-        steps = 0
-        done = False
-        while time_left() > SAFETY_SECONDS + ctl.timing.poll_seconds:
+        driving.append(ctl)
+        report["runs"][run_id] = {"steps": 0}
+    # Every run it holds gets a step in turn (one slow run does not starve the others), one round a poll.
+    live = list(driving)
+    while live and room() > min(c.timing.poll_seconds for c in live):
+        for ctl in list(live):
             done = ctl.guarded_step()
-            steps += 1
-            if done:
-                break
-            sleep(ctl.timing.poll_seconds)
-        if done or state.get_run(run_id)["state"] in FINAL_RUN_STATES:
-            ctl.finish_driving()
-        else:
-            # Keep the lease: the next invocation renews it, and no laptop races this driver meanwhile.
-            state.update_run(run_id, controller_pid=None)
-            ctl.journal.flush()
-        report["runs"][run_id] = {"steps": steps, "state": state.get_run(run_id)["state"]}
+            report["runs"][ctl.run_id]["steps"] += 1
+            if done or state.get_run(ctl.run_id)["state"] in FINAL_RUN_STATES:
+                ctl.finish_driving()
+                live.remove(ctl)
+        if live:
+            sleep(min(c.timing.poll_seconds for c in live))
+    for ctl in live:
+        # Keep the lease: the next invocation renews it, and no laptop races this driver meanwhile.
+        state.update_run(ctl.run_id, controller_pid=None)
+        ctl.journal.flush()
+    for ctl in driving:
+        report["runs"][ctl.run_id]["state"] = state.get_run(ctl.run_id)["state"]
     return report
 
 
