@@ -257,3 +257,17 @@ def test_cancel_by_name_stops_the_pool_and_nothing_restarts(tmp_path, monkeypatc
     assert sum(1 for e in state.events(job) if e["kind"] == "worker-started") == starts
     assert state.get_run(job)["state"] == "cancelled"
     assert out["workers_started"] <= 2 and out["images_done"] < out["images"]
+
+
+def test_logs_of_a_local_batch_job_show_its_workers(tmp_path, capsys):
+    from sdcloud.batch import jobs
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a cup\na vase\n")
+    job = jobs.submit(jobs.SubmitOptions(tier="batch-sd15", model="tiny", prompts=str(prompts), generator="fake",
+                                         workers=1))["job"]
+    jobs.run_job(job)
+    rc, out, err = call(capsys, "logs", job, "--json")
+    assert rc == 0, err
+    sources = {json.loads(ln)["source"] for ln in out.splitlines() if ln.strip()}
+    assert "controller" in sources and "worker-1" in sources, sources

@@ -652,17 +652,14 @@ def log_records(run: dict, offsets: dict, steps: bool = False) -> list[dict]:
                     "kind": ev["kind"], "text": plain(ev["kind"], ev["data"]) or ev["kind"],
                     "detail": " ".join(f"{k}={v}" for k, v in ev["data"].items())})
     try:
-        store = _store_for(run)
-        for info in store.list(f"runs/{run['id']}/logs/"):
-            data = store.get(info.key)
-            seen = offsets.get(info.key, 0)
+        for key, name, data, born in _log_sources(run):
+            seen = offsets.get(key, 0)
             if len(data) <= seen:
                 continue
-            name = info.key.rsplit("/", 1)[-1]
             m = re.search(r"attempt-(\d+)", name)
             attempt = int(m.group(1)) if m else None
-            last = offsets.get(info.key + "#t", 0.0)
-            in_warning = offsets.get(info.key + "#w", False)
+            last = offsets.get(key + "#t", born)
+            in_warning = offsets.get(key + "#w", False)
             for line in data[seen:].decode(errors="replace").splitlines():
                 at = _parse_time(line) or last
                 last = at
@@ -671,13 +668,28 @@ def log_records(run: dict, offsets: dict, steps: bool = False) -> list[dict]:
                 kind, in_warning = _line_kind(line, in_warning)
                 out.append({"time": at, "source": name.removesuffix(".log"), "attempt": attempt, "kind": kind,
                             "text": line, "detail": ""})
-            offsets[info.key + "#w"] = in_warning
-            offsets[info.key] = len(data)
-            offsets[info.key + "#t"] = last
+            offsets[key + "#w"] = in_warning
+            offsets[key] = len(data)
+            offsets[key + "#t"] = last
     except (StoreError, OSError, ValueError):
         pass
     out.sort(key=lambda r: r["time"])
     return out
+
+
+def _log_sources(run: dict):
+    """(key, name, bytes, a time for lines before the first stamped one) of every log the run has: its
+    hosts' logs in the bucket, and for a batch job on this machine its pool's worker logs."""
+    from .. import config
+    from ..runs.state import BATCH, run_kind
+
+    store = _store_for(run)
+    for info in store.list(f"runs/{run['id']}/logs/"):
+        yield info.key, info.key.rsplit("/", 1)[-1], store.get(info.key), 0.0
+    if run_kind(run) == BATCH:
+        folder = config.home() / "batch" / run["id"]
+        for f in sorted(folder.glob("*.log")) if folder.is_dir() else []:
+            yield str(f), f.name, f.read_bytes(), f.stat().st_ctime
 
 
 def _line_kind(line: str, in_warning: bool) -> tuple[str, bool]:
