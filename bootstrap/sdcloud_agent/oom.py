@@ -389,9 +389,10 @@ class Healer:
         self.trainer = trainer
         self.base_args = trainer_args
         self.store, self.run_prefix = store, run_prefix
-        bnb = has_bitsandbytes(python) if cuda else False
+        self.python, self.cuda = python, cuda
+        self._bnb_known = not cuda  # asked at the first out-of-memory: most runs never need it
         self.ladder = Ladder(trainer, trainer_args, script_options=script_options(trainer, trainer_args),
-                             has_bitsandbytes=bnb, cuda=cuda)
+                             has_bitsandbytes=False, cuda=cuda)
         self.recipe = Recipe()
         self.events: list[dict] = []
 
@@ -410,6 +411,8 @@ class Healer:
         None when the ladder is spent. `effective`: the settings the trainer said it ran with."""
         if effective:
             self.ladder.effective = dict(effective)
+        if not self._bnb_known:
+            self.ladder.bnb, self._bnb_known = has_bitsandbytes(self.python), True
         nxt = self.ladder.step(self.recipe)
         if nxt is None:
             return None
