@@ -202,7 +202,6 @@ def test_tencent_terminate_is_signed_with_the_role_and_held_to_the_stack_tag():
 # -- the controller's side --------------------------------------------------------------------------------
 
 def test_self_end_grace_flag_run_file_and_config(tmp_path, monkeypatch):
-    from sdcloud import config
     from sdcloud.errors import UserError
     from sdcloud.runs.spec import RunSpec, parse_seconds
 
