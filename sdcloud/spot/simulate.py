@@ -88,6 +88,14 @@ def with_prices(trace: Trace, series: Sequence[float]) -> Trace:
     return Trace(trace.key, trace.gap_seconds, trace.avail, arr)
 
 
+def stretch_series(series: Sequence[float], n: int) -> np.ndarray:
+    """A price series without timestamps spread evenly over n ticks (value i*len/n at tick i)."""
+    arr = np.asarray(series, dtype=float)
+    if arr.ndim != 1 or not len(arr) or n <= 0:
+        raise UserError("a price series must be a non-empty list of numbers")
+    return arr[(np.arange(n) * len(arr)) // n]
+
+
 def region_of(key: str) -> str:
     """us-west-2a_v100_1 -> us-west-2: the zone is the part before the first '_', less its letter."""
     zone = key.split("_", 1)[0]
