@@ -2,7 +2,7 @@
 
 One small interface drives both the run controller (`sdcloud up`) and the trace simulator
 (`sdcloud simulate`): the caller fills an `Observation` with what it can see now, the policy
-answers an `Action`. Every policy here is stateless: its answer is a function of the observation
+answers an `Action`. Every policy here but `sdcloud` is stateless: its answer is a function of the observation
 alone, so a controller that crashes and restarts needs to persist nothing for the policy (it
 persists progress and the current instance anyway). Online policies never see the future: only
 which zones have spot now and the prices.
