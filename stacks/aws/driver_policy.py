@@ -47,7 +47,9 @@ STEP_CALLS: dict[tuple[str, str], tuple[str, ...]] = {
     ("s3", "DeleteObject"): ("s3:DeleteObject",),
     ("s3", "DeleteObjects"): ("s3:DeleteObject",),
     ("s3", "ListObjectsV2"): ("s3:ListBucket",),
-    ("ec2", "RunInstances"): ("ec2:RunInstances", "ec2:CreateTags", "iam:PassRole"),
+    # A spot launch in an account that never launched spot makes AWS create the Spot service-linked
+    # role with the caller's rights (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/service-linked-roles-spot-instance-requests.html).
+    ("ec2", "RunInstances"): ("ec2:RunInstances", "ec2:CreateTags", "iam:PassRole", "iam:CreateServiceLinkedRole"),
     ("ec2", "DescribeInstances"): ("ec2:DescribeInstances",),
     ("ec2", "DescribeAvailabilityZones"): ("ec2:DescribeAvailabilityZones",),
     ("ec2", "DescribeSpotPriceHistory"): ("ec2:DescribeSpotPriceHistory",),
@@ -103,6 +105,10 @@ def function_policy_document(bucket: str, prefix: str, account_id: str, host_rol
              "Resource": [f"arn:aws:ssm:*::{AMI_PARAMETERS}"]},
             {"Sid": "PassHostRole", "Effect": "Allow", "Action": ["iam:PassRole"], "Resource": [host_role_arn],
              "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
+            # Only Spot's own service-linked role, which the first spot launch of an account creates.
+            {"Sid": "SpotServiceLinkedRole", "Effect": "Allow", "Action": ["iam:CreateServiceLinkedRole"],
+             "Resource": [f"arn:aws:iam::{account_id}:role/aws-service-role/spot.amazonaws.com/AWSServiceRoleForEC2Spot"],
+             "Condition": {"StringLike": {"iam:AWSServiceName": "spot.amazonaws.com"}}},
             {"Sid": "OwnLogs", "Effect": "Allow", "Action": list(LOG_ACTIONS),
              "Resource": [log_group_arn, f"{log_group_arn}:*"]},
         ],
