@@ -79,6 +79,16 @@ def test_a_truncated_body_is_read_again(seaweed, bucket):
     assert front.injected["truncate"] >= 3
 
 
+def test_a_stall_past_the_read_timeout_is_tried_again(seaweed, bucket):
+    with FaultFront(seaweed, seed=9, stall_seconds=2.5) as front:
+        store = _store(front, bucket, read_timeout=1)
+        store.put("runs/r/status.json", b"{}")
+        front.rates["stall"] = 0.3
+        for _ in range(6):
+            assert store.get("runs/r/status.json") == b"{}"
+    assert front.injected["stall"] >= 1
+
+
 def test_a_fault_that_stays_ends_in_one_store_error(seaweed, bucket):
     with FaultFront(seaweed, seed=2, slowdown=1.0) as front:
         store = open_store({"url": f"s3://{bucket}/p", "endpoint_url": front.endpoint},
