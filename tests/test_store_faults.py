@@ -89,6 +89,7 @@ def test_a_stall_past_the_read_timeout_is_tried_again(seaweed, bucket):
     assert front.injected["stall"] >= 1
 
 
+@pytest.mark.slow  # botocore's own backoff between its 5 requests: about 12 s per try
 def test_a_fault_that_stays_ends_in_one_store_error(seaweed, bucket):
     with FaultFront(seaweed, seed=2, slowdown=1.0) as front:
         store = open_store({"url": f"s3://{bucket}/p", "endpoint_url": front.endpoint},
