@@ -191,8 +191,11 @@ class BatchController:
             hostboot.on_boot_failure(self, cur, self._boot_failure(cur.n, report["failed"]))
             return
         # Workers write no heartbeat of their own: a boot report is the sign of life, once.
-        if self.fleet.check(cur, None, time.time() if report is not None else None) in hostboot.COUNTED_OUTCOMES:
+        outcome = self.fleet.check(cur, None, time.time() if report is not None else None)
+        if outcome in hostboot.COUNTED_OUTCOMES:
             hostboot.check_limit(self)
+        elif outcome != "ok":  # hosts gone before any boot report, again and again: bounded too
+            hostboot.check_unreported(self)
 
     def ended(self) -> bool:
         """Failed boots in a row, or a cancel: every host stops and nothing is launched again."""
