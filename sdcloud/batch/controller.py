@@ -230,16 +230,8 @@ class BatchController:
         return over
 
     def _guarded_step(self) -> bool:
-        """step(), except that a store it cannot reach is noted and the step tried again next poll."""
-        try:
-            done = self.step()
-        except Exception as exc:
-            if not hostboot.is_store_fault(exc):
-                raise
-            hostboot.store_unreachable(self, exc)
-            return False
-        hostboot.store_reachable(self)
-        return done
+        """step(), with a store fault waited out (hostboot.guarded): never the driver's end."""
+        return hostboot.guarded(self, self.step)
 
     def run(self, poll: float | None = None) -> dict[str, Any]:
         self.fleet.reconcile()

@@ -145,17 +145,8 @@ class Controller:
         return summary(self.state, self.run_id)
 
     def guarded_step(self) -> bool:
-        """step(), except that a step that cannot reach the store is noted (an event `watch` shows)
-        and tried again after a poll: a store fault never ends the controller."""
-        try:
-            done = self.step()
-        except Exception as exc:
-            if not hostboot.is_store_fault(exc):
-                raise
-            hostboot.store_unreachable(self, exc)
-            return False
-        hostboot.store_reachable(self)
-        return done
+        """step(), with a store fault waited out (hostboot.guarded): never the controller's end."""
+        return hostboot.guarded(self, self.step)
 
     def step(self) -> bool:
         """One controller step over the run's state: renew the lease, read, let the policy decide, act

@@ -192,6 +192,20 @@ def store_reachable(ctrl, now: float | None = None) -> None:
         ctrl.event("store-reachable", {"after_s": round((time.time() if now is None else now) - since)})
 
 
+def guarded(ctrl, step) -> bool:
+    """`step()`, except that a step that cannot reach the store is noted (an event `watch` shows) and
+    tried again after a poll: a store fault never ends a run's or a batch job's driver."""
+    try:
+        done = step()
+    except Exception as exc:
+        if not is_store_fault(exc):
+            raise
+        store_unreachable(ctrl, exc)
+        return False
+    store_reachable(ctrl)
+    return done
+
+
 def check_unreported(ctrl) -> None:
     """End the run when the last MAX_UNREPORTED_ENDS attempts all vanished before they reported."""
     unreported = {e["data"].get("attempt") for e in ctrl.state.events(ctrl.run_id)
