@@ -363,3 +363,60 @@ def test_every_live_run_gets_its_steps_in_one_invocation(tmp_path, monkeypatch):
     assert set(steps) == {"r-aaaa0001", "r-bbbb0002"} and min(steps.values()) >= 1, report
     assert abs(steps["r-aaaa0001"] - steps["r-bbbb0002"]) <= 1, "the runs take turns"
     assert len(cloud.live()) == 2, "each run launched its own host, once"
+
+
+def test_with_no_laptop_a_run_without_spot_capacity_meets_its_deadline_on_demand(tmp_path, monkeypatch):
+    """Spot capacity vanishes in every zone while only the cloud driver drives the run. On a simulated
+    clock, the function's steps wait while the slack allows and then launch on-demand in time for the
+    job to finish before its deadline."""
+    from sdcloud.providers.base import CapacityError
+    from sdcloud.runs import unattended
+    from sdcloud.runs.journal import Journal
+    from sdcloud.runs.state import StateStore
+    from test_fleet import CloudDouble
+
+    class NoSpot(CloudDouble):
+        spot_tries = 0
+
+        def launch(self, offer, spec, market, max_price, events=None):
+            if market == "spot":
+                NoSpot.spot_tries += 1
+                raise CapacityError(f"no spot capacity for {offer.row.instance_type} in {offer.row.zone}")
+            return super().launch(offer, spec, market, max_price, events)
+
+    now = [1_800_000_000.0]
+    for mod in ("sdcloud.runs.controller", "sdcloud.fleet.lifecycle", "sdcloud.runs.journal"):
+        monkeypatch.setattr(f"{mod}.time.time", lambda: now[0])
+    bucket = tmp_path / "bucket"
+    laptop = StateStore(tmp_path / "laptop.db")
+    deadline_h = 6.0
+    laptop.create_run("r-dead0001", "sd15-lora", {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1",
+                                                  "model": "tiny", "steps": 1500, "market": "spot",
+                                                  "deadline_hours": deadline_h, "store": bucket.as_uri()}, 1500)
+    laptop.update_run("r-dead0001", created=now[0])
+    Journal(laptop, LocalStore(bucket), "r-dead0001").flush()
+    cloud = NoSpot()
+    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: cloud)
+    monkeypatch.setenv("SDCLOUD_STORE", bucket.as_uri())
+    monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "fn"))
+
+    def tick(seconds: float) -> None:
+        now[0] += 60.0  # a minute of simulated time per poll
+
+    invocations = 0
+    while not cloud.live() and invocations < 200:
+        invocations += 1
+        budget = [40]  # steps per invocation
+        unattended.drive_lapsed(unattended._store_conf(), "aws-lambda",
+                                lambda: 1000.0 if (budget.__setitem__(0, budget[0] - 1) or budget[0] > 0)
+                                and not cloud.live() else 0.0, sleep=tick)
+        now[0] += 300.0  # the schedule's next tick
+    live = cloud.live()
+    fn = StateStore(tmp_path / "fn" / "state.db")
+    assert live and live[0].market == "on-demand", (fn.get_run("r-dead0001"), [(e["kind"], e["data"]) for e in fn.events("r-dead0001")][-8:])
+    assert NoSpot.spot_tries >= 1, "spot was tried first"
+    from sdcloud.runs.controller import Controller
+
+    ctl = Controller(fn, "r-dead0001", provider=cloud)
+    elapsed_h = (now[0] - fn.get_run("r-dead0001")["created"]) / 3600
+    assert elapsed_h + ctl.progress().job_hours <= deadline_h, (elapsed_h, ctl.progress().job_hours)

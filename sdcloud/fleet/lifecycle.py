@@ -196,8 +196,15 @@ class Fleet:
     def _launch_failed(self, n: int) -> None:
         self.records.update_attempt(self.owner_id, n, state="ended", end=time.time(), end_reason="launch-failed")
 
-    def failed_launches(self) -> int:
-        return sum(1 for a in self.attempts() if a.end_reason == "launch-failed")
+    def failed_launches(self, market: str | None = None) -> int:
+        """Launches that failed (capacity or price), in a row at the end of the attempts; of one market
+        when given. A launch that went through starts the count again."""
+        n = 0
+        for a in reversed(self.attempts()):
+            if a.end_reason != "launch-failed":
+                break
+            n += market is None or a.market == market
+        return n
 
     def exhausted(self) -> bool:
         return self.failed_launches() >= MAX_FAILED_LAUNCHES

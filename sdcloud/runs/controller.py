@@ -126,7 +126,27 @@ class Controller:
                         deadline_hours=self.spec.deadline_hours)
 
     def decide(self, running: Attempt | None) -> tuple[str, Offer | None]:
+        if running is None and self._spot_gone():
+            # Spot refused every launch in a row while a deadline stands: on-demand, not a failed run.
+            od = next((o for o in self.candidates if o.row.ondemand_price is not None), self.candidates[0])
+            return ON_DEMAND, Offer(od.row, ON_DEMAND)
         return self.fleet.decide(self.progress(), running)
+
+    def _spot_gone(self) -> bool:
+        """A spot run with a deadline whose last MAX_FAILED_LAUNCHES spot launches all failed."""
+        from ..fleet.lifecycle import MAX_FAILED_LAUNCHES
+
+        return (self.spec.deadline_hours is not None and self.spec.market != ON_DEMAND
+                and self.fleet.failed_launches(SPOT) >= MAX_FAILED_LAUNCHES)
+
+    def _launches_exhausted(self) -> bool:
+        """Give up launching: for a spot run with a deadline only when on-demand fails too (spot that
+        vanished everywhere sends it on-demand instead, see decide); otherwise the fleet's bound."""
+        from ..fleet.lifecycle import MAX_FAILED_LAUNCHES
+
+        if self.spec.deadline_hours is not None and self.spec.market != ON_DEMAND:
+            return self.fleet.failed_launches(ON_DEMAND) >= MAX_FAILED_LAUNCHES
+        return self.fleet.exhausted()
 
     # the loop
     def request_stop(self, reason: str = "stopped") -> None:
@@ -205,9 +225,12 @@ class Controller:
             self._end_run("failed", str(exc))
             raise
         if inst is None:
-            if self.fleet.exhausted():
+            if self._launches_exhausted():
                 self._end_run("failed", f"{self.fleet.failed_launches()} launches failed (capacity or price); "
                                         f"see: sdcloud logs {self.run_id}")
+            elif kind == SPOT and self._spot_gone():
+                self.event("spot-unavailable", {"failed_launches": self.fleet.failed_launches(SPOT),
+                                                "next": "on-demand, to meet the deadline"})
             return
         self.state.update_run(self.run_id, state="running")
         n = len(self.attempts())
