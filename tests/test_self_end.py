@@ -292,14 +292,14 @@ else:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("outcome", ["succeeded", "failed"])
-def test_aws_host_ends_itself_when_the_controller_is_gone(moto_server, monkeypatch, tmp_path, outcome):
+@pytest.mark.parametrize("outcome, killed_at", [("succeeded", "launch"), ("failed", "launch"), ("succeeded", "training")])
+def test_aws_host_ends_itself_when_the_controller_is_gone(moto_server, monkeypatch, tmp_path, outcome, killed_at):
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": moto_server}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "home"))
-    bucket = f"self-end-{outcome}"
+    bucket = f"self-end-{outcome}-{killed_at}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     ec2 = boto3.client("ec2")
     from sdcloud.providers import get_provider
@@ -314,11 +314,13 @@ def test_aws_host_ends_itself_when_the_controller_is_gone(moto_server, monkeypat
                 yield inst["InstanceId"], running, ud
 
     # A failure the trainer reports itself: an unknown flag to the builtin trainer.
-    args = ["--min-step-seconds", "0.05"] + (["--fail-at-step", "2"] if outcome == "failed" else [])
-    spec = {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1", "model": "tiny", "steps": 4,
+    pace = "0.4" if killed_at == "training" else "0.05"  # long enough to be caught training
+    steps = 12 if killed_at == "training" else 4
+    args = ["--min-step-seconds", pace] + (["--fail-at-step", "2"] if outcome == "failed" else [])
+    spec = {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1", "model": "tiny", "steps": steps,
             "checkpoint_every": 2, "store": f"s3://{bucket}/p", "market": "spot", "trainer_args": args,
             "self_end_grace": 1.0}
-    ctl, state = _controller(spec, provider, 4)
+    ctl, state = _controller(spec, provider, steps)
     with SelfEndingHosts(listing, tmp_path / "hosts", env,
                          lambda iid: {"SDCLOUD_SHUTDOWN_COMMAND": f"{_aws_shim(tmp_path, iid)} -h now"}) as hosts:
         ctl.heartbeat()
@@ -326,6 +328,14 @@ def test_aws_host_ends_itself_when_the_controller_is_gone(moto_server, monkeypat
         [att] = state.attempts(ctl.run_id)
         assert ec2.describe_instance_attribute(InstanceId=att.instance_id, Attribute="instanceInitiatedShutdownBehavior")[
             "InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+        if killed_at == "training":
+            # The controller drives until the host trains, then is SIGKILLed (it simply takes no more steps).
+            def training() -> bool:
+                ctl.heartbeat()
+                ctl._watch(state.attempts(ctl.run_id)[0])
+                st = ctl.read_status() or {}
+                return st.get("phase") == "training" and st.get("attempt") == 1
+            wait_until(training, timeout=240, every=0.5)
 
         def live():
             flt = [{"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]},
