@@ -55,7 +55,7 @@ from urllib.parse import parse_qs, urlsplit
 from xml.sax.saxutils import escape
 
 import cam_policy
-from servers import TEST_KEYS, self_signed_cert
+from servers import TEST_KEYS, read_request_head, self_signed_cert
 
 REGIONS = ("ap-guangzhou", "ap-shanghai", "ap-beijing", "ap-singapore")
 COS_BUCKET_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-[0-9]{5,12}$")
@@ -189,15 +189,10 @@ class CosLayer:
         upstream = http.client.HTTPConnection("127.0.0.1", self.seaweed.port, timeout=60)
         try:
             while True:
-                line = rfile.readline(65537).decode("latin-1")
-                if not line.strip():
+                head = read_request_head(rfile)
+                if head is None:
                     return
-                method, path, _ = line.split(" ", 2)
-                headers: list[tuple[str, str]] = []
-                while (raw := rfile.readline(65537)) not in (b"\r\n", b"\n", b""):
-                    k, _, v = raw.decode("latin-1").partition(":")
-                    headers.append((k.strip(), v.strip()))
-                lower = {k.lower(): v for k, v in headers}
+                method, path, headers, lower = head
                 seen = Seen(method, lower.get("host", ""), path, lower)
                 with self.lock:
                     self.seen.append(seen)

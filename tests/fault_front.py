@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from typing import Callable
+from servers import read_request_head
 
 Refusal = Callable[[str, str, dict], "tuple[int, str] | None"]
 KINDS = ("slowdown", "reset", "truncate", "stall", "late_500")
@@ -108,15 +109,10 @@ class FaultFront:
         upstream = http.client.HTTPConnection("127.0.0.1", self.seaweed.port, timeout=60)
         try:
             while True:
-                line = rfile.readline(65537).decode("latin-1")
-                if not line.strip():
+                head = read_request_head(rfile)
+                if head is None:
                     return
-                method, path, _ = line.split(" ", 2)
-                headers: list[tuple[str, str]] = []
-                while (raw := rfile.readline(65537)) not in (b"\r\n", b"\n", b""):
-                    k, _, v = raw.decode("latin-1").partition(":")
-                    headers.append((k.strip(), v.strip()))
-                lower = {k.lower(): v for k, v in headers}
+                method, path, headers, lower = head
                 with self.lock:
                     self.seen.append(f"{method} {path}")
                 if lower.get("expect", "").lower() == "100-continue":

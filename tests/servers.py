@@ -204,3 +204,18 @@ def wait_until(predicate, timeout: float = 300.0, every: float = 0.3):
             return value
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:g} s waiting")
+
+
+def read_request_head(rfile) -> tuple[str, str, list[tuple[str, str]], dict[str, str]] | None:
+    """One HTTP/1.1 request's line and headers from a front's client stream (the body is left to the
+    caller): method, path, the headers in order, and the same keyed by lower-case name; None at the
+    end of the connection."""
+    line = rfile.readline(65537).decode("latin-1")
+    if not line.strip():
+        return None
+    method, path, _ = line.split(" ", 2)
+    headers: list[tuple[str, str]] = []
+    while (raw := rfile.readline(65537)) not in (b"\r\n", b"\n", b""):
+        k, _, v = raw.decode("latin-1").partition(":")
+        headers.append((k.strip(), v.strip()))
+    return method, path, headers, {k.lower(): v for k, v in headers}
