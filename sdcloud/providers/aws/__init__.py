@@ -1,1 +1,27 @@
 """AWS: EC2 compute (compute.py), the price-list and spot-price catalog refresh (catalog.py), shared session helpers (session.py)."""
+
+from ..traits import Billing, CloudFunction, Hosts, HostTraits, ProviderTraits, Timing
+
+TRAITS = ProviderTraits(
+    name="aws",
+    hosts=Hosts.CLOUD,
+    adapter="sdcloud.providers.aws.compute",
+    timing=Timing(poll_seconds=5.0, boot_timeout=1800.0, heartbeat_timeout=600.0, cooldown_seconds=1800.0),
+    host=HostTraits(nvme=True, gpu_required=True, metadata="aws", heartbeat_seconds=10, poll_seconds=5),
+    # EC2 bills per second with a 60 s minimum, and not at all for a spot instance it interrupts in
+    # its first hour (https://aws.amazon.com/ec2/pricing/, "Per Second Billing"; Spot interruption FAQ).
+    billing=Billing(currency="USD", minimum_seconds=60.0, free_spot_interrupt_seconds=3600.0),
+    default_region="us-east-1",
+    region_env="AWS_DEFAULT_REGION",
+    stack="aws",
+    stores=("s3",),
+    spot_prices="history",
+    catalog=True,
+    function=CloudFunction(
+        name="aws-lambda", runtime="python3.11", timeout_seconds=240, memory_mb=512, safety_seconds=30.0,
+        schedule_seconds=300,
+        # https://aws.amazon.com/lambda/pricing/ (us-east-1, x86, first tier, as transcribed on 2026-09-20).
+        request_usd=0.20 / 1_000_000, gb_second_usd=0.0000166667,
+        price_source="https://aws.amazon.com/lambda/pricing/ (2026-09-20)",
+    ),
+)

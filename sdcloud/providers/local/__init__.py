@@ -1,1 +1,14 @@
 """This machine as a provider: agent processes (provider.py) and a metadata endpoint that can announce a reclaim (metadata.py)."""
+
+from ..traits import Billing, Hosts, HostTraits, ProviderTraits, Timing
+
+TRAITS = ProviderTraits(
+    name="local",
+    hosts=Hosts.THIS_MACHINE,
+    adapter="sdcloud.providers.local.provider",
+    # The host is a process here: it shows at once, and is always there again after a simulated reclaim.
+    timing=Timing(poll_seconds=1.0, boot_timeout=300.0, heartbeat_timeout=90.0, cooldown_seconds=0.0),
+    host=HostTraits(nvme=False, gpu_required=False, metadata="none", heartbeat_seconds=2, poll_seconds=1),
+    billing=Billing(currency="USD", free=True),  # config.toml [local] price_per_hour prices it, if set
+    config_sections=("local",),
+)

@@ -1,1 +1,14 @@
 """GPU boxes the user owns, reached over SSH (provider.py)."""
+
+from ..traits import Billing, Hosts, HostTraits, ProviderTraits, Timing
+
+TRAITS = ProviderTraits(
+    name="ssh",
+    hosts=Hosts.OWN,
+    adapter="sdcloud.providers.ssh.provider",
+    # No image to boot: a lost box shows soon; a box is the same box after a reclaim, so no cooldown.
+    timing=Timing(poll_seconds=2.0, boot_timeout=600.0, heartbeat_timeout=120.0, cooldown_seconds=0.0),
+    # A box of the user's may train on its CPU, and its disks are the user's to arrange.
+    host=HostTraits(nvme=False, gpu_required=False, metadata="none", heartbeat_seconds=10, poll_seconds=5),
+    billing=Billing(currency="USD", free=True),
+)

@@ -1,1 +1,25 @@
 """Tencent Cloud: CVM compute and catalog refresh (compute.py), COS through its S3 endpoint (storage.py)."""
+
+from ..traits import Billing, CloudFunction, Hosts, HostTraits, ProviderTraits, Timing
+
+TRAITS = ProviderTraits(
+    name="tencent",
+    hosts=Hosts.CLOUD,
+    adapter="sdcloud.providers.tencent.compute",
+    timing=Timing(poll_seconds=5.0, boot_timeout=1800.0, heartbeat_timeout=600.0, cooldown_seconds=1800.0),
+    host=HostTraits(nvme=True, gpu_required=True, metadata="tencent", heartbeat_seconds=10, poll_seconds=5),
+    # The mainland site quotes in CNY; an international account's currency is detected (site.py).
+    billing=Billing(currency="CNY"),
+    default_region="ap-guangzhou",
+    stack="tencent",
+    stores=("cos", "s3"),
+    # Tencent has no spot price history API: the controller samples the quote while a host runs.
+    spot_prices="samples",
+    catalog=True,
+    # SCF's per-GB-second and per-invocation prices could not be read into a citable figure: unpriced.
+    function=CloudFunction(
+        name="tencent-scf", runtime="CustomRuntime", timeout_seconds=240, memory_mb=512, safety_seconds=30.0,
+        schedule_seconds=300,
+    ),
+    config_sections=("tencent",),
+)

@@ -1,0 +1,232 @@
+"""The run events: every kind a run or batch job records, its fields, its group and its words.
+
+An event is a row of the run's journal (`runs/state.py` table `events`, copied to the run's bucket
+by `runs/journal.py`): a kind, a JSON object of fields, a time. The kind is a member of `Kind`
+(a `str` enum, so the row stores its hyphenated value and a reader compares members). Readers
+decide on members, never on a spelling typed again: `logs`, `watch` and `status` say each kind
+in the words of `words()`, the cost report counts `DRIVER_TOOK_OVER`, `hostboot` counts
+`RECLAIMED` and `HOST_LOST`.
+
+Spellings of earlier releases (`launch_failed`, `zone_failover`, `budget`, `gc.terminated`, ...)
+are aliases: `parse()` maps them to today's kind, so a journal written by an older sdcloud is
+read back (`runs/journal.py` restores through it) and shown with the same words.
+
+This module sits at the bottom of the house (rank 0): it imports nothing of sdcloud, so every
+domain, the providers included, can name a kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Kind(StrEnum):
+    # -- the run's own lifecycle (runs/controller.py) ----------------------------------------------
+    RUN_SUCCEEDED = "run-succeeded"
+    RUN_FAILED = "run-failed"
+    RUN_STOPPED = "run-stopped"
+    RESUME = "resume"  # the user asked to resume (sdcloud resume / up --name)
+    RESUMED = "resumed"  # a host resumed from a checkpoint
+    PROGRESS = "progress"
+    BUDGET_WARNING = "budget-warning"
+    BUDGET_REACHED = "budget-reached"
+    DEADLINE_FALLBACK = "deadline-fallback"
+    SPOT_UNAVAILABLE = "spot-unavailable"
+    DATASET_UPLOADED = "dataset-uploaded"
+    MODEL_UPLOADED = "model-uploaded"
+    SELF_ENDED = "self-ended"
+    HEARTBEAT_FAILED = "heartbeat-failed"
+    PULLED = "pulled"
+    # -- who drives the run (runs/driver.py, runs/unattended.py) -----------------------------------
+    DRIVER_TOOK_OVER = "driver-took-over"
+    DRIVER_LOST = "driver-lost"
+    HANDED_OVER = "handed-over"
+    JOURNAL_DEFERRED = "journal-deferred"
+    # -- what the host reports (runs/hostboot.py, agent_reports.py, health_view.py, oom_move.py) ----
+    BOOT_FAILED = "boot-failed"
+    HOST_FAILED = "host-failed"
+    STORE_UNREACHABLE = "store-unreachable"
+    STORE_REACHABLE = "store-reachable"
+    PRUNE_FAILED = "prune-failed"
+    HEALTH = "health"
+    OOM_RETRY = "oom-retry"
+    OUT_OF_MEMORY = "out-of-memory"
+    # -- the fleet: hosts launched, checked, ended (fleet/) ----------------------------------------
+    LAUNCHING = "launching"
+    LAUNCHED = "launched"
+    LAUNCH_FAILED = "launch-failed"
+    ADOPTED = "adopted"
+    RECLAIMED = "reclaimed"
+    HOST_LOST = "host-lost"
+    RECONCILE = "reconcile"
+    STRAYS = "strays"
+    SWEEP_FAILED = "sweep-failed"
+    TERMINATE_FAILED = "terminate-failed"
+    ZONES_UNKNOWN = "zones-unknown"
+    # -- what a provider saw while launching (providers/) ------------------------------------------
+    RETRY = "retry"
+    FAILOVER = "failover"
+    SUBNET_FULL = "subnet-full"
+    QUOTA = "quota"
+    QUOTE = "quote"
+    PRICE_TOO_LOW = "price-too-low"
+    PRICE_LOOKUP_FAILED = "price-lookup-failed"
+    HOST_STARTED = "host-started"
+    RECLAIM_NOTICE = "reclaim-notice"
+    HOST_BUSY = "host-busy"
+    HOST_UNREACHABLE = "host-unreachable"
+    SSH_RETRY = "ssh-retry"
+    SSH_HOST_KEY_TRUSTED = "ssh-host-key-trusted"
+    STORE_CREDENTIALS = "store-credentials"
+    STORE_CREDENTIALS_RENEWED = "store-credentials-renewed"
+    STORE_CREDENTIALS_FAILED = "store-credentials-failed"
+    # -- what the run cost (costs/) ------------------------------------------------------------------
+    REPRICED = "repriced"
+    PRICE_HISTORY_FAILED = "price-history-failed"
+    BUCKET_SIZE_FAILED = "bucket-size-failed"
+    GC_TERMINATED = "gc-terminated"
+    # -- batch jobs (batch/) ------------------------------------------------------------------------
+    BATCH_SUBMITTED = "batch-submitted"
+    BATCH_CANCELLED = "batch-cancelled"
+    BATCH_CANCEL_MARKER_FAILED = "batch-cancel-marker-failed"
+    BATCH_SUCCEEDED = "batch-succeeded"
+    BATCH_FAILED = "batch-failed"
+    BATCH_STOPPED = "batch-stopped"
+    WORKER_STARTED = "worker-started"
+    WORKER_EXITED = "worker-exited"
+
+
+# Spellings of earlier releases, read back from old journals and state files.
+ALIASES: dict[str, Kind] = {
+    "launch_failed": Kind.LAUNCH_FAILED,
+    "zone_failover": Kind.FAILOVER,
+    "subnet_full": Kind.SUBNET_FULL,
+    "price_too_low": Kind.PRICE_TOO_LOW,
+    "budget": Kind.BUDGET_REACHED,
+    "gc.terminated": Kind.GC_TERMINATED,
+}
+
+
+def parse(kind: str) -> Kind | str:
+    """The member for a stored kind (an old spelling gives today's); an unknown kind stays a string.
+
+    Unknown kinds are kept rather than refused: a journal written by a newer sdcloud must still
+    be readable by this one, and its rows shown as they are.
+    """
+    if isinstance(kind, Kind):
+        return kind
+    try:
+        return Kind(kind)
+    except ValueError:
+        return ALIASES.get(kind, kind)
+
+
+def run_ended(state: str) -> Kind:
+    """The kind that records a run's end in `state` (succeeded, failed, stopped)."""
+    return Kind(f"run-{state}")
+
+
+def batch_ended(state: str) -> Kind:
+    """The kind that records a batch job's end in `state` (succeeded, failed, stopped)."""
+    return Kind(f"batch-{state}")
+
+
+# -- groups: the kinds a reader asks about together ------------------------------------------------
+RUN_ENDED = frozenset({Kind.RUN_SUCCEEDED, Kind.RUN_FAILED, Kind.RUN_STOPPED})
+BATCH_ENDED = frozenset({Kind.BATCH_SUCCEEDED, Kind.BATCH_FAILED, Kind.BATCH_STOPPED})
+# Something went wrong that the user may need to act on (shown even under -q).
+FAILURES = frozenset({
+    Kind.RUN_FAILED, Kind.BATCH_FAILED, Kind.LAUNCH_FAILED, Kind.BOOT_FAILED, Kind.HOST_FAILED, Kind.HOST_LOST,
+    Kind.STORE_UNREACHABLE, Kind.STRAYS, Kind.TERMINATE_FAILED, Kind.SWEEP_FAILED, Kind.PRICE_HISTORY_FAILED,
+    Kind.PRICE_LOOKUP_FAILED, Kind.BUCKET_SIZE_FAILED, Kind.STORE_CREDENTIALS_FAILED, Kind.PRUNE_FAILED,
+    Kind.HEARTBEAT_FAILED, Kind.JOURNAL_DEFERRED, Kind.BATCH_CANCEL_MARKER_FAILED, Kind.HOST_UNREACHABLE,
+})
+# A host went away: reclaimed by the cloud or lost without a word.
+HOST_GONE = frozenset({Kind.RECLAIMED, Kind.HOST_LOST})
+# Who drives the run.
+DRIVER = frozenset({Kind.DRIVER_TOOK_OVER, Kind.DRIVER_LOST, Kind.HANDED_OVER, Kind.JOURNAL_DEFERRED})
+# What the host said about itself (its boot, its health, its memory).
+HOST = frozenset({Kind.BOOT_FAILED, Kind.HOST_FAILED, Kind.HOST_STARTED, Kind.RECLAIM_NOTICE, Kind.STORE_UNREACHABLE,
+                  Kind.STORE_REACHABLE, Kind.PRUNE_FAILED, Kind.HEALTH, Kind.OOM_RETRY, Kind.OUT_OF_MEMORY,
+                  Kind.SELF_ENDED})
+
+
+@dataclass(frozen=True)
+class Fields:
+    """The fields a kind's events carry (the keys of its JSON object); `docs/runs.md` shows examples."""
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+
+
+# Each kind's fields, as the code that records it writes them. A test records one of each and checks it.
+FIELDS: dict[Kind, Fields] = {
+    Kind.RUN_SUCCEEDED: Fields((), ("reason",)),
+    Kind.RUN_FAILED: Fields(("reason",)),
+    Kind.RUN_STOPPED: Fields(("reason",)),
+    Kind.RESUME: Fields(("from_state", "step", "changed"), ("spent_usd",)),
+    Kind.RESUMED: Fields(("attempt", "from_step", "lost_steps"), ("instance_type", "zone")),
+    Kind.PROGRESS: Fields(("attempt", "step", "total"), ("phase", "it_per_s", "cost")),
+    Kind.BUDGET_WARNING: Fields(("pct", "budget", "spent")),
+    Kind.BUDGET_REACHED: Fields((), ("attempt", "budget", "spent", "budget_usd", "cost_usd")),
+    Kind.DEADLINE_FALLBACK: Fields(("attempt", "to")),
+    Kind.SPOT_UNAVAILABLE: Fields(("failed_launches",), ("next",)),
+    Kind.DATASET_UPLOADED: Fields(("files", "sent", "mb", "seconds")),
+    Kind.MODEL_UPLOADED: Fields(("sent", "seconds"), ("cached",)),
+    Kind.SELF_ENDED: Fields(("attempt", "reason"), ("action", "at", "error", "unattended")),
+    Kind.HEARTBEAT_FAILED: Fields(("error",)),
+    Kind.PULLED: Fields(("dir",)),
+    Kind.DRIVER_TOOK_OVER: Fields(("driver",)),
+    Kind.DRIVER_LOST: Fields(("driver",), ("holder",)),
+    Kind.HANDED_OVER: Fields(("to",)),
+    Kind.JOURNAL_DEFERRED: Fields(("error",)),
+    Kind.BOOT_FAILED: Fields(("attempt", "instance", "boot_phase"), ("reason",)),
+    Kind.HOST_FAILED: Fields(("attempt",), ("instance", "cause", "phase", "reason", "state")),
+    Kind.STORE_UNREACHABLE: Fields(("error",), ("for_s", "retry_s")),
+    Kind.STORE_REACHABLE: Fields((), ("after_s",)),
+    Kind.PRUNE_FAILED: Fields(("attempt", "error")),
+    Kind.HEALTH: Fields(("attempt",)),
+    Kind.OOM_RETRY: Fields(("attempt",)),
+    Kind.OUT_OF_MEMORY: Fields(("attempt",), ("offer", "vram_mib", "rungs", "next")),
+    Kind.LAUNCHING: Fields(("attempt", "offer", "market"), ("price_usd",)),
+    Kind.LAUNCHED: Fields((), ("attempt", "instance", "instance_id", "instance_type", "provider", "region", "zone",
+                               "market", "max_price", "currency", "token", "adopted", "host", "pid")),
+    Kind.LAUNCH_FAILED: Fields((), ("attempt", "error", "offer", "instance", "provider", "state", "zone")),
+    Kind.ADOPTED: Fields((), ("instance", "instance_id", "provider", "region", "zone", "token")),
+    Kind.RECLAIMED: Fields(("attempt",), ("instance", "reported", "heartbeat_age_s")),
+    Kind.HOST_LOST: Fields(("attempt",), ("instance", "reported", "heartbeat_age_s")),
+    Kind.RECONCILE: Fields(("action",), ("attempt", "instance")),
+    Kind.STRAYS: Fields(("instances",)),
+    Kind.SWEEP_FAILED: Fields(("error",)),
+    Kind.TERMINATE_FAILED: Fields(("attempt", "error")),
+    Kind.ZONES_UNKNOWN: Fields(("region", "error")),
+    Kind.RETRY: Fields(("call",), ("action", "attempt", "code", "provider", "region", "wait_s")),
+    Kind.FAILOVER: Fields(("zone",), ("code", "reason", "provider", "region", "next_zone", "instance_type", "market",
+                                      "max_price", "current_price")),
+    Kind.SUBNET_FULL: Fields(("subnet",), ("code", "provider", "zone", "next_subnet", "next_zone")),
+    Kind.QUOTA: Fields(("code",), ("provider", "region", "zone", "instance_type", "market")),
+    Kind.QUOTE: Fields(("price",), ("currency", "instance_type", "market", "max_price", "provider", "zone")),
+    Kind.PRICE_TOO_LOW: Fields(("max_price",), ("currency", "current_price", "provider", "zone")),
+    Kind.PRICE_LOOKUP_FAILED: Fields(("code",), ("provider", "region")),
+    Kind.HOST_STARTED: Fields(("instance",), ("pid",)),
+    Kind.RECLAIM_NOTICE: Fields(("instance",), ("simulated", "terminate_at")),
+    Kind.HOST_BUSY: Fields(("host",), ("run",)),
+    Kind.HOST_UNREACHABLE: Fields(("host",), ("error",)),
+    Kind.SSH_RETRY: Fields(("host", "op"), ("error",)),
+    Kind.SSH_HOST_KEY_TRUSTED: Fields(("host", "fingerprint"), ("address", "key_type")),
+    Kind.STORE_CREDENTIALS: Fields(("instance",), ("expires",)),
+    Kind.STORE_CREDENTIALS_RENEWED: Fields(("instance",), ("expires",)),
+    Kind.STORE_CREDENTIALS_FAILED: Fields(("instance", "error")),
+    Kind.REPRICED: Fields(("attempt", "price_usd", "source")),
+    Kind.PRICE_HISTORY_FAILED: Fields(("attempt", "error")),
+    Kind.BUCKET_SIZE_FAILED: Fields(("attempt", "error")),
+    Kind.GC_TERMINATED: Fields(("instance_id",), ("provider", "region")),
+    Kind.BATCH_SUBMITTED: Fields(("items",), ("images", "workers")),
+    Kind.BATCH_CANCELLED: Fields((), ("reason",)),
+    Kind.BATCH_CANCEL_MARKER_FAILED: Fields(("error",)),
+    Kind.BATCH_SUCCEEDED: Fields((), ("reason",)),
+    Kind.BATCH_FAILED: Fields((), ("reason",)),
+    Kind.BATCH_STOPPED: Fields((), ("reason",)),
+    Kind.WORKER_STARTED: Fields(("slot",), ("n", "pid")),
+    Kind.WORKER_EXITED: Fields(("slot",), ("pid", "rc")),
+}

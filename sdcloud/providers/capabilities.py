@@ -1,0 +1,77 @@
+"""A provider's optional powers, each a protocol checked with isinstance.
+
+`base.Provider` is what every provider does (offers, launch, describe, terminate, find_tagged,
+price_history). What only some can do is one protocol here; callers ask
+`isinstance(provider, HasZones)` instead of probing attributes by name, so a typo is an import
+error rather than a silently skipped feature, and `tests/test_provider_capabilities.py` lists what
+each provider can do.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from .base import EventSink, Instance
+
+
+@runtime_checkable
+class HasZones(Protocol):
+    """Lists a region's zones, so that the optimizer's offers split into one candidate per zone."""
+
+    def zones(self, region: str) -> list[str]: ...
+
+
+@runtime_checkable
+class ChecksCredentials(Protocol):
+    """Can tell before anything is created whether the user's credentials work (one line, exit 2)."""
+
+    def check_credentials(self) -> None: ...
+
+
+@runtime_checkable
+class RenewsHostCredentials(Protocol):
+    """Hands a long-running host fresh, short-lived store credentials (own boxes have no role)."""
+
+    def renew_credentials(self, instance_id: str, run_id: str, store_conf: dict, events: EventSink = ...) -> bool: ...
+
+
+@runtime_checkable
+class HasShell(Protocol):
+    """`sdcloud ssh RUN`: the argv that opens a shell on the run's host."""
+
+    def ssh_argv(self, instance: Instance | str) -> list[str]: ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """Holds connections or servers that the command must close when it ends."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class SimulatesReclaim(Protocol):
+    """Can announce a reclaim on its own host (`--simulate-preemption`)."""
+
+    def schedule_reclaim(self, instance_id: str, after_seconds: float, events: EventSink = ...) -> None: ...
+
+
+@runtime_checkable
+class HasHostDir(Protocol):
+    """Its hosts' working directories are readable here (this machine), e.g. the boot log."""
+
+    def host_dir(self, instance_id: str) -> str | None: ...
+
+
+@runtime_checkable
+class ReportsSearchErrors(Protocol):
+    """A search across regions (find_tagged) that kept going past a region's error says which failed."""
+
+    last_errors: list
+
+
+@runtime_checkable
+class ReconcilesBill(Protocol):
+    """Reads what the cloud's bill says a run or an instance cost (`sdcloud cost reconcile`)."""
+
+    def billed(self, runs: list[dict], start: float, end: float) -> dict[str, float | None]: ...

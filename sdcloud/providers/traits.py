@@ -1,0 +1,149 @@
+"""What each provider is, declared as data: the one place the rest of sdcloud learns about a cloud.
+
+Each `providers/<name>/__init__.py` declares a `TRAITS = ProviderTraits(...)` without importing
+its SDK, so that `sdcloud --help`, the CLI's choice lists, the stacks, the cloud function's handler
+and the cost report can all read it cheaply. Code outside `providers/` asks these records (or a
+capability protocol of `capabilities.py`), never a provider's name: a fifth provider is then one
+new folder, not a hunt through the house for `== "aws"`.
+
+`names(where=...)` answers every "which providers ..." question (the CLI's `--provider` choices,
+the providers that have a stack, a catalog, a cloud function).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cache
+
+# Every provider's package, in the order the CLI lists them.
+PACKAGES = ("aws", "tencent", "local", "ssh")
+
+
+class Hosts(StrEnum):
+    """Whose machines a provider runs on; it decides pricing, teardown and what a deadline can buy."""
+    CLOUD = "cloud"  # rented by the hour from a cloud: spot and on-demand, zones, a stack, a bill
+    OWN = "own"  # boxes the user owns (SSH): no bill, no spot market, nothing to tear down
+    THIS_MACHINE = "this-machine"  # this computer: files are read in place, nothing is uploaded first
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How the controller watches a host of this provider."""
+    poll_seconds: float  # between two controller steps
+    boot_timeout: float  # launch to first heartbeat before the host counts as failed
+    heartbeat_timeout: float  # a heartbeat older than this: the host is lost
+    cooldown_seconds: float  # a zone reclaimed or sold out is skipped this long (fleet/lifecycle.py)
+
+
+@dataclass(frozen=True)
+class HostTraits:
+    """What the host agent is told about the machine it runs on (the agent config's keys)."""
+    nvme: bool  # prepare local NVMe for data and checkpoints (cloud GPU hosts have it)
+    gpu_required: bool  # refuse to train without CUDA (a box of the user's may train on CPU)
+    metadata: str  # which of the agent's clouds/ modules watches the notice: "aws", "tencent" or "none"
+    heartbeat_seconds: float
+    poll_seconds: float
+
+
+@dataclass(frozen=True)
+class Billing:
+    """How the provider bills a host (costs/billing_rules.py applies it)."""
+    currency: str  # the currency its prices are quoted in (Tencent's international site: USD)
+    granularity_seconds: float = 1.0  # per-second billing on both clouds
+    minimum_seconds: float = 0.0  # AWS bills at least 60 s per instance start
+    # AWS does not charge a spot instance it interrupts in its first hour.
+    free_spot_interrupt_seconds: float = 0.0
+    free: bool = False  # no bill at all unless the user gave an hourly price (own boxes, this machine)
+
+
+@dataclass(frozen=True)
+class CloudFunction:
+    """The provider's cloud driver (runs/unattended.py): the one copy of its settings.
+
+    The stacks create the function from these figures, the handler stops its steps `safety_seconds`
+    before `timeout_seconds`, and the cost report prices each invocation from them.
+    """
+    name: str  # the driver's name in the lease and the journal ("aws-lambda")
+    runtime: str
+    timeout_seconds: int  # below the schedule's period, so that two invocations never overlap
+    memory_mb: int
+    safety_seconds: float  # the handler's margin before the timeout: the journal is written back
+    schedule_seconds: int
+    # List prices in USD, first tier, no free tier (docs/runs.md "The cloud driver's cost"); None: unpriced.
+    request_usd: float | None = None
+    gb_second_usd: float | None = None
+    price_source: str = ""
+
+    @property
+    def memory_gb(self) -> float:
+        return self.memory_mb / 1024.0
+
+
+@dataclass(frozen=True)
+class ProviderTraits:
+    name: str
+    hosts: Hosts
+    adapter: str  # the module whose PROVIDER_CLASS is the Provider (imported only when used)
+    timing: Timing
+    host: HostTraits
+    billing: Billing
+    default_region: str = ""
+    # The Pulumi stack under stacks/ (None: this provider needs no infrastructure).
+    stack: str | None = None
+    # The bucket dialects a run's store may use on this provider ("s3", "cos"); () = none is needed.
+    stores: tuple[str, ...] = ()
+    # Where past spot prices come from: "history" (the cloud's price history API), "samples" (the
+    # controller samples the quote while the host runs), None (no spot market).
+    spot_prices: str | None = None
+    # A bundled price catalog in sdcloud/data/catalog/<name>.csv that `offers` ranks.
+    catalog: bool = False
+    function: CloudFunction | None = None
+    # Environment variable that overrides `default_region` (AWS_DEFAULT_REGION), if any.
+    region_env: str | None = None
+    # config.toml sections this provider reads (besides [defaults]); `config show` lists them.
+    config_sections: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def is_cloud(self) -> bool:
+        return self.hosts is Hosts.CLOUD
+
+    @property
+    def free(self) -> bool:
+        return self.billing.free
+
+
+@cache
+def traits(name: str) -> ProviderTraits:
+    """The traits of provider `name` (an exact name; match user input with `names.match_name` first)."""
+    if name not in PACKAGES:
+        raise KeyError(name)
+    return importlib.import_module(f"sdcloud.providers.{name}").TRAITS
+
+
+def every() -> list[ProviderTraits]:
+    return [traits(n) for n in PACKAGES]
+
+
+def names(where: Callable[[ProviderTraits], bool] | None = None) -> tuple[str, ...]:
+    """The providers whose traits satisfy `where` (all of them without it), in PACKAGES order."""
+    return tuple(t.name for t in every() if where is None or where(t))
+
+
+# Predicates for names(where=...), named for what the caller asks.
+def is_cloud(t: ProviderTraits) -> bool:
+    return t.is_cloud
+
+
+def has_stack(t: ProviderTraits) -> bool:
+    return t.stack is not None
+
+
+def has_function(t: ProviderTraits) -> bool:
+    return t.function is not None
+
+
+def has_catalog(t: ProviderTraits) -> bool:
+    return t.catalog
