@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Lower ranks are lower in the house: a module may import its own rank or below, never above.
 RANKS = {
-    "config": 0, "durations": 0, "errors": 0, "render": 0, "names": 0, "clock": 0, "__init__": 0, "__main__": 0,
+    "config": 0, "durations": 0, "errors": 0, "render": 0, "names": 0, "clock": 0, "events": 0, "__init__": 0, "__main__": 0,
     "offers": 1, "spot": 1,
     "providers": 2,
     "fleet": 3,
@@ -136,3 +136,87 @@ def imports_of_agent(path: Path, rel: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and not node.level:
             found.add(node.module or "")
     return found
+
+
+# -- the house's rules (issue 32): a provider is one folder, events have names ---------------------
+
+PROVIDER_NAMES = ("aws", "tencent", "local", "ssh")
+EVENT_CALLS = {"event", "events", "emit"}
+
+
+def _is_name(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value in PROVIDER_NAMES
+
+
+def _names_a_provider(node: ast.AST) -> bool:
+    return _is_name(node) or (isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_is_name(e) for e in node.elts))
+
+
+def house_rule_breaches(source: str, where: str) -> list[str]:
+    """Provider-name comparisons and sets, attribute probes of a provider, imports of one provider's
+    package and event kinds written as bare strings, in one module outside sdcloud/providers/."""
+    bad = []
+    for n in ast.walk(ast.parse(source)):
+        line = f"{where}:{getattr(n, 'lineno', 0)}"
+        if isinstance(n, ast.Compare) and (_is_name(n.left) or any(_names_a_provider(c) for c in n.comparators)):
+            bad.append(f"{line} compares to a provider name: {ast.unparse(n)[:80]}")
+        elif isinstance(n, (ast.Tuple, ast.List, ast.Set)) and sum(_is_name(e) for e in n.elts) >= 2:
+            bad.append(f"{line} spells out a set of providers (use providers.traits.names(where=...)): {ast.unparse(n)[:80]}")
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr") and n.args \
+                and "prov" in ast.unparse(n.args[0]):
+            bad.append(f"{line} probes a provider by attribute name (use a capabilities protocol): {ast.unparse(n)[:80]}")
+        elif isinstance(n, ast.ImportFrom) and n.module and any(
+                f"providers.{p}" in n.module or (n.module.endswith("providers") and any(a.name == p for a in n.names))
+                for p in PROVIDER_NAMES):
+            bad.append(f"{line} imports one provider's package: {n.module}")
+        elif isinstance(n, ast.Import) and any(f"providers.{p}" in a.name for a in n.names for p in PROVIDER_NAMES):
+            bad.append(f"{line} imports one provider's package")
+        elif isinstance(n, ast.Call):
+            fname = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+            if fname in EVENT_CALLS:
+                for a in n.args[:2]:
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str) or isinstance(a, (ast.JoinedStr, ast.BinOp)):
+                        bad.append(f"{line} records an event kind as a bare string (use sdcloud.events.Kind): "
+                                   f"{ast.unparse(a)[:40]}")
+                        break
+    return bad
+
+
+def test_outside_providers_no_module_names_a_provider_or_an_event_as_a_string():
+    bad = []
+    for path in sorted((ROOT / "sdcloud").rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[:2] == ("sdcloud", "providers"):
+            # Inside a provider's folder its own name is its own business; events are still members.
+            bad += [b for b in house_rule_breaches(path.read_text(), str(rel)) if "event kind" in b]
+            continue
+        bad += house_rule_breaches(path.read_text(), str(rel))
+    assert not bad, "the house's rules (docs/architecture.md):\n" + "\n".join(bad)
+
+
+def test_the_house_rules_can_fail():
+    src = (
+        "from sdcloud.providers.tencent import storage\n"
+        "if spec.provider == 'aws': pass\n"
+        "CLOUDS = ('aws', 'tencent')\n"
+        "x = getattr(provider, 'zones', None)\n"
+        "ctrl.event('launched', {})\n"
+        "ctrl.event('run-' + state, {})\n"
+        "ok = Kind.LAUNCHED\n"
+    )
+    found = house_rule_breaches(src, "m.py")
+    assert len(found) == 6, found
+
+
+LONG_MODULE_LINES = 450
+
+
+def test_no_module_is_over_450_lines_unless_the_architecture_says_why():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    long_ = []
+    for base in ("sdcloud", "bootstrap"):
+        for path in sorted((ROOT / base).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if sum(1 for _ in path.open()) > LONG_MODULE_LINES and f"`{rel}`" not in doc:
+                long_.append(rel)
+    assert not long_, f"modules over {LONG_MODULE_LINES} lines that docs/architecture.md does not explain: {long_}"
