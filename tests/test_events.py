@@ -1,0 +1,58 @@
+"""The event registry (sdcloud/events.py): every kind has its fields, old spellings read back as
+today's kinds, and every kind is recorded somewhere (a kind nobody records is a dead word)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from sdcloud import events
+from sdcloud.events import ALIASES, FIELDS, Kind
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_kind_has_its_fields_and_a_hyphenated_value():
+    assert set(FIELDS) == set(Kind)
+    for kind in Kind:
+        assert kind.value == kind.value.lower() and "_" not in kind.value and "." not in kind.value, kind
+        f = FIELDS[kind]
+        assert not set(f.required) & set(f.optional), kind
+
+
+def test_old_spellings_read_back_as_todays_kinds():
+    for old, new in ALIASES.items():
+        assert old not in {k.value for k in Kind}, f"{old} is an alias and a kind"
+        assert events.parse(old) is new
+    assert events.parse("launch_failed") is Kind.LAUNCH_FAILED
+    assert events.parse("budget") is Kind.BUDGET_REACHED
+    assert events.parse("launched") is Kind.LAUNCHED
+    # A kind written by a newer sdcloud stays readable, as the string it is.
+    assert events.parse("some-future-kind") == "some-future-kind"
+    assert events.run_ended("failed") is Kind.RUN_FAILED and events.batch_ended("stopped") is Kind.BATCH_STOPPED
+
+
+def test_a_kind_stores_and_compares_as_its_value():
+    import json
+
+    assert json.loads(json.dumps({"kind": Kind.HOST_LOST}))["kind"] == "host-lost"
+    assert Kind.HOST_LOST == "host-lost" and Kind.HOST_LOST in events.HOST_GONE
+
+
+def _kinds_named_in(paths) -> set[str]:
+    named = set()
+    for path in paths:
+        for n in ast.walk(ast.parse(path.read_text())):
+            base = n.value if isinstance(n, ast.Attribute) else None
+            if (isinstance(base, ast.Name) and base.id == "Kind") or (isinstance(base, ast.Attribute) and base.attr == "Kind"):
+                named.add(n.attr)
+    return named
+
+
+def test_every_kind_is_recorded_somewhere():
+    code = [p for p in (ROOT / "sdcloud").rglob("*.py") if p.name != "events.py"]
+    named = _kinds_named_in(code)
+    # Kinds recorded through a helper that builds them from a state (run_ended, batch_ended).
+    built = {k.name for k in events.RUN_ENDED | events.BATCH_ENDED}
+    dead = {k.name for k in Kind} - named - built
+    assert not dead, f"kinds nobody records (remove them or record them): {sorted(dead)}"
