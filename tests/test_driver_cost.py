@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sdcloud.costs import driver as drv
+from sdcloud.providers.traits import traits
 
 
 def _run(tmp_path, takeovers: list[str]):
@@ -25,7 +26,8 @@ def test_each_lambda_invocation_is_priced_at_the_functions_size(tmp_path):
     state = _run(tmp_path, ["aws-lambda", "aws-lambda", "aws-lambda", "laptop-1234"])
     cost = run_cost(state, state.get_run("run-d"), now=1e10)
     item = cost["run_items"]["driver"]
-    per_call = 0.20 / 1e6 + (drv.FUNCTION_TIMEOUT_S - drv.SAFETY_S) * drv.MEMORY_GB * 0.0000166667
+    fn = traits("aws").function
+    per_call = 0.20 / 1e6 + (fn.timeout_seconds - fn.safety_seconds) * fn.memory_gb * 0.0000166667
     assert item["usd"] == pytest.approx(3 * per_call, abs=1e-4)
     assert item["detail"]["drivers"] == {"aws-lambda": {"invocations": 3, "gb_seconds": 315.0,
                                                         "usd": round(3 * per_call, 6)}}

@@ -129,7 +129,7 @@ def test_tencent_reclaim_relaunches_in_another_zone_and_finishes(monkeypatch, tm
     monkeypatch.setenv("TENCENTCLOUD_SECRET_ID", SECRET_ID)
     monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", SECRET_KEY)
     monkeypatch.setenv("SDCLOUD_TENCENT_IMAGE_ID", "img-e2e")
-    monkeypatch.setattr(tencent, "METADATA_URL", "http://127.0.0.1:9/")
+    monkeypatch.setattr("sdcloud.providers.tencent.session.METADATA_URL", "http://127.0.0.1:9/")
     boto3.client("s3", endpoint_url=s3_env["endpoint_url"]).create_bucket(Bucket="e2e-ckpt-1250000000")
     with FakeServer() as srv:
         monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", srv.endpoint)

@@ -128,7 +128,7 @@ def test_up_without_credentials_is_one_line(capsys, sdcloud_home, monkeypatch, t
     from sdcloud.providers.tencent import compute as tencent
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no profile files
-    monkeypatch.setattr(tencent, "METADATA_URL", "http://127.0.0.1:9/")  # no CVM role either
+    monkeypatch.setattr("sdcloud.providers.tencent.session.METADATA_URL", "http://127.0.0.1:9/")  # no CVM role either
     code = main(["up", "--provider", provider, "--tier", "sdxl-lora", "--yes"])
     _, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and needle in err

@@ -415,7 +415,7 @@ def test_tencent_host_terminates_itself_with_its_role(monkeypatch, tmp_path, s3_
     monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", SECRET_KEY)
     monkeypatch.setenv("SDCLOUD_TENCENT_IMAGE_ID", "img-e2e")
     monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(tencent, "METADATA_URL", "http://127.0.0.1:9/")
+    monkeypatch.setattr("sdcloud.providers.tencent.session.METADATA_URL", "http://127.0.0.1:9/")
     boto3.client("s3", endpoint_url=s3_env["endpoint_url"]).create_bucket(Bucket="selfend-1250000000")
     with FakeServer() as srv:
         monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", srv.endpoint)

@@ -338,7 +338,8 @@ def _tencent_actions_called() -> set[str]:
     """The CVM actions the Tencent provider sends (its every `self.call(region, "Action", ...)`)."""
     import re
 
-    source = (Path(__file__).resolve().parents[1] / "sdcloud/providers/tencent/compute.py").read_text()
+    folder = Path(__file__).resolve().parents[1] / "sdcloud/providers/tencent"
+    source = "\n".join((folder / m).read_text() for m in ("session.py", "catalog.py", "compute.py"))
     return {f"name/cvm:{a}" for a in re.findall(r'self\.call\(\s*\w+,\s*"([A-Za-z]+)"', source)}
 
 

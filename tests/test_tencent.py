@@ -47,7 +47,7 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setenv("TENCENTCLOUD_SECRET_ID", SECRET_ID)
     monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", SECRET_KEY)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no developer profile file
-    monkeypatch.setattr(tencent, "METADATA_URL", "http://127.0.0.1:9/")  # no metadata service, no network
+    monkeypatch.setattr("sdcloud.providers.tencent.session.METADATA_URL", "http://127.0.0.1:9/")  # no metadata service, no network
     with FakeServer() as srv:
         monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", srv.endpoint)
         for template_id in ("lt-fake0001", "lt-gz3", "lt-gz4"):
@@ -155,7 +155,7 @@ def test_cvm_role_credentials(fake, monkeypatch):
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Metadata)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        monkeypatch.setattr(tencent, "METADATA_URL", f"http://127.0.0.1:{httpd.server_address[1]}/latest/meta-data/")
+        monkeypatch.setattr("sdcloud.providers.tencent.session.METADATA_URL", f"http://127.0.0.1:{httpd.server_address[1]}/latest/meta-data/")
         assert provider().find_tagged(regions=[REGION]) == []
     finally:
         httpd.shutdown()
@@ -296,7 +296,7 @@ def test_sold_out_fails_over_across_zones(fake):
     events = Events()
     inst = provider().launch(Offer(row(), "spot"), spec(), "spot", events=events)
     assert inst.zone == "ap-guangzhou-6"
-    hops = [d for k, d in events if k == "zone_failover"]
+    hops = [d for k, d in events if k == "failover"]
     # The zone the catalog says is sold out is tried last, after the in-stock ones.
     assert [h["zone"] for h in hops] == ["ap-guangzhou-4"]
     fake.cvm.set_sold_out("ap-guangzhou-4", "GN7.2XLARGE32")
@@ -304,7 +304,7 @@ def test_sold_out_fails_over_across_zones(fake):
     events = Events()
     with pytest.raises(base.CapacityError, match="every zone"):
         provider().launch(Offer(row(), "spot"), spec(attempt=2), "spot", events=events)
-    assert [d["code"] for k, d in events if k == "zone_failover"] == ["ResourceInsufficient.SpecifiedInstanceType"] * 3
+    assert [d["code"] for k, d in events if k == "failover"] == ["ResourceInsufficient.SpecifiedInstanceType"] * 3
     assert len(fake.cvm.live()) == 1
 
 
@@ -361,7 +361,7 @@ def test_launch_failed_moves_to_next_zone_and_is_left_alone(fake):
     fake.cvm.fail_launch.add(("ap-guangzhou-3", "GN7.2XLARGE32"))
     events = Events()
     inst = provider().launch(Offer(row(), "spot"), spec(), "spot", events=events)
-    assert inst.zone == "ap-guangzhou-4" and "launch_failed" in events.kinds()
+    assert inst.zone == "ap-guangzhou-4" and "launch-failed" in events.kinds()
     assert [i.id for i in fake.cvm.live()] == [inst.id]
     # A LAUNCH_FAILED instance is not billed and TerminateInstances refuses it: never asked.
     assert calls(fake, "TerminateInstances") == []

@@ -33,7 +33,7 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setenv("TENCENTCLOUD_SECRET_ID", SECRET_ID)
     monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", SECRET_KEY)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(tencent, "METADATA_URL", "http://127.0.0.1:9/")
+    monkeypatch.setattr("sdcloud.providers.tencent.session.METADATA_URL", "http://127.0.0.1:9/")
     with FakeServer() as srv:
         monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", srv.endpoint)
         yield srv
@@ -79,7 +79,7 @@ def _fails_over(run: Run, code: str) -> None:
     run.launch()
     first = run.attempts()[0]
     assert first.end_reason == "launch-failed"
-    assert any(code in d.get("error", "") or d.get("code") == code for d in run.of("launch-failed") + run.of("zone_failover"))
+    assert any(code in d.get("error", "") or d.get("code") == code for d in run.of("launch-failed") + run.of("failover"))
     run.launch()
     second = run.attempts()[-1]
     assert second.state == "running" and second.instance_id
@@ -112,15 +112,15 @@ def test_spot_out_of_stock_not_sold_and_no_spot_fail_over(fake, tmp_path):
         if run.attempts()[-1].state == "running":
             break
     assert run.attempts()[-1].state == "running" and run.attempts()[-1].instance_type != first.instance_type
-    assert {d["code"] for d in run.of("zone_failover")} == {"UnsupportedOperation.NoInstanceTypeSupportSpot"}
+    assert {d["code"] for d in run.of("failover")} == {"UnsupportedOperation.NoInstanceTypeSupportSpot"}
 
 
 def test_cidr_block_is_a_full_subnet_not_sold_out(fake, tmp_path):
     fake.cvm.inject("RunInstances", "ResourceInsufficient.CidrBlock", times=1)
     run = Run(tmp_path)
     run.launch()
-    (full,) = run.of("subnet_full")
-    assert full["code"] == "ResourceInsufficient.CidrBlock" and not run.of("zone_failover")
+    (full,) = run.of("subnet-full")
+    assert full["code"] == "ResourceInsufficient.CidrBlock" and not run.of("failover")
 
 
 def test_a_full_subnet_tries_the_zones_next_subnet(fake, tmp_path):
@@ -130,7 +130,7 @@ def test_a_full_subnet_tries_the_zones_next_subnet(fake, tmp_path):
     run.launch()
     (att,) = run.attempts()
     assert att.state == "running"
-    (full,) = run.of("subnet_full")
+    (full,) = run.of("subnet-full")
     assert full["code"] == "FailedOperation.NoAvailableIpAddressCountInSubnet" and full["next_subnet"].endswith("b")
     (inst,) = fake.cvm.live()
     assert inst.request["VirtualPrivateCloud"]["SubnetId"] == full["next_subnet"]
@@ -142,7 +142,7 @@ def test_a_full_subnet_without_another_fails_over_to_the_next_zone(fake, tmp_pat
     fake.cvm.full_subnets.add("subnet-6")
     run = Run(tmp_path)
     run.launch()
-    assert run.attempts()[0].end_reason == "launch-failed" and run.of("subnet_full")[0]["next_subnet"] is None
+    assert run.attempts()[0].end_reason == "launch-failed" and run.of("subnet-full")[0]["next_subnet"] is None
     fake.cvm.full_subnets.clear()
     run.launch()
     assert run.attempts()[-1].state == "running"
@@ -154,7 +154,7 @@ def test_price_too_low_reports_the_current_price(fake, tmp_path):
         fake.cvm.inject("RunInstances", "InvalidParameterValue.InsufficientPrice", zone=zone,
                         message="The bid price 2.8650 is lower than the current price 3.1200.")
     run.launch()
-    (low,) = run.of("price_too_low")
+    (low,) = run.of("price-too-low")
     assert low["current_price"] == pytest.approx(3.12)
     (failed,) = run.of("launch-failed")
     assert "3.12" in failed["error"] and run.attempts()[0].end_reason == "launch-failed"

@@ -1,13 +1,15 @@
-"""How each provider bills a host's compute, as documented by the provider.
+"""How each provider bills a host's compute, as the provider declares it (traits(name).billing).
 
-- AWS (EC2): per second with a 60 s minimum for Linux. A spot instance that EC2 interrupts within
-  its first hour is not charged for compute (EC2's rule for interrupted spot instances; an
-  instance the user stops or terminates is charged). Spot is priced at the zone's own price
-  history over the attempt's own seconds.
-- Tencent Cloud (CVM): pay-as-you-go and spot are billed per second and settled hourly, with no
-  minimum; a reclaimed spot instance is charged up to the reclaim. Tencent publishes no spot price
-  history, so spot is priced from the samples sdcloud took at launch and while the host ran.
-- local and ssh: the machine's own price per hour when the user gave one (per second), else free.
+The rules themselves are data in each `providers/<name>/__init__.py`; this module applies them:
+- a minimum billed time per instance start (EC2: 60 s for Linux);
+- a spot instance the cloud interrupts within its first seconds is not charged for compute (EC2:
+  its first hour; an instance the user stops or terminates is charged);
+- free hosts (this machine, the user's boxes): the machine's own price per hour when the user gave
+  one (per second), else nothing;
+- spot is priced at the attempt's own zone's price over the attempt's own seconds: the cloud's
+  price history where it publishes one (`spot_prices = "history"`, AWS), else the samples sdcloud
+  took at launch and while the host ran (`"samples"`, Tencent, whose spot is billed per second,
+  settled hourly, with no minimum, and charged up to the reclaim).
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
+from ..providers.traits import traits
 from .pricing import time_weighted_price, utc
 
-AWS_MIN_SECONDS = 60.0
-AWS_FREE_INTERRUPT_SECONDS = 3600.0
 HOURS_PER_MONTH = 730.0
 
 
@@ -61,30 +62,37 @@ def compute_charge(provider: str, market: str, start: float, end: float, end_rea
     """The compute charge of one attempt that ran from `start` to `end` (unix seconds).
 
     `quote` is the price per hour at launch (the list price for on-demand); `points` the spot
-    price history (AWS) or samples (Tencent) of the attempt's own zone, in `currency`.
+    price history or samples (the provider's `spot_prices`) of the attempt's own zone, in `currency`.
     """
     seconds = max(0.0, end - start)
-    if provider in ("local", "ssh") and not quote:
+    t = traits(provider)
+    rules = t.billing
+    if rules.free and not quote:
         return Charge(0.0, currency, "free", {"seconds": seconds})
     billed = seconds
     rule = None
-    if provider == "aws":
-        billed = max(AWS_MIN_SECONDS, seconds) if seconds > 0 else 0.0
-        if market == "spot" and end_reason == "preempted" and seconds < AWS_FREE_INTERRUPT_SECONDS:
-            return Charge(0.0, currency, "rule", {"seconds": seconds, "billed_seconds": 0.0,
-                                                  "rule": "spot interrupted by EC2 in its first hour: no compute charge"})
-        if billed > seconds:
-            rule = "60 s minimum"
+    if rules.minimum_seconds:
+        billed = max(rules.minimum_seconds, seconds) if seconds > 0 else 0.0
+    if market == "spot" and end_reason == "preempted" and seconds < rules.free_spot_interrupt_seconds:
+        return Charge(0.0, currency, "rule", {"seconds": seconds, "billed_seconds": 0.0,
+                                              "rule": f"spot interrupted by the cloud in its first "
+                                                      f"{_span(rules.free_spot_interrupt_seconds)}: no compute charge"})
+    if billed > seconds:
+        rule = f"{rules.minimum_seconds:g} s minimum"
     price, source = quote, ("list" if market != "spot" else "quote")
     if market == "spot" and points:
         mean = mean_price(points, start, end)
         if mean is not None:
-            price, source = mean, ("price-history" if provider == "aws" else "samples")
+            price, source = mean, ("price-history" if t.spot_prices == "history" else "samples")
     price = price or 0.0
     detail = {"seconds": round(seconds, 3), "billed_seconds": round(billed, 3), "price_per_hour": price}
     if rule:
         detail["rule"] = rule
     return Charge(price * billed / 3600.0, currency, source, detail)
+
+
+def _span(seconds: float) -> str:
+    return "hour" if seconds == 3600 else f"{seconds:g} s"
 
 
 def disk_charge(provider: str, disk_gb: float, seconds: float) -> Charge:

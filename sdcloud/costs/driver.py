@@ -9,38 +9,38 @@ upper bound (an invocation that finishes the run stops early), priced at list pr
 free tier: the free tier is the account's, shared by every run and every other function, so a run
 is charged as if it had none. docs/runs.md ("The cloud driver's cost") has the month's figures.
 
-Prices (USD, x86, first tier):
-- AWS Lambda: $0.20 per 1M requests and $0.0000166667 per GB-second
-  (https://aws.amazon.com/lambda/pricing/, us-east-1, as transcribed on 2026-09-20; free tier
-  1M requests and 400,000 GB-seconds a month).
-- Tencent SCF: its per-GBs and per-invocation unit prices are on https://www.tencentcloud.com/document/product/583/17234,
-  which we could not read into a citable figure; its invocations are counted and their GB-seconds
-  given, priced at 0 with source "unpriced" rather than a guessed price.
+The function's timeout, memory, margin and prices are its provider's `traits(name).function`, the
+one copy that the stacks and the handler read too. A function without a cited price (Tencent SCF:
+its unit prices could not be read into a citable figure) has its invocations counted and their
+GB-seconds given, priced at 0 with source "unpriced" rather than a guessed price.
 """
 
 from __future__ import annotations
 
-# The function's configuration (stacks/aws/driver_policy.py, stacks/tencent/scf_policy.py) and
-# the handler's margin (sdcloud/runs/unattended.py SAFETY_SECONDS).
-FUNCTION_TIMEOUT_S = 240.0
-SAFETY_S = 30.0
-MEMORY_GB = 0.5
-PRICES = {
-    "aws-lambda": {"request_usd": 0.20 / 1_000_000, "gb_second_usd": 0.0000166667,
-                   "source": "https://aws.amazon.com/lambda/pricing/ (2026-09-20)"},
-}
-DRIVERS = ("aws-lambda", "tencent-scf")
+from ..events import Kind
+from ..providers.traits import CloudFunction, has_function, names, traits
+
+
+def functions() -> dict[str, CloudFunction]:
+    """Every provider's cloud function, by the driver name its lease and journal record."""
+    return {f.name: f for f in (traits(n).function for n in names(where=has_function)) if f is not None}
 
 
 def invocations(events: list[dict]) -> dict[str, int]:
     """Invocations of each cloud driver that took the run, from its events."""
+    known = functions()
     out: dict[str, int] = {}
     for e in events:
-        if e["kind"] == "driver-took-over":
+        if e["kind"] == Kind.DRIVER_TOOK_OVER:
             name = (e.get("data") or {}).get("driver")
-            if name in DRIVERS:
+            if name in known:
                 out[name] = out.get(name, 0) + 1
     return out
+
+
+def seconds_per_invocation(fn: CloudFunction) -> float:
+    """How long one invocation that keeps stepping a live run lasts: the timeout less the margin."""
+    return float(fn.timeout_seconds) - fn.safety_seconds
 
 
 def driver_item(events: list[dict]) -> dict | None:
@@ -48,19 +48,22 @@ def driver_item(events: list[dict]) -> dict | None:
     counts = invocations(events)
     if not counts:
         return None
-    seconds = FUNCTION_TIMEOUT_S - SAFETY_S
+    known = functions()
     usd = 0.0
     per_driver = {}
     unpriced = []
+    seconds = memory_gb = 0.0
     for name, n in sorted(counts.items()):
-        gb_s = n * seconds * MEMORY_GB
-        price = PRICES.get(name)
-        cost = n * price["request_usd"] + gb_s * price["gb_second_usd"] if price else 0.0
-        if price is None:
+        fn = known[name]
+        seconds, memory_gb = seconds_per_invocation(fn), fn.memory_gb
+        gb_s = n * seconds * memory_gb
+        priced = fn.request_usd is not None and fn.gb_second_usd is not None
+        cost = n * fn.request_usd + gb_s * fn.gb_second_usd if priced else 0.0
+        if not priced:
             unpriced.append(name)
         usd += cost
         per_driver[name] = {"invocations": n, "gb_seconds": round(gb_s, 1), "usd": round(cost, 6)}
     return {"item": "driver", "amount": usd, "currency": "USD", "usd": usd,
             "source": "unpriced" if unpriced and usd == 0 else "list-price",
-            "detail": {"drivers": per_driver, "seconds_per_invocation": seconds, "memory_gb": MEMORY_GB,
+            "detail": {"drivers": per_driver, "seconds_per_invocation": seconds, "memory_gb": memory_gb,
                        "unpriced": unpriced}}

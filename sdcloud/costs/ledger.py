@@ -2,8 +2,10 @@
 
 The controller calls three functions: `started` when a host is up (the price it was launched at
 and the list price of the same type), `observe` at every poll (progress, for the time lost to a
-reclaim; a Tencent spot price sample now and then) and `closed` when the attempt ends (the AWS
-spot price history of its zone, the bucket's size; then every item is priced and stored).
+reclaim; a spot price sample now and then where the cloud keeps no price history) and `closed`
+when the attempt ends (the spot price history of its zone where the cloud has one, the bucket's
+size; then every item is priced and stored). Which of the two a provider has is its
+`traits(name).spot_prices`.
 `run_cost` adds a run up: items per attempt, time lost to reclaims, the on-demand
 counterfactual, the billed amount when reconciliation found one.
 
@@ -16,10 +18,13 @@ import time
 from typing import Any, Callable
 
 from .. import config
+from ..events import Kind
+from ..providers.capabilities import HasPriceHistory
+from ..providers.traits import traits
 from .billing_rules import (Charge, bucket_charge, compute_charge, disk_charge, egress_charge, mean_price,
                             native_currency, request_charge)
 
-# How often a Tencent spot host's price is sampled while it runs (Tencent keeps no price history).
+# How often a spot host's price is sampled while it runs, where the cloud keeps no price history.
 SAMPLE_SECONDS = 900.0
 # The agent rewrites status.json every heartbeat; the controller reads it every poll (cloud hosts).
 HEARTBEAT_SECONDS = 10.0
@@ -33,6 +38,11 @@ def _item(name: str, charge: Charge) -> dict:
             "usd": charge.amount * config.usd_per(charge.currency), "source": charge.source, "detail": charge.detail}
 
 
+def _samples(provider: str) -> bool:
+    """Whether spot on this provider is priced from sdcloud's own samples (the cloud keeps no history)."""
+    return traits(provider).spot_prices == "samples"
+
+
 # -- hooks for the controller ------------------------------------------------------------------------
 def started(state, run_id: str, n: int, offer, market: str, disk_gb: float, zone: str | None = None,
             at: float | None = None) -> None:
@@ -41,7 +51,7 @@ def started(state, run_id: str, n: int, offer, market: str, disk_gb: float, zone
     quote = row.spot_price if market == "spot" else row.ondemand_price
     state.set_attempt_costs(run_id, n, currency=row.currency, quote_price=quote, ondemand_price=row.ondemand_price,
                             disk_gb=disk_gb)
-    if market == "spot" and row.provider == "tencent" and quote is not None:
+    if market == "spot" and _samples(row.provider) and quote is not None:
         # The price at launch is the first sample of the attempt's own price.
         at = at or time.time()
         state.add_price_sample(row.provider, row.region, zone or row.zone, row.instance_type, "spot", quote, row.currency, at=at)
@@ -50,7 +60,7 @@ def started(state, run_id: str, n: int, offer, market: str, disk_gb: float, zone
 
 def observe(state, run_id: str, attempt, status: dict | None, sample: Callable[[], list] | None = None,
             now: float | None = None) -> None:
-    """Progress of a running attempt; a fresh Tencent spot price sample every SAMPLE_SECONDS."""
+    """Progress of a running attempt; a fresh spot price sample every SAMPLE_SECONDS (clouds without a history)."""
     now = now or time.time()
     row = state.attempt_costs(run_id).get(attempt.n) or {}
     fields: dict[str, Any] = {}
@@ -61,15 +71,15 @@ def observe(state, run_id: str, attempt, status: dict | None, sample: Callable[[
         fields.update(last_step=step, last_step_at=float(status.get("time") or now))
         if status.get("it_per_s"):
             fields["it_per_s"] = float(status["it_per_s"])
-    if (attempt.provider == "tencent" and attempt.market == "spot" and sample is not None and attempt.zone
+    if (attempt.market == "spot" and _samples(attempt.provider) and sample is not None and attempt.zone
             and now - (row.get("last_sample") or 0.0) >= SAMPLE_SECONDS):
         try:
             points = sample()
         except Exception:  # noqa: BLE001 - a failed sample only means the previous price holds longer
             points = []
         for _, price in points[-1:]:
-            state.add_price_sample("tencent", attempt.region or "", attempt.zone, attempt.instance_type or "", "spot",
-                                   price, row.get("currency") or native_currency("tencent"), at=now)
+            state.add_price_sample(attempt.provider, attempt.region or "", attempt.zone, attempt.instance_type or "",
+                                   "spot", price, row.get("currency") or native_currency(attempt.provider), at=now)
         fields["last_sample"] = now
     if fields:
         state.set_attempt_costs(run_id, attempt.n, **fields)
@@ -84,28 +94,29 @@ def closed(state, run_id: str, n: int, provider=None, store=None, events: Callab
     a = next((x for x in state.attempts(run_id) if x.n == n), None)
     if a is None or a.start is None or a.end is None:
         return []
-    history = getattr(provider, "price_history", None)
-    if a.market == "spot" and a.provider == "aws" and history is not None and a.zone:
+    if a.market == "spot" and isinstance(provider, HasPriceHistory) and traits(a.provider).spot_prices == "history" and a.zone:
         try:
-            points = history(a.instance_type, a.zone, utc(a.start - 3600), utc(a.end))
+            points = provider.price_history(a.instance_type, a.zone, utc(a.start - 3600), utc(a.end))
         except Exception as exc:  # noqa: BLE001 - the launch quote is the fallback, marked as such
-            events("price-history-failed", {"attempt": n, "error": str(exc)})
+            events(Kind.PRICE_HISTORY_FAILED, {"attempt": n, "error": str(exc)})
             points = []
+        currency = traits(a.provider).billing.currency
         for at, price in points:
-            state.add_price_sample("aws", a.region or "", a.zone, a.instance_type or "", "spot", price, "USD", at=at.timestamp())
+            state.add_price_sample(a.provider, a.region or "", a.zone, a.instance_type or "", "spot", price, currency,
+                                   at=at.timestamp())
     if store is not None:
         try:
             objs = store.list(f"runs/{run_id}/")
             state.set_attempt_costs(run_id, n, bucket_bytes=sum(o.size for o in objs), bucket_objects=len(objs))
         except Exception as exc:  # noqa: BLE001 - the bucket item is then priced from the last known size
-            events("bucket-size-failed", {"attempt": n, "error": str(exc)})
+            events(Kind.BUCKET_SIZE_FAILED, {"attempt": n, "error": str(exc)})
     items = price_attempt(state, run_id, a, heartbeat_s=heartbeat_s, poll_s=poll_s)
     state.put_ledger(run_id, n, items)
     compute = next((i for i in items if i["item"] == "compute"), None)
     if compute and compute["source"] in ("price-history", "samples"):
         price = compute["detail"]["price_per_hour"] * config.usd_per(compute["currency"])
         state.update_attempt(run_id, n, price=price)
-        events("repriced", {"attempt": n, "price_usd": round(price, 5), "source": compute["source"]})
+        events(Kind.REPRICED, {"attempt": n, "price_usd": round(price, 5), "source": compute["source"]})
     return items
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import UserError
+from ..events import Kind
 from ..offers.catalog import CatalogRow, load_catalog
 from ..offers.optimizer import Offer, rank
 from ..offers.tiers import Tier
 from ..providers.base import ProviderError
+from ..providers.capabilities import HasZones
+from ..providers.traits import traits
 from ..spot.policy import ON_DEMAND, SPOT
 
 # How many of the best offers of each market a fleet keeps as candidates.
@@ -28,11 +31,12 @@ def attempt_zone_key(provider: str, region: str | None, zone: str | None, instan
 
 def candidates(provider, tier: Tier, market: str, *, max_price: float | None, region: str | None, job_size: int,
                events: Callable[[str, dict], None], gpus_used: int | None = None) -> list[Offer]:
-    """The offers to choose from. Local and SSH providers list their own; clouds rank the catalog.
+    """The offers to choose from. A provider without a price catalog (this machine, the user's
+    boxes) lists its own; the others rank their catalog.
 
     `gpus_used`: how many of a host's GPUs the owner's work drives (None: all), so that a host is
     estimated by the speed it will really give."""
-    if provider.name in ("local", "ssh"):
+    if not traits(provider.name).catalog:
         return list(provider.offers(tier, market))
     ranked = rank(tier, load_catalog([provider.name]), market=None, max_price=max_price, provider=provider.name,
                   region=region, job_size=job_size, gpus_used=gpus_used)
@@ -43,8 +47,7 @@ def candidates(provider, tier: Tier, market: str, *, max_price: float | None, re
 
 def per_zone(provider, offers: list[Offer], events: Callable[[str, dict], None]) -> list[Offer]:
     """Split region-wide offers into one per zone, so that a reclaim cools down one zone, not the region."""
-    zones_of = getattr(provider, "zones", None)
-    if zones_of is None:
+    if not isinstance(provider, HasZones):
         return offers
     out: list[Offer] = []
     cache: dict[str, list[str]] = {}
@@ -55,9 +58,9 @@ def per_zone(provider, offers: list[Offer], events: Callable[[str, dict], None])
             continue
         if r.region not in cache:
             try:
-                cache[r.region] = list(zones_of(r.region))
+                cache[r.region] = list(provider.zones(r.region))
             except (ProviderError, UserError, OSError) as exc:
-                events("zones-unknown", {"region": r.region, "error": str(exc)})
+                events(Kind.ZONES_UNKNOWN, {"region": r.region, "error": str(exc)})
                 cache[r.region] = []
         zones = cache[r.region] or [""]
         out += [Offer(CatalogRow(**{**r.as_dict(), "zone": z}), offer.market) for z in zones]

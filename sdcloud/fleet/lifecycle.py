@@ -17,15 +17,16 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from ..errors import UserError
+from ..events import Kind
 from ..offers.optimizer import RESTART_HOURS, Offer
 from ..providers.base import FAILED, TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
+from ..providers.traits import traits
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, ZoneView
 from .candidates import attempt_zone_key, zone_key
 
-# How long a zone counts as "no spot now" after a reclaim or a capacity error there.
-COOLDOWN_SECONDS = 1800
-# The local host (and a box of the user's) is always there again after a simulated reclaim.
-LOCAL_COOLDOWN_SECONDS = 0
+# How long a zone counts as "no spot now" after a reclaim or a capacity error there is each
+# provider's own figure (traits(name).timing.cooldown_seconds): a cloud's zone stays cool for half
+# an hour, the local host and a box of the user's are always there again at once.
 STRAY_SWEEP_SECONDS = 30
 # Launches that failed (capacity or price) before a fleet gives up on its owner.
 MAX_FAILED_LAUNCHES = 12
@@ -49,11 +50,9 @@ class Timing:
 
     @classmethod
     def for_provider(cls, provider: str) -> "Timing":
-        if provider == "local":
-            return cls(poll_seconds=1.0, boot_timeout=300.0, heartbeat_timeout=90.0)
-        if provider == "ssh":  # no image to boot: a lost box shows soon
-            return cls(poll_seconds=2.0, boot_timeout=600.0, heartbeat_timeout=120.0)
-        return cls(poll_seconds=5.0, boot_timeout=1800.0, heartbeat_timeout=600.0)
+        """The provider's declared timings (providers/<name>/__init__.py), as a value the caller may adjust."""
+        t = traits(provider).timing
+        return cls(poll_seconds=t.poll_seconds, boot_timeout=t.boot_timeout, heartbeat_timeout=t.heartbeat_timeout)
 
 
 @dataclass
@@ -106,7 +105,7 @@ class Fleet:
 
     # cooldowns
     def cooldown_seconds(self) -> float:
-        return LOCAL_COOLDOWN_SECONDS if self.provider_name in ("local", "ssh") else COOLDOWN_SECONDS
+        return traits(self.provider_name).timing.cooldown_seconds
 
     def cool_down(self, key: str, reason: str) -> None:
         seconds = self.cooldown_seconds()
@@ -170,7 +169,7 @@ class Fleet:
         self.records.add_attempt(self.owner_id, n, offer.row.provider, spec.token, region=offer.row.region,
                                  zone=offer.row.zone, instance_type=offer.row.instance_type, market=kind, price=usd,
                                  currency="USD")
-        self.event("launching", {"attempt": n, "offer": offer.key, "market": kind, "price_usd": round(usd, 4)})
+        self.event(Kind.LAUNCHING, {"attempt": n, "offer": offer.key, "market": kind, "price_usd": round(usd, 4)})
         crash_point("after-offer")
         try:
             inst = self.provider.launch(offer, spec, kind, self.max_price,
@@ -178,19 +177,19 @@ class Fleet:
         except (CapacityError, PriceTooLowError) as exc:
             self._launch_failed(n)
             self.cool_down(zone_key(offer), "capacity")
-            self.event("launch-failed", {"attempt": n, "offer": offer.key, "error": str(exc)})
+            self.event(Kind.LAUNCH_FAILED, {"attempt": n, "offer": offer.key, "error": str(exc)})
             return None
         except UserError:
             self._launch_failed(n)
             raise
         except ProviderError as exc:
             self._launch_failed(n)
-            self.event("launch-failed", {"attempt": n, "offer": offer.key, "error": str(exc)})
+            self.event(Kind.LAUNCH_FAILED, {"attempt": n, "offer": offer.key, "error": str(exc)})
             return None
         crash_point("after-launch")
         self.records.update_attempt(self.owner_id, n, instance_id=inst.id, zone=inst.zone or offer.row.zone,
                                     state="running", start=time.time())
-        self.event("launched", {"attempt": n, "instance": inst.id, "zone": inst.zone, "adopted": inst.adopted})
+        self.event(Kind.LAUNCHED, {"attempt": n, "instance": inst.id, "zone": inst.zone, "adopted": inst.adopted})
         return inst
 
     def _launch_failed(self, n: int) -> None:
@@ -222,8 +221,8 @@ class Fleet:
                 if cur.instance_id else None)
         gone = inst is None or not inst.live
         if gone and phase != "preempted" and inst is not None and inst.state == FAILED:
-            self.event("host-failed", {"attempt": cur.n, "instance": cur.instance_id, "phase": phase,
-                                       "state": inst.state})
+            self.event(Kind.HOST_FAILED, {"attempt": cur.n, "instance": cur.instance_id, "phase": phase,
+                                          "state": inst.state})
             self.end(cur, "host-failed")
             self.cool_down(attempt_zone_key(cur.provider, cur.region, cur.zone, cur.instance_type), "host-failed")
             return "host-failed"
@@ -231,7 +230,7 @@ class Fleet:
             reason = "preempted" if (phase == "preempted" or cur.market == SPOT) else "lost"
             # `reported`: whether the host ever wrote a heartbeat. Hosts that vanish before they
             # report, attempt after attempt, are bounded too (hostboot.check_unreported).
-            self.event("reclaimed" if reason == "preempted" else "host-lost",
+            self.event(Kind.RECLAIMED if reason == "preempted" else Kind.HOST_LOST,
                        {"attempt": cur.n, "instance": cur.instance_id, "phase": phase, "step": step,
                         "reported": heartbeat is not None or phase == "preempted"})
             self.end(cur, reason)
@@ -240,7 +239,7 @@ class Fleet:
         age = time.time() - (heartbeat if heartbeat else (cur.start or time.time()))
         limit = self.timing.heartbeat_timeout if heartbeat else self.timing.boot_timeout
         if age > limit:
-            self.event("host-lost", {"attempt": cur.n, "instance": cur.instance_id, "heartbeat_age_s": round(age)})
+            self.event(Kind.HOST_LOST, {"attempt": cur.n, "instance": cur.instance_id, "heartbeat_age_s": round(age)})
             if heartbeat:
                 self.end(cur, "lost")
                 return "lost"
@@ -256,7 +255,7 @@ class Fleet:
             try:
                 self.provider.terminate([cur.instance_id], region=cur.region)
             except ProviderError as exc:
-                self.event("terminate-failed", {"attempt": cur.n, "error": str(exc)})
+                self.event(Kind.TERMINATE_FAILED, {"attempt": cur.n, "error": str(exc)})
         end = time.time()
         self.records.update_attempt(self.owner_id, cur.n, state="ended", end=end)
         return end
@@ -268,7 +267,7 @@ class Fleet:
             if a.state == "ended":
                 continue
             if a.state == "terminating":
-                self.event("reconcile", {"attempt": a.n, "action": "finish-terminate"})
+                self.event(Kind.RECONCILE, {"attempt": a.n, "action": "finish-terminate"})
                 end = self.end(a, a.end_reason or "stopped")
                 if on_end:
                     on_end(a, end)
@@ -280,14 +279,14 @@ class Fleet:
                     self.records.update_attempt(self.owner_id, a.n, instance_id=inst.id, zone=inst.zone,
                                                 state="running",
                                                 start=inst.launched_at.timestamp() if inst.launched_at else time.time())
-                    self.event("reconcile", {"attempt": a.n, "action": "adopted", "instance": inst.id})
+                    self.event(Kind.RECONCILE, {"attempt": a.n, "action": "adopted", "instance": inst.id})
                 else:
                     self._launch_failed(a.n)
-                    self.event("reconcile", {"attempt": a.n, "action": "no-instance"})
+                    self.event(Kind.RECONCILE, {"attempt": a.n, "action": "no-instance"})
                 continue
             inst = next(iter(self.provider.describe([a.instance_id], region=a.region)), None)
             if inst is not None and inst.live:
-                self.event("reconcile", {"attempt": a.n, "action": "resumed-watch", "instance": a.instance_id})
+                self.event(Kind.RECONCILE, {"attempt": a.n, "action": "resumed-watch", "instance": a.instance_id})
 
     def sweep_due(self) -> bool:
         return time.time() - self._last_sweep > STRAY_SWEEP_SECONDS
@@ -299,10 +298,10 @@ class Fleet:
         try:
             strays = [i for i in self.provider.find_tagged(self.owner_id) if i.tags.get(TAG_TOKEN) not in keep]
         except ProviderError as exc:
-            self.event("sweep-failed", {"error": str(exc)})
+            self.event(Kind.SWEEP_FAILED, {"error": str(exc)})
             return
         if strays:
-            self.event("strays", {"instances": [i.id for i in strays]})
+            self.event(Kind.STRAYS, {"instances": [i.id for i in strays]})
             self.provider.terminate([i.id for i in strays], region=strays[0].region)
 
     # N hosts

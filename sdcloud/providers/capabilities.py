@@ -9,6 +9,7 @@ each provider can do.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from .base import EventSink, Instance
@@ -75,3 +76,11 @@ class ReconcilesBill(Protocol):
     """Reads what the cloud's bill says a run or an instance cost (`sdcloud cost reconcile`)."""
 
     def billed(self, runs: list[dict], start: float, end: float) -> dict[str, float | None]: ...
+
+
+@runtime_checkable
+class HasPriceHistory(Protocol):
+    """Answers the past spot prices of a zone (`traits(name).spot_prices == "history"` says whether
+    the cloud publishes them; a stand-in provider of a test may not answer at all)."""
+
+    def price_history(self, instance_type: str, zone: str, start: datetime, end: datetime) -> list[tuple[datetime, float]]: ...

@@ -18,39 +18,27 @@ import base64
 import os
 import re
 import time
-import urllib.request
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from ... import clock, config
-from ...offers.catalog import CatalogRow, bundled_rows, load_provider, write_refreshed
+from ... import config
 from ...errors import UserError
+from ...events import Kind
 from ...offers.optimizer import Offer
 from . import errors as codes
-from . import site
 from ..base import (FAILED, LIVE_STATES, PENDING, RUNNING, STOPPING, TAG_RUN, TAG_TOKEN, TERMINATED, CapacityError,
-                   CredentialsError, EventSink, Instance, LaunchSpec, PriceTooLowError, ProviderError, QuotaError,
-                   no_events)
+                   EventSink, Instance, LaunchSpec, PriceTooLowError, ProviderError, QuotaError, no_events)
+# The catalog and session names are re-exported: they were this module's before the split, and the
+# tests and `sdcloud catalog refresh` (which asks the adapter for refresh_catalog) still find them here.
+from .catalog import (  # noqa: F401
+    GPU_FAMILIES, ONDEMAND, SPOT, TencentCatalog, bundled_rows, default_regions, load_provider, refresh_catalog,
+)
+from .session import (  # noqa: F401
+    API_VERSION, ENDPOINT_ENV, METADATA_URL, NAME, RETRY_PREFIXES, Session, _code, _num, _retryable, credentials,
+    endpoint_override,
+)
 
-NAME = "tencent"
-API_VERSION = "2017-03-12"
-ENDPOINT_ENV = "SDCLOUD_TENCENT_ENDPOINT"
-# The CVM metadata service hands out CAM role credentials on a CVM host.
-METADATA_URL = "http://metadata.tencentyun.com/latest/meta-data/"
-
-SPOT, ONDEMAND = "SPOTPAID", "POSTPAID_BY_HOUR"
 CHARGE_TYPES = {"spot": SPOT, "on-demand": ONDEMAND}
-
-# Instance families with whole GPUs whose model is in sdcloud/data/gpus.csv. Tencent's API
-# reports the GPU count, not the model, so the family decides it.
-GPU_FAMILIES = {
-    "GN7": "T4", "GN7vi": "T4", "GN7vw": "T4",
-    "GN10X": "V100-32GB", "GN10Xp": "V100-32GB",
-    "GT4": "A100",
-    "GNV4": "A10", "PNV4": "A10",
-}
 
 STATE_MAP = {
     "PENDING": PENDING, "STARTING": PENDING,
@@ -63,80 +51,11 @@ STATE_MAP = {
     "LAUNCH_FAILED": FAILED,
 }
 
-# What each RunInstances error code means for the launch: sdcloud/providers/tencent/errors.py.
-RETRY_PREFIXES = ("RequestLimitExceeded", "ClientNetworkError", "ServerNetworkError", "InternalError")
 # Fields of RunInstances that InquiryPriceRunInstances also takes.
 INQUIRY_FIELDS = ("Placement", "ImageId", "InstanceChargeType", "InstanceType", "SystemDisk", "VirtualPrivateCloud",
                   "InternetAccessible", "InstanceCount", "InstanceName", "LoginSettings", "SecurityGroupIds",
                   "TagSpecification", "InstanceMarketOptions", "LaunchTemplate")
 USER_DATA_MAX = 16 * 1024  # bytes of base64, the API's limit
-
-
-def _num(value: Any) -> float | None:
-    """A number that may arrive as a string, or not at all."""
-    if value in (None, ""):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def endpoint_override() -> tuple[str, str] | None:
-    """(scheme, host[:port]) from SDCLOUD_TENCENT_ENDPOINT, or None for the SDK's default endpoint."""
-    raw = os.environ.get(ENDPOINT_ENV, "").strip()
-    if not raw:
-        return None
-    url = urlparse(raw)
-    if url.scheme not in ("http", "https") or not url.hostname or url.path not in ("", "/") or url.query:
-        raise UserError(f"{ENDPOINT_ENV} must look like http://host:port or https://host, got {raw!r}")
-    return url.scheme, url.netloc
-
-
-def _cvm_role() -> str | None:
-    """The CAM role of this CVM host, or None when not on a CVM (asked with a short timeout)."""
-    try:
-        with urllib.request.urlopen(METADATA_URL + "cam/security-credentials/", timeout=1) as resp:
-            role = resp.read().decode().strip()
-            return role.splitlines()[0] if role else None
-    except (OSError, ValueError):
-        return None
-
-
-def credentials():
-    """SDK credentials: environment, then the SDK's profile file, then the CVM role; one clear line if none."""
-    from tencentcloud.common import credential
-    from tencentcloud.common.exception.tencent_cloud_sdk_exception import TencentCloudSDKException
-
-    sid, skey = os.environ.get("TENCENTCLOUD_SECRET_ID", ""), os.environ.get("TENCENTCLOUD_SECRET_KEY", "")
-    try:
-        if sid or skey:
-            if not (sid and skey):
-                missing = "TENCENTCLOUD_SECRET_KEY" if sid else "TENCENTCLOUD_SECRET_ID"
-                raise CredentialsError(f"{missing} is not set, but its partner is: set both, or neither")
-            return credential.Credential(sid, skey, os.environ.get("TENCENTCLOUD_SESSION_TOKEN") or None)
-        cred = credential.ProfileCredential().get_credential()
-        if cred is not None:
-            return cred
-    except TencentCloudSDKException as exc:
-        raise CredentialsError(f"Tencent Cloud credentials are not usable: {exc.message}") from None
-    role = _cvm_role()
-    if role:
-        cred = credential.CVMRoleCredential(role)
-        cred._role_endpoint = METADATA_URL + "cam/security-credentials/"  # the service we just asked
-        if cred.get_credential() is None:
-            raise CredentialsError(f"the CVM role {role!r} gave no credentials: check the role's trust policy")
-        return cred
-    raise CredentialsError("no Tencent Cloud credentials: set TENCENTCLOUD_SECRET_ID and TENCENTCLOUD_SECRET_KEY, "
-                           "write ~/.tencentcloud/credentials, or run on a CVM with a CAM role")
-
-
-def _code(exc: Exception) -> str:
-    return str(getattr(exc, "code", "") or "")
-
-
-def _retryable(exc: BaseException) -> bool:
-    return _code(exc).startswith(RETRY_PREFIXES)
 
 
 def _parse_price(message: str) -> float | None:
@@ -154,153 +73,16 @@ def _parse_time(text: str | None) -> datetime | None:
         return None
 
 
-def default_regions() -> list[str]:
-    """The regions of the Tencent catalog in use (refreshed, else bundled)."""
-    try:
-        rows, _ = load_provider(NAME)
-    except (OSError, ValueError, KeyError):
-        rows = bundled_rows(NAME)
-    return sorted({r.region for r in rows}) or sorted({r.region for r in bundled_rows(NAME)})
-
-
-class TencentProvider:
+class TencentProvider(TencentCatalog):
     name = NAME
 
     def __init__(self, poll_interval: float = 3.0, launch_timeout: float = 600.0, max_attempts: int = 6,
                  backoff: float = 1.0, backoff_max: float = 20.0, request_timeout: int = 30):
+        super().__init__(max_attempts=max_attempts, backoff=backoff, backoff_max=backoff_max,
+                         request_timeout=request_timeout)
         self.poll_interval = poll_interval
         self.launch_timeout = launch_timeout
-        self.max_attempts = max_attempts
-        self.backoff = backoff
-        self.backoff_max = backoff_max
-        self.request_timeout = request_timeout
-        self._cred = None
-        self._clients: dict[str, Any] = {}
         self.last_errors: list[str] = []
-        self._currency: str | None = None
-
-    def account_currency(self, region: str) -> str:
-        """CNY or USD: the account's site decides (set by the user, else read from its prices once)."""
-        configured = site.configured_currency()
-        if configured:
-            return configured
-        if self._currency is None:
-            resp = self.call(region, "DescribeZoneInstanceConfigInfos", {"Filters": [
-                {"Name": "instance-family", "Values": sorted(GPU_FAMILIES)},
-                {"Name": "instance-charge-type", "Values": [ONDEMAND]}]})
-            quoted: dict[str, float] = {}
-            for item in resp.get("InstanceTypeQuotaSet") or []:
-                price = _num((item.get("Price") or {}).get("UnitPrice"))
-                if price:
-                    quoted.setdefault(str(item.get("InstanceType")), price)
-            self._currency = site.detect_currency(region, quoted, site.bundled_reference(bundled_rows(NAME), region))
-        return self._currency
-
-    def check_credentials(self) -> None:
-        """Raise CredentialsError (one line) now, before a run is created, when none can be found."""
-        if self._cred is None:
-            self._cred = credentials()
-
-    # -- the API ---------------------------------------------------------------------------------
-    def _client(self, region: str):
-        client = self._clients.get(region)
-        if client is None:
-            from tencentcloud.common.profile.client_profile import ClientProfile
-            from tencentcloud.common.profile.http_profile import HttpProfile
-            from tencentcloud.cvm.v20170312 import cvm_client
-
-            if self._cred is None:
-                self._cred = credentials()
-            override = endpoint_override()
-            if override:
-                http = HttpProfile(protocol=override[0], endpoint=override[1], reqTimeout=self.request_timeout)
-            else:
-                http = HttpProfile(reqTimeout=self.request_timeout)
-            client = cvm_client.CvmClient(self._cred, region, ClientProfile(httpProfile=http, language="en-US"))
-            self._clients[region] = client
-        return client
-
-    def call(self, region: str, action: str, params: dict, events: EventSink = no_events) -> dict:
-        """One API call; throttling and network blips are retried, bounded, with exponential backoff."""
-        from tencentcloud.common.exception.tencent_cloud_sdk_exception import TencentCloudSDKException
-        from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
-
-        def report(state) -> None:
-            exc = state.outcome.exception()
-            events("retry", {"provider": NAME, "region": region, "action": action, "code": _code(exc),
-                             "attempt": state.attempt_number, "wait_s": round(state.next_action.sleep, 3)})
-
-        client = self._client(region)
-        try:
-            for attempt in Retrying(retry=retry_if_exception(_retryable), stop=stop_after_attempt(self.max_attempts),
-                                    wait=wait_exponential(multiplier=self.backoff, max=self.backoff_max) + wait_random(0, self.backoff),
-                                    before_sleep=report, reraise=True):
-                with attempt:
-                    return client.call_json(action, params)["Response"]
-        except TencentCloudSDKException as exc:
-            code = _code(exc)
-            if code in codes.ROLE:  # the host's role, not the caller's credentials
-                role = repr(params["CamRoleName"]) if params.get("CamRoleName") else "of the launch template"
-                raise UserError(f"{codes.ROLE[code].format(role=role)} ({code})") from None
-            if code.startswith("AuthFailure"):
-                raise CredentialsError(f"Tencent Cloud rejected the credentials ({code}): {exc.message}") from None
-            if code.startswith("UnauthorizedOperation"):
-                raise UserError(f"Tencent Cloud denied {action} ({code}): grant the CAM policy QcloudCVMFullAccess "
-                                f"or an equivalent one") from None
-            if _retryable(exc):
-                raise ProviderError(f"Tencent Cloud {action} in {region} failed after {self.max_attempts} tries: "
-                                    f"{code}: {exc.message}") from exc
-            raise
-        raise AssertionError("unreachable")
-
-    # -- catalog ---------------------------------------------------------------------------------
-    def fetch_region(self, region: str) -> list[CatalogRow]:
-        """Catalog rows of one region: one per zone and GPU type, on-demand and spot prices, stock."""
-        from ...offers.gpus import gpu_table
-
-        gpus = gpu_table()
-        today = clock.utc_now().date().isoformat()  # the UTC day, as every price age is counted
-        currency = self.account_currency(region)
-        merged: dict[tuple[str, str], dict] = {}
-        for charge in (ONDEMAND, SPOT):
-            resp = self.call(region, "DescribeZoneInstanceConfigInfos", {"Filters": [
-                {"Name": "instance-family", "Values": sorted(GPU_FAMILIES)},
-                {"Name": "instance-charge-type", "Values": [charge]}]})
-            for item in resp.get("InstanceTypeQuotaSet") or []:
-                if item.get("InstanceChargeType", charge) != charge:
-                    continue
-                gpu = GPU_FAMILIES.get(str(item.get("InstanceFamily") or str(item.get("InstanceType", "")).split(".")[0]))
-                count = _num(item.get("GpuCount")) or _num(item.get("Gpu")) or 0
-                if gpu is None or gpu not in gpus or count < 1 or count != int(count):
-                    continue  # unknown model, or a slice of a GPU (vGPU)
-                key = (str(item["Zone"]), str(item["InstanceType"]))
-                entry = merged.setdefault(key, {"item": item, "count": int(count), "gpu": gpu})
-                price = item.get("Price") or {}
-                value = _num(price.get("UnitPriceDiscount")) or _num(price.get("UnitPrice"))
-                in_stock = item.get("Status", "SELL") == "SELL" and item.get("StatusCategory") != "WithoutStock"
-                entry[charge] = value if in_stock and value and value > 0 else None
-        rows = []
-        for (zone, itype), entry in sorted(merged.items()):
-            if entry.get(ONDEMAND) is None and entry.get(SPOT) is None:
-                continue
-            item = entry["item"]
-            rows.append(CatalogRow(
-                provider=NAME, region=region, zone=zone, instance_type=itype, gpu=entry["gpu"],
-                gpu_count=entry["count"], vram_gb=gpus[entry["gpu"]].vram_gb, vcpus=int(_num(item.get("Cpu")) or 0),
-                memory_gb=_num(item.get("Memory")) or 0.0, nvme_gb=self._nvme_gb(item),
-                ondemand_price=entry.get(ONDEMAND), spot_price=entry.get(SPOT), currency=currency,
-                interruption_band=None, snapshot_date=today, ondemand_estimate=False, spot_estimate=False,
-                source=f"Tencent Cloud DescribeZoneInstanceConfigInfos ({ONDEMAND}, {SPOT}), {region}, {today}"))
-        return rows
-
-    @staticmethod
-    def _nvme_gb(item: dict) -> float:
-        total = 0.0
-        blocks = int(_num(item.get("StorageBlockAmount")) or 1)
-        for disk in item.get("LocalDiskTypeList") or []:
-            if str(disk.get("Type", "")).upper() in ("LOCAL_NVME", "LOCAL_PRO", "LOCAL_SSD"):
-                total += (_num(disk.get("MaxSize")) or 0) * max(blocks, 1)
-        return total
 
     def offers(self, tier, market: str | None = None, regions: list[str] | None = None) -> list[Offer]:
         from ...offers.catalog import load_catalog
@@ -308,19 +90,6 @@ class TencentProvider:
 
         ranked = rank(tier, load_catalog([NAME]), market=market, provider=NAME)
         return [e.offer for e in ranked if not regions or e.offer.row.region in regions]
-
-    def price_history(self, instance_type: str, zone: str, start: datetime, end: datetime) -> list[tuple[datetime, float]]:
-        """Tencent publishes no spot price history: the current quote is the one sample."""
-        region = zone.rsplit("-", 1)[0]
-        resp = self.call(region, "DescribeZoneInstanceConfigInfos", {"Filters": [
-            {"Name": "zone", "Values": [zone]}, {"Name": "instance-type", "Values": [instance_type]},
-            {"Name": "instance-charge-type", "Values": [SPOT]}]})
-        for item in resp.get("InstanceTypeQuotaSet") or []:
-            price = item.get("Price") or {}
-            value = _num(price.get("UnitPriceDiscount")) or _num(price.get("UnitPrice"))
-            if value:
-                return [(datetime.now(timezone.utc), value)]
-        return []
 
     # -- instances -------------------------------------------------------------------------------
     def _instance(self, region: str, raw: dict, price: float | None = None) -> Instance:
@@ -540,7 +309,7 @@ class TencentProvider:
         region = row.region
         existing = self._by_token(region, spec.token, events)
         if existing is not None:
-            events("adopted", {"provider": NAME, "instance": existing.id, "token": spec.token, "zone": existing.zone})
+            events(Kind.ADOPTED, {"provider": NAME, "instance": existing.id, "token": spec.token, "zone": existing.zone})
             inst = existing if existing.state == RUNNING else self._wait(region, existing.id, events)
             inst.adopted = True
             return inst
@@ -574,37 +343,37 @@ class TencentProvider:
                 try:
                     quote = self.call(region, "InquiryPriceRunInstances", {k: params[k] for k in INQUIRY_FIELDS if k in params}, events)
                     quoted = _num(((quote.get("Price") or {}).get("InstancePrice") or {}).get("UnitPriceDiscount"))
-                    events("quote", {"provider": NAME, "zone": zone, "instance_type": row.instance_type, "market": market,
-                                     "price": quoted, "currency": currency, "max_price": local_max})
+                    events(Kind.QUOTE, {"provider": NAME, "zone": zone, "instance_type": row.instance_type, "market": market,
+                                        "price": quoted, "currency": currency, "max_price": local_max})
                     if market == "spot" and quoted is not None and local_max is not None and quoted > local_max + 1e-9:
                         raise _PriceTooLow(quoted)
                     resp = self.call(region, "RunInstances", params, events)
                 except _PriceTooLow as low:
                     too_low.append((zone, low.price))
-                    events("price_too_low", {"provider": NAME, "zone": zone, "current_price": low.price, "max_price": local_max,
-                                             "currency": currency})
+                    events(Kind.PRICE_TOO_LOW, {"provider": NAME, "zone": zone, "current_price": low.price, "max_price": local_max,
+                                                "currency": currency})
                     break
                 except TencentCloudSDKException as exc:
                     code = _code(exc)
                     meaning = codes.meaning(code)
                     if meaning == "zone":
                         sold_out.append(zone)
-                        events("zone_failover", {"provider": NAME, "zone": zone, "code": code,
-                                                 "reason": codes.ZONE_UNAVAILABLE[code], "next_zone": next_zone})
+                        events(Kind.FAILOVER, {"provider": NAME, "zone": zone, "code": code,
+                                               "reason": codes.ZONE_UNAVAILABLE[code], "next_zone": next_zone})
                         break
                     if meaning == "subnet":
                         more = k + 1 < len(subnets)
-                        events("subnet_full", {"provider": NAME, "zone": zone, "subnet": subnet, "code": code,
-                                               "next_subnet": subnets[k + 1] if more else None,
-                                               "next_zone": None if more else next_zone})
+                        events(Kind.SUBNET_FULL, {"provider": NAME, "zone": zone, "subnet": subnet, "code": code,
+                                                  "next_subnet": subnets[k + 1] if more else None,
+                                                  "next_zone": None if more else next_zone})
                         if not more:
                             sold_out.append(zone)
                         continue
                     if meaning == "price":
                         current = _parse_price(exc.message)
                         too_low.append((zone, current))
-                        events("price_too_low", {"provider": NAME, "zone": zone, "current_price": current,
-                                                 "max_price": local_max, "currency": currency})
+                        events(Kind.PRICE_TOO_LOW, {"provider": NAME, "zone": zone, "current_price": current,
+                                                    "max_price": local_max, "currency": currency})
                         break
                     if meaning == "quota":
                         what = codes.QUOTAS.get(code, f"the quota {code.split('.', 1)[-1]}")
@@ -614,15 +383,15 @@ class TencentProvider:
                         raise UserError(f"Tencent Cloud {code}: {codes.BILLING[code]}") from None
                     raise ProviderError(f"Tencent Cloud {code} launching {row.instance_type} in {zone}: {exc.message}") from exc
                 instance_id = resp["InstanceIdSet"][0]
-                events("launched", {"provider": NAME, "instance": instance_id, "zone": zone, "market": market,
-                                    "instance_type": row.instance_type, "max_price": local_max, "currency": currency})
+                events(Kind.LAUNCHED, {"provider": NAME, "instance": instance_id, "zone": zone, "market": market,
+                                       "instance_type": row.instance_type, "max_price": local_max, "currency": currency})
                 inst = self._wait(region, instance_id, events)
                 if inst.state == RUNNING:
                     inst.price_per_hour = local_max if market == "spot" else (quoted or (row.ondemand_price or 0) * config.usd_per(row.currency) / usd)
                     return inst
                 # LAUNCH_FAILED (often a spot capacity shortfall): try the next zone. Such an instance
                 # is not billed, and TerminateInstances refuses it; it vanishes by itself.
-                events("launch_failed", {"provider": NAME, "instance": instance_id, "zone": zone, "state": inst.state})
+                events(Kind.LAUNCH_FAILED, {"provider": NAME, "instance": instance_id, "zone": zone, "state": inst.state})
                 sold_out.append(zone)
                 break
         if too_low:
@@ -638,30 +407,6 @@ class _PriceTooLow(Exception):
     def __init__(self, price: float | None):
         super().__init__(price)
         self.price = price
-
-
-def refresh_catalog(regions: list[str] | None = None) -> tuple[Path, list[CatalogRow], list[str]]:
-    """Read GPU offers and prices of `regions` (default: the catalog's) and write the refreshed catalog.
-
-    A region that fails is reported in `errors` and skipped; when nothing at all was read the
-    previous catalog is kept and a UserError says why.
-    """
-    from tencentcloud.common.exception.tencent_cloud_sdk_exception import TencentCloudSDKException
-
-    provider = TencentProvider()
-    regions = list(regions or default_regions())
-    rows: list[CatalogRow] = []
-    errors: list[str] = []
-    for region in regions:
-        try:
-            rows.extend(provider.fetch_region(region))
-        except (ProviderError, TencentCloudSDKException) as exc:
-            errors.append(f"{region}: {_code(exc) + ': ' if _code(exc) else ''}{getattr(exc, 'message', None) or exc}")
-    if not rows:
-        why = "; ".join(errors) if errors else "no GPU instance types on sale"
-        raise UserError(f"Tencent Cloud catalog refresh read no offers ({why}); the previous catalog is kept")
-    path = write_refreshed(NAME, rows, errors)
-    return path, rows, errors
 
 
 PROVIDER_CLASS = TencentProvider
