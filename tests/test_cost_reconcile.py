@@ -110,7 +110,7 @@ def test_bill_detail_months_and_refusals():
     from tencent_billing_fake import FakeBilling
     from tencent_fake import ApiError
 
-    from sdcloud.costs.reconcile import _months
+    from sdcloud.providers.tencent.billing import _months
 
     # One call per calendar month an attempt touches: the API refuses a range across months.
     t0 = datetime(2026, 11, 30, 23, 0, tzinfo=timezone.utc).timestamp()

@@ -9,8 +9,9 @@ each provider can do.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .base import EventSink, Instance
 
@@ -71,11 +72,25 @@ class ReportsSearchErrors(Protocol):
     last_errors: list
 
 
+@dataclass(frozen=True)
+class Bill:
+    """What the cloud's bill says one run cost: the amount in the bill's currency, and where it was read."""
+    amount: float
+    currency: str
+    source: str  # "aws-cost-explorer", "tencent-describe-bill-detail"
+
+
 @runtime_checkable
 class ReconcilesBill(Protocol):
-    """Reads what the cloud's bill says a run or an instance cost (`sdcloud cost reconcile`)."""
+    """Reads what the cloud's bill says each run cost (`sdcloud cost reconcile`).
 
-    def billed(self, runs: list[dict], start: float, end: float) -> dict[str, float | None]: ...
+    A provider's billing module (`traits(name).bill`) satisfies it: the bill is the account's, not
+    a provider instance's, and reading it needs no compute client. `runs` are the state store's run
+    rows of this provider; `state` gives their attempts (instance ids, times, currencies); `client`
+    replaces the SDK's client (tests). A run the bill does not show yet is left out.
+    """
+
+    def billed(self, state: Any, runs: list[dict], now: float, client: Any = None) -> dict[str, Bill]: ...
 
 
 @runtime_checkable

@@ -105,6 +105,9 @@ class ProviderTraits:
     region_env: str | None = None
     # config.toml sections this provider reads (besides [defaults]); `config show` lists them.
     config_sections: tuple[str, ...] = field(default_factory=tuple)
+    # The module that reads the cloud's bill (capabilities.ReconcilesBill, `sdcloud cost reconcile`);
+    # None: nothing bills this provider's hosts.
+    bill: str | None = None
 
     @property
     def is_cloud(self) -> bool:

@@ -16,6 +16,7 @@ TRAITS = ProviderTraits(
     # Tencent has no spot price history API: the controller samples the quote while a host runs.
     spot_prices="samples",
     catalog=True,
+    bill="sdcloud.providers.tencent.billing",  # `sdcloud cost reconcile` (billing.py)
     # SCF's per-GB-second and per-invocation prices could not be read into a citable figure: unpriced.
     function=CloudFunction(
         name="tencent-scf", runtime="CustomRuntime", timeout_seconds=240, memory_mb=512, safety_seconds=30.0,
