@@ -34,8 +34,10 @@ from typing import Any, Callable, Iterator
 
 from .. import config
 from ..errors import UserError
+from ..providers.traits import has_function, has_stack, names
 
-PROVIDERS = ("aws", "tencent")
+# The providers with a stack under stacks/ (traits(name).stack).
+PROVIDERS = names(where=has_stack)
 INSTALL_HINT = ("the pulumi CLI is not installed (sdcloud infra needs it): install it with "
                 "`curl -fsSL https://get.pulumi.com | sh`, or see https://www.pulumi.com/docs/install/")
 # provider -> (stack module in stacks/<provider>/, region config key, provider plugin, python distribution)
@@ -273,8 +275,9 @@ def _validate(provider: str, options: InfraOptions) -> None:
         raise UserError(str(exc)) from None
 
 
-# Stacks that declare the cloud driver (issue 27); `extra` driverPackage="" leaves it out.
-DRIVER_PROVIDERS = ("aws", "tencent")
+# Stacks that declare the cloud driver (issue 27): the providers with a cloud function
+# (traits(name).function); `extra` driverPackage="" leaves it out.
+DRIVER_PROVIDERS = names(where=has_function)
 
 
 def driver_package() -> Path:

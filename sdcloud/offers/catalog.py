@@ -19,7 +19,18 @@ from .. import clock, config
 from ..errors import UserError
 from .gpus import gpu_table
 
-PROVIDERS = ("aws", "tencent")
+def _bundled_providers() -> tuple[str, ...]:
+    """The providers with a bundled price catalog (sdcloud/data/catalog/<provider>.csv), by name.
+
+    The files are the list: offers sit below providers in the house (offers cannot ask their
+    traits), and a provider's `catalog` trait says the same thing (tests/test_provider_capabilities.py
+    holds the two together).
+    """
+    folder = resources.files("sdcloud").joinpath("data/catalog")
+    return tuple(sorted(p.name[:-len(".csv")] for p in folder.iterdir() if p.name.endswith(".csv")))
+
+
+PROVIDERS = _bundled_providers()
 # How a price was obtained (docs/offers.md, "Where every number comes from"):
 #   listed   a published list price, read as published (AWS Price List, Tencent's price overview)
 #   quoted   a spot price quoted by the provider's API for one zone (describe_spot_price_history)
@@ -173,10 +184,12 @@ class Catalog:
 # How old a catalog may be before `offers` and `up` say so: [catalog] max_age_days in config.toml or
 # SDCLOUD_CATALOG_MAX_AGE_DAYS. Spot prices move within days; a week keeps the warning meaningful.
 DEFAULT_MAX_AGE_DAYS = 7.0
-# Default spot discount assumed for Tencent Cloud, which publishes no spot prices: the median
-# discount of AWS GPU spot quotes against on-demand in shared/data/prices (155 region/type pairs,
-# 60.4%), rounded down. [tencent] spot_discount in config.toml or SDCLOUD_TENCENT_SPOT_DISCOUNT.
-DEFAULT_TENCENT_SPOT_DISCOUNT = 0.60
+# Default spot discount assumed for a provider that publishes no spot prices (Tencent Cloud): the
+# median discount of AWS GPU spot quotes against on-demand in shared/data/prices (155 region/type
+# pairs, 60.4%), rounded down. [<provider>] spot_discount in config.toml or
+# SDCLOUD_<PROVIDER>_SPOT_DISCOUNT ([tencent] spot_discount, SDCLOUD_TENCENT_SPOT_DISCOUNT).
+DEFAULT_SPOT_DISCOUNT = 0.60
+DEFAULT_TENCENT_SPOT_DISCOUNT = DEFAULT_SPOT_DISCOUNT  # the name build_catalog.py's Tencent rows use
 REFRESH_HINT = {
     "aws": "`sdcloud catalog refresh --provider aws --public` (no credentials) or without --public (per-zone spot, credentials)",
     "tencent": "`sdcloud catalog refresh --provider tencent`",
@@ -205,9 +218,10 @@ def max_age_days() -> float:
     return _setting("SDCLOUD_CATALOG_MAX_AGE_DAYS", "catalog", "max_age_days", DEFAULT_MAX_AGE_DAYS, 0.0)
 
 
-def tencent_spot_discount() -> float:
-    """The spot discount assumed for Tencent Cloud, which publishes no spot prices (docs/offers.md)."""
-    return _setting("SDCLOUD_TENCENT_SPOT_DISCOUNT", "tencent", "spot_discount", DEFAULT_TENCENT_SPOT_DISCOUNT, 0.0, 1.0)
+def spot_discount(provider: str) -> float:
+    """The spot discount assumed for a provider that publishes no spot prices (docs/offers.md)."""
+    return _setting(f"SDCLOUD_{provider.upper()}_SPOT_DISCOUNT", provider, "spot_discount", DEFAULT_SPOT_DISCOUNT,
+                    0.0, 1.0)
 
 
 def stale_warning(sources: list[CatalogSource], now: datetime | None = None) -> str | None:
@@ -235,14 +249,17 @@ def refreshed_path(provider: str) -> Path:
 
 
 def _apply_spot_assumption(rows: list[CatalogRow]) -> list[CatalogRow]:
-    """Tencent spot prices are on-demand x (1 - the configured discount); recompute them with the user's figure."""
-    discount = None
+    """Estimated spot prices (a provider that publishes none: Tencent Cloud's rows) are on-demand x
+    (1 - the provider's assumed discount); recompute them with the user's figure."""
+    discounts: dict[str, float] = {}
     out = []
     for r in rows:
-        if r.provider == "tencent" and r.spot_basis == "estimate" and r.ondemand_price is not None:
-            if discount is None:
-                discount = tencent_spot_discount()
-            src = f"estimate: on-demand x (1 - {discount:g}), the assumed Tencent spot discount ([tencent] spot_discount)"
+        if r.spot_basis == "estimate" and r.ondemand_price is not None:
+            if r.provider not in discounts:
+                discounts[r.provider] = spot_discount(r.provider)
+            discount = discounts[r.provider]
+            src = (f"estimate: on-demand x (1 - {discount:g}), the assumed {r.provider.capitalize()} spot discount "
+                   f"([{r.provider}] spot_discount)")
             r = replace(r, spot_price=round(r.ondemand_price * (1 - discount), 4), spot_source=src)
         out.append(r)
     return out
