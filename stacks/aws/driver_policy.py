@@ -24,15 +24,27 @@ https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/supported-iam-actions-taggin
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
+
+try:
+    from sdcloud.providers.aws import TRAITS
+except ImportError:  # `pulumi up` from a checkout where sdcloud is not installed: the package beside stacks/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from sdcloud.providers.aws import TRAITS
 
 RUN_TAG = "sdcloud:run"  # sdcloud/providers/base.py TAG_RUN: every instance a run launches carries it
-SCHEDULE_RATE = "rate(5 minutes)"
-SCHEDULE_SECONDS = 300
-# Below the schedule's rate, so that two invocations never overlap (the lease would refuse the
-# second anyway); long enough for a few polls of a step after the journal is read back.
-FUNCTION_TIMEOUT = 240
-FUNCTION_MEMORY_MB = 512
-FUNCTION_RUNTIME = "python3.11"
+# The function's figures are the provider's own (sdcloud/providers/aws/__init__.py TRAITS.function):
+# the handler's margin and the cost report read the same copy. Its timeout is below the schedule's
+# period, so that two invocations never overlap (the lease would refuse the second anyway), and long
+# enough for a few polls of a step after the journal is read back.
+FUNCTION = TRAITS.function
+assert FUNCTION is not None
+SCHEDULE_SECONDS = FUNCTION.schedule_seconds
+SCHEDULE_RATE = f"rate({SCHEDULE_SECONDS // 60} minutes)"
+FUNCTION_TIMEOUT = FUNCTION.timeout_seconds
+FUNCTION_MEMORY_MB = FUNCTION.memory_mb
+FUNCTION_RUNTIME = FUNCTION.runtime
 FUNCTION_HANDLER = "sdcloud.runs.unattended.handler"  # sdcloud/infra/function_package.py LAMBDA_HANDLER
 SCHEDULE_INPUT = {"sdcloud": "drive"}
 AMI_PARAMETERS = "parameter/aws/service/deeplearning/*"

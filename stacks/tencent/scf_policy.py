@@ -17,15 +17,28 @@ The function takes controller steps (sdcloud/runs/unattended.py), so its role ma
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
+try:
+    from sdcloud.providers.tencent import TRAITS
+except ImportError:  # `pulumi up` from a checkout where sdcloud is not installed: the package beside stacks/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from sdcloud.providers.tencent import TRAITS
+
+# The function's figures are the provider's own (sdcloud/providers/tencent/__init__.py TRAITS.function):
+# the handler's margin and the cost report read the same copy. The timeout is below the timer's
+# period: invocations never overlap. The runtime is a Custom Runtime: SCF's Python runtimes stop at
+# 3.10 and the control plane needs 3.11 (sdcloud/infra/function_package.py).
+FUNCTION = TRAITS.function
+assert FUNCTION is not None
+SCHEDULE_SECONDS = FUNCTION.schedule_seconds
 # SCF timer triggers take seven fields: second minute hour day month weekday year
 # (https://cloud.tencent.com/document/product/583/9708).
-TIMER_CRON = "0 */5 * * * * *"
-SCHEDULE_SECONDS = 300
-FUNCTION_TIMEOUT = 240  # below the timer's period: invocations never overlap
-FUNCTION_MEMORY_MB = 512
-# SCF's Python runtimes stop at 3.10; the control plane needs 3.11 (sdcloud/infra/function_package.py).
-FUNCTION_RUNTIME = "CustomRuntime"
+TIMER_CRON = f"0 */{SCHEDULE_SECONDS // 60} * * * * *"
+FUNCTION_TIMEOUT = FUNCTION.timeout_seconds
+FUNCTION_MEMORY_MB = FUNCTION.memory_mb
+FUNCTION_RUNTIME = FUNCTION.runtime
 FUNCTION_HANDLER = "sdcloud_driver.main_handler"  # read by the runtime loop's host only; SCF needs one set
 
 # The S3 API operations the store sends to COS, and the COS actions each needs.
