@@ -231,3 +231,25 @@ def test_sdcloud_beats_uniform_progress_on_the_issue_grid():
                                                          seed=0)}
                     assert res["sdcloud"].met.all(), (stem, c, r, d)
                     assert res["sdcloud"].savings.mean() >= res["uniform-progress"].savings.mean() - 1e-12, (stem, c, r, d)
+
+
+def test_spot_refused_everywhere_sends_a_job_with_a_deadline_on_demand():
+    from sdcloud.spot.policy import SPOT_REFUSALS, spot_gone
+
+    # Spot shows in the zone's prices, but its last SPOT_REFUSALS launches were all refused.
+    for name in ("greedy", "uniform-progress", "sdcloud", "sdcloud-up"):
+        policy = get_policy(name)
+        gone = obs(zone="a")
+        gone.spot_refusals = SPOT_REFUSALS
+        assert spot_gone(gone) and policy.decide(gone).kind == ON_DEMAND, name
+        # One refusal short of the bound: spot again.
+        gone.spot_refusals = SPOT_REFUSALS - 1
+        assert policy.decide(gone).kind == SPOT, name
+        # Without a deadline spot may be waited for (the run ends at the fleet's bound instead).
+        free = obs(zone="a")
+        free.spot_refusals, free.has_deadline = SPOT_REFUSALS, False
+        assert not spot_gone(free) and policy.decide(free).kind == SPOT, name
+        # A host that runs is not a launch: the rule asks only what to launch next.
+        running = obs(zone="a", market=SPOT)
+        running.spot_refusals = SPOT_REFUSALS
+        assert not spot_gone(running) and policy.decide(running).kind == SPOT, name

@@ -335,3 +335,26 @@ def test_cli_prices_from_the_trace_and_from_a_file(tmp_path, capsys):
     bad = write(tmp_path, "bad.json", {"b": []})
     assert main(args + ["--prices", bad]) == 2
     assert capsys.readouterr().err.strip().endswith("must map trace names to non-empty lists of non-negative prices")
+
+
+def test_refused_spot_launches_are_replayed_and_send_the_job_on_demand(tmp_path):
+    from sdcloud.spot.policy import SPOT_REFUSALS
+    from sdcloud.spot.simulate import stack_refused
+
+    # Spot shows all along, but every launch is refused: the tick passes unpaid, and after
+    # SPOT_REFUSALS refusals in a row the job goes on-demand (it would wait for spot otherwise).
+    n = 60
+    f = write(tmp_path, "z.json", {"metadata": {"gap_seconds": TICK}, "data": [1] * n, "refused": [1] * n})
+    trace = load_trace(f)
+    assert trace.refused.all() and coarsen(trace, 2 * TICK).refused.tolist() == [True] * (n // 2)
+    avail, _, keys = stack([trace])
+    refused = stack_refused([trace])
+    st = setting(1.0, 6.0)
+    out = replay(get_policy("sdcloud"), avail, keys, TICK, 0, 0, st, refused=refused)
+    assert out.spot_hours == 0 and out.launches == 1
+    assert out.finish_hours == pytest.approx(SPOT_REFUSALS * G + 1.0 + 0.2)
+    assert out.cost == pytest.approx(1.2 * K)
+    # Without the signal nothing changes: spot from the first tick.
+    plain = replay(get_policy("sdcloud"), avail, keys, TICK, 0, 0, st)
+    assert plain.ondemand_hours == 0 and plain.cost == pytest.approx(1.2 * S)
+    assert stack_refused([Trace("a", TICK, np.ones(3, bool))]) is None

@@ -12,6 +12,11 @@ One exception to "stateless": `sdcloud` remembers since when it has seen spot in
 restart) only makes it wait one more probe before it leaves on-demand; it never touches the
 deadline guarantee, which rests on the observation alone.
 
+Every policy but `on-demand` shares one more rule (`spot_gone`): while a deadline stands, spot that
+refused SPOT_REFUSALS launches in a row (capacity or price, wherever it was tried) sends the next
+launch on-demand instead of waiting for it. The controller counts the refusals into the
+observation; the simulator replays them where a trace carries them (`refused`).
+
 Units are hours and USD per hour. The accounting the simulator applies to these decisions is in
 docs/policies.md.
 """
@@ -29,6 +34,9 @@ WAIT = "wait"
 KINDS = (SPOT, ON_DEMAND, WAIT)
 # Float slack for comparisons of hours that are sums of ticks.
 EPS = 1e-9
+# Spot launches refused in a row after which a job with a deadline goes on-demand (the fleet's bound
+# on failed launches, sdcloud.fleet.lifecycle.MAX_FAILED_LAUNCHES: a run without a deadline ends there).
+SPOT_REFUSALS = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +57,9 @@ class Observation:
     started, waiting, or just reclaimed); `zone` is the zone of that instance, or of the last one
     when nothing runs (None before the first launch). `tick_hours` is how long the answer will
     stand before the next decision (the controller's poll interval); the safety margins use it.
+    `spot_refusals` counts the spot launches refused in a row since the last launch that went
+    through; `has_deadline` is False when `deadline_hours` only stands in for "none" (then spot
+    may be waited for however long it takes).
     """
 
     elapsed: float
@@ -60,6 +71,8 @@ class Observation:
     market: str | None
     zones: Sequence[ZoneView]
     tick_hours: float = 0.0
+    spot_refusals: int = 0
+    has_deadline: bool = True
 
     @property
     def time_left(self) -> float:
@@ -105,6 +118,16 @@ def _on_demand(obs: Observation) -> Action:
     return Action(ON_DEMAND, _home(obs))
 
 
+def spot_gone(obs: Observation) -> bool:
+    """Nothing runs, a deadline stands, and spot refused the last SPOT_REFUSALS launches in a row:
+    spot is not coming back soon enough to wait for, so the next launch is on-demand."""
+    return obs.market is None and obs.has_deadline and obs.spot_refusals >= SPOT_REFUSALS
+
+
+# The answer when spot is gone: on-demand in the first zone offered (the caller's first candidate).
+SPOT_GONE_ACTION = Action(ON_DEMAND)
+
+
 class OnDemand(Policy):
     """The reference: on-demand from start to end."""
 
@@ -121,6 +144,8 @@ class Greedy(Policy):
     name = "greedy"
 
     def decide(self, obs: Observation) -> Action:
+        if spot_gone(obs):
+            return SPOT_GONE_ACTION
         if obs.market == ON_DEMAND or obs.time_left < obs.work_left + 2 * obs.restart_hours - EPS:
             return _on_demand(obs)
         if _spot_here(obs):
@@ -139,6 +164,8 @@ class UniformProgress(Policy):
     name = "uniform-progress"
 
     def decide(self, obs: Observation) -> Action:
+        if spot_gone(obs):
+            return SPOT_GONE_ACTION
         c, r, d, t, p = obs.job_hours, obs.deadline_hours, obs.restart_hours, obs.elapsed, obs.progress
         if obs.time_left < obs.work_left + 2 * d - EPS:
             return _on_demand(obs)
@@ -174,6 +201,8 @@ class SdcloudUP(Policy):
     multi_zone = True
 
     def decide(self, obs: Observation) -> Action:
+        if spot_gone(obs):
+            return SPOT_GONE_ACTION
         c, r, d, t, p = obs.job_hours, obs.deadline_hours, obs.restart_hours, obs.elapsed, obs.progress
         if obs.time_left < obs.work_left + max(2 * d, d + obs.tick_hours) - EPS:
             return _on_demand(obs)
@@ -256,6 +285,8 @@ class Sdcloud(Policy):
         return min((r - c) * max(0.0, r - t) / r, self.BETA * obs.work_left)
 
     def decide(self, obs: Observation) -> Action:
+        if spot_gone(obs):
+            return SPOT_GONE_ACTION
         d, t, tick = obs.restart_hours, obs.elapsed, obs.tick_hours
         self._observe(obs)
         net = max(2 * d, d + tick)

@@ -13,20 +13,25 @@ The model (docs/policies.md has it in full, with the hand-computed cases the tes
   that tick: a zone's own spot price series where its trace carries one (else the flat spot
   price), the on-demand price of the zone's region; savings = 1 - cost / (C x the least on-demand
   price among the zones the job may use).
+- A trace may carry `refused` (one value per tick): a spot launch there in a tick whose value is > 0
+  is refused (no capacity) and the tick passes with nothing run; the policy sees the refusals in a
+  row (Observation.spot_refusals), as the controller counts them. The optimum never launches into a
+  refusal it would know of, so it ignores them.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from ..errors import UserError
 from .policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, ZoneView, get_policy, policy_names
+# The traces' side, kept importable from here (commands/simulate.py, bench/ and the tests use these names).
+from .traces import (Trace, coarsen, load_trace, ondemand_by_zone, region_of, stack, stack_prices,  # noqa: F401
+                     stack_refused, stretch_series, with_prices)
 
 OPTIMAL = "optimal"
 DP_DTYPE = np.float32
@@ -35,113 +40,6 @@ PAPER = dict(job_hours=48.0, restart_hours=0.2, spot_price=0.9731, ondemand_pric
 
 def all_policy_names() -> list[str]:
     return policy_names() + [OPTIMAL]
-
-
-@dataclass(frozen=True)
-class Trace:
-    """One zone's spot availability: avail[k] is True when spot could be had in tick k."""
-
-    key: str
-    gap_seconds: int
-    avail: np.ndarray  # bool, one value per tick
-    prices: np.ndarray | None = None  # spot USD per hour, one value per tick, where the trace carries them
-
-    @property
-    def hours(self) -> float:
-        return len(self.avail) * self.gap_seconds / 3600
-
-
-def load_trace(path: str | Path) -> Trace:
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"trace file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"trace file {path} is not readable JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list) or not isinstance(doc.get("metadata"), dict):
-        raise UserError(f"trace file {path} must be a JSON object with 'metadata' and a 'data' list")
-    gap = doc["metadata"].get("gap_seconds")
-    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or gap <= 0 or gap != int(gap):
-        raise UserError(f"trace file {path}: metadata.gap_seconds must be a positive whole number, got {gap!r}")
-    data = doc["data"]
-    if not data or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in data):
-        raise UserError(f"trace file {path}: 'data' must be a non-empty list of numbers")
-    prices = doc.get("prices")
-    if prices is not None:
-        if (not isinstance(prices, list) or len(prices) != len(data)
-                or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 for v in prices)):
-            raise UserError(f"trace file {path}: 'prices' must be a list of {len(data)} non-negative numbers, one per tick")
-        return Trace(path.stem, int(gap), np.asarray(data, dtype=float) > 0, np.asarray(prices, dtype=float))
-    return Trace(path.stem, int(gap), np.asarray(data, dtype=float) > 0)
-
-
-def with_prices(trace: Trace, series: Sequence[float]) -> Trace:
-    """A price series from elsewhere (e.g. ../shared/data/spot-prices), one value per trace tick.
-
-    A series longer than the trace is cut; a shorter one holds its last price to the end."""
-    arr = np.asarray(series, dtype=float)
-    if arr.ndim != 1 or not len(arr) or not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise UserError(f"the price series for {trace.key} must be non-negative numbers")
-    n = len(trace.avail)
-    arr = arr[:n] if len(arr) >= n else np.concatenate([arr, np.full(n - len(arr), arr[-1])])
-    return Trace(trace.key, trace.gap_seconds, trace.avail, arr)
-
-
-def stretch_series(series: Sequence[float], n: int) -> np.ndarray:
-    """A price series without timestamps spread evenly over n ticks (value i*len/n at tick i)."""
-    arr = np.asarray(series, dtype=float)
-    if arr.ndim != 1 or not len(arr) or n <= 0:
-        raise UserError("a price series must be a non-empty list of numbers")
-    return arr[(np.arange(n) * len(arr)) // n]
-
-
-def region_of(key: str) -> str:
-    """us-west-2a_v100_1 -> us-west-2: the zone is the part before the first '_', less its letter."""
-    zone = key.split("_", 1)[0]
-    return zone[:-1] if zone[-1:].isalpha() and zone[-2:-1].isdigit() else zone
-
-
-def coarsen(trace: Trace, tick_seconds: int) -> Trace:
-    """A coarser tick: available only when every fine tick inside it is (spot held through it)."""
-    if tick_seconds % trace.gap_seconds:
-        raise UserError(f"--tick {tick_seconds} must be a multiple of the trace's tick ({trace.gap_seconds} s) for {trace.key}")
-    f = tick_seconds // trace.gap_seconds
-    n = len(trace.avail) // f
-    if n == 0:
-        raise UserError(f"trace {trace.key} is shorter than one {tick_seconds} s tick")
-    # A coarse tick is paid at the mean of its fine ticks' prices.
-    prices = None if trace.prices is None else trace.prices[: n * f].reshape(n, f).mean(axis=1)
-    return Trace(trace.key, tick_seconds, trace.avail[: n * f].reshape(n, f).all(axis=1), prices)
-
-
-def stack(traces: Sequence[Trace]) -> tuple[np.ndarray, int, list[str]]:
-    """Zones side by side on one clock: same tick required; the common length is the shortest."""
-    if not traces:
-        raise UserError("give at least one --trace file")
-    gaps = {t.gap_seconds for t in traces}
-    if len(gaps) > 1:
-        raise UserError(f"traces must share one tick to be replayed together, got {sorted(gaps)} seconds")
-    keys = [t.key for t in traces]
-    if len(set(keys)) != len(keys):
-        raise UserError(f"two traces have the same zone name: {keys}")
-    n = min(len(t.avail) for t in traces)
-    return np.stack([t.avail[:n] for t in traces]), gaps.pop(), keys
-
-
-def stack_prices(traces: Sequence[Trace], default: float) -> np.ndarray | None:
-    """The zones' spot prices on the clock of `stack` (Z, n); `default` where a trace has none.
-    None when no trace carries prices (every zone at the flat price)."""
-    if all(t.prices is None for t in traces):
-        return None
-    n = min(len(t.avail) for t in traces)
-    return np.stack([t.prices[:n] if t.prices is not None else np.full(n, default) for t in traces])
-
-
-def ondemand_by_zone(keys: Sequence[str], default: float, by_region: dict[str, float] | None = None) -> np.ndarray:
-    """Each zone's on-demand price: its region's from `by_region`, else `default`."""
-    by_region = by_region or {}
-    return np.array([by_region.get(region_of(k), default) for k in keys], dtype=float)
 
 
 @dataclass(frozen=True)
@@ -201,12 +99,13 @@ def choose_starts(n_ticks: int, n_zones: int, setting: Setting, gap_seconds: int
 
 def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: int, start: int, start_zone: int,
            setting: Setting, single_zone: bool = False, spot_prices: np.ndarray | None = None,
-           ondemand_prices: np.ndarray | None = None) -> Outcome:
+           ondemand_prices: np.ndarray | None = None, refused: np.ndarray | None = None) -> Outcome:
     """Run one job through an online policy from tick `start`; the policy sees only tick k at k.
 
     spot_prices (zones x ticks) and ondemand_prices (one per zone) price each zone by its own
     figures; without them every zone has the setting's flat prices. A policy sees tick k's prices
-    at k, and every hour (restarts included) is paid at the price of the market it runs in."""
+    at k, and every hour (restarts included) is paid at the price of the market it runs in.
+    refused (zones x ticks): a spot launch there and then is refused; the tick passes unpaid."""
     g = gap_seconds / 3600
     c, d = setting.job_hours, setting.restart_hours
     zones = list(range(len(keys))) if (policy.multi_zone and not single_zone) else [start_zone]
@@ -222,15 +121,17 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
     zone: int | None = None
     over = 0.0  # restart hours still to pay on the current instance
     t = p = cost = spot_h = od_h = 0.0
-    launches = 0
+    launches = refusals = 0
     # A policy that misses the deadline still finishes (on-demand at the latest); bound the loop anyway.
     limit = ticks_needed(setting, gap_seconds) + math.ceil((c + d) / g) + 2
+    if refused is not None:
+        limit += int(refused.any(axis=0).sum())  # a refused launch is a tick with nothing run
     for k in range(limit):
         i = start + k
         up = [bool(avail[z, i]) if i < n_ticks else False for z in zones]
         if market == SPOT and not up[zones.index(zone) if len(zones) > 1 else 0]:
             market = None  # reclaimed at the start of this tick
-        obs.elapsed, obs.progress, obs.market = t, p, market
+        obs.elapsed, obs.progress, obs.market, obs.spot_refusals = t, p, market, refusals
         obs.zone = None if zone is None else keys[zone]
         if spot_prices is None:
             obs.zones = [views[z][u] for z, u in zip(zones, up)]
@@ -252,10 +153,20 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
                 z = zone  # on-demand does not move
         else:
             raise RuntimeError(f"policy {policy.name} answered an unknown action {act.kind!r}")
-        if act.kind != market or (act.kind == SPOT and z != zone):
-            over = d
-            launches += 1
-        market, zone = act.kind, z
+        kind = act.kind
+        if kind != market or (kind == SPOT and z != zone):
+            if kind == SPOT and refused is not None and i < n_ticks and refused[z, i]:
+                refusals += 1  # no capacity there now
+                if market is None:  # nothing runs this tick, and nothing is paid
+                    zone = z
+                    t += g
+                    continue
+                kind, z = market, zone  # the host that runs keeps running
+            else:
+                refusals = 0
+                over = d
+                launches += 1
+        market, zone = kind, z
         used = min(over, g)
         over -= used
         gain = g - used
@@ -385,7 +296,7 @@ class Summary:
 
 def simulate(avail: np.ndarray, keys: Sequence[str], gap_seconds: int, setting: Setting, policies: Iterable[str],
              starts: int = 300, seed: int = 0, single_zone: bool = False, spot_prices: np.ndarray | None = None,
-             ondemand_prices: np.ndarray | None = None) -> list[Summary]:
+             ondemand_prices: np.ndarray | None = None, refused: np.ndarray | None = None) -> list[Summary]:
     """Every policy from the same start points (and start zones); one summary per policy.
 
     With per-zone prices, savings are against on-demand all through at the least on-demand price
@@ -407,7 +318,7 @@ def simulate(avail: np.ndarray, keys: Sequence[str], gap_seconds: int, setting: 
         else:
             policy = get_policy(name)
             runs = [replay(policy, avail, keys, gap_seconds, int(s), int(z), setting, single_zone, spot_prices,
-                           ondemand_prices) for s, z in zip(begin, zone0)]
+                           ondemand_prices, refused) for s, z in zip(begin, zone0)]
             costs = np.array([o.cost for o in runs])
             met = np.array([o.deadline_met(setting) for o in runs])
         out.append(Summary(name, 1 - costs / full, met, costs))

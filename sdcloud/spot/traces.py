@@ -1,0 +1,141 @@
+"""Spot availability traces as `sdcloud simulate` replays them: one zone's ticks, read from a file.
+
+A trace file is a JSON object: `metadata.gap_seconds` (the tick), `data` (one number per tick, > 0
+where spot could be had), and optionally `prices` (spot USD per hour, per tick) and `refused` (> 0
+where a spot launch was refused for capacity). The simulator (simulate.py) replays zones side by
+side on one clock (`stack`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import UserError
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One zone's spot availability: avail[k] is True when spot could be had in tick k."""
+
+    key: str
+    gap_seconds: int
+    avail: np.ndarray  # bool, one value per tick
+    prices: np.ndarray | None = None  # spot USD per hour, one value per tick, where the trace carries them
+    refused: np.ndarray | None = None  # bool, one value per tick: a spot launch is refused then
+
+    @property
+    def hours(self) -> float:
+        return len(self.avail) * self.gap_seconds / 3600
+
+
+def load_trace(path: str | Path) -> Trace:
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"trace file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"trace file {path} is not readable JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list) or not isinstance(doc.get("metadata"), dict):
+        raise UserError(f"trace file {path} must be a JSON object with 'metadata' and a 'data' list")
+    gap = doc["metadata"].get("gap_seconds")
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or gap <= 0 or gap != int(gap):
+        raise UserError(f"trace file {path}: metadata.gap_seconds must be a positive whole number, got {gap!r}")
+    data = doc["data"]
+    if not data or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in data):
+        raise UserError(f"trace file {path}: 'data' must be a non-empty list of numbers")
+    prices = doc.get("prices")
+    if prices is not None:
+        if (not isinstance(prices, list) or len(prices) != len(data)
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 for v in prices)):
+            raise UserError(f"trace file {path}: 'prices' must be a list of {len(data)} non-negative numbers, one per tick")
+        prices = np.asarray(prices, dtype=float)
+    refused = doc.get("refused")
+    if refused is not None:
+        if not isinstance(refused, list) or len(refused) != len(data) or any(not isinstance(v, (int, float)) for v in refused):
+            raise UserError(f"trace file {path}: 'refused' must be a list of {len(data)} numbers (or booleans), one per tick")
+        refused = np.asarray(refused, dtype=float) > 0
+    return Trace(path.stem, int(gap), np.asarray(data, dtype=float) > 0, prices, refused)
+
+
+def with_prices(trace: Trace, series: Sequence[float]) -> Trace:
+    """A price series from elsewhere (e.g. ../shared/data/spot-prices), one value per trace tick.
+
+    A series longer than the trace is cut; a shorter one holds its last price to the end."""
+    arr = np.asarray(series, dtype=float)
+    if arr.ndim != 1 or not len(arr) or not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise UserError(f"the price series for {trace.key} must be non-negative numbers")
+    n = len(trace.avail)
+    arr = arr[:n] if len(arr) >= n else np.concatenate([arr, np.full(n - len(arr), arr[-1])])
+    return Trace(trace.key, trace.gap_seconds, trace.avail, arr, trace.refused)
+
+
+def stretch_series(series: Sequence[float], n: int) -> np.ndarray:
+    """A price series without timestamps spread evenly over n ticks (value i*len/n at tick i)."""
+    arr = np.asarray(series, dtype=float)
+    if arr.ndim != 1 or not len(arr) or n <= 0:
+        raise UserError("a price series must be a non-empty list of numbers")
+    return arr[(np.arange(n) * len(arr)) // n]
+
+
+def region_of(key: str) -> str:
+    """us-west-2a_v100_1 -> us-west-2: the zone is the part before the first '_', less its letter."""
+    zone = key.split("_", 1)[0]
+    return zone[:-1] if zone[-1:].isalpha() and zone[-2:-1].isdigit() else zone
+
+
+def coarsen(trace: Trace, tick_seconds: int) -> Trace:
+    """A coarser tick: available only when every fine tick inside it is (spot held through it)."""
+    if tick_seconds % trace.gap_seconds:
+        raise UserError(f"--tick {tick_seconds} must be a multiple of the trace's tick ({trace.gap_seconds} s) for {trace.key}")
+    f = tick_seconds // trace.gap_seconds
+    n = len(trace.avail) // f
+    if n == 0:
+        raise UserError(f"trace {trace.key} is shorter than one {tick_seconds} s tick")
+    # A coarse tick is paid at the mean of its fine ticks' prices.
+    prices = None if trace.prices is None else trace.prices[: n * f].reshape(n, f).mean(axis=1)
+    # A coarse tick refuses a launch when any fine tick inside it did.
+    refused = None if trace.refused is None else trace.refused[: n * f].reshape(n, f).any(axis=1)
+    return Trace(trace.key, tick_seconds, trace.avail[: n * f].reshape(n, f).all(axis=1), prices, refused)
+
+
+def stack(traces: Sequence[Trace]) -> tuple[np.ndarray, int, list[str]]:
+    """Zones side by side on one clock: same tick required; the common length is the shortest."""
+    if not traces:
+        raise UserError("give at least one --trace file")
+    gaps = {t.gap_seconds for t in traces}
+    if len(gaps) > 1:
+        raise UserError(f"traces must share one tick to be replayed together, got {sorted(gaps)} seconds")
+    keys = [t.key for t in traces]
+    if len(set(keys)) != len(keys):
+        raise UserError(f"two traces have the same zone name: {keys}")
+    n = min(len(t.avail) for t in traces)
+    return np.stack([t.avail[:n] for t in traces]), gaps.pop(), keys
+
+
+def stack_prices(traces: Sequence[Trace], default: float) -> np.ndarray | None:
+    """The zones' spot prices on the clock of `stack` (Z, n); `default` where a trace has none.
+    None when no trace carries prices (every zone at the flat price)."""
+    if all(t.prices is None for t in traces):
+        return None
+    n = min(len(t.avail) for t in traces)
+    return np.stack([t.prices[:n] if t.prices is not None else np.full(n, default) for t in traces])
+
+
+def stack_refused(traces: Sequence[Trace]) -> np.ndarray | None:
+    """The zones' refused launches on the clock of `stack` (Z, n); None when no trace carries them."""
+    if all(t.refused is None for t in traces):
+        return None
+    n = min(len(t.avail) for t in traces)
+    return np.stack([t.refused[:n] if t.refused is not None else np.zeros(n, bool) for t in traces])
+
+
+def ondemand_by_zone(keys: Sequence[str], default: float, by_region: dict[str, float] | None = None) -> np.ndarray:
+    """Each zone's on-demand price: its region's from `by_region`, else `default`."""
+    by_region = by_region or {}
+    return np.array([by_region.get(region_of(k), default) for k in keys], dtype=float)
