@@ -25,6 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ...offers.catalog import CatalogRow, load_provider
 from ...errors import UserError
+from ...events import Kind
 from ...offers.optimizer import Offer, fits
 from ..base import (
     FAILED, PENDING, RUNNING, STOPPING, TAG_RUN, TAG_TOKEN, TERMINATED,
@@ -207,7 +208,7 @@ class AwsProvider:
                 prices = self.current_spot_prices(region, offer.row.instance_type)
                 zones.sort(key=lambda z: (prices.get(z, float("inf")), z))
             except (ClientError, ProviderError) as exc:
-                events("price-lookup-failed", {"provider": NAME, "region": region, "code": error_code(exc)})
+                events(Kind.PRICE_LOOKUP_FAILED, {"provider": NAME, "region": region, "code": error_code(exc)})
         return zones
 
     # launch
@@ -232,7 +233,7 @@ class AwsProvider:
         existing = self.find_token(spec.token, region)
         if existing is not None:
             existing.adopted = True
-            events("adopted", {"provider": NAME, "region": region, "instance_id": existing.id, "token": spec.token})
+            events(Kind.ADOPTED, {"provider": NAME, "region": region, "instance_id": existing.id, "token": spec.token})
             return existing
 
         subnets: dict[str, str] = dict(infra.get("subnet_ids") or {})
@@ -248,8 +249,8 @@ class AwsProvider:
             nxt = zones[i + 1] if i + 1 < len(zones) else None
             if subnets and zone not in subnets:
                 capacity_errors.append(f"{zone}: no subnet in the stack")
-                events("failover", {"provider": NAME, "region": region, "zone": zone, "next_zone": nxt,
-                                    "instance_type": row.instance_type, "reason": "no subnet for this zone"})
+                events(Kind.FAILOVER, {"provider": NAME, "region": region, "zone": zone, "next_zone": nxt,
+                                       "instance_type": row.instance_type, "reason": "no subnet for this zone"})
                 continue
             params = self._run_params(spec, row.instance_type, zone, market, max_price, image_id, root_device,
                                       infra, subnets.get(zone))
@@ -258,28 +259,28 @@ class AwsProvider:
             except ClientError as exc:
                 code, msg = error_code(exc), error_message(exc)
                 if code in QUOTA_CODES:
-                    events("quota", {"provider": NAME, "region": region, "zone": zone, "code": code,
-                                     "instance_type": row.instance_type, "market": market})
+                    events(Kind.QUOTA, {"provider": NAME, "region": region, "zone": zone, "code": code,
+                                        "instance_type": row.instance_type, "market": market})
                     raise QuotaError(quota_message(code, region, row.instance_type, market, msg)) from None
                 if code in CAPACITY_CODES or code in ZONE_UNSUPPORTED_CODES:
                     capacity_errors.append(f"{zone}: {code}")
-                    events("failover", {"provider": NAME, "region": region, "zone": zone, "next_zone": nxt,
-                                        "instance_type": row.instance_type, "market": market, "code": code})
+                    events(Kind.FAILOVER, {"provider": NAME, "region": region, "zone": zone, "next_zone": nxt,
+                                           "instance_type": row.instance_type, "market": market, "code": code})
                     continue
                 if code in PRICE_CODES:
                     current = self._spot_price_now(region, zone, row.instance_type)
                     price_errors.append((zone, current))
-                    events("failover", {"provider": NAME, "region": region, "zone": zone, "next_zone": nxt,
-                                        "instance_type": row.instance_type, "code": code, "max_price": max_price,
-                                        "current_price": current})
+                    events(Kind.FAILOVER, {"provider": NAME, "region": region, "zone": zone, "next_zone": nxt,
+                                           "instance_type": row.instance_type, "code": code, "max_price": max_price,
+                                           "current_price": current})
                     continue
                 raise ProviderError(f"AWS RunInstances {row.instance_type} in {zone}: {code}: {msg}") from None
             raw = resp["Instances"][0]
             inst = self._instance(raw, region)
             listed = row.spot_price if market == "spot" else row.ondemand_price
             inst.price_per_hour = max_price if (market == "spot" and max_price) else listed
-            events("launched", {"provider": NAME, "region": region, "zone": inst.zone, "instance_id": inst.id,
-                                "instance_type": row.instance_type, "market": market, "token": spec.token})
+            events(Kind.LAUNCHED, {"provider": NAME, "region": region, "zone": inst.zone, "instance_id": inst.id,
+                                   "instance_type": row.instance_type, "market": market, "token": spec.token})
             return inst
 
         if price_errors:

@@ -17,6 +17,7 @@ from botocore.exceptions import (
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from ...errors import UserError
+from ...events import Kind
 from ..base import CredentialsError, EventSink, ProviderError, no_events
 
 NAME = "aws"
@@ -109,8 +110,8 @@ class Retry:
         def report(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             code = (error_code(exc) or type(exc).__name__) if exc else ""
-            events("retry", {"provider": NAME, "call": what, "attempt": state.attempt_number, "code": code,
-                             "wait_s": round(state.upcoming_sleep, 3), **info})
+            events(Kind.RETRY, {"provider": NAME, "call": what, "attempt": state.attempt_number, "code": code,
+                                "wait_s": round(state.upcoming_sleep, 3), **info})
 
         retrying = Retrying(retry=retry_if_exception(is_retryable), stop=stop_after_attempt(self.attempts),
                             wait=wait_random_exponential(multiplier=self.base, max=self.cap),

@@ -22,6 +22,7 @@ from pathlib import Path
 from ... import clock, config
 from ...offers.catalog import CatalogRow
 from ...errors import UserError
+from ...events import Kind
 from ...offers.optimizer import Offer
 from ..base import (FAILED, PENDING, RUNNING, TAG_TOKEN, TERMINATED, EventSink, Instance, LaunchSpec, no_events)
 from .metadata import MetadataServer
@@ -128,7 +129,7 @@ class LocalProvider:
                events: EventSink = no_events) -> Instance:
         for rec in self._records():
             if rec["tags"].get(TAG_TOKEN) == spec.token and self._state(rec) in (PENDING, RUNNING):
-                events("adopted", {"instance": rec["id"], "token": spec.token})
+                events(Kind.ADOPTED, {"instance": rec["id"], "token": spec.token})
                 inst = self._instance(rec)
                 inst.adopted = True
                 return inst
@@ -167,7 +168,7 @@ class LocalProvider:
         rec = {"id": instance_id, "pid": proc.pid, "market": market, "price_per_hour": self.price_per_hour,
                "tags": spec.tags, "created": time.time(), "host_dir": str(host_dir), "metadata_url": metadata.base_url}
         self._write_record(rec)
-        events("host-started", {"instance": instance_id, "pid": proc.pid})
+        events(Kind.HOST_STARTED, {"instance": instance_id, "pid": proc.pid})
         return self._instance(rec)
 
     def schedule_reclaim(self, instance_id: str, after_seconds: float, events: EventSink = no_events) -> None:
@@ -177,7 +178,7 @@ class LocalProvider:
             if server is None:
                 return
             at = server.announce(self.notice_seconds)
-            events("reclaim-notice", {"instance": instance_id, "terminate_at": at.isoformat(), "simulated": True})
+            events(Kind.RECLAIM_NOTICE, {"instance": instance_id, "terminate_at": at.isoformat(), "simulated": True})
             kill = threading.Timer(self.notice_seconds, self._reclaim, args=(instance_id,))
             kill.daemon = True
             self._timers.append(kill)
