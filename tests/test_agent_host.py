@@ -13,6 +13,7 @@ import pytest
 from agent_fakes import AwsMetadataServer, TencentMetadataServer
 
 from sdcloud_agent import config, gpu, nvme, watchers
+from sdcloud_agent.clouds import aws as aws_cloud, tencent as tencent_cloud
 from sdcloud_agent.trainers.base import Context, parse_tqdm
 from sdcloud_agent.trainers.builtin_adapter import BuiltinTrainer
 from sdcloud_agent.trainers.command import CommandTrainer
@@ -121,7 +122,7 @@ def test_gpu_parse_and_vram_check():
 def test_aws_watcher_imdsv2_tokens_notice_and_rebalance():
     srv = AwsMetadataServer().start()
     try:
-        w = watchers.AwsWatcher(srv.base_url)
+        w = aws_cloud.NoticeWatcher(srv.base_url)
         assert w.check() == []
         srv.recommend_rebalance()
         assert [n.kind for n in w.check()] == ["rebalance"]
@@ -139,21 +140,21 @@ def test_aws_watcher_imdsv2_tokens_notice_and_rebalance():
 def test_tencent_watcher_reads_utc8_time():
     srv = TencentMetadataServer().start()
     try:
-        w = watchers.TencentWatcher(srv.base_url)
+        w = tencent_cloud.NoticeWatcher(srv.base_url)
         assert w.check() == []
         srv.announce(100)
         (n,) = w.check()
         assert n.kind == "terminate" and n.deadline - time.time() == pytest.approx(100, abs=3)
     finally:
         srv.stop()
-    assert watchers.parse_tencent_time("2018-08-18 20:05:33") == pytest.approx(1534593933)
+    assert tencent_cloud.parse_notice_time("2018-08-18 20:05:33") == pytest.approx(1534593933)
 
 
 def test_watch_thread_fires_once_per_notice_and_survives_an_absent_endpoint():
     srv = AwsMetadataServer().start()
     got = []
-    t = watchers.WatchThread(watchers.AwsWatcher(srv.base_url), got.append, poll_seconds=0.05).start()
-    dead = watchers.WatchThread(watchers.AwsWatcher("http://127.0.0.1:9"), got.append, poll_seconds=0.05).start()
+    t = watchers.WatchThread(aws_cloud.NoticeWatcher(srv.base_url), got.append, poll_seconds=0.05).start()
+    dead = watchers.WatchThread(aws_cloud.NoticeWatcher("http://127.0.0.1:9"), got.append, poll_seconds=0.05).start()
     try:
         time.sleep(0.2)
         srv.announce()

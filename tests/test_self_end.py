@@ -138,7 +138,9 @@ def test_aws_self_end_runs_the_os_shutdown(tmp_path, monkeypatch):
     assert selfend.end_machine(selfend.SelfEnd(provider="aws")) == "os-shutdown"
     assert rec.read_text().strip() == "shutdown -h now"
     monkeypatch.delenv("SDCLOUD_SHUTDOWN_COMMAND")
-    assert selfend.shutdown_command() == ["shutdown", "-h", "now"]
+    from sdcloud_agent.clouds import aws
+
+    assert aws.shutdown_command() == ["shutdown", "-h", "now"]
 
 
 @pytest.mark.parametrize("market", ["spot", "on-demand"])
@@ -178,7 +180,7 @@ def _fake_instance(cvm, iid: str, tags: dict, zone: str = "ap-guangzhou-3"):
 def test_tencent_terminate_is_signed_with_the_role_and_held_to_the_stack_tag():
     from tencent_fake import FakeServer
 
-    from sdcloud_agent.selfend import tencent_terminate
+    from sdcloud_agent.clouds.tencent import terminate as tencent_terminate
 
     with FakeServer() as srv:
         cvm = srv.cvm

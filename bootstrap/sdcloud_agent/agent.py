@@ -30,7 +30,8 @@ from .status import StatusReporter
 from .store import Cancelled, StoreError, attempt_cause, describe_failure, open_store, retry
 from .sync import CheckpointSync, SyncWorker
 from .trainers.base import Context, Trainer
-from .watchers import Notice, WatchThread, make_watcher
+from .clouds import make_watcher
+from .watchers import Notice, WatchThread
 
 log = logging.getLogger("sdcloud_agent")
 trainer_log = logging.getLogger("sdcloud_agent.trainer")

@@ -1,54 +1,27 @@
-"""Store credentials that boto3 cannot find by itself: a CVM's CAM role, or a file the controller renews.
+"""Store credentials that boto3 cannot find by itself: a file the controller renews, or a cloud's role.
 
-A Tencent Cloud host signs COS requests with its CVM role's keys (below). A box of the user's,
-reached over SSH, gets short-lived, prefix-scoped keys from the controller, written to a 0600 file
-beside the agent's config and rewritten before they expire (`file_session`).
-
-boto3 knows AWS's instance roles but not Tencent's: on a CVM the role's temporary keys are served
-by the metadata service at /latest/meta-data/cam/security-credentials/<role>, as TmpSecretId,
-TmpSecretKey, Token and ExpiredTime. They are fed to botocore as refreshable credentials, so an
-upload that runs past the expiry picks up new keys. Nothing here is written to disk or logged.
+A box of the user's, reached over SSH, gets short-lived, prefix-scoped keys from the controller,
+written to a 0600 file beside the agent's config and rewritten before they expire (`file_session`).
+A cloud whose instance role boto3 does not know (Tencent's CVM role: clouds/tencent.py) hands its
+key fetch to `refreshing_session`. Either way the keys are fed to botocore as refreshable
+credentials, so an upload that runs past the expiry picks up new keys. Nothing here is written to
+disk or logged.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import urllib.request
-from datetime import datetime, timezone
-
-TENCENT_METADATA = "http://metadata.tencentyun.com"
-ROLE_PATH = "/latest/meta-data/cam/security-credentials/"
+from typing import Callable
 
 
-def _base() -> str:
-    return os.environ.get("SDCLOUD_TENCENT_METADATA_URL", TENCENT_METADATA).rstrip("/")
-
-
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=3) as resp:
-        return resp.read().decode()
-
-
-def tencent_role_keys() -> dict:
-    """The role's current temporary keys in botocore's metadata shape."""
-    role = _get(_base() + ROLE_PATH).split()[0].strip("/")
-    doc = json.loads(_get(_base() + ROLE_PATH + role))
-    if doc.get("Code", "Success") != "Success":
-        raise RuntimeError(f"CVM role {role}: the metadata service answered {doc.get('Code')}")
-    expiry = datetime.fromtimestamp(int(doc["ExpiredTime"]), timezone.utc)
-    return {"access_key": doc["TmpSecretId"], "secret_key": doc["TmpSecretKey"], "token": doc["Token"],
-            "expiry_time": expiry.isoformat()}
-
-
-def tencent_role_session():
-    """A boto3 session whose credentials come from the CVM role and refresh before they expire."""
+def refreshing_session(fetch: Callable[[], dict], method: str):
+    """A boto3 session on the keys `fetch()` gives (botocore's metadata shape), fetched again
+    before they expire."""
     import boto3
     from botocore.credentials import RefreshableCredentials
     from botocore.session import get_session
 
-    creds = RefreshableCredentials.create_from_metadata(metadata=tencent_role_keys(), refresh_using=tencent_role_keys,
-                                                        method="tencent-cvm-role")
+    creds = RefreshableCredentials.create_from_metadata(metadata=fetch(), refresh_using=fetch, method=method)
     core = get_session()
     core._credentials = creds  # botocore has no public setter for a ready credential provider
     return boto3.Session(botocore_session=core)
@@ -64,12 +37,4 @@ def file_keys(path: str) -> dict:
 
 def file_session(path: str):
     """A boto3 session on the keys in `path`; botocore re-reads the file as they near their expiry."""
-    import boto3
-    from botocore.credentials import RefreshableCredentials
-    from botocore.session import get_session
-
-    creds = RefreshableCredentials.create_from_metadata(metadata=file_keys(path), refresh_using=lambda: file_keys(path),
-                                                        method="sdcloud-credentials-file")
-    core = get_session()
-    core._credentials = creds  # botocore has no public setter for a ready credential provider
-    return boto3.Session(botocore_session=core)
+    return refreshing_session(lambda: file_keys(path), "sdcloud-credentials-file")

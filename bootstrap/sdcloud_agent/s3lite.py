@@ -1,9 +1,10 @@
 """A standard-library S3 client for the first minutes of a host, before boto3 exists on it.
 
 The user-data carries this file (no package install can fetch the agent wheel before the agent is
-there). It signs with AWS Signature V4 using the instance role's temporary keys: IMDSv2 on AWS,
-the CAM role on Tencent (COS accepts V4 on its S3 endpoint). No long-lived secret, no presigned
-URL. Python 3.8+ and nothing else, because it runs on the image's python3.
+there). It signs with AWS Signature V4 using the instance role's temporary keys, fetched as the host's
+cloud says (clouds/<kind>.py: IMDSv2 on AWS, the CAM role on Tencent; COS accepts V4 on its S3
+endpoint). No long-lived secret, no presigned URL. Python 3.8+ and nothing else, because it runs
+on the image's python3; the user-data's copy carries only its run's cloud's key fetch.
 
     python3 s3lite.py CONFIG get KEY DEST | put KEY SRC | head KEY
     python3 s3lite.py CONFIG report PHASES_FILE LOG_FILE [failed PHASE]
@@ -44,30 +45,16 @@ def _open(req, timeout=10):
     return urllib.request.urlopen(req, timeout=timeout, context=ctx)
 
 
+# @@CLOUD_ROLE_KEYS@@: userdata.py puts the run's cloud's boot_role_keys here (clouds/<kind>.py).
+
+
 def role_credentials(metadata: dict, store: dict) -> dict:
-    """{"key", "secret", "token"} from the instance role (IMDSv2 or Tencent CAM)."""
-    kind = (metadata or {}).get("kind", "aws")
-    if store.get("credentials") == "tencent-cvm-role" or kind == "tencent":
-        base = os.environ.get("SDCLOUD_TENCENT_METADATA_URL") or (metadata or {}).get("base_url") or "http://metadata.tencentyun.com"
-        path = base.rstrip("/") + "/latest/meta-data/cam/security-credentials/"
-        with _open(path, 3) as r:
-            role = r.read().decode().split()[0].strip("/")
-        with _open(path + role, 3) as r:
-            doc = json.loads(r.read())
-        return {"key": doc["TmpSecretId"], "secret": doc["TmpSecretKey"], "token": doc.get("Token", "")}
-    base = (os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or (metadata or {}).get("base_url")
-            or "http://169.254.169.254").rstrip("/")
-    req = urllib.request.Request(base + "/latest/api/token", method="PUT",
-                                 headers={"X-aws-ec2-metadata-token-ttl-seconds": "21600"})
-    with _open(req, 3) as r:
-        token = r.read().decode()
-    hdr = {"X-aws-ec2-metadata-token": token}
-    path = base + "/latest/meta-data/iam/security-credentials/"
-    with _open(urllib.request.Request(path, headers=hdr), 3) as r:
-        role = r.read().decode().split()[0].strip("/")
-    with _open(urllib.request.Request(path + role, headers=hdr), 3) as r:
-        doc = json.loads(r.read())
-    return {"key": doc["AccessKeyId"], "secret": doc["SecretAccessKey"], "token": doc.get("Token", "")}
+    """{"key", "secret", "token"} from the instance role of the host's cloud (clouds.boot_cloud)."""
+    try:
+        from .clouds import boot_cloud
+    except ImportError:  # the user-data's copy, alone on the host: its cloud's function is above
+        return boot_role_keys(metadata or {}, _open)  # noqa: F821 - put in by userdata.py
+    return boot_cloud(metadata, store).boot_role_keys(metadata or {}, _open)
 
 
 def store_endpoint(store: dict) -> str:

@@ -7,33 +7,22 @@ itself; a run whose controller's heartbeat (`runs/<id>/controller.json`) is stal
 and ends at once. A lifetime cap, from the run's budget at this host's price or its deadline plus a
 margin (or twice the estimate plus two hours), makes a host that never reaches its end save and end.
 
-How a host ends, per provider:
-- aws: the OS shutdown; the instance was launched with InstanceInitiatedShutdownBehavior=terminate,
-  so an OS shutdown terminates it (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html;
-  `shutdown -h` powers off under systemd, unlike `halt`, which AWS says does not end the instance).
-- tencent: its own TerminateInstances, signed TC3-HMAC-SHA256 with the CVM role's temporary keys
-  (an OS shutdown would leave a pay-as-you-go instance stopped and still charged for its disks:
-  https://tencentcloud.com/document/product/213/19922). The stack's role may end only instances
-  carrying the stack's tag (stacks/tencent/host_policy.py).
-- ssh: never powers off a machine the user owns: the agent exits and frees the GPU.
-- local, none: the end is recorded (status.json's `self_end`); the agent exits.
+How a host ends is its cloud's (clouds/<kind>.py, asked by `self_end.provider`): AWS shuts the OS
+down, Tencent calls its own TerminateInstances; a box over SSH is the user's own and a local host
+is this machine, so there the end is recorded (status.json's `self_end`) and the agent exits.
 
 Standard library only: it also runs from the user-data's failure path (`python -m sdcloud_agent.selfend`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
-import os
-import subprocess
 import time
-import urllib.request
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
 from typing import Callable
+
+from . import clouds
 
 log = logging.getLogger("sdcloud_agent.selfend")
 
@@ -43,10 +32,6 @@ DEADLINE_MARGIN_S = 3600.0
 # A run with neither budget nor deadline: twice the estimate plus two hours.
 CAP_ESTIMATE_FACTOR = 2.0
 CAP_EXTRA_S = 7200.0
-CVM_ENDPOINT = "https://cvm.tencentcloudapi.com"
-CVM_VERSION = "2017-03-12"
-SHUTDOWN = ["shutdown", "-h", "now"]
-POWEROFF = ["systemctl", "poweroff"]
 
 
 @dataclass
@@ -71,7 +56,7 @@ class SelfEnd:
 
     @property
     def ends_machine(self) -> bool:
-        return self.provider in ("aws", "tencent")
+        return clouds.for_provider(self.provider).ENDS_MACHINE
 
 
 def lifetime_cap(se: SelfEnd) -> tuple[float, str]:
@@ -131,81 +116,9 @@ class Attendance:
 
 # -- ending the machine -----------------------------------------------------------------------------
 
-def _metadata_get(path: str) -> str:
-    from .cloudcreds import _base, _get
-
-    return _get(_base() + path).strip()
-
-
-def tencent_instance() -> tuple[str, str]:
-    """(instance id, region) from the CVM metadata service."""
-    return _metadata_get("/latest/meta-data/instance-id"), _metadata_get("/latest/meta-data/placement/region")
-
-
-def tc3_headers(secret_id: str, secret_key: str, token: str | None, host: str, action: str, region: str,
-                body: bytes, timestamp: int, service: str = "cvm", version: str = CVM_VERSION) -> dict[str, str]:
-    """The headers of a TC3-HMAC-SHA256 signed POST (https://www.tencentcloud.com/document/api/213/30654)."""
-    date = datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d")
-    ctype = "application/json"
-    canonical = "\n".join(["POST", "/", "", f"content-type:{ctype}\nhost:{host}\n", "content-type;host",
-                           hashlib.sha256(body).hexdigest()])
-    scope = f"{date}/{service}/tc3_request"
-    to_sign = "\n".join(["TC3-HMAC-SHA256", str(timestamp), scope, hashlib.sha256(canonical.encode()).hexdigest()])
-
-    def mac(key: bytes, msg: str) -> bytes:
-        return hmac.new(key, msg.encode(), hashlib.sha256).digest()
-
-    key = mac(mac(mac(("TC3" + secret_key).encode(), date), service), "tc3_request")
-    sig = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    headers = {"Authorization": f"TC3-HMAC-SHA256 Credential={secret_id}/{scope}, SignedHeaders=content-type;host, "
-                                f"Signature={sig}",
-               "Content-Type": ctype, "Host": host, "X-TC-Action": action, "X-TC-Timestamp": str(timestamp),
-               "X-TC-Version": version, "X-TC-Region": region}
-    if token:
-        headers["X-TC-Token"] = token
-    return headers
-
-
-def tencent_terminate(instance_id: str, region: str, keys: dict, endpoint: str | None = None,
-                      now: float | None = None) -> dict:
-    """This instance's own TerminateInstances with the role's keys; the API's Response, or raises."""
-    endpoint = (endpoint or os.environ.get("SDCLOUD_TENCENT_ENDPOINT") or CVM_ENDPOINT).rstrip("/")
-    host = endpoint.split("://", 1)[-1].split("/", 1)[0]
-    body = json.dumps({"InstanceIds": [instance_id]}).encode()
-    headers = tc3_headers(keys["access_key"], keys["secret_key"], keys.get("token"), host, "TerminateInstances",
-                          region, body, int(now if now is not None else time.time()))
-    req = urllib.request.Request(endpoint + "/", data=body, headers=headers, method="POST")
-    with urllib.request.urlopen(req, timeout=15) as resp:
-        answer = json.loads(resp.read().decode()).get("Response", {})
-    if "Error" in answer:
-        raise RuntimeError(f"TerminateInstances {instance_id}: {answer['Error'].get('Code')}: "
-                           f"{answer['Error'].get('Message')}")
-    return answer
-
-
-def shutdown_command() -> list[str]:
-    """The OS shutdown; SDCLOUD_SHUTDOWN_COMMAND replaces it (the tests' shim records it)."""
-    override = os.environ.get("SDCLOUD_SHUTDOWN_COMMAND")
-    return override.split() if override else SHUTDOWN
-
-
 def end_machine(se: SelfEnd) -> str:
-    """End this host as its provider allows; what was done, in a few words."""
-    if se.provider == "aws":
-        for cmd in (shutdown_command(), POWEROFF):
-            try:
-                subprocess.run(cmd, check=True, timeout=60)
-                return "os-shutdown"
-            except (OSError, subprocess.SubprocessError) as exc:
-                log.error("self-end: %s failed: %s", " ".join(cmd), exc)
-        raise RuntimeError("no shutdown command worked")
-    if se.provider == "tencent":
-        from .cloudcreds import tencent_role_keys
-
-        iid, region = tencent_instance()
-        tencent_terminate(iid, se.region or region, tencent_role_keys())
-        return "terminate-instances"
-    return "agent-exit"  # ssh: never power off a machine the user owns; local: nothing to end
+    """End this host as its cloud allows; what was done, in a few words."""
+    return clouds.for_provider(se.provider).end_machine(se)
 
 
 # -- the terminal phase -----------------------------------------------------------------------------
@@ -254,7 +167,7 @@ def finish(se: SelfEnd, store, run_prefix: str, attempt: int, reason: str, *, at
                 break
     doc = {"reason": reason, "provider": se.provider, "at": clock(), "waited_s": round(clock() - t0, 2),
            "unattended": unattended}
-    doc["action"] = {"aws": "os-shutdown", "tencent": "terminate-instances"}.get(se.provider, "agent-exit")
+    doc["action"] = clouds.for_provider(se.provider).END_ACTION
     if store is not None:
         record(store, run_prefix, attempt, {"self_end": doc, "unattended": unattended}, local_path)
     log.warning("self-end: %s (%s)", reason, doc["action"])

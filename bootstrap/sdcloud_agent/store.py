@@ -467,8 +467,11 @@ class S3Store:
         self.part_size = part_size
         self.workers = workers
         self.retry_policy = retry_policy or DEFAULT_RETRY
+        # A cloud's own role named by the store config (COS through Tencent's CVM role: clouds/).
+        from .clouds import for_credentials
+        role = for_credentials(credentials)
         # COS takes object tags in its own header and its lifecycle rules cannot filter on them: tag on S3 only.
-        self.tag_objects = credentials != "tencent-cvm-role" and "myqcloud.com" not in (endpoint_url or "")
+        self.tag_objects = role is None and "myqcloud.com" not in (endpoint_url or "")
         if engine not in ("auto", "crt", "s3transfer"):
             raise ValueError(f"unknown transfer engine {engine!r}: use auto, crt or s3transfer")
         # One transfer engine per store: `workers` connections however many files move.
@@ -484,7 +487,7 @@ class S3Store:
         self.compare_and_swap = not on_cos
         # One dialect for every store that is not AWS S3 itself (cos.compatible_options): no
         # checksum trailers, Content-Length on every body, Content-MD5 on DeleteObjects.
-        self.on_aws = not on_cos and credentials != "tencent-cvm-role" and cos.is_aws_endpoint(cos.effective_endpoint(endpoint_url))
+        self.on_aws = not on_cos and role is None and cos.is_aws_endpoint(cos.effective_endpoint(endpoint_url))
         session: Any = None
         if client is None:
             import boto3
@@ -501,11 +504,9 @@ class S3Store:
                 options = cos.compatible_options(addressing_style)  # the same bodies, any addressing
             cfg = Config(retries={"max_attempts": 5, "mode": "standard"},
                          max_pool_connections=max(16, workers * 2, self.restore_workers + 4), connect_timeout=5, read_timeout=read_timeout or 60, **options)
-            # "tencent-cvm-role": COS keys from the CVM's CAM role (boto3 only knows AWS's roles).
-            if credentials == "tencent-cvm-role":
-                from .cloudcreds import tencent_role_session
-
-                session = tencent_role_session()
+            # A named role: COS keys from the CVM's CAM role (boto3 only knows AWS's roles).
+            if role is not None:
+                session = role.role_session()
             elif credentials and credentials.startswith("file:"):
                 from .cloudcreds import file_session
 
@@ -522,7 +523,7 @@ class S3Store:
         self.client = client
         # The CRT engine on S3 and S3-compatible servers where awscrt is installed (transfer.py
         # says why not on COS); a client handed in by a caller (a test's stub) keeps s3transfer.
-        cos_like = on_cos or credentials == "tencent-cvm-role"
+        cos_like = on_cos or role is not None  # the one role a store config names is COS's (Tencent's)
         # "auto" takes the CRT on AWS S3 only: it signs checksum trailers into uploads, which
         # S3-compatible stores refuse as COS does. Asked for by name it runs anywhere but COS.
         use_crt = engine == "crt" or (engine == "auto" and not injected and self.on_aws and transfer.crt_available())

@@ -2,7 +2,8 @@
 
 The per-run script carries the run's agent config (no secrets: credentials come from the instance
 role), the bucket key of the agent wheel, and `s3lite.py` (the standard-library S3 client that
-fetches that wheel before anything is installed). Nothing is installed by a package name we do not
+fetches that wheel before anything is installed) with its run's cloud's role-key fetch put in
+(`boot_client`): the script travels alone, and one cloud's fetch is all it needs. Nothing is installed by a package name we do not
 publish: the agent comes from the run's bucket, the training environment from a pinned lock.
 With no config it renders the launch templates' generic part only, which installs nothing: the
 per-run user-data that the controller sends with every launch replaces it.
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import base64
 import gzip
+import inspect
 import json
 from importlib import resources
 
+from . import clouds
 from .config import SECRET_WORDS as FORBIDDEN_KEYS  # noqa: F401 - kept for callers of the old name
 from .config import check_no_secrets as _check_no_secrets
 
@@ -46,6 +49,26 @@ def _compact(source: str) -> str:
                    if i not in drop and not line.lstrip().startswith("#"))
 
 
+CLOUD_MARKER = "# @@CLOUD_ROLE_KEYS@@"
+
+
+def boot_client(agent_config: dict) -> str:
+    """s3lite.py with the role-key fetch of the cloud that the config's store and metadata name
+    (clouds.boot_cloud): the function's source and the module's string constants it reads."""
+    store = agent_config["store"] if isinstance(agent_config["store"], dict) else {"url": agent_config["store"]}
+    cloud = clouds.boot_cloud(agent_config.get("metadata"), store)
+    fetch = cloud.boot_role_keys
+    consts = [f"{n} = {getattr(cloud, n)!r}\n" for n in fetch.__code__.co_names
+              if isinstance(getattr(cloud, n, None), str)]
+    source = resources.files("sdcloud_agent").joinpath("s3lite.py").read_text()
+    if CLOUD_MARKER not in source:
+        raise ValueError(f"s3lite.py lost its {CLOUD_MARKER} line")
+    lines = source.split("\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith(CLOUD_MARKER))
+    lines[at] = "".join(consts) + inspect.getsource(fetch).rstrip("\n")
+    return "\n".join(lines)
+
+
 def render_user_data(agent_config: dict | None = None, wheel_key: str = "", driver: str = "",
                      agent_source: str | None = None) -> str:
     """The user-data script. `wheel_key` is the agent wheel's key in the run's store;
@@ -58,7 +81,7 @@ def render_user_data(agent_config: dict | None = None, wheel_key: str = "", driv
     _check_no_secrets(agent_config)
     pkg = resources.files("sdcloud_agent")
     template = pkg.joinpath("templates/user-data.sh.tmpl").read_text()
-    s3lite = _compact(pkg.joinpath("s3lite.py").read_text())
+    s3lite = _compact(boot_client(agent_config))
     s3lite_packed = base64.encodebytes(gzip.compress(s3lite.encode(), 9, mtime=0)).decode()
     config_json = json.dumps(agent_config, separators=(",", ":"), sort_keys=True)
     for marker, value in (("SDCLOUD_CONFIG", config_json), ("SDCLOUD_S3LITE", s3lite)):

@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 from ..store import open_store
-from ..watchers import WatchThread, make_watcher
+from ..clouds import make_watcher
+from ..watchers import WatchThread
 from .worker import Worker
 
 
