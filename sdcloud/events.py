@@ -17,6 +17,7 @@ domain, the providers included, can name a kind.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -230,3 +231,95 @@ FIELDS: dict[Kind, Fields] = {
     Kind.WORKER_STARTED: Fields(("slot",), ("n", "pid")),
     Kind.WORKER_EXITED: Fields(("slot",), ("pid", "rc")),
 }
+
+
+# -- words: how `watch`, `logs` and `status` tell each kind to a user ------------------------------
+# A kind without words is shown only under -v (as `kind key=value ...`). The health kinds' words
+# (HEALTH, OOM_RETRY, OUT_OF_MEMORY) are runs/health_view.py's, which knows the health figures.
+
+
+def _attempt(data: dict) -> str:
+    return f"attempt {data.get('attempt')}"
+
+
+def _launching(data: dict) -> str:
+    parts = str(data.get("offer") or "").split("/")  # provider/region/zone/type/market
+    what = f"{parts[3]} in {parts[2] if parts[2] not in ('', '*') else parts[1]}" if len(parts) >= 4 else data.get("offer")
+    return f"{_attempt(data)}: launching {what} ({data.get('market')}, ${data.get('price_usd')}/h)"
+
+
+def _reclaimed(data: dict) -> str:
+    step = data.get("step")
+    saved = "the host saved its checkpoint" if data.get("phase") == "preempted" else "the host is gone"
+    return f"spot reclaim of {_attempt(data)}" + (f" at step {step}" if step is not None else "") + f": {saved}"
+
+
+def _host_failed(data: dict) -> str:
+    why = data.get("cause") or data.get("state") or "failed"
+    return f"{_attempt(data)}: host {data.get('instance')} failed ({why}), not a reclaim" + (
+        f": {data['reason']}" if data.get("reason") else "")
+
+
+def _resumed(data: dict) -> str:
+    where = " ".join(str(x) for x in (data.get("instance_type"), data.get("zone") and f"in {data['zone']}") if x)
+    lost = data.get("lost_steps") or 0
+    return (f"{_attempt(data)}{' on ' + where if where else ''} resumed from step {data.get('from_step')}, "
+            f"{lost} step{'s' if lost != 1 else ''} lost")
+
+
+def _budget_reached(data: dict) -> str | None:
+    if "budget" not in data:  # a batch job's stop (budget_usd, cost_usd): its status says it
+        return None
+    return f"budget ${data.get('budget')} reached (${data.get('spent')} spent): stopping with the checkpoint kept"
+
+
+def _model_uploaded(data: dict) -> str:
+    if data.get("cached"):
+        return f"model: already in the run's bucket ({data.get('key')}, {data.get('mb')} MB), nothing sent"
+    return f"model: {data.get('files')} file(s), {data.get('mb')} MB sent to the run's bucket in {data.get('seconds')} s"
+
+
+def _run_ended(kind: Kind) -> Callable[[dict], str]:
+    def told(data: dict) -> str:
+        reason = data.get("reason")
+        return f"run {kind.value.removeprefix('run-')}" + (f": {reason}" if reason else "")
+    return told
+
+
+def _as_fields(kind: Kind) -> Callable[[dict], str]:
+    """A failure worth a line of its own but no sentence: its kind and its fields."""
+    def told(data: dict) -> str:
+        return f"{kind.value}: " + " ".join(f"{k}={v}" for k, v in data.items() if v is not None)
+    return told
+
+
+WORDS: dict[Kind, Callable[[dict], str | None]] = {
+    Kind.LAUNCHING: _launching,
+    Kind.LAUNCHED: lambda d: f"{_attempt(d)}: host {d.get('instance')} is up" + (
+        " (adopted: it was already running)" if d.get("adopted") else ""),
+    Kind.LAUNCH_FAILED: lambda d: f"{_attempt(d)}: could not launch ({d.get('error')}); trying the next offer",
+    Kind.RECLAIMED: _reclaimed,
+    Kind.HOST_FAILED: _host_failed,
+    Kind.STORE_UNREACHABLE: lambda d: (f"the run's store cannot be reached ({d.get('error')}); trying again every "
+                                       f"{d.get('retry_s')} s" + (f" ({d['for_s']} s so far)" if d.get("for_s") else "")),
+    Kind.STORE_REACHABLE: lambda d: f"the run's store answers again (after {d.get('after_s')} s)",
+    Kind.HOST_LOST: lambda d: f"{_attempt(d)}: host {d.get('instance')} lost" + (
+        f" (no heartbeat for {d['heartbeat_age_s']} s)" if d.get("heartbeat_age_s") else ""),
+    Kind.RESUMED: _resumed,
+    Kind.DEADLINE_FALLBACK: lambda d: f"the deadline is at risk: moving from spot to on-demand ({d.get('to')})",
+    Kind.BUDGET_REACHED: _budget_reached,
+    Kind.DATASET_UPLOADED: lambda d: (f"dataset: {d.get('files')} files in the run's bucket ({d.get('sent')} sent, "
+                                      f"{d.get('mb')} MB)"),
+    Kind.MODEL_UPLOADED: _model_uploaded,
+    Kind.RESUME: lambda d: (f"resuming a {d.get('from_state')} run from step {d.get('step')} "
+                            f"(${d.get('spent_usd')} already spent)"),
+    **{k: _run_ended(k) for k in RUN_ENDED},
+    **{k: _as_fields(k) for k in (Kind.STRAYS, Kind.TERMINATE_FAILED, Kind.SWEEP_FAILED, Kind.PRICE_HISTORY_FAILED,
+                                  Kind.STORE_CREDENTIALS_FAILED)},
+}
+
+
+def words(kind: Kind | str, data: dict) -> str | None:
+    """An event told in plain words, or None for a kind only -v shows (an old spelling reads as today's)."""
+    told = WORDS.get(parse(kind))  # type: ignore[call-overload]
+    return told(data) if told is not None else None

@@ -90,7 +90,7 @@ def test_crash_between_launch_and_state_write_is_reaped_by_gc(endpoint, capsys):
     assert [k["id"] for k in report["kept"]] == [active.id]
     # Zero leaked: only the instance of the run that is still active is running.
     assert running_sdcloud_instances() == {active.id: "run-active"}
-    assert [e["kind"] for e in store.events("run-done")] == ["gc.terminated"]
+    assert [e["kind"] for e in store.events("run-done")] == ["gc-terminated"]
 
     # A second pass finds nothing more to do.
     assert main(["gc", "--provider", "aws", "--region", REGION, "--yes", "--json"]) == 0

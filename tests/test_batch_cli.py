@@ -103,7 +103,7 @@ def _kill_one_worker_mid_item(job: str, timeout: float = 300) -> int:
 
     def holding():
         run = jobs.find_job(job)
-        store = jobs._store(run)
+        store = jobs.job_store(run)
         prefix = run["spec"]["prefix"]
         done = {o.key.rsplit("/", 1)[-1] for o in store.list(f"{prefix}/done/")}
         if not done:

@@ -150,7 +150,7 @@ def test_config_defaults_fill_what_was_not_given(capsys, sdcloud_home):
 
 
 def test_events_are_shown_at_their_own_time_in_plain_words(capsys):
-    from sdcloud.commands.run import ProgressView
+    from sdcloud.runs.progress_view import ProgressView
 
     view = ProgressView(40, quiet=False, clock=lambda: 1_800_000_000.0)
     happened = time.mktime((2026, 12, 1, 3, 4, 5, 0, 0, -1))
@@ -164,7 +164,7 @@ def test_events_are_shown_at_their_own_time_in_plain_words(capsys):
 
 
 def test_piped_progress_prints_a_line_a_minute(capsys):
-    from sdcloud.commands.run import ProgressView
+    from sdcloud.runs.progress_view import ProgressView
 
     now = [1000.0]
     view = ProgressView(100, quiet=False, clock=lambda: now[0])

@@ -61,7 +61,7 @@ def test_status_shows_the_health_line_and_status_json_carries_it(sdcloud_home, c
 
 
 def test_watch_tells_each_rung_and_verdict_in_plain_words():
-    from sdcloud.commands.run import plain
+    from sdcloud.runs.progress_view import plain
 
     assert plain("oom-retry", {"attempt": 2, "n": 1, "rung": "gradient-checkpointing", "resume_step": 40,
                                "change": "gradient checkpointing on", "peak_gb": 14.9}) == (

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Lower ranks are lower in the house: a module may import its own rank or below, never above.
 RANKS = {
-    "config": 0, "durations": 0, "errors": 0, "render": 0, "names": 0, "clock": 0, "events": 0, "__init__": 0, "__main__": 0,
+    "config": 0, "durations": 0, "errors": 0, "render": 0, "names": 0, "clock": 0, "events": 0, "money": 0, "__init__": 0, "__main__": 0,
     "offers": 1, "spot": 1,
     "providers": 2,
     "fleet": 3,

@@ -272,7 +272,7 @@ def test_a_store_that_cannot_be_read_is_a_fault_to_wait_out(tmp_path, sdcloud_ho
     notes the outage as events that `watch` prints, once a minute, and its end."""
     from botocore.exceptions import ResponseStreamingError
 
-    from sdcloud.commands.run import plain
+    from sdcloud.runs.progress_view import plain
     from sdcloud.runs import hostboot
 
     ctl, cloud, state = _controller(tmp_path)

@@ -20,25 +20,16 @@ import time
 from typing import Any, Callable
 
 from ..errors import UserError
+from ..events import Kind, batch_ended
 from ..fleet.candidates import candidates as fleet_candidates
 from ..fleet.lifecycle import Fleet, Progress, Timing
 from ..offers.optimizer import job_hours
 from ..offers.tiers import get_tier
 from ..providers.base import LaunchSpec
+from ..providers.traits import Hosts, traits
 from ..runs import hostboot
 from ..runs.state import FINAL_RUN_STATES
 from ..spot.policy import get_policy
-
-# The providers whose hosts boot from our user-data and report their boot phases to the bucket.
-CLOUDS = ("aws", "tencent")
-
-
-class _Named:
-    def __init__(self, provider: Any, name: str):
-        self._provider, self.name = provider, name
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._provider, attr)
 
 
 class BatchController:
@@ -54,13 +45,15 @@ class BatchController:
         self.job_id, self.spec = job["id"], job["spec"]
         self.tier = get_tier(self.spec["tier"])
         self.provider_name = self.spec["provider"]
+        # A cloud's hosts boot from our user-data and report their boot phases to the bucket.
+        self.provider_traits = traits(self.provider_name)
         self.provider = provider or get_provider(self.provider_name)
         self.store = open_run_store(self.spec["store"])
         self._infra = state.infra(self.provider_name, self.spec.get("region") or "") or {}
         self.emit = emit or (lambda kind, data: None)
         self.timing = timing or Timing.for_provider(self.provider_name)
         market = "spot" if self.spec.get("market", "spot") == "spot" else "on-demand"
-        offers = fleet_candidates(_Named(self.provider, self.provider_name), self.tier, market,
+        offers = fleet_candidates(self.provider, self.tier, market,
                                   max_price=self.spec.get("max_price"), region=self.spec.get("region"),
                                   job_size=int(self.spec["images"]), events=self.event)
         if not offers:
@@ -69,7 +62,7 @@ class BatchController:
                            self.event, self.timing, spec_market=None if market == "spot" else market,
                            max_price=self.spec.get("max_price"))
 
-    def event(self, kind: str, data: dict | None = None) -> None:
+    def event(self, kind: Kind, data: dict | None = None) -> None:
         data = data or {}
         self.state.event(self.job_id, kind, data)
         self.emit(kind, data)
@@ -125,27 +118,27 @@ class BatchController:
     def _end_run(self, state: str, reason: str | None) -> None:
         """The job ends (N failed boots in a row): step() then stops every host."""
         self.state.update_run(self.job_id, state=state, reason=reason)
-        self.event("batch-" + state, {"reason": reason} if reason else {})
+        self.event(batch_ended(state), {"reason": reason} if reason else {})
 
     # -- hosts ------------------------------------------------------------------------------------
 
     def launch_spec(self, n: int) -> LaunchSpec:
         agent = {"run_id": self.job_id, "attempt": n, "tier": self.tier.name, "store": self.spec["store"],
-                 "metadata": {"kind": self.provider_name if self.provider_name in CLOUDS else "none"},
+                 "metadata": {"kind": self.provider_traits.host.metadata},
                  "batch": {"job": self.spec["prefix"], "worker_id": f"{self.job_id}-a{n}",
                            "generator": self.spec.get("generator", "diffusers"),
                            "fake_delay": self.spec.get("fake_delay", 0.0), "ttl": 60.0}}
-        if self.provider_name in CLOUDS:
+        if self.provider_traits.is_cloud:
             # A worker with nothing left ends its host after the grace if the driver has not (docs/batch.md).
             from .. import config
 
             agent["self_end"] = {"provider": self.provider_name, "grace_s": config.self_end_grace()}
         user_data = ""
-        if self.provider_name in CLOUDS:
+        if self.provider_traits.is_cloud:
             # The training run's boot: the agent config in the user-data, the agent wheel in the bucket.
             user_data = hostboot.cloud_user_data(self.provider_name, self.store, agent, self._infra)
         env = {}
-        if self.provider_name == "local":
+        if self.provider_traits.hosts is Hosts.THIS_MACHINE:
             env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "TENCENTCLOUD_", "SDCLOUD_CPU"))}
         return LaunchSpec(run_id=self.job_id, attempt=n, user_data=user_data, agent_config=agent,
                           infra=self._infra, env=env)
@@ -181,7 +174,7 @@ class BatchController:
     def watch(self, cur: Any) -> None:
         """A host that is gone was reclaimed or lost: its item's lease runs out and another worker takes it.
         On the clouds a failed boot phase, or no boot report within the boot timeout, is a failed boot."""
-        if self.provider_name not in CLOUDS:
+        if not self.provider_traits.is_cloud:
             # A worker whose process failed is not a reclaim: it counts toward the failed-boot limit.
             if self.fleet.check(cur, None, time.time()) in hostboot.COUNTED_OUTCOMES:
                 hostboot.check_limit(self)
@@ -214,7 +207,7 @@ class BatchController:
         if budget is not None and not self.cancelled() and self.cost_so_far() >= float(budget):
             # The budget is spent: stop like a cancel (workers stop claiming; finished images stay).
             self.store.put(f"{self.spec['prefix']}/cancel", b"budget reached\n")
-            self.event("budget-reached", {"budget_usd": budget, "cost_usd": round(self.cost_so_far(), 4)})
+            self.event(Kind.BUDGET_REACHED, {"budget_usd": budget, "cost_usd": round(self.cost_so_far(), 4)})
         over = done >= int(self.spec["items"]) or self.cancelled()
         want = 0 if over else self.wanted_hosts(done)
         open_ = self.fleet.open_attempts()

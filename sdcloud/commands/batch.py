@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ..render import emit_json, note, output_options, table, wide_option
+from .common import USD, USD_PER_HOUR
 
 
 def submit_options(f):
@@ -26,9 +27,9 @@ def submit_options(f):
                      help="sampling steps (as --width; default 30, tiny 2)"),
         click.option("--workers", type=int, default=None, help="K hosts working in parallel (default 1, or what --deadline needs)"),
         click.option("--spot/--on-demand", "spot", default=True, show_default=True),
-        click.option("--max-price", type=float, default=None, help="USD per hour per host"),
+        click.option("--max-price", type=USD_PER_HOUR, default=None, help="USD per hour per host"),
         click.option("--deadline", default=None, help="e.g. 8h, 1d12h"),
-        click.option("--budget", type=float, default=None, help="USD for the whole job"),
+        click.option("--budget", type=USD, default=None, help="USD for the whole job"),
         click.option("--provider", default="local", show_default=True),
         click.option("--name", default=None),
         click.option("--store", default=None, help="s3://BUCKET/PREFIX (default: the provider's run bucket)"),
@@ -65,13 +66,14 @@ def _options(kw: dict):
 def _ensure_bucket(kw: dict) -> None:
     """AWS and Tencent jobs without --store use the run bucket of the provider's stack, as `sdcloud up`
     does: created on first use, cached where the job's store is chosen (sdcloud.batch.jobs.store_conf)."""
-    if kw["provider"] not in ("aws", "tencent") or kw["store"]:
+    from ..providers.traits import default_region, has_stack, names
+
+    if kw["provider"] not in names(where=has_stack) or kw["store"]:
         return
     from ..infra.automation import ensure_infra
     from ..runs.state import StateStore
-    from .run import _default_region
 
-    outputs = ensure_infra(kw["provider"], _default_region(kw["provider"]), on_output=lambda line: click.echo(line, err=True))
+    outputs = ensure_infra(kw["provider"], default_region(kw["provider"]), on_output=lambda line: click.echo(line, err=True))
     StateStore().save_infra(kw["provider"], "", outputs)
 
 

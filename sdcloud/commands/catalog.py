@@ -7,9 +7,11 @@ from collections import defaultdict
 
 import click
 
-from ..offers.catalog import PROVIDERS, load_provider, stale_warning
+from ..offers.catalog import load_provider, stale_warning
+from ..providers.traits import has_catalog, names, traits
 from ..errors import UserError
 from ..render import emit_json, note, output_options, table, wide_option
+from .common import provider_choice
 
 
 @click.group()
@@ -33,7 +35,7 @@ def _refresher(provider: str):
 @catalog.command()
 @output_options
 @wide_option
-@click.option("--provider", required=True, type=click.Choice(PROVIDERS), help="Which provider's catalog to refresh.")
+@click.option("--provider", required=True, type=provider_choice(has_catalog), help="Which provider's catalog to refresh.")
 @click.option("--region", "regions", multiple=True, help="Region to refresh (repeatable; default: the catalog's regions).")
 @click.option("--public", is_flag=True, help="AWS: on-demand prices from the public bulk price list and bands from the "
               "spot advisor data, without credentials (per-zone spot prices stay as they were).")
@@ -41,8 +43,9 @@ def _refresher(provider: str):
 def refresh(provider: str, regions: tuple[str, ...], public: bool, as_json: bool) -> None:
     """Fetch instance facts and current prices from the provider's APIs (or, with --public, what AWS publishes)."""
     if public:
-        if provider != "aws":
-            raise UserError("--public is for --provider aws (Tencent publishes no machine-readable price list)")
+        if not traits(provider).public_price_list:
+            public = " or ".join(names(where=lambda t: t.public_price_list))
+            raise UserError(f"--public is for --provider {public} ({provider} publishes no machine-readable price list)")
         from ..offers.public_prices import refresh_public
 
         path, rows, errors = refresh_public(list(regions) or None)
@@ -73,12 +76,12 @@ def refresh(provider: str, regions: tuple[str, ...], public: bool, as_json: bool
 @catalog.command()
 @output_options
 @wide_option
-@click.option("--provider", type=click.Choice(PROVIDERS), help="One provider (default: all).")
+@click.option("--provider", type=provider_choice(has_catalog), help="One provider (default: all).")
 @click.option("--region", help="One region.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def show(provider: str | None, region: str | None, as_json: bool) -> None:
     """Show the catalog in use: where it comes from, how old it is, and its rows."""
-    providers = (provider,) if provider else PROVIDERS
+    providers = (provider,) if provider else names(where=has_catalog)
     rows, sources = [], []
     for p in providers:
         prov_rows, source = load_provider(p)

@@ -1,10 +1,31 @@
-"""Options several commands share: the market flags, and shell completion of names a user types."""
+"""Options several commands share: the market flags, amounts of USD, the provider choices, and shell
+completion of names a user types."""
 
 from __future__ import annotations
 
 import click
 
 from ..errors import UserError
+
+# Exit codes (docs/runs.md): 0 the run succeeded, 1 it stopped or failed, 2 bad input (nothing
+# launched), 4 no controller is driving an unfinished run, 130 interrupted by Ctrl-C.
+EXIT_NOT_SUCCEEDED = 1
+EXIT_NO_CONTROLLER = 4
+EXIT_INTERRUPTED = 130
+
+
+def state_store():
+    from ..runs.state import StateStore
+
+    return StateStore()
+
+
+def find_run(state, run: str) -> dict:
+    """The run (or batch job) `run` names, by id or name; one line that says where to look otherwise."""
+    found = state.get_run(run)
+    if found is None:
+        raise UserError(f"no run {run!r}; see: sdcloud status")
+    return found
 
 
 def complete_tiers(ctx, param, incomplete: str):
@@ -56,3 +77,29 @@ def market_of(spot: bool | None, on_demand: bool | None) -> str | None:
     if spot and on_demand:
         raise UserError("--spot and --on-demand exclude each other: pass one of them")
     return "spot" if spot else "on-demand" if on_demand else None
+
+
+class Usd(click.ParamType):
+    """--max-price and --budget: a positive amount of USD, checked once by sdcloud.money.usd (a bad
+    one is the usual one line and exit 2, before anything is read or launched)."""
+
+    name = "usd"
+
+    def __init__(self, per_hour: bool = False):
+        self.per_hour = per_hour
+
+    def convert(self, value, param, ctx):
+        from ..money import usd
+
+        return usd(value, param.opts[0] if param is not None else "amount", per_hour=self.per_hour)
+
+
+USD = Usd()
+USD_PER_HOUR = Usd(per_hour=True)
+
+
+def provider_choice(where=None) -> click.Choice:
+    """The --provider choices: the providers' own declarations (sdcloud.providers.traits.names)."""
+    from ..providers.traits import names
+
+    return click.Choice(names(where=where))

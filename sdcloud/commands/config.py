@@ -35,18 +35,22 @@ def show(as_json: bool) -> None:
     source = ("SDCLOUD_CNY_PER_USD" if os.environ.get("SDCLOUD_CNY_PER_USD")
               else "config.toml [currency]" if settings.get("currency", {}).get("cny_per_usd") else "built-in default")
     rows.append(("currency.cny_per_usd", f"{rate:g}", source))
-    from ..providers.local.provider import DEFAULT_NOTICE_SECONDS
+    from ..providers.traits import every
 
-    local = cfg.local()
-    for key, default, unit in (("price_per_hour", 0.0, " USD/h"), ("notice_seconds", DEFAULT_NOTICE_SECONDS, " s")):
-        rows.append((f"local.{key}", f"{local.get(key, default):g}{unit}",
-                     "config.toml [local]" if key in local else "built-in default"))
+    cfg.local()  # [local] read and checked: a bad number is one line, exit 2
+    # The providers' own settings (this machine's price and reclaim notice), with their built-in defaults.
+    declared = [s for t in every() for s in t.settings]
+    for s in declared:
+        given = settings.get(s.section, {})
+        value = float(given[s.key]) if s.key in given else s.default
+        rows.append((f"{s.section}.{s.key}", f"{value:g}{s.unit}",
+                     f"config.toml [{s.section}]" if s.key in given else "built-in default"))
     # Every other setting in config.toml, as written, so that nothing set there is left out.
     shown = {name for name, _, _ in rows}
     for section, table_ in settings.items():
         for key, value in (table_.items() if isinstance(table_, dict) else [("", table_)]):
             name = f"{section}.{key}" if key else section
-            if name not in shown and section not in ("defaults", "local"):
+            if name not in shown and section != "defaults" and section not in {s.section for s in declared}:
                 rows.append((name, str(value), f"config.toml [{section}]" if key else "config.toml"))
     if as_json:
         emit_json({name: {"value": value, "source": source} for name, value, source in rows})

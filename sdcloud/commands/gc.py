@@ -11,7 +11,9 @@ from dataclasses import asdict
 
 import click
 
+from ..events import Kind
 from ..render import emit_json, note, output_options, table, wide_option
+from .common import provider_choice
 
 
 def _row(inst) -> dict:
@@ -23,18 +25,19 @@ def _row(inst) -> dict:
 @click.command()
 @output_options
 @wide_option
-@click.option("--provider", required=True, type=click.Choice(["aws", "tencent", "ssh", "local"]), help="Where to search: a cloud, your SSH hosts, or this machine.")
+@click.option("--provider", required=True, type=provider_choice(), help="Where to search: a cloud, your SSH hosts, or this machine.")
 @click.option("--region", "regions", multiple=True, help="Region to search (repeatable; default: the catalog's regions).")
 @click.option("--yes", is_flag=True, help="Terminate without asking.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def gc(provider: str, regions: tuple[str, ...], yes: bool, as_json: bool) -> None:
     """Find and terminate hosts that sdcloud launched and no run owns."""
     from ..providers import get_provider
+    from ..providers.capabilities import ReportsSearchErrors
     from ..runs.state import StateStore
 
     prov = get_provider(provider)
     found = prov.find_tagged(regions=list(regions) or None)
-    errors = list(getattr(prov, "last_errors", []) or [])
+    errors = list(prov.last_errors or []) if isinstance(prov, ReportsSearchErrors) else []
     store = StateStore()
     try:
         strays = [i for i in found if not i.run_id or not store.run_is_active(i.run_id)]
@@ -56,7 +59,7 @@ def gc(provider: str, regions: tuple[str, ...], yes: bool, as_json: bool) -> Non
                 prov.terminate([i.id for i in insts], region=region)
                 for i in insts:
                     terminated.append(i.id)
-                    store.event(i.run_id, "gc.terminated", {"provider": provider, "instance_id": i.id, "region": region})
+                    store.event(i.run_id, Kind.GC_TERMINATED, {"provider": provider, "instance_id": i.id, "region": region})
         elif strays:
             note("nothing terminated (not confirmed)")
     finally:

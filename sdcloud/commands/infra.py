@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import click
 
+from ..providers.traits import has_stack
 from ..render import emit_json, output_options
+from .common import provider_choice
 
-_provider = click.option("--provider", required=True, type=click.Choice(["aws", "tencent"]), help="Which cloud.")
+_provider = click.option("--provider", required=True, type=provider_choice(has_stack), help="Which cloud.")
 _region = click.option("--region", required=True, help="Region, e.g. us-east-1 or ap-guangzhou.")
 
 

@@ -7,7 +7,7 @@ import click
 from ..offers.catalog import BAND_RECLAIMS_PER_HOUR, load_catalog, max_age_days, stale_warning
 from ..errors import UserError
 from ..offers.optimizer import rank
-from .common import complete_providers, complete_regions, complete_tiers, market_of, market_options
+from .common import USD_PER_HOUR, complete_providers, complete_regions, complete_tiers, market_of, market_options
 from ..render import emit_json, note, output_options, table, wide_option
 from ..offers.tiers import all_tiers, get_tier
 
@@ -29,18 +29,6 @@ def tiers(as_json: bool) -> None:
           caption="VRAM is usable memory as the driver reports it; sources of each figure: sdcloud tiers --json, or docs/tiers.md")
 
 
-def _max_price(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        price = float(value)
-    except ValueError:
-        raise UserError(f"--max-price must be a number of USD per hour, got {value!r}") from None
-    if not price > 0:
-        raise UserError(f"--max-price must be a positive number of USD per hour, got {value!r}")
-    return price
-
-
 def _short_notes(est) -> str:
     """The estimate's warnings, shortened for a table cell (--json has them in full)."""
     short = {"vCPUs is below": "few vCPUs", "VRAM": "below rec. VRAM", "no local NVMe": "no NVMe", "NVMe is below": "small NVMe"}
@@ -53,30 +41,30 @@ def _short_notes(est) -> str:
 @click.option("--tier", "tier_name", required=True, metavar="TIER", shell_complete=complete_tiers,
               help="Workload tier (sdcloud tiers).")
 @market_options
-@click.option("--max-price", metavar="USD", help="Highest price per hour, USD.")
+@click.option("--max-price", type=USD_PER_HOUR, metavar="USD", help="Highest price per hour, USD.")
 @click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws or tencent.")
 @click.option("--region", metavar="REGION", shell_complete=complete_regions, help="One region, e.g. us-east-1 or ap-guangzhou.")
 @click.option("--steps", type=int, metavar="N", help="Job size in steps (images for batch tiers) instead of the tier's reference job.")
 @click.option("--limit", type=int, default=15, show_default=True, metavar="N", help="Rows to show (0 = all).")
 @click.option("--explain", is_flag=True, help="Show why each row ranks where it does: price source and age, speed source, band, overhead.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list ranked by est_cost.")
-def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price: str | None, provider: str | None,
+def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price: float | None, provider: str | None,
            region: str | None, steps: int | None, limit: int, explain: bool, as_json: bool) -> None:
     """Rank GPU offers by the expected cost to finish a job (not by price per hour)."""
     market = market_of(spot, on_demand)
     tier = get_tier(tier_name)
     if provider:
         from ..names import match_name
-        from ..offers.catalog import PROVIDERS
+        from ..providers.traits import has_catalog, names
 
-        provider = match_name(provider, PROVIDERS, "provider")
+        provider = match_name(provider, names(where=has_catalog), "provider")
     if steps is not None and steps <= 0:
         raise UserError(f"--steps must be a positive whole number, got {steps}")
     if limit < 0:
         raise UserError(f"--limit must be 0 (all) or more, got {limit}")
     max_age_days()  # a bad setting is refused before anything is printed
     catalog = load_catalog()
-    ranked = rank(tier, catalog, market=market, max_price=_max_price(max_price), provider=provider, region=region, job_size=steps)
+    ranked = rank(tier, catalog, market=market, max_price=max_price, provider=provider, region=region, job_size=steps)
     if provider:
         sources = [s for s in catalog.sources if s.provider == provider]
     else:

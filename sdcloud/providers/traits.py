@@ -13,6 +13,7 @@ the providers that have a stack, a catalog, a cloud function).
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -83,6 +84,15 @@ class CloudFunction:
 
 
 @dataclass(frozen=True)
+class Setting:
+    """A config.toml setting of a provider, with its built-in default: `sdcloud config show` lists it."""
+    section: str  # the config.toml table ("local")
+    key: str
+    default: float
+    unit: str = ""  # shown after the value (" USD/h", " s")
+
+
+@dataclass(frozen=True)
 class ProviderTraits:
     name: str
     hosts: Hosts
@@ -105,6 +115,11 @@ class ProviderTraits:
     region_env: str | None = None
     # config.toml sections this provider reads (besides [defaults]); `config show` lists them.
     config_sections: tuple[str, ...] = field(default_factory=tuple)
+    # Its prices are published for anyone to read: `catalog refresh --public` reads them without
+    # credentials (offers/public_prices.py).
+    public_price_list: bool = False
+    # Settings of those sections that have a built-in default (`config show` shows the default when unset).
+    settings: tuple[Setting, ...] = ()
     # The module that reads the cloud's bill (capabilities.ReconcilesBill, `sdcloud cost reconcile`);
     # None: nothing bills this provider's hosts.
     bill: str | None = None
@@ -124,6 +139,13 @@ def traits(name: str) -> ProviderTraits:
     if name not in PACKAGES:
         raise KeyError(name)
     return importlib.import_module(f"sdcloud.providers.{name}").TRAITS
+
+
+def default_region(name: str) -> str:
+    """The region a provider's stack goes to when the user names none: its `region_env` if set, else
+    its declared default ("" for a provider without regions)."""
+    t = traits(name)
+    return (os.environ.get(t.region_env) if t.region_env else None) or t.default_region
 
 
 def every() -> list[ProviderTraits]:

@@ -17,6 +17,7 @@ TRAITS = ProviderTraits(
     stores=("s3",),
     spot_prices="history",
     catalog=True,
+    public_price_list=True,
     bill="sdcloud.providers.aws.billing",  # `sdcloud cost reconcile` (billing.py)
     function=CloudFunction(
         name="aws-lambda", runtime="python3.11", timeout_seconds=240, memory_mb=512, safety_seconds=30.0,

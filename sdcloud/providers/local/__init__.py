@@ -1,6 +1,6 @@
 """This machine as a provider: agent processes (provider.py) and a metadata endpoint that can announce a reclaim (metadata.py)."""
 
-from ..traits import Billing, Hosts, HostTraits, ProviderTraits, Timing
+from ..traits import Billing, Hosts, HostTraits, ProviderTraits, Setting, Timing
 
 TRAITS = ProviderTraits(
     name="local",
@@ -11,4 +11,5 @@ TRAITS = ProviderTraits(
     host=HostTraits(nvme=False, gpu_required=False, metadata="none", heartbeat_seconds=2, poll_seconds=1),
     billing=Billing(currency="USD", free=True),  # config.toml [local] price_per_hour prices it, if set
     config_sections=("local",),
+    settings=(Setting("local", "price_per_hour", 0.0, " USD/h"), Setting("local", "notice_seconds", 30.0, " s")),
 )

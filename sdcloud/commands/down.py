@@ -1,0 +1,46 @@
+"""`sdcloud down`: stop a run (or all of them); a batch job's stop is its cancel (runs/stop.py, batch/jobs.py)."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import UserError
+from ..render import emit_json, output_options
+from .common import complete_runs, find_run, state_store
+
+
+@click.command()
+@output_options
+@click.argument("run", required=False, metavar="RUN", shell_complete=complete_runs)
+@click.option("--all", "all_runs", is_flag=True, help="Every unfinished run.")
+@click.option("--yes", is_flag=True, help="Do not ask before stopping every run (--all).")
+@click.option("--json", "as_json", is_flag=True)
+def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
+    """Stop a run (or all runs): the host saves a checkpoint and every instance is terminated."""
+    from ..runs.controller import ACTIVE_RUN_STATES
+    from ..runs.state import BATCH, run_kind
+    from ..runs.stop import stop_run
+
+    if not run and not all_runs:
+        raise UserError("name a run or pass --all; see: sdcloud status")
+    state = state_store()
+    runs = state.list_runs(ACTIVE_RUN_STATES) if all_runs else [find_run(state, run)]
+    if all_runs and runs and not yes:
+        click.confirm(f"Stop {len(runs)} run(s): {', '.join(r['id'] for r in runs)}?", abort=True, err=True)
+    done = []
+    for r in runs:
+        if run_kind(r) == BATCH:
+            # A batch job's stop is its cancel: final, its driver exits and starts no worker or host again.
+            from ..batch.jobs import cancel as cancel_job, end_hosts
+
+            if r["state"] in ACTIVE_RUN_STATES:
+                cancel_job(r["id"], reason="cancelled by sdcloud down")
+            end_hosts(r["id"])
+            done.append({"run": r["id"], "state": state.get_run(r["id"])["state"]})
+            continue
+        done.append({"run": r["id"], "state": stop_run(state, r["id"], "stopped by sdcloud down")})
+    if as_json:
+        emit_json(done)
+    else:
+        for d in done:
+            click.echo(f"{d['run']}: {d['state']}")

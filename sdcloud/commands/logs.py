@@ -1,0 +1,58 @@
+"""`sdcloud logs`: a run's controller events and its hosts' logs, merged in time order (runs/logs.py)."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from .. import render
+from ..errors import UserError
+from ..render import output_options
+from .common import complete_runs, find_run, state_store
+
+
+@click.command()
+@output_options
+@click.argument("run", metavar="RUN", shell_complete=complete_runs)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
+@click.option("--tail", "tail_n", type=int, metavar="N", help="Only the last N lines.")
+@click.option("--attempt", type=int, metavar="N", help="Only attempt N (and the controller's events about it).")
+@click.option("--steps", is_flag=True, help="Include the trainer's per-step lines.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON record per line: time, source, attempt, kind, text.")
+def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps: bool, as_json: bool) -> None:
+    """Print (or follow) a run's log: controller events and the hosts' logs, merged in time order.
+
+    The trainer's protocol lines read in plain words (checkpoint step 500 saved) and libraries'
+    Python warnings are left out; -v shows both as the host wrote them."""
+    import json as _json
+
+    from ..events import RUN_ENDED, parse
+    from ..runs.logs import log_line, log_records
+    from ..runs.state import FINAL_RUN_STATES
+
+    if tail_n is not None and tail_n < 0:
+        raise UserError(f"--tail must be 0 or more, got {tail_n}")
+    state = state_store()
+    found = find_run(state, run)
+    offsets: dict = {}
+
+    def show(records: list[dict], first: bool) -> None:
+        if attempt is not None:
+            # Attempt N's lines, and of the controller's events those about it and the run's end.
+            records = [r for r in records if r["attempt"] == attempt or r["attempt"] is None and
+                       r["source"] == "controller" and parse(r["kind"]) in RUN_ENDED]
+        if render.VERBOSITY <= 0:
+            # Libraries' Python warnings (FutureWarning and the like) are noise to a user: -v shows them.
+            records = [r for r in records if r["source"] == "controller" or r["kind"] != "warning"]
+        if first and tail_n is not None:
+            records = records[-tail_n:] if tail_n else []
+        for r in records:
+            click.echo(_json.dumps(r) if as_json else log_line(r))
+
+    show(log_records(state, found, offsets, steps), True)
+    while follow and state.get_run(found["id"])["state"] not in FINAL_RUN_STATES:
+        time.sleep(2)
+        show(log_records(state, found, offsets, steps), False)
+    if follow:
+        show(log_records(state, found, offsets, steps), False)

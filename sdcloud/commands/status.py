@@ -1,0 +1,138 @@
+"""`sdcloud status`: every run and batch job, or one's state, progress, attempts and host."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import UserError
+from ..render import echo, emit_json, output_options, table, wide_option
+from .common import complete_runs, find_run, state_store
+
+
+def render_summary(summ: dict) -> None:
+    what = "batch job" if summ.get("kind") == "batch" else "run"
+    title = f"{what} {summ['run']} ({summ['tier']}): {summ['state']}" + (f" ({summ['reason']})" if summ.get("reason") else "")
+    if not summ["attempts"]:  # nothing launched (yet): no empty table
+        echo(title)
+    else:
+        table(title, ["#", "provider", "region", "zone", "type", "market", "$/h", "hours", "cost $", "ended by"],
+              [(a["n"], a["provider"], a["region"], a["zone"], a["instance_type"], a["market"],
+                f"{a['price']:.4f}" if a["price"] is not None else "", f"{a['hours']:.3f}", f"{a['cost']:.4f}",
+                a["end_reason"] or "running")
+               for a in summ["attempts"]], drop=["provider", "region", "hours", "#"])
+    c = summ["cost"]
+    done = "images" if summ.get("kind") == "batch" else "step"
+    line = f"{done} {summ['step']}/{summ['total_steps']}; total ${c['total']:.4f}"
+    if c.get("savings_pct") is not None:
+        line += f"; on-demand would have cost ${c['ondemand_equivalent']:.4f} (saved {c['savings_pct']:.1f}%)"
+    echo(line)
+    if summ.get("health"):
+        from ..runs.health_view import line as health_line
+
+        echo(health_line(summ["health"]))
+    best = summ.get("best_cloud_offer")
+    if best:
+        echo(f"the best cloud offer for this tier and job: {best['provider']} {best['region']} {best['instance_type']} "
+             f"{best['market']} at ${best['price_per_hour_usd']:.4f}/h, about {best['est_hours']:.2f} h, ${best['est_cost']:.4f}")
+
+
+def controller_note(run: dict) -> str | None:
+    """For an unfinished run that no live controller drives: what to do about it (hosts may be billing)."""
+    from ..runs.controller import ACTIVE_RUN_STATES, controller_alive
+    from ..runs.state import BATCH, run_kind
+
+    if run["state"] not in ACTIVE_RUN_STATES or controller_alive(run):
+        return None
+    name = run.get("name") or run["id"]
+    if run_kind(run) == BATCH:
+        return (f"no controller: nothing drives batch job {run['id']}, and its hosts may still be billing; "
+                f"drive it again with: sdcloud resume {name}; or cancel it with: sdcloud down {name}")
+    return (f"no controller: nothing is watching run {run['id']}, and its host may still be billing; "
+            f"resume it with: sdcloud resume {name}; or stop it with: sdcloud down {name}")
+
+
+@click.command()
+@output_options
+@wide_option
+@click.argument("run", required=False, metavar="RUN", shell_complete=complete_runs)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--store", "store_url", metavar="URL",
+              help="Read RUN's history from its bucket (s3://BUCKET/PREFIX, cos://..., file:///DIR): from any machine.")
+def status(run: str | None, as_json: bool, store_url: str | None) -> None:
+    """Show runs and batch jobs, or one's state, progress and attempts."""
+    from ..runs.controller import summary
+    from ..runs.state import ACTIVE_RUN_STATES
+
+    state = state_store()
+    if store_url and not run:
+        raise UserError("--store reads one run's history: name the run, e.g. sdcloud status RUN --store URL")
+    if run and store_url:
+        _restore_from_bucket(state, run, store_url)
+    if run:
+        found = find_run(state, run)
+        summ = summary(state, found["id"])
+        dead = controller_note(found)
+        summ["controller"] = "none" if dead else ("alive" if found["state"] in ACTIVE_RUN_STATES else "ended")
+        host = _host_state(found)
+        if host:
+            summ["host"] = host
+        if as_json:
+            emit_json(summ)
+        else:
+            render_summary(summ)
+            if dead:
+                echo(dead)
+            if host:
+                echo(f"host: {host}")
+        return
+    runs = state.list_runs()
+    summs = []
+    for r in runs:
+        s = summary(state, r["id"])
+        s["controller"] = "none" if controller_note(r) else "ok"
+        summs.append(s)
+    if as_json:
+        emit_json(summs)
+        return
+    table("runs", ["run", "name", "tier", "provider", "state", "step", "attempts", "cost $"],
+          [(r["run"], r["name"] or "", r["tier"], r["provider"],
+            "no controller" if r["controller"] == "none" else r["state"], f"{r['step']}/{r['total_steps']}",
+            len(r["attempts"]), f"{r['cost']['total']:.4f}") for r in summs],
+          drop=["attempts", "provider", "name"])
+    if any(r["controller"] == "none" for r in summs):
+        echo("no controller: drive a run or batch job again with: sdcloud resume RUN; "
+             "or stop it with: sdcloud down RUN")
+
+
+def _host_state(run: dict) -> str | None:
+    """What the run's host says of itself beyond its phase: `unattended` (the controller's heartbeat
+    is stale), or that it ended itself and why; None when it says neither or cannot be read."""
+    import json as _json
+
+    from ..runs.state import TRAIN, run_kind
+    from ..runs.store_of import store_of
+
+    if run_kind(run) != TRAIN:
+        return None
+    try:
+        doc = _json.loads(store_of(run).get(f"runs/{run['id']}/status.json"))
+    except Exception:  # noqa: BLE001 - no status yet, no store: nothing to add
+        return None
+    se = doc.get("self_end")
+    if isinstance(se, dict):
+        return f"ended itself ({se.get('reason')}{', unattended' if se.get('unattended') else ''})"
+    return "unattended" if doc.get("unattended") else None
+
+
+def _restore_from_bucket(state, run: str, url: str) -> None:
+    """Rebuild RUN's rows here from the journal in its bucket (sdcloud.runs.journal); then every
+    command (logs, watch, cost report, down, resume) works on this machine as on the one that started it."""
+    from ..runs.journal import restore
+    from ..runs.preflight import check_store_url
+    from ..runs.store import open_run_store, store_config
+
+    conf = store_config("local", check_store_url(url), None, None)
+    found = state.get_run(run)
+    if restore(state, open_run_store(conf), found["id"] if found else run) is None:
+        raise UserError(f"no run {run!r} in {url} (its journal is runs/{run}/journal/run.json); "
+                        "name the run by its id there")

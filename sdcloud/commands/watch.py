@@ -1,0 +1,76 @@
+"""`sdcloud watch`: follow a run until it ends (runs/progress_view.py), or take it and drive it here (--drive)."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from ..errors import UserError
+from ..events import Kind
+from ..render import output_options
+from .common import (EXIT_INTERRUPTED, EXIT_NO_CONTROLLER, EXIT_NOT_SUCCEEDED, complete_runs, find_run,
+                     state_store)
+
+
+@click.command()
+@output_options
+@click.argument("run", metavar="RUN", shell_complete=complete_runs)
+@click.option("--interval", type=float, default=2.0, show_default=True, metavar="SECONDS", help="How often to look.")
+@click.option("--drive", "take_over", is_flag=True,
+              help="Take the run from whichever driver holds it (the cloud driver, another machine) and drive it here.")
+def watch(run: str, interval: float, take_over: bool) -> None:
+    """Follow a run's progress until it ends; exit with the run's own exit code."""
+    from ..runs.controller import summary
+    from ..runs.progress_view import ProgressView
+    from ..runs.state import FINAL_RUN_STATES, TRAIN, run_kind
+    from .status import controller_note, render_summary
+
+    state = state_store()
+    found = find_run(state, run)
+    if take_over:
+        if run_kind(found) != TRAIN:
+            raise UserError(f"{found['id']} is a batch job; --drive takes training runs")
+        from ..runs.journal import restore
+        from ..runs.store_of import store_of
+        from .run import drive
+
+        restore(state, store_of(found), found["id"])  # the bucket's history is newer than this machine's
+        found = state.get_run(found["id"])
+        if found["state"] in FINAL_RUN_STATES:
+            raise UserError(f"run {found['id']} has ended ({found['state']}); nothing to drive")
+        drive(state, found["id"], False, False, take_over=True)
+        return
+    view = ProgressView(found["total_steps"], quiet=False)
+    offsets: dict = {}
+    # A controller that was just started writes its pid at once; give it a moment before judging.
+    grace_until = time.time() + 2 * interval
+    try:
+        while True:
+            r = state.get_run(found["id"])
+            for ev in state.events(found["id"], after_id=offsets.get("events", 0)):
+                offsets["events"] = ev["id"]
+                view(ev["kind"], ev["data"], at=ev["time"])
+            summ = summary(state, r["id"])
+            view(Kind.PROGRESS, {"step": r["step"], "phase": r["state"], "cost": summ["cost"]["total"],
+                                 "total": r["total_steps"]})
+            if r["state"] in FINAL_RUN_STATES:
+                break
+            dead = controller_note(r)
+            if dead and time.time() > grace_until:
+                view.close()
+                click.echo(dead, err=True)
+                raise SystemExit(EXIT_NO_CONTROLLER)
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        view.close()
+        name = found.get("name") or found["id"]
+        click.echo(f"stopped watching; run {found['id']} continues (sdcloud watch {name} to follow it again, "
+                   f"sdcloud down {name} to stop it)", err=True)
+        raise SystemExit(EXIT_INTERRUPTED)
+    finally:
+        view.close()
+    summ = summary(state, found["id"])
+    render_summary(summ)
+    if summ["state"] != "succeeded":
+        raise SystemExit(EXIT_NOT_SUCCEEDED)
