@@ -59,16 +59,13 @@ def _dead_here(worker: str) -> bool:
 class _DriverLeases(Leases):
     take_over = False  # the user asked this driver to take the run (sdcloud watch RUN --drive)
 
-    def _live(self, data: bytes, now: float) -> tuple[bool, dict]:  # type: ignore[override]
-        live, held = Leases._live(data, now)
-        if self.take_over:
-            return False, held
+    def live(self, held: dict, now: float) -> bool:
+        if self.take_over or not super().live(held, now):
+            return False
         worker = str(held.get("worker", ""))
         # The same named driver (the cloud function's previous invocation) takes its own lease over;
         # a process of this machine that is gone holds nothing.
-        if live and (worker == self.worker or _dead_here(worker)):
-            return False, held
-        return live, held
+        return not (worker == self.worker or _dead_here(worker))
 
 
 class DriverLease:

@@ -59,13 +59,17 @@ class Leases:
                 n = max(n, int(tail[1:]))
         return n
 
-    @staticmethod
-    def _live(data: bytes, now: float) -> tuple[bool, dict]:
+    def live(self, held: dict, now: float) -> bool:
+        """Whether a lease body still keeps others out: not released and not expired. The hook for
+        a lease that lapses on more (the run's driver lease: a holder that is gone, a take-over)."""
+        return not held.get("released") and float(held.get("expires_at", 0)) > now
+
+    def _live(self, data: bytes, now: float) -> tuple[bool, dict]:
         try:
             held = json.loads(data)
         except ValueError:  # a torn or foreign object: treat as expired, the swap still guards it
             held = {"expires_at": 0, "attempt": 0}
-        return (not held.get("released") and float(held.get("expires_at", 0)) > now), held
+        return self.live(held, now), held
 
     def holder(self, item: str) -> dict | None:
         """The item's current lease body, or None when it was never claimed."""
