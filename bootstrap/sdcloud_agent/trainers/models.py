@@ -21,7 +21,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("sd15", "sd2", "sdxl")
+# The families and the pipeline live below both this module and tiny.py (which this one loads).
+from .families import FAMILIES, pipeline  # noqa: F401 - models.FAMILIES and models.pipeline are its API
+
 TINY_NAMES = {"tiny": None, "tiny-sd15": "sd15", "tiny-sd2": "sd2", "tiny-sdxl": "sdxl"}
 
 # Hub ids whose family is known without looking (the ones users name most). Other ids are
@@ -291,16 +293,3 @@ def load_components(model: str, family: str | None = None, resolution: int = 32,
 
 def family_of(components: dict[str, Any]) -> str:
     return family_from_unet_config(dict(components["unet"].config))
-
-
-def pipeline(components: dict[str, Any]) -> Any:
-    """A diffusers pipeline (SD or SDXL, by the components) around built or loaded components."""
-    from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
-
-    keys = ("vae", "text_encoder", "tokenizer", "unet", "scheduler")
-    if "text_encoder_2" in components:
-        return StableDiffusionXLPipeline(**{k: components[k] for k in keys},
-                                         text_encoder_2=components["text_encoder_2"],
-                                         tokenizer_2=components["tokenizer_2"])
-    return StableDiffusionPipeline(**{k: components[k] for k in keys}, safety_checker=None,
-                                   feature_extractor=None, requires_safety_checker=False)

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .models import FAMILIES
+from .families import FAMILIES, pipeline
 
 # Latent down-sampling factor of the tiny VAE (two encoder blocks -> one down-sample).
 VAE_SCALE = 2
@@ -138,8 +138,6 @@ def build_components(resolution: int = 32, model_seed: int = 0,
 def save_pipeline(out: Path, resolution: int = 32, model_seed: int = 0,
                   family: str = "sd15") -> Path:
     """Write the tiny pipeline as a local diffusers folder."""
-    from .models import pipeline
-
     pipeline(build_components(resolution, model_seed, family)).save_pretrained(
         str(out), safe_serialization=True)
     return out
