@@ -1,4 +1,5 @@
-"""AWS: EC2 compute (compute.py), the price-list and spot-price catalog refresh (catalog.py), shared session helpers (session.py)."""
+"""AWS: EC2 compute (compute.py), the price-list and spot-price catalog refresh (catalog.py), shared session helpers
+(session.py), the bill from Cost Explorer (billing.py)."""
 
 from ..traits import Billing, CloudFunction, Hosts, HostTraits, ProviderTraits, Timing
 

@@ -1,4 +1,4 @@
-"""GPU boxes the user owns, reached over SSH (provider.py)."""
+"""GPU boxes the user owns (hosts.py), reached over SSH (connection.py), where host_helper.py does the work (provider.py)."""
 
 from ..traits import Billing, Hosts, HostTraits, ProviderTraits, Timing
 

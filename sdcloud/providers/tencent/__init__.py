@@ -1,4 +1,5 @@
-"""Tencent Cloud: CVM compute and catalog refresh (compute.py), COS through its S3 endpoint (storage.py)."""
+"""Tencent Cloud: credentials, signing and retries (session.py), the catalog refresh (catalog.py), CVM compute
+(compute.py), the bill (billing.py), COS through its S3 endpoint (storage.py)."""
 
 from ..traits import Billing, CloudFunction, Hosts, HostTraits, ProviderTraits, Timing
 
