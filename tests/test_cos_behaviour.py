@@ -191,9 +191,11 @@ def test_both_stores_list_and_delete_past_1000_keys(cos_env, side):
 
 def test_the_controller_reports_each_pruning_failure_once():
     from sdcloud.runs.agent_reports import PRUNE_FAILED, report_agent_problems
+    from sdcloud.runs.owner import Memo
 
     events: list[tuple[str, dict]] = []
-    controller = type("Controller", (), {"event": lambda self, kind, data: events.append((kind, data))})()
+    controller = type("Controller", (), {"event": lambda self, kind, data: events.append((kind, data)),
+                                         "memo": Memo()})()
     for status in ({"prune_error": None}, {"prune_error": "step 100: AccessDenied"},
                    {"prune_error": "step 100: AccessDenied"}, None, {"prune_error": None},
                    {"prune_error": "step 200: AccessDenied"}):

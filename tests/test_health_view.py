@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from sdcloud.runs import health_view
+from sdcloud.runs.owner import Memo
 
 IO_BOUND = {"verdict": "io-bound", "why": "GPU 23% busy while the trainer waits for data 64% of each step",
             "gpu_util": 23.0, "data_wait_pct": 64.0, "throttle_pct": 0.0, "throttle_reasons": [], "samples": 9}
@@ -14,6 +15,7 @@ IO_BOUND = {"verdict": "io-bound", "why": "GPU 23% busy while the trainer waits 
 class _Ctrl:
     def __init__(self):
         self.events = []
+        self.memo = Memo()
 
     def event(self, kind, data):
         self.events.append((kind, data))

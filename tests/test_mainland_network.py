@@ -14,7 +14,8 @@ import pytest
 
 from sdcloud.errors import UserError
 from sdcloud.runs.hostboot import cloud_user_data
-from sdcloud.runs.network import MAINLAND, host_network, profile
+from sdcloud.providers.tencent.network import MAINLAND
+from sdcloud.runs.network import host_network, profile
 from sdcloud_agent import network, scripts
 from sdcloud_agent.store import LocalStore
 

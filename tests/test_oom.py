@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from sdcloud.runs.owner import Memo
 from sdcloud_agent import oom
 from sdcloud_agent.trainers import options
 
@@ -232,15 +233,16 @@ class _Ctrl:
     def __init__(self, offers):
         self.fleet = SimpleNamespace(candidates=offers, cooled=[], cool_down=lambda k, r: self.fleet.cooled.append((k, r)))
         self.events, self.ended, self.run_end, self.run_id = [], [], None, "r"
+        self.memo = Memo()
         self.state = SimpleNamespace(update_run=lambda rid, **f: self.events.append(("update_run", f)))
 
     def event(self, kind, data):
         self.events.append((kind, data))
 
-    def _end_attempt(self, cur, reason):
+    def end_attempt(self, cur, reason):
         self.ended.append(reason)
 
-    def _end_run(self, state, reason):
+    def end_run(self, state, reason):
         self.run_end = (state, reason)
 
 

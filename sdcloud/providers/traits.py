@@ -84,6 +84,15 @@ class CloudFunction:
 
 
 @dataclass(frozen=True)
+class NetworkProfile:
+    """The defaults of the agent's `network` setting for hosts in some regions (runs/network.py layers
+    config.toml and the run file over them)."""
+    name: str  # what runs/network.profile calls it ("mainland")
+    regions: frozenset[str]
+    defaults: dict[str, str]
+
+
+@dataclass(frozen=True)
 class Setting:
     """A config.toml setting of a provider, with its built-in default: `sdcloud config show` lists it."""
     section: str  # the config.toml table ("local")
@@ -120,6 +129,16 @@ class ProviderTraits:
     public_price_list: bool = False
     # Settings of those sections that have a built-in default (`config show` shows the default when unset).
     settings: tuple[Setting, ...] = ()
+    # The NVIDIA driver series its per-run user-data installs when the stack names none (the image
+    # brings none); None: the image has its driver (runs/hostboot.py).
+    host_driver: str | None = None
+    # Networks whose hosts get other defaults for outside things (a pip mirror, a hub mirror): the
+    # first profile whose regions hold the host's region applies (runs/network.py).
+    network_profiles: tuple[NetworkProfile, ...] = ()
+    # The module that says how this machine opens a bucket of this provider's own dialect, with
+    # `CREDENTIALS`, `run_store_config(conf, infra, region)` and `open_run_store(conf)` (runs/store.py);
+    # None: the generic S3 store does.
+    run_store: str | None = None
     # The module that reads the cloud's bill (capabilities.ReconcilesBill, `sdcloud cost reconcile`);
     # None: nothing bills this provider's hosts.
     bill: str | None = None

@@ -6,16 +6,16 @@ the user's storage bill). Each distinct problem becomes one event, not one per h
 
 from __future__ import annotations
 
-from typing import Any
+from ..events import Kind
+from .owner import RunOwner
 
-PRUNE_FAILED = "prune-failed"
+PRUNE_FAILED = Kind.PRUNE_FAILED
 
 
-def report_agent_problems(controller: Any, attempt: int, status: dict | None) -> None:
+def report_agent_problems(controller: RunOwner, attempt: int, status: dict | None) -> None:
     """Emit a `prune-failed` event the first time the agent reports a (new) pruning failure."""
     error = (status or {}).get("prune_error")
-    last = getattr(controller, "_last_prune_error", None)
-    if error and error != last:
-        controller.event(PRUNE_FAILED, {"attempt": attempt, "error": str(error)[:500]})
+    if error and error != controller.memo.prune_error:
+        controller.event(Kind.PRUNE_FAILED, {"attempt": attempt, "error": str(error)[:500]})
     if status is not None:
-        controller._last_prune_error = error
+        controller.memo.prune_error = error

@@ -2,10 +2,16 @@
 
 The fleet (sdcloud.fleet) chooses offers, launches, watches instances and heartbeats, replaces
 reclaimed hosts, cools down zones and sweeps strays. The run decides what the host's status means
-(steps, succeeded, failed), when the deadline asks for on-demand, when the budget is spent, and it
-accounts for cost. Every transition is written to the state store before its side effect, so a
-controller killed at any point and started again (`sdcloud up --name NAME`, or a detached
-controller) reconciles and carries on; the host agent resumes from the newest complete checkpoint.
+(steps, succeeded, failed), when the deadline asks for on-demand (the spot policy decides, spot
+refused everywhere included), when the budget is spent, and it accounts for cost. Every
+transition is written to the state store before its side effect, so a controller killed at any
+point and started again (`sdcloud up --name NAME`, or a detached controller) reconciles and
+carries on; the host agent resumes from the newest complete checkpoint.
+
+Its helpers act through the owner contract (runs/owner.py): hostboot.py (boot failures, store
+faults), oom_move.py, health_view.py and agent_reports.py. What a host is told is
+agent_config.py; the summary, a resume and the background process are summary.py, resume.py and
+background.py (their names are importable from here too).
 """
 
 from __future__ import annotations
@@ -14,27 +20,38 @@ import json
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Callable
 
-from .. import config
-from ..errors import UserError
-from ..fleet.candidates import candidates as fleet_candidates
-from ..fleet.lifecycle import Fleet, Progress, Timing
-from ..offers.catalog import load_catalog
-from ..offers.optimizer import Offer, job_hours, rank
-from ..offers.tiers import get_tier
 from ..costs import ledger as cost_ledger
+from ..errors import UserError
+from ..events import Kind, run_ended
+from ..fleet.candidates import candidates as fleet_candidates
+from ..fleet.lifecycle import MAX_FAILED_LAUNCHES, Fleet, Progress, Timing
+from ..offers.optimizer import Offer, job_hours
+from ..offers.tiers import get_tier
 from ..providers import get_provider
-from ..providers.base import LaunchSpec
-from ..spot.policy import ON_DEMAND, SPOT, WAIT, get_policy
+from ..providers.capabilities import Closable, RenewsHostCredentials, SimulatesReclaim
+from ..providers.traits import traits
+from ..spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
 from . import health_view, hostboot, oom_move
-from .spec import RunSpec
+from .agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
 from .agent_reports import report_agent_problems
+from .background import controller_alive, detach
+from .budget_watch import budget_spent, budget_warnings
+from .host_status import HostStatus
+from .launching import LaunchInputs
+from .owner import Memo
+from .resume import RESUME_FIXED, RESUME_SAFE, prepare_resume
+from .spec import RunSpec
 from .state import ACTIVE_RUN_STATES, BATCH, FINAL_RUN_STATES, Attempt, StateStore, run_kind
+from .summary import summary
+
+# Names that commands/ and the tests import from here (their homes are the modules above).
+__all__ = ["ACTIVE_RUN_STATES", "Controller", "RESUME_FIXED", "RESUME_SAFE", "Timing", "UNATTENDED_POLLS",
+           "agent_config", "budget_spent", "controller_alive", "detach", "main", "new_run_id", "prepare_resume",
+           "self_end_grace", "store_url", "summary"]
 
 
 def new_run_id() -> str:
@@ -48,12 +65,8 @@ def store_url(spec: RunSpec, infra: dict | None) -> dict:
     return store_config(spec.provider, spec.store, spec.region, infra)
 
 
-def _status_key(run_id: str) -> str:
-    return f"runs/{run_id}/status.json"
-
-
-class Controller:
-    def __init__(self, state: StateStore, run_id: str, provider=None, emit: Callable[[str, dict], None] | None = None,
+class Controller(LaunchInputs, HostStatus):
+    def __init__(self, state: StateStore, run_id: str, provider=None, emit: Callable[[Kind, dict], None] | None = None,
                  timing: Timing | None = None, driver: str | None = None):
         self.state = state
         run = state.get_run(run_id)
@@ -68,8 +81,8 @@ class Controller:
         self.provider = provider or get_provider(self.spec.provider)
         self.emit = emit or (lambda kind, data: None)
         self.timing = timing or Timing.for_provider(self.spec.provider)
+        self.memo = Memo()
         self._stop_reason: str | None = None
-        self._seen_attempts: set[int] = set()
         self._infra = state.infra(self.spec.provider, self.spec.region or "") or {}
         self.store_conf = store_url(self.spec, self._infra)
         from .store import open_run_store
@@ -83,7 +96,6 @@ class Controller:
 
         # Exactly one driver acts on the run at a time (the laptop, its daemon, the cloud function).
         self.lease = DriverLease(self.store, self.run_id, self.timing.poll_seconds, driver)
-        self.provider_name = getattr(self.provider, "name", None) or self.spec.provider
         from .training import gpus_used
 
         offers = fleet_candidates(_Named(self.provider, self.spec.provider), self.tier, self.spec.market,
@@ -97,7 +109,7 @@ class Controller:
         return self.fleet.candidates
 
     # events
-    def event(self, kind: str, data: dict | None = None) -> None:
+    def event(self, kind: Kind, data: dict | None = None) -> None:
         data = data or {}
         self.state.event(self.run_id, kind, data)
         self.emit(kind, data)
@@ -126,24 +138,12 @@ class Controller:
                         deadline_hours=self.spec.deadline_hours)
 
     def decide(self, running: Attempt | None) -> tuple[str, Offer | None]:
-        if running is None and self._spot_gone():
-            # Spot refused every launch in a row while a deadline stands: on-demand, not a failed run.
-            od = next((o for o in self.candidates if o.row.ondemand_price is not None), self.candidates[0])
-            return ON_DEMAND, Offer(od.row, ON_DEMAND)
-        return self.fleet.decide(self.progress(), running)
-
-    def _spot_gone(self) -> bool:
-        """A spot run with a deadline whose last MAX_FAILED_LAUNCHES spot launches all failed."""
-        from ..fleet.lifecycle import MAX_FAILED_LAUNCHES
-
-        return (self.spec.deadline_hours is not None and self.spec.market != ON_DEMAND
-                and self.fleet.failed_launches(SPOT) >= MAX_FAILED_LAUNCHES)
+        # The spot launches refused in a row count toward the policy's "spot is gone" rule.
+        return self.fleet.decide(self.progress(), running, spot_refusals=self.fleet.failed_launches(SPOT))
 
     def _launches_exhausted(self) -> bool:
         """Give up launching: for a spot run with a deadline only when on-demand fails too (spot that
-        vanished everywhere sends it on-demand instead, see decide); otherwise the fleet's bound."""
-        from ..fleet.lifecycle import MAX_FAILED_LAUNCHES
-
+        vanished everywhere sends it on-demand instead, see spot.policy.spot_gone); otherwise the fleet's bound."""
         if self.spec.deadline_hours is not None and self.spec.market != ON_DEMAND:
             return self.fleet.failed_launches(ON_DEMAND) >= MAX_FAILED_LAUNCHES
         return self.fleet.exhausted()
@@ -156,7 +156,7 @@ class Controller:
         """Drive the run to its end here: take the driver lease, then one step a poll."""
         self.lease.acquire_or_refuse(take_over)
         if take_over:
-            self.event("driver-took-over", {"driver": self.lease.driver})
+            self.event(Kind.DRIVER_TOOK_OVER, {"driver": self.lease.driver})
         self.state.update_run(self.run_id, controller_pid=os.getpid())
         self.reconcile()
         while not self.guarded_step():
@@ -176,10 +176,10 @@ class Controller:
         if run["state"] in FINAL_RUN_STATES:
             return True
         if not self.lease.renew():
-            self.event("driver-lost", {"driver": self.lease.driver, "holder": (self.lease.holder() or {}).get("worker")})
+            self.event(Kind.DRIVER_LOST, {"driver": self.lease.driver, "holder": (self.lease.holder() or {}).get("worker")})
             return True
         if self._stop_reason:
-            self._finish_stop(self._stop_reason)
+            self.finish_stop(self._stop_reason)
             return True
         self.heartbeat()
         cur = self.current()
@@ -195,7 +195,7 @@ class Controller:
     def hand_over(self) -> None:
         """Leave the run to the cloud driver (sdcloud up --unattended): its journal in the bucket says it
         is live, and no lease is held here, so the function's next invocation takes it."""
-        self.event("handed-over", {"to": "the cloud driver"})
+        self.event(Kind.HANDED_OVER, {"to": "the cloud driver"})
         self.journal.flush()
 
     def finish_driving(self) -> None:
@@ -209,7 +209,7 @@ class Controller:
     def _start_attempt(self) -> None:
         budget = self.spec.budget
         if budget is not None and budget_spent(self.cost_so_far(), budget, self.attempts(), self.timing.poll_seconds):
-            self._end_run("stopped", f"budget ${budget:g} spent")
+            self.end_run("stopped", f"budget ${budget:g} spent")
             return
         kind, offer = self.decide(None)
         if self.state.get_run(self.run_id)["state"] in FINAL_RUN_STATES:
@@ -218,134 +218,33 @@ class Controller:
             self.state.update_run(self.run_id, state="recovering")
             return
         self.state.update_run(self.run_id, state="launching")
-        self._launch_offer = offer  # its price bounds the host's lifetime cap (agent config's self_end)
+        self.memo.launch_offer = offer  # its price bounds the host's lifetime cap (agent config's self_end)
         try:
-            inst = self.fleet.launch(kind, offer, self._launch_spec)
+            inst = self.fleet.launch(kind, offer, self.launch_spec)
         except UserError as exc:
-            self._end_run("failed", str(exc))
+            self.end_run("failed", str(exc))
             raise
         if inst is None:
             if self._launches_exhausted():
-                self._end_run("failed", f"{self.fleet.failed_launches()} launches failed (capacity or price); "
+                self.end_run("failed", f"{self.fleet.failed_launches()} launches failed (capacity or price); "
                                         f"see: sdcloud logs {self.run_id}")
-            elif kind == SPOT and self._spot_gone():
-                self.event("spot-unavailable", {"failed_launches": self.fleet.failed_launches(SPOT),
-                                                "next": "on-demand, to meet the deadline"})
+            elif kind == SPOT and spot_gone_after(self.fleet.failed_launches(SPOT), self.spec.deadline_hours is not None):
+                self.event(Kind.SPOT_UNAVAILABLE, {"failed_launches": self.fleet.failed_launches(SPOT),
+                                                   "next": "on-demand, to meet the deadline"})
             return
         self.state.update_run(self.run_id, state="running")
         n = len(self.attempts())
-        cost_ledger.started(self.state, self.run_id, n, offer, kind, self._launched_spec.root_volume_gb,
+        cost_ledger.started(self.state, self.run_id, n, offer, kind, self.memo.launched_spec.root_volume_gb,
                             zone=inst.zone or offer.row.zone)
-        if self.spec.simulate_preemption and n == 1 and hasattr(self.provider, "schedule_reclaim"):
+        if self.spec.simulate_preemption and n == 1 and isinstance(self.provider, SimulatesReclaim):
             self.provider.schedule_reclaim(inst.id, self.spec.simulate_preemption, events=lambda k, d: self.event(k, {"attempt": n, **d}))
-
-    def dataset_for_host(self) -> str | None:
-        """The dataset as the host sees it: a local folder is uploaded once to the run's bucket."""
-        ds = self.spec.dataset
-        if not ds or "://" in ds or self.spec.provider == "local":
-            return ds
-        if getattr(self, "_dataset_url", None):
-            return self._dataset_url
-        root = Path(ds).expanduser()
-        prefix = f"runs/{self.run_id}/dataset"
-        have = {o.key: o.size for o in self.store.list(prefix + "/")}
-        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-        start, sent, size = time.time(), 0, 0
-        for f in files:
-            key = f"{prefix}/{f.relative_to(root).as_posix() if root.is_dir() else f.name}"
-            if have.get(key) != f.stat().st_size:  # a restarted controller sends only what is missing
-                self.store.put_file(key, f)
-                sent, size = sent + 1, size + f.stat().st_size
-        self.event("dataset-uploaded", {"files": len(files), "sent": sent, "mb": round(size / 1e6, 2),
-                                        "seconds": round(time.time() - start, 2)})
-        self._dataset_url = self.store_conf["url"].rstrip("/") + "/" + prefix
-        return self._dataset_url
-
-    def model_for_host(self) -> str | None:
-        """The base model as the host sees it: a local file or folder is put once in the bucket's
-        cache/models/ by its content (sdcloud.runs.models); the host gets its cache reference."""
-        from .models import is_local_model, upload_model
-
-        if not is_local_model(self.spec.model, self.spec.provider):
-            return self.spec.model
-        if not getattr(self, "_model_ref", None):
-            self._model_ref = upload_model(self.store, self.spec.model, self.event)
-        return self._model_ref
-
-    def _launch_spec(self, n: int) -> LaunchSpec:
-        agent = agent_config(self.spec, self.run_id, n, self.total_steps, self.store_conf)
-        agent["dataset"] = self.dataset_for_host()
-        agent["model"] = self.model_for_host()
-        agent["self_end"] = self.self_end_config()
-        user_data = ""
-        if self.spec.provider in ("aws", "tencent"):
-            from .hostboot import cloud_user_data
-
-            user_data = cloud_user_data(self.spec.provider, self.store, agent, self._infra)
-        env = {}
-        if self.spec.provider == "local":
-            # Credentials for an S3 store reach a local host through its environment, never a file.
-            env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "TENCENTCLOUD_"))}
-        self._launched_spec = LaunchSpec(run_id=self.run_id, attempt=n, user_data=user_data, agent_config=agent,
-                                         infra=self._infra, env=env)
-        return self._launched_spec
-
-    def self_end_config(self) -> dict:
-        """How the host ends itself (sdcloud_agent/selfend.py): the grace, when the run counts as
-        unattended, and the figures of its lifetime cap (this host's price, the budget left, the
-        deadline, the estimate)."""
-        offer = getattr(self, "_launch_offer", None)
-        run = self.state.get_run(self.run_id)
-        budget_left = None if self.spec.budget is None else max(0.0, self.spec.budget - self.cost_so_far())
-        deadline_at = run["created"] + self.spec.deadline_hours * 3600 if self.spec.deadline_hours else None
-        return {"provider": self.spec.provider, "grace_s": self_end_grace(self.spec),
-                # A few polls without the controller's heartbeat: nobody drives the run.
-                "unattended_after_s": UNATTENDED_POLLS * self.timing.poll_seconds,
-                "price_per_hour": round(offer.price_per_hour_usd, 6) if offer is not None else None,
-                "budget_left": None if budget_left is None else round(budget_left, 4),
-                "deadline_at": None if deadline_at is None else round(deadline_at),
-                "estimate_hours": round(self._job_hours(), 3), "launched_at": round(time.time(), 1),
-                "region": self.spec.region}
-
-    def heartbeat(self) -> None:
-        """runs/<id>/controller.json: someone drives this run (the host's `unattended` reads it)."""
-        doc = {"time": time.time(), "pid": os.getpid(), "poll_seconds": self.timing.poll_seconds}
-        try:
-            self.store.put(f"runs/{self.run_id}/controller.json", json.dumps(doc).encode())
-        except Exception as exc:  # noqa: BLE001 - a missed heartbeat is not worth dying for
-            self.emit("heartbeat-failed", {"error": str(exc)})
-
-    def note_self_end(self, cur: Attempt, status: dict | None) -> float | None:
-        """A host that ended itself: one event with its reason; the time its billing stopped."""
-        se = (status or {}).get("self_end")
-        if not isinstance(se, dict) or status.get("attempt") != cur.n:
-            return None
-        if not any(e["kind"] == "self-ended" and e["data"].get("attempt") == cur.n for e in self.state.events(self.run_id)):
-            self.event("self-ended", {"attempt": cur.n, "reason": se.get("reason"), "action": se.get("action"),
-                                      "unattended": bool(se.get("unattended")), "at": se.get("at"),
-                                      "error": se.get("error")})
-        return float(se["at"]) if se.get("at") and not se.get("error") else None
-
-    def read_status(self, strict: bool = False) -> dict | None:
-        """The host's status.json; None when absent. `strict`: a store that cannot be read raises
-        (the step is tried again) rather than passing for a host that never reported."""
-        from sdcloud_agent.store import NotFound, StoreError
-
-        try:
-            return json.loads(self.store.get(_status_key(self.run_id)))
-        except (NotFound, ValueError):
-            return None
-        except (StoreError, OSError):
-            if strict:
-                raise
-            return None
 
     def _watch(self, cur: Attempt) -> None:
         status = self.read_status(strict=True)
         if status and status.get("attempt") != cur.n:
             status = None
         if status is None:  # a store that refused the host's writes: the host's own copy, where readable
-            status = hostboot.host_side_status(self, cur)
+            status = hostboot.host_side_status(self.provider, cur)
         phase = status.get("phase") if status else None
         cost_ledger.observe(self.state, self.run_id, cur, status, sample=lambda: self._price_sample(cur))
         report_agent_problems(self, cur.n, status)
@@ -353,29 +252,29 @@ class Controller:
         health_view.note(self, cur.n, status)
         if status and status.get("step") is not None:
             step = int(status["step"])
-            if cur.n not in self._seen_attempts and phase in ("training", "saving", "uploading", "succeeded"):
-                self._seen_attempts.add(cur.n)
+            if cur.n not in self.memo.seen_attempts and phase in ("training", "saving", "uploading", "succeeded"):
+                self.memo.seen_attempts.add(cur.n)
                 if cur.n > 1:
                     self._announce_resume(cur, status)
             self.state.update_run(self.run_id, step=step)
-            self.emit("progress", {"attempt": cur.n, "phase": phase, "step": step, "total": self.total_steps,
+            self.emit(Kind.PROGRESS, {"attempt": cur.n, "phase": phase, "step": step, "total": self.total_steps,
                                    "it_per_s": status.get("it_per_s"), "cost": self.cost_so_far()})
         if self.spec.budget is not None:
             spent = self.cost_so_far()
-            self._budget_warnings(spent)
+            budget_warnings(self, spent)
             if budget_spent(spent, self.spec.budget, [cur], self.timing.poll_seconds):
-                self.event("budget", {"attempt": cur.n, "budget": self.spec.budget, "spent": round(spent, 4)})
-                self._end_attempt(cur, "budget")
-                self._end_run("stopped", f"budget ${self.spec.budget:g} reached; checkpoint kept in the bucket")
+                self.event(Kind.BUDGET_REACHED, {"attempt": cur.n, "budget": self.spec.budget, "spent": round(spent, 4)})
+                self.end_attempt(cur, "budget")
+                self.end_run("stopped", f"budget ${self.spec.budget:g} reached; checkpoint kept in the bucket")
                 return
         if status and status.get("ended_by") == "lifetime-cap" and phase in ("preempted", "failed", "succeeded"):
             # The host saved and ended itself at its cap: not a reclaim, nothing to relaunch.
-            self._end_attempt(cur, "lifetime-cap")
-            self._end_run("stopped", f"the host's lifetime cap was reached ({status.get('cap')}); checkpoint kept in the bucket")
+            self.end_attempt(cur, "lifetime-cap")
+            self.end_run("stopped", f"the host's lifetime cap was reached ({status.get('cap')}); checkpoint kept in the bucket")
             return
         if phase == "succeeded":
-            self._end_attempt(cur, "succeeded")
-            self._end_run("succeeded", None)
+            self.end_attempt(cur, "succeeded")
+            self.end_run("succeeded", None)
             return
         if hostboot.on_failure_cause(self, cur, status):  # a refusal that recurs ends the run; others count
             return
@@ -384,18 +283,17 @@ class Controller:
         if oom_move.is_out_of_memory(status):  # the memory ladder is spent: an offer with more VRAM
             return oom_move.on_out_of_memory(self, cur, status)
         if phase == "failed":
-            self._end_attempt(cur, "failed")
-            self._end_run("failed", status.get("reason") or "the host agent failed")
+            self.end_attempt(cur, "failed")
+            self.end_run("failed", status.get("reason") or "the host agent failed")
             return
         outcome = self.fleet.check(cur, phase, status.get("time") if status else None,
                                    status.get("step") if status else None)
         if outcome in hostboot.COUNTED_OUTCOMES:  # never reported, or its agent failed: counted toward the limit
             self._closed(cur, time.time())
             return hostboot.check_limit(self)
-        renew = getattr(self.provider, "renew_credentials", None)
-        if outcome == "ok" and renew is not None and cur.instance_id:
+        if outcome == "ok" and isinstance(self.provider, RenewsHostCredentials) and cur.instance_id:
             # A box of the user's holds short-lived store keys only: keep them fresh while it trains.
-            renew(cur.instance_id, self.run_id, self.store_conf, events=lambda k, d: self.event(k, {"attempt": cur.n, **d}))
+            self.provider.renew_credentials(cur.instance_id, self.run_id, self.store_conf, events=lambda k, d: self.event(k, {"attempt": cur.n, **d}))
         if outcome != "ok":
             self._closed(cur, time.time())
             self.state.update_run(self.run_id, state="recovering")
@@ -404,8 +302,8 @@ class Controller:
         if cur.market == SPOT and self.spec.deadline_hours:
             kind, offer = self.decide(cur)
             if kind == ON_DEMAND:
-                self.event("deadline-fallback", {"attempt": cur.n, "to": offer.key if offer else None})
-                self._end_attempt(cur, "switched")
+                self.event(Kind.DEADLINE_FALLBACK, {"attempt": cur.n, "to": offer.key if offer else None})
+                self.end_attempt(cur, "switched")
 
     def _announce_resume(self, cur: Attempt, status: dict) -> None:
         """Tell where attempt n took up the work: the step it resumed from and the steps redone."""
@@ -413,20 +311,12 @@ class Controller:
         if resumed is None:
             resumed = max(0, int(status["step"]) - 1)
         done_before = self.state.get_run(self.run_id)["step"]
-        self.event("resumed", {"attempt": cur.n, "from_step": int(resumed), "lost_steps": max(0, done_before - int(resumed)),
-                               "zone": cur.zone, "instance_type": cur.instance_type})
+        self.event(Kind.RESUMED, {"attempt": cur.n, "from_step": int(resumed),
+                                  "lost_steps": max(0, done_before - int(resumed)), "zone": cur.zone,
+                                  "instance_type": cur.instance_type})
 
-    def _budget_warnings(self, spent: float) -> None:
-        """Log once each when the run has spent 50% and 80% of its budget (also across restarts)."""
-        from ..costs.budget import warnings_due
-
-        if not hasattr(self, "_budget_logged"):
-            self._budget_logged = {e["data"].get("pct") for e in self.state.events(self.run_id) if e["kind"] == "budget-warning"}
-        for pct in warnings_due(spent, self.spec.budget, self._budget_logged):
-            self._budget_logged.add(pct)
-            self.event("budget-warning", {"pct": pct, "budget": self.spec.budget, "spent": round(spent, 4)})
-
-    def _end_attempt(self, cur: Attempt, reason: str) -> None:
+    def end_attempt(self, cur: Attempt, reason: str) -> None:
+        """End the attempt's host for `reason` and price it into the ledger."""
         self._closed(cur, self.fleet.end(cur, reason))
 
     def _closed(self, cur: Attempt, end: float) -> None:
@@ -436,7 +326,7 @@ class Controller:
             # The host ended itself: its billing stopped then, not when the controller noticed.
             self.state.update_attempt(self.run_id, cur.n, end=max(ended_at, cur.start or ended_at))
         cost_ledger.closed(self.state, self.run_id, cur.n, self.provider, self.store, events=self.event,
-                           heartbeat_s=agent_config(self.spec, self.run_id, cur.n, 0, {})["heartbeat_seconds"],
+                           heartbeat_s=traits(self.spec.provider).host.heartbeat_seconds,
                            poll_s=self.timing.poll_seconds)
 
     def _price_sample(self, cur: Attempt) -> list:
@@ -446,20 +336,24 @@ class Controller:
         now = utc(time.time())
         return self.provider.price_history(cur.instance_type, cur.zone, now, now)
 
-    def _end_run(self, state: str, reason: str | None) -> None:
+    def end_run(self, state: str, reason: str | None) -> None:
+        """End the run in `state` (succeeded, failed, stopped) with one line of `reason`."""
         if state in ("stopped", "failed") and reason and "sdcloud resume" not in reason:
             # Every stop says how to carry on from the durable checkpoint.
             run = self.state.get_run(self.run_id)
             reason += f"; resume with: sdcloud resume {run.get('name') or self.run_id}"
         self.state.update_run(self.run_id, state=state, reason=reason)
-        self.event("run-" + state, {"reason": reason} if reason else {})
+        self.event(run_ended(state), {"reason": reason} if reason else {})
 
-    def _finish_stop(self, reason: str) -> None:
+    def finish_stop(self, reason: str) -> None:
+        """Stop the run now (sdcloud down, a signal): its host ended, the run stopped, the journal written."""
         cur = self.current()
         if cur is not None:
-            self._end_attempt(cur, "stopped")
-        self._end_run("stopped", reason)
+            self.end_attempt(cur, "stopped")
+        self.end_run("stopped", reason)
         self.journal.flush()
+
+    _finish_stop = finish_stop  # the name commands/run.py called before finish_stop was public
 
     def reconcile(self) -> None:
         """Bring the state store and the provider into agreement after a restart."""
@@ -471,181 +365,22 @@ class Controller:
         self.fleet.sweep_strays(keep_open=self.state.get_run(self.run_id)["state"] in ACTIVE_RUN_STATES)
 
 
+
 class _Named:
     """A provider seen under the name the run chose (test doubles may not carry `name`)."""
 
-    def __init__(self, provider, name: str):
-        self._provider, self.name = provider, name
+    def __init__(self, inner, name: str):
+        self.inner, self.name = inner, name
 
     def __getattr__(self, attr):
-        return getattr(self._provider, attr)
-
-
-def _trainer_args(spec: RunSpec):
-    # The tier's flags for the trainer under the user's; a mapping stays a mapping (runs/training.py).
-    from .training import trainer_args_for
-
-    return trainer_args_for(spec, get_tier(spec.tier))
-
-
-UNATTENDED_POLLS = 4
-
-
-def self_end_grace(spec: RunSpec) -> float:
-    """Seconds a finished host waits for the controller: the run's own, else config.toml's, else 10 min."""
-    if spec.self_end_grace is not None:
-        return float(spec.self_end_grace)
-    return config.self_end_grace()
-
-
-def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, store_conf: dict) -> dict:
-    """The agent's config for one attempt (no secrets: credentials come from the instance role or env)."""
-    from .training import resolution_from_model
-
-    tier = get_tier(spec.tier)
-    local = spec.provider == "local"
-    return {
-        "run_id": run_id,
-        "attempt": attempt,
-        "tier": tier.name,
-        "min_vram_gb": tier.min_vram_gb,
-        "rec_vram_gb": tier.rec_vram_gb,
-        "trainer": spec.trainer,
-        "trainer_args": _trainer_args(spec),
-        # The host settles the resolution from the model's config when the user did not give one.
-        "resolution_from_model": resolution_from_model(spec),
-        "model": spec.model,
-        "steps": total_steps,
-        "checkpoint_every": spec.checkpoint_every or max(1, min(500, total_steps // 8 or 1)),
-        "keep_checkpoints": 3,
-        "store": store_conf,
-        "dataset": spec.dataset,
-        "nvme": not local and spec.provider != "ssh",
-        "require_gpu": not local and spec.provider != "ssh",
-        # Which reclaim notice the host watches; the local provider points it at its own endpoint.
-        "metadata": {"kind": spec.provider if spec.provider in ("aws", "tencent") else "none"},
-        "heartbeat_seconds": 2 if local else 10,
-        "poll_seconds": 1 if local else 5,
-        # The run's own mirrors; the host's region and config.toml add theirs at launch (hostboot.py).
-        **({"network": dict(spec.network)} if spec.network else {}),
-    }
-
-
-def summary(state: StateStore, run_id: str) -> dict:
-    """The run's state and its cost report: per attempt and in total, with savings against on-demand."""
-    run = state.get_run(run_id)
-    if run is None:
-        raise UserError(f"no run {run_id!r}; see: sdcloud status")
-    attempts = state.attempts(run["id"])
-    rows = []
-    ledger_cost = cost_ledger.attempt_costs_usd(state, run)
-    for a in attempts:
-        rows.append({"n": a.n, "provider": a.provider, "region": a.region, "zone": a.zone, "instance_type": a.instance_type,
-                     "market": a.market, "price": a.price, "hours": round(a.hours, 4),
-                     "cost": ledger_cost.get(a.n, round(a.cost, 4)),
-                     "instance_id": a.instance_id, "start": a.start, "end": a.end, "end_reason": a.end_reason})
-    kind = run_kind(run)
-    out = {
-        "run": run["id"], "kind": kind, "name": run["name"], "tier": run["tier"],
-        "provider": run["spec"].get("provider") or "local", "state": run["state"],
-        # A batch job's step is its images done, as its driver last counted them (no store read here).
-        "reason": run["reason"], "step": run["step"], "total_steps": run["total_steps"], "attempts": rows,
-        # From the cost ledger: every item, open attempts priced up to now (sdcloud cost report has the detail).
-        "cost": cost_ledger.summary_cost(state, run),
-    }
-    if kind == BATCH:
-        out["workers"] = run["spec"].get("workers")
-        return out
-    # The host's latest health verdict and its out-of-memory retries (runs/health_view.py).
-    out["health"] = health_view.latest(state, run["id"])
-    spec = RunSpec(**run["spec"])
-    if spec.provider in ("local", "ssh"):
-        try:
-            best = rank(get_tier(spec.tier), load_catalog(), market="spot", job_size=run["total_steps"])[0]
-            out["best_cloud_offer"] = {k: best.as_dict()[k] for k in ("provider", "region", "instance_type", "gpu", "market",
-                                                                       "price_per_hour_usd", "est_hours", "est_cost")}
-        except (IndexError, UserError):
-            pass
-    return out
-
-
-def budget_spent(spent: float, budget: float, attempts: list, poll_seconds: float) -> bool:
-    """Whether the budget leaves less than two polls of the latest host's price: the controller
-    stops there, so that the host's save and terminate still fit (the same rule before a launch,
-    during an attempt and at a resume)."""
-    price = (attempts[-1].price or 0.0) if attempts else 0.0
-    return spent + price * 2 * poll_seconds / 3600 >= budget
-
-
-# What a resume may change in the stored spec: how the run is bought and bounded, not what it trains.
-RESUME_SAFE = ("market", "max_price", "region", "deadline_hours", "budget", "steps", "checkpoint_every", "store")
-RESUME_FIXED = ("tier", "model", "trainer", "dataset", "provider")
-
-
-def prepare_resume(state: StateStore, run: dict, overrides: dict) -> dict:
-    """Make a stopped or failed run active again with its stored spec, with the safe overrides applied.
-
-    The run keeps its id, bucket prefix and attempts (so the budget counts what was spent); the
-    next attempt restores the durable checkpoint. A conflicting tier or model is refused.
-    """
-    spec = dict(run["spec"])
-    for key in RESUME_FIXED:
-        given = overrides.get(key)
-        if given is not None and str(given) != str(spec.get(key)):
-            raise UserError(f"run {run['id']} ({run.get('name') or run['id']}) trains {key} {spec.get(key)!r}; "
-                            f"it cannot resume with {key} {given!r} (start a new run with another --name)")
-    changed = {k: v for k, v in overrides.items() if k in RESUME_SAFE and v is not None and v != spec.get(k)}
-    spec.update(changed)
-    total = run["total_steps"]
-    if changed.get("steps"):
-        if int(changed["steps"]) < run["step"]:
-            raise UserError(f"--steps {changed['steps']} is below the {run['step']} steps already done")
-        total = int(changed["steps"])
-    spent = cost_ledger.live_cost_usd(state, run)
-    poll = Timing.for_provider(str(spec.get("provider") or "local")).poll_seconds
-    if spec.get("budget") is not None and budget_spent(spent, float(spec["budget"]), state.attempts(run["id"]), poll):
-        raise UserError(f"run {run['id']} has already spent ${spent:.4f} of its ${float(spec['budget']):g} budget: "
-                        f"resume with a larger one, e.g. --budget {max(spent * 2, spent + 1):.2f}")
-    state.update_run(run["id"], spec=json.dumps(spec), total_steps=total, state="recovering", reason=None)
-    state.event(run["id"], "resume", {"from_state": run["state"], "step": run["step"], "changed": sorted(changed),
-                                      "spent_usd": round(spent, 4)})
-    return changed
-
-
-def controller_alive(run: dict) -> bool:
-    pid = run.get("controller_pid")
-    if not pid or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read()
-        with open(f"/proc/{pid}/stat") as f:
-            zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
-        return not zombie and (b"sdcloud" in cmd)
-    except OSError:
-        return False
-
-
-def detach(run_id: str) -> int:
-    """Start the controller for `run_id` in the background; its log goes to $SDCLOUD_HOME/runs/<id>.log."""
-    log_dir = config.home() / "runs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = open(log_dir / f"{run_id}.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "sdcloud.runs.controller", run_id], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    log.close()
-    return proc.pid
+        return getattr(self.inner, attr)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m sdcloud.runs.controller RUN_ID`: drive a run in the background (sdcloud up --detach)."""
     args = argv if argv is not None else sys.argv[1:]
     state = StateStore()
-    def emit(kind: str, data: dict) -> None:
+    def emit(kind: Kind, data: dict) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         print(json.dumps({"time": stamp, "event": kind, **data}, default=str), flush=True)
 
@@ -657,9 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     finally:
-        close = getattr(ctl.provider, "close", None)
-        if close:
-            close()
+        if isinstance(ctl.provider, Closable):
+            ctl.provider.close()
     return 0
 
 

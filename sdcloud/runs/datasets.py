@@ -19,3 +19,26 @@ def check_dataset(folder: Path):
     if problem:
         raise UserError(problem)
     return result
+
+
+def upload_dataset(store, store_url: str, run_id: str, dataset: str, event) -> str:
+    """Put a local dataset (a folder, or one file) in the run's bucket once; the host's URL for it.
+
+    A driver that starts again lists what is there and sends only what is missing (same size)."""
+    import time
+
+    from ..events import Kind
+
+    root = Path(dataset).expanduser()
+    prefix = f"runs/{run_id}/dataset"
+    have = {o.key: o.size for o in store.list(prefix + "/")}
+    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    start, sent, size = time.time(), 0, 0
+    for f in files:
+        key = f"{prefix}/{f.relative_to(root).as_posix() if root.is_dir() else f.name}"
+        if have.get(key) != f.stat().st_size:  # a restarted controller sends only what is missing
+            store.put_file(key, f)
+            sent, size = sent + 1, size + f.stat().st_size
+    event(Kind.DATASET_UPLOADED, {"files": len(files), "sent": sent, "mb": round(size / 1e6, 2),
+                                  "seconds": round(time.time() - start, 2)})
+    return store_url.rstrip("/") + "/" + prefix

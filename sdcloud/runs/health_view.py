@@ -12,34 +12,39 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .. import events
+from ..events import Kind
+from .owner import RunOwner
+
 HEALTH_EVENT_SECONDS = 60.0
-KINDS = ("health", "oom-retry", "out-of-memory")
+KINDS = (Kind.HEALTH, Kind.OOM_RETRY, Kind.OUT_OF_MEMORY)
 # The figures kept in the event (and in `status --json`'s `health`).
 FIELDS = ("verdict", "why", "gpu_util", "data_wait_pct", "step_s", "save_pct", "throttle_pct", "throttle_reasons",
           "sm_clock_pct", "power_w", "power_limit_w", "temp_c", "mem_used_gb", "mem_total_gb", "peak_mem_gb",
           "read_mb_s", "gpu_samples", "samples", "sampler_ms")
 
 
-def note(controller: Any, attempt: int, status: dict | None, now: float | None = None) -> None:
+def note(controller: RunOwner, attempt: int, status: dict | None, now: float | None = None) -> None:
     """Record the host's health as an event when it changed (or a minute passed)."""
     h = (status or {}).get("health")
     if not isinstance(h, dict) or not h.get("verdict"):
         return
     now = time.time() if now is None else now
-    last = getattr(controller, "_health_last", None)
+    last = controller.memo.health_last
     if last is not None and last[0] == attempt and last[1] == h["verdict"] and now - last[2] < HEALTH_EVENT_SECONDS:
         return
-    controller._health_last = (attempt, h["verdict"], now)
-    controller.event("health", {"attempt": attempt, **{k: h.get(k) for k in FIELDS if h.get(k) is not None}})
+    controller.memo.health_last = (attempt, h["verdict"], now)
+    controller.event(Kind.HEALTH, {"attempt": attempt, **{k: h.get(k) for k in FIELDS if h.get(k) is not None}})
 
 
 def latest(state: Any, run_id: str) -> dict | None:
     """The run's newest health figures and its out-of-memory retries, or None when it has neither."""
     health, retries = None, 0
     for ev in state.events(run_id):
-        if ev["kind"] == "health":
+        kind = events.parse(ev["kind"])
+        if kind is Kind.HEALTH:
             health = dict(ev["data"])
-        elif ev["kind"] == "oom-retry":
+        elif kind is Kind.OOM_RETRY:
             retries += 1
     if health is None and not retries:
         return None
@@ -65,15 +70,16 @@ def line(h: dict) -> str:
     return f"health: {verdict}: {', '.join(bits)}{why}"
 
 
-def plain(kind: str, data: dict) -> str | None:
+def plain(kind: Kind | str, data: dict) -> str | None:
     n = data.get("attempt")
-    if kind == "health":
+    kind = events.parse(kind)
+    if kind is Kind.HEALTH:
         return f"attempt {n}: " + line({**data, "oom_retries": None}).replace(", 0 OOM retries", "")
-    if kind == "oom-retry":
+    if kind is Kind.OOM_RETRY:
         peak = f", peak {data['peak_gb']} GB" if data.get("peak_gb") is not None else ""
         return (f"attempt {n}: out of GPU memory; restarted on the same host from step {data.get('resume_step')} "
                 f"with rung {data.get('n')} {data.get('rung')} ({data.get('change')}{peak})")
-    if kind == "out-of-memory":
+    if kind is Kind.OUT_OF_MEMORY:
         nxt = data.get("next") or []
         return (f"attempt {n}: out of GPU memory with every rung of the memory ladder on {data.get('offer')}; "
                 + (f"moving to more VRAM: {', '.join(nxt)}" if nxt else "no offer with more VRAM"))

@@ -19,8 +19,13 @@ import json
 import time
 from pathlib import Path
 
-
 from sdcloud_agent import wheel as agent_wheel
+
+from .. import events
+from ..events import Kind
+from ..providers.capabilities import HasHostDir
+from ..providers.traits import traits
+from .owner import RunOwner
 
 # What a tier's run file may override with `max-failed-boots:`.
 DEFAULT_MAX_FAILED_BOOTS = 3
@@ -35,12 +40,10 @@ COUNTED_CAUSES = ("store-unreachable", "store-refused", "agent-error")
 MAX_UNREPORTED_ENDS = 5
 # A controller that cannot reach the store says so again at most this often while it waits.
 STORE_NOTE_SECONDS = 60.0
-# The driver series Tencent hosts install when their image has none (the stack's default).
-TENCENT_DRIVER = "535-server"
 
 
 def cloud_user_data(provider: str, store, agent: dict, infra: dict | None = None) -> str:
-    """The per-run user-data for an AWS or Tencent host; uploads the agent wheel if needed."""
+    """The per-run user-data for a cloud's host; uploads the agent wheel if needed."""
     from sdcloud_agent.userdata import render_user_data
 
     from .network import host_network
@@ -58,8 +61,9 @@ def cloud_user_data(provider: str, store, agent: dict, infra: dict | None = None
         carry_trainer_sources(store, agent)  # the host will not fetch them from GitHub
     wheel = agent_wheel.ensure_uploaded(store)
     driver = ""
-    if provider == "tencent":  # the per-run user-data replaces the template's, driver install included
-        driver = str((infra or {}).get("nvidia_driver") or TENCENT_DRIVER)
+    default_driver = traits(provider).host_driver
+    if default_driver:  # the per-run user-data replaces the template's, driver install included
+        driver = str((infra or {}).get("nvidia_driver") or default_driver)
     return render_user_data(agent, wheel_key=wheel.key, driver=driver)
 
 
@@ -76,19 +80,19 @@ def failed_boots_in_a_row(attempts) -> int:
     return n
 
 
-def on_boot_failure(ctrl, cur, status: dict) -> None:
+def on_boot_failure(ctrl: RunOwner, cur, status: dict) -> None:
     """End the attempt, cool down its offer, and end the run after N failed boots in a row."""
     phase = status.get("boot_phase")
     reason = (status.get("reason") or "").strip()
-    ctrl.event("boot-failed", {"attempt": cur.n, "instance": cur.instance_id, "boot_phase": phase,
-                               "reason": reason[-2000:]})
+    ctrl.event(Kind.BOOT_FAILED, {"attempt": cur.n, "instance": cur.instance_id, "boot_phase": phase,
+                                  "reason": reason[-2000:]})
     # The phase in the attempt's end reason, so that `sdcloud status` shows it.
-    ctrl._end_attempt(cur, f"boot-failed:{phase}")
+    ctrl.end_attempt(cur, f"boot-failed:{phase}")
     ctrl.fleet.cool_down(f"{cur.provider}/{cur.region}/{cur.zone or '*'}/{cur.instance_type}", "boot-failed")
     check_limit(ctrl, phase)
 
 
-def check_limit(ctrl, phase: str | None = None) -> None:
+def check_limit(ctrl: RunOwner, phase: str | None = None) -> None:
     # A training run's spec is a RunSpec, a batch job's a dict (sdcloud.batch.jobs.submit).
     spec = ctrl.spec
     limit = (spec.get("max_failed_boots") if isinstance(spec, dict) else getattr(spec, "max_failed_boots", None))
@@ -96,22 +100,20 @@ def check_limit(ctrl, phase: str | None = None) -> None:
     n = failed_boots_in_a_row(ctrl.attempts())
     if n >= limit:
         where = f" (last: phase {phase})" if phase else ""
-        ctrl._end_run("failed", f"{n} failed boots in a row{where}; see: sdcloud logs {ctrl.run_id}")
+        ctrl.end_run("failed", f"{n} failed boots in a row{where}; see: sdcloud logs {ctrl.run_id}")
     else:
         ctrl.state.update_run(ctrl.run_id, state="recovering")
 
 
-
 # -- why an attempt ended ---------------------------------------------------------------------------
 
-def host_side_status(ctrl, cur) -> dict | None:
-    """The host's own copy of status.json, where the controller can read it (the local provider's
-    host folder): a store that refused the host's writes leaves the bucket's copy missing."""
-    host_dir = getattr(ctrl.provider, "host_dir", None)
-    if host_dir is None or not cur.instance_id:
+def host_side_status(provider, cur) -> dict | None:
+    """The host's own copy of status.json, where the controller can read it (a provider whose host
+    folders are on this machine): a store that refused the host's writes leaves the bucket's copy missing."""
+    if not isinstance(provider, HasHostDir) or not cur.instance_id:
         return None
     try:
-        folder = host_dir(cur.instance_id)
+        folder = provider.host_dir(cur.instance_id)
         if not folder:
             return None
         doc = json.loads((Path(folder) / "work" / "status.json").read_text())
@@ -120,7 +122,7 @@ def host_side_status(ctrl, cur) -> dict | None:
     return doc if isinstance(doc, dict) and doc.get("attempt") == cur.n else None
 
 
-def on_failure_cause(ctrl, cur, status: dict | None) -> bool:
+def on_failure_cause(ctrl: RunOwner, cur, status: dict | None) -> bool:
     """End the run (a cause that recurs) or the attempt (a cause counted toward the limit) for a
     failed status; False when the status is not one of those (the caller goes on)."""
     from sdcloud_agent.store import RECURRING_CAUSES
@@ -130,16 +132,16 @@ def on_failure_cause(ctrl, cur, status: dict | None) -> bool:
     cause = status.get("failure_cause")
     reason = " ".join(str(status.get("reason") or "the host agent failed").split())
     if cause in RECURRING_CAUSES:
-        ctrl.event("host-failed", {"attempt": cur.n, "instance": cur.instance_id, "cause": cause,
-                                   "reason": reason[:2000]})
-        ctrl._end_attempt(cur, f"failed:{cause}")
-        ctrl._end_run("failed", f"{reason[:500]} (attempt {cur.n}; the next host would meet it too, so no other "
+        ctrl.event(Kind.HOST_FAILED, {"attempt": cur.n, "instance": cur.instance_id, "cause": cause,
+                                      "reason": reason[:2000]})
+        ctrl.end_attempt(cur, f"failed:{cause}")
+        ctrl.end_run("failed", f"{reason[:500]} (attempt {cur.n}; the next host would meet it too, so no other "
                                 f"was launched)")
         return True
     if cause in COUNTED_CAUSES and not status.get("boot_phase"):
-        ctrl.event("host-failed", {"attempt": cur.n, "instance": cur.instance_id, "cause": cause,
-                                   "reason": reason[:2000]})
-        ctrl._end_attempt(cur, f"host-failed:{cause}")
+        ctrl.event(Kind.HOST_FAILED, {"attempt": cur.n, "instance": cur.instance_id, "cause": cause,
+                                      "reason": reason[:2000]})
+        ctrl.end_attempt(cur, f"host-failed:{cause}")
         check_limit(ctrl, cause)
         return True
     return False
@@ -168,31 +170,32 @@ _S3_OPERATIONS = frozenset({"GetObject", "PutObject", "HeadObject", "ListObjects
                             "CompleteMultipartUpload", "AbortMultipartUpload", "HeadBucket"})
 
 
-def store_unreachable(ctrl, exc: BaseException, now: float | None = None) -> None:
+def store_unreachable(ctrl: RunOwner, exc: BaseException, now: float | None = None) -> None:
     """A step could not reach the store: note it (an event `watch` shows, again every minute while
     it lasts) and let the loop wait a poll and try the step again."""
     from sdcloud_agent.store import describe_failure
 
     now = time.time() if now is None else now
-    since = getattr(ctrl, "_store_down_since", None)
+    memo = ctrl.memo
+    since = memo.store_down_since
     if since is None:
-        ctrl._store_down_since = since = now
-        ctrl._store_noted = 0.0
-    if now - ctrl._store_noted >= STORE_NOTE_SECONDS:
-        ctrl._store_noted = now
-        ctrl.event("store-unreachable", {"error": describe_failure(exc)[:500], "for_s": round(now - since),
-                                         "retry_s": ctrl.timing.poll_seconds})
+        memo.store_down_since = since = now
+        memo.store_noted = 0.0
+    if now - memo.store_noted >= STORE_NOTE_SECONDS:
+        memo.store_noted = now
+        ctrl.event(Kind.STORE_UNREACHABLE, {"error": describe_failure(exc)[:500], "for_s": round(now - since),
+                                            "retry_s": ctrl.timing.poll_seconds})
 
 
-def store_reachable(ctrl, now: float | None = None) -> None:
+def store_reachable(ctrl: RunOwner, now: float | None = None) -> None:
     """The step went through: if the store had been unreachable, say that it is back."""
-    since = getattr(ctrl, "_store_down_since", None)
+    since = ctrl.memo.store_down_since
     if since is not None:
-        ctrl._store_down_since = None
-        ctrl.event("store-reachable", {"after_s": round((time.time() if now is None else now) - since)})
+        ctrl.memo.store_down_since = None
+        ctrl.event(Kind.STORE_REACHABLE, {"after_s": round((time.time() if now is None else now) - since)})
 
 
-def guarded(ctrl, step) -> bool:
+def guarded(ctrl: RunOwner, step) -> bool:
     """`step()`, except that a step that cannot reach the store is noted (an event `watch` shows) and
     tried again after a poll: a store fault never ends a run's or a batch job's driver."""
     try:
@@ -206,15 +209,15 @@ def guarded(ctrl, step) -> bool:
     return done
 
 
-def check_unreported(ctrl) -> None:
+def check_unreported(ctrl: RunOwner) -> None:
     """End the run when the last MAX_UNREPORTED_ENDS attempts all vanished before they reported."""
     unreported = {e["data"].get("attempt") for e in ctrl.state.events(ctrl.run_id)
-                  if e["kind"] in ("reclaimed", "host-lost") and e["data"].get("reported") is False}
+                  if events.parse(e["kind"]) in events.HOST_GONE and e["data"].get("reported") is False}
     n = 0
     for a in reversed([a for a in ctrl.attempts() if a.end_reason]):
         if a.n not in unreported:
             break
         n += 1
     if n >= MAX_UNREPORTED_ENDS:
-        ctrl._end_run("failed", f"{n} hosts in a row ended before they reported (reclaimed while booting, or refused "
+        ctrl.end_run("failed", f"{n} hosts in a row ended before they reported (reclaimed while booting, or refused "
                                 f"by the store); see: sdcloud logs {ctrl.run_id}")

@@ -23,6 +23,8 @@ import socket
 import time
 from typing import Any, Callable
 
+from .. import events as kinds
+from ..events import Kind
 from .state import ACTIVE_RUN_STATES, StateStore
 
 REWRITE_SECONDS = 60.0
@@ -34,20 +36,15 @@ def prefix(run_id: str) -> str:
 
 
 def snapshot(state: StateStore, run_id: str) -> dict[str, Any]:
-    """The run's row and everything priced about it, as plain JSON."""
-    run = state.get_run(run_id)
-    if run is None:
-        raise KeyError(run_id)
+    """The run's row and everything priced about it, as plain JSON (StateStore.export_run)."""
+    rows = state.export_run(run_id)
+    spec = rows["run"]["spec"] or {}
     return {
         "version": 1,
-        "run": {k: run[k] for k in ("id", "name", "tier", "state", "spec", "step", "total_steps", "reason",
-                                    "created", "updated")},
+        **rows,
         # The stack's outputs the run was launched with (bucket, role, network names; never a secret),
         # so that a driver elsewhere reaches the same bucket and launches into the same network.
-        "infra": state.infra((run["spec"] or {}).get("provider") or "", (run["spec"] or {}).get("region") or ""),
-        "attempts": [a.__dict__ for a in state.attempts(run_id)],
-        "attempt_costs": list(state.attempt_costs(run_id).values()),
-        "ledger": state.ledger(run_id),
+        "infra": state.infra(spec.get("provider") or "", spec.get("region") or ""),
     }
 
 
@@ -70,11 +67,11 @@ class Journal:
             self._flush_events()
             self._flush_run()
         except (StoreError, OSError) as exc:
-            self.state.event(self.run_id, "journal-deferred", {"error": str(exc)[:200]})
+            self.state.event(self.run_id, Kind.JOURNAL_DEFERRED, {"error": str(exc)[:200]})
 
     def _flush_events(self) -> None:
         events = self.state.events(self.run_id, after_id=self._event_id)
-        events = [e for e in events if e["kind"] != "journal-deferred"]
+        events = [e for e in events if kinds.parse(e["kind"]) is not Kind.JOURNAL_DEFERRED]
         if not events:
             return
         body = json.dumps([{"time": e["time"], "kind": e["kind"], "data": e["data"]} for e in events],
@@ -107,7 +104,8 @@ def restore(state: StateStore, store: Any, run_id: str) -> dict | None:
     """Rebuild the run's rows from its journal (None when the bucket has no journal for it).
 
     Rows already here are replaced by the bucket's (the bucket is the source of truth); events
-    already here (same time and kind) are not added twice.
+    already here (same time and kind) are not added twice. A kind an older sdcloud spelled otherwise
+    (`launch_failed`, `budget`) is read back as today's (events.parse).
     """
     from .store import NotFound, StoreError
 
@@ -123,33 +121,8 @@ def restore(state: StateStore, store: Any, run_id: str) -> dict | None:
     spec = run["spec"] or {}
     if snap.get("infra"):
         state.save_infra(spec.get("provider") or "", spec.get("region") or "", snap["infra"])
-    with state.tx() as db:
-        db.execute("DELETE FROM runs WHERE id = ?", (run["id"],))
-        db.execute("INSERT INTO runs (id, name, tier, state, spec, step, total_steps, reason, created, updated)"
-                   " VALUES (?,?,?,?,?,?,?,?,?,?)",
-                   (run["id"], run["name"], run["tier"], run["state"], json.dumps(run["spec"]), run["step"],
-                    run["total_steps"], run["reason"], run["created"], time.time()))
-        db.execute("DELETE FROM attempts WHERE run_id = ?", (run["id"],))
-        for a in snap["attempts"]:
-            cols = list(a)
-            db.execute(f"INSERT INTO attempts ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                       [a[c] for c in cols])
-        db.execute("DELETE FROM attempt_costs WHERE run_id = ?", (run["id"],))
-        for c in snap["attempt_costs"]:
-            cols = list(c)
-            db.execute(f"INSERT INTO attempt_costs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                       [c[k] for k in cols])
-        db.execute("DELETE FROM ledger WHERE run_id = ?", (run["id"],))
-        for it in snap["ledger"]:
-            db.execute("INSERT INTO ledger VALUES (?,?,?,?,?,?,?,?)",
-                       (run["id"], it["n"], it["item"], it["amount"], it["currency"], it["usd"], it["source"],
-                        json.dumps(it.get("detail") or {}, default=str)))
-        have = {(round(r[0], 6), r[1]) for r in
-                db.execute("SELECT time, kind FROM events WHERE run_id = ?", (run["id"],)).fetchall()}
-        for info in sorted(store.list(f"{prefix(run_id)}/events/"), key=lambda i: i.key):
-            for e in json.loads(store.get(info.key)):
-                if (round(e["time"], 6), e["kind"]) in have:
-                    continue
-                db.execute("INSERT INTO events (run_id, time, kind, data) VALUES (?,?,?,?)",
-                           (run["id"], e["time"], e["kind"], json.dumps(e["data"], default=str)))
+    events = [{**e, "kind": kinds.parse(e["kind"])}
+              for info in sorted(store.list(f"{prefix(run_id)}/events/"), key=lambda i: i.key)
+              for e in json.loads(store.get(info.key))]
+    state.import_run(snap, events)
     return state.get_run(run["id"])

@@ -24,13 +24,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import config
+from ..events import Kind
+from ..providers.traits import Hosts, names
 
 CHUNK = 8 << 20
 
 
 def is_local_model(model: str | None, provider: str) -> bool:
-    """A file or folder on this machine that the run's host cannot read: any provider but local."""
-    if not model or provider == "local" or "://" in model or model.startswith("cache:"):
+    """A file or folder on this machine that the run's host cannot read: any host but this machine's."""
+    if not model or provider in names(where=lambda t: t.hosts is Hosts.THIS_MACHINE) or "://" in model or model.startswith("cache:"):
         return False
     from sdcloud_agent.trainers.models import is_tiny
 
@@ -93,7 +95,7 @@ def reference(key: str, inner: str) -> str:
     return f"cache:{key}" + (f"#{inner}" if inner else "")
 
 
-def upload_model(store, model: str, event: Callable[[str, dict], None]) -> str:
+def upload_model(store, model: str, event: Callable[[Kind, dict], None]) -> str:
     """Put a local model in the bucket once (by content); the reference the host's agent stages."""
     root = Path(model).expanduser().resolve()
     start = time.time()
@@ -103,7 +105,7 @@ def upload_model(store, model: str, event: Callable[[str, dict], None]) -> str:
     size = sum(p.stat().st_size for _, p in files)
     info = {"key": key, "files": len(files), "mb": round(size / 1e6, 2)}
     if store.head(key) is not None:
-        event("model-uploaded", {**info, "sent": 0, "seconds": round(time.time() - start, 2), "cached": True})
+        event(Kind.MODEL_UPLOADED, {**info, "sent": 0, "seconds": round(time.time() - start, 2), "cached": True})
         return ref
     tmp_dir = config.home() / "tmp"
     tmp_dir.mkdir(parents=True, exist_ok=True)
@@ -116,5 +118,5 @@ def upload_model(store, model: str, event: Callable[[str, dict], None]) -> str:
         store.put_file(part, tar_path)
         store.copy(part, key)
         store.delete(part)
-    event("model-uploaded", {**info, "sent": len(files), "seconds": round(time.time() - start, 2), "cached": False})
+    event(Kind.MODEL_UPLOADED, {**info, "sent": len(files), "seconds": round(time.time() - start, 2), "cached": False})
     return ref

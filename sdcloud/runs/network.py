@@ -1,8 +1,9 @@
 """Where hosts get outside things: the agent's `network` setting (sdcloud_agent/network.py:
 pip_index_url, hf_endpoint, torch_index_url, trainer_sources), from four layers, later ones win:
 
-1. the profile of the host's network: Tencent's mainland China regions get MAINLAND below, every
-   other region nothing (the public services);
+1. the profile of the host's network, as its provider declares it (`traits(name).network_profiles`:
+   Tencent's mainland China regions get mirrors, providers/tencent/network.py), every other
+   region nothing (the public services);
 2. config.toml's `[network]` (every host);
 3. config.toml's `[network.regions."<region>"]` (hosts in that region);
 4. the run file's `network:` mapping (this run's hosts).
@@ -12,7 +13,7 @@ pip_index_url, hf_endpoint, torch_index_url, trainer_sources), from four layers,
     [network.regions."ap-guangzhou"]
     hf_endpoint = ""                       # "" puts a setting back to the public service
 
-docs/providers-tencent.md says what each default is and why.
+docs/providers-tencent.md says what each default of the mainland profile is and why.
 """
 
 from __future__ import annotations
@@ -21,38 +22,15 @@ from sdcloud_agent.network import SETTINGS, check
 
 from .. import config
 from ..errors import UserError
-
-# Tencent Cloud regions in mainland China (Tencent's "Regions and Availability Zones" list, as COS
-# names them: Guangzhou, Shanghai, Nanjing, Beijing, Chengdu, Chongqing and the finance zones of
-# Shanghai, Shenzhen and Beijing; the catalog's ap-guangzhou, ap-shanghai and ap-beijing rows). Hong Kong, Taipei and every region outside China are not in it.
-MAINLAND_REGIONS = frozenset({
-    "ap-guangzhou", "ap-shanghai", "ap-nanjing", "ap-beijing", "ap-chengdu", "ap-chongqing",
-    "ap-shanghai-fsi", "ap-shenzhen-fsi", "ap-beijing-fsi",
-})
-
-# The mainland profile. Each is a default, overridable as above:
-# - pip_index_url: Tencent Cloud's own PyPI mirror (mirrors.cloud.tencent.com, its mirror site's
-#   PyPI help page); over https it works from any network. Inside a Tencent VPC the same mirror is
-#   also served as http://mirrors.tencentyun.com/pypi/simple (no public traffic; pip is then told
-#   to trust the plain-http host);
-# - hf_endpoint: hf-mirror.com, a community mirror of the Hugging Face hub that speaks the hub's
-#   HTTP API (huggingface_hub reads HF_ENDPOINT); not run by Tencent nor by Hugging Face;
-# - trainer_sources: "bucket": kohya's sd-scripts and the diffusers examples travel through the
-#   run's bucket, put there by the control plane (sdcloud/runs/carry.py), never fetched from GitHub
-#   by the host.
-# torch's CUDA wheels keep download.pytorch.org (no mirror of its per-CUDA indexes was verified);
-# the environment they are part of is cached in the bucket after the first boot.
-MAINLAND = {
-    "pip_index_url": "https://mirrors.cloud.tencent.com/pypi/simple",
-    "hf_endpoint": "https://hf-mirror.com",
-    "trainer_sources": "bucket",
-}
+from ..providers.traits import names, traits
 
 
 def profile(provider: str | None, region: str | None) -> tuple[str, dict[str, str]]:
     """(name, defaults) of the network a host in `region` of `provider` is in."""
-    if provider == "tencent" and region in MAINLAND_REGIONS:
-        return "mainland", dict(MAINLAND)
+    if provider in names():
+        for net in traits(provider).network_profiles:
+            if region in net.regions:
+                return net.name, dict(net.defaults)
     return "global", {}
 
 

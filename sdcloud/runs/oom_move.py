@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..events import Kind
 from ..fleet.candidates import attempt_zone_key, vram_of, with_more_vram
+from .owner import RunOwner
 
 OOM_CAUSE = "out-of-memory"
 
@@ -20,31 +22,29 @@ def is_out_of_memory(status: dict | None) -> bool:
     return bool(status and status.get("phase") == "failed" and status.get("failure_cause") == OOM_CAUSE)
 
 
-def oom_events(controller: Any, attempt: int, status: dict | None) -> None:
+def oom_events(controller: RunOwner, attempt: int, status: dict | None) -> None:
     """One `oom-retry` event per rung the agent climbed (status.json `oom_events`), each once."""
-    seen = getattr(controller, "_oom_seen", None)
-    if seen is None:
-        seen = controller._oom_seen = set()
+    seen = controller.memo.oom_seen
     for ev in (status or {}).get("oom_events") or []:
         key = (attempt, ev.get("n"))
         if key not in seen:
             seen.add(key)
-            controller.event("oom-retry", {"attempt": attempt, **{k: ev.get(k) for k in
-                                                                  ("n", "rung", "change", "peak_gb", "resume_step")}})
+            controller.event(Kind.OOM_RETRY, {"attempt": attempt, **{k: ev.get(k) for k in
+                                                                     ("n", "rung", "change", "peak_gb", "resume_step")}})
 
 
-def on_out_of_memory(ctrl: Any, cur: Any, status: dict) -> None:
+def on_out_of_memory(ctrl: RunOwner, cur: Any, status: dict) -> None:
     key = attempt_zone_key(cur.provider, cur.region, cur.zone, cur.instance_type)
     have = vram_of(ctrl.fleet.candidates, key)
     oom_events(ctrl, cur.n, status)
-    ctrl._end_attempt(cur, OOM_CAUSE)
+    ctrl.end_attempt(cur, OOM_CAUSE)
     ctrl.fleet.cool_down(key, OOM_CAUSE)
     bigger = with_more_vram(ctrl.fleet.candidates, have) if have is not None else []
-    ctrl.event("out-of-memory", {"attempt": cur.n, "offer": key, "vram_mib": have,
-                                 "rungs": [e.get("rung") for e in status.get("oom_events") or []],
-                                 "next": [f"{o.row.instance_type} ({o.row.usable_vram_mib} MiB)" for o in bigger][:4]})
+    ctrl.event(Kind.OUT_OF_MEMORY, {"attempt": cur.n, "offer": key, "vram_mib": have,
+                                    "rungs": [e.get("rung") for e in status.get("oom_events") or []],
+                                    "next": [f"{o.row.instance_type} ({o.row.usable_vram_mib} MiB)" for o in bigger][:4]})
     if not bigger:
-        ctrl._end_run("failed", f"out of GPU memory on {cur.instance_type} with every rung of the memory ladder, "
+        ctrl.end_run("failed", f"out of GPU memory on {cur.instance_type} with every rung of the memory ladder, "
                                 "and no candidate offer has more VRAM; pick a tier with a bigger GPU")
         return
     ctrl.fleet.candidates = bigger

@@ -18,10 +18,10 @@ from urllib.parse import urlparse
 
 from ..errors import UserError
 from ..offers.tiers import Tier
+from ..providers.traits import is_cloud, names, traits
 
 # S3 bucket names: 3-63 lowercase letters, digits, dots and hyphens (COS: name-appid, the same set).
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-CLOUDS = ("aws", "tencent")
 
 
 # -- the store -----------------------------------------------------------------------------------
@@ -42,12 +42,12 @@ def check_store_url(url: str, provider: str = "local", flag: str = "--store") ->
         if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
             raise UserError(f"{flag} {text}: a file URL needs an absolute path, e.g. file:///srv/sdcloud "
                             "(file://x/y names the folder x/y relative to wherever the host runs)")
-        if provider in CLOUDS:
+        if provider in names(where=is_cloud):
             raise UserError(f"{flag} {text}: a {provider} host cannot reach a folder on this machine; "
-                            "use s3://BUCKET/PREFIX" + (" or cos://BUCKET/PREFIX" if provider == "tencent" else ""))
+                            "use s3://BUCKET/PREFIX" + (" or cos://BUCKET/PREFIX" if "cos" in traits(provider).stores else ""))
         return text
     if parsed.scheme == "" and text:
-        if provider in CLOUDS:
+        if provider in names(where=is_cloud):
             raise UserError(f"{flag} {text}: a {provider} host cannot reach a folder on this machine; "
                             "use s3://BUCKET/PREFIX")
         return Path(text).expanduser().resolve().as_uri()
@@ -155,9 +155,9 @@ def check_trainer_flags(spec: Any, tier: Tier, total_steps: int) -> None:
 
 def _step_seconds(spec: Any) -> float | None:
     """The builtin trainer's pace on the local provider's tiny model (runs/training.py), or None."""
-    from .training import DEMO_STEP_SECONDS
+    from .training import DEMO_STEP_SECONDS, on_this_machine
 
-    if spec.trainer != "builtin" or spec.provider != "local" or not str(spec.model).startswith("tiny"):
+    if spec.trainer != "builtin" or not on_this_machine(spec.provider) or not str(spec.model).startswith("tiny"):
         return None
     args = spec.trainer_args
     given = None
@@ -184,7 +184,7 @@ def _hours(h: float) -> str:
 
 def check_own_hosts(spec: Any, tier: Tier, total_steps: int, offers: list) -> None:
     """Local and SSH providers: their offers are this machine or the hosts file, priced by the user."""
-    if spec.provider in CLOUDS or not offers:
+    if spec.provider in names(where=is_cloud) or not offers:
         return
     if spec.budget is not None:
         from ..fleet.lifecycle import Timing
@@ -193,7 +193,7 @@ def check_own_hosts(spec: Any, tier: Tier, total_steps: int, offers: list) -> No
         cheapest = min(offers, key=lambda o: o.price_per_hour_usd)
         price = cheapest.price_per_hour_usd
         # The controller stops once less than two polls' worth of the host's price is left
-        # (controller.budget_spent): a budget under that stops the run on its first look.
+        # (budget_watch.budget_spent): a budget under that stops the run on its first look.
         floor = price * 2 * poll / 3600
         if price > 0 and spec.budget < floor:
             import math

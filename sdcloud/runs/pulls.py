@@ -1,7 +1,7 @@
 """Where a run's or a batch job's files may be pulled: a new or empty folder, or one that an earlier
 pull of the same run or job filled; anything else only with --force.
 
-The earlier pulls are events in the state store (kind "pulled", with the folder's absolute path), not
+The earlier pulls are events in the state store (kind `Kind.PULLED`, with the folder's absolute path), not
 a marker file in the folder, so that the folder holds the run's files and nothing else.
 """
 
@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import events
 from ..errors import UserError
+from ..events import Kind
 
-PULLED = "pulled"
+PULLED = Kind.PULLED
 
 
 def _pulled_into(state, run_id: str) -> set[str]:
-    return {str(ev["data"].get("dir")) for ev in state.events(run_id) if ev["kind"] == PULLED}
+    return {str(ev["data"].get("dir")) for ev in state.events(run_id) if events.parse(ev["kind"]) is Kind.PULLED}
 
 
 def check_destination(state, run_id: str, dest: Path, force: bool, what: str) -> None:
@@ -37,4 +39,4 @@ def record(state, run_id: str, dest: Path) -> None:
     """Remember the folder, so that the next pull of the same run may refresh it."""
     path = str(dest.resolve())
     if path not in _pulled_into(state, run_id):
-        state.event(run_id, PULLED, {"dir": path})
+        state.event(run_id, Kind.PULLED, {"dir": path})

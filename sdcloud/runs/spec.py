@@ -108,6 +108,16 @@ def _positive(value, what: str, integer: bool = False):
     return number
 
 
+def _simulates_reclaim(provider: str) -> bool:
+    """Whether the provider can announce a reclaim on its own host (capabilities.SimulatesReclaim)."""
+    import importlib
+
+    from ..providers.capabilities import SimulatesReclaim
+    from ..providers.traits import traits
+
+    return issubclass(importlib.import_module(traits(provider).adapter).PROVIDER_CLASS, SimulatesReclaim)
+
+
 def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
     """Flags (non-None values in `overrides`) override the run file; the result is validated."""
     data = load_runfile(runfile) if runfile else {}
@@ -135,7 +145,7 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
         data["self_end_grace"] = parse_seconds(data["self_end_grace"], "--self-end-grace")
     if data.get("simulate_preemption") is not None:
         data["simulate_preemption"] = _positive(data["simulate_preemption"], "--simulate-preemption")
-        if data.get("provider", "local") != "local":
+        if not _simulates_reclaim(data.get("provider", "local")):
             raise UserError("--simulate-preemption works with the local provider only")
     if data.get("name") is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", str(data["name"])):
         raise UserError(f"--name must be letters, digits, '.', '_' or '-' (at most 63), got {data['name']!r}")

@@ -14,9 +14,10 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from .. import config
+from ..events import parse as parse_kind
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -132,6 +133,16 @@ FINAL_RUN_STATES = ("succeeded", "failed", "stopped", "cancelled")
 # The runs table is one honest union of two kinds: training runs and batch jobs (spec "kind": "batch").
 # Every command that lists or acts on rows asks this, never RunSpec(**spec) on a row of unknown kind.
 TRAIN, BATCH = "train", "batch"
+
+
+# The run row's fields a snapshot carries (controller_pid is this machine's own business).
+SNAPSHOT_RUN_FIELDS = ("id", "name", "tier", "state", "spec", "step", "total_steps", "reason", "created", "updated")
+
+
+def _insert(db: sqlite3.Connection, table: str, row: dict[str, Any]) -> None:
+    """One row by its column names (the table's column order is not the snapshot's business)."""
+    cols = list(row)
+    db.execute(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", [row[c] for c in cols])
 
 
 def run_kind(run: dict) -> str:
@@ -325,6 +336,50 @@ class StateStore:
 
     def billed(self, run_id: str) -> list[dict]:
         return [dict(r) for r in self._db.execute("SELECT * FROM billed WHERE run_id = ? ORDER BY provider", (run_id,))]
+
+    # a run's rows as plain JSON: runs/journal.py copies them to the run's bucket and back
+    def export_run(self, run_id: str) -> dict[str, Any]:
+        """The run's row, its attempts and everything priced about it (no events: the journal writes
+        those as they come). KeyError when there is no such run."""
+        run = self.get_run(run_id)
+        if run is None:
+            raise KeyError(run_id)
+        return {
+            "run": {k: run[k] for k in SNAPSHOT_RUN_FIELDS},
+            "attempts": [a.__dict__ for a in self.attempts(run["id"])],
+            "attempt_costs": list(self.attempt_costs(run["id"]).values()),
+            "ledger": self.ledger(run["id"]),
+        }
+
+    def import_run(self, snap: dict[str, Any], events: Iterable[dict] = ()) -> None:
+        """Replace the run's rows with `snap` (export_run's form) and add the `events` (time, kind, data)
+        not already here: an event of the same time and kind is the same event."""
+        run = snap["run"]
+        rid = run["id"]
+        with self.tx() as db:
+            db.execute("DELETE FROM runs WHERE id = ?", (rid,))
+            # Restored now: `updated` is this machine's (the journal leaves it out, it changes on every write).
+            _insert(db, "runs", {**{k: run[k] for k in SNAPSHOT_RUN_FIELDS if k != "updated"},
+                                 "spec": json.dumps(run["spec"]), "updated": time.time()})
+            db.execute("DELETE FROM attempts WHERE run_id = ?", (rid,))
+            for a in snap["attempts"]:
+                _insert(db, "attempts", a)
+            db.execute("DELETE FROM attempt_costs WHERE run_id = ?", (rid,))
+            for c in snap["attempt_costs"]:
+                _insert(db, "attempt_costs", c)
+            db.execute("DELETE FROM ledger WHERE run_id = ?", (rid,))
+            for it in snap["ledger"]:
+                _insert(db, "ledger", {"run_id": rid, **{k: it[k] for k in ("n", "item", "amount", "currency", "usd",
+                                                                             "source")},
+                                       "detail": json.dumps(it.get("detail") or {}, default=str)})
+            have = {(round(r[0], 6), str(parse_kind(r[1]))) for r in
+                    db.execute("SELECT time, kind FROM events WHERE run_id = ?", (rid,)).fetchall()}
+            for e in events:
+                key = (round(e["time"], 6), str(parse_kind(e["kind"])))
+                if key in have:
+                    continue
+                _insert(db, "events", {"run_id": rid, "time": e["time"], "kind": str(e["kind"]),
+                                       "data": json.dumps(e["data"], default=str)})
 
     # infra outputs cache
     def save_infra(self, provider: str, region: str, outputs: dict) -> None:

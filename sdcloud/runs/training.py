@@ -1,7 +1,7 @@
 """What a run trains and with which flags, settled before launch.
 
-- the base model: ``--model`` or the tier's default (``tiny`` on the local and ssh providers, the
-  tier's ``base_model`` on paid ones); its family is checked against the tier's;
+- the base model: ``--model`` or the tier's default (``tiny`` on this machine and the user's boxes,
+  the tier's ``base_model`` on a cloud, which bills for it); its family is checked against the tier's;
 - the trainer flags: the tier's defaults for the trainer (resolution, batch size, memory-saving
   flags), under what the user passed (``--trainer-arg KEY=VALUE``, ``trainer_args`` in a run file);
 - the flags each external trainer's scripts require, refused before anything launches.
@@ -13,8 +13,8 @@ from typing import Any
 
 from ..errors import UserError
 from ..offers.tiers import Tier
+from ..providers.traits import Hosts, is_cloud, names
 
-PAID_PROVIDERS = ("aws", "tencent")
 # The local provider paces the tiny model to one step a second so that a reclaim lands mid-run.
 DEMO_STEP_SECONDS = 1.0
 
@@ -22,16 +22,22 @@ DEMO_STEP_SECONDS = 1.0
 def resolve_model(model: str | None, provider: str, tier: Tier) -> str:
     """The model to train. ``tiny`` (a random test model) costs money on a paid provider without
     teaching anything: there only its full name (``tiny-sd15`` ...) asks for it."""
+    paid = provider in names(where=is_cloud)
     if model is None:
-        if provider in PAID_PROVIDERS:
+        if paid:
             if not tier.base_model:
                 raise UserError(f"tier {tier.name} names no base model: pass --model")
             return tier.base_model
         return "tiny"
-    if model == "tiny" and provider in PAID_PROVIDERS:
+    if model == "tiny" and paid:
         raise UserError(f"--model tiny is a random test model; on {provider} ask for it by its full name "
                         f"(--model tiny-{tier.family}) or train a real one (default: {tier.base_model})")
     return model
+
+
+def on_this_machine(provider: str) -> bool:
+    """Hosts that are this computer (the local provider): the tiny model is paced there."""
+    return provider in names(where=lambda t: t.hosts is Hosts.THIS_MACHINE)
 
 
 def accepted_families(tier: Tier) -> tuple[str, ...]:
@@ -141,7 +147,7 @@ def trainer_args_for(spec: Any, tier: Tier) -> Any:
     if spec.trainer in ("kohya", "diffusers") and not user:
         user = {}  # their adapters read flags from a mapping
     defaults = tier_defaults(spec.trainer, tier)
-    if spec.trainer == "builtin" and spec.provider == "local" and str(spec.model).startswith("tiny"):
+    if spec.trainer == "builtin" and on_this_machine(spec.provider) and str(spec.model).startswith("tiny"):
         defaults["min-step-seconds"] = DEMO_STEP_SECONDS
     if spec.trainer == "builtin" and str(spec.model).startswith("tiny"):
         defaults.pop("resolution", None)  # the tiny models train at 32 px whatever the tier

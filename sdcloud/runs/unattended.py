@@ -27,14 +27,23 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-# Stop taking steps this long before the function's time runs out: a step's launch or terminate
-# call, the journal's writes and the lease's renewal must fit after the last one started.
-SAFETY_SECONDS = 30.0
+from ..events import Kind
+from ..providers.traits import every
+
 DEFAULT_INVOCATION_SECONDS = 60.0
 # At most this long driving per invocation (SDCLOUD_DRIVER_SECONDS overrides): a host saves on its
 # own at a reclaim notice, so a step every schedule tick (5 minutes) loses no work, and a short
 # invocation keeps a month of a live run inside the functions' free tiers (docs/runs.md).
 DRIVE_SECONDS = 60.0
+
+
+def safety_seconds(driver: str) -> float:
+    """Stop taking steps this long before the function's time runs out: a step's launch or terminate
+    call, the journal's writes and the lease's renewal must fit after the last one started. The
+    function's own margin (its provider's traits); the widest of them for a driver that is none."""
+    functions = [t.function for t in every() if t.function is not None]
+    own = [f.safety_seconds for f in functions if f.name == driver]
+    return own[0] if own else max(f.safety_seconds for f in functions)
 
 
 def _driver_name(event: dict) -> str:
@@ -89,10 +98,11 @@ def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
     report: dict = {"driver": driver, "runs": {}}
     started = time.monotonic()
     spend = float(os.environ.get("SDCLOUD_DRIVER_SECONDS", DRIVE_SECONDS))
+    safety = safety_seconds(driver)
 
     def room() -> float:
         """Seconds left for steps: within the platform's limit less the safety, and this driver's own cap."""
-        return min(time_left() - SAFETY_SECONDS, spend - (time.monotonic() - started))
+        return min(time_left() - safety, spend - (time.monotonic() - started))
 
     driving = []
     for run_id in live_runs(store):
@@ -105,7 +115,7 @@ def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
             holder = (ctl.lease.holder() or {}).get("worker")
             report["runs"][run_id] = {"skipped": f"driven by {holder}"}
             continue
-        ctl.event("driver-took-over", {"driver": driver})
+        ctl.event(Kind.DRIVER_TOOK_OVER, {"driver": driver})
         ctl.reconcile()
         driving.append(ctl)
         report["runs"][run_id] = {"steps": 0}

@@ -121,7 +121,13 @@ def _on_demand(obs: Observation) -> Action:
 def spot_gone(obs: Observation) -> bool:
     """Nothing runs, a deadline stands, and spot refused the last SPOT_REFUSALS launches in a row:
     spot is not coming back soon enough to wait for, so the next launch is on-demand."""
-    return obs.market is None and obs.has_deadline and obs.spot_refusals >= SPOT_REFUSALS
+    return obs.market is None and spot_gone_after(obs.spot_refusals, obs.has_deadline)
+
+
+def spot_gone_after(refusals: int, has_deadline: bool) -> bool:
+    """Whether `refusals` spot launches refused in a row send the next launch on-demand (the
+    controller asks it to say so after a refusal)."""
+    return has_deadline and refusals >= SPOT_REFUSALS
 
 
 # The answer when spot is gone: on-demand in the first zone offered (the caller's first candidate).

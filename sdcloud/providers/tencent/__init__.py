@@ -2,6 +2,7 @@
 (compute.py), the bill (billing.py), COS through its S3 endpoint (storage.py)."""
 
 from ..traits import Billing, CloudFunction, Hosts, HostTraits, ProviderTraits, Timing
+from .network import PROFILES
 
 TRAITS = ProviderTraits(
     name="tencent",
@@ -24,4 +25,8 @@ TRAITS = ProviderTraits(
         schedule_seconds=300,
     ),
     config_sections=("tencent",),
+    # The per-run user-data replaces the stack's template, driver install included (the stack's default series).
+    host_driver="535-server",
+    network_profiles=PROFILES,  # mainland China's mirrors (network.py)
+    run_store="sdcloud.providers.tencent.run_store",  # COS: the host signs with its CVM role
 )

@@ -1,0 +1,83 @@
+"""What a run's host is launched with: the agent config (with the dataset and the base model as the
+host can read them, and how it ends itself), the cloud's user-data, the host's environment.
+
+A part of the Controller (runs/controller.py), kept here so that the controller holds the run's
+steps and this module what one launch carries.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from ..events import Kind
+from ..providers.base import LaunchSpec
+from ..providers.traits import Hosts, traits
+from . import hostboot
+from .agent_config import agent_config, self_end_config
+from .owner import Memo
+from .spec import RunSpec
+from .state import StateStore
+
+
+class LaunchInputs:
+    """The Controller's launch side (a mixin: it reads the controller's run, store and memo)."""
+
+    run_id: str
+    spec: RunSpec
+    state: StateStore
+    store: Any
+    store_conf: dict
+    total_steps: int
+    memo: Memo
+    timing: Any
+    _infra: dict
+    event: Callable[[Kind, dict | None], None]
+    cost_so_far: Callable[[], float]
+    _job_hours: Callable[[], float]
+
+    def dataset_for_host(self) -> str | None:
+        """The dataset as the host sees it: a local folder is uploaded once to the run's bucket."""
+        from .datasets import upload_dataset
+
+        ds = self.spec.dataset
+        if not ds or "://" in ds or traits(self.spec.provider).hosts is Hosts.THIS_MACHINE:
+            return ds  # a URL, or a host on this machine that reads the folder in place
+        if not self.memo.dataset_url:
+            self.memo.dataset_url = upload_dataset(self.store, self.store_conf["url"], self.run_id, ds, self.event)
+        return self.memo.dataset_url
+
+    def model_for_host(self) -> str | None:
+        """The base model as the host sees it: a local file or folder is put once in the bucket's
+        cache/models/ by its content (sdcloud.runs.models); the host gets its cache reference."""
+        from .models import is_local_model, upload_model
+
+        if not is_local_model(self.spec.model, self.spec.provider):
+            return self.spec.model
+        if not self.memo.model_ref:
+            self.memo.model_ref = upload_model(self.store, self.spec.model, self.event)
+        return self.memo.model_ref
+
+    def launch_spec(self, n: int) -> LaunchSpec:
+        """What attempt `n`'s host is launched with: its agent config, user-data and environment."""
+        agent = agent_config(self.spec, self.run_id, n, self.total_steps, self.store_conf)
+        agent["dataset"] = self.dataset_for_host()
+        agent["model"] = self.model_for_host()
+        agent["self_end"] = self.self_end_config()
+        user_data = ""
+        if traits(self.spec.provider).is_cloud:
+            user_data = hostboot.cloud_user_data(self.spec.provider, self.store, agent, self._infra)
+        env = {}
+        if traits(self.spec.provider).hosts is Hosts.THIS_MACHINE:
+            # Credentials for an S3 store reach a local host through its environment, never a file.
+            env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "TENCENTCLOUD_"))}
+        self.memo.launched_spec = LaunchSpec(run_id=self.run_id, attempt=n, user_data=user_data, agent_config=agent,
+                                             infra=self._infra, env=env)
+        return self.memo.launched_spec
+
+    def self_end_config(self) -> dict:
+        """How the host ends itself (agent_config.self_end_config), priced by the offer being launched."""
+        offer = self.memo.launch_offer
+        return self_end_config(self.spec, self.state.get_run(self.run_id)["created"],
+                               offer.price_per_hour_usd if offer is not None else None, self.cost_so_far,
+                               self.timing.poll_seconds, self._job_hours())

@@ -1,0 +1,74 @@
+"""What the controller's helpers may ask of the driver they serve: the owner contract.
+
+`hostboot`, `oom_move`, `health_view` and `agent_reports` act for a run's driver (the training
+run's `Controller`, a batch job's `BatchController`): they record events, end an attempt or the
+run, and remember what they saw between steps. They do it through `RunOwner`, never through the
+driver's private members, and what they remember lives in the driver's `Memo`, the one place that
+lists it, instead of attributes set on the driver from outside.
+
+Nothing in a `Memo` is written to the state store: a driver that starts again (another process,
+the cloud driver's next invocation) learns each again, at the cost noted beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..events import Kind
+
+if TYPE_CHECKING:
+    from ..fleet.lifecycle import Fleet, Timing
+    from ..offers.optimizer import Offer
+    from ..providers.base import LaunchSpec
+    from .state import Attempt, StateStore
+
+
+@dataclass
+class Memo:
+    """What a driver learned while it drives, kept for its later steps."""
+
+    # The local dataset's folder in the bucket (a new driver lists the bucket and sends what is missing).
+    dataset_url: str | None = None
+    # The local base model's cache reference in the bucket (a new driver hashes the model again).
+    model_ref: str | None = None
+    # The offer being launched: its price bounds the host's lifetime cap (the agent config's self_end).
+    launch_offer: Offer | None = None
+    # What the latest launch carried (its root volume is priced in the cost ledger).
+    launched_spec: LaunchSpec | None = None
+    # The budget shares already warned about; None until read back from the run's events.
+    budget_warned: set[int] | None = None
+    # Attempts whose training was first seen (a resume is announced once per attempt).
+    seen_attempts: set[int] = field(default_factory=set)
+    # (attempt, rung) of the out-of-memory retries already recorded (runs/oom_move.py).
+    oom_seen: set[tuple[int, Any]] = field(default_factory=set)
+    # (attempt, verdict, time) of the last health event (runs/health_view.py).
+    health_last: tuple[int, str, float] | None = None
+    # The agent's last pruning error (runs/agent_reports.py): each new one is one event.
+    prune_error: str | None = None
+    # Since when the store has been unreachable, and when that was last said (runs/hostboot.py).
+    store_down_since: float | None = None
+    store_noted: float = 0.0
+
+
+class RunOwner(Protocol):
+    """A run's (or a batch job's) driver, as its helpers see it."""
+
+    state: StateStore
+    spec: Any  # a training run's RunSpec; a batch job's spec dict
+    memo: Memo
+    fleet: Fleet
+    timing: Timing
+
+    @property
+    def run_id(self) -> str: ...
+
+    def event(self, kind: Kind, data: dict | None = None) -> None: ...
+
+    def attempts(self) -> list[Attempt]: ...
+
+    def end_attempt(self, cur: Attempt, reason: str) -> None:
+        """End the host of attempt `cur` for `reason` (and price it, for a training run)."""
+
+    def end_run(self, state: str, reason: str | None) -> None:
+        """End the run (or job) in `state` with one line of `reason`."""
