@@ -37,8 +37,18 @@ def pytest_collection_modifyitems(config, items) -> None:
             continue
         info = getattr(item, "_fixtureinfo", None)
         defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d[-1].scope == "module" for d in defs if d):
+        if any(d[-1].scope in ("module", "class") for d in defs if d):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if hasattr(item, "module") else item.path.stem))
+    if hasattr(config, "workerinput"):
+        # Longest first: tests marked slow (and any group holding one) go out to the workers before
+        # the quick ones, which then fill the gaps, instead of a long test starting last and running
+        # alone at the end. Every worker collects, and sorts, the same way.
+        def group(item):
+            mark = item.get_closest_marker("xdist_group")
+            return (mark.args[0] if mark.args else mark.kwargs.get("name")) if mark else item.nodeid
+
+        slow_groups = {group(item) for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: group(item) not in slow_groups)
 
 
 @pytest.fixture(autouse=True)
