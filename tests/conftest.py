@@ -83,18 +83,10 @@ def clock(monkeypatch) -> Clock:
     """Freeze sdcloud's calendar clock, so that an age or a date in a test never depends on the hour
     the suite runs at. Starts at 2026-12-01 12:00 UTC; `clock.set("2026-12-01T23:59:00+00:00")` moves it.
 
-    To check that the suite passes at any hour, run it with every process's clock moved to 23:59 UTC
-    today (libfaketime; the clock keeps running, so the run crosses midnight):
-
-        OFF=$(( $(date -u -d "$(date -u +%F) 23:59:00" +%s) - $(date +%s) ))
-        LD_PRELOAD=/path/to/libfaketime.so.1 FAKETIME="+${OFF}s" FAKETIME_DONT_FAKE_MONOTONIC=1 TZ=UTC \
-            python -m pytest -q -m "not slow"
-
-    Use libfaketime 0.9.12 or later (the copy inside the PyPI package `libfaketime` 3.0.1 is one:
-    libfaketime/vendor/libfaketime/src/libfaketime.so.1): with 0.9.10 (Debian 12's `faketime`)
-    Python's timed waits hang and time.sleep fails with EINVAL. An offset ("+Ns"), not a start time
-    ("@..."), keeps the test's child processes on the same clock as the test. Tests that need the
-    SeaweedFS server are skipped then (see `seaweed`).
+    To check that the whole suite passes at any hour, run it with every process's clock moved to
+    23:59 UTC today (libfaketime; the clock keeps running, so the run crosses midnight): see
+    docs/testing.md. SeaweedFS, which libfaketime cannot move, is then reached through
+    tests/clock_front.py (see `seaweed`).
     """
     from sdcloud import clock as sdclock
 
@@ -105,11 +97,10 @@ def clock(monkeypatch) -> Clock:
 
 @pytest.fixture(scope="session")
 def seaweed() -> SeaweedS3:
-    """One real S3 server (SeaweedFS `weed mini`) for the session; tests use their own buckets."""
-    if os.environ.get("FAKETIME"):
-        # weed is a Go binary: libfaketime cannot move its clock, and it refuses requests signed
-        # more than 15 minutes away from its own time (RequestTimeTooSkewed).
-        pytest.skip("SeaweedFS cannot follow a clock moved by libfaketime")
+    """One real S3 server (SeaweedFS `weed mini`) per session (per worker under pytest-xdist); tests
+    use their own buckets. Under a clock moved by libfaketime (FAKETIME set), which cannot move weed's
+    (a Go program), the server is reached through tests/clock_front.py, which signs each request
+    again at weed's time: weed refuses requests signed 15 minutes or more from its own time."""
     server = SeaweedS3().start()
     yield server
     server.stop()
