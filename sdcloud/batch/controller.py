@@ -26,8 +26,9 @@ from ..fleet.lifecycle import Fleet, Progress, Timing
 from ..offers.optimizer import job_hours
 from ..offers.tiers import get_tier
 from ..providers.base import LaunchSpec
-from ..providers.traits import Hosts, traits
+from ..providers.traits import Hosts, ProviderTraits, traits
 from ..runs import hostboot
+from ..runs.owner import Memo
 from ..runs.state import FINAL_RUN_STATES
 from ..spot.policy import get_policy
 
@@ -45,8 +46,7 @@ class BatchController:
         self.job_id, self.spec = job["id"], job["spec"]
         self.tier = get_tier(self.spec["tier"])
         self.provider_name = self.spec["provider"]
-        # A cloud's hosts boot from our user-data and report their boot phases to the bucket.
-        self.provider_traits = traits(self.provider_name)
+        self.memo = Memo()
         self.provider = provider or get_provider(self.provider_name)
         self.store = open_run_store(self.spec["store"])
         self._infra = state.infra(self.provider_name, self.spec.get("region") or "") or {}
@@ -61,6 +61,11 @@ class BatchController:
         self.fleet = Fleet(self.job_id, self.provider, self.provider_name, state, offers, get_policy("sdcloud"),
                            self.event, self.timing, spec_market=None if market == "spot" else market,
                            max_price=self.spec.get("max_price"))
+
+    @property
+    def provider_traits(self) -> ProviderTraits:
+        """A cloud's hosts boot from our user-data and report their boot phases to the bucket."""
+        return traits(self.provider_name)
 
     def event(self, kind: Kind, data: dict | None = None) -> None:
         data = data or {}
@@ -103,7 +108,7 @@ class BatchController:
                         done_hours=c * done / max(1, int(self.spec["items"])), job_hours=c,
                         deadline_hours=self.spec.get("deadline_hours"))
 
-    # -- what hostboot asks of its controller (the same names as sdcloud.runs.controller's) ----------
+    # -- what hostboot asks of its driver (sdcloud.runs.owner.RunOwner) -------------------------------
 
     @property
     def run_id(self) -> str:
@@ -112,10 +117,10 @@ class BatchController:
     def attempts(self) -> list:
         return self.fleet.attempts()
 
-    def _end_attempt(self, cur: Any, reason: str) -> None:
+    def end_attempt(self, cur: Any, reason: str) -> None:
         self.fleet.end(cur, reason)
 
-    def _end_run(self, state: str, reason: str | None) -> None:
+    def end_run(self, state: str, reason: str | None) -> None:
         """The job ends (N failed boots in a row): step() then stops every host."""
         self.state.update_run(self.job_id, state=state, reason=reason)
         self.event(batch_ended(state), {"reason": reason} if reason else {})
