@@ -69,7 +69,7 @@ def end_hosts(job_id: str, wait_s: float | None = None) -> int:
     still open here (local worker processes, cloud instances through the fleet). Returns how many."""
     import signal
 
-    from ..runs.controller import controller_alive
+    from ..runs.background import controller_alive
 
     state = state_store()
     row = state.get_run(job_id)

@@ -17,7 +17,7 @@ from .common import complete_runs, find_run, state_store
 @click.option("--json", "as_json", is_flag=True)
 def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
     """Stop a run (or all runs): the host saves a checkpoint and every instance is terminated."""
-    from ..runs.controller import ACTIVE_RUN_STATES
+    from ..runs.state import ACTIVE_RUN_STATES
     from ..runs.state import BATCH, run_kind
     from ..runs.stop import stop_run
 

@@ -112,7 +112,7 @@ def _local_path(value: str | None) -> str | None:
 
 
 def _run_ended(state, run_id: str, as_json: bool, interrupted: bool = False) -> None:
-    from ..runs.controller import summary
+    from ..runs.summary import summary
     from .status import render_summary
 
     summ = summary(state, run_id)
@@ -139,7 +139,8 @@ def _run_ended(state, run_id: str, as_json: bool, interrupted: bool = False) -> 
 def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = False) -> None:
     """Drive a run to its end here (or in the background with --detach), then report it."""
     from ..providers.capabilities import Closable
-    from ..runs.controller import Controller, detach as detach_run
+    from ..runs.background import detach as detach_run
+    from ..runs.controller import Controller
     from ..runs.progress_view import ProgressView
     from ..runs.stop import stop_here
 
@@ -214,7 +215,8 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
     """Run a training job: pick the offer, launch, survive reclaims, report the cost."""
     opts = UpOptions(market=market_of(spot, on_demand), **flags)
     from .. import config
-    from ..runs.controller import ACTIVE_RUN_STATES, controller_alive
+    from ..runs.background import controller_alive
+    from ..runs.state import ACTIVE_RUN_STATES
 
     fields = opts.spec_fields()
     state = state_store()
@@ -307,7 +309,7 @@ def _hand_over(state, run_id: str, as_json: bool) -> None:
 
 def _resume(state, run: dict, fields: dict, runfile, detach: bool, as_json: bool) -> None:
     """Continue a stopped or failed run under its own id; the flags given override its stored spec where safe."""
-    from ..runs.controller import prepare_resume
+    from ..runs.resume import prepare_resume
     from ..runs.spec import build_spec, load_runfile
 
     given = dict(load_runfile(_local_path(runfile))) if runfile else {}
@@ -333,7 +335,7 @@ def _resume(state, run: dict, fields: dict, runfile, detach: bool, as_json: bool
 def resume(run: str, budget: float | None, deadline: str | None, max_price: float | None, spot: bool | None,
            on_demand: bool | None, steps: str | None, detach: bool, as_json: bool) -> None:
     """Continue a stopped or failed run from its durable checkpoint, under its own run id."""
-    from ..runs.controller import ACTIVE_RUN_STATES
+    from ..runs.state import ACTIVE_RUN_STATES
     from ..runs.state import BATCH, run_kind
 
     state = state_store()
@@ -345,7 +347,7 @@ def resume(run: str, budget: float | None, deadline: str | None, max_price: floa
     fields = {"budget": budget, "deadline_hours": deadline, "max_price": max_price,
               "market": market_of(spot, on_demand), "steps": steps}
     if found["state"] in ACTIVE_RUN_STATES:
-        from ..runs.controller import controller_alive
+        from ..runs.background import controller_alive
 
         if controller_alive(found):
             raise UserError(f"run {found['id']} is running; follow it with: sdcloud watch {found['id']}")
@@ -358,7 +360,8 @@ def resume(run: str, budget: float | None, deadline: str | None, max_price: floa
 def _resume_batch(state, job: dict, detach: bool) -> None:
     """A batch job whose driver is gone gets one again; an ended job (cancel is final) is refused."""
     from ..batch import jobs
-    from ..runs.controller import ACTIVE_RUN_STATES, controller_alive
+    from ..runs.background import controller_alive
+    from ..runs.state import ACTIVE_RUN_STATES
 
     if job["state"] not in ACTIVE_RUN_STATES:
         raise UserError(f"batch job {job['id']} is {job['state']}: it does not run again; "

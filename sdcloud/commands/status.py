@@ -38,7 +38,8 @@ def render_summary(summ: dict) -> None:
 
 def controller_note(run: dict) -> str | None:
     """For an unfinished run that no live controller drives: what to do about it (hosts may be billing)."""
-    from ..runs.controller import ACTIVE_RUN_STATES, controller_alive
+    from ..runs.background import controller_alive
+    from ..runs.state import ACTIVE_RUN_STATES
     from ..runs.state import BATCH, run_kind
 
     if run["state"] not in ACTIVE_RUN_STATES or controller_alive(run):
@@ -60,7 +61,7 @@ def controller_note(run: dict) -> str | None:
               help="Read RUN's history from its bucket (s3://BUCKET/PREFIX, cos://..., file:///DIR): from any machine.")
 def status(run: str | None, as_json: bool, store_url: str | None) -> None:
     """Show runs and batch jobs, or one's state, progress and attempts."""
-    from ..runs.controller import summary
+    from ..runs.summary import summary
     from ..runs.state import ACTIVE_RUN_STATES
 
     state = state_store()

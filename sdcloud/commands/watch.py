@@ -21,7 +21,7 @@ from .common import (EXIT_INTERRUPTED, EXIT_NO_CONTROLLER, EXIT_NOT_SUCCEEDED, c
               help="Take the run from whichever driver holds it (the cloud driver, another machine) and drive it here.")
 def watch(run: str, interval: float, take_over: bool) -> None:
     """Follow a run's progress until it ends; exit with the run's own exit code."""
-    from ..runs.controller import summary
+    from ..runs.summary import summary
     from ..runs.progress_view import ProgressView
     from ..runs.state import FINAL_RUN_STATES, TRAIN, run_kind
     from .status import controller_note, render_summary

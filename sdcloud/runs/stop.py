@@ -18,13 +18,15 @@ CONTROLLER_STOP_SECONDS = 120.0
 
 def stop_here(ctl: Any, reason: str) -> None:
     """End the run from this process: the host saves, its instance is terminated, strays are swept."""
-    ctl._finish_stop(reason)
+    ctl.finish_stop(reason)
     ctl.sweep_strays()
 
 
 def stop_run(state: Any, run_id: str, reason: str = "stopped by sdcloud down") -> str:
     """Stop training run `run_id`, whoever drives it; its state afterwards."""
-    from .controller import ACTIVE_RUN_STATES, Controller, controller_alive
+    from .background import controller_alive
+    from .controller import Controller
+    from .state import ACTIVE_RUN_STATES
 
     run = state.get_run(run_id)
     if controller_alive(run):
