@@ -220,3 +220,62 @@ def test_no_module_is_over_450_lines_unless_the_architecture_says_why():
             if sum(1 for _ in path.open()) > LONG_MODULE_LINES and f"`{rel}`" not in doc:
                 long_.append(rel)
     assert not long_, f"modules over {LONG_MODULE_LINES} lines that docs/architecture.md does not explain: {long_}"
+
+
+# -- the host agent (bootstrap/sdcloud_agent) --------------------------------------------------------
+
+AGENT = ROOT / "bootstrap" / "sdcloud_agent"
+# The names the control plane gives its providers; inside the agent only clouds/ may test for one.
+CLOUD_NAMES = {"aws", "tencent", "local", "ssh"}
+METADATA_HOSTS = ("169.254.169.254", "metadata.tencentyun.com")
+AGENT_MAX_LINES = 450
+
+
+def agent_modules() -> dict[str, Path]:
+    return {module_name(p).removeprefix("bootstrap."): p for p in AGENT.rglob("*.py")}
+
+
+def agent_imports(path: Path) -> set[str]:
+    return {t.removeprefix("bootstrap.") for t in imports_of(path)}
+
+
+def test_no_import_cycles_in_the_agent():
+    mods = agent_modules()
+    graph = {m: {t for t in agent_imports(p) if t in mods and t != m
+                 and not (mods[t].name == "__init__.py" and m.startswith(t + "."))} for m, p in mods.items()}
+    # The walk sees the agent's lazy imports (models.py loads tiny.py inside a function).
+    assert "sdcloud_agent.trainers.tiny" in graph["sdcloud_agent.trainers.models"]
+    assert not _cycles(graph), f"agent module import cycles: {_cycles(graph)}"
+
+
+def _cloud_words(path: Path) -> list[str]:
+    """A metadata address, or a comparison with a cloud's name, in one agent module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and any(h in node.value for h in METADATA_HOSTS):
+            found.append(f"line {node.lineno}: metadata address {node.value!r}")
+        elif isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                elts = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                names = {e.value for e in elts if isinstance(e, ast.Constant)} & CLOUD_NAMES
+                if names:
+                    found.append(f"line {node.lineno}: compares with {sorted(names)}")
+    return found
+
+
+def test_only_the_agents_clouds_name_a_cloud_or_its_metadata():
+    bad = []
+    for path in AGENT.rglob("*.py"):
+        if "clouds" in path.relative_to(AGENT).parts:
+            continue
+        bad += [f"{path.relative_to(ROOT)}: {w}" for w in _cloud_words(path)]
+    assert not bad, "ask sdcloud_agent.clouds instead:\n" + "\n".join(bad)
+    # The check can fail: the clouds themselves hold both.
+    assert _cloud_words(AGENT / "clouds" / "aws.py") and _cloud_words(AGENT / "clouds" / "__init__.py") == []
+
+
+def test_no_agent_module_is_over_the_limit():
+    long = {str(p.relative_to(ROOT)): n for p in AGENT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > AGENT_MAX_LINES}
+    assert not long, f"split these agent modules (at most {AGENT_MAX_LINES} lines): {long}"
