@@ -43,7 +43,7 @@ _GIB = {"kib": 1 / 1024 ** 2, "mib": 1 / 1024, "gib": 1.0, "tib": 1024.0}
 # "10.92 GiB already allocated" (older); the total: "total capacity of 39.56 GiB" / "11.76 GiB total capacity".
 _IN_USE = re.compile(r"has ([\d.]+) ([KMGT]iB) memory in use|([\d.]+) ([KMGT]iB) already allocated", re.I)
 _TOTAL = re.compile(r"total capacity of ([\d.]+) ([KMGT]iB)|([\d.]+) ([KMGT]iB) total capacity", re.I)
-# The builtin trainer's own line (trainers/builtin.py) with torch's peak allocation.
+# The builtin trainer's own line (trainers/builtin/loop.py) with torch's peak allocation.
 OOM_LINE = "SDCLOUD_OOM "
 START_LINE = "SDCLOUD_START "
 
@@ -293,7 +293,7 @@ class Ladder:
                 flags["gradient-checkpointing"] = True
             if recipe.optimizer:
                 flags["optimizer"] = recipe.optimizer
-                # The checkpoint holds AdamW state: the new optimizer starts its own (builtin.py).
+                # The checkpoint holds AdamW state: the new optimizer starts its own (builtin/checkpoints.py).
                 flags["optimizer-change"] = True
             if recipe.batch_size:
                 flags["batch-size"], flags["grad-accum"] = recipe.batch_size, recipe.grad_accum

@@ -16,7 +16,7 @@ from pathlib import Path
 from .base import Context, Trainer, flag_args
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-# The trainer's on/off flags (argparse.BooleanOptionalAction in builtin.py): off is --no-<flag>.
+# The trainer's on/off flags (argparse.BooleanOptionalAction in builtin/arguments.py): off is --no-<flag>.
 NEGATABLE = ("buckets", "gradient-checkpointing")
 
 
