@@ -47,6 +47,7 @@ def test_warnings_once_each_at_50_and_80_percent():
 
 
 def test_controller_logs_each_warning_once_across_restarts():
+    from sdcloud.runs.budget_watch import budget_warnings
     from sdcloud.runs.controller import Controller
     from sdcloud.runs.state import StateStore
 
@@ -54,8 +55,8 @@ def test_controller_logs_each_warning_once_across_restarts():
     state.create_run("r-budget", "sd15-lora", {"tier": "sd15-lora", "provider": "local", "budget": 10.0}, 10)
     ctl = Controller(state, "r-budget")
     for spent in (1.0, 5.5, 6.0, 8.5, 9.0):
-        ctl._budget_warnings(spent)
+        budget_warnings(ctl, spent)
     again = Controller(state, "r-budget")  # a restarted controller does not log them again
-    again._budget_warnings(9.5)
+    budget_warnings(again, 9.5)
     warns = [e["data"] for e in state.events("r-budget") if e["kind"] == "budget-warning"]
     assert [(w["pct"], w["spent"]) for w in warns] == [(50, 5.5), (80, 8.5)]

@@ -65,11 +65,11 @@ def test_a_local_folder_is_uploaded_once_by_content_and_restored_on_a_fresh_host
 
     url, store = bucket
     ctl, events = _controller(url, str(tiny_folder), "r-model001")
-    agent = ctl._launch_spec(1).agent_config
+    agent = ctl.launch_spec(1).agent_config
     ref = agent["model"]
     assert ref.startswith("cache:cache/models/local-") and ref.endswith(".tar") and "#" not in ref
     key = ref[len("cache:"):]
-    assert ctl._launch_spec(2).agent_config["model"] == ref  # once per controller
+    assert ctl.launch_spec(2).agent_config["model"] == ref  # once per controller
     (up,) = _uploads(events)
     assert up["cached"] is False and up["key"] == key and up["mb"] > 0 and up["files"] > 3
     assert store.head(key) is not None and not [o for o in store.list("cache/") if o.key.endswith(".part")]

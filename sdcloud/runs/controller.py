@@ -258,7 +258,7 @@ class Controller(LaunchInputs, HostStatus):
                     self._announce_resume(cur, status)
             self.state.update_run(self.run_id, step=step)
             self.emit(Kind.PROGRESS, {"attempt": cur.n, "phase": phase, "step": step, "total": self.total_steps,
-                                   "it_per_s": status.get("it_per_s"), "cost": self.cost_so_far()})
+                                      "it_per_s": status.get("it_per_s"), "cost": self.cost_so_far()})
         if self.spec.budget is not None:
             spent = self.cost_so_far()
             budget_warnings(self, spent)

@@ -47,8 +47,8 @@ class HostStatus:
         if not any(events.parse(e["kind"]) is Kind.SELF_ENDED and e["data"].get("attempt") == cur.n
                    for e in self.state.events(self.run_id)):
             self.event(Kind.SELF_ENDED, {"attempt": cur.n, "reason": se.get("reason"), "action": se.get("action"),
-                                      "unattended": bool(se.get("unattended")), "at": se.get("at"),
-                                      "error": se.get("error")})
+                                         "unattended": bool(se.get("unattended")), "at": se.get("at"),
+                                         "error": se.get("error")})
         return float(se["at"]) if se.get("at") and not se.get("error") else None
 
     def read_status(self, strict: bool = False) -> dict | None:
