@@ -15,6 +15,13 @@ from servers import SeaweedS3, free_port  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
+# One compute thread per process (torch, numpy), for this process and every one a test starts: the
+# suite runs several workers, each with trainers and agents of its own, on a few cores, and torch's
+# default of a thread per core makes them spin against each other (the tiny models gain nothing
+# from more). A value set outside wins.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 
 # -- parallel workers (pytest-xdist; docs/testing.md) ------------------------------------------------
 
