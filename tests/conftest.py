@@ -25,6 +25,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 
 # -- parallel workers (pytest-xdist; docs/testing.md) ------------------------------------------------
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto` (pyproject's addopts): two workers per core. Most of the suite's time is waiting on
     servers, agents and trainers in other processes, so more workers than cores keeps both cores
@@ -33,6 +34,24 @@ def pytest_xdist_auto_num_workers(config) -> int:
         return int(os.environ["SDCLOUD_TEST_WORKERS"])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(2, min(2 * cores, 8))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """The controller's terminal settings, for its workers (see pytest_configure)."""
+    node.workerinput["sdcloud_terminal_env"] = {k: os.environ.get(k) for k in ("COLUMNS", "LINES")}
+
+
+def pytest_configure(config) -> None:
+    # An xdist worker starts with COLUMNS=80 and LINES=24 in its environment (readline, initialised
+    # in a process without a terminal, exports them), which the tests' processes inherit: a warning
+    # that a pipe keeps on one line would wrap at 80. Workers take the controller's values instead.
+    env = getattr(config, "workerinput", {}).get("sdcloud_terminal_env")
+    for k, v in (env or {}).items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def pytest_collection_modifyitems(config, items) -> None:
