@@ -57,7 +57,7 @@ def simulate(traces: tuple[str, ...], job_hours: float, deadline_hours: float, r
         note(f"optimal: {gap} s ticks make the dynamic programme slow; --tick 300 or more speeds it up")
     spot_prices = sim.stack_prices(loaded, spot_price)
     results = sim.simulate(avail, keys, gap, setting, names, starts=starts, seed=seed, single_zone=single_zone,
-                           spot_prices=spot_prices)
+                           spot_prices=spot_prices, refused=sim.stack_refused(loaded))
     if as_json:
         emit_json([r.as_dict() for r in results])
         return

@@ -133,7 +133,7 @@ class Fleet:
         return None
 
     # the policy
-    def decide(self, progress: Progress, running: Any | None) -> tuple[str, Offer | None]:
+    def decide(self, progress: Progress, running: Any | None, spot_refusals: int = 0) -> tuple[str, Offer | None]:
         if self.market == ON_DEMAND:
             best = next((o for o in self.candidates if o.market == ON_DEMAND), None) or self.candidates[0]
             return ON_DEMAND, Offer(best.row, ON_DEMAND)
@@ -145,7 +145,8 @@ class Fleet:
             elapsed=progress.elapsed_hours, progress=progress.done_hours, job_hours=progress.job_hours,
             deadline_hours=progress.deadline_hours or NO_DEADLINE_HOURS, restart_hours=RESTART_HOURS,
             zone=attempt_zone_key(last.provider, last.region, last.zone, last.instance_type) if last else None,
-            market=running.market if running else None, zones=zones, tick_hours=self.timing.poll_seconds / 3600.0)
+            market=running.market if running else None, zones=zones, tick_hours=self.timing.poll_seconds / 3600.0,
+            spot_refusals=spot_refusals, has_deadline=progress.deadline_hours is not None)
         action = self.policy.decide(obs)
         if action.kind == WAIT:
             return WAIT, None
