@@ -122,7 +122,6 @@ def test_tencent_reclaim_relaunches_in_another_zone_and_finishes(monkeypatch, tm
     from tencent_fake import SECRET_ID, SECRET_KEY, FakeServer
 
     from sdcloud.providers import get_provider
-    from sdcloud.providers.tencent import compute as tencent
 
     monkeypatch.setattr(tencent_fake, "PENDING_S", 0.2)
     monkeypatch.setattr(tencent_fake, "TERMINATING_S", 0.3)

@@ -125,7 +125,6 @@ def test_kill_9_controller_then_restart_reconciles(sdcloud_home, crash):
 
 @pytest.mark.parametrize("provider, needle", [("aws", "no AWS credentials"), ("tencent", "TENCENTCLOUD_SECRET_ID")])
 def test_up_without_credentials_is_one_line(capsys, sdcloud_home, monkeypatch, tmp_path, provider, needle):
-    from sdcloud.providers.tencent import compute as tencent
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no profile files
     monkeypatch.setattr("sdcloud.providers.tencent.session.METADATA_URL", "http://127.0.0.1:9/")  # no CVM role either

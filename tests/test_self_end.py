@@ -409,7 +409,6 @@ def test_tencent_host_terminates_itself_with_its_role(monkeypatch, tmp_path, s3_
     from tencent_fake import SECRET_ID, SECRET_KEY, FakeServer
 
     from sdcloud.providers import get_provider
-    from sdcloud.providers.tencent import compute as tencent
 
     monkeypatch.setattr(tencent_fake, "PENDING_S", 0.2)
     monkeypatch.setattr(tencent_fake, "TERMINATING_S", 0.3)
