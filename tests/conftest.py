@@ -169,8 +169,20 @@ def moto_server() -> str:
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    yield f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{port}"
+    # moto keeps its accounts in this process, for every server and mock_aws in it: a file starts
+    # with none of the instances, buckets or parameters an earlier file left (under pytest-xdist a
+    # worker runs the files in another order than a serial run).
+    _moto_reset(url)
+    yield url
+    _moto_reset(url)
     server.stop()
+
+
+def _moto_reset(url: str) -> None:
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=30).close()
 
 
 @pytest.fixture(scope="module")
