@@ -167,6 +167,19 @@ def test_the_function_role_ends_only_tagged_instances_and_passes_only_the_host_r
             assert all(a.startswith("ec2:Describe") for a in actions)
 
 
+def test_the_function_may_tag_every_resource_type_the_launch_template_tags(aws_built):
+    # EC2 authorizes ec2:CreateTags for tags a launch template applies as for tags in the request:
+    # a template that tags a type the function's grant misses makes every driver launch
+    # UnauthorizedOperation, which moto does not evaluate.
+    mocks, _ = aws_built
+    [(_, lt)] = mocks.of_type("ec2/launchTemplate:LaunchTemplate")
+    tagged = {spec["resourceType"] for spec in lt["tagSpecifications"]}
+    assert "network-interface" in tagged
+    [tag] = [st for st in _policies(mocks)["driver-access"]["Statement"] if st["Action"] == ["ec2:CreateTags"]]
+    granted = {arn.split(":")[-1].split("/")[0] for arn in tag["Resource"]}
+    assert tagged <= granted, f"the template tags {sorted(tagged - granted)} that the function may not tag"
+
+
 def test_no_driver_without_a_package():
     mocks, out = _build(aws_stack.StackConfig(stack="test", region="us-east-1"))
     assert not mocks.of_type("lambda/function:Function") and not mocks.of_type("scheduler/schedule:Schedule")

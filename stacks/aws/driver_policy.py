@@ -34,6 +34,9 @@ except ImportError:  # `pulumi up` from a checkout where sdcloud is not installe
     from sdcloud.providers.aws import TRAITS
 
 RUN_TAG = "sdcloud:run"  # sdcloud/providers/base.py TAG_RUN: every instance a run launches carries it
+# The resource types the host template's tag specifications tag at every launch (the stack reads
+# this list), and therefore the types the function's ec2:CreateTags grant must cover.
+LAUNCH_TAGGED = ("instance", "volume", "network-interface")
 # The function's figures are the provider's own (sdcloud/providers/aws/__init__.py TRAITS.function):
 # the handler's margin and the cost report read the same copy. Its timeout is below the schedule's
 # period, so that two invocations never overlap (the lease would refuse the second anyway), and long
@@ -103,8 +106,11 @@ def function_policy_document(bucket: str, prefix: str, account_id: str, host_rol
                           ("launch-template", "subnet", "security-group", "network-interface", "volume", "key-pair")]
              + ["arn:aws:ec2:*::image/*"]},
             # Tags only as part of the launch (no retagging someone else's instance into sdcloud's).
+            # EC2 checks ec2:CreateTags for every resource type a launch tags, those the launch
+            # template's tag specifications tag included (EC2 User Guide, "Grant permission to tag
+            # Amazon EC2 resources during creation"), so the grant covers each of LAUNCH_TAGGED.
             {"Sid": "TagOnLaunch", "Effect": "Allow", "Action": ["ec2:CreateTags"],
-             "Resource": [instances, f"arn:aws:ec2:*:{account_id}:volume/*"],
+             "Resource": [f"arn:aws:ec2:*:{account_id}:{kind}/*" for kind in LAUNCH_TAGGED],
              "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}}},
             {"Sid": "EndSdcloudInstances", "Effect": "Allow", "Action": ["ec2:TerminateInstances"],
              "Resource": [instances], "Condition": {"Null": {f"aws:ResourceTag/{RUN_TAG}": "false"}}},

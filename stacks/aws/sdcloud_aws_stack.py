@@ -217,7 +217,7 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         # Spot hosts terminate rather than stop: sdcloud relaunches from the last checkpoint.
         instance_initiated_shutdown_behavior="terminate",
         tag_specifications=[{"resource_type": kind, "tags": instance_tags}
-                            for kind in ("instance", "volume", "network-interface")],
+                            for kind in driver_policy.LAUNCH_TAGGED],
         tags=tags_for(cfg, "host-template"),
     )
 
