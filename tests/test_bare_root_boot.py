@@ -42,6 +42,8 @@ def _wait_status(store, run_id, attempt, phases, timeout):
 
 
 def test_bare_root_boot_installs_then_restores_from_the_bucket(tmp_path, seaweed, s3_env, capsys):
+    # Real time on purpose: the cold boot's pip install of the pinned environment, then the warm
+    # boot's restore, are what is measured (the warm boot reaches its first step sooner).
     from sdcloud.runs.hostboot import cloud_user_data
     from sdcloud_agent.store import open_store
 
