@@ -132,6 +132,15 @@ def test_the_schedule_invokes_the_function_every_five_minutes_with_the_drive_inp
     assert all(r.startswith(sched["target"]["arn"]) for r in st["Resource"])
 
 
+def test_a_failed_tick_is_not_invoked_again(aws_built):
+    # Lambda retries a failed asynchronous invocation twice unless told otherwise; the schedule's
+    # own retry policy does not cover those retries.
+    mocks, _ = aws_built
+    [(_, conf)] = mocks.of_type("lambda/functionEventInvokeConfig:FunctionEventInvokeConfig")
+    assert conf["maximumRetryAttempts"] == 0
+    assert conf["functionName"] == "sdcloud-test-driver"
+
+
 def test_roles_are_assumed_by_their_services_only(aws_built):
     mocks, _ = aws_built
     roles = {name: json.loads(inputs["assumeRolePolicy"]) for name, inputs in mocks.of_type("iam/role:Role")}

@@ -264,6 +264,10 @@ def _driver(cfg: StackConfig, region: str, bucket: aws.s3.Bucket, host_role: aws
                                    "SDCLOUD_STORE_REGION": region}},
         # After its policy: a function created first can fail its first invocations on a role with no rights yet.
         tags=tags_for(cfg, "driver"), opts=pulumi.ResourceOptions(depends_on=[logs, access]))
+    # EventBridge Scheduler invokes the function asynchronously, and Lambda retries a failed
+    # asynchronous invocation twice by default: each failing tick would be three invocations,
+    # three lease takeovers and three journal writes. The next tick comes within the rate anyway.
+    aws.lambda_.FunctionEventInvokeConfig("driver-no-retries", function_name=function.name, maximum_retry_attempts=0)
     invoker = aws.iam.Role("driver-scheduler-role", description="sdcloud cloud driver's schedule: invoke the driver only",
                            assume_role_policy=driver_policy.assume_role_policy("scheduler.amazonaws.com"),
                            tags=tags_for(cfg, "driver-scheduler-role"))
