@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from servers import TEST_KEYS, read_request_head  # noqa: E402
+from servers import TEST_KEYS, read_request_head, relay_response  # noqa: E402
 
 AUTH = re.compile(r"AWS4-HMAC-SHA256\s+Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request,\s*"
                   r"SignedHeaders=([^,]+),\s*Signature=([0-9a-f]+)")
@@ -178,15 +178,7 @@ class Front:
                     fwd[k] = v
                 send_body = body if body or method in ("PUT", "POST") else None
                 upstream.request(method, target, body=send_body, headers=fwd)
-                resp = upstream.getresponse()
-                data = resp.read()
-                out = [f"HTTP/1.1 {resp.status} {resp.reason}\r\n"]
-                out += [f"{k}: {v}\r\n" for k, v in resp.getheaders()
-                        if k.lower() not in ("transfer-encoding", "content-length", "connection")]
-                size = resp.getheader("Content-Length", "0") if method == "HEAD" else str(len(data))
-                out.append(f"Content-Length: {size}\r\n\r\n")
-                wfile.write("".join(out).encode("latin-1") + (data if method != "HEAD" else b""))
-                wfile.flush()
+                relay_response(upstream.getresponse(), method, wfile)
         finally:
             upstream.close()
 

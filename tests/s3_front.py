@@ -18,7 +18,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from servers import read_request_head, self_signed_cert
+from servers import read_request_head, relay_response, self_signed_cert
 
 
 class TrailerRefusingFront:
@@ -92,14 +92,6 @@ class TrailerRefusingFront:
                 body = rfile.read(length) if length else b""
                 fwd = {k: v for k, v in headers if k.lower() not in ("expect", "connection")}
                 upstream.request(method, path, body=body if length or method in ("PUT", "POST") else None, headers=fwd)
-                resp = upstream.getresponse()
-                data = resp.read()
-                out = [f"HTTP/1.1 {resp.status} {resp.reason}\r\n"]
-                out += [f"{k}: {v}\r\n" for k, v in resp.getheaders()
-                        if k.lower() not in ("transfer-encoding", "content-length", "connection")]
-                size = resp.getheader("Content-Length", "0") if method == "HEAD" else str(len(data))
-                out.append(f"Content-Length: {size}\r\n\r\n")
-                wfile.write("".join(out).encode("latin-1") + (data if method != "HEAD" else b""))
-                wfile.flush()
+                relay_response(upstream.getresponse(), method, wfile)
         finally:
             upstream.close()

@@ -282,6 +282,19 @@ def wait_until(predicate, timeout: float = 300.0, every: float = 0.3):
     raise AssertionError(f"timed out after {timeout:g} s waiting")
 
 
+def relay_response(resp, method: str, wfile) -> None:
+    """Send an upstream http.client response back to a front's client, whole: its own framing
+    headers are replaced by one Content-Length (a HEAD keeps the upstream's, with no body)."""
+    data = resp.read()
+    out = [f"HTTP/1.1 {resp.status} {resp.reason}\r\n"]
+    out += [f"{k}: {v}\r\n" for k, v in resp.getheaders()
+            if k.lower() not in ("transfer-encoding", "content-length", "connection")]
+    size = resp.getheader("Content-Length", "0") if method == "HEAD" else str(len(data))
+    out.append(f"Content-Length: {size}\r\n\r\n")
+    wfile.write("".join(out).encode("latin-1") + (data if method != "HEAD" else b""))
+    wfile.flush()
+
+
 def read_request_head(rfile) -> tuple[str, str, list[tuple[str, str]], dict[str, str]] | None:
     """One HTTP/1.1 request's line and headers from a front's client stream (the body is left to the
     caller): method, path, the headers in order, and the same keyed by lower-case name; None at the
