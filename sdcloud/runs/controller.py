@@ -353,8 +353,6 @@ class Controller(LaunchInputs, HostStatus):
         self.end_run("stopped", reason)
         self.journal.flush()
 
-    _finish_stop = finish_stop  # the name commands/run.py called before finish_stop was public
-
     def reconcile(self) -> None:
         """Bring the state store and the provider into agreement after a restart."""
         self.fleet.reconcile(on_end=self._closed)
