@@ -21,7 +21,8 @@ from ..render import emit_json, note, output_options, table, wide_option
 @click.option("--prices", "prices_file", metavar="FILE",
               help="JSON object: trace name (file name less .json) -> spot price series, spread evenly over "
                    "that trace (as ../shared/data/spot-prices/v100_spot_prices.json). A trace's own 'prices' win.")
-@click.option("--ondemand-price", type=float, default=3.06, show_default=True, help="On-demand USD per hour.")
+@click.option("--ondemand-price", type=float, default=3.06, show_default=True,
+              help="On-demand USD per hour, for traces without their own (metadata.price_info.on_demand_price).")
 @click.option("--policy", "policies", multiple=True, metavar="P",
               help="Policy to replay (repeatable; default all): on-demand, greedy, uniform-progress, sdcloud, sdcloud-up, optimal.")
 @click.option("--starts", type=int, default=300, show_default=True, help="Random start points (the same for every policy).")
@@ -55,9 +56,11 @@ def simulate(traces: tuple[str, ...], job_hours: float, deadline_hours: float, r
     avail, gap, keys = sim.stack(loaded)
     if sim.OPTIMAL in names and gap < 120:
         note(f"optimal: {gap} s ticks make the dynamic programme slow; --tick 300 or more speeds it up")
+    given = click.get_current_context().get_parameter_source("ondemand_price") is not click.core.ParameterSource.DEFAULT
+    ondemand = sim.ondemand_for(loaded, ondemand_price, fallback_given=given)
     spot_prices = sim.stack_prices(loaded, spot_price)
     results = sim.simulate(avail, keys, gap, setting, names, starts=starts, seed=seed, single_zone=single_zone,
-                           spot_prices=spot_prices, refused=sim.stack_refused(loaded))
+                           spot_prices=spot_prices, ondemand_prices=ondemand, refused=sim.stack_refused(loaded))
     if as_json:
         emit_json([r.as_dict() for r in results])
         return
@@ -66,9 +69,16 @@ def simulate(traces: tuple[str, ...], job_hours: float, deadline_hours: float, r
           ["policy", "mean savings", "deadline met", "mean cost $", "starts"],
           [(r.policy, f"{100 * r.savings.mean():.1f}%", f"{100 * r.met.mean():.1f}%", f"{r.costs.mean():.2f}", len(r.costs))
            for r in (x for x in results)],
-          caption=f"savings = 1 - cost / (C x on-demand {ondemand_price:g} $/h); spot "
+          caption=f"savings = 1 - cost / (C x on-demand {_ondemand_words(ondemand, ondemand_price)}); spot "
                   f"{'per zone from its series' if spot_prices is not None else f'{spot_price:g} $/h'}; "
                   f"{gap} s ticks over {avail.shape[1] * gap / 3600:.0f} h; zones: {', '.join(keys)}")
+
+
+def _ondemand_words(ondemand, flat: float) -> str:
+    if ondemand is None:
+        return f"{flat:g} $/h"
+    low, high = float(ondemand.min()), float(ondemand.max())
+    return f"each zone's own, {low:g}-{high:g} $/h" if high > low else f"{low:g} $/h, the traces' own"
 
 
 def _load_prices(path: str) -> dict[str, list[float]]:

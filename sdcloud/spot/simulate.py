@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import UserError
 from .policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, ZoneView, get_policy, policy_names
 # The traces' side, kept importable from here (commands/simulate.py, bench/ and the tests use these names).
-from .traces import (Trace, coarsen, load_trace, ondemand_by_zone, region_of, stack, stack_prices,  # noqa: F401
+from .traces import (Trace, coarsen, load_trace, ondemand_by_zone, ondemand_for, region_of, stack, stack_prices,  # noqa: F401
                      stack_refused, stretch_series, with_prices)
 
 OPTIMAL = "optimal"

@@ -4,6 +4,13 @@ A trace file is a JSON object: `metadata.gap_seconds` (the tick), `data` (one nu
 where spot could be had), and optionally `prices` (spot USD per hour, per tick) and `refused` (> 0
 where a spot launch was refused for capacity). The simulator (simulate.py) replays zones side by
 side on one clock (`stack`).
+
+The published multi-region trace sets also say what their prices are in `metadata.price_info`:
+`currency`, `price_unit` (per hour), `machine_type` (the whole traced machine, e.g. an 8-GPU
+a3-highgpu-8g) and `on_demand_price`. Such a zone is priced by its own on-demand figure; a set that
+mixes machines, currencies or units, or traces with their own prices and traces priced by the
+`--ondemand-price` flag, is refused (`ondemand_for`): its savings would compare prices of
+different things.
 """
 
 from __future__ import annotations
@@ -27,6 +34,20 @@ class Trace:
     avail: np.ndarray  # bool, one value per tick
     prices: np.ndarray | None = None  # spot USD per hour, one value per tick, where the trace carries them
     refused: np.ndarray | None = None  # bool, one value per tick: a spot launch is refused then
+    ondemand_price: float | None = None  # metadata.price_info.on_demand_price, where the trace says it
+    price_basis: PriceBasis | None = None  # what the trace's prices are for, where it says so
+
+
+@dataclass(frozen=True)
+class PriceBasis:
+    """What one trace's prices are in: its currency, its time unit and the machine they pay for."""
+
+    currency: str
+    unit: str
+    machine: str | None
+
+    def words(self) -> str:
+        return f"{self.currency} per {self.unit}" + (f" for machine {self.machine}" if self.machine else "")
 
     @property
     def hours(self) -> float:
@@ -60,7 +81,32 @@ def load_trace(path: str | Path) -> Trace:
         if not isinstance(refused, list) or len(refused) != len(data) or any(not isinstance(v, (int, float)) for v in refused):
             raise UserError(f"trace file {path}: 'refused' must be a list of {len(data)} numbers (or booleans), one per tick")
         refused = np.asarray(refused, dtype=float) > 0
-    return Trace(path.stem, int(gap), np.asarray(data, dtype=float) > 0, prices, refused)
+    basis, ondemand = _price_info(path, doc["metadata"].get("price_info"))
+    return Trace(path.stem, int(gap), np.asarray(data, dtype=float) > 0, prices, refused, ondemand, basis)
+
+
+# Time units a published trace may name for "per hour"; any other unit is refused, not converted.
+_HOUR_UNITS = {"h", "hr", "hour", "hours"}
+
+
+def _price_info(path: Path, info: object) -> tuple[PriceBasis | None, float | None]:
+    if info is None:
+        return None, None
+    if not isinstance(info, dict):
+        raise UserError(f"trace file {path}: metadata.price_info must be an object")
+    currency = info.get("currency", "USD")
+    unit = str(info.get("price_unit", "h")).lower()
+    od_unit = str(info.get("on_demand_price_unit", unit)).lower()
+    if not isinstance(currency, str) or not currency:
+        raise UserError(f"trace file {path}: metadata.price_info.currency must be a currency code, got {currency!r}")
+    for name, value in (("price_unit", unit), ("on_demand_price_unit", od_unit)):
+        if value not in _HOUR_UNITS:
+            raise UserError(f"trace file {path}: metadata.price_info.{name} must be per hour ('h'), got {value!r}")
+    od = info.get("on_demand_price")
+    if od is not None and (isinstance(od, bool) or not isinstance(od, (int, float)) or not od > 0):
+        raise UserError(f"trace file {path}: metadata.price_info.on_demand_price must be a positive number, got {od!r}")
+    machine = info.get("machine_type")
+    return PriceBasis(currency.upper(), "hour", str(machine) if machine else None), None if od is None else float(od)
 
 
 def with_prices(trace: Trace, series: Sequence[float]) -> Trace:
@@ -72,7 +118,7 @@ def with_prices(trace: Trace, series: Sequence[float]) -> Trace:
         raise UserError(f"the price series for {trace.key} must be non-negative numbers")
     n = len(trace.avail)
     arr = arr[:n] if len(arr) >= n else np.concatenate([arr, np.full(n - len(arr), arr[-1])])
-    return Trace(trace.key, trace.gap_seconds, trace.avail, arr, trace.refused)
+    return Trace(trace.key, trace.gap_seconds, trace.avail, arr, trace.refused, trace.ondemand_price, trace.price_basis)
 
 
 def stretch_series(series: Sequence[float], n: int) -> np.ndarray:
@@ -101,7 +147,8 @@ def coarsen(trace: Trace, tick_seconds: int) -> Trace:
     prices = None if trace.prices is None else trace.prices[: n * f].reshape(n, f).mean(axis=1)
     # A coarse tick refuses a launch when any fine tick inside it did.
     refused = None if trace.refused is None else trace.refused[: n * f].reshape(n, f).any(axis=1)
-    return Trace(trace.key, tick_seconds, trace.avail[: n * f].reshape(n, f).all(axis=1), prices, refused)
+    return Trace(trace.key, tick_seconds, trace.avail[: n * f].reshape(n, f).all(axis=1), prices, refused,
+                 trace.ondemand_price, trace.price_basis)
 
 
 def stack(traces: Sequence[Trace]) -> tuple[np.ndarray, int, list[str]]:
@@ -139,3 +186,40 @@ def ondemand_by_zone(keys: Sequence[str], default: float, by_region: dict[str, f
     """Each zone's on-demand price: its region's from `by_region`, else `default`."""
     by_region = by_region or {}
     return np.array([by_region.get(region_of(k), default) for k in keys], dtype=float)
+
+
+def ondemand_for(traces: Sequence[Trace], fallback: float, fallback_given: bool = False) -> np.ndarray | None:
+    """Each zone's on-demand price from its own trace (metadata.price_info), or None when no trace
+    says one (every zone then at the `--ondemand-price` fallback).
+
+    Refused, with the zones named: traces whose prices are for different machines, currencies or
+    units; and a set where some zones carry their own on-demand price and others would take the
+    fallback, or a zone whose prices say which machine they are for but not its on-demand price
+    (unless the fallback was given on purpose): the savings would set one machine's spot price
+    against another's on-demand price."""
+    bases = {t.price_basis for t in traces if t.price_basis is not None}
+    currencies = {b.currency for b in bases}
+    if len(currencies) > 1:
+        raise UserError(f"the traces' prices are in different currencies ({', '.join(sorted(currencies))}); "
+                        "replay one currency at a time")
+    machines = {b.machine for b in bases if b.machine}
+    if len(machines) > 1:
+        raise UserError(f"the traces price different machines ({', '.join(sorted(machines))}); "
+                        "replay one machine type at a time")
+    own = [t for t in traces if t.ondemand_price is not None]
+    if not own:
+        unpriced = [t for t in traces if t.price_basis is not None and t.price_basis.machine]
+        if unpriced and not fallback_given:
+            raise UserError(f"trace {unpriced[0].key} prices machine {unpriced[0].price_basis.machine} but gives no on-demand "  # type: ignore[union-attr]
+                            "price (metadata.price_info.on_demand_price); give --ondemand-price for that machine")
+        return None
+    missing = [t.key for t in traces if t.ondemand_price is None]
+    if missing:
+        basis = own[0].price_basis
+        raise UserError(f"{own[0].key} carries its own prices ({basis.words() if basis else 'per hour'}) but "
+                        f"{', '.join(missing)} has none: their prices cannot be set against each other")
+    spotless = [t.key for t in traces if t.prices is None]
+    if spotless:
+        raise UserError(f"{', '.join(spotless)} gives an on-demand price but no spot prices ('prices'): "
+                        "its spot would be priced by --spot-price, for another machine")
+    return np.array([t.ondemand_price for t in traces], dtype=float)
