@@ -45,8 +45,10 @@ def submit_options(f):
 
 def _options(kw: dict):
     from ..batch.jobs import SubmitOptions
+    from ..runs.config_check import check_settings
     from ..runs.spec import parse_duration
 
+    check_settings()  # every section of config.toml ([hosts] self_end_grace reaches the hosts), before the job exists
     store = kw["store"]
     if store:
         from ..runs.preflight import check_store_url

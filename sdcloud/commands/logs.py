@@ -35,6 +35,8 @@ def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps:
         raise UserError(f"--tail must be 0 or more, got {tail_n}")
     state = state_store()
     found = find_run(state, run)
+    if attempt is not None:
+        _check_attempt(state, found, attempt, follow)
     offsets: dict = {}
 
     def show(records: list[dict], first: bool) -> None:
@@ -56,3 +58,20 @@ def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps:
         show(log_records(state, found, offsets, steps), False)
     if follow:
         show(log_records(state, found, offsets, steps), False)
+
+
+def _check_attempt(state, run: dict, attempt: int, follow: bool) -> None:
+    """--attempt N names an attempt the run has had (following an unfinished run: or its next one)."""
+    from ..runs.state import FINAL_RUN_STATES
+
+    # The attempts recorded here, and those the run's events name (a run read from its bucket).
+    seen = [a.n for a in state.attempts(run["id"])]
+    seen += [int(ev["data"]["attempt"]) for ev in state.events(run["id"])
+             if isinstance(ev["data"].get("attempt"), int)]
+    last = max(seen, default=0)
+    upto = last + 1 if follow and run["state"] not in FINAL_RUN_STATES else last
+    if not 1 <= attempt <= upto:
+        had = f"attempts 1 to {last}" if last > 1 else "attempt 1 only" if last == 1 else "no attempt yet"
+        raise UserError(f"--attempt {attempt}: {run['id']} has had {had}"
+                        + (" (with -f, the next one too)" if upto > last else ""))
+

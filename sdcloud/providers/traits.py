@@ -124,6 +124,9 @@ class ProviderTraits:
     region_env: str | None = None
     # config.toml sections this provider reads (besides [defaults]); `config show` lists them.
     config_sections: tuple[str, ...] = field(default_factory=tuple)
+    # The module whose CONFIG_KEYS ({key: check(value, what)}) names and checks the keys of its own
+    # section beyond `settings` and the spot discount (sdcloud/runs/config_check.py); None: no others.
+    config_keys: str | None = None
     # Its prices are published for anyone to read: `catalog refresh --public` reads them without
     # credentials (offers/public_prices.py).
     public_price_list: bool = False

@@ -122,10 +122,23 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
     """Flags (non-None values in `overrides`) override the run file; the result is validated."""
     data = load_runfile(runfile) if runfile else {}
     data.update({k: v for k, v in overrides.items() if v is not None})
+    from .config_check import check_settings
+
+    check_settings()  # every section of config.toml, before the run exists (not only what this run reads)
     if "tier" not in data:
         raise UserError("--tier is required (or `tier:` in the run file); see: sdcloud tiers")
-    data["tier"] = get_tier(str(data["tier"])).name
+    tier_obj = get_tier(str(data["tier"]))
+    if tier_obj.kind != "train":
+        raise UserError(f"tier {tier_obj.name} makes images, it does not train: run it with "
+                        f"sdcloud batch submit --tier {tier_obj.name} --model M --prompts FILE")
+    data["tier"] = tier_obj.name
     data["provider"] = match_name(data.get("provider", "local"), PROVIDER_NAMES, "provider")
+    if data.get("region"):
+        from ..providers.traits import traits
+
+        if not traits(data["provider"]).default_region:  # a provider without regions (this machine, SSH hosts)
+            raise UserError(f"--region {data['region']}: the {data['provider']} provider has no regions; "
+                            "leave --region out (or [defaults] region in config.toml)")
     if data.get("market", "spot") not in ("spot", "on-demand"):
         raise UserError(f"market must be spot or on-demand, got {data['market']!r}")
     data["trainer"] = match_name(data.get("trainer", "builtin"), TRAINERS, "trainer")

@@ -25,6 +25,7 @@ TRAITS = ProviderTraits(
         schedule_seconds=300,
     ),
     config_sections=("tencent",),
+    config_keys="sdcloud.providers.tencent.site",  # [tencent] site
     # The per-run user-data replaces the stack's template, driver install included (the stack's default series).
     host_driver="535-server",
     network_profiles=PROFILES,  # mainland China's mirrors (network.py)

@@ -25,6 +25,16 @@ from ...errors import UserError
 SITE_ENV = "SDCLOUD_TENCENT_SITE"
 CURRENCY_ENV = "SDCLOUD_TENCENT_CURRENCY"
 SITES = {"china": "CNY", "international": "USD"}
+
+
+def _check_site(value: object, what: str) -> None:
+    if str(value).lower() not in SITES:
+        raise UserError(f"{what} must be china or international, got {value!r}")
+
+
+# config.toml [tencent]'s own keys, checked before a run exists (sdcloud/runs/config_check.py).
+CONFIG_KEYS = {"site": _check_site}
+
 # Quoted / reference price (both in CNY): near 1 on the China site, near 1/7 on the international one.
 CNY_ABOVE, USD_BELOW = 0.45, 0.3
 
