@@ -231,6 +231,44 @@ class BatchController:
         """step(), with a store fault waited out (hostboot.guarded): never the driver's end."""
         return hostboot.guarded(self, self.step)
 
+    def heartbeat(self, driver: str, every_s: float) -> None:
+        """runs/<job>/controller.json: who drives the job and how often it looks. A worker reads it
+        (sdcloud_agent.batch.host): a job whose driver stopped looking has no driver, and its workers
+        end after the grace; the cloud driver looks once a schedule period, so its `every_s` is that."""
+        try:
+            self.store.put(f"runs/{self.job_id}/controller.json",
+                           json.dumps({"time": time.time(), "driver": driver, "every_s": every_s}).encode())
+        except Exception as exc:  # noqa: BLE001 - a missed heartbeat is not worth ending the job for
+            self.emit(Kind.HEARTBEAT_FAILED, {"error": str(exc)[:200]})
+
+    def finish(self) -> dict[str, Any]:
+        """The job is over: every open host ends, the images are counted, the state is final."""
+        for cur in self.fleet.open_attempts():
+            self.fleet.end(cur, "done")
+        self.state.update_run(self.job_id, step=self._images_done(), controller_pid=None)
+        if self.state.get_run(self.job_id)["state"] in ("pending", "running", "recovering"):
+            end = "cancelled" if self.cancelled() else "succeeded"
+            self.state.update_run(self.job_id, state=end)
+            self.event(batch_ended(end), {})
+        return {"job": self.job_id, "state": self.state.get_run(self.job_id)["state"],
+                "hosts": len(self.fleet.attempts()), "cost_usd": round(self.cost_so_far(), 6)}
+
+    def drive_step(self) -> bool:
+        """One step for a driver that comes and goes (the cloud function, one step an invocation):
+        the same step as `run`'s, and the job finished here when it is over. True when it is."""
+        if self.state.get_run(self.job_id)["state"] in FINAL_RUN_STATES:
+            self.finish()
+            return True
+        if self.state.get_run(self.job_id)["state"] == "pending":
+            self.state.update_run(self.job_id, state="running")
+        over = self._guarded_step()
+        if not over and self.fleet.exhausted():
+            self.state.update_run(self.job_id, state="failed", reason="no host could be launched")
+            over = True
+        if over:
+            self.finish()
+        return over
+
     def run(self, poll: float | None = None) -> dict[str, Any]:
         self.fleet.reconcile()
         if self.state.get_run(self.job_id)["state"] in FINAL_RUN_STATES:
@@ -241,14 +279,9 @@ class BatchController:
                     "hosts": len(self.fleet.attempts()), "cost_usd": round(self.cost_so_far(), 6)}
         self.state.update_run(self.job_id, state="running", controller_pid=os.getpid())
         while not self._guarded_step():
+            self.heartbeat(f"pid {os.getpid()}", self.timing.poll_seconds if poll is None else poll)
             if self.fleet.exhausted():
                 self.state.update_run(self.job_id, state="failed", reason="no host could be launched")
                 break
             time.sleep(self.timing.poll_seconds if poll is None else poll)
-        for cur in self.fleet.open_attempts():
-            self.fleet.end(cur, "done")
-        self.state.update_run(self.job_id, step=self._images_done(), controller_pid=None)
-        if self.state.get_run(self.job_id)["state"] == "running":
-            self.state.update_run(self.job_id, state="cancelled" if self.cancelled() else "succeeded")
-        return {"job": self.job_id, "state": self.state.get_run(self.job_id)["state"],
-                "hosts": len(self.fleet.attempts()), "cost_usd": round(self.cost_so_far(), 6)}
+        return self.finish()

@@ -19,7 +19,7 @@ import json
 import os
 import sqlite3
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -59,6 +59,26 @@ def check_cron(expr: str, tz: str) -> ZoneInfo:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):
         raise UserError(f"unknown time zone {tz!r}: use an IANA name such as Europe/Berlin or UTC") from None
+
+
+def wall_key(due: datetime) -> str:
+    """A cron time's once-only key: its local wall-clock time to the minute (both passes of a
+    fall-back hour share it)."""
+    return due.replace(tzinfo=None).isoformat(timespec="minutes")
+
+
+def fire_job_id(sid: str, wall: str) -> str:
+    """The job id of a schedule's fire at `wall`: the same on every machine and every retry, so the
+    bucket's create-only job.json refuses a second job for one cron time (docs/batch.md)."""
+    return "b-" + hashlib.sha256(f"{sid}|{wall}".encode()).hexdigest()[:8]
+
+
+def cron_time_at(cron: str, tz: str, at: datetime) -> datetime:
+    """The newest cron time at or before `at` (a platform's scheduled time, seconds late or not)."""
+    from croniter import croniter
+
+    local = at.astimezone(ZoneInfo(tz))
+    return croniter(cron, local + timedelta(seconds=1)).get_prev(datetime)
 
 
 class Schedules:
@@ -158,8 +178,8 @@ class Schedules:
             due = self.due_time(s, now)
             if due is None:
                 continue
-            wall = due.replace(tzinfo=None).isoformat(timespec="minutes")
-            job_id = "b-" + hashlib.sha256(f"{s['id']}|{wall}".encode()).hexdigest()[:8]
+            wall = wall_key(due)
+            job_id = fire_job_id(s["id"], wall)
             try:
                 self.db.execute("INSERT INTO batch_fires (schedule_id, wall, at, job_id, created) VALUES (?,?,?,?,?)",
                                 (s["id"], wall, due.timestamp(), job_id, now))

@@ -41,6 +41,7 @@ class SubmitOptions:
     width: int | None = None
     height: int | None = None
     steps: int | None = None
+    schedule: str | None = None    # the cloud schedule whose fire submitted it (batch/cloud_schedules.py)
 
 
 def new_job_id() -> str:
@@ -175,17 +176,23 @@ def job_prefix(job_id: str) -> str:
     return f"batch/{job_id}"
 
 
-def submit(opts: SubmitOptions, job_id: str | None = None) -> dict[str, Any]:
+def submit(opts: SubmitOptions, job_id: str | None = None, state: Any = None, conf: dict | None = None,
+           written_ok: bool = False) -> dict[str, Any]:
     """Validate, then write the job's items to the bucket and its row to the state store.
 
     With a given job_id (a schedule's fire) a second submit of the same id returns the first one.
+    The cloud driver passes its own `state` (a cache in the function's /tmp), the store `conf` the
+    schedule recorded, and `written_ok`: a fire whose items are already in the bucket (an invocation
+    that died before it journaled the job) records the row over them, since the same schedule and
+    prompts make the same items.
     """
     items = validate(opts)
-    conf = store_conf(opts.provider, opts.store)
+    conf = conf or store_conf(opts.provider, opts.store)
+    state = state or state_store()
     from ..runs.store import open_run_store
     from sdcloud_agent.batch.worker import write_job
 
-    if job_id is not None and state_store().get_run(job_id) is not None:
+    if job_id is not None and state.get_run(job_id) is not None:
         return {"job": job_id, "existing": True}
     job_id = job_id or new_job_id()
     store = open_run_store(conf)
@@ -203,10 +210,14 @@ def submit(opts: SubmitOptions, job_id: str | None = None) -> dict[str, Any]:
             "market": opts.market, "max_price": opts.max_price, "deadline_hours": opts.deadline_hours,
             "budget": opts.budget, "provider": opts.provider, "store": conf, "prefix": job_prefix(job_id),
             "generator": opts.generator, "fake_delay": opts.fake_delay, "max_failed_boots": opts.max_failed_boots,
-            "images": images, "items": len(items), "submitted": time.time()}
-    write_job(store, job_prefix(job_id), {k: spec[k] for k in ("tier", "model", "lora", "lora_key", "images", "submitted")},
-              items)
-    state = state_store()
+            "images": images, "items": len(items), "submitted": time.time(),
+            **({"schedule": opts.schedule} if opts.schedule else {})}
+    try:
+        write_job(store, job_prefix(job_id), {k: spec[k] for k in ("tier", "model", "lora", "lora_key", "images",
+                                                                 "submitted")}, items)
+    except FileExistsError:
+        if not written_ok:
+            raise
     state.create_run(job_id, opts.tier, spec, images, name=opts.name)
     state.event(job_id, Kind.BATCH_SUBMITTED, {"items": len(items), "images": images, "workers": opts.workers})
     return {"job": job_id, "items": len(items), "images": images, "workers": opts.workers, "store": conf["url"]}

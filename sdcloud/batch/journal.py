@@ -1,0 +1,60 @@
+"""A batch job's rows in its own bucket, so that the cloud driver, whose state.db is a cache in the
+function's /tmp that lives one invocation, carries the job from one invocation to the next.
+
+```
+batch/<job>/driver/job.json     the job's row, its hosts (attempts), their costs, its events, the stack's outputs
+drivers/batch/<job>             present while the job is live: the cloud driver's index of batch jobs
+```
+
+One object, rewritten whole by the driver that holds the job's lease (runs/driver.py), so a reader
+sees one consistent job; events travel inside it and a restore inserts each once (StateStore.import_run
+keys an event by its time and kind). The index is apart from the training runs' (`drivers/active/`), so
+the runs' driver never mistakes a batch job for a run. Secrets are never in a row, so none are here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..runs.state import ACTIVE_RUN_STATES, StateStore
+from .submit import job_prefix
+
+INDEX = "drivers/batch"
+
+
+def key(job_id: str) -> str:
+    return f"{job_prefix(job_id)}/driver/job.json"
+
+
+def save(state: StateStore, store: Any, job_id: str) -> None:
+    """Write the job's rows (and its place in the index) to the bucket."""
+    snap = state.export_run(job_id)
+    spec = snap["run"]["spec"] or {}
+    snap["events"] = [{"time": e["time"], "kind": str(e["kind"]), "data": e["data"]} for e in state.events(job_id)]
+    snap["infra"] = state.infra(spec.get("provider") or "", spec.get("region") or "")
+    store.put(key(job_id), json.dumps(snap, sort_keys=True, default=str).encode())
+    if snap["run"]["state"] in ACTIVE_RUN_STATES:
+        store.put(f"{INDEX}/{job_id}", b"")
+    else:
+        store.delete(f"{INDEX}/{job_id}")
+
+
+def restore(state: StateStore, store: Any, job_id: str) -> dict | None:
+    """Rebuild the job's rows from the bucket; None when the bucket has no journal for it."""
+    from ..runs.store import NotFound
+
+    try:
+        snap = json.loads(store.get(key(job_id)))
+    except NotFound:
+        return None
+    spec = snap["run"]["spec"] or {}
+    if snap.get("infra"):
+        state.save_infra(spec.get("provider") or "", spec.get("region") or "", snap["infra"])
+    state.import_run(snap, snap.get("events") or [])
+    return state.get_run(job_id)
+
+
+def live_jobs(store: Any) -> list[str]:
+    """Jobs the index lists as live, oldest key first."""
+    return [o.key.rsplit("/", 1)[-1] for o in sorted(store.list(f"{INDEX}/"), key=lambda o: o.key)]
