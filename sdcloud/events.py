@@ -94,6 +94,7 @@ class Kind(StrEnum):
     BATCH_SUCCEEDED = "batch-succeeded"
     BATCH_FAILED = "batch-failed"
     BATCH_STOPPED = "batch-stopped"
+    BATCH_SCHEDULE_FIRED = "batch-schedule-fired"  # a cloud schedule's invocation submitted the job
     WORKER_STARTED = "worker-started"
     WORKER_EXITED = "worker-exited"
 
@@ -228,6 +229,7 @@ FIELDS: dict[Kind, Fields] = {
     Kind.BATCH_SUCCEEDED: Fields((), ("reason",)),
     Kind.BATCH_FAILED: Fields((), ("reason",)),
     Kind.BATCH_STOPPED: Fields((), ("reason",)),
+    Kind.BATCH_SCHEDULE_FIRED: Fields(("schedule", "wall"), ("driver",)),
     Kind.WORKER_STARTED: Fields(("slot",), ("n", "pid")),
     Kind.WORKER_EXITED: Fields(("slot",), ("pid", "rc")),
 }

@@ -142,7 +142,12 @@ def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
 def handler(event: dict, context: Any = None) -> dict:
     """AWS Lambda's entry point (EventBridge Scheduler)."""
     started = time.monotonic()
-    return drive_lapsed(_store_conf(), _driver_name(event), _time_left(context, started))
+    # Batch jobs and their cloud schedules' fires first (each job guarded: never this invocation's end).
+    from ..batch.unattended import drive_guarded
+
+    batch = drive_guarded(event, _store_conf, _driver_name(event), _time_left(context, started))
+    report = drive_lapsed(_store_conf(), _driver_name(event), _time_left(context, started))
+    return {**report, "batch": batch} if batch else report
 
 
 def main_handler(event: dict, context: Any = None) -> dict:
