@@ -1,0 +1,106 @@
+"""Records the AWS API calls made in a test process, each with the principal that makes it in production.
+
+The principal is read off the call's stack, by the outermost sdcloud code on it: the cloud driver's
+handler (sdcloud.runs.unattended) runs with the function's role; the agent's batch worker
+(sdcloud_agent.batch) and the agent (sdcloud_agent) with the host role; the controller's run code
+(sdcloud.runs) and everything else of sdcloud (up, infra, gc, the CLI) with the user's own keys.
+A call from test code alone is the test's setup ("setup"), made as the account owner.
+
+`record_calls(monkeypatch)` records in one test; `SDCLOUD_AUTHZ_LOG=<dir>` makes tests/conftest.py
+record every call of a whole run, one JSON line per call, in one file per worker (authz_log()).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# (module prefix, principal), the more specific first: a call's principal is the first whose
+# prefix names a module on the call's stack.
+PRINCIPALS = (
+    ("sdcloud.runs.unattended", "driver"),
+    ("sdcloud_agent.batch", "batch-worker"),
+    ("sdcloud_agent", "host"),
+    ("sdcloud.runs", "controller"),
+    ("sdcloud", "user"),
+)
+
+
+@dataclass
+class Call:
+    principal: str
+    service: str
+    operation: str
+    params: dict
+    ok: bool = True
+    result: dict = field(default_factory=dict)  # what a later call's authorization depends on
+
+
+def principal_of_stack() -> str:
+    modules = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        modules.append(frame.f_globals.get("__name__", ""))
+        frame = frame.f_back
+    for prefix, principal in PRINCIPALS:
+        if any(m == prefix or m.startswith(prefix + ".") for m in modules):
+            return principal
+    return "setup"
+
+
+def _summary(operation: str, response: dict) -> dict:
+    if operation == "RunInstances":
+        return {"InstanceIds": [i["InstanceId"] for i in response.get("Instances", [])]}
+    return {}
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return f"<{type(value).__name__}>"  # bodies and streams: their size is not an authorization matter
+
+
+def install(sink, patch) -> None:
+    """Wrap botocore's one entry point for API calls; each call goes to `sink(Call)`."""
+    import botocore.client
+
+    original = botocore.client.BaseClient._make_api_call
+
+    def recording(self, operation_name, api_params):
+        call = Call(principal_of_stack(), self.meta.service_model.endpoint_prefix, operation_name,
+                    _jsonable(dict(api_params)))
+        try:
+            response = original(self, operation_name, api_params)
+        except Exception:
+            call.ok = False
+            sink(call)
+            raise
+        call.result = _summary(operation_name, response)
+        sink(call)
+        return response
+
+    patch(botocore.client.BaseClient, "_make_api_call", recording)
+
+
+def record_calls(monkeypatch) -> list[Call]:
+    calls: list[Call] = []
+    install(calls.append, monkeypatch.setattr)
+    return calls
+
+
+def authz_log(directory: str | Path, worker: str):
+    """A sink that appends each call as one JSON line to <directory>/calls-<worker>.jsonl."""
+    path = Path(directory) / f"calls-{worker}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def sink(call: Call) -> None:
+        with path.open("a") as f:
+            f.write(json.dumps({**asdict(call), "test": os.environ.get("PYTEST_CURRENT_TEST", "")}) + "\n")
+    return sink
