@@ -7,16 +7,16 @@ What the host's store calls need (AWS's "Actions, resources, and condition keys 
 GetObject (GET, HEAD, ranged GETs, and the source of a CopyObject), PutObject (PUT, CopyObject's
 destination, conditional PUTs with If-None-Match / If-Match, multipart create/upload/complete),
 PutObjectTagging (the sdcloud-class tag that checkpoint and log uploads carry), DeleteObject
-(DELETE and DeleteObjects, per key), AbortMultipartUpload (a cancelled upload),
-ListMultipartUploadParts, GetObjectTagging, and ListBucket (ListObjectsV2) held to the prefix.
+(DELETE and DeleteObjects, per key), AbortMultipartUpload (a cancelled upload), and ListBucket
+(ListObjectsV2) held to the prefix. Nothing else: no host code lists parts, reads tags or calls EC2
+(tests/test_authz_aws.py takes each action out in turn and shows a recorded host call refused).
 """
 
 from __future__ import annotations
 
 import json
 
-OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
-                  "s3:ListMultipartUploadParts", "s3:GetObjectTagging", "s3:PutObjectTagging")
+OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:PutObjectTagging")
 
 
 def role_policy_document(bucket: str, prefix: str) -> str:
@@ -30,8 +30,5 @@ def role_policy_document(bucket: str, prefix: str) -> str:
             {"Sid": "ListPrefix", "Effect": "Allow", "Action": ["s3:ListBucket"],
              "Resource": [f"arn:aws:s3:::{bucket}"],
              "Condition": {"StringLike": {"s3:prefix": [f"{prefix}/*", prefix]}}},
-            # EC2 Describe actions take no resource ARN; read-only, used to see its own instance.
-            {"Sid": "DescribeSelf", "Effect": "Allow", "Action": ["ec2:DescribeInstances", "ec2:DescribeTags"],
-             "Resource": "*"},
         ],
     }, indent=1)

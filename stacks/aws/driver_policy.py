@@ -7,8 +7,8 @@ The function takes controller steps (sdcloud/runs/unattended.py), so its role ma
 does and nothing more:
 - the run bucket, under the stack's prefix only: read and write the journal, the driver lease
   (conditional PUTs: If-None-Match / If-Match need s3:PutObject only), the agent's config and
-  wheel, status and events; the store tags checkpoint and log objects as it puts them, which needs
-  s3:PutObjectTagging; delete (lease release, the active index); list under the prefix;
+  wheel, status and events (no step writes the checkpoints or logs that the store tags, so no
+  s3:PutObjectTagging); delete (lease release, the active index); list under the prefix;
 - EC2: launch (RunInstances, with tags on create, from the stack's launch template), describe
   (instances, zones, spot prices for the zone order and the ledger, the image's root device when
   no template), and terminate, on instances that carry `sdcloud:run` only; the AMI's public SSM
@@ -57,7 +57,7 @@ AMI_PARAMETERS = "parameter/aws/service/deeplearning/*"
 STEP_CALLS: dict[tuple[str, str], tuple[str, ...]] = {
     ("s3", "GetObject"): ("s3:GetObject",),
     ("s3", "HeadObject"): ("s3:GetObject",),
-    ("s3", "PutObject"): ("s3:PutObject", "s3:PutObjectTagging"),
+    ("s3", "PutObject"): ("s3:PutObject",),
     ("s3", "CopyObject"): ("s3:GetObject", "s3:PutObject"),
     ("s3", "DeleteObject"): ("s3:DeleteObject",),
     ("s3", "DeleteObjects"): ("s3:DeleteObject",),
@@ -92,7 +92,7 @@ def function_policy_document(bucket: str, prefix: str, account_id: str, host_rol
         "Version": "2012-10-17",
         "Statement": [
             {"Sid": "RunObjects", "Effect": "Allow",
-             "Action": ["s3:GetObject", "s3:PutObject", "s3:PutObjectTagging", "s3:DeleteObject"],
+             "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
              "Resource": [f"arn:aws:s3:::{bucket}/{prefix}/*"]},
             {"Sid": "ListPrefix", "Effect": "Allow", "Action": ["s3:ListBucket"],
              "Resource": [f"arn:aws:s3:::{bucket}"],
