@@ -97,6 +97,7 @@ class Kind(StrEnum):
     BATCH_SCHEDULE_FIRED = "batch-schedule-fired"  # a cloud schedule's invocation submitted the job
     WORKER_STARTED = "worker-started"
     WORKER_EXITED = "worker-exited"
+    WORKER_ADOPTED = "worker-adopted"  # a resumed local job keeps a worker its dead driver left running
 
 
 # Spellings of earlier releases, read back from old journals and state files.
@@ -232,6 +233,7 @@ FIELDS: dict[Kind, Fields] = {
     Kind.BATCH_SCHEDULE_FIRED: Fields(("schedule", "wall"), ("driver",)),
     Kind.WORKER_STARTED: Fields(("slot",), ("n", "pid")),
     Kind.WORKER_EXITED: Fields(("slot",), ("pid", "rc")),
+    Kind.WORKER_ADOPTED: Fields(("n", "pid")),
 }
 
 
@@ -313,6 +315,8 @@ WORDS: dict[Kind, Callable[[dict], str | None]] = {
     Kind.DATASET_UPLOADED: lambda d: (f"dataset: {d.get('files')} files in the run's bucket ({d.get('sent')} sent, "
                                       f"{d.get('mb')} MB)"),
     Kind.MODEL_UPLOADED: _model_uploaded,
+    Kind.WORKER_ADOPTED: lambda d: (f"worker {d.get('n')} (pid {d.get('pid')}) outlived its driver and is still "
+                                    "at work: kept in its slot, no second worker started"),
     Kind.RESUME: lambda d: (f"resuming a {d.get('from_state')} run from step {d.get('step')} "
                             f"(${d.get('spent_usd')} already spent)"),
     **{k: _run_ended(k) for k in RUN_ENDED},

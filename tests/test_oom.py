@@ -274,16 +274,17 @@ def test_spent_ladder_cools_the_offer_and_moves_to_more_vram():
 OOM_FAKE = str(Path(__file__).parent / "oom_fake.py")
 
 
-def _external(tmp: Path, trainer: str, script: str, cure: str, text: str) -> tuple[int, dict, str]:
+def _external(tmp: Path, trainer: str, script: str, cure: str, text: str, extra_args: dict | None = None,
+              env_extra: dict | None = None) -> tuple[int, dict, str]:
     cfg = {"run_id": "oomx", "attempt": 1, "trainer": trainer,
-           "trainer_args": {"launcher": [sys.executable, OOM_FAKE], "script": script},
+           "trainer_args": {"launcher": [sys.executable, OOM_FAKE], "script": script, **(extra_args or {})},
            "steps": 12, "checkpoint_every": 5, "keep_checkpoints": 3,
            "store": {"url": f"file://{tmp}/bucket"}, "metadata": {"kind": "none"},
            "workdir": str(tmp / "work"), "nvme": False, "require_gpu": False,
            "heartbeat_seconds": 0.5, "poll_seconds": 0.2}
     (tmp / "agent.json").write_text(json.dumps(cfg))
     env = {**os.environ, "FAKE_STEP_SECONDS": "0.05", "FAKE_OOM_AT": "7", "FAKE_OOM_CURE": cure,
-           "FAKE_OOM_TEXT": str(DATA / text)}
+           "FAKE_OOM_TEXT": str(DATA / text), **(env_extra or {})}
     proc = subprocess.run([sys.executable, "-m", "sdcloud_agent", "run", "--config", str(tmp / "agent.json")],
                           env=env, capture_output=True, timeout=300)
     status = json.loads((tmp / "bucket/runs/oomx/status.json").read_text())
@@ -305,12 +306,16 @@ def test_kohya_script_oom_climbs_to_cached_latents_with_kohyas_flags(tmp_path):
     rc, status, log = _external(tmp_path, "kohya", "sdxl_train.py", "--cache_latents",
                                 "kohya-sdxl-train-torch2.txt")
     assert rc == 0, log[-3000:]
-    assert [e["rung"] for e in status["oom_events"]] == ["gradient-checkpointing", "8bit-optimizer", "cache-latents"]
+    # sdxl_train.py resumes only with its optimizer state: after a checkpoint the optimizer rung
+    # would load AdamW's state into Adafactor; it is passed over, with that reason.
+    assert [e["rung"] for e in status["oom_events"]] == ["gradient-checkpointing", "cache-latents"]
     assert all(e["resume_step"] == 5 for e in status["oom_events"])
+    (passed,) = status["oom_events"][1]["passed_over"]
+    assert passed["rung"] == "8bit-optimizer" and "optimizer's state" in passed["why"]
     last = log.split("with rung cache-latents")[1]
-    assert "--gradient_checkpointing" in last and "--cache_latents" in last and "--optimizer_type" in last
+    assert "--gradient_checkpointing" in last and "--cache_latents" in last and "--optimizer_type" not in last
     steps = [int(x) for x in re.findall(r"FAKESTEP (\d+)", log)]
-    assert steps[-6:] == [7, 8, 9, 10, 11, 12] and steps.count(6) == 4  # each restart from 5
+    assert steps[-6:] == [7, 8, 9, 10, 11, 12] and steps.count(6) == 3  # each restart from 5
 
 
 def test_a_rung_the_builtin_trainers_gpu_recipe_already_has_is_passed_over():
@@ -324,3 +329,126 @@ def test_a_rung_the_builtin_trainers_gpu_recipe_already_has_is_passed_over():
     h2 = oom.Healer("builtin", {"batch_size": 4}, cuda=True)
     ev = h2.climb(d.seen, step=0, effective={**d.effective, "batch_size": 2, "grad_accum": 2})
     assert ev["rung"] == "half-batch" and h2.args()[0]["batch-size"] == 1 and h2.args()[0]["grad-accum"] == 4
+
+
+def test_diffusers_oom_after_a_checkpoint_passes_over_the_optimizer_rung_with_its_reason(tmp_path):
+    rc, status, log = _external(tmp_path, "diffusers", "diffusers", "--train_batch_size=1",
+                                "diffusers-dreambooth-sd3.txt", {"train_batch_size": 2})
+    assert rc == 0, log[-3000:]
+    # (the fake's script name is not in the options table: cache-latents is tried too)
+    assert [e["rung"] for e in status["oom_events"]] == ["gradient-checkpointing", "cache-latents", "half-batch"]
+    (passed,) = status["oom_events"][1]["passed_over"]
+    assert passed["rung"] == "8bit-optimizer" and "--resume_from_checkpoint" in passed["why"]
+    assert "--use_8bit_adam" not in log and "KeyError: " not in log
+    assert "rung 8bit-optimizer passed over" in log
+
+
+def test_the_diffusers_fake_fails_as_bitsandbytes_does_on_adamws_state(tmp_path):
+    env = {**os.environ, "FAKE_STEP_SECONDS": "0", "FAKE_OOM_AT": "99", "FAKE_OOM_CURE": "--x",
+           "FAKE_OOM_TEXT": str(DATA / "diffusers-flux-lora.txt")}
+    out = tmp_path / "out"
+    first = [sys.executable, OOM_FAKE, "diffusers", "--output_dir", str(out), "--max_train_steps", "2",
+             "--checkpointing_steps", "2"]
+    assert subprocess.run(first, env=env, capture_output=True).returncode == 0
+    again = [*first[:-4], "--max_train_steps", "4", "--checkpointing_steps", "2", "--resume_from_checkpoint", "latest"]
+    eightbit = subprocess.run([*again, "--use_8bit_adam"], env=env, capture_output=True, text=True)
+    assert eightbit.returncode == 1 and "KeyError: 'state1'" in eightbit.stderr
+    assert subprocess.run(again, env=env, capture_output=True).returncode == 0  # AdamW on AdamW's state
+
+
+# -- kohya's network scripts: the optimizer rung starts a fresh optimizer at the checkpoint --------
+
+KOHYA_FAKE = str(Path(__file__).parent / "kohya_fake.py")
+
+
+def _kohya_images(folder: Path, n: int) -> Path:
+    folder.mkdir(parents=True)
+    for i in range(n):
+        (folder / f"{i}.png").write_bytes(b"png")
+        (folder / f"{i}.txt").write_text(f"photo {i}")
+    return folder
+
+
+def test_kohya_optimizer_rung_starts_fresh_from_the_checkpoints_weights_and_step(tmp_path):
+    from sdcloud_agent.trainers import safetensors_keys as st
+
+    data = _kohya_images(tmp_path / "photos", 6)
+    args = {"launcher": [sys.executable, KOHYA_FAKE], "script": "sdxl_train_network.py",
+            "network_module": "networks.lora", "resolution": "64,64"}
+    cfg = {"run_id": "oomk", "attempt": 1, "trainer": "kohya", "trainer_args": args, "steps": 12,
+           "checkpoint_every": 5, "keep_checkpoints": 3, "store": {"url": f"file://{tmp_path}/bucket"},
+           "metadata": {"kind": "none"}, "workdir": str(tmp_path / "work"), "dataset": str(data), "nvme": False,
+           "require_gpu": False, "heartbeat_seconds": 0.5, "poll_seconds": 0.2}
+    (tmp_path / "agent.json").write_text(json.dumps(cfg))
+    # OOM from step 7 on unless the optimizer changes; states are "module."-prefixed as under DDP.
+    env = {**os.environ, "FAKE_STEP_SECONDS": "0.02", "FAKE_OOM_AT": "7", "FAKE_OOM_CURE": "--optimizer_type",
+           "FAKE_OOM_TEXT": str(DATA / "kohya-network-runtimeerror.txt"), "FAKE_DDP": "1"}
+    proc = subprocess.run([sys.executable, "-m", "sdcloud_agent", "run", "--config", str(tmp_path / "agent.json")],
+                          env=env, capture_output=True, timeout=300)
+    log = (tmp_path / "work/attempt-1.log").read_text(errors="replace")
+    assert proc.returncode == 0, log[-3000:]
+    status = json.loads((tmp_path / "bucket/runs/oomk/status.json").read_text())
+    assert [e["rung"] for e in status["oom_events"]] == ["gradient-checkpointing", "8bit-optimizer"]
+    ev = status["oom_events"][1]
+    assert ev["fresh_optimizer"] and ev["resume_step"] == 5 and "Adafactor" in ev["change"]
+    last = log.split("with rung 8bit-optimizer")[1]
+    assert "--network_weights" in last and "--initial_step 5" in last and "--resume " not in last
+    assert [int(n) for n in re.findall(r"TRUESTEP (\d+)", last)] == list(range(6, 13))
+    # The reference: AdamW to the checkpoint, then the final recipe (Adafactor) from its weights and step.
+    toml = str(tmp_path / "work/kohya_dataset.toml")
+    ref = tmp_path / "ref"
+    base = [sys.executable, KOHYA_FAKE, "--network_module", "networks.lora", "--dataset_config", toml,
+            "--output_name", "sdcloud", "--output_dir", str(ref)]
+    quiet = {k: v for k, v in env.items() if not k.startswith("FAKE_OOM") and k != "FAKE_DDP"}
+    assert subprocess.run([*base, "--max_train_steps", "5", "--save_state", "--save_every_n_steps", "5"],
+                          env=quiet, capture_output=True).returncode == 0
+    (ref / "sdcloud.safetensors").unlink()
+    done = subprocess.run([*base, "--max_train_steps", "12", "--optimizer_type", "Adafactor", "--initial_step", "5",
+                           "--skip_until_initial_step", "--network_weights",
+                           str(ref / "sdcloud-step00000005-state/model.safetensors")],
+                          env=quiet, capture_output=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = st.tensors(tmp_path / "bucket/runs/oomk/artifacts/sdcloud.safetensors")
+    want = st.tensors(ref / "sdcloud.safetensors")
+    assert got.keys() == want.keys()
+    import struct
+
+    for k in got:
+        a = struct.unpack(f"<{len(got[k][2]) // 4}f", got[k][2])
+        b = struct.unpack(f"<{len(want[k][2]) // 4}f", want[k][2])
+        assert all(abs(x - y) <= 1e-6 for x, y in zip(a, b)), (k, a, b)
+    # The kept recipe says where the optimizer changed: a later attempt resuming from state 5 starts fresh.
+    recipe = json.loads((tmp_path / "bucket/runs/oomk/recipe.json").read_text())
+    assert recipe["optimizer"] == "adafactor" and recipe["optimizer_step"] == 5
+
+
+def test_the_kohya_fake_fails_as_adafactor_does_on_adamws_state(tmp_path):
+    data = _kohya_images(tmp_path / "p" / "1_x", 2)
+    base = [sys.executable, KOHYA_FAKE, "--network_module", "networks.lora", "--train_data_dir", str(data.parent),
+            "--output_name", "o", "--output_dir", str(tmp_path / "o"), "--save_state", "--save_every_n_steps", "2"]
+    env = {**os.environ, "FAKE_STEP_SECONDS": "0"}
+    assert subprocess.run([*base, "--max_train_steps", "2"], env=env, capture_output=True).returncode == 0
+    state = str(tmp_path / "o/o-step00000002-state")
+    bad = subprocess.run([*base, "--max_train_steps", "4", "--resume", state, "--optimizer_type", "Adafactor"],
+                         env=env, capture_output=True, text=True)
+    assert bad.returncode == 1 and "KeyError: 'exp_avg_sq_row'" in bad.stderr
+
+
+def test_text_encoder_outputs_are_not_cached_when_kohyas_assert_would_fail(tmp_path):
+    base = {"script": "sdxl_train_network.py", "network_module": "networks.lora", "network_train_unet_only": True}
+    opts = oom.script_options("kohya", base)
+    r, _, change = oom.Ladder("kohya", base, script_options=opts).step(
+        oom.Recipe(rungs=["gradient-checkpointing", "8bit-optimizer"]))
+    assert "text-encoder outputs cached" in change and oom.Ladder("kohya", base, script_options=opts).apply(r).get("cache_text_encoder_outputs") is True
+    for blocker in ({"shuffle_caption": True}, {"caption_dropout_rate": 0.1}, {"token_warmup_step": 10},
+                    {"caption_tag_dropout_rate": 0.2}):
+        ladder = oom.Ladder("kohya", {**base, **blocker}, script_options=opts)
+        r, rung, change = ladder.step(oom.Recipe(rungs=["gradient-checkpointing", "8bit-optimizer"]))
+        assert rung == "cache-latents" and "text-encoder" not in change
+        assert "cache_text_encoder_outputs" not in ladder.apply(r) and ladder.apply(r)["cache_latents"] is True
+        assert ladder.passed[0]["rung"] == "cache-text-encoder-outputs" and next(iter(blocker)) in ladder.passed[0]["why"]
+    toml = tmp_path / "ds.toml"
+    toml.write_text('[[datasets]]\nresolution = 1024\n[[datasets.subsets]]\nimage_dir = "x"\nshuffle_caption = true\n')
+    ladder = oom.Ladder("kohya", {**base, "dataset_config": str(toml)}, script_options=opts)
+    r, _, _ = ladder.step(oom.Recipe(rungs=["gradient-checkpointing", "8bit-optimizer"]))
+    assert "cache_text_encoder_outputs" not in ladder.apply(r) and "ds.toml" in ladder.passed[0]["why"]

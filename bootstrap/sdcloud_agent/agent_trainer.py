@@ -41,6 +41,9 @@ def make_trainer(name: str) -> Trainer:
 
 class TrainerProcess:
     def _start_trainer(self, ctx: Context) -> subprocess.Popen:
+        # A changed optimizer starts fresh from a checkpoint the old one saved (oom.py).
+        ctx.fresh_optimizer = ctx.resume is not None and self.healer is not None \
+            and self.healer.fresh_optimizer(ctx.resume_step)
         try:
             cmd = self.trainer.command(ctx)
         except FileNotFoundError as exc:  # a script name that the trainer's sources do not have
@@ -130,17 +133,21 @@ class TrainerProcess:
         newest = max(done, key=lambda c: c.step) if done else None
         step = newest.step if newest else (ctx.resume_step if ctx.resume else 0)
         ev = self.healer.climb(seen, step=step, peak_gb=self.health.peak_mem_gb,
-                               effective=self.oom.effective)
+                               effective=self.oom.effective, checkpoint=newest is not None or ctx.resume is not None)
         if ev is None:
             self.worker.wait_idle(timeout=300)
             tried = ", ".join(self.healer.recipe.rungs) or "none applied"
+            tried += "".join(f"; {p['rung']} passed over: {p['why']}" for p in self.healer.passed)
             self.status.update(failure_cause="out-of-memory", oom_spent=True, oom_events=self.healer.events,
                                oom_retries=len(self.healer.events))
             tail = "\n".join(list(self.tail)[-15:])
             raise Failure(f"out-of-memory: the memory ladder is spent ({tried}); this run needs a GPU with "
                           f"more VRAM. The trainer exited with code {rc}; last output:\n{tail}")
-        log.warning("CUDA out of memory (peak %s GB): restarting from step %d with rung %s: %s",
-                    ev["peak_gb"], step, ev["rung"], ev["change"])
+        log.warning("CUDA out of memory (peak %s GB): restarting from step %d with rung %s: %s%s",
+                    ev["peak_gb"], step, ev["rung"], ev["change"],
+                    " (fresh optimizer: weights and step from the checkpoint)" if ev.get("fresh_optimizer") else "")
+        for p in ev.get("passed_over", []):
+            log.warning("rung %s passed over: %s", p["rung"], p["why"])
         self.status.update(oom_events=self.healer.events, oom_retries=len(self.healer.events), step=step)
         self.status.flush(ship_log=False)
         if newest is not None:

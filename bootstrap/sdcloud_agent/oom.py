@@ -28,6 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .oom_rules import fresh_optimizer_refusal, te_cache_blocker
+from .oom_rules import lookup as _lookup
+
 log = logging.getLogger("sdcloud_agent.oom")
 
 RUNGS = ("gradient-checkpointing", "8bit-optimizer", "cache-latents", "half-batch")
@@ -123,6 +126,9 @@ class Recipe:
     rungs: list[str] = field(default_factory=list)  # in the order they were climbed
     gradient_checkpointing: bool = False
     optimizer: str | None = None  # "adamw8bit" or "adafactor"
+    # The checkpoint step the optimizer changed at: checkpoints up to it hold the old optimizer's
+    # state, so a resume from one of them starts the new optimizer fresh (None: none existed).
+    optimizer_step: int | None = None
     cache: bool = False
     batch_size: int | None = None  # the micro-batch, when the ladder changed it
     grad_accum: int | None = None
@@ -134,32 +140,6 @@ class Recipe:
     def from_dict(cls, d: dict) -> "Recipe":
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**known)
-
-
-def _lookup(args: Any, *names: str) -> Any:
-    """A flag's value in trainer_args (a dict, or an argv list for builtin/command); None if unset."""
-    keys = {n for name in names for n in (name, name.replace("-", "_"), name.replace("_", "-"))}
-    if isinstance(args, dict):
-        for k, v in args.items():
-            if str(k).lstrip("-") in keys:
-                return v
-        return None
-    if isinstance(args, list):
-        found = None
-        items = [str(a) for a in args]
-        for i, a in enumerate(items):
-            key, eq, val = a.lstrip("-").partition("=")
-            if a.startswith("--") and key in keys:
-                if eq:
-                    found = val
-                elif i + 1 < len(items) and not items[i + 1].startswith("--"):
-                    found = items[i + 1]
-                else:
-                    found = True
-            if a.startswith("--no-") and a[5:] in keys:
-                found = False
-        return found
-    return None
 
 
 def _int(v: Any, default: int) -> int:
@@ -189,6 +169,8 @@ class Ladder:
         # What the trainer ran with, where it says (the builtin trainer's GPU recipe fills unset
         # flags): a rung already in force there is passed over, and the micro-batch halves from it.
         self.effective: dict = {}
+        self.passed: list[dict] = []  # [{"rung", "why"}] of the last step(): rungs that could not apply
+        self.checkpoint: int | None = None
 
     def _accepts(self, flag: str) -> bool:
         if self.trainer in ("builtin", "command"):
@@ -203,10 +185,14 @@ class Ladder:
         a = recipe.grad_accum or _int(eff.get("grad_accum"), 0) or _int(_lookup(self.args, *names[1]), 1)
         return b, a
 
-    def step(self, recipe: Recipe) -> tuple[Recipe, str, str] | None:
-        """(the next recipe, its rung, what changed in words), or None when the ladder is spent."""
+    def step(self, recipe: Recipe, *, checkpoint: int | None = None) -> tuple[Recipe, str, str] | None:
+        """(the next recipe, its rung, what changed in words), or None when the ladder is spent.
+        `checkpoint`: the step of the checkpoint the restart resumes from (None: a fresh start).
+        A rung passed over for a reason the user should know is kept in `passed`."""
         if self.trainer == "command" and not (isinstance(self.args, dict) and self.args.get("memory_ladder")):
             return None  # any command: restarting it unchanged would fail the same way
+        self.passed = []
+        self.checkpoint = checkpoint
         done = set(recipe.rungs)
         for rung in RUNGS:
             if rung in done and rung != "half-batch":
@@ -240,11 +226,18 @@ class Ladder:
                 new.optimizer = "adamw8bit" if self.bnb else "adafactor"
             elif t == "diffusers":
                 # The example scripts offer no Adafactor: without bitsandbytes this rung is passed over.
-                if _lookup(a, "use_8bit_adam") is True or not self.bnb or not self._accepts("use_8bit_adam"):
-                    return None
+                if _lookup(a, "use_8bit_adam") is True or not self._accepts("use_8bit_adam") or (
+                        not self.bnb and self.checkpoint is None):
+                    return None  # (after a checkpoint the reason below is said even without bitsandbytes)
                 new.optimizer = "adamw8bit"
             else:
                 new.optimizer = "adamw8bit" if self.bnb else "adafactor"
+            if self.checkpoint is not None:
+                why = fresh_optimizer_refusal(t, a, self.options)
+                if why is not None:
+                    self.passed.append({"rung": rung, "why": why})
+                    return None
+                new.optimizer_step = self.checkpoint  # the restart starts this optimizer fresh
             return new, {"adamw8bit": "optimizer AdamW -> AdamW8bit",
                          "adafactor": "optimizer AdamW -> Adafactor (no bitsandbytes)"}[new.optimizer]
         if rung == "cache-latents":
@@ -258,6 +251,10 @@ class Ladder:
             elif t == "diffusers" and not self._accepts("cache_latents"):
                 return None  # the pinned example scripts have no such flag
             new.cache = True
+            blocker = te_cache_blocker(a) if t == "kohya" and self._accepts("cache_text_encoder_outputs") else None
+            if blocker and self.options is not None:
+                self.passed.append({"rung": "cache-text-encoder-outputs",
+                                    "why": f"kohya asserts the text-encoder outputs are cacheable, false with {blocker}"})
             return new, "latents cached" + (" and text-encoder outputs cached" if self._te_cache() else "")
         if rung == "half-batch":
             b, acc = self._batch(r)
@@ -272,14 +269,17 @@ class Ladder:
     def _te_cache(self) -> bool:
         """kohya's SDXL scripts cache the text encoders' outputs too, where the text encoders are
         not trained: a network script must be told --network_train_unet_only by the user (caching
-        would otherwise change what is trained), sdxl_train.py must not train them."""
+        would otherwise change what is trained), sdxl_train.py must not train them; and no option
+        may make the text vary per step (oom_rules.te_cache_blocker: kohya asserts on it)."""
         if self.trainer != "kohya" or not self._accepts("cache_text_encoder_outputs") or self.options is None:
             return self.trainer == "command"
         if _lookup(self.args, "cache_text_encoder_outputs") is True:
             return False
         if "--network_train_unet_only" in self.options:
-            return _lookup(self.args, "network_train_unet_only") is True
-        return _lookup(self.args, "train_text_encoder") is not True
+            wanted = _lookup(self.args, "network_train_unet_only") is True
+        else:
+            wanted = _lookup(self.args, "train_text_encoder") is not True
+        return wanted and te_cache_blocker(self.args) is None
 
     # -- applying it -----------------------------------------------------------------------------
     def apply(self, recipe: Recipe) -> Any:
@@ -395,6 +395,7 @@ class Healer:
                              has_bitsandbytes=False, cuda=cuda)
         self.recipe = Recipe()
         self.events: list[dict] = []
+        self.passed: list[dict] = []  # rungs passed over, with why (also on the spent ladder)
 
     def start(self) -> tuple[Any, dict[str, str]]:
         """(trainer_args, environment) for the first start: with the recipe an earlier attempt
@@ -406,14 +407,16 @@ class Healer:
         return self.ladder.apply(self.recipe), environment(self.recipe)
 
     def climb(self, seen: OomSeen | None, *, step: int | None, peak_gb: float | None = None,
-              effective: dict | None = None) -> dict | None:
+              effective: dict | None = None, checkpoint: bool = True) -> dict | None:
         """The next rung's event ({"rung", "change", "peak_gb", ...}) with the recipe moved on, or
-        None when the ladder is spent. `effective`: the settings the trainer said it ran with."""
+        None when the ladder is spent. `effective`: the settings the trainer said it ran with;
+        `checkpoint`: whether the restart resumes from a checkpoint at `step`."""
         if effective:
             self.ladder.effective = dict(effective)
         if not self._bnb_known:
             self.ladder.bnb, self._bnb_known = has_bitsandbytes(self.python), True
-        nxt = self.ladder.step(self.recipe)
+        nxt = self.ladder.step(self.recipe, checkpoint=step if checkpoint and step else None)
+        self.passed += [p for p in self.ladder.passed if p not in self.passed]
         if nxt is None:
             return None
         self.recipe, rung, change = nxt
@@ -421,6 +424,10 @@ class Healer:
         ev = {"rung": rung, "change": change, "peak_gb": max(peaks) if peaks else None,
               "total_gb": seen.total_gb if seen else None, "resume_step": step,
               "n": len(self.events) + 1, "error": (seen.line if seen else "")[:300]}
+        if self.ladder.passed:
+            ev["passed_over"] = list(self.ladder.passed)
+        if rung == "8bit-optimizer" and self.recipe.optimizer_step is not None:
+            ev["fresh_optimizer"] = True  # weights and step from the checkpoint, not its optimizer state
         self.events.append(ev)
         if self.store is not None:
             try:
@@ -428,6 +435,13 @@ class Healer:
             except Exception as exc:  # noqa: BLE001 - this attempt heals anyway; the next re-climbs
                 log.warning("cannot keep the memory recipe: %s", exc)
         return ev
+
+    def fresh_optimizer(self, resume_step: int | None) -> bool:
+        """Whether a resume from the checkpoint at `resume_step` must start the optimizer fresh:
+        the recipe changed it, and that checkpoint was saved by the old one."""
+        r = self.recipe
+        return bool(r.optimizer and r.optimizer_step is not None and resume_step is not None
+                    and resume_step <= r.optimizer_step)
 
     def args(self) -> tuple[Any, dict[str, str]]:
         return self.ladder.apply(self.recipe), environment(self.recipe)

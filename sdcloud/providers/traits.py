@@ -145,6 +145,9 @@ class ProviderTraits:
     # The module that reads the cloud's bill (capabilities.ReconcilesBill, `sdcloud cost reconcile`);
     # None: nothing bills this provider's hosts.
     bill: str | None = None
+    # The module that puts a batch schedule on the cloud's own scheduler, invoking the cloud driver
+    # (capabilities.SchedulesBatch, `sdcloud batch schedule add --provider`); None: the laptop's timer only.
+    schedules: str | None = None
 
     @property
     def is_cloud(self) -> bool:

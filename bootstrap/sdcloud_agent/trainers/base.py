@@ -43,6 +43,9 @@ class Context:
     # The external trainer's sources on this host (sdcloud_agent/scripts.py), when it needed them.
     trainer_root: Path | None = None
     trainer_python: str | None = None  # the interpreter that runs accelerate (kohya: its own venv)
+    # The memory ladder changed the optimizer after `resume` was saved (oom.py): start from its
+    # weights and step with a fresh optimizer, not from its optimizer state.
+    fresh_optimizer: bool = False
 
 
 def flag_args(args: dict) -> list[str]:

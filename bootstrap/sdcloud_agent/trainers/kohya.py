@@ -9,6 +9,10 @@ their folder names and step counts restart low. The adapter keeps its own global
 first progress bar after a resume has `max_train_steps - kohya_step` steps, which gives kohya's
 starting step, and every folder name is shifted by (our step - kohya's step). Progress bars count
 from 0 in each process and are shifted by the resumed step.
+When the memory ladder changed the optimizer after the checkpoint was saved (ctx.fresh_optimizer),
+a network script starts from the state's weights (`--network_weights <state>/model.safetensors`,
+names unprefixed) and `--initial_step <its step> --skip_until_initial_step`, with a fresh optimizer:
+`--resume` would load the old optimizer's state into the new one.
 DreamBooth / fine-tune scripts (`train_db.py`, `sdxl_train.py`, `fine_tune.py`) do not restore the
 step: we pass only the remaining steps and add the resumed step to the numbers they print and save.
 
@@ -26,7 +30,8 @@ from .base import AccelerateTrainer, Context, _TQDM, flag_args, parse_tqdm
 
 _STATE = re.compile(r"-step(\d+)-state$")
 STEP_LOSING_SCRIPTS = ("train_db.py", "sdxl_train.py", "fine_tune.py", "sd3_train.py", "flux_train.py")
-OWNED = ("output_dir", "max_train_steps", "save_every_n_steps", "save_state", "resume", "skip_until_initial_step")
+OWNED = ("output_dir", "max_train_steps", "save_every_n_steps", "save_state", "resume", "skip_until_initial_step",
+         "initial_step")
 # Our keys in trainer_args that are not kohya flags.
 OURS = ("instance_prompt",)
 # Attention implementations kohya takes (library/train_util.py at the pin): the user's choice wins.
@@ -128,7 +133,16 @@ class KohyaTrainer(AccelerateTrainer):
         self.max_steps = steps
         flags: dict = {"output_dir": str(ctx.checkpoint_dir), "max_train_steps": steps,
                        "save_state": True, "save_every_n_steps": ctx.checkpoint_every, **args}
-        if ctx.resume is not None:
+        if ctx.resume is not None and ctx.fresh_optimizer and restores:
+            # The checkpoint's LoRA weights and kohya's step in it, without its optimizer state:
+            # --initial_step takes the place of the state's step in kohya's arithmetic.
+            from .safetensors_keys import unprefixed
+
+            flags["network_weights"] = str(unprefixed(ctx.resume / "model.safetensors",
+                                                      ctx.workdir / "fresh-optimizer" / "network_weights.safetensors"))
+            flags["initial_step"] = json.loads((ctx.resume / "train_state.json").read_text())["current_step"]
+            flags["skip_until_initial_step"] = True
+        elif ctx.resume is not None:
             flags["resume"] = str(ctx.resume)
             if restores:
                 flags["skip_until_initial_step"] = True

@@ -20,6 +20,7 @@ TRAITS = ProviderTraits(
     catalog=True,
     public_price_list=True,
     bill="sdcloud.providers.aws.billing",  # `sdcloud cost reconcile` (billing.py)
+    schedules="sdcloud.providers.aws.schedules",  # `sdcloud batch schedule add --provider aws` (schedules.py)
     function=CloudFunction(
         name="aws-lambda", runtime="python3.11", timeout_seconds=240, memory_mb=512, safety_seconds=30.0,
         schedule_seconds=300,

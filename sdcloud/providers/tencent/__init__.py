@@ -19,6 +19,7 @@ TRAITS = ProviderTraits(
     spot_prices="samples",
     catalog=True,
     bill="sdcloud.providers.tencent.billing",  # `sdcloud cost reconcile` (billing.py)
+    schedules="sdcloud.providers.tencent.schedules",  # `sdcloud batch schedule add --provider tencent` (schedules.py)
     # SCF's per-GB-second and per-invocation prices could not be read into a citable figure: unpriced.
     function=CloudFunction(
         name="tencent-scf", runtime="CustomRuntime", timeout_seconds=240, memory_mb=512, safety_seconds=30.0,
