@@ -49,6 +49,15 @@ def _compact(source: str) -> str:
                    if i not in drop and not line.lstrip().startswith("#"))
 
 
+def _without_comments(template: str) -> str:
+    """The template without its comment-only lines, but for the shebang and the header line after
+    it: they explain the script to its readers here, and each launch would carry them under the
+    16 KB limit (over 1 KB of the script). Placeholders stay where they are, so nothing that is
+    substituted later (the config, s3lite) is touched."""
+    lines = template.splitlines(keepends=True)
+    return "".join(lines[:2]) + "".join(line for line in lines[2:] if not line.lstrip().startswith("#"))
+
+
 CLOUD_MARKER = "# @@CLOUD_ROLE_KEYS@@"
 
 
@@ -80,7 +89,7 @@ def render_user_data(agent_config: dict | None = None, wheel_key: str = "", driv
         raise ValueError("the per-run user-data needs the agent wheel's key in the bucket")
     _check_no_secrets(agent_config)
     pkg = resources.files("sdcloud_agent")
-    template = pkg.joinpath("templates/user-data.sh.tmpl").read_text()
+    template = _without_comments(pkg.joinpath("templates/user-data.sh.tmpl").read_text())
     s3lite = _compact(boot_client(agent_config))
     s3lite_packed = base64.encodebytes(gzip.compress(s3lite.encode(), 9, mtime=0)).decode()
     config_json = json.dumps(agent_config, separators=(",", ":"), sort_keys=True)
