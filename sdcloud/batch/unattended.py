@@ -210,12 +210,14 @@ def drive_guarded(event: Any, store_conf: Callable[[], dict], driver: str, time_
     function's safety margin, and nothing it raises reaches the training runs' steps."""
     import os
 
-    from ..runs.unattended import safety_seconds
+    from ..providers.traits import every
 
     if not os.environ.get("SDCLOUD_HOME"):
         # Lambda and SCF give a writable /tmp only (config.toml is read from the home; none there).
         os.environ["SDCLOUD_HOME"] = tempfile.mkdtemp(prefix="sdcloud-driver-")
-    safety = safety_seconds(driver)
+    # The function's own margin before its timeout (its traits), as the runs' steps keep it.
+    margins = [t.function.safety_seconds for t in every() if t.function is not None and t.function.name == driver]
+    safety = margins[0] if margins else max(t.function.safety_seconds for t in every() if t.function is not None)
     try:
         return drive(event, store_conf(), driver, lambda: time_left() - safety)
     except Exception as exc:  # noqa: BLE001 - the bucket could not be opened: said, and the runs go on

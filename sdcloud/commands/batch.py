@@ -256,14 +256,22 @@ def schedule() -> None:
 @schedule.command("add")
 @output_options
 @click.option("--cron", required=True, help='five fields, e.g. "0 2 * * *"')
-@click.option("--tz", default="UTC", show_default=True, help="IANA time zone, e.g. Europe/Berlin")
+@click.option("--tz", default=None, help="IANA time zone, e.g. Europe/Berlin (default UTC; Tencent: Asia/Shanghai)")
 @submit_options
-def schedule_add(cron: str, tz: str, **kw) -> None:
-    """Add a schedule (the submit options are checked now, and again at each fire)."""
-    from ..batch import jobs, schedules
+def schedule_add(cron: str, tz: str | None, **kw) -> None:
+    """Add a schedule (the submit options are checked now, and again at each fire). With --provider aws or
+    tencent it goes on that cloud's scheduler and needs no machine of yours; local and SSH use this machine's timer."""
+    from ..batch import cloud_schedules, jobs, schedules
 
+    tz = tz or cloud_schedules.default_tz(kw["provider"])
     schedules.check_cron(cron, tz)
-    jobs.validate(_options(kw))
+    opts = _options(kw)
+    jobs.validate(opts)
+    if kw["provider"] in cloud_schedules.cloud_providers():
+        res = cloud_schedules.add(cron, tz, opts)
+        note(f"{res['id']}: {res['kind']} {res['name']} on {res['provider']}, {res['expression']} in {res['tz']}")
+        click.echo(res["id"])
+        return
     sid = schedules.Schedules().add(cron, tz, kw | {"prompts": str(Path(kw["prompts"]).expanduser().resolve())})
     click.echo(sid)
 
@@ -273,24 +281,38 @@ def schedule_add(cron: str, tz: str, **kw) -> None:
 @wide_option
 @click.option("--json", "as_json", is_flag=True)
 def schedule_list(as_json: bool) -> None:
-    from ..batch import schedules
+    """This machine's schedules, and those on the clouds whose stacks it knows."""
+    from ..batch import cloud_schedules, schedules
 
-    rows = schedules.Schedules().list()
+    rows = [{**s, "where": "this machine"} for s in schedules.Schedules().list()]
+    rows += [{**s, "where": f"{s['provider']}: {s['kind']}", "cron": s["expression"], "paused": s["state"] != "ENABLED"}
+             for s in cloud_schedules.listed()]
     if as_json:
         emit_json(rows)
     else:
-        table("schedules", ["id", "cron", "tz", "paused", "next", "last job"],
-              [[s["id"], s["cron"], s["tz"], "yes" if s["paused"] else "", s["next"] or "", s["last_job"] or ""] for s in rows],
-              drop=["last job", "paused"])
+        table("schedules", ["id", "where", "cron", "tz", "paused", "next", "last job"],
+              [[s["id"], s["where"], s["cron"], s["tz"], "yes" if s["paused"] else "", s.get("next") or "",
+                s.get("last_job") or ""] for s in rows],
+              drop=["last job", "paused", "where"])
 
 
 @schedule.command("remove")
 @output_options
 @click.argument("sid")
 def schedule_remove(sid: str) -> None:
-    from ..batch import schedules
+    """Remove a schedule: from this machine's, or from the cloud that has it; says what was removed."""
+    from ..batch import cloud_schedules, schedules
+    from ..errors import UserError
 
-    schedules.Schedules().remove(sid)
+    local = schedules.Schedules()
+    if any(s["id"] == sid for s in local.list()):
+        local.remove(sid)
+        click.echo(f"removed {sid} (this machine's timer)")
+        return
+    gone = cloud_schedules.remove(sid)
+    if gone is None:
+        raise UserError(f"no schedule {sid!r}; see: sdcloud batch schedule list")
+    click.echo(f"removed {sid}: {gone['kind']} {gone['name']} on {gone['provider']}")
 
 
 @schedule.command("pause")

@@ -99,3 +99,26 @@ class HasPriceHistory(Protocol):
     the cloud publishes them; a stand-in provider of a test may not answer at all)."""
 
     def price_history(self, instance_type: str, zone: str, start: datetime, end: datetime) -> list[tuple[datetime, float]]: ...
+
+
+@runtime_checkable
+class SchedulesBatch(Protocol):
+    """Puts a batch schedule on the cloud's own scheduler, which invokes the stack's cloud driver
+    with `payload` at each cron time (batch/cloud_schedules.py).
+
+    A provider's schedules module (`traits(name).schedules`) satisfies it: a schedule belongs to the
+    account's stack, not to a provider instance. `expression` turns a five-field cron in zone `tz`
+    into the cloud's own form, or raises UserError (one line) for what the cloud cannot express;
+    `infra` is the stack's outputs; `client` replaces the SDK's client (tests).
+    """
+
+    KIND: str  # what the cloud calls the thing made ("EventBridge Scheduler schedule", "SCF timer trigger")
+    DEFAULT_TZ: str  # the zone of a schedule given no --tz
+
+    def expression(self, cron: str, tz: str) -> str: ...
+
+    def create(self, name: str, expression: str, tz: str, payload: dict, infra: dict, client: Any = None) -> None: ...
+
+    def delete(self, name: str, infra: dict, client: Any = None) -> bool: ...
+
+    def listed(self, infra: dict, client: Any = None) -> list[dict]: ...

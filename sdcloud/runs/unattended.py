@@ -35,6 +35,8 @@ DEFAULT_INVOCATION_SECONDS = 60.0
 # own at a reclaim notice, so a step every schedule tick (5 minutes) loses no work, and a short
 # invocation keeps a month of a live run inside the functions' free tiers (docs/runs.md).
 DRIVE_SECONDS = 60.0
+# The batch jobs' part of an invocation (sdcloud/batch/unattended.py).
+BATCH_STEPS = "sdcloud.batch.unattended"
 
 
 def safety_seconds(driver: str) -> float:
@@ -143,9 +145,11 @@ def handler(event: dict, context: Any = None) -> dict:
     """AWS Lambda's entry point (EventBridge Scheduler)."""
     started = time.monotonic()
     # Batch jobs and their cloud schedules' fires first (each job guarded: never this invocation's end).
-    from ..batch.unattended import drive_guarded
+    # Named, not imported: batch sits beside runs and imports it, and the function has this one entry.
+    import importlib
 
-    batch = drive_guarded(event, _store_conf, _driver_name(event), _time_left(context, started))
+    drive_batch = importlib.import_module(BATCH_STEPS).drive_guarded
+    batch = drive_batch(event, _store_conf, _driver_name(event), _time_left(context, started))
     report = drive_lapsed(_store_conf(), _driver_name(event), _time_left(context, started))
     return {**report, "batch": batch} if batch else report
 

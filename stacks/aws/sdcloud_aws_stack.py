@@ -282,4 +282,6 @@ def _driver(cfg: StackConfig, region: str, bucket: aws.s3.Bucket, host_role: aws
                 "retry_policy": {"maximum_retry_attempts": 0}},
         state="ENABLED")
     return {"driver_function": function.name, "driver_function_arn": function.arn, "driver_schedule": schedule.name,
-            "driver_role_arn": role.arn}
+            "driver_role_arn": role.arn,
+            # `sdcloud batch schedule add --provider aws` targets the function with this role (batch/cloud_schedules.py).
+            "driver_scheduler_role_arn": invoker.arn}
