@@ -66,8 +66,8 @@ def test_a_power_cap_in_a_third_of_the_samples_is_throttled_and_idle_is_not():
     assert v.figures["throttle_pct"] == pytest.approx(33.3, abs=0.1) and v.figures["temp_c"] == 77
     # One sample in ten is below the threshold; an idle GPU's clock drop is no slowdown.
     few = _rec("ollama-6163-sw-power-cap.txt") + _rec("nvidia-docker-1090-not-active.txt") * 9
-    assert health.judge(few, [], 0, 0).verdict == "healthy"
-    assert health.judge(_rec("kubeflow-68-idle.txt") * 5, [], 0, 0).verdict == "healthy"
+    assert health.judge(few, _steps(10, 1.0, 0.0), 0, 10).verdict == "healthy"
+    assert health.judge(_rec("kubeflow-68-idle.txt") * 5, _steps(10, 1.0, 0.0), 0, 10).verdict == "healthy"
 
 
 def test_the_sm_clock_against_its_max_is_a_figure_of_the_verdict():
@@ -103,7 +103,32 @@ def test_monitor_reads_the_trainers_lines_and_the_gpu_with_a_controlled_clock():
 def test_no_nvidia_smi_means_no_gpu_samples():
     m = health.Monitor(use_gpu=False)
     m.sample()
-    assert m.summary()["gpu_samples"] == 0 and m.summary()["verdict"] == "healthy"
+    assert m.summary()["gpu_samples"] == 0 and m.summary()["verdict"] == "unknown"
+    for i in range(health.MIN_STEPS):
+        m.feed_line(f'SDCLOUD_STEP {{"step": {i + 1}, "step_s": 1.0, "data_wait_s": 0.0}}')
+    assert m.summary()["verdict"] == "healthy" and m.summary()["gpu_util"] is None
+
+
+def test_no_verdict_without_evidence_and_none_after_the_trainer_exited():
+    now = [0.0]
+    text = (DATA / "spark-8-a100-table.txt").read_text()
+    m = health.Monitor(use_gpu=True, run_smi=lambda: text, clock=lambda: now[0])
+    s = m.summary()  # just booted: nothing sampled, every figure null
+    assert s["verdict"] == "unknown" and "0 of 5 steps, 0 of 3 GPU samples" in s["why"]
+    assert s["gpu_util"] is None and s["data_wait_pct"] is None and s["power_w"] is None
+    for i in range(1, 6):  # enough steps, but a GPU host needs its GPU samples too
+        now[0] += 1.0
+        m.feed_line(f'SDCLOUD_STEP {{"step": {i}, "step_s": 1.0, "data_wait_s": 0.0}}')
+    m.sample()
+    assert m.summary()["verdict"] == "unknown"
+    m.sample(), m.sample()
+    assert m.summary()["verdict"] == "healthy"
+    m.set_exit(3)
+    s = m.summary()
+    assert s["verdict"] is None and s["trainer_exit"] == 3 and "exited with code 3" in s["why"]
+    assert s["last_verdict"] == "healthy"
+    m.set_pid(1234)  # restarted (an out-of-memory rung): judged again
+    assert m.summary()["verdict"] == "healthy" and m.summary()["trainer_exit"] is None
 
 
 # -- local runs: the builtin trainer, once with a slow dataset reader ----------------------------
@@ -122,7 +147,8 @@ def _run(tmp: Path, env: dict) -> dict:
                           env=env, capture_output=True, timeout=600)
     status = json.loads((tmp / "bucket/runs/h/status.json").read_text())
     assert proc.returncode == 0, (tmp / "work/attempt-1.log").read_text()[-3000:]
-    return status["health"]
+    assert status["health"]["verdict"] is None and status["health"]["trainer_exit"] == 0
+    return {**status["health"], "verdict": status["health"]["last_verdict"]}
 
 
 @pytest.mark.slow

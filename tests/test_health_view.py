@@ -72,3 +72,32 @@ def test_watch_tells_each_rung_and_verdict_in_plain_words():
     assert plain("health", {"attempt": 2, **IO_BOUND}).startswith("attempt 2: health: io-bound: GPU 23%, data wait 64%")
     assert "moving to more VRAM: g5.xlarge (22 GiB)" in plain(
         "out-of-memory", {"attempt": 1, "offer": "aws/us-east-1/a/g4dn.xlarge", "next": ["g5.xlarge (22 GiB)"]})
+
+
+def test_status_json_says_unknown_with_nulls_before_sampling_and_no_verdict_after_an_exit(sdcloud_home, capsys):
+    from sdcloud.cli import main
+    from sdcloud.runs.spec import RunSpec
+    from sdcloud.runs.state import StateStore
+    from sdcloud_agent import health
+
+    st = StateStore()
+    booted = health.Monitor(use_gpu=True, run_smi=lambda: "").summary()  # what a host 1 s after boot reports
+    exited = health.Monitor(use_gpu=False)
+    exited.set_exit(3)  # a trainer that exited at once
+    for rid, summary in (("r-00000new", booted), ("r-000exit3", exited.summary())):
+        st.create_run(rid, "sd15-lora", RunSpec(tier="sd15-lora", provider="local").as_dict(), 100)
+        st.update_run(rid, state="running", step=0)
+        c = _Ctrl()
+        health_view.note(c, 1, {"health": summary}, now=1.0)
+        for kind, data in c.events:
+            st.event(rid, kind, data)
+    assert main(["status", "r-00000new", "--json"]) == 0
+    h = json.loads(capsys.readouterr().out)["health"]
+    assert h["verdict"] == "unknown" and "not enough evidence" in h["why"]
+    for k in ("gpu_util", "data_wait_pct", "power_w", "power_limit_w", "temp_c", "throttle_pct", "read_mb_s"):
+        assert k in h and h[k] is None, k
+    assert main(["status", "r-000exit3"]) == 0
+    assert "health: no verdict: the trainer exited with code 3, 0 OOM retries" in capsys.readouterr().out
+    assert main(["status", "r-000exit3", "--json"]) == 0
+    h = json.loads(capsys.readouterr().out)["health"]
+    assert h["verdict"] is None and h["trainer_exit"] == 3 and h["gpu_util"] is None and h["last_verdict"] == "unknown"

@@ -263,6 +263,7 @@ class Agent(StagingPhases, TrainerProcess, ReclaimPath):
                 if self.notice_event.wait(0.25):
                     return self._handle_notice(ctx, proc)
             rc = proc.wait()
+            self.health.set_exit(rc)  # an exited trainer has no health verdict, only its exit
             self._reader.join(timeout=5)  # its last lines (the failure's tail, the final step)
             if self.notice_event.is_set():
                 return self._handle_notice(ctx, proc)

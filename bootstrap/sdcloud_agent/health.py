@@ -9,6 +9,10 @@ Samples (docs/training.md has the thresholds and their sources):
   checkpoint save's seconds (SDCLOUD_CHECKPOINT lines).
 - the trainer's disk reads (read_bytes of /proc/<pid>/io, the trainer and its children).
 
+No verdict without evidence: `unknown` until MIN_STEPS training steps are seen and, on a host with
+nvidia-smi, MIN_GPU_SAMPLES GPU samples; a trainer that exited has no verdict, only its exit code
+(`trainer_exit`). A figure that was not measured is null, never a guess.
+
 Verdicts, one at a time, the first that holds in this order:
   io-bound    the trainer waits for data >= IO_WAIT_SHARE of its step time and the GPU (when there
               is one) is busy < IO_GPU_UTIL percent
@@ -41,6 +45,8 @@ IO_WAIT_SHARE = 0.30
 IO_GPU_UTIL = 50.0
 SAVE_SHARE = 0.15
 THROTTLE_SHARE = 0.20
+MIN_STEPS = 5  # steps seen before any verdict
+MIN_GPU_SAMPLES = 3  # GPU samples before any verdict, where there is a GPU to sample
 # The clock event reasons that slow a busy GPU (nvidia-smi's names). Idle, applications clocks,
 # sync boost and display clock settings are not slowdowns of a training job (NVML's nvml.h).
 SLOWDOWNS = {"sw power cap": "power cap", "hw slowdown": "hw slowdown", "hw thermal slowdown": "hw thermal",
@@ -182,9 +188,10 @@ def _pct(x: float | None) -> float | None:
 
 
 def judge(gpu: list[GpuSample], steps: list[tuple[float, float | None]], save_s: float, wall_s: float,
-          read_mb_s: float | None = None) -> Verdict:
+          read_mb_s: float | None = None, *, gpu_expected: bool | None = None) -> Verdict:
     """The verdict over a window: GPU samples, (step seconds, data-wait seconds or None) of the
-    trainer's steps, the seconds its saves took and the wall time they fall in."""
+    trainer's steps, the seconds its saves took and the wall time they fall in. `gpu_expected`:
+    the host has a GPU to sample (None: as many as were given)."""
     utils = [g.util for g in gpu if g.util is not None]
     util = sum(utils) / len(utils) if utils else None
     waits = [(s, w) for s, w in steps if w is not None and s > 0]
@@ -215,6 +222,10 @@ def judge(gpu: list[GpuSample], steps: list[tuple[float, float | None]], save_s:
         "read_mb_s": None if read_mb_s is None else round(read_mb_s, 2),
         "gpu_samples": len(gpu), "steps": len(steps),
     }
+    need_gpu = MIN_GPU_SAMPLES if (gpu_expected if gpu_expected is not None else bool(gpu)) else 0
+    if len(steps) < MIN_STEPS or len(gpu) < need_gpu:
+        have = f"{len(steps)} of {MIN_STEPS} steps" + (f", {len(gpu)} of {need_gpu} GPU samples" if need_gpu else "")
+        return Verdict("unknown", f"not enough evidence yet ({have})", figures)
     if wait_share is not None and wait_share >= IO_WAIT_SHARE and (util is None or util < IO_GPU_UTIL):
         gpu_part = f"GPU {util:.0f}% busy while " if util is not None else ""
         return Verdict("io-bound", f"{gpu_part}the trainer waits for data {100 * wait_share:.0f}% of each step "
@@ -275,6 +286,7 @@ class Monitor:
         self.read_mb_s: float | None = None
         self.cost_s = 0.0  # the sampler's own seconds (bench/health_overhead.py)
         self.samples = 0
+        self.exit_code: int | None = None  # the trainer's, once it exited (no verdict then)
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
@@ -313,7 +325,11 @@ class Monitor:
             self.steps.append((step_s, float(wait) if wait is not None else None))
 
     def set_pid(self, pid: int | None) -> None:
-        self.pid, self._read = pid, None
+        self.pid, self._read, self.exit_code = pid, None, None
+
+    def set_exit(self, code: int) -> None:
+        """The trainer exited: from now on its health has no verdict, only this exit."""
+        self.exit_code = code
 
     # -- sampling --------------------------------------------------------------------------------
     def sample(self) -> None:
@@ -342,11 +358,14 @@ class Monitor:
             gpu, steps = list(self.gpu), list(self.steps)[-WINDOW * 10:]
             wall = self.clock() - self.started if self.started is not None else 0.0
             save_s = self.save_s
-        return judge(gpu, steps, save_s, wall, self.read_mb_s)
+        return judge(gpu, steps, save_s, wall, self.read_mb_s, gpu_expected=self.use_gpu)
 
     def summary(self) -> dict:
         """What status.json carries as `health`."""
         out = self.verdict().as_dict()
+        out["trainer_exit"] = self.exit_code
+        if self.exit_code is not None:  # what it was judged while it ran stays, as last_verdict
+            out.update(verdict=None, last_verdict=out["verdict"], why=f"the trainer exited with code {self.exit_code}")
         out.update(samples=self.samples, sampler_ms=round(1000 * self.cost_s / self.samples, 1) if self.samples else None,
                    saves=self.saves, peak_mem_gb=self.peak_mem_gb)
         return out

@@ -19,26 +19,31 @@ from .owner import RunOwner
 HEALTH_EVENT_SECONDS = 60.0
 KINDS = (Kind.HEALTH, Kind.OOM_RETRY, Kind.OUT_OF_MEMORY)
 # The figures kept in the event (and in `status --json`'s `health`).
+# `verdict` is unknown until the host has the evidence (sdcloud_agent/health.py MIN_STEPS,
+# MIN_GPU_SAMPLES) and null once the trainer exited (`trainer_exit` says how, `last_verdict` what it
+# was judged while it ran). A figure that was not sampled is null in `status --json`.
 FIELDS = ("verdict", "why", "gpu_util", "data_wait_pct", "step_s", "save_pct", "throttle_pct", "throttle_reasons",
           "sm_clock_pct", "power_w", "power_limit_w", "temp_c", "mem_used_gb", "mem_total_gb", "peak_mem_gb",
-          "read_mb_s", "gpu_samples", "samples", "sampler_ms")
+          "read_mb_s", "gpu_samples", "steps", "samples", "sampler_ms", "trainer_exit", "last_verdict")
 
 
 def note(controller: RunOwner, attempt: int, status: dict | None, now: float | None = None) -> None:
     """Record the host's health as an event when it changed (or a minute passed)."""
     h = (status or {}).get("health")
-    if not isinstance(h, dict) or not h.get("verdict"):
+    if not isinstance(h, dict) or not (h.get("verdict") or h.get("trainer_exit") is not None):
         return
+    key = h.get("verdict") or f"exited {h.get('trainer_exit')}"
     now = time.time() if now is None else now
     last = controller.memo.health_last
-    if last is not None and last[0] == attempt and last[1] == h["verdict"] and now - last[2] < HEALTH_EVENT_SECONDS:
+    if last is not None and last[0] == attempt and last[1] == key and now - last[2] < HEALTH_EVENT_SECONDS:
         return
-    controller.memo.health_last = (attempt, h["verdict"], now)
+    controller.memo.health_last = (attempt, key, now)
     controller.event(Kind.HEALTH, {"attempt": attempt, **{k: h.get(k) for k in FIELDS if h.get(k) is not None}})
 
 
 def latest(state: Any, run_id: str) -> dict | None:
-    """The run's newest health figures and its out-of-memory retries, or None when it has neither."""
+    """The run's newest health figures and its out-of-memory retries, or None when it has neither.
+    Every field of FIELDS is present: null where the host did not sample it."""
     health, retries = None, 0
     for ev in state.events(run_id):
         kind = events.parse(ev["kind"])
@@ -48,13 +53,20 @@ def latest(state: Any, run_id: str) -> dict | None:
             retries += 1
     if health is None and not retries:
         return None
-    out = health or {"verdict": None}
+    out = {k: None for k in FIELDS} | (health or {})
     out["oom_retries"] = retries
     return out
 
 
 def line(h: dict) -> str:
-    """`health: io-bound: GPU 23%, data wait 64%, no throttling, 0 OOM retries (why)`."""
+    """`health: io-bound: GPU 23%, data wait 64%, no throttling, 0 OOM retries (why)`; an exited
+    trainer's: `health: no verdict: the trainer exited with code 3, 0 OOM retries`."""
+    n = h.get("oom_retries") or 0
+    retries = f"{n} OOM retr{'y' if n == 1 else 'ies'}"
+    if h.get("verdict") is None and h.get("trainer_exit") is not None:
+        return f"health: no verdict: the trainer exited with code {h['trainer_exit']}, {retries}"
+    if h.get("verdict") == "unknown":
+        return f"health: unknown ({h.get('why') or 'not enough evidence yet'}), {retries}"
     bits = [f"GPU {h['gpu_util']:.0f}%" if h.get("gpu_util") is not None else "GPU not sampled"]
     bits.append(f"data wait {h['data_wait_pct']:.0f}%" if h.get("data_wait_pct") is not None else "data wait unknown")
     reasons = h.get("throttle_reasons") or []
