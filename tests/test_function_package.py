@@ -1,42 +1,50 @@
 """The cloud driver's function package (sdcloud/infra/function_package.py) builds from the project,
-loads its handler with nothing but what it carries, and fits Lambda's and SCF's size limits.
+loads its handler with nothing but what it carries under each cloud function's own Python, and
+fits every function's limits.
 
 The package is unzipped into an empty folder and the handler imported by `python -S` with
 PYTHONPATH set to that folder alone: no site-packages, so a dependency the zip lacks fails the
-import here as it would on Lambda. Every module the run loads must come from the folder or the
-standard library. No network: the distributions are copied from this venv, as a Lambda zip is.
+import here as it would on Lambda or SCF. The interpreter is the runtime's version (Lambda's
+python3.13, SCF's Python3.10: the traits), found by tests/interpreters.py. Every module the run
+loads must come from the folder or that interpreter's standard library. No network: the
+distributions are copied from this venv, as a Lambda zip is.
 """
 
 from __future__ import annotations
 
 import ast
+import datetime
 import io
 import json
 import os
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from interpreters import python_for
+from sdcloud.infra import function_entry
 from sdcloud.infra import function_package as fp
 
 ROOT = Path(__file__).resolve().parents[1]
+FUNCTIONS = fp.runtimes()
 
-# Run inside the unzipped package: the handler on an empty bucket (both platforms' event shapes),
-# then the modules a step reaches on each cloud, with the clients it makes (no call is sent).
+# Run inside the unzipped package: the SCF entry first (it gives 3.10 the names of 3.11 the control
+# plane uses), the handler on an empty bucket (both platforms' event shapes), then the modules a
+# step reaches on each cloud, with the clients it makes (no call is sent).
 PROBE = r"""
-import json, os, sys
+import json, os, sys, sysconfig
 import sdcloud_driver
 from sdcloud.runs import unattended
-out = {"lambda": unattended.handler({"sdcloud": "drive"}, None),
+out = {"python": list(sys.version_info[:2]),
+       "lambda": unattended.handler({"sdcloud": "drive"}, None),
        "scf": sdcloud_driver.main_handler({"Type": "Timer", "TriggerName": "t", "Time": "", "Message": ""},
                                           {"time_limit_in_ms": 60000})}
 import sdcloud.runs.controller, sdcloud.runs.journal, sdcloud.runs.driver, sdcloud.runs.hostboot
 import sdcloud.providers.aws.compute as aws_compute, sdcloud.providers.tencent.compute as tc_compute
-import sdcloud.providers.tencent.storage, sdcloud.costs.ledger, sdcloud.spot.policy
+import sdcloud.providers.tencent.storage, sdcloud.costs.ledger, sdcloud.spot.policy, sdcloud.offers.tiers
 import boto3
 boto3.session.Session(region_name="us-east-1").client("ec2")
 from tencentcloud.common import credential
@@ -44,8 +52,14 @@ from tencentcloud.cvm.v20170312 import cvm_client
 cvm_client.CvmClient(credential.Credential("id", "key"), "ap-guangzhou")
 from sdcloud_agent import wheel
 out["agent_wheel"] = wheel.current().filename
-stdlib = os.path.realpath(sys.argv[1])
-here = os.path.realpath(sys.argv[2])
+from sdcloud.events import Kind
+import tomllib
+kind = next(iter(Kind))
+out["kind"] = [str(kind), "%s" % kind, format(kind), json.dumps(kind), Kind(kind.value) is kind]
+out["toml"] = tomllib.loads('a = {b = [1, "x"]}')
+out["tiers"] = sorted(sdcloud.offers.tiers.all_tiers())  # the bundled tiers.toml, parsed by tomllib
+stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+here = os.path.realpath(sys.argv[1])
 out["outside"] = sorted({m.__name__.split(".")[0] for m in list(sys.modules.values())
                          if getattr(m, "__file__", None)
                          and not os.path.realpath(m.__file__).startswith((stdlib, here))})
@@ -56,7 +70,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory) -> tuple[fp.FunctionPackage, Path]:
-    pkg = fp.build()
+    pkg = fp.current()  # built once per process: `infra up` and every test here use the same bytes
     where = tmp_path_factory.mktemp("fn")
     path = pkg.write(where / "zip")
     with zipfile.ZipFile(path) as zf:
@@ -65,18 +79,25 @@ def package(tmp_path_factory) -> tuple[fp.FunctionPackage, Path]:
 
 
 @pytest.mark.slow
-def test_the_package_fits_lambda_and_scf(package):
+def test_the_package_fits_every_function_s_limits(package):
     pkg, task = package
     assert pkg.over_limits() == []
-    assert pkg.zipped_bytes < fp.LAMBDA_ZIPPED_MAX and pkg.unzipped_bytes < fp.LAMBDA_UNZIPPED_MAX
-    assert pkg.unzipped_bytes < fp.SCF_UNZIPPED_MAX
+    for fn in FUNCTIONS:
+        limits = fn.code_limits
+        assert limits is not None, fn.name
+        assert pkg.unzipped_bytes < limits.unzipped_bytes
+        # A zip in the request must fit the request; SCF's would not (API 3.0 POSTs stop at 10 MB).
+        assert fn.code_from_bucket or (pkg.zipped_bytes < limits.inline_zip_bytes
+                                       and pkg.inline_request_bytes < limits.request_bytes), fn.name
+        assert fn.code_from_bucket == (pkg.inline_request_bytes > limits.request_bytes), fn.name
     on_disk = sum(p.stat().st_size for p in task.rglob("*") if p.is_file())
     assert on_disk == pkg.unzipped_bytes
     # Only what the handler needs: no trainer, report or SSH libraries.
     names = {p.name.lower() for p in task.iterdir()}
     for heavy in ("torch", "diffusers", "numpy", "matplotlib", "paramiko", "rich", "click", "awscrt", "pulumi"):
         assert heavy not in names, heavy
-    assert {"sdcloud", "sdcloud_agent", "boto3", "botocore", "tencentcloud", "yaml", "tenacity", fp.SHIM} <= names
+    assert {"sdcloud", "sdcloud_agent", "boto3", "botocore", "tencentcloud", "yaml", "tenacity", "tomli",
+            function_entry.ENTRY, function_entry.COMPAT} <= names
     assert not (task / "sdcloud" / "infra" / "stacks").exists()
     # The control plane's wheel metadata declares exactly the package's dependencies.
     [meta] = list(task.glob("sdcloud-*.dist-info/METADATA"))
@@ -84,24 +105,86 @@ def test_the_package_fits_lambda_and_scf(package):
     assert declared == list(fp.DEPENDENCIES)
 
 
+def test_each_function_names_a_python_its_cloud_offers():
+    from sdcloud.providers.aws import limits as aws_limits
+    from sdcloud.providers.tencent import limits as tencent_limits
+    from sdcloud.providers.traits import traits
+
+    lam, scf = traits("aws").function, traits("tencent").function
+    # A new function can be created with it for at least another year (Lambda's "Block function create").
+    block = datetime.date.fromisoformat(aws_limits.FUNCTION_PYTHON_BLOCK_CREATE[lam.runtime])
+    assert block > datetime.date.today() + datetime.timedelta(days=365)
+    assert scf.runtime in tencent_limits.FUNCTION_PYTHON_RUNTIMES
+    # The newest Python SCF offers (the control plane's 3.11 is not among them).
+    assert scf.python == max(tuple(int(x) for x in r.removeprefix("Python").split("."))
+                             for r in tencent_limits.FUNCTION_PYTHON_RUNTIMES)
+
+
 @pytest.mark.slow
-def test_the_handler_imports_and_runs_with_only_what_the_package_carries(package, tmp_path):
+def test_the_package_is_pure_python_and_each_compiled_module_left_out_has_its_fallback(package):
+    pkg, task = package
+    with zipfile.ZipFile(io.BytesIO(pkg.data)) as zf:
+        names = zf.namelist()
+    assert not [n for n in names if fp._BINARY.search(n)]
+    # This venv's PyYAML and charset-normalizer are compiled: they were left out, with their fallbacks.
+    assert pkg.left_out, "no compiled file was met: the test no longer shows the rule"
+    for rel, fallback in pkg.left_out.items():
+        if fallback.endswith(".py"):
+            assert fallback in names, rel
+        else:
+            assert fallback, rel
+
+
+def test_a_compiled_module_without_a_pure_python_fallback_is_refused():
+    files = {"fast/__init__.py": b"from .core import go\n", "fast/core.cpython-311-x86_64-linux-gnu.so": b"\x7fELF"}
+    with pytest.raises(fp.PackageError, match="fast/core has no pure-Python fallback"):
+        fp._leave_out_binaries(dict(files))
+    files["fast/core.py"] = b"def go():\n    pass\n"
+    kept = dict(files)
+    assert fp._leave_out_binaries(kept) == {"fast/core.cpython-311-x86_64-linux-gnu.so": "fast/core.py"}
+    assert sorted(kept) == ["fast/__init__.py", "fast/core.py"]
+
+
+def test_a_construct_newer_than_the_oldest_runtime_is_refused():
+    newer = b"try:\n    pass\nexcept* ValueError:\n    pass\n"  # exception groups: 3.11
+    with pytest.raises(fp.PackageError, match="sdcloud/runs/x.py"):
+        fp._check_versions({"sdcloud/runs/x.py": newer}, [], [(3, 10), (3, 13)])
+    fp._check_versions({"sdcloud/runs/x.py": newer}, [], [(3, 13)])
+    # A distribution whose Requires-Python leaves a runtime out is refused too (boto3 needs >= 3.9).
+    with pytest.raises(fp.PackageError, match="boto3 requires Python"):
+        fp._check_versions({}, ["boto3"], [(3, 8)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=[f.name for f in FUNCTIONS])
+def test_the_handler_runs_under_the_function_s_own_python(package, tmp_path, fn):
+    """Under the runtime's own interpreter (not this one), with nothing but the package."""
     _, task = package
+    python = python_for(fn.python, f"{fn.name} runs {fn.runtime}")
     bucket = tmp_path / "bucket"
     bucket.mkdir()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(task), "HOME": str(tmp_path),
            "SDCLOUD_STORE": bucket.as_uri(), "SDCLOUD_HOME": str(tmp_path / "fn-tmp"),
            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "PYTHONDONTWRITEBYTECODE": "1"}
-    stdlib = sysconfig.get_paths()["stdlib"]
-    run = subprocess.run([sys.executable, "-S", "-c", PROBE, stdlib, str(task)], env=env, cwd=tmp_path,
+    run = subprocess.run([python, "-S", "-c", PROBE, str(task)], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert tuple(out["python"]) == fn.python
     assert out["lambda"] == {"driver": "aws-lambda", "runs": {}}
     assert out["scf"] == {"driver": "tencent-scf", "runs": {}}
     assert out["site"] == [] and out["outside"] == []
     assert out["agent_wheel"].startswith("sdcloud_agent-")
+    # Events and TOML read as under 3.11 (where 3.10 needs sdcloud_py310's StrEnum and tomllib).
+    from sdcloud.events import Kind
+    from sdcloud.offers.tiers import all_tiers
+
+    kind = next(iter(Kind))
+    assert out["kind"] == [str(kind), "%s" % kind, format(kind), json.dumps(kind), True] == [kind.value] * 3 + [
+        json.dumps(kind.value), True]
+    assert out["toml"] == {"a": {"b": [1, "x"]}}
+    assert out["tiers"] == sorted(all_tiers())
 
 
 def test_the_build_is_deterministic_and_follows_the_content():
@@ -144,85 +227,18 @@ def test_infra_up_writes_the_package_once_per_version(sdcloud_home):
     assert "aws" in automation.DRIVER_PROVIDERS
 
 
-class _RuntimeAPI:
-    """SCF's runtime API as the Custom Runtime docs describe it, on loopback: one timer event, then closed."""
+def test_scf_role_keys_reach_the_sdk_and_the_store(tmp_path, monkeypatch):
+    (tmp_path / function_entry.ENTRY).write_text(function_entry.ENTRY_TEXT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "sdcloud_driver", raising=False)
+    import sdcloud_driver
 
-    def __init__(self, events: list[dict]):
-        import http.server
-        import threading
-
-        self.events, self.posts = list(events), []
-        api = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def do_GET(self):
-                if self.path != "/runtime/invocation/next" or not api.events:
-                    self.send_response(410)
-                    self.end_headers()
-                    return
-                body = json.dumps(api.events.pop(0)).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                api.posts.append((self.path, self.rfile.read(length)))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-
-
-@pytest.mark.slow
-def test_scf_custom_runtime_bootstrap_answers_a_timer_event(package, tmp_path):
-    pkg, task = package
-    with zipfile.ZipFile(io.BytesIO(pkg.data)) as zf:
-        modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in zf.infolist()}
-    assert all(modes[name] == 0o755 for name in fp.SCF_BOOTSTRAPS)
-    for name in fp.SCF_BOOTSTRAPS:  # zipfile does not restore modes; SCF's unpacking does
-        (task / name).chmod(0o755)
-    bucket = tmp_path / "bucket"
-    bucket.mkdir()
-    api = _RuntimeAPI([{"Type": "Timer", "TriggerName": "sdcloud-driver", "Time": "2026-12-02T01:30:00Z",
-                        "Message": ""}])
-    try:
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SDCLOUD_PYTHON": sys.executable,
-               "SCF_RUNTIME_API": "127.0.0.1", "SCF_RUNTIME_API_PORT": str(api.port),
-               "SDCLOUD_STORE": bucket.as_uri(), "SDCLOUD_HOME": str(tmp_path / "fn-tmp"),
-               "SDCLOUD_TIME_LIMIT_MS": "60000", "PYTHONDONTWRITEBYTECODE": "1"}
-        run = subprocess.run([str(task / "scf_bootstrap")], env=env, cwd=tmp_path, capture_output=True,
-                             text=True, timeout=300)
-    finally:
-        api.stop()
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert [p for p, _ in api.posts] == ["/runtime/init/ready", "/runtime/invocation/response"]
-    assert json.loads(api.posts[1][1]) == {"driver": "tencent-scf", "runs": {}}
-
-
-def test_scf_role_keys_reach_the_sdk_and_the_store(tmp_path):
-    import importlib.util
-
-    path = tmp_path / fp.SCF_RUNTIME_LOOP
-    path.write_text(fp._SCF_RUNTIME_TEXT)
-    spec = importlib.util.spec_from_file_location("scf_loop", path)
-    loop = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(loop)
     env = {"TENCENTCLOUD_SECRETID": "AKIDtemp", "TENCENTCLOUD_SECRETKEY": "k", "TENCENTCLOUD_SESSIONTOKEN": "t"}
-    loop.role_credentials(env)
+    sdcloud_driver.role_credentials(env)
     assert env["TENCENTCLOUD_SECRET_ID"] == env["AWS_ACCESS_KEY_ID"] == "AKIDtemp"
     assert env["TENCENTCLOUD_SECRET_KEY"] == env["AWS_SECRET_ACCESS_KEY"] == "k"
     assert env["TENCENTCLOUD_SESSION_TOKEN"] == env["AWS_SESSION_TOKEN"] == "t"
     untouched: dict = {}
-    loop.role_credentials(untouched)
+    sdcloud_driver.role_credentials(untouched)
     assert untouched == {}
+    monkeypatch.delitem(sys.modules, "sdcloud_driver")

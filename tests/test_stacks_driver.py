@@ -10,6 +10,7 @@ step would fail; no more: the role could do what no step does), on the resources
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import zipfile
@@ -17,10 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from sdcloud.providers.traits import traits
+
 pulumi = pytest.importorskip("pulumi")
 pytest.importorskip("pulumi_aws")
 
 STACKS = Path(__file__).resolve().parents[1] / "stacks"
+TRAITS = {name: traits(name) for name in ("aws", "tencent")}
 sys.path.insert(0, str(STACKS / "aws"))
 
 import driver_policy  # noqa: E402
@@ -106,7 +110,8 @@ def _actions(policy: dict) -> set[str]:
 def test_the_function_runs_the_handler_within_the_schedules_rate(aws_built):
     mocks, out = aws_built
     [(_, fn)] = mocks.of_type("lambda/function:Function")
-    assert fn["runtime"] == "python3.11"
+    # The provider's runtime (traits), a current one: the package is built and tested for its Python.
+    assert fn["runtime"] == TRAITS["aws"].function.runtime == "python3.13"
     assert fn["handler"] == "sdcloud.runs.unattended.handler"
     from sdcloud.infra.function_package import LAMBDA_HANDLER
 
@@ -187,6 +192,31 @@ def test_the_function_may_tag_every_resource_type_the_launch_template_tags(aws_b
     [tag] = [st for st in _policies(mocks)["driver-access"]["Statement"] if st["Action"] == ["ec2:CreateTags"]]
     granted = {arn.split(":")[-1].split("/")[0] for arn in tag["Resource"]}
     assert tagged <= granted, f"the template tags {sorted(tagged - granted)} that the function may not tag"
+
+
+def test_the_create_request_and_environment_fit_lambda_s_limits(aws_built):
+    """The CreateFunction request the stack's function makes, serialised as botocore sends it with the
+    real package inline (Pulumi's AWS provider uploads a local archive as the request's ZipFile)."""
+    import botocore.session
+    from botocore.serialize import create_serializer
+
+    from sdcloud.infra import function_package as fp
+
+    mocks, _ = aws_built
+    [(_, fn)] = mocks.of_type("lambda/function:Function")
+    limits = TRAITS["aws"].function.code_limits
+    pkg = fp.current()
+    model = botocore.session.get_session().get_service_model("lambda")
+    params = {"FunctionName": fn["name"], "Runtime": fn["runtime"], "Role": fn["role"], "Handler": fn["handler"],
+              "Code": {"ZipFile": pkg.data}, "Description": fn["description"], "Timeout": int(fn["timeout"]),
+              "MemorySize": int(fn["memorySize"]), "Environment": {"Variables": fn["environment"]["variables"]},
+              "Architectures": fn["architectures"], "Tags": fn["tags"]}
+    request = create_serializer(model.metadata["protocol"]).serialize_to_request(
+        params, model.operation_model("CreateFunction"))
+    assert pkg.zipped_bytes < limits.inline_zip_bytes and pkg.unzipped_bytes < limits.unzipped_bytes
+    assert pkg.inline_request_bytes < len(request["body"]) < limits.request_bytes
+    env = fn["environment"]["variables"]
+    assert sum(len(k) + len(v) for k, v in env.items()) <= limits.environment_bytes
 
 
 def test_no_driver_without_a_package():
@@ -317,14 +347,13 @@ def test_scf_function_and_timer(tencent_built):
 
     resources, out = tencent_built
     [(_, fn)] = _of(resources, "scf/function:Function")
-    assert fn["runtime"] == "CustomRuntime" and fp.SCF_BOOTSTRAPS[0] == "scf_bootstrap"
+    # SCF's own Python runtime (traits): the package is built for it and its entry tested under it.
+    assert fn["runtime"] == TRAITS["tencent"].function.runtime == "Python3.10"
     assert fn["handler"] == fp.SCF_HANDLER
     assert 60 <= fn["timeout"] < 300 and fn["memSize"] == 512
-    assert fn["zipFile"].endswith("sdcloud-driver.zip")
     env = fn["environment"]
     assert env["SDCLOUD_STORE"] == f"s3://sdcloud-test-{APP_ID}/{PREFIX}"
     assert env["SDCLOUD_STORE_ENDPOINT"] == "https://cos.ap-guangzhou.myqcloud.com"
-    assert int(env["SDCLOUD_TIME_LIMIT_MS"]) == int(fn["timeout"]) * 1000
     [trigger] = fn["triggers"]
     assert trigger["type"] == "timer"
     fields = trigger["triggerDesc"].split()
@@ -332,6 +361,50 @@ def test_scf_function_and_timer(tencent_built):
     assert fn["role"] == "sdcloud-test-driver"
     assert fn["tags"]["sdcloud:managed"] == "true"
     assert out["driver_function"] == "sdcloud-test-driver"
+    # The public network reaches the CVM API and COS (no VPC, so no NAT gateway is needed).
+    assert fn["enablePublicNet"] is True and not fn.get("vpcId")
+
+
+def test_scf_code_comes_from_the_stack_s_bucket_outside_the_run_prefix(tencent_built):
+    """The package goes to COS and the function is created from there: never inline in the request."""
+    resources, out = tencent_built
+    [(_, fn)] = _of(resources, "scf/function:Function")
+    [(_, code)] = _of(resources, "cos/bucketObject:BucketObject")
+    bucket = f"sdcloud-test-{APP_ID}"
+    assert "zipFile" not in fn
+    assert code["bucket"] == fn["cosBucketName"] == bucket and fn["cosBucketRegion"] == "ap-guangzhou"
+    assert code["source"].endswith("sdcloud-driver.zip") and Path(code["source"]).is_file()
+    assert fn["cosObjectName"] == "/" + code["key"] and code["key"].endswith(".zip")
+    assert not code["key"].startswith(f"{PREFIX}/"), "the run prefix is writable by the hosts' and the function's roles"
+    assert code["acl"] == "private" and code["tags"]["sdcloud:managed"] == "true"
+    assert out["driver_code"] == code["key"]
+
+
+def test_scf_create_request_and_environment_fit_tencent_s_limits(tencent_built):
+    """CreateFunction as the provider sends it (a TencentCloud API 3.0 JSON POST): with the code in COS
+    it is a few hundred bytes; with the real package inline it would be over the 10 MB a POST takes."""
+    from sdcloud.infra import function_package as fp
+    from sdcloud.providers.tencent import limits as tencent_limits
+
+    resources, _ = tencent_built
+    [(_, fn)] = _of(resources, "scf/function:Function")
+    limits = TRAITS["tencent"].function.code_limits
+    assert TRAITS["tencent"].function.code_from_bucket
+    body = {"FunctionName": fn["name"], "Handler": fn["handler"], "Runtime": fn["runtime"],
+            "Description": fn["description"], "MemorySize": fn["memSize"], "Timeout": fn["timeout"],
+            "Role": fn["role"], "Namespace": "default",
+            # The provider drops the -APPID of the bucket's name (Code.CosBucketName is its custom part).
+            "Code": {"CosBucketName": fn["cosBucketName"].rsplit("-", 1)[0], "CosObjectName": fn["cosObjectName"],
+                     "CosBucketRegion": fn["cosBucketRegion"]},
+            "Environment": {"Variables": [{"Key": k, "Value": v} for k, v in fn["environment"].items()]},
+            "PublicNetConfig": {"PublicNetStatus": "ENABLE", "EipConfig": {"EipStatus": "DISABLE"}},
+            "Tags": [{"Key": k, "Value": v} for k, v in fn["tags"].items()]}
+    assert len(json.dumps(body).encode()) < limits.request_bytes == tencent_limits.API_POST_TC3_BYTES
+    pkg = fp.current()
+    assert pkg.unzipped_bytes < limits.unzipped_bytes
+    inline = dict(body, Code={"ZipFile": base64.b64encode(pkg.data).decode()})
+    assert len(json.dumps(inline).encode()) > limits.request_bytes, "the package inline would fit: the bucket is not needed"
+    assert sum(len(k) + len(v) for k, v in fn["environment"].items()) <= limits.environment_bytes
 
 
 def test_scf_role_is_assumed_by_scf_and_may_only_what_a_step_does(tencent_built):

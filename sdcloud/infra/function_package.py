@@ -13,138 +13,76 @@ the static import walk in tests/test_function_package.py):
   `sdcloud-<version>-py3-none-any.whl` would install them, with its dist-info;
 - DEPENDENCIES and what they require (their Requires-Dist without extras): boto3 for the bucket and
   EC2, tenacity for the providers' retries, the Tencent Cloud SDK's common and CVM packages for
-  the Tencent provider, PyYAML for run specs. The handler's import closure reaches nothing else:
-  torch, diffusers, numpy, matplotlib, paramiko, rich and click are imported lazily, by the
-  trainers, reports, SSH provider and CLI, none of which a step calls. awscrt is left out too:
-  without it the transfer module falls back to s3transfer, and a step transfers no checkpoints.
-- a top-level `sdcloud_driver.py` with both entry points, and SCF's Custom Runtime files: the
-  `scf_bootstrap` that SCF executes and the runtime loop it starts (SCF's Python runtimes stop at
-  3.10; the control plane needs 3.11).
+  the Tencent provider, PyYAML for run specs, tomli for SCF's Python 3.10. The handler's import
+  closure reaches nothing else: torch, diffusers, numpy, matplotlib, paramiko, rich and click are
+  imported lazily, by the trainers, reports, SSH provider and CLI, none of which a step calls.
+  awscrt is left out too: without it the transfer module falls back to s3transfer;
+- at the root, the entry SCF loads and the two 3.11 names SCF's Python 3.10 lacks (function_entry.py).
 
-The distributions are copied from this interpreter's site-packages (as a Lambda zip is made with
-`pip install -t`), so the package is built for the Python that builds it: `sdcloud infra up` must
-run on CPython 3.11 (Lambda's python3.11 runtime) on x86_64 Linux when a dependency carries a
-compiled module. Of those chosen, only PyYAML and charset-normalizer carry one, and both fall back
-to pure Python when it does not load.
+For which Python: every provider's cloud function names its runtime in its traits (Lambda
+`python3.13`, SCF `Python3.10`), and one package serves both, so it is built for each of those
+versions and for any machine: pure Python only. The distributions are copied from this
+interpreter's site-packages (as a Lambda zip is made with `pip install -t`), and a compiled module
+copied from here would be built for this interpreter and this machine (a cp311 .so, or a macOS
+one), which the function's Python ignores at best. So every compiled file is left out, and the
+build refuses one whose module has no pure-Python fallback (BINARY_FALLBACKS lists the fallbacks
+that are not a same-named .py: PyYAML's). Then the build checks what the runtimes' versions
+would refuse: each distribution's Requires-Python, and the control plane's own sources parsed
+at the oldest runtime's grammar; the tests run the handler from the built zip under each
+runtime's own interpreter.
 
-Size limits it is checked against:
-- Lambda: 50 MB zipped for a direct upload, 250 MB unzipped including layers
-  (https://docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html; the same figures are
-  the defaults of AccountLimit.CodeSizeZipped/CodeSizeUnzipped,
-  https://docs.aws.amazon.com/lambda/latest/api/API_AccountLimit.html);
-- SCF: 500 MB of code before compression per function version, layers included
-  (https://www.tencentcloud.com/document/product/583/11637, "Quota Limits", updated 2025-03-28).
+Its limits are each cloud's (providers/<name>/limits.py, in the traits' CloudFunction.code_limits):
+`over_limits` says which the package exceeds, and `sdcloud infra up` stops there.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import hashlib
 import io
 import re
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..providers.traits import CloudFunction, every
+from .function_entry import COMPAT, COMPAT_TEXT, ENTRY, ENTRY_TEXT
+
 NAME = "sdcloud"
 BASE_VERSION = "0.1.0"
-REQUIRES_PYTHON = ">=3.11"
+# The package's Python: 3.10 with the two names function_entry.py gives it (SCF), 3.11 and newer as is.
+REQUIRES_PYTHON = ">=3.10"
 # The handler's third-party imports on a step (see the module docstring); their own requirements follow.
 DEPENDENCIES = ("boto3>=1.36", "tenacity>=8.2", "tencentcloud-sdk-python-common>=3.0.1000",
-                "tencentcloud-sdk-python-cvm>=3.0.1000", "pyyaml>=6")
+                "tencentcloud-sdk-python-cvm>=3.0.1000", "pyyaml>=6", "tomli>=2")
 # The entry points each platform calls.
 LAMBDA_HANDLER = "sdcloud.runs.unattended.handler"
 SCF_HANDLER = "sdcloud_driver.main_handler"
-SHIM = "sdcloud_driver.py"
-LAMBDA_ZIPPED_MAX = 50 * 1024 * 1024
-LAMBDA_UNZIPPED_MAX = 250 * 1024 * 1024
-SCF_UNZIPPED_MAX = 500 * 1024 * 1024
+SHIM = ENTRY
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 # Package data the function never reads: the Pulumi programs (the function deploys nothing).
 _SKIP_PARTS = ("__pycache__",)
 _SKIP_PREFIXES = ("sdcloud/infra/stacks/",)
-
-_SHIM_TEXT = '''"""SCF loads `<file>.<function>` from the package root; Lambda may use either name."""
-from sdcloud.runs.unattended import handler, main_handler  # noqa: F401
-'''
-
-# SCF's Python runtimes stop at 3.10 and the control plane needs 3.11 (tomllib and more), so on
-# SCF the function is a Custom Runtime: SCF runs the package's bootstrap file, which starts a
-# Python 3.11+ from the image (or SDCLOUD_PYTHON) on SCF_RUNTIME_LOOP. The loop speaks SCF's
-# runtime API (https://cloud.tencent.com/document/product/583/47274): POST /runtime/init/ready
-# once, then GET /runtime/invocation/next for each event and POST its result to
-# /runtime/invocation/response (or /runtime/invocation/error).
-SCF_RUNTIME_LOOP = "sdcloud_scf_runtime.py"
-SCF_BOOTSTRAPS = ("scf_bootstrap", "bootstrap")  # the current name, and the one older docs give
-_SCF_RUNTIME_TEXT = '''"""SCF Custom Runtime loop for the sdcloud cloud driver (started by scf_bootstrap)."""
-import json
-import os
-import sys
-import urllib.request
+# Compiled files: extension modules and the shared libraries wheels vendor for them (`<dist>.libs/`).
+_BINARY = re.compile(r"\.(so|pyd|dylib)(\.[0-9]+)*$")
+# Compiled modules whose pure-Python fallback is not a same-named .py beside them, and why the
+# package runs without them. A mypyc helper (`<hash>__mypyc`) goes with the modules it compiled.
+BINARY_FALLBACKS = {
+    "yaml/_yaml": "yaml/__init__.py imports the libyaml binding in a try and loads YAML in pure Python without it",
+}
 
 
-def _url(path):
-    return "http://%s:%s%s" % (os.environ["SCF_RUNTIME_API"], os.environ["SCF_RUNTIME_API_PORT"], path)
+class PackageError(RuntimeError):
+    """The package would not run on a function's Python: a compiled module without a fallback, a
+    distribution or a source file the runtime's version refuses."""
 
 
-def _post(path, body):
-    urllib.request.urlopen(urllib.request.Request(_url(path), data=body, method="POST"), timeout=30).read()
-
-
-def role_credentials(env=os.environ):
-    """SCF gives the function role's temporary keys as TENCENTCLOUD_SECRETID, _SECRETKEY and
-    _SESSIONTOKEN (https://cloud.tencent.com/document/product/583/32748); the Tencent provider reads
-    TENCENTCLOUD_SECRET_ID and the others, the store's S3 client reads AWS_*. Set both from them."""
-    sid, skey, token = (env.get(k, "") for k in ("TENCENTCLOUD_SECRETID", "TENCENTCLOUD_SECRETKEY",
-                                                  "TENCENTCLOUD_SESSIONTOKEN"))
-    if not (sid and skey):
-        return
-    env.update({"TENCENTCLOUD_SECRET_ID": sid, "TENCENTCLOUD_SECRET_KEY": skey,
-                "AWS_ACCESS_KEY_ID": sid, "AWS_SECRET_ACCESS_KEY": skey})
-    if token:
-        env.update({"TENCENTCLOUD_SESSION_TOKEN": token, "AWS_SESSION_TOKEN": token})
-
-
-def main():
-    from sdcloud.runs.unattended import main_handler
-
-    # The stack sets the function's own timeout here: the handler stops taking steps before it.
-    limit_ms = int(os.environ.get("SDCLOUD_TIME_LIMIT_MS") or 60000)
-    _post("/runtime/init/ready", b" ")
-    while True:
-        try:
-            with urllib.request.urlopen(_url("/runtime/invocation/next"), timeout=None) as resp:
-                raw = resp.read()
-        except OSError as exc:  # the runtime API went away: the instance is being recycled
-            print("sdcloud driver: runtime API closed: %s" % exc, file=sys.stderr)
-            return 0
-        try:
-            role_credentials()  # per invocation: SCF may renew the role's keys between them
-            event = json.loads(raw or b"{}")
-            result = main_handler(event, {"time_limit_in_ms": limit_ms})
-            _post("/runtime/invocation/response", json.dumps(result).encode())
-        except Exception as exc:  # noqa: BLE001 - reported to SCF as the invocation's error
-            _post("/runtime/invocation/error", json.dumps({"error": "%s: %s" % (type(exc).__name__, exc)}).encode())
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-'''
-_SCF_BOOTSTRAP_TEXT = f'''#!/bin/bash
-# sdcloud cloud driver on SCF (Custom Runtime): start the runtime loop on a Python 3.11 or newer.
-cd "$(dirname "$0")"
-for py in "${{SDCLOUD_PYTHON:-}}" /var/lang/python3*/bin/python3 python3.13 python3.12 python3.11 python3; do
-  [ -n "$py" ] && command -v "$py" >/dev/null 2>&1 || continue
-  if "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
-    # -S: only what the package carries (its dependencies are beside this file).
-    PYTHONPATH="$PWD" exec "$py" -S {SCF_RUNTIME_LOOP}
-  fi
-done
-echo "sdcloud driver: no Python 3.11 or newer on this SCF image; set SDCLOUD_PYTHON to one" >&2
-exit 1
-'''
-_EXECUTABLE = set(SCF_BOOTSTRAPS)
+def runtimes() -> list[CloudFunction]:
+    """Every provider's cloud function (its runtime and limits), from the traits."""
+    return [t.function for t in every() if t.function is not None]
 
 
 @dataclass
@@ -155,10 +93,18 @@ class FunctionPackage:
     version: str
     unzipped_bytes: int
     distributions: list[str] = field(default_factory=list)
+    # Compiled files left out (the package is pure Python), each with the fallback its module runs on.
+    left_out: dict[str, str] = field(default_factory=dict)
 
     @property
     def zipped_bytes(self) -> int:
         return len(self.data)
+
+    @property
+    def inline_request_bytes(self) -> int:
+        """The least a create request with this zip inline weighs: the zip base64-encoded (its other
+        fields add a few hundred bytes more; tests/test_stacks_driver.py serialises the real one)."""
+        return 4 * ((self.zipped_bytes + 2) // 3)
 
     @property
     def sha256(self) -> str:
@@ -168,15 +114,22 @@ class FunctionPackage:
     def filename(self) -> str:
         return f"sdcloud-driver-{self.version}.zip"
 
-    def over_limits(self) -> list[str]:
-        """The limits this package exceeds, one line each (empty: fits both services)."""
+    def over_limits(self, functions: Iterable[CloudFunction] | None = None) -> list[str]:
+        """The limits of the functions' clouds this package exceeds, one line each (empty: it fits).
+        A function whose stack creates it from the bucket sends no zip in its request."""
         out = []
-        if self.zipped_bytes > LAMBDA_ZIPPED_MAX:
-            out.append(f"{self.zipped_bytes} bytes zipped > Lambda's {LAMBDA_ZIPPED_MAX} for a direct upload")
-        if self.unzipped_bytes > LAMBDA_UNZIPPED_MAX:
-            out.append(f"{self.unzipped_bytes} bytes unzipped > Lambda's {LAMBDA_UNZIPPED_MAX}")
-        if self.unzipped_bytes > SCF_UNZIPPED_MAX:
-            out.append(f"{self.unzipped_bytes} bytes unzipped > SCF's {SCF_UNZIPPED_MAX}")
+        for fn in runtimes() if functions is None else functions:
+            limits = fn.code_limits
+            if limits is None:
+                continue
+            if self.unzipped_bytes > limits.unzipped_bytes:
+                out.append(f"{self.unzipped_bytes} bytes unzipped > {fn.name}'s {limits.unzipped_bytes}")
+            if fn.code_from_bucket:
+                continue
+            if self.zipped_bytes > limits.inline_zip_bytes:
+                out.append(f"{self.zipped_bytes} bytes zipped > {fn.name}'s {limits.inline_zip_bytes} for a zip in the request")
+            if self.inline_request_bytes > limits.request_bytes:
+                out.append(f"a {self.inline_request_bytes}-byte create request > {fn.name}'s {limits.request_bytes}")
         return out
 
     def write(self, directory: Path) -> Path:
@@ -266,8 +219,7 @@ def _zip(files: list[tuple[str, bytes]]) -> bytes:
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
         for path, data in files:
             info = zipfile.ZipInfo(path, _EPOCH)
-            # SCF runs the bootstrap file only when it is executable.
-            info.external_attr = (0o755 if path in _EXECUTABLE else 0o644) << 16
+            info.external_attr = 0o644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, data)
     return buf.getvalue()
@@ -292,18 +244,65 @@ def control_plane_wheel() -> tuple[str, str, bytes, list[tuple[str, bytes]]]:
     return f"{NAME}-{version}-py3-none-any.whl", version, _zip(files), files
 
 
-def build() -> FunctionPackage:
-    """The function's zip: the control plane's wheel unpacked, its dependencies, the SCF entry file."""
+def _leave_out_binaries(files: dict[str, bytes]) -> dict[str, str]:
+    """Drop every compiled file (in place); return each with the pure-Python fallback its module
+    runs on. Refuses a compiled module that has none: the package would fail where it lacks it."""
+    left: dict[str, str] = {}
+    for rel in [r for r in files if _BINARY.search(r)]:
+        del files[rel]
+        folder, _, name = rel.rpartition("/")
+        module = f"{folder}/{name.split('.')[0]}" if folder else name.split(".")[0]
+        if any(part.endswith(".libs") for part in folder.split("/")):
+            left[rel] = "a shared library vendored for the compiled modules left out with it"
+        elif module.endswith("__mypyc"):
+            left[rel] = "mypyc's helper for the compiled modules left out with it"
+        elif f"{module}.py" in files or f"{module}/__init__.py" in files:
+            left[rel] = f"{module}.py"
+        elif module in BINARY_FALLBACKS:
+            left[rel] = BINARY_FALLBACKS[module]
+        else:
+            raise PackageError(f"{rel} is compiled for this machine's Python and {module} has no pure-Python "
+                               "fallback: the function's Python could not import it")
+    return left
+
+
+def _check_versions(files: dict[str, bytes], dists: list[str], versions: list[tuple[int, int]]) -> None:
+    """What each runtime's Python would refuse: a distribution's Requires-Python, or (parsed at the
+    oldest runtime's grammar) a construct of a newer Python in the control plane's own sources."""
+    import importlib.metadata as md
+
+    try:
+        from packaging.specifiers import SpecifierSet
+    except ImportError:  # pragma: no cover - pip and setuptools bring packaging with them
+        SpecifierSet = None  # noqa: N806
+    for name in dists:
+        wanted = md.distribution(name).metadata.get("Requires-Python")
+        for major, minor in versions:
+            if wanted and SpecifierSet is not None and not SpecifierSet(wanted).contains(f"{major}.{minor}"):
+                raise PackageError(f"{name} requires Python {wanted}: a function runs Python {major}.{minor}")
+    oldest = min(versions)
+    own = [p for p in files if p.endswith(".py") and (p.startswith(("sdcloud/", "sdcloud_agent/")) or "/" not in p)]
+    for path in own:
+        try:
+            ast.parse(files[path], filename=path, feature_version=oldest)
+        except SyntaxError as exc:
+            raise PackageError(f"{path}:{exc.lineno}: {exc.msg} (a function runs Python {oldest[0]}.{oldest[1]})") from None
+
+
+def build(functions: Iterable[CloudFunction] | None = None) -> FunctionPackage:
+    """The function's zip, for every runtime's Python: the control plane's wheel unpacked, its
+    dependencies without compiled files, the entry SCF loads and the 3.11 names 3.10 lacks."""
+    versions = sorted({fn.python for fn in (runtimes() if functions is None else functions)})
     _, version, _, files = control_plane_wheel()
     dists = _closure(DEPENDENCIES)
     for name in dists:
         files = files + _distribution_files(name)
-    files.append((SHIM, _SHIM_TEXT.encode()))
-    files.append((SCF_RUNTIME_LOOP, _SCF_RUNTIME_TEXT.encode()))
-    files += [(name, _SCF_BOOTSTRAP_TEXT.encode()) for name in SCF_BOOTSTRAPS]
+    files += [(ENTRY, ENTRY_TEXT.encode()), (COMPAT, COMPAT_TEXT.encode())]
     by_path = dict(files)  # one copy of each path; sorted, so the bytes follow the content only
+    left_out = _leave_out_binaries(by_path)
+    _check_versions(by_path, dists, versions)
     ordered = sorted(by_path.items())
-    return FunctionPackage(_zip(ordered), version, sum(len(d) for _, d in ordered), dists)
+    return FunctionPackage(_zip(ordered), version, sum(len(d) for _, d in ordered), dists, left_out)
 
 
 _BUILT: FunctionPackage | None = None

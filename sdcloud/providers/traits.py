@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -61,6 +62,16 @@ class Billing:
 
 
 @dataclass(frozen=True)
+class CodeLimits:
+    """What the cloud refuses of a function's code (the figures and their sources: providers/<name>/limits.py).
+    `sdcloud infra up` checks the driver's package against them before it deploys anything."""
+    unzipped_bytes: int  # the code unpacked, layers included
+    inline_zip_bytes: int  # a zip sent inside the create request itself
+    request_bytes: int  # the create request's whole body (a zip inline is base64: 4/3 of its size)
+    environment_bytes: int  # the function's environment variables, keys and values together
+
+
+@dataclass(frozen=True)
 class CloudFunction:
     """The provider's cloud driver (runs/unattended.py): the one copy of its settings.
 
@@ -68,6 +79,8 @@ class CloudFunction:
     before `timeout_seconds`, and the cost report prices each invocation from them.
     """
     name: str  # the driver's name in the lease and the journal ("aws-lambda")
+    # The platform's own name for its Python runtime ("python3.13", "Python3.10"): the stacks create the
+    # function with it, and the package is built for and tested under its version (`python`).
     runtime: str
     timeout_seconds: int  # below the schedule's period, so that two invocations never overlap
     memory_mb: int
@@ -77,10 +90,22 @@ class CloudFunction:
     request_usd: float | None = None
     gb_second_usd: float | None = None
     price_source: str = ""
+    code_limits: CodeLimits | None = None
+    # The stack uploads the package to the run bucket and creates the function from there: the
+    # create request could not carry it inline (Tencent Cloud API 3.0 takes at most 10 MB a POST).
+    code_from_bucket: bool = False
 
     @property
     def memory_gb(self) -> float:
         return self.memory_mb / 1024.0
+
+    @property
+    def python(self) -> tuple[int, int]:
+        """The (major, minor) Python version of `runtime`: Lambda says "python3.13", SCF "Python3.10"."""
+        found = re.fullmatch(r"[Pp]ython(\d+)\.(\d+)", self.runtime)
+        if found is None:
+            raise ValueError(f"{self.name}: {self.runtime!r} is not a Python runtime")
+        return int(found[1]), int(found[2])
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ except ImportError:  # `pulumi up` from a checkout where sdcloud is not installe
 
 # The function's figures are the provider's own (sdcloud/providers/tencent/__init__.py TRAITS.function):
 # the handler's margin and the cost report read the same copy. The timeout is below the timer's
-# period: invocations never overlap. The runtime is a Custom Runtime: SCF's Python runtimes stop at
-# 3.10 and the control plane needs 3.11 (sdcloud/infra/function_package.py).
+# period: invocations never overlap. The runtime is SCF's Python3.10; the package carries the two
+# 3.11 names the control plane uses (sdcloud/infra/function_entry.py, docs/stacks.md).
 FUNCTION = TRAITS.function
 assert FUNCTION is not None
 SCHEDULE_SECONDS = FUNCTION.schedule_seconds
@@ -39,7 +39,14 @@ TIMER_CRON = f"0 */{SCHEDULE_SECONDS // 60} * * * * *"
 FUNCTION_TIMEOUT = FUNCTION.timeout_seconds
 FUNCTION_MEMORY_MB = FUNCTION.memory_mb
 FUNCTION_RUNTIME = FUNCTION.runtime
-FUNCTION_HANDLER = "sdcloud_driver.main_handler"  # read by the runtime loop's host only; SCF needs one set
+FUNCTION_HANDLER = "sdcloud_driver.main_handler"  # sdcloud/infra/function_package.py SCF_HANDLER
+# Where the stack puts the function's package in its bucket: outside the run prefix, so that no
+# role of the stack's may write it (the function's code is not the function's to change).
+CODE_FOLDER = "sdcloud-driver-code"
+
+
+def code_key(filename: str) -> str:
+    return f"{CODE_FOLDER}/{filename}"
 
 # The S3 API operations the store sends to COS, and the COS actions each needs.
 STORE_CALLS: dict[str, tuple[str, ...]] = {

@@ -282,10 +282,10 @@ def build(cfg: StackConfig) -> dict[str, Any]:
 
 
 def _driver(cfg: StackConfig, region: str, app_id: Any, bucket: Any, host_role: Any) -> dict[str, Any]:
-    """The cloud driver (issue 27): an SCF function (Custom Runtime) on a 5-minute timer that takes
-    controller steps for runs no laptop drives. Its CAM role may do what a step does, on this
-    stack's bucket prefix and, for TerminateInstances, on instances with the stack's tag
-    (stacks/tencent/scf_policy.py)."""
+    """The cloud driver (issue 27): an SCF function on SCF's own Python runtime (scf_policy.FUNCTION_RUNTIME,
+    the provider's traits) on a 5-minute timer that takes controller steps for runs no laptop drives.
+    Its CAM role may do what a step does, on this stack's bucket prefix and, for TerminateInstances,
+    on instances with the stack's tag (stacks/tencent/scf_policy.py)."""
     owner_uin = tencentcloud.user.get_info().owner_uin
     slug = _slug(cfg.stack, 40)
     role = tencentcloud.cam.Role(
@@ -299,16 +299,30 @@ def _driver(cfg: StackConfig, region: str, app_id: Any, bucket: Any, host_role: 
             lambda v: scf_policy.function_policy_document(region, v[0], v[1], cfg.prefix, owner_uin, v[2],
                                                              ("sdcloud:stack", cfg.stack))))
     attached = tencentcloud.cam.RolePolicyAttachment("driver-access", role_id=role.id, policy_id=policy.id)
+    # The package goes to the stack's bucket and the function is created from there: a TencentCloud
+    # API 3.0 POST takes at most 10 MB and the package inline (base64) weighs about 25 MB
+    # (sdcloud/providers/tencent/limits.py). Its key is outside the run prefix, where neither the
+    # hosts' role nor the function's may write: nothing that runs in the cloud can replace the
+    # driver's code. The name carries the package's version, so a new control plane is a new object.
+    code = tencentcloud.cos.BucketObject(
+        "driver-code", bucket=bucket.bucket, key=scf_policy.code_key(Path(cfg.driver_package).name),
+        source=cfg.driver_package, acl="private", tags=tags_for(cfg, "driver-code"))
     function = tencentcloud.scf.Function(
         "driver", name=f"sdcloud-{slug}-driver", description="sdcloud cloud driver: steps for runs whose lease lapsed",
         runtime=scf_policy.FUNCTION_RUNTIME, handler=scf_policy.FUNCTION_HANDLER,
-        zip_file=cfg.driver_package, timeout=scf_policy.FUNCTION_TIMEOUT, mem_size=scf_policy.FUNCTION_MEMORY_MB,
-        role=role.name,
+        # The provider drops the bucket's -APPID and sends these as CreateFunction's Code.CosBucketName,
+        # Code.CosObjectName (which starts with "/") and Code.CosBucketRegion.
+        cos_bucket_name=bucket.bucket, cos_object_name=code.key.apply(lambda key: f"/{key}"),
+        cos_bucket_region=region,
+        timeout=scf_policy.FUNCTION_TIMEOUT, mem_size=scf_policy.FUNCTION_MEMORY_MB, role=role.name,
+        # Public network on, no VPC: a step calls the CVM API (cvm.tencentcloudapi.com) and COS
+        # (cos.<region>.myqcloud.com) at their public names; a function in a VPC would need a NAT
+        # gateway for both, billed by the hour (docs/stacks.md).
+        enable_public_net=True,
         environment={"SDCLOUD_STORE": bucket.bucket.apply(lambda b: f"s3://{b}/{cfg.prefix}"),
                      "SDCLOUD_STORE_ENDPOINT": f"https://cos.{region}.myqcloud.com",
-                     "SDCLOUD_STORE_REGION": region, "SDCLOUD_STORE_ADDRESSING": "virtual",
-                     "SDCLOUD_TIME_LIMIT_MS": str(scf_policy.FUNCTION_TIMEOUT * 1000)},
+                     "SDCLOUD_STORE_REGION": region, "SDCLOUD_STORE_ADDRESSING": "virtual"},
         triggers=[{"name": "sdcloud-driver", "type": "timer", "trigger_desc": scf_policy.TIMER_CRON}],
         # After its policy: the timer's first invocations would otherwise meet a role with no rights yet.
-        tags=tags_for(cfg, "driver"), opts=pulumi.ResourceOptions(depends_on=[attached]))
-    return {"driver_function": function.name, "driver_role_name": role.name}
+        tags=tags_for(cfg, "driver"), opts=pulumi.ResourceOptions(depends_on=[attached, code]))
+    return {"driver_function": function.name, "driver_role_name": role.name, "driver_code": code.key}

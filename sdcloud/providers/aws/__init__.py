@@ -1,7 +1,8 @@
 """AWS: EC2 compute (compute.py), the price-list and spot-price catalog refresh (catalog.py), shared session helpers
 (session.py), the bill from Cost Explorer (billing.py)."""
 
-from ..traits import Billing, CloudFunction, Hosts, HostTraits, ProviderTraits, Timing
+from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, ProviderTraits, Timing
+from . import limits
 
 TRAITS = ProviderTraits(
     name="aws",
@@ -22,10 +23,15 @@ TRAITS = ProviderTraits(
     bill="sdcloud.providers.aws.billing",  # `sdcloud cost reconcile` (billing.py)
     schedules="sdcloud.providers.aws.schedules",  # `sdcloud batch schedule add --provider aws` (schedules.py)
     function=CloudFunction(
-        name="aws-lambda", runtime="python3.11", timeout_seconds=240, memory_mb=512, safety_seconds=30.0,
+        # python3.13: the newest runtime whose dates are published (new functions until 2029-07-31, limits.py).
+        name="aws-lambda", runtime="python3.13", timeout_seconds=240, memory_mb=512, safety_seconds=30.0,
         schedule_seconds=300,
         # https://aws.amazon.com/lambda/pricing/ (us-east-1, x86, first tier, as transcribed on 2026-09-20).
         request_usd=0.20 / 1_000_000, gb_second_usd=0.0000166667,
         price_source="https://aws.amazon.com/lambda/pricing/ (2026-09-20)",
+        code_limits=CodeLimits(unzipped_bytes=limits.FUNCTION_UNZIPPED_BYTES,
+                               inline_zip_bytes=limits.FUNCTION_ZIP_DIRECT_BYTES,
+                               request_bytes=limits.FUNCTION_CREATE_REQUEST_BYTES,
+                               environment_bytes=limits.FUNCTION_ENVIRONMENT_BYTES),
     ),
 )

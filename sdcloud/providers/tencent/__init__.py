@@ -1,7 +1,8 @@
 """Tencent Cloud: credentials, signing and retries (session.py), the catalog refresh (catalog.py), CVM compute
 (compute.py), the bill (billing.py), COS through its S3 endpoint (storage.py)."""
 
-from ..traits import Billing, CloudFunction, Hosts, HostTraits, ProviderTraits, Timing
+from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, ProviderTraits, Timing
+from . import limits
 from .network import PROFILES
 
 TRAITS = ProviderTraits(
@@ -21,9 +22,16 @@ TRAITS = ProviderTraits(
     bill="sdcloud.providers.tencent.billing",  # `sdcloud cost reconcile` (billing.py)
     schedules="sdcloud.providers.tencent.schedules",  # `sdcloud batch schedule add --provider tencent` (schedules.py)
     # SCF's per-GB-second and per-invocation prices could not be read into a citable figure: unpriced.
+    # Python3.10, SCF's newest Python: the package carries the two 3.11 names the control plane uses
+    # (sdcloud/infra/function_package.py; docs/stacks.md says why not a Custom Runtime).
     function=CloudFunction(
-        name="tencent-scf", runtime="CustomRuntime", timeout_seconds=240, memory_mb=512, safety_seconds=30.0,
+        name="tencent-scf", runtime="Python3.10", timeout_seconds=240, memory_mb=512, safety_seconds=30.0,
         schedule_seconds=300,
+        code_limits=CodeLimits(unzipped_bytes=limits.FUNCTION_UNZIPPED_BYTES,
+                               inline_zip_bytes=limits.FUNCTION_ZIP_INLINE_BYTES,
+                               request_bytes=limits.API_POST_TC3_BYTES,
+                               environment_bytes=limits.FUNCTION_ENVIRONMENT_BYTES),
+        code_from_bucket=True,
     ),
     config_sections=("tencent",),
     config_keys="sdcloud.providers.tencent.site",  # [tencent] site
