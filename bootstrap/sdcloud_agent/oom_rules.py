@@ -67,7 +67,7 @@ def te_cache_blocker(args: Any) -> str | None:
     if not config or config is True:
         return None
     try:
-        import tomllib  # Python 3.11+; the host may run 3.10
+        import tomllib  # novermin: Python 3.11+; the host may run 3.10 (caught below)
     except ImportError:
         return "a dataset_config (no TOML reader on this Python)"
     try:
