@@ -84,7 +84,7 @@ def test_a_new_users_first_half_hour(sdcloud_home, tmp_path):
         time.sleep(0.5)
     pids = [p for p in row(sdcloud_home, job2)["spec"].get("worker_pids", []) if alive(p)]
     assert pids, "the second job's workers never started"
-    cancelled = json.loads(ok(sdcloud("batch", "cancel", job2), "batch cancel"))
+    cancelled = json.loads(ok(sdcloud("batch", "cancel", job2, "--json"), "batch cancel"))
     assert cancelled["state"] == "cancelled" and row(sdcloud_home, job2)["state"] == "cancelled"
     starts = worker_starts(sdcloud_home, job2)
     logs_dir = sdcloud_home / "batch" / job2

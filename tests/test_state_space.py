@@ -135,7 +135,9 @@ def test_read_only_commands_survive_every_row_and_change_nothing(world, capsys, 
         for template in READ_ONLY:
             args = [a.format(id=rid, dest=tmp_path / "batch-pulls" / label) for a in template]
             rc, out, err = call(capsys, *args)
-            check_exit(rc, err, f"{' '.join(args)} ({label})")
+            # batch verify: 1 is FAILED (a succeeded row here has no images), 2 incomplete (docs/batch.md)
+            check_exit(rc, err, f"{' '.join(args)} ({label})",
+                       allowed=(0, 1, 2, 4) if template[:2] == ("batch", "verify") else (0, 2, 4))
             if template[0] == "batch" and label.startswith("train"):
                 assert rc == 2, f"{args}: a training run is not a batch job"
             elif template[0] in ("status", "logs", "cost"):

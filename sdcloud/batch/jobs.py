@@ -89,6 +89,8 @@ def end_hosts(job_id: str, wait_s: float | None = None) -> int:
     open_ = [a for a in state.attempts(job_id) if a.state != "ended"]
     if not open_:
         return 0
+    # What ended the hosts, as the cost report's "ended by" says it.
+    reason = "cancelled" if row["state"] == "cancelled" else "stopped"
     if on_this_machine(row["spec"].get("provider", "local")):
         for a in open_:
             pid = a.instance_id.removeprefix("pid-") if a.instance_id else ""
@@ -97,13 +99,13 @@ def end_hosts(job_id: str, wait_s: float | None = None) -> int:
                     os.kill(int(pid), signal.SIGTERM)
                 except (ProcessLookupError, PermissionError):
                     pass
-        worker_attempts_ended(state, job_id, "stopped")
+        worker_attempts_ended(state, job_id, reason)
     else:
         from .controller import BatchController
 
         ctl = BatchController(state, job_id)
         for cur in ctl.fleet.open_attempts():
-            ctl.fleet.end(cur, "stopped")
+            ctl.fleet.end(cur, reason)
     return len(open_)
 
 

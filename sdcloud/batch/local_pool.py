@@ -34,9 +34,13 @@ def _worker_attempt_started(state, job: dict, pid: int) -> None:
     """A local worker process is the pool's host: an attempt of the job at the [local] price_per_hour,
     as a local training run's host is one, so that `batch status` and the cost report count and price it."""
     n = max((a.n for a in state.attempts(job["id"])), default=0) + 1
+    price = config.local().get("price_per_hour", 0.0)
     state.add_attempt(job["id"], n, job["spec"]["provider"], f"{job['id']}-w{n}", region="local", zone="local",
                       instance_type="this-machine", market=job["spec"].get("market") or "on-demand",
-                      price=config.local().get("price_per_hour", 0.0), currency="USD", instance_id=f"pid-{pid}")
+                      price=price, currency="USD", instance_id=f"pid-{pid}")
+    # This machine costs the same on either market: its on-demand counterfactual is the same hours at
+    # the same price (a job on it saves nothing, and loses nothing but what reclaims cost).
+    state.set_attempt_costs(job["id"], n, currency="USD", quote_price=price, ondemand_price=price, disk_gb=0.0)
     state.update_attempt(job["id"], n, state="running", start=time.time())
 
 
@@ -45,6 +49,78 @@ def worker_attempts_ended(state, job_id: str, reason: str, pid: int | None = Non
     for a in state.attempts(job_id):
         if a.end is None and on_this_machine(a.provider) and (pid is None or a.instance_id == f"pid-{pid}"):
             state.update_attempt(job_id, a.n, state="ended", end=time.time(), end_reason=reason)
+
+
+class _Adopted:
+    """A worker process that outlived its driver (killed, or the machine's session ended): the new
+    driver keeps it in its slot instead of starting a second worker beside it. It is not this
+    process's child, so its exit status is unknown (None): its slot is filled again while items
+    are left."""
+
+    returncode: int | None = None
+
+    def __init__(self, pid: int, worker_id: str):
+        self.pid, self.worker_id = pid, worker_id
+
+    def poll(self) -> int | None:
+        return None if _worker_alive(self.pid, self.worker_id) else self.returncode
+
+    def terminate(self) -> None:
+        self._signal(15)
+
+    def kill(self) -> None:
+        self._signal(9)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def wait(self, timeout: float) -> None:
+        until = time.monotonic() + timeout
+        while _worker_alive(self.pid, self.worker_id):
+            if time.monotonic() >= until:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.1)
+
+
+def _worker_alive(pid: int, worker_id: str) -> bool:
+    """Whether `pid` is still this worker (not a zombie, not another process that took its pid)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return worker_id.encode() in f.read()
+    except (OSError, IndexError):
+        return False
+
+
+def adopt_orphans(state, job: dict, k: int) -> list[_Adopted]:
+    """The job's workers whose driver died, still at work: up to K of them are adopted (their
+    attempts stay open; each fills a slot), any beyond K are ended; the attempts of the ones that
+    are gone are closed. So a resumed job never pays two hosts for one worker slot."""
+    adopted: list[_Adopted] = []
+    for a in state.attempts(job["id"]):
+        if a.end is not None or not on_this_machine(a.provider):
+            continue
+        pid = (a.instance_id or "").removeprefix("pid-")
+        alive = pid.isdigit() and _worker_alive(int(pid), a.token)
+        if alive and len(adopted) < k:
+            adopted.append(_Adopted(int(pid), a.token))
+            state.event(job["id"], Kind.WORKER_ADOPTED, {"n": a.n, "pid": int(pid)})
+            continue
+        if alive:  # more live workers than slots: the extra one stops (its lease is released)
+            proc = _Adopted(int(pid), a.token)
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        state.update_attempt(job["id"], a.n, state="ended", end=time.time(),
+                             end_reason="stopped" if alive else "lost")
+    return adopted
 
 
 def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=None) -> dict[str, Any]:
@@ -77,8 +153,11 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
     if job_over(job_id):
         return {**progress(job_id), "workers_started": 0}
     state.update_run(job_id, state="running", controller_pid=os.getpid())
+    for slot, orphan in enumerate(adopt_orphans(state, job, k)):  # a resumed job: its live workers first
+        procs[slot] = orphan  # type: ignore[assignment]
     for slot in range(k):
-        start(slot)
+        if slot not in procs:
+            start(slot)
     try:
         while True:
             spec = dict(job["spec"], worker_pids=[p.pid for p in procs.values()])
@@ -95,8 +174,10 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
             for slot, proc in list(procs.items()):
                 if proc.poll() is not None:
                     state.event(job_id, Kind.WORKER_EXITED, {"slot": slot, "pid": proc.pid, "rc": proc.returncode})
-                    worker_attempts_ended(state, job_id, "succeeded" if proc.returncode == 0 else "failed", proc.pid)
+                    worker_attempts_ended(state, job_id, "succeeded" if proc.returncode == 0 else "failed"
+                                          if proc.returncode is not None else "exited", proc.pid)
                     del procs[slot]
+                    # An adopted worker's status is unknown (None): its slot is filled while items are left.
                     if p["items_done"] < p["items"] and proc.returncode != 0:
                         if started >= MAX_WORKER_STARTS_PER_SLOT * k:
                             # Workers that keep dying (a model that does not load) are a failure, not a reclaim.
@@ -116,7 +197,9 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        worker_attempts_ended(state, job_id, "stopped")
+        # Why the pool's last workers ended: the job was cancelled, or its driver stopped (down, Ctrl-C).
+        row = state.get_run(job_id)
+        worker_attempts_ended(state, job_id, "cancelled" if row and row["state"] == "cancelled" else "stopped")
     final = progress(job_id)
     state.update_run(job_id, step=final["images_done"], controller_pid=None)
     if cancel_marked(job) and not job_over(job_id):

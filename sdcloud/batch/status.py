@@ -47,6 +47,18 @@ def list_jobs() -> list[dict[str, Any]]:
             for r in state_store().list_runs() if r["spec"].get("kind") == "batch"]
 
 
+def images_done(job: dict) -> int:
+    """Images the job has made: the bucket's done markers; the row's last count when the bucket
+    cannot be read (the cost report must not fail on a job whose bucket is gone)."""
+    from ..runs.store import StoreError
+
+    try:
+        store = job_store(job)
+        return sum(len(json.loads(store.get(o.key))["images"]) for o in store.list(f"{job['spec']['prefix']}/done/"))
+    except (StoreError, OSError, ValueError, KeyError):
+        return int(job.get("step") or 0)
+
+
 def progress(job_id: str) -> dict[str, Any]:
     job = find_job(job_id)
     store = job_store(job)
@@ -60,18 +72,21 @@ def progress(job_id: str) -> dict[str, Any]:
     attempts = sum(int(m.get("attempt", 1)) for m in done)
     state = state_store()
     attempts_ = state.attempts(job["id"])  # the job's hosts: fleet attempts, or the local pool's worker processes
-    # Priced by the cost ledger, as a training run's attempts are (every item; open ones up to now).
+    # Priced by the cost ledger, as a training run's attempts are (every item; open ones up to now),
+    # in the job's own terms as the cost report prints them (costs/job_terms.py).
+    from ..costs.job_terms import in_job_terms
     from ..costs.ledger import run_cost
 
-    cost = run_cost(state, job)["total_usd"] if attempts_ else 0.0
+    terms = in_job_terms(state, run_cost(state, job), job, images)
     return {"job": job_id, "state": job["state"], "name": job.get("name"), "tier": job["tier"],
             "items": job["spec"]["items"], "items_done": len(done), "images": job["total_steps"],
             "images_done": images, "images_per_s": round(rate, 3),
             "eta_s": round(left / rate) if rate > 0 and left > 0 else (0 if left <= 0 else None),
             "item_attempts": attempts, "redone_items": sum(1 for m in done if int(m.get("attempt", 1)) > 1),
-            "hosts": len(attempts_), "cost_usd": round(cost, 6),
             # Redone work is inside the cost already: hosts are paid for the time they ran.
-            "cost_per_image_usd": round(cost / images, 8) if images else None}
+            "hosts": len(attempts_), "cost_usd": terms["total_usd"], "cost_per_image_usd": terms["cost_per_image"],
+            "cost_per_1k_images_usd": terms["cost_per_1k_images"], "ondemand_usd": terms["ondemand_usd"],
+            "savings_usd": terms["savings_usd"], "savings_pct": terms["savings_pct"]}
 
 
 def job_over(job_id: str) -> bool:
@@ -87,6 +102,26 @@ def verify_job(job_id: str) -> dict[str, Any]:
 
     job = find_job(job_id)
     return {"job": job_id, **verify(job_store(job), job["spec"]["prefix"]).as_dict()}
+
+
+def verdict(job_id: str) -> dict[str, Any]:
+    """`batch verify`'s answer: "ok", "FAILED" (a job that finished, whose images are not each there
+    exactly once: a key missing, claimed twice or indexed against the wrong worker) or "incomplete"
+    (a job still running, or one that ended before its last item: cancelled, stopped, failed; what
+    it made is checked, and a duplicate there is still FAILED)."""
+    from ..runs.state import FINAL_RUN_STATES
+
+    job = find_job(job_id)
+    if job["state"] not in FINAL_RUN_STATES:
+        p = progress(job["id"])
+        return {"job": job["id"], "state": job["state"], "verdict": "incomplete", "ok": False,
+                "items_done": p["items_done"], "items": p["items"], "images_present": p["images_done"],
+                "images_expected": p["images"], "redone_items": p["redone_items"]}
+    v = verify_job(job["id"])
+    ended_early = job["state"] != "succeeded" and v["missing_items"]
+    made_right = not (v["missing_images"] or v["duplicate_keys"] or v["index_mismatches"])
+    word = "ok" if v["ok"] else "incomplete" if ended_early and made_right else "FAILED"
+    return {**v, "job": job["id"], "state": job["state"], "verdict": word}
 
 
 def cancel_marked(job: dict) -> bool:

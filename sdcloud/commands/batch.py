@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -183,35 +182,63 @@ def status(job: str, as_json: bool) -> None:
 @click.argument("job")
 @click.option("--interval", type=float, default=2.0, show_default=True)
 def watch(job: str, interval: float) -> None:
-    """Follow a job's progress until it ends."""
+    """Follow a job's progress until it ends. Exit 0 when it succeeded, 1 when it ended otherwise,
+    4 when no driver is running it (as `sdcloud watch` does), 130 on Ctrl-C (the job continues)."""
     import time
 
     from ..batch import jobs
+    from ..runs.state import FINAL_RUN_STATES
+    from .common import EXIT_INTERRUPTED, EXIT_NO_CONTROLLER, EXIT_NOT_SUCCEEDED
+    from .status import controller_note
 
     p = jobs.progress(job)
     view = BatchProgress(p["images"])
+    # A driver that was just started writes its pid at once; give it a moment before judging.
+    grace_until = time.time() + 2 * interval
     try:
         while True:
             p = jobs.progress(job)
             view(p)
-            if p["state"] in ("succeeded", "failed", "stopped"):
+            if p["state"] in FINAL_RUN_STATES:
                 break
+            dead = controller_note(jobs.find_job(p["job"]))
+            if dead and time.time() > grace_until:
+                view.close()
+                click.echo(dead, err=True)
+                raise SystemExit(EXIT_NO_CONTROLLER)
             time.sleep(interval)
+    except KeyboardInterrupt:
+        view.close()
+        click.echo(f"stopped watching; job {p['job']} continues (sdcloud batch watch {p['job']} to follow it again, "
+                   f"sdcloud batch cancel {p['job']} to stop it)", err=True)
+        raise SystemExit(EXIT_INTERRUPTED)
     finally:
         view.close()
     click.echo(f"{p['job']} {p['state']}: {p['images_done']}/{p['images']} images, {p['redone_items']} redone")
+    if p["state"] != "succeeded":
+        raise SystemExit(EXIT_NOT_SUCCEEDED)
 
 
 @batch.command()
 @output_options
 @click.argument("job")
-def cancel(job: str) -> None:
-    """Stop a job: workers stop claiming, hosts stop."""
+@click.option("--json", "as_json", is_flag=True)
+def cancel(job: str, as_json: bool) -> None:
+    """Stop a job for good: workers stop claiming, hosts stop; the images made stay in its bucket."""
     from ..batch import jobs
 
+    before = jobs.find_job(job)["state"]
     res = jobs.cancel(job)
     res["hosts_ended"] = jobs.end_hosts(res["job"])
-    click.echo(json.dumps(res))
+    if as_json:
+        emit_json(res)
+        return
+    hosts = f"{res['hosts_ended']} host{'s' if res['hosts_ended'] != 1 else ''} ended"
+    if res["state"] == "cancelled" and before != "cancelled":
+        click.echo(f"{res['job']}: cancelled (was {before}); {hosts}; the images it made stay: "
+                   f"sdcloud batch pull {res['job']}")
+    else:  # an ended job keeps its end: a cancel changes nothing there
+        click.echo(f"{res['job']}: already {res['state']}, nothing to cancel; {hosts}")
 
 
 @batch.command()
@@ -235,17 +262,31 @@ def pull(job: str, dest: str | None, force: bool, as_json: bool) -> None:
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True)
 def verify(job: str, as_json: bool) -> None:
-    """Check that every item's images exist exactly once and match the index (exit 1 if not)."""
-    from ..batch import jobs
+    """Check that every item's images exist exactly once and match the index.
 
-    v = jobs.verify_job(job)
+    Exit 0: ok. Exit 1: FAILED, a job that finished whose images are not each there exactly once.
+    Exit 2: incomplete, a job still running or one that ended before its last item (cancelled,
+    stopped, failed); what it made is checked, and a duplicate among it is FAILED."""
+    from ..batch.status import verdict
+    from ..errors import UserError
+
+    v = verdict(job)
+    counts = (f"{v['items_done']}/{v['items']} items, {v['images_present']}/{v['images_expected']} images, "
+              f"{v['redone_items']} redone")
     if as_json:
         emit_json(v)
-    else:
-        click.echo(f"{'ok' if v['ok'] else 'FAILED'}: {v['items_done']}/{v['items']} items, "
-                   f"{v['images_present']}/{v['images_expected']} images, {v['redone_items']} redone")
-    if not v["ok"]:
-        raise click.exceptions.Exit(1)
+    elif v["verdict"] != "incomplete":
+        click.echo(f"{v['verdict']}: {counts}")
+    if v["verdict"] == "incomplete":
+        running = v["state"] not in ("cancelled", "stopped", "failed")
+        why = (f"the job is {v['state']}; verify it once it has finished (follow it with: sdcloud batch watch "
+               f"{v['job']})" if running else f"the job was {v['state']} before its last item; what it made is each "
+               "there exactly once")
+        if as_json:
+            raise SystemExit(2)
+        raise UserError(f"incomplete: {counts}; {why}")
+    if v["verdict"] != "ok":
+        raise SystemExit(1)
 
 
 @batch.group()

@@ -65,8 +65,13 @@ def report(runs: tuple[str, ...], since: str | None, all_runs: bool, fmt: str, o
         raise UserError("--output needs --format json, csv or html")
     from ..runs.state import StateStore
 
+    from ..batch.status import images_done
+
     state = StateStore()
-    rep = build_report(state, select_runs(state, runs, seconds, all_runs or (not runs and seconds is None)), by=by)
+    chosen = select_runs(state, runs, seconds, all_runs or (not runs and seconds is None))
+    # A batch job's images so far, from its bucket, as `batch status` counts them: the same figures.
+    images = {r["id"]: images_done(r) for r in chosen if (r.get("spec") or {}).get("kind") == "batch"}
+    rep = build_report(state, chosen, by=by, images=images)
     if fmt == "table":
         from ..costs.report import print_tables
 

@@ -10,7 +10,7 @@ import html
 import io
 from datetime import datetime, timedelta, timezone
 
-from .report import ITEMS, fmt
+from .report import ITEMS, fmt, fmt_image
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem;color:#1d2430;background:#fff}
@@ -63,7 +63,7 @@ def _charts(report: dict) -> list[tuple[str, str]]:
     # 2. Spot against the on-demand counterfactual.
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     ax.bar([i - 0.2 for i in x], [r["total_usd"] for r in runs], width=0.4, label="this run")
-    ax.bar([i + 0.2 for i in x], [r["ondemand_usd"] for r in runs], width=0.4, label="on-demand, same work")
+    ax.bar([i + 0.2 for i in x], [r["ondemand_usd"] or 0.0 for r in runs], width=0.4, label="on-demand, same work")
     ax.set_xticks(x, labels, rotation=20)
     ax.set_xlim(-0.8, max(len(runs), 2) - 0.2)
     ax.set_ylabel("USD")
@@ -137,7 +137,7 @@ def render_html(report: dict) -> str:
         parts.append(f"<figure><figcaption>{e(caption)}</figcaption>{svg}</figure>")
     parts.append("</div><h2>Runs</h2><table><tr><th class=\"l\">run</th><th class=\"l\">tier</th><th class=\"l\">provider</th>"
                  "<th>attempts</th><th>reclaims</th><th>lost h</th><th>estimate $</th><th>billed $</th><th>total $</th>"
-                 "<th>on-demand $</th><th>saved $</th><th>saved %</th><th>$ / 1k steps</th><th>$ / image</th></tr>")
+                 "<th>on-demand $</th><th>saved $</th><th>saved %</th><th>$ / 1k steps</th><th>$ / image</th><th>$ / 1k images</th></tr>")
     for r in report["runs"]:
         parts.append(f'<tr data-run="{e(r["run"])}">' + _cell(r["name"] or r["run"], left=True) + _cell(r["tier"], left=True)
                      + _cell(r["provider"], left=True) + _cell(len(r["attempts"])) + _cell(r["reclaims"], "reclaims")
@@ -145,7 +145,8 @@ def render_html(report: dict) -> str:
                      + _cell(r["billed_usd"], "billed_usd") + _cell(r["total_usd"], "total_usd")
                      + _cell(r["ondemand_usd"], "ondemand_usd") + _cell(r["savings_usd"], "savings_usd")
                      + _cell(r["savings_pct"], "savings_pct") + _cell(r["cost_per_1k_steps"], "cost_per_1k_steps")
-                     + _cell(r["cost_per_image"], "cost_per_image") + "</tr>")
+                     + f'<td data-field="cost_per_image">{fmt_image(r["cost_per_image"])}</td>'
+                     + _cell(r.get("cost_per_1k_images"), "cost_per_1k_images") + "</tr>")
     parts.append("</table><h2>Attempts</h2><table><tr><th class=\"l\">run</th><th>#</th><th class=\"l\">zone</th>"
                  "<th class=\"l\">type</th><th class=\"l\">market</th><th>hours</th><th class=\"l\">ended by</th>"
                  + "".join(f"<th>{i} $</th>" for i in ITEMS) + "<th class=\"l\">price source</th><th>lost h</th>"

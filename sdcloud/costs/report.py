@@ -42,17 +42,31 @@ def _day(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d")
 
 
-def build_report(state, runs: list[dict], by: str | None = None, now: float | None = None) -> dict:
+def _is_batch(run: dict) -> bool:
+    return isinstance(run.get("spec"), dict) and run["spec"].get("kind") == "batch"
+
+
+def build_report(state, runs: list[dict], by: str | None = None, now: float | None = None,
+                 images: dict[str, int] | None = None) -> dict:
+    """`images`: each batch job's images made so far (batch.status.images_done), by job id; a job
+    not in it counts the images its row last recorded."""
     now = now or time.time()
     if by is not None and by not in GROUPINGS:
         raise UserError(f"--by must be one of {', '.join(GROUPINGS)}, got {by!r}")
-    per_run = [run_cost(state, r, now=now) for r in runs]
+    from .job_terms import in_job_terms
+
+    per_run = [in_job_terms(state, run_cost(state, r, now=now), r, (images or {}).get(r["id"])) if _is_batch(r)
+               else run_cost(state, r, now=now) for r in runs]
     totals = {k: round(sum(r[k] for r in per_run), DECIMALS)
-              for k in ("estimate_usd", "total_usd", "ondemand_usd", "lost_hours", "hours", "lost_usd")}
+              for k in ("estimate_usd", "total_usd", "lost_hours", "hours", "lost_usd")}
+    # Savings over the runs whose on-demand counterfactual is known (a batch job's may not be).
+    known = [r for r in per_run if r["ondemand_usd"] is not None]
+    totals["ondemand_usd"] = round(sum(r["ondemand_usd"] for r in known), DECIMALS)
     totals["runs"] = len(per_run)
     totals["attempts"] = sum(len(r["attempts"]) for r in per_run)
     totals["reclaims"] = sum(r["reclaims"] for r in per_run)
-    totals.update(savings(totals["total_usd"], totals["ondemand_usd"]))
+    totals.update(savings(sum(r["total_usd"] for r in known), totals["ondemand_usd"]))
+    totals["savings_over_runs"] = len(known)
     currencies = sorted({c for r in per_run for c in r["currencies"]} - {"USD"})
     out = {
         "generated": now, "currency": "USD",
@@ -65,13 +79,17 @@ def build_report(state, runs: list[dict], by: str | None = None, now: float | No
         for r in per_run:
             key = {"tier": r["tier"], "provider": r["provider"] or "", "day": _day(r["created"])}[by]
             g = groups.setdefault(key, {"key": key, "runs": 0, "total_usd": 0.0, "ondemand_usd": 0.0, "savings_usd": 0.0,
-                                        "lost_hours": 0.0})
+                                        "lost_hours": 0.0, "known_usd": 0.0})
             g["runs"] += 1
-            for k in ("total_usd", "ondemand_usd", "lost_hours"):
+            for k in ("total_usd", "lost_hours"):
                 g[k] += r[k]
+            if r["ondemand_usd"] is not None:
+                g["ondemand_usd"] += r["ondemand_usd"]
+                g["known_usd"] += r["total_usd"]
         out["by"] = by
-        out["groups"] = [{**g, **{k: round(g[k], DECIMALS) for k in ("total_usd", "ondemand_usd", "lost_hours")},
-                          "savings_usd": savings(g["total_usd"], g["ondemand_usd"])["savings_usd"]}
+        out["groups"] = [{**{k: v for k, v in g.items() if k != "known_usd"},
+                          **{k: round(g[k], DECIMALS) for k in ("total_usd", "ondemand_usd", "lost_hours")},
+                          "savings_usd": savings(g["known_usd"], g["ondemand_usd"])["savings_usd"]}
                          for _, g in sorted(groups.items())]
     return out
 
@@ -85,9 +103,17 @@ def fmt(value) -> str:
     return str(value)
 
 
+def fmt_image(value) -> str:
+    """$ per image: a fraction of a cent, with the six decimals job_terms rounds it to."""
+    from .job_terms import IMAGE_DECIMALS
+
+    return "" if value is None else f"{value:.{IMAGE_DECIMALS}f}"
+
+
 CSV_COLUMNS = ["level", "run", "name", "tier", "provider", "attempt", "region", "zone", "instance_type", "market", "hours",
                "end_reason", *[f"{i}_usd" for i in ITEMS], "compute_source", "lost_hours", "cost_usd", "ondemand_usd",
-               "billed_usd", "total_usd", "savings_usd", "savings_pct", "cost_per_1k_steps", "cost_per_image", "reclaims"]
+               "billed_usd", "total_usd", "savings_usd", "savings_pct", "cost_per_1k_steps", "images_done", "cost_per_image", "cost_per_1k_images",
+               "reclaims"]
 
 
 def to_csv(report: dict) -> str:
@@ -104,11 +130,13 @@ def to_csv(report: dict) -> str:
                         **{f"{i}_usd": fmt(a["items"][i]["usd"]) for i in ITEMS if i in a["items"]},
                         "compute_source": a["items"]["compute"]["source"],
                         "lost_hours": fmt(a["overhead"]["lost_hours"]) if a["overhead"] else fmt(0.0),
-                        "cost_usd": fmt(a["cost_usd"]), "ondemand_usd": fmt(a["ondemand_usd"])})
+                        "cost_usd": fmt(a["cost_usd"]),
+                        "ondemand_usd": fmt(a["ondemand_usd"]) if r["ondemand_usd"] is not None else ""})
         w.writerow({**base, "level": "run", "hours": fmt(r["hours"]), "lost_hours": fmt(r["lost_hours"]),
                     "cost_usd": fmt(r["estimate_usd"]), "ondemand_usd": fmt(r["ondemand_usd"]), "billed_usd": fmt(r["billed_usd"]),
                     "total_usd": fmt(r["total_usd"]), "savings_usd": fmt(r["savings_usd"]), "savings_pct": fmt(r["savings_pct"]),
-                    "cost_per_1k_steps": fmt(r["cost_per_1k_steps"]), "cost_per_image": fmt(r["cost_per_image"]),
+                    "cost_per_1k_steps": fmt(r["cost_per_1k_steps"]), "images_done": r.get("images_done", ""),
+                    "cost_per_image": fmt_image(r["cost_per_image"]), "cost_per_1k_images": fmt(r.get("cost_per_1k_images")),
                     "reclaims": r["reclaims"]})
     t = report["totals"]
     w.writerow({"level": "total", "hours": fmt(t["hours"]), "lost_hours": fmt(t["lost_hours"]), "cost_usd": fmt(t["estimate_usd"]),
@@ -136,42 +164,62 @@ def print_tables(report: dict) -> None:
         hidden.extend(n for n in names if n not in hidden)
 
     for r in report["runs"]:
-        title = f"run {r['run']}" + (f" ({r['name']})" if r["name"] else "") + f": {r['tier']}, {r['state']}"
+        batch = r.get("kind") == "batch"
+        title = f"{'job' if batch else 'run'} {r['run']}" + (f" ({r['name']})" if r["name"] else "") + f": {r['tier']}, {r['state']}"
+        od_known = r["ondemand_usd"] is not None
         rows = [(a["n"], a["provider"], a["zone"], a["instance_type"], a["market"], fmt(a["hours"]), a["end_reason"] or "running",
                  *[fmt(a["items"][i]["usd"]) if i in a["items"] else "" for i in ITEMS], a["items"]["compute"]["source"],
-                 fmt(a["overhead"]["lost_hours"]) if a["overhead"] else fmt(0.0), fmt(a["cost_usd"]), fmt(a["ondemand_usd"]))
+                 fmt(a["overhead"]["lost_hours"]) if a["overhead"] else fmt(0.0), fmt(a["cost_usd"]),
+                 fmt(a["ondemand_usd"]) if od_known else "unknown")
                 for a in r["attempts"]]
         if rows:
             note_hidden(table(title, RUN_COLUMNS, rows, drop=RUN_DROP, note_hidden=False))
         else:  # a run or job that has not started a host: no empty table
-            echo(f"{title}: no attempt yet")
-        line = (f"total ${fmt(r['total_usd'])} ({r['total_source']}); estimate ${fmt(r['estimate_usd'])}; "
-                f"on-demand ${fmt(r['ondemand_usd'])}; saved ${fmt(r['savings_usd'])}")
-        if r["savings_pct"] is not None:
-            line += f" ({r['savings_pct']:.1f}%)"
-        line += f"; reclaims {r['reclaims']}, lost {fmt(r['lost_hours'])} h"
-        if r["cost_per_1k_steps"] is not None:
-            line += f"; ${fmt(r['cost_per_1k_steps'])} per 1k steps"
-        if r["cost_per_image"] is not None:
-            line += f"; ${fmt(r['cost_per_image'])} per image"
-        if r["billed_usd"] is not None:
-            line += f"; billed ${fmt(r['billed_usd'])}"
-        driver = r.get("run_items", {}).get("driver")
-        if driver:  # the cloud driver's invocations for this run (sdcloud/costs/driver.py)
-            calls = sum(d["invocations"] for d in driver["detail"]["drivers"].values())
-            line += f"; cloud driver {calls} invocations ${fmt(driver['usd'])}"
-            if driver["detail"]["unpriced"]:
-                line += " (" + ", ".join(driver["detail"]["unpriced"]) + " unpriced)"
-        echo(line)
+            echo(f"{title}: no {'host' if batch else 'attempt'} yet")
+        echo(_run_line(r))
     if report.get("groups"):
         note_hidden(table(f"by {report['by']}", [report["by"], "runs", "total $", "on-demand $", "saved $", "lost h"],
                           [(g["key"], g["runs"], fmt(g["total_usd"]), fmt(g["ondemand_usd"]), fmt(g["savings_usd"]),
                             fmt(g["lost_hours"])) for g in report["groups"]],
                           drop=["lost h", "runs", "on-demand $"], note_hidden=False))
     t = report["totals"]
+    over = "" if t.get("savings_over_runs", t["runs"]) == t["runs"] else f" (over the {t['savings_over_runs']} runs whose on-demand price is known)"
     echo(f"all {t['runs']} runs: total ${fmt(t['total_usd'])}; on-demand ${fmt(t['ondemand_usd'])}; "
-         f"saved ${fmt(t['savings_usd'])}; reclaims {t['reclaims']}, lost {fmt(t['lost_hours'])} h")
+         f"saved ${fmt(t['savings_usd'])}{over}; reclaims {t['reclaims']}, lost {fmt(t['lost_hours'])} h")
     for cur, rate in report["rates"].items():
         echo(f"{cur} converted at {rate['usd_per_unit']} USD per {cur}")
     if hidden:
         echo(hidden_note(hidden))
+
+
+def _run_line(r: dict) -> str:
+    """A run's (or batch job's) totals under its table: what it cost, what on-demand would have,
+    the savings, and the cost per unit of its work (1k steps, or an image and 1k images)."""
+    if r["ondemand_usd"] is None:
+        line = (f"total ${fmt(r['total_usd'])} ({r['total_source']}); estimate ${fmt(r['estimate_usd'])}; "
+                "on-demand unknown (no on-demand price was recorded for its hosts), so no savings claimed")
+    else:
+        line = (f"total ${fmt(r['total_usd'])} ({r['total_source']}); estimate ${fmt(r['estimate_usd'])}; "
+                f"on-demand ${fmt(r['ondemand_usd'])}; saved ${fmt(r['savings_usd'])}")
+        if r["savings_pct"] is not None:
+            line += f" ({r['savings_pct']:.1f}%)"
+    line += f"; reclaims {r['reclaims']}, lost {fmt(r['lost_hours'])} h"
+    if r.get("kind") == "batch":
+        line += f"; {r['images_done']}/{r['images']} images"
+        if r["cost_per_image"] is not None:
+            line += f", ${fmt_image(r['cost_per_image'])} per image, ${fmt(r['cost_per_1k_images'])} per 1k images"
+    else:
+        if r["cost_per_1k_steps"] is not None:
+            line += f"; ${fmt(r['cost_per_1k_steps'])} per 1k steps"
+        if r["cost_per_image"] is not None:
+            line += f"; ${fmt_image(r['cost_per_image'])} per image"
+    if r["billed_usd"] is not None:
+        line += f"; billed ${fmt(r['billed_usd'])}"
+    driver = r.get("run_items", {}).get("driver")
+    if driver:  # the cloud driver's invocations for this run (sdcloud/costs/driver.py)
+        calls = sum(d["invocations"] for d in driver["detail"]["drivers"].values())
+        line += f"; cloud driver {calls} invocations ${fmt(driver['usd'])}"
+        if driver["detail"]["unpriced"]:
+            line += " (" + ", ".join(driver["detail"]["unpriced"]) + " unpriced)"
+    return line
+
