@@ -31,6 +31,20 @@ def test_recorded_query_reports_parse_into_samples():
     assert idle.idle and idle.reasons == []
 
 
+@pytest.mark.parametrize("name, power, limit, util, reasons, sm_pct", [
+    ("g5-a10g-550-power-cap.txt", 296.42, 300.0, 100, ["power cap"], 77.2),  # the average draw
+    ("p5-h100-580-busy.txt", 612.35, 700.0, 98, [], 100.0),
+    ("g4dn-t4-580-instant-only.txt", 69.54, 70.0, 100, ["power cap"], 78.3),  # no average: the instant draw
+])
+def test_r550_and_r580_reports_give_power_and_its_limit(name, power, limit, util, reasons, sm_pct):
+    (g,) = _rec(name)
+    assert (g.power_w, g.power_limit_w, g.util, g.reasons) == (power, limit, util, reasons)
+    assert round(100 * g.sm_mhz / g.sm_max_mhz, 1) == sm_pct and g.mem_total_mib is not None
+    v = health.judge([g] * 3, _steps(5, 1.0, 0.0), 0, 5)
+    assert v.figures["power_w"] == round(power, 1) and v.figures["power_limit_w"] == limit
+    assert v.verdict == ("throttled" if reasons else "healthy")
+
+
 def test_recorded_tables_parse_every_gpu():
     p40 = _rec("caffe-364-p40-table.txt")
     assert [g.util for g in p40] == [99, 100, 82] and [g.temp_c for g in p40] == [62, 75, 69]

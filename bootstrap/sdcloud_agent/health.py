@@ -97,8 +97,9 @@ def parse_table(text: str) -> list[GpuSample]:
 
 def parse_smi(text: str) -> list[GpuSample]:
     """Each GPU of an `nvidia-smi -q` report (any subset of its sections; older drivers call
-    the reasons "Clocks Throttle Reasons", 535 and later "Clocks Event Reasons"), or of the
-    plain table."""
+    the reasons "Clocks Throttle Reasons", 535 and later "Clocks Event Reasons"; 550 and later
+    report power as "GPU Power Readings" with average and instantaneous draws), or of the plain
+    table."""
     if "Pwr:Usage/Cap" in text:
         return parse_table(text)
     gpus: list[GpuSample] = []
@@ -146,7 +147,12 @@ def parse_smi(text: str) -> list[GpuSample]:
         elif section == "max clocks" and key == "sm":
             cur.sm_max_mhz = _num(value)
         elif section in ("power readings", "gpu power readings"):
-            if key == "power draw":
+            # <= R545 "Power Readings": Power Draw, Power Limit. R550+ "GPU Power Readings":
+            # Average Power Draw (N/A on boards that only measure instantly), Instantaneous Power
+            # Draw, Current Power Limit; "GPU Memory" and "Module" power sections are not the GPU's.
+            if key in ("power draw", "average power draw"):
+                cur.power_w = _num(value) if _num(value) is not None else cur.power_w
+            elif key == "instantaneous power draw" and cur.power_w is None:
                 cur.power_w = _num(value)
             elif key in ("power limit", "current power limit"):
                 cur.power_limit_w = _num(value)
