@@ -98,7 +98,6 @@ class Kind(StrEnum):
     WORKER_STARTED = "worker-started"
     WORKER_EXITED = "worker-exited"
     WORKER_ADOPTED = "worker-adopted"  # a resumed local job keeps a worker its dead driver left running
-    WORKER_ADOPTED = "worker-adopted"  # a resumed local job keeps a worker its dead driver left running
 
 
 # Spellings of earlier releases, read back from old journals and state files.
@@ -235,7 +234,6 @@ FIELDS: dict[Kind, Fields] = {
     Kind.WORKER_STARTED: Fields(("slot",), ("n", "pid")),
     Kind.WORKER_EXITED: Fields(("slot",), ("pid", "rc")),
     Kind.WORKER_ADOPTED: Fields(("n", "pid")),
-    Kind.WORKER_ADOPTED: Fields(("n", "pid")),
 }
 
 
@@ -317,8 +315,6 @@ WORDS: dict[Kind, Callable[[dict], str | None]] = {
     Kind.DATASET_UPLOADED: lambda d: (f"dataset: {d.get('files')} files in the run's bucket ({d.get('sent')} sent, "
                                       f"{d.get('mb')} MB)"),
     Kind.MODEL_UPLOADED: _model_uploaded,
-    Kind.WORKER_ADOPTED: lambda d: (f"worker {d.get('n')} (pid {d.get('pid')}) outlived its driver and is still "
-                                    "at work: kept in its slot, no second worker started"),
     Kind.WORKER_ADOPTED: lambda d: (f"worker {d.get('n')} (pid {d.get('pid')}) outlived its driver and is still "
                                     "at work: kept in its slot, no second worker started"),
     Kind.RESUME: lambda d: (f"resuming a {d.get('from_state')} run from step {d.get('step')} "
