@@ -1,10 +1,12 @@
 """Records the AWS API calls made in a test process, each with the principal that makes it in production.
 
-The principal is read off the call's stack, by the outermost sdcloud code on it: the cloud driver's
-handler (sdcloud.runs.unattended) runs with the function's role; the agent's batch worker
-(sdcloud_agent.batch) and the agent (sdcloud_agent) with the host role; the controller's run code
-(sdcloud.runs) and everything else of sdcloud (up, infra, gc, the CLI) with the user's own keys.
-A call from test code alone is the test's setup ("setup"), made as the account owner.
+The principal is read off the call's stack: the cloud driver's handler (sdcloud.runs.unattended)
+anywhere on it makes it the function's role; else the outermost sdcloud code decides (the control
+plane calls the agent's store too, and is still the user): the agent's batch worker
+(sdcloud_agent.batch) and the agent (sdcloud_agent) hold the host role; the controller's run code
+(sdcloud.runs) and everything else of sdcloud (up, infra, gc, the CLI) the user's own keys. A call
+from test code alone is the test's setup ("setup"), made as the account owner; one from a transfer
+thread (s3transfer's pool) has no sdcloud frame and is logged as "thread".
 
 `record_calls(monkeypatch)` records in one test; `SDCLOUD_AUTHZ_LOG=<dir>` makes tests/conftest.py
 record every call of a whole run, one JSON line per call, in one file per worker (authz_log()).
@@ -18,10 +20,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# (module prefix, principal), the more specific first: a call's principal is the first whose
-# prefix names a module on the call's stack.
+# (module prefix, principal), the more specific first: the outermost sdcloud frame's module takes
+# the first prefix that names it.
+DRIVER = "sdcloud.runs.unattended"
 PRINCIPALS = (
-    ("sdcloud.runs.unattended", "driver"),
     ("sdcloud_agent.batch", "batch-worker"),
     ("sdcloud_agent", "host"),
     ("sdcloud.runs", "controller"),
@@ -40,15 +42,20 @@ class Call:
 
 
 def principal_of_stack() -> str:
+    import threading
+
     modules = []
     frame = sys._getframe(1)
     while frame is not None:
         modules.append(frame.f_globals.get("__name__", ""))
         frame = frame.f_back
-    for prefix, principal in PRINCIPALS:
-        if any(m == prefix or m.startswith(prefix + ".") for m in modules):
-            return principal
-    return "setup"
+    if any(m == DRIVER or m.startswith(DRIVER + ".") for m in modules):
+        return "driver"
+    ours = [m for m in modules if m.split(".")[0] in ("sdcloud", "sdcloud_agent")]
+    if not ours:
+        return "setup" if threading.current_thread() is threading.main_thread() else "thread"
+    outermost = ours[-1]
+    return next(p for prefix, p in PRINCIPALS if outermost == prefix or outermost.startswith(prefix + "."))
 
 
 def _summary(operation: str, response: dict) -> dict:
@@ -104,3 +111,18 @@ def authz_log(directory: str | Path, worker: str):
         with path.open("a") as f:
             f.write(json.dumps({**asdict(call), "test": os.environ.get("PYTEST_CURRENT_TEST", "")}) + "\n")
     return sink
+
+
+def summary(directory: str | Path) -> dict[str, list[str]]:
+    """Each principal's distinct calls in a log: {"user": ["ec2:DescribeInstances", ...], ...}."""
+    seen: dict[str, set[str]] = {}
+    for path in sorted(Path(directory).glob("calls-*.jsonl")):
+        for line in path.read_text().splitlines():
+            call = json.loads(line)
+            seen.setdefault(call["principal"], set()).add(f"{call['service']}:{call['operation']}")
+    return {p: sorted(v) for p, v in sorted(seen.items())}
+
+
+if __name__ == "__main__":  # python tests/authz_record.py <log dir>: the calls each principal made
+    for principal, calls in summary(sys.argv[1]).items():
+        print(f"{principal}: {', '.join(calls)}")

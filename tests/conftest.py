@@ -77,6 +77,21 @@ def pytest_collection_modifyitems(config, items) -> None:
         items.sort(key=lambda item: group(item) not in slow_groups)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def authz_log():
+    """SDCLOUD_AUTHZ_LOG=<dir>: every AWS API call this worker's tests make, with the principal that
+    makes it in production, one JSON line each (tests/authz_record.py; docs/testing.md)."""
+    directory = os.environ.get("SDCLOUD_AUTHZ_LOG")
+    if not directory:
+        yield None
+        return
+    from authz_record import authz_log as sink, install
+
+    with pytest.MonkeyPatch.context() as mp:
+        install(sink(directory, os.environ.get("PYTEST_XDIST_WORKER", "main")), mp.setattr)
+        yield directory
+
+
 @pytest.fixture(autouse=True)
 def sdcloud_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "sdcloud-home"

@@ -29,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 API_VERSION = "2017-03-12"
 SECRET_ID = "AKIDfake0000000000000000000000000000"
 SECRET_KEY = "fake-secret-key-0000000000000000"
+OWNER_UIN = "100000000001"  # the account's root uin, in CAM resource names
 
 # (family, type, cpu, memory GB, GPUs, physical GPU count, on-demand CNY/h, spot CNY/h)
 TYPES = [
@@ -161,6 +162,8 @@ class FakeCVM:
             # A CVM role's temporary keys: TmpSecretId -> {"key", "token", "role", "policies"}. A call
             # signed with them must carry its token and is judged against the role's CAM policies.
             self.role_keys: dict[str, dict] = {}
+            # A sub-account's (or a function role's) keys with CAM policies: SecretId -> {"name", "policies"}.
+            self.user_keys: dict[str, dict] = {}
 
     def add_role_keys(self, role: str, policies: list[str]) -> dict:
         """Temporary keys of a CVM role (as the metadata service hands them out) with its policies."""
@@ -171,28 +174,40 @@ class FakeCVM:
                                                    "policies": list(policies)}
             return keys
 
-    def authorize(self, secret_id: str, token: str, action: str, region: str, params: dict) -> str | None:
-        """Account keys may do anything here; a role's keys need their token and a CAM policy that
-        allows the action on every instance it names (its tags as `qcs:resource_tag`). The caller's
-        role name, or None for the account's keys."""
-        role = self.role_keys.get(secret_id)
-        if role is None:
-            return None
-        if token != role["token"]:
-            raise ApiError("AuthFailure.TokenFailure", "the token does not belong to these temporary keys")
-        from cam_policy import Need, allowed
-
+    def add_user_keys(self, name: str, policies: list[str]) -> tuple[str, str]:
+        """Long-term keys (a sub-account's, or what a function's role signs with) that hold only `policies`."""
         with self.lock:
-            ids = params.get("InstanceIds") or [None]
-            for iid in ids:
-                inst = self.instances.get(iid) if iid else None
-                tags = tuple(f"{k}&{v}" for k, v in (inst.tags if inst else {}).items())
-                need = Need(f"name/cvm:{action}", f"qcs::cvm:{region}:uin/100000000001:instance/{iid or '*'}",
-                            (("qcs:resource_tag", tags),))
-                if not any(allowed(p, need) for p in role["policies"]):
-                    raise ApiError("UnauthorizedOperation",
-                                   f"role {role['role']} may not {action} {iid or ''}: no policy allows it")
-        return role["role"]
+            secret_id, secret_key = "AKID" + secrets.token_hex(16), secrets.token_hex(16)
+            self.accounts[secret_id] = secret_key
+            self.user_keys[secret_id] = {"name": name, "policies": list(policies)}
+            return secret_id, secret_key
+
+    def authorize(self, secret_id: str, token: str, action: str, region: str, params: dict) -> str | None:
+        """The account's own keys may do anything; keys with CAM policies (a role's temporary keys,
+        which need their token, or a sub-account's) must be allowed every authorization CAM
+        evaluates for the call (tests/authz_expand.cvm_needs: the instances' tags as
+        `qcs:resource_tag`, cam:PassRole for CamRoleName, the launch template's fields included),
+        else AuthFailure.UnauthorizedOperation, as CVM answers. The caller's name, or None."""
+        role = self.role_keys.get(secret_id)
+        holder = role or self.user_keys.get(secret_id)
+        if holder is None:
+            return None
+        if role is not None and token != role["token"]:
+            raise ApiError("AuthFailure.TokenFailure", "the token does not belong to these temporary keys")
+        from authz_expand import cvm_needs
+        from cam_policy import allowed
+
+        name = holder.get("role") or holder["name"]
+        with self.lock:
+            tags = {iid: inst.tags for iid, inst in self.instances.items()}
+            ref = (params.get("LaunchTemplate") or {}).get("LaunchTemplateId")
+            for need, _source in cvm_needs(action, region, OWNER_UIN, params, tags, self.templates.get(ref or "")):
+                if not any(allowed(p, need) for p in holder["policies"]):
+                    op = need.action.removeprefix("name/")
+                    raise ApiError("AuthFailure.UnauthorizedOperation",
+                                   f"you are not authorized to perform operation ({op})\nresource ({need.resource}) "
+                                   f"has no permission (caller {name})")
+        return name
 
     def add_launch_template(self, template_id: str, fields: dict) -> None:
         """A launch template (as the stack makes one): RunInstances fields in the API's own names."""

@@ -153,6 +153,9 @@ class Session:
             if code in codes.ROLE:  # the host's role, not the caller's credentials
                 role = repr(params["CamRoleName"]) if params.get("CamRoleName") else "of the launch template"
                 raise UserError(f"{codes.ROLE[code].format(role=role)} ({code})") from None
+            if code == "AuthFailure.UnauthorizedOperation":  # CAM refused the action: the keys are good
+                raise UserError(f"Tencent Cloud denied {action} ({code}): {exc.message.splitlines()[0]}; grant it in the "
+                                f"CAM policy of these keys") from None
             if code.startswith("AuthFailure"):
                 raise CredentialsError(f"Tencent Cloud rejected the credentials ({code}): {exc.message}") from None
             if code.startswith("UnauthorizedOperation"):
