@@ -282,9 +282,12 @@ DRIVER_PROVIDERS = names(where=has_function)
 
 def driver_package() -> Path:
     """The cloud driver's function zip for this control plane, under $SDCLOUD_HOME/driver/ (one file per version)."""
-    from .function_package import current
+    from .function_package import PackageError, current
 
-    package = current()
+    try:
+        package = current()
+    except PackageError as exc:  # a dependency the functions' Python cannot run (function_package.py)
+        raise UserError(f"the cloud driver's package cannot be built: {exc}", exit_code=1) from None
     over = package.over_limits()
     if over:
         raise UserError("the cloud driver's package is too large: " + "; ".join(over), exit_code=1)
