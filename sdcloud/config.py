@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,15 +31,33 @@ def _load(path: str, mtime: float) -> dict:
         return tomllib.load(f)
 
 
+# The config.toml sections a run recorded when it was made (runs/inputs.py): while a controller
+# acts for that run, they stand in for this machine's (a cloud function's home has no config.toml).
+_RUN_SETTINGS: ContextVar[dict | None] = ContextVar("sdcloud_run_settings", default=None)
+
+
 def settings() -> dict:
-    """The parsed config.toml under $SDCLOUD_HOME, or {} when there is none."""
+    """The parsed config.toml under $SDCLOUD_HOME, or {} when there is none; with the sections of the
+    run being driven (`run_settings`) in place of this machine's."""
     path = home() / "config.toml"
-    if not path.exists():
-        return {}
+    base: dict = {}
+    if path.exists():
+        try:
+            base = _load(str(path), path.stat().st_mtime)
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"{path}: not valid TOML ({exc})") from exc
+    recorded = _RUN_SETTINGS.get()
+    return {**base, **recorded} if recorded else base
+
+
+@contextmanager
+def run_settings(sections: dict | None) -> Iterator[None]:
+    """Within: `settings()` answers with these sections (a run's recorded ones) over config.toml's."""
+    token = _RUN_SETTINGS.set(dict(sections) if sections else None)
     try:
-        return _load(str(path), path.stat().st_mtime)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: not valid TOML ({exc})") from exc
+        yield
+    finally:
+        _RUN_SETTINGS.reset(token)
 
 
 def _positive_float(value: object, what: str) -> float:
@@ -78,7 +99,25 @@ def defaults() -> dict:
     if unknown:
         raise UserError(f"{home() / 'config.toml'}: unknown key(s) in [defaults]: {', '.join(sorted(unknown))}; "
                         f"known: {', '.join(DEFAULT_KEYS)}")
-    return {k: str(v) for k, v in raw.items()}
+    out = {k: str(v) for k, v in raw.items()}
+    if "unattended" in raw:
+        out["unattended"] = "true" if _flag(raw["unattended"], "[defaults] unattended") else "false"
+    return out
+
+
+_TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
+
+def _flag(value: object, what: str) -> bool:
+    """A yes/no setting: TOML's true/false (or the words for them); anything else is refused, not read as no."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise UserError(f"config.toml {what} must be true or false, got {value!r}")
 
 
 LOCAL_KEYS = ("price_per_hour", "notice_seconds")

@@ -36,6 +36,8 @@ class Kind(StrEnum):
     SPOT_UNAVAILABLE = "spot-unavailable"
     DATASET_UPLOADED = "dataset-uploaded"
     MODEL_UPLOADED = "model-uploaded"
+    INPUTS_STAGED = "inputs-staged"  # the run's inputs are in its bucket, with its settings (runs/inputs.py)
+    STOP_REQUESTED = "stop-requested"  # `down` from a machine that does not drive the run (runs/stop.py)
     SELF_ENDED = "self-ended"
     HEARTBEAT_FAILED = "heartbeat-failed"
     PULLED = "pulled"
@@ -176,6 +178,9 @@ FIELDS: dict[Kind, Fields] = {
     Kind.SPOT_UNAVAILABLE: Fields(("failed_launches",), ("next",)),
     Kind.DATASET_UPLOADED: Fields(("files", "sent", "mb", "seconds")),
     Kind.MODEL_UPLOADED: Fields(("sent", "seconds"), ("cached",)),
+    Kind.INPUTS_STAGED: Fields(("dataset", "model", "settings", "effective", "staged_on"),
+                               ("trainer_sources", "store", "drive")),
+    Kind.STOP_REQUESTED: Fields(("by",), ("reason", "holder")),
     Kind.SELF_ENDED: Fields(("attempt", "reason"), ("action", "at", "error", "unattended")),
     Kind.HEARTBEAT_FAILED: Fields(("error",)),
     Kind.PULLED: Fields(("dir",)),
@@ -315,6 +320,7 @@ WORDS: dict[Kind, Callable[[dict], str | None]] = {
     Kind.DATASET_UPLOADED: lambda d: (f"dataset: {d.get('files')} files in the run's bucket ({d.get('sent')} sent, "
                                       f"{d.get('mb')} MB)"),
     Kind.MODEL_UPLOADED: _model_uploaded,
+    Kind.STOP_REQUESTED: lambda d: f"stop requested by {d.get('by')}" + (f" ({d['reason']})" if d.get("reason") else ""),
     Kind.WORKER_ADOPTED: lambda d: (f"worker {d.get('n')} (pid {d.get('pid')}) outlived its driver and is still "
                                     "at work: kept in its slot, no second worker started"),
     Kind.RESUME: lambda d: (f"resuming a {d.get('from_state')} run from step {d.get('step')} "

@@ -192,30 +192,24 @@ def test_drivers_racing_for_one_run_launch_once_per_decision(tmp_path, monkeypat
     assert holder["worker"] in drivers and LEASE_ITEM == "driver"
 
 
-def test_up_unattended_hands_the_run_over_and_starts_nothing(tmp_path, capsys, sdcloud_home):
+def test_up_unattended_is_refused_where_no_cloud_driver_exists(tmp_path, capsys, sdcloud_home):
+    """The local provider has no cloud driver: `up --unattended` (or [defaults] unattended) would hand
+    the run to nobody, so it is refused before anything is recorded (tests/test_handover_inputs.py
+    hands a run over where a driver exists)."""
     from sdcloud.cli import main
     from sdcloud.runs.state import StateStore
 
     bucket = tmp_path / "bucket"
-    rc = main(["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "4",
-               "--store", bucket.as_uri(), "--unattended", "--yes", "--json"])
-    out = capsys.readouterr()
-    assert rc == 0, out.err
-    rid = json.loads(out.out)["run"]
-    store = LocalStore(bucket)
-    assert store.head(f"drivers/active/{rid}") is not None, "the cloud driver's index lists the run"
-    assert json.loads(store.get(f"runs/{rid}/journal/run.json"))["run"]["state"] == "pending"
-    assert StateStore().attempts(rid) == [] and not agent_processes(f"SDCLOUD_HOME={sdcloud_home}")
-    assert store.head(f"runs/{rid}/leases/driver.json") is None, "no driver holds it: the function takes it"
-    # The same by config.toml's [defaults], and the flag that contradicts it is refused.
+    args = ["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "4",
+            "--store", bucket.as_uri(), "--yes"]
+    assert main([*args, "--unattended", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "has no cloud driver" in err and len(err.strip().splitlines()) == 1
     (sdcloud_home / "config.toml").write_text("[defaults]\nunattended = true\n")
-    rc = main(["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "4",
-               "--store", bucket.as_uri(), "--yes", "--json"])
-    assert rc == 0 and len(store.list("drivers/active/")) == 2
-    capsys.readouterr()
-    rc = main(["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "4",
-               "--store", bucket.as_uri(), "--detach", "--yes"])
-    assert rc == 2 and "choose one" in capsys.readouterr().err
+    assert main(args) == 2 and "has no cloud driver" in capsys.readouterr().err
+    assert main([*args, "--detach"]) == 2 and "choose one" in capsys.readouterr().err
+    assert StateStore().list_runs() == [] and not bucket.exists()
+    assert not agent_processes(f"SDCLOUD_HOME={sdcloud_home}")
 
 
 @pytest.mark.slow
@@ -224,10 +218,14 @@ def test_watch_drive_takes_the_run_back_from_the_cloud_driver(tmp_path, capsys, 
     from sdcloud.runs.driver import DriverLease
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from sdcloud.runs.controller import Controller
+    from sdcloud.runs.state import StateStore
+
     bucket = tmp_path / "bucket"
-    assert main(["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "4",
-                 "--store", bucket.as_uri(), "--unattended", "--yes", "--json"]) == 0
-    rid = json.loads(capsys.readouterr().out)["run"]
+    rid = "r-back0001"  # handed over as `up --unattended` hands a run over where a cloud driver exists
+    StateStore().create_run(rid, "sd15-lora", {"tier": "sd15-lora", "provider": "local", "model": "tiny", "steps": 4,
+                                               "store": bucket.as_uri()}, 4)
+    Controller(StateStore(), rid).hand_over()
     store = LocalStore(bucket)
     cloud = DriverLease(store, rid, 5.0, "aws-lambda")
     assert cloud.acquire()

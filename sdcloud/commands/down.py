@@ -19,7 +19,7 @@ def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
     """Stop a run (or all runs): the host saves a checkpoint and every instance is terminated."""
     from ..runs.state import ACTIVE_RUN_STATES
     from ..runs.state import BATCH, run_kind
-    from ..runs.stop import stop_run
+    from ..runs.stop import stop_anywhere
 
     if not run and not all_runs:
         raise UserError("name a run or pass --all; see: sdcloud status")
@@ -38,9 +38,24 @@ def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
             end_hosts(r["id"])
             done.append({"run": r["id"], "state": state.get_run(r["id"])["state"]})
             continue
-        done.append({"run": r["id"], "state": stop_run(state, r["id"], "stopped by sdcloud down")})
+        out = stop_anywhere(state, r["id"], "stopped by sdcloud down")
+        done.append({"run": r["id"], "state": out.state, **({"stop_requested_of": out.holder} if out.requested else {})})
     if as_json:
         emit_json(done)
     else:
         for d in done:
-            click.echo(f"{d['run']}: {d['state']}")
+            click.echo(_said(d, state.get_run(d["run"])))
+
+
+def _said(d: dict, run: dict) -> str:
+    """What `down` did to one run, in one line."""
+    from ..runs.state import ACTIVE_RUN_STATES
+
+    holder = d.get("stop_requested_of")
+    if not holder:
+        return f"{d['run']}: {d['state']}"
+    if d["state"] not in ACTIVE_RUN_STATES:
+        return f"{d['run']}: {d['state']} (by its driver on {holder}, through the run's bucket)"
+    name = run.get("name") or run["id"]
+    return (f"{d['run']}: stop requested; the driver on {holder} ends the host within one step "
+            f"(follow it with: sdcloud watch {name})")

@@ -136,8 +136,9 @@ def _run_ended(state, run_id: str, as_json: bool, interrupted: bool = False) -> 
         raise SystemExit(EXIT_NOT_SUCCEEDED)
 
 
-def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = False) -> None:
-    """Drive a run to its end here (or in the background with --detach), then report it."""
+def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = False, hand_back: bool = False) -> None:
+    """Drive a run to its end here (or in the background with --detach), then report it. With
+    `hand_back` (watch --drive), Ctrl-C gives the run back to its daemon or the cloud driver."""
     from ..providers.capabilities import Closable
     from ..runs.background import detach as detach_run
     from ..runs.controller import Controller
@@ -159,6 +160,15 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
         try:
             ctl.run(take_over=take_over)
         except KeyboardInterrupt:
+            if hand_back:
+                from ..runs.handover import hand_back as give_back
+
+                name = state.get_run(run_id).get("name") or run_id
+                to = give_back(ctl)
+                view.close()
+                note(f"stopped driving run {run_id} here; it continues, driven by {to} "
+                     f"(sdcloud watch {name} to follow it, sdcloud down {name} to stop it)")
+                raise SystemExit(EXIT_INTERRUPTED)
             # Ctrl-C stops the run cleanly: the host saves and is terminated. A second Ctrl-C does
             # not cut the stop short (that would leave a host billing): it says what is going on.
             interrupted = True
@@ -230,7 +240,7 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
     defaults = config.defaults()
     unattended = opts.unattended
     if unattended is None:
-        unattended = defaults.pop("unattended", "false").lower() in ("1", "true", "yes")
+        unattended = defaults.pop("unattended", "false") == "true"  # config.defaults() checked it
     defaults.pop("unattended", None)
     if unattended and opts.detach:
         raise UserError("--unattended and --detach both say who drives the run: choose one")
@@ -238,6 +248,13 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
         if fields.get(key) is None and key not in in_file:
             fields[key] = value
     spec = build_spec(_local_path(opts.runfile), fields)
+    if unattended:
+        from ..providers.traits import traits
+
+        if traits(spec.provider).function is None:  # before anything is asked or recorded
+            from ..runs.handover import check_cloud_driver
+
+            check_cloud_driver(spec, None)
     existing = state.get_run(spec.name) if spec.name else None
     if existing and existing["state"] in ("stopped", "failed"):
         _resume(state, existing, fields, opts.runfile, opts.detach, opts.as_json)
@@ -249,13 +266,13 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
         run_id = existing["id"]
         note(f"picking up unfinished run {run_id} ({spec.name})")
     else:
-        run_id = _new_run(state, spec, opts.yes)
+        run_id = _new_run(state, spec, opts.yes, unattended)
     if unattended:
         return _hand_over(state, run_id, opts.as_json)
     drive(state, run_id, opts.detach, opts.as_json)
 
 
-def _new_run(state, spec, yes: bool) -> str:
+def _new_run(state, spec, yes: bool, unattended: bool = False) -> str:
     """Check what can be checked before anything is paid for, make sure the stack exists, ask, and
     record the run; its id."""
     from ..offers.tiers import get_tier
@@ -284,6 +301,10 @@ def _new_run(state, spec, yes: bool) -> str:
         outputs = ensure_infra(spec.provider, spec.region or default_region(spec.provider),
                                on_output=lambda line: click.echo(line, err=True))
         state.save_infra(spec.provider, spec.region or "", outputs)
+    if unattended:
+        from ..runs.handover import check_cloud_driver
+
+        check_cloud_driver(spec, state.infra(spec.provider, spec.region or ""))
     if kind.is_cloud and not yes:
         if not sys.stdin.isatty():
             raise UserError("launching paid cloud hosts needs confirmation: add --yes")
@@ -342,6 +363,7 @@ def resume(run: str, budget: float | None, deadline: str | None, max_price: floa
     found = find_run(state, run)
     if run_kind(found) == BATCH:
         return _resume_batch(state, found, detach)
+    found = _refresh(state, found)
     if found["state"] == "succeeded":
         raise UserError(f"run {found['id']} has already succeeded; start a new one with sdcloud up")
     fields = {"budget": budget, "deadline_hours": deadline, "max_price": max_price,
@@ -355,6 +377,20 @@ def resume(run: str, budget: float | None, deadline: str | None, max_price: floa
         drive(state, found["id"], detach, as_json)
         return
     _resume(state, found, fields, None, detach, as_json)
+
+
+def _refresh(state, run: dict) -> dict:
+    """The run as its own bucket has it (another machine, its daemon or the cloud function may have
+    driven it since this machine last looked); this machine's copy when the bucket cannot be read."""
+    from ..runs.store import StoreError
+    from ..runs.store_of import refresh, store_of
+
+    try:
+        refresh(state, store_of(run), run["id"])
+    except (UserError, StoreError, OSError) as exc:
+        note(f"could not read run {run['id']}'s journal in its bucket ({str(exc).splitlines()[0][:200]}); "
+             "going by this machine's copy")
+    return state.get_run(run["id"])
 
 
 def _resume_batch(state, job: dict, detach: bool) -> None:

@@ -71,6 +71,10 @@ def status(run: str | None, as_json: bool, store_url: str | None) -> None:
         _restore_from_bucket(state, run, store_url)
     if run:
         found = find_run(state, run)
+        from ..runs.self_ended import settle_self_ended
+
+        if settle_self_ended(state, found):  # its host ended itself while nobody drove it
+            found = state.get_run(found["id"])
         summ = summary(state, found["id"])
         dead = controller_note(found)
         summ["controller"] = "none" if dead else ("alive" if found["state"] in ACTIVE_RUN_STATES else "ended")
@@ -128,12 +132,12 @@ def _host_state(run: dict) -> str | None:
 def _restore_from_bucket(state, run: str, url: str) -> None:
     """Rebuild RUN's rows here from the journal in its bucket (sdcloud.runs.journal); then every
     command (logs, watch, cost report, down, resume) works on this machine as on the one that started it."""
-    from ..runs.journal import restore
-    from ..runs.preflight import check_store_url
-    from ..runs.store import open_run_store, store_config
+    from ..runs.store_of import open_checked, refresh, remember, url_conf
 
-    conf = store_config("local", check_store_url(url), None, None)
+    conf = url_conf(url)  # opened with the credentials of its cloud (cos:// with the Tencent keys)
     found = state.get_run(run)
-    if restore(state, open_run_store(conf), found["id"] if found else run) is None:
+    rebuilt = refresh(state, open_checked(conf), found["id"] if found else run)
+    if rebuilt is None:
         raise UserError(f"no run {run!r} in {url} (its journal is runs/{run}/journal/run.json); "
                         "name the run by its id there")
+    remember(rebuilt["id"], conf)  # resume, down and watch --drive reach the run by this URL too

@@ -20,7 +20,8 @@ from .common import (EXIT_INTERRUPTED, EXIT_NO_CONTROLLER, EXIT_NOT_SUCCEEDED, c
 @click.option("--drive", "take_over", is_flag=True,
               help="Take the run from whichever driver holds it (the cloud driver, another machine) and drive it here.")
 def watch(run: str, interval: float, take_over: bool) -> None:
-    """Follow a run's progress until it ends; exit with the run's own exit code."""
+    """Follow a run's progress until it ends; exit with the run's own exit code. Ctrl-C under --drive
+    hands the run back to the cloud driver or a background controller; it does not stop it."""
     from ..runs.summary import summary
     from ..runs.progress_view import ProgressView
     from ..runs.state import FINAL_RUN_STATES, TRAIN, run_kind
@@ -31,15 +32,16 @@ def watch(run: str, interval: float, take_over: bool) -> None:
     if take_over:
         if run_kind(found) != TRAIN:
             raise UserError(f"{found['id']} is a batch job; --drive takes training runs")
-        from ..runs.journal import restore
-        from ..runs.store_of import store_of
+        from ..runs.store_of import refresh, store_of
         from .run import drive
 
-        restore(state, store_of(found), found["id"])  # the bucket's history is newer than this machine's
+        # The run's own bucket (the URL this machine reached it by): its history is newer than this machine's.
+        refresh(state, store_of(found), found["id"])
         found = state.get_run(found["id"])
         if found["state"] in FINAL_RUN_STATES:
             raise UserError(f"run {found['id']} has ended ({found['state']}); nothing to drive")
-        drive(state, found["id"], False, False, take_over=True)
+        # Ctrl-C gives the run back (to the cloud driver or a background controller): it does not stop it.
+        drive(state, found["id"], False, False, take_over=True, hand_back=True)
         return
     view = ProgressView(found["total_steps"], quiet=False)
     offsets: dict = {}

@@ -24,6 +24,7 @@ import sys
 import time
 from typing import Callable
 
+from .. import config
 from ..costs import ledger as cost_ledger
 from ..errors import UserError
 from ..events import Kind, run_ended
@@ -35,7 +36,8 @@ from ..providers import get_provider
 from ..providers.capabilities import Closable, RenewsHostCredentials, SimulatesReclaim
 from ..providers.traits import traits
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
-from . import health_view, hostboot, oom_move
+from . import health_view, hostboot, inputs, oom_move
+from . import stop_request as stop_requests
 from .agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
 from .agent_reports import report_agent_problems
 from .background import controller_alive, detach
@@ -78,13 +80,21 @@ class Controller(LaunchInputs, HostStatus):
         self.spec = RunSpec(**run["spec"])
         self.tier = get_tier(self.spec.tier)
         self.total_steps = run["total_steps"]
-        self.provider = provider or get_provider(self.spec.provider)
+        # The config.toml sections the run recorded when it was made (runs/inputs.py): a driver
+        # elsewhere (the cloud function's empty home) acts under the run's settings, not its own.
+        self._inputs: dict | None = None
+        self.run_settings = inputs.recorded_settings(state, self.run_id)
+        with config.run_settings(self.run_settings):
+            self.provider = provider or get_provider(self.spec.provider)
         self.emit = emit or (lambda kind, data: None)
         self.timing = timing or Timing.for_provider(self.spec.provider)
         self.memo = Memo()
         self._stop_reason: str | None = None
         self._infra = state.infra(self.spec.provider, self.spec.region or "") or {}
-        self.store_conf = store_url(self.spec, self._infra)
+        from .store_of import run_store_conf
+
+        # The spec's and stack's bucket, or the URL this machine reached the run by (status --store).
+        self.store_conf = run_store_conf(self.spec, self._infra, self.run_id)
         from .store import open_run_store
 
         self.store = open_run_store(self.store_conf)
@@ -152,6 +162,23 @@ class Controller(LaunchInputs, HostStatus):
     def request_stop(self, reason: str = "stopped") -> None:
         self._stop_reason = reason
 
+    # the run's inputs in its bucket (runs/inputs.py)
+    def ensure_inputs(self, drive: str | None = None) -> dict:
+        """The run's inputs as its hosts read them, with its settings: staged here when the run has
+        no record yet (or the user resumed it on the machine that staged it), else the bucket's record."""
+        if self._inputs is None or drive is not None:
+            if drive is not None or inputs.needs_staging(self.state, self.run_id):
+                self._inputs = inputs.stage(self, drive)
+            else:
+                self._inputs = inputs.recorded(self.state, self.run_id)[0]
+            self.run_settings = self._inputs.get("settings")
+        return self._inputs
+
+    def _stop_requested(self) -> dict | None:
+        """A stop asked through the bucket (sdcloud down on a machine that does not drive the run)."""
+        since = max((e["time"] for e in self.state.events(self.run_id) if e["kind"] == Kind.RESUME), default=0.0)
+        return stop_requests.requested(self.store, self.run_id, since)
+
     def run(self, take_over: bool = False) -> dict:
         """Drive the run to its end here: take the driver lease, then one step a poll."""
         self.lease.acquire_or_refuse(take_over)
@@ -172,14 +199,24 @@ class Controller(LaunchInputs, HostStatus):
         """One controller step over the run's state: renew the lease, read, let the policy decide, act
         once, write back (state.db and the bucket's journal). True when this driver is done with the
         run: it ended, it was stopped, or another driver holds the lease now (then it acts no more)."""
+        with config.run_settings(self.run_settings):
+            return self._step()
+
+    def _step(self) -> bool:
         run = self.state.get_run(self.run_id)
         if run["state"] in FINAL_RUN_STATES:
             return True
         if not self.lease.renew():
             self.event(Kind.DRIVER_LOST, {"driver": self.lease.driver, "holder": (self.lease.holder() or {}).get("worker")})
             return True
-        if self._stop_reason:
-            self.finish_stop(self._stop_reason)
+        asked = None if self._stop_reason else self._stop_requested()
+        if asked is not None:
+            self.event(Kind.STOP_REQUESTED, {"by": asked.get("by"), "reason": asked.get("reason"),
+                                             "holder": self.lease.driver})
+        if self._stop_reason or asked is not None:
+            self.finish_stop(self._stop_reason or str(asked.get("reason") or "stopped by sdcloud down"))
+            if asked is not None:
+                stop_requests.clear(self.store, self.run_id)
             return True
         self.heartbeat()
         cur = self.current()
@@ -192,9 +229,12 @@ class Controller(LaunchInputs, HostStatus):
         self.journal.flush()
         return False
 
-    def hand_over(self) -> None:
-        """Leave the run to the cloud driver (sdcloud up --unattended): its journal in the bucket says it
-        is live, and no lease is held here, so the function's next invocation takes it."""
+    def hand_over(self, stage: bool = True) -> None:
+        """Leave the run to the cloud driver (sdcloud up --unattended): its inputs are put in the bucket
+        first (`stage`; a hand-back from `watch --drive` keeps the record), then its journal in the bucket
+        says it is live, and no lease is held here, so the function's next invocation takes it."""
+        if stage:
+            self.ensure_inputs(drive="cloud")
         self.event(Kind.HANDED_OVER, {"to": "the cloud driver"})
         self.journal.flush()
 
@@ -347,16 +387,21 @@ class Controller(LaunchInputs, HostStatus):
 
     def finish_stop(self, reason: str) -> None:
         """Stop the run now (sdcloud down, a signal): its host ended, the run stopped, the journal written."""
-        cur = self.current()
-        if cur is not None:
-            self.end_attempt(cur, "stopped")
-        self.end_run("stopped", reason)
-        self.journal.flush()
+        with config.run_settings(self.run_settings):
+            cur = self.current()
+            if cur is not None:
+                self.end_attempt(cur, "stopped")
+            self.end_run("stopped", reason)
+            self.journal.flush()
 
     def reconcile(self) -> None:
-        """Bring the state store and the provider into agreement after a restart."""
-        self.fleet.reconcile(on_end=self._closed)
-        self.sweep_strays()
+        """Bring the state store and the provider into agreement after a restart; a driver that takes up
+        the run has its inputs in the bucket first (staged here, or the record a driver before it made)."""
+        if self.state.get_run(self.run_id)["state"] in ACTIVE_RUN_STATES:
+            self.ensure_inputs()
+        with config.run_settings(self.run_settings):
+            self.fleet.reconcile(on_end=self._closed)
+            self.sweep_strays()
 
     def sweep_strays(self) -> None:
         """Terminate instances of this run that no open attempt owns (zero leaked instances)."""

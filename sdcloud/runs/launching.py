@@ -1,5 +1,6 @@
 """What a run's host is launched with: the agent config (with the dataset and the base model as the
-host can read them, and how it ends itself), the cloud's user-data, the host's environment.
+host can read them: the bucket references runs/inputs.py recorded, and how it ends itself), the
+cloud's user-data, the host's environment.
 
 A part of the Controller (runs/controller.py), kept here so that the controller holds the run's
 steps and this module what one launch carries.
@@ -36,27 +37,17 @@ class LaunchInputs:
     cost_so_far: Callable[[], float]
     _job_hours: Callable[[], float]
 
-    def dataset_for_host(self) -> str | None:
-        """The dataset as the host sees it: a local folder is uploaded once to the run's bucket."""
-        from .datasets import upload_dataset
+    ensure_inputs: Callable[..., dict]
 
-        ds = self.spec.dataset
-        if not ds or "://" in ds or traits(self.spec.provider).hosts is Hosts.THIS_MACHINE:
-            return ds  # a URL, or a host on this machine that reads the folder in place
-        if not self.memo.dataset_url:
-            self.memo.dataset_url = upload_dataset(self.store, self.store_conf["url"], self.run_id, ds, self.event)
-        return self.memo.dataset_url
+    def dataset_for_host(self) -> str | None:
+        """The dataset as the host sees it: a local folder is in the run's bucket (runs/inputs.py);
+        a URL, or a folder that a host on this machine reads in place, is passed as it is."""
+        return self.ensure_inputs().get("dataset")
 
     def model_for_host(self) -> str | None:
-        """The base model as the host sees it: a local file or folder is put once in the bucket's
-        cache/models/ by its content (sdcloud.runs.models); the host gets its cache reference."""
-        from .models import is_local_model, upload_model
-
-        if not is_local_model(self.spec.model, self.spec.provider):
-            return self.spec.model
-        if not self.memo.model_ref:
-            self.memo.model_ref = upload_model(self.store, self.spec.model, self.event)
-        return self.memo.model_ref
+        """The base model as the host sees it: a local file or folder is in the bucket's cache/models/
+        by its content (sdcloud.runs.models); the host gets its cache reference."""
+        return self.ensure_inputs().get("model")
 
     def launch_spec(self, n: int) -> LaunchSpec:
         """What attempt `n`'s host is launched with: its agent config, user-data and environment."""

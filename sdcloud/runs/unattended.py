@@ -110,22 +110,35 @@ def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
     for run_id in live_runs(store):
         if room() <= 0:
             break
-        if restore(state, store, run_id) is None:
+        ctl = None
+        try:  # one run's fault is that run's report, never the end of the others' steps
+            if restore(state, store, run_id) is None:
+                continue
+            ctl = Controller(state, run_id, driver=driver)
+            if not ctl.lease.acquire():
+                holder = (ctl.lease.holder() or {}).get("worker")
+                report["runs"][run_id] = {"skipped": f"driven by {holder}"}
+                continue
+            ctl.event(Kind.DRIVER_TOOK_OVER, {"driver": driver})
+            ctl.reconcile()
+        except Exception as exc:  # noqa: BLE001 - reported per run; the lease is handed back
+            report["runs"][run_id] = {"error": _one_line(exc)}
+            if ctl is not None:
+                ctl.lease.release()
             continue
-        ctl = Controller(state, run_id, driver=driver)
-        if not ctl.lease.acquire():
-            holder = (ctl.lease.holder() or {}).get("worker")
-            report["runs"][run_id] = {"skipped": f"driven by {holder}"}
-            continue
-        ctl.event(Kind.DRIVER_TOOK_OVER, {"driver": driver})
-        ctl.reconcile()
         driving.append(ctl)
         report["runs"][run_id] = {"steps": 0}
     # Every run it holds gets a step in turn (one slow run does not starve the others), one round a poll.
     live = list(driving)
     while live and room() > min(c.timing.poll_seconds for c in live):
         for ctl in list(live):
-            done = ctl.guarded_step()
+            try:
+                done = ctl.guarded_step()
+            except Exception as exc:  # noqa: BLE001 - this run's fault: reported, its lease handed back
+                report["runs"][ctl.run_id]["error"] = _one_line(exc)
+                ctl.lease.release()
+                live.remove(ctl)
+                continue
             report["runs"][ctl.run_id]["steps"] += 1
             if done or state.get_run(ctl.run_id)["state"] in FINAL_RUN_STATES:
                 ctl.finish_driving()
@@ -139,6 +152,10 @@ def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
     for ctl in driving:
         report["runs"][ctl.run_id]["state"] = state.get_run(ctl.run_id)["state"]
     return report
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: " + ((str(exc).strip().splitlines() or [""])[0])[:300]
 
 
 def handler(event: dict, context: Any = None) -> dict:

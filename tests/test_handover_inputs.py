@@ -1,0 +1,160 @@
+"""Everything a run needs is in its bucket before it is handed over (sdcloud.runs.inputs).
+
+A user's run as users make it: a dataset folder of images and captions, a local model file, and a
+config.toml whose [network] mirror and [hosts] grace must reach every host. The laptop hands the run
+over (what `up --unattended` does), then its paths are gone; the cloud function's handler, from a
+home of its own that holds nothing but the bucket's URL, launches from the bucket's references with
+the run's settings, and again after a reclaim from yet another empty home (a killed laptop's
+controller is the same: the journal and the lease are all the function ever sees). A second live
+run that cannot be launched (an older run whose dataset is on nobody's disk) is reported on its own
+and never stops the first run's steps.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from sdcloud_agent.store import LocalStore
+
+MIRROR = "https://pypi.mirror.example/simple"
+
+
+def _user_inputs(root):
+    """A dataset folder (small real PNGs with captions) and a local .safetensors model file."""
+    import numpy as np
+    from PIL import Image
+    from safetensors.numpy import save_file
+
+    ds = root / "my-dog"
+    ds.mkdir(parents=True)
+    for i in range(3):
+        Image.new("RGB", (64, 64), (60 * i, 200 - 50 * i, 90)).save(ds / f"dog{i}.png")
+        (ds / f"dog{i}.txt").write_text(f"a photo of sks dog, pose {i}")
+    model = root / "models" / "base-v1.safetensors"
+    model.parent.mkdir()
+    save_file({"w": np.arange(16, dtype=np.float32).reshape(4, 4)}, str(model))
+    return ds, model
+
+
+class Recording:
+    """test_fleet's in-process cloud, keeping every launch's LaunchSpec."""
+
+    def __new__(cls):
+        from test_fleet import CloudDouble
+
+        cloud = CloudDouble()
+        cloud.specs = []
+        real = cloud.launch
+
+        def launch(offer, spec, market, max_price, events=None):
+            cloud.specs.append(spec)
+            return real(offer, spec, market, max_price, events)
+
+        cloud.launch = launch
+        return cloud
+
+
+def rounds(n: int):
+    """The function's time left, as the handler asks it: plenty for its first `n` questions, then none
+    (so an invocation takes a round or two of steps however fast this machine is)."""
+    asked = [0]
+
+    def left() -> float:
+        asked[0] += 1
+        return 1000.0 if asked[0] <= n else 0.0
+    return left
+
+
+def _agent(spec) -> dict:
+    """The agent config a host got, read back from its user-data (the config the host boots with)."""
+    text = spec.user_data
+    start = text.index('{"', text.index("SDCLOUD_CONFIG"))
+    return json.JSONDecoder().raw_decode(text[start:])[0]
+
+
+def test_a_handed_over_run_launches_from_the_bucket_with_the_laptops_settings(tmp_path, monkeypatch, sdcloud_home):
+    from sdcloud.runs import unattended
+    from sdcloud.runs.controller import Controller
+    from sdcloud.runs.journal import Journal
+    from sdcloud.runs.state import StateStore
+
+    sdcloud_home.mkdir(parents=True, exist_ok=True)
+    (sdcloud_home / "config.toml").write_text(f'[network]\npip_index_url = "{MIRROR}"\n\n[hosts]\nself_end_grace = "7m"\n')
+    ds, model = _user_inputs(tmp_path / "laptop")
+    bucket = tmp_path / "bucket"
+    store = LocalStore(bucket)
+    spec = {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1", "model": str(model), "dataset": str(ds),
+            "steps": 100, "market": "spot", "store": bucket.as_uri()}
+    laptop = StateStore()
+    laptop.create_run("r-hand0001", "sd15-lora", spec, 100)
+    cloud = Recording()
+    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: cloud)
+    Controller(laptop, "r-hand0001", provider=cloud).hand_over()
+
+    # In the bucket before the journal lists the run: the images, the captions, the model by content.
+    keys = {o.key for o in store.list("runs/r-hand0001/dataset/")}
+    assert keys == {f"runs/r-hand0001/dataset/dog{i}{ext}" for i in range(3) for ext in (".png", ".txt")}
+    assert [o.key for o in store.list("cache/models/") if o.key.endswith(".tar")], "the model is in the cache"
+    assert store.head("drivers/active/r-hand0001") is not None
+    assert store.head("runs/r-hand0001/leases/driver.json") is None, "nobody drives it: the function takes it"
+
+    # An older run in the same bucket, live, whose dataset is on no disk and in no record.
+    old = {**spec, "dataset": str(tmp_path / "gone" / "photos"), "model": "tiny"}
+    laptop.create_run("r-olde0002", "sd15-lora", old, 100)
+    Journal(laptop, store, "r-olde0002").flush()
+
+    # The laptop's paths are gone; the function has a home of its own.
+    shutil.rmtree(ds)
+    model.unlink()
+    monkeypatch.setenv("SDCLOUD_STORE", bucket.as_uri())
+    monkeypatch.setenv("SDCLOUD_DRIVER_SECONDS", "600")
+    monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "function-1"))
+    first = unattended.drive_lapsed(unattended._store_conf(), "aws-lambda", rounds(4), sleep=lambda s: None)
+    assert first["runs"]["r-hand0001"]["steps"] >= 1, first
+    assert "not on this machine" in first["runs"]["r-olde0002"]["error"], first
+    assert len(cloud.specs) == 1 and not (tmp_path / "function-1" / "config.toml").exists()
+
+    def check(launch) -> None:
+        agent = _agent(launch)
+        assert agent["dataset"] == bucket.as_uri() + "/runs/r-hand0001/dataset"
+        assert agent["model"].startswith("cache:cache/models/local-") and agent["model"].endswith("#base-v1.safetensors")
+        assert agent["network"]["pip_index_url"] == MIRROR, "config.toml's [network] reached the host"
+        assert agent["self_end"]["grace_s"] == 420.0, "config.toml's [hosts] grace reached the host"
+
+    check(cloud.specs[0])
+    # A reclaim; the next invocation, from another empty home, relaunches with the same inputs.
+    cloud.reclaim(cloud.live()[0].id)
+    monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "function-2"))
+    for _ in range(3):
+        unattended.drive_lapsed(unattended._store_conf(), "aws-lambda", rounds(4), sleep=lambda s: None)
+        if len(cloud.specs) >= 2:
+            break
+    assert len(cloud.specs) == 2 and len(cloud.live()) == 1
+    check(cloud.specs[1])
+    fn = StateStore(tmp_path / "function-2" / "state.db")
+    staged = [e for e in fn.events("r-hand0001") if e["kind"] == "inputs-staged"]
+    assert staged and staged[-1]["data"]["settings"]["network"] == {"pip_index_url": MIRROR}
+    assert staged[-1]["data"]["drive"] == "cloud"
+
+
+def test_a_run_whose_dataset_cannot_be_staged_is_not_handed_over(tmp_path, monkeypatch, sdcloud_home):
+    """The hand-over stages first: a model file that vanished refuses it, and the journal lists nothing."""
+    import pytest
+
+    from sdcloud.errors import UserError
+    from sdcloud.runs.controller import Controller
+    from sdcloud.runs.state import StateStore
+
+    ds, model = _user_inputs(tmp_path / "laptop")
+    bucket = tmp_path / "bucket"
+    laptop = StateStore()
+    laptop.create_run("r-hand0003", "sd15-lora", {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1",
+                                                  "model": str(model), "dataset": str(ds), "steps": 100,
+                                                  "store": bucket.as_uri()}, 100)
+    cloud = Recording()
+    ctl = Controller(laptop, "r-hand0003", provider=cloud)
+    model.unlink()
+    with pytest.raises(UserError, match="not on this machine"):
+        ctl.hand_over()
+    assert LocalStore(bucket).head("drivers/active/r-hand0003") is None
