@@ -135,7 +135,7 @@ def test_a_call_the_stack_does_not_grant_is_refused(aws_iam):
 def test_each_grant_the_store_uses_is_needed(aws_iam, tmp_path, dropped):
     """Take one action out of the stack's policy: some host call is then refused (the tests can fail).
     Not s3:PutObjectTagging: AWS wants it for a PUT that carries x-amz-tagging (the checkpoints'
-    sdcloud-class tag), moto does not check it."""
+    sdcloud-class tag), moto does not check it; tests/test_authz_aws.py judges that one."""
     doc = json.loads(role_policy_document(BUCKET, PREFIX))
     stmt = doc["Statement"][0]
     assert stmt["Sid"] == "ObjectsUnderPrefix" and set(stmt["Action"]) == set(OBJECT_ACTIONS)
