@@ -2,7 +2,7 @@
 function's /tmp that lives one invocation, carries the job from one invocation to the next.
 
 ```
-batch/<job>/driver/job.json     the job's row, its hosts (attempts), their costs, its events, the stack's outputs
+batch/<job>/journal.json       the job's row, its hosts (attempts), their costs, its events, the stack's outputs
 drivers/batch/<job>             present while the job is live: the cloud driver's index of batch jobs
 ```
 
@@ -24,7 +24,7 @@ INDEX = "drivers/batch"
 
 
 def key(job_id: str) -> str:
-    return f"{job_prefix(job_id)}/driver/job.json"
+    return f"{job_prefix(job_id)}/journal.json"
 
 
 def save(state: StateStore, store: Any, job_id: str) -> None:

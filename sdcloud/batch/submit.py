@@ -42,6 +42,7 @@ class SubmitOptions:
     height: int | None = None
     steps: int | None = None
     schedule: str | None = None    # the cloud schedule whose fire submitted it (batch/cloud_schedules.py)
+    region: str | None = None      # where its hosts launch (a cloud schedule's: its stack's region)
 
 
 def new_job_id() -> str:
@@ -211,7 +212,7 @@ def submit(opts: SubmitOptions, job_id: str | None = None, state: Any = None, co
             "budget": opts.budget, "provider": opts.provider, "store": conf, "prefix": job_prefix(job_id),
             "generator": opts.generator, "fake_delay": opts.fake_delay, "max_failed_boots": opts.max_failed_boots,
             "images": images, "items": len(items), "submitted": time.time(),
-            **({"schedule": opts.schedule} if opts.schedule else {})}
+            **({"schedule": opts.schedule} if opts.schedule else {}), **({"region": opts.region} if opts.region else {})}
     try:
         write_job(store, job_prefix(job_id), {k: spec[k] for k in ("tier", "model", "lora", "lora_key", "images",
                                                                  "submitted")}, items)

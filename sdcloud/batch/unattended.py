@@ -114,12 +114,15 @@ def fire(store: Any, sid: str, when: str, identity: str) -> dict:
             if (snap.get("run") or {}).get("spec", {}).get("schedule") == sid:
                 return {**out, "skipped": f"job {other} of this schedule is still running"}
         state = _fresh_state()
-        state.save_infra(opts["provider"], "", sched.get("infra") or {})
+        infra = sched.get("infra") or {}
+        region = infra.get("region") or None  # its hosts launch where the stack's network is
+        for where in {"", region or ""}:
+            state.save_infra(opts["provider"], where, infra)
         prompts = Path(tempfile.mkdtemp(prefix="sdcloud-prompts-")) / sched.get("prompts_name", "prompts.txt")
         prompts.write_bytes(store.get(prompts_key(sid)))
         known = set(SubmitOptions.__dataclass_fields__)
         submitted = submit(SubmitOptions(**{**{k: v for k, v in opts.items() if k in known},
-                                            "prompts": str(prompts), "schedule": sid}),
+                                            "prompts": str(prompts), "schedule": sid, "region": region}),
                            job_id=job_id, state=state, conf=sched["store"], written_ok=True)
         state.event(job_id, Kind.BATCH_SCHEDULE_FIRED, {"schedule": sid, "wall": wall, "driver": identity})
         if lease.renew():  # still ours: the job's rows go to the bucket, and the index lists it
