@@ -681,6 +681,175 @@ class FakeServer:
         self.stop()
 
 
+# -- SCF (2018-04-16): the timer triggers of the cloud driver's function --------------------------------
+# Its own server (service `scf` in the TC3 scope, version 2018-04-16), same envelope and signing as
+# the CVM fake. What the real actions refuse, as SCF's documents state: a timer's cron that is not
+# seven fields (second minute hour day month week year) within their ranges, a trigger name that does
+# not start with a letter, a second trigger of one name on a function, a custom argument over 4 KB,
+# a function or trigger that does not exist, and field names the action does not take.
+
+SCF_VERSION = "2018-04-16"
+_SCF_FIELDS = {
+    "CreateTrigger": {"FunctionName", "TriggerName", "Type", "TriggerDesc", "Namespace", "Qualifier", "Enable",
+                      "CustomArgument", "Description"},
+    "DeleteTrigger": {"FunctionName", "TriggerName", "Type", "Namespace", "TriggerDesc", "Qualifier"},
+    "ListTriggers": {"FunctionName", "Namespace", "Offset", "Limit", "OrderBy", "Order", "Filters"},
+}
+_MONTHS = "JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split()
+_DAYS = "SUN MON TUE WED THU FRI SAT".split()
+# (low, high, names, special characters) per field of SCF's seven-field cron.
+_SCF_CRON = [(0, 59, [], ""), (0, 59, [], ""), (0, 23, [], ""), (1, 31, [], "?LW"), (1, 12, _MONTHS, ""),
+             (0, 6, _DAYS, "?L#"), (1970, 2099, [], "")]
+
+
+def scf_cron_ok(expr: str) -> bool:
+    """Whether SCF takes `expr` as a timer's cron (the seven-field form; `,` `-` `*` `/` in every field)."""
+    fields = expr.split()
+    if len(fields) != len(_SCF_CRON):
+        return False
+
+    def value(tok: str, lo: int, hi: int, names: list[str]) -> bool:
+        if tok.upper() in names:
+            return True
+        return tok.isdigit() and lo <= int(tok) <= hi
+
+    for tok, (lo, hi, names, special) in zip(fields, _SCF_CRON):
+        for item in tok.split(","):
+            if item in special or item == "*":
+                continue
+            base, _, step = item.partition("/")
+            if step and not (step.isdigit() and int(step) > 0):
+                return False
+            if base == "*":
+                continue
+            ends = base.split("-")
+            if len(ends) > 2 or not all(value(e, lo, hi, names) for e in ends):
+                return False
+    return True
+
+
+class FakeSCF:
+    """Functions (added in-process with `add_function`) and their triggers."""
+
+    def __init__(self, secret_id: str = SECRET_ID, secret_key: str = SECRET_KEY):
+        self.accounts = {secret_id: secret_key}
+        self.functions: dict[tuple[str, str, str], list[dict]] = {}  # (region, namespace, name) -> triggers
+        self.calls: list[dict] = []
+        self.lock = threading.Lock()
+
+    def add_function(self, name: str, region: str, namespace: str = "default") -> None:
+        self.functions[(region, namespace, name)] = []
+
+    def _triggers(self, region: str, params: dict) -> list[dict]:
+        key = (region, params.get("Namespace") or "default", params.get("FunctionName") or "")
+        if key not in self.functions:
+            raise ApiError("ResourceNotFound.Function", f"function {key[2]} does not exist in {key[1]} ({region})")
+        return self.functions[key]
+
+    def handle(self, action: str, region: str, params: dict) -> dict:
+        with self.lock:
+            if action not in _SCF_FIELDS:
+                raise ApiError("InvalidAction", f"action {action} is not supported by the fake")
+            unknown = set(params) - _SCF_FIELDS[action]
+            if unknown:
+                raise ApiError("UnknownParameter", f"The parameter {sorted(unknown)[0]} is not recognized")
+            self.calls.append({"action": action, "region": region, "params": params})
+            return getattr(self, "do_" + action)(region, params)
+
+    def do_CreateTrigger(self, region: str, params: dict) -> dict:
+        triggers = self._triggers(region, params)
+        name, kind = str(params.get("TriggerName") or ""), params.get("Type")
+        if kind not in ("cos", "cmq", "timer", "ckafka", "apigw", "http"):
+            raise ApiError("InvalidParameterValue.Type", f"Type {kind!r} is not a trigger type")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,99}", name):
+            raise ApiError("InvalidParameterValue.TriggerName", f"TriggerName {name!r} is invalid")
+        desc = str(params.get("TriggerDesc") or "")
+        if kind == "timer" and not scf_cron_ok(desc):
+            raise ApiError("InvalidParameterValue.TriggerDesc", f"TriggerDesc {desc!r} is not a valid cron expression")
+        if len(str(params.get("CustomArgument") or "").encode()) > 4096:
+            raise ApiError("InvalidParameterValue.CustomArgument", "CustomArgument is longer than 4 KB")
+        if params.get("Enable", "OPEN") not in ("OPEN", "CLOSE"):
+            raise ApiError("InvalidParameterValue.Enable", "Enable must be OPEN or CLOSE")
+        if any(t["TriggerName"] == name and t["Type"] == kind for t in triggers):
+            raise ApiError("ResourceInUse.Trigger", f"trigger {name} already exists")
+        now = time.strftime("%Y-%m-%d %H:%M:%S")
+        info = {"TriggerName": name, "Type": kind, "TriggerDesc": json.dumps({"cron": desc}) if kind == "timer" else desc,
+                "Enable": 1 if params.get("Enable", "OPEN") == "OPEN" else 0, "CustomArgument": params.get("CustomArgument", ""),
+                "AddTime": now, "ModTime": now, "Qualifier": params.get("Qualifier") or "$LATEST",
+                "AvailableStatus": "Available", "BindStatus": "", "TriggerAttribute": "", "ResourceId": "",
+                "Description": params.get("Description", "")}
+        triggers.append(info)
+        return {"TriggerInfo": dict(info)}
+
+    def do_DeleteTrigger(self, region: str, params: dict) -> dict:
+        triggers = self._triggers(region, params)
+        for t in triggers:
+            if t["TriggerName"] == params.get("TriggerName") and t["Type"] == params.get("Type"):
+                triggers.remove(t)
+                return {}
+        raise ApiError("ResourceNotFound.Trigger", f"trigger {params.get('TriggerName')} does not exist")
+
+    def do_ListTriggers(self, region: str, params: dict) -> dict:
+        triggers = self._triggers(region, params)
+        offset, limit = int(params.get("Offset") or 0), int(params.get("Limit") or 20)
+        if limit > 100:
+            raise ApiError("InvalidParameterValue.Limit", "Limit must be at most 100")
+        return {"TotalCount": len(triggers), "Triggers": [dict(t) for t in triggers[offset:offset + limit]]}
+
+
+class _ScfHandler(BaseHTTPRequestHandler):
+    server_version = "fake-scf/1"
+    fake: FakeSCF  # set on the subclass
+
+    def log_message(self, fmt, *args):  # quiet
+        pass
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        request_id = str(uuid.uuid4())
+        try:
+            headers = verify_tc3(self, body, self.fake.accounts, "scf")
+            if headers.get("content-type", "").split(";")[0].strip() != "application/json":
+                raise ApiError("InvalidParameter", "Content-Type must be application/json")
+            if self.headers.get("X-TC-Version") != SCF_VERSION:
+                raise ApiError("InvalidParameter", f"X-TC-Version must be {SCF_VERSION}")
+            try:
+                params = json.loads(body or b"{}")
+            except ValueError:
+                raise ApiError("InvalidParameter", "the body is not JSON") from None
+            result = self.fake.handle(self.headers.get("X-TC-Action", ""), self.headers.get("X-TC-Region", ""), params)
+            payload = {"Response": {**result, "RequestId": request_id}}
+        except ApiError as exc:
+            payload = {"Response": {"Error": {"Code": exc.code, "Message": exc.message}, "RequestId": request_id}}
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class ScfServer:
+    """The SCF fake on 127.0.0.1 in a thread: `with ScfServer() as srv: srv.endpoint, srv.scf`."""
+
+    def __init__(self, port: int = 0):
+        self.scf = FakeSCF()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), type("ScfHandler", (_ScfHandler,), {"fake": self.scf}))
+        self.httpd.daemon_threads = True
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> "ScfServer":
+        threading.Thread(target=self.httpd.serve_forever, name="fake-scf", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="A fake Tencent Cloud CVM API on 127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
