@@ -1,0 +1,133 @@
+"""A second machine is a first-class controller of a run it rebuilt with `sdcloud status RUN --store URL`.
+
+Two sdcloud homes that share nothing but the run's bucket (SeaweedFS over HTTPS): the first starts
+the run with a background controller; the second stops it with `down` (through the bucket: the
+first machine's controller sees the request at its next step and ends the host) and then resumes
+it, from the durable checkpoint in the run's own bucket, to the end. The local provider: real agent
+processes, the builtin trainer on the tiny model. And every bad `--store` / `unattended` input is
+one line, exit 2, nothing recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from servers import agent_processes, wait_until
+
+
+def sdcloud(home, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sdcloud.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "SDCLOUD_HOME": str(home), "HF_HUB_OFFLINE": "1"})
+
+
+def _journal(store, rid: str) -> tuple[dict, list[dict]]:
+    run = json.loads(store.get(f"runs/{rid}/journal/run.json"))
+    events = [e for o in sorted(store.list(f"runs/{rid}/journal/events/"), key=lambda o: o.key)
+              for e in json.loads(store.get(o.key))]
+    return run, events
+
+
+@pytest.mark.slow
+def test_from_a_second_machine_down_stops_the_run_and_resume_continues_from_its_checkpoint(tmp_path, s3_env,
+                                                                                         sdcloud_home):
+    import boto3
+
+    from sdcloud_agent import manifest
+    from sdcloud_agent.store import open_store
+
+    name = f"second-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=s3_env["endpoint_url"]).create_bucket(Bucket=name)
+    url = f"s3://{name}/sd"
+    store = open_store({"url": url})
+    first, second = sdcloud_home, tmp_path / "second-machine"
+    up = sdcloud(first, "up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "400",
+                 "--checkpoint-every", "4", "--trainer-arg", "min-step-seconds=0.2", "--store", url, "--detach",
+                 "--yes", "--json")
+    assert up.returncode == 0, up.stderr
+    rid = json.loads(up.stdout)["run"]
+
+    def durable() -> int:
+        newest = manifest.newest_complete(store, f"runs/{rid}")
+        return newest.step if newest else 0
+
+    try:
+        wait_until(lambda: durable() >= 8, timeout=300, every=0.5)
+        seen = sdcloud(second, "status", rid, "--store", url, "--json")
+        assert seen.returncode == 0, seen.stderr
+        assert json.loads(seen.stdout)["state"] == "running"
+
+        asked = time.time()
+        down = sdcloud(second, "down", rid)
+        assert down.returncode == 0, down.stderr
+        assert rid in down.stdout and ("stopped" in down.stdout or "stop requested" in down.stdout), down.stdout
+        wait_until(lambda: _journal(store, rid)[0]["run"]["state"] == "stopped", timeout=60, every=0.5)
+        run, events = _journal(store, rid)
+        seen_at = [e["time"] for e in events if e["kind"] == "stop-requested"]
+        assert seen_at, "the first machine's controller recorded the request it acted on"
+        poll = 1.0  # the local provider's poll
+        assert seen_at[0] - asked <= 2 * poll + 3.0, f"acted {seen_at[0] - asked:.1f} s after the request"
+        assert run["attempts"][-1]["end_reason"] == "stopped"
+        wait_until(lambda: not agent_processes(f"SDCLOUD_HOME={first}"), timeout=60)
+        assert store.head(f"runs/{rid}/stop.json") is None, "the request is gone once acted on"
+    finally:
+        sdcloud(first, "down", rid, timeout=120)
+    kept = durable()
+    assert kept >= 8
+
+    # The second machine resumes it: its own bucket is never used, the checkpoint in the run's is.
+    done = run["run"]["step"]
+    res = sdcloud(second, "resume", rid, "--steps", str(done + 6), "--json", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summ = json.loads(res.stdout)
+    assert summ["state"] == "succeeded" and summ["step"] == done + 6
+    _, events = _journal(store, rid)
+    resumed = [e["data"] for e in events if e["kind"] == "resumed"]
+    assert resumed and resumed[-1]["from_step"] >= kept, resumed
+    assert not (second / "bucket" / "runs" / rid).exists(), "nothing of the run in the second machine's own bucket"
+    assert len(summ["attempts"]) == 2 and summ["attempts"][0]["end_reason"] == "stopped"
+
+
+def test_bad_store_and_unattended_inputs_are_one_line_and_record_nothing(tmp_path, capsys, sdcloud_home):
+    """No credentials for the cloud of a --store URL, and an `unattended` default that is not a yes or
+    a no: one line on stderr, exit 2, no run and no remembered bucket."""
+    from sdcloud.cli import main
+    from sdcloud.runs.state import StateStore
+
+    for url in ("s3://sd-someone-elses/runs", "cos://sd-bucket-1250000000/runs"):
+        assert main(["status", "r-0badc0de", "--store", url]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "cannot read" in err and "Traceback" not in err, err
+    (sdcloud_home / "config.toml").write_text('[defaults]\nunattended = "maybe"\n')
+    assert main(["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "4",
+                 "--store", (tmp_path / "bucket").as_uri(), "--yes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "unattended must be true or false" in err, err
+    assert StateStore().list_runs() == [] and not (tmp_path / "bucket").exists()
+    assert not (sdcloud_home / "stores.json").exists()
+
+
+def test_a_cos_url_is_opened_with_the_tencent_keys(cos_env, tmp_path, capsys, sdcloud_home):
+    """`status RUN --store cos://...` reads the run's journal on COS with the user's Tencent keys, and the
+    second machine reaches the run by that URL from then on."""
+    from sdcloud.cli import main
+    from sdcloud.providers.tencent import storage as cos
+    from sdcloud.runs.journal import Journal
+    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.store_of import remembered
+
+    bucket = f"sd-{uuid.uuid4().hex[:10]}-1250000000"
+    cos.client("ap-guangzhou").create_bucket(Bucket=bucket)
+    laptop = StateStore(tmp_path / "laptop.db")
+    laptop.create_run("r-c05c0001", "sd15-lora", {"tier": "sd15-lora", "provider": "tencent", "region": "ap-guangzhou",
+                                                  "model": "tiny", "steps": 10}, 10)
+    Journal(laptop, cos.open_store(bucket, "sd", "ap-guangzhou"), "r-c05c0001").flush()
+    assert main(["status", "r-c05c0001", "--store", f"cos://{bucket}/sd", "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["run"] == "r-c05c0001"
+    assert remembered("r-c05c0001")["url"] == f"cos://{bucket}/sd"
