@@ -53,7 +53,12 @@ def _said(d: dict, run: dict) -> str:
 
     holder = d.get("stop_requested_of")
     if not holder:
-        return f"{d['run']}: {d['state']}"
+        from ..runs.state import BATCH, run_kind
+        from ..runs.stop_words import ended_line
+
+        if run_kind(run) == BATCH:  # a cancel is final: what it made stays
+            return f"batch job {d['run']}: {d['state']}; the images it made stay: sdcloud batch pull {d['run']}"
+        return ended_line(run) or f"run {d['run']}: {d['state']}"
     if d["state"] not in ACTIVE_RUN_STATES:
         return f"{d['run']}: {d['state']} (by its driver on {holder}, through the run's bucket)"
     name = run.get("name") or run["id"]

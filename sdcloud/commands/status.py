@@ -26,6 +26,11 @@ def render_summary(summ: dict) -> None:
     if c.get("savings_pct") is not None:
         line += f"; on-demand would have cost ${c['ondemand_equivalent']:.4f} (saved {c['savings_pct']:.1f}%)"
     echo(line)
+    from ..runs.stop_words import ended_line
+
+    ended = ended_line(summ)  # a stopped or failed run: what happened, and the command that continues it
+    if ended:
+        echo(ended)
     if summ.get("health"):
         from ..runs.health_view import line as health_line
 
@@ -125,7 +130,9 @@ def _host_state(run: dict) -> str | None:
         return None
     se = doc.get("self_end")
     if isinstance(se, dict):
-        return f"ended itself ({se.get('reason')}{', unattended' if se.get('unattended') else ''})"
+        from ..runs.stop_words import host_line
+
+        return host_line(run, se)  # nothing when the run's own end says what happened
     return "unattended" if doc.get("unattended") else None
 
 
