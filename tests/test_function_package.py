@@ -187,6 +187,29 @@ def test_the_handler_runs_under_the_function_s_own_python(package, tmp_path, fn)
     assert out["tiers"] == sorted(all_tiers())
 
 
+@pytest.mark.slow
+def test_the_package_s_own_code_needs_nothing_of_a_newer_python_but_what_the_shim_gives(package):
+    """vermin over all of sdcloud and sdcloud_agent in the package (not only what the probe imports)
+    at the oldest runtime's version: each name it needs from a newer Python is one sdcloud_py310 gives."""
+    import re
+    import shutil
+
+    _, task = package
+    oldest = min(fn.python for fn in FUNCTIONS)
+    exe = shutil.which("vermin", path=str(Path(sys.executable).parent)) or shutil.which("vermin")
+    assert exe, "vermin is in the dev extra (pyproject.toml)"
+    run = subprocess.run([exe, "-q", "--no-tips", "--violations", "--eval-annotations", "-t=%d.%d-" % oldest,
+                          "sdcloud", "sdcloud_agent", function_entry.ENTRY], cwd=task, capture_output=True,
+                         text=True, timeout=300)
+    needs = set(re.findall(r"^\s+'([\w.]+)' (?:module|member|function|class)", run.stdout, re.M))
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith("  ")]
+    assert len(lines) == len(re.findall(r"^\s+'[\w.]+' (?:module|member|function|class)", run.stdout, re.M)), run.stdout
+    if oldest < (3, 11):
+        assert needs == set(function_entry.COMPAT_NAMES), run.stdout
+    else:
+        assert run.returncode == 0 and not needs, run.stdout
+
+
 def test_the_build_is_deterministic_and_follows_the_content():
     a_name, a_version, a_bytes, _ = fp.control_plane_wheel()
     b_name, b_version, b_bytes, _ = fp.control_plane_wheel()
