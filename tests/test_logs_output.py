@@ -76,3 +76,29 @@ def test_logs_json_keeps_the_raw_line_and_says_its_kind(capsys, monkeypatch, tmp
     assert sorted(set(kinds.values())) == ["checkpoint", "done", "log", "step"]
     assert any(r["text"].startswith("SDCLOUD_CHECKPOINT", r["text"].index("trainer: ") + 9)
                for r in records if r["kind"] == "checkpoint")
+
+
+def test_every_protocol_line_reads_in_words_and_library_notes_need_v(capsys, monkeypatch, tmp_path, sdcloud_home):
+    """Issue 39: SDCLOUD_START and SDCLOUD_OOM in words, a tag without words and diffusers' float32
+    note only under -v."""
+    from sdcloud import render
+    monkeypatch.setattr(render, "VERBOSITY", 0)
+    run = _run_with_log(tmp_path)
+    log = tmp_path / "bucket" / "runs" / run / "logs" / "attempt-2.log"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.mktime((2026, 12, 1, 10, 0, 9, 0, 0, -1))))
+    log.write_text("\n".join([
+        f"{stamp},100 INFO sdcloud_agent.trainer: There are modules in AutoencoderKL that should be kept in float32: []. "
+        "Casting directly with `to()` can lead to inconsistent results",
+        f'{stamp},200 INFO sdcloud_agent.trainer: SDCLOUD_START {{"step": 10, "total_steps": 20, '
+        '"resumed_from": "/w/ckpt/checkpoint-10", "recipe": {"optimizer": "adamw"}}',
+        f'{stamp},300 INFO sdcloud_agent.trainer: SDCLOUD_OOM {{"step": 12, "peak_gb": 21.5, "total_gb": 22.0, "error": "x"}}',
+        f'{stamp},400 INFO sdcloud_agent.trainer: SDCLOUD_FUTURE {{"a": 1}}',
+    ]) + "\n")
+    assert main(["logs", run]) == 0
+    out = capsys.readouterr().out
+    assert "SDCLOUD_" not in out and "float32" not in out, out
+    assert "trainer started at step 10 of 20 (resumed from its checkpoint)" in out
+    assert "out of GPU memory at step 12 (peak 21.5 of 22.0 GB)" in out
+    assert main(["logs", run, "-v"]) == 0
+    out = capsys.readouterr().out
+    assert "SDCLOUD_FUTURE" in out and "float32" in out and "SDCLOUD_START" in out

@@ -23,8 +23,8 @@ from .common import complete_runs, find_run, state_store
 def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps: bool, as_json: bool) -> None:
     """Print (or follow) a run's log: controller events and the hosts' logs, merged in time order.
 
-    The trainer's protocol lines read in plain words (checkpoint step 500 saved) and libraries'
-    Python warnings are left out; -v shows both as the host wrote them."""
+    The trainer's protocol lines read in plain words (checkpoint step 500 saved); libraries'
+    warnings and notes are left out; -v shows all as the host wrote them."""
     import json as _json
 
     from ..events import RUN_ENDED, parse
@@ -45,8 +45,9 @@ def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps:
             records = [r for r in records if r["attempt"] == attempt or r["attempt"] is None and
                        r["source"] == "controller" and parse(r["kind"]) in RUN_ENDED]
         if render.VERBOSITY <= 0:
-            # Libraries' Python warnings (FutureWarning and the like) are noise to a user: -v shows them.
-            records = [r for r in records if r["source"] == "controller" or r["kind"] != "warning"]
+            # Libraries' warnings and notes and protocol lines without words are noise to a user:
+            # -v shows them.
+            records = [r for r in records if not r.get("verbose_only")]
         if first and tail_n is not None:
             records = records[-tail_n:] if tail_n else []
         for r in records:

@@ -17,12 +17,21 @@ from .progress_view import plain
 
 _LOG_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(?:[.,](\d+))?")
 _STEP_LINE = re.compile(r"SDCLOUD_STEP \{")
-# The trainer's protocol lines (sdcloud_agent.trainers.base): for the agent, not for people.
-_PROTOCOL = re.compile(r"\bSDCLOUD_(STEP|CHECKPOINT|DONE) (\{.*\})\s*$")
+# The trainer's protocol lines (sdcloud_agent.trainers.base, the builtin trainer's START and OOM):
+# for the agent, not for people. Shown in words; one without words only under -v.
+_PROTOCOL = re.compile(r"\bSDCLOUD_([A-Z]+) (\{.*\})\s*$")
+# Libraries' notes that are not Python warnings but say nothing a user acts on (diffusers' float32
+# note when a model is cast, deprecation notices): under -v only, as warnings are.
+_LIBRARY_NOTE = re.compile(r"should be kept in float32|Casting directly with `to\(\)`|is deprecated and will be "
+                           r"removed|\bwill be removed in (?:version|diffusers|transformers)")
 # A Python warning as the warnings module prints it (`file.py:12: FutureWarning: ...`, or bare
 # `UserWarning: ...`), and the indented source line it prints next: library noise unless -v.
 _PY_WARNING = re.compile(r"(?:^|\.py:\d+: |: )[A-Z]\w*Warning: ")
 _AGENT_PREFIX = re.compile(r"^[A-Z]+ sdcloud_agent\.trainer: ")
+
+
+# Host line kinds shown only under -v: libraries' warnings and notes, protocol lines without words.
+QUIET_KINDS = frozenset({"warning", "note", "protocol"})
 
 
 def _parse_time(line: str) -> float | None:
@@ -49,7 +58,7 @@ def log_records(state, run: dict, offsets: dict, steps: bool = False) -> list[di
         offsets["events"] = ev["id"]
         out.append({"time": ev["time"], "source": "controller", "attempt": ev["data"].get("attempt"),
                     "kind": ev["kind"], "text": plain(ev["kind"], ev["data"]) or ev["kind"],
-                    "detail": " ".join(f"{k}={v}" for k, v in ev["data"].items())})
+                    "detail": " ".join(f"{k}={v}" for k, v in ev["data"].items()), "verbose_only": False})
     try:
         for key, name, data, born in _log_sources(run):
             seen = offsets.get(key, 0)
@@ -66,7 +75,7 @@ def log_records(state, run: dict, offsets: dict, steps: bool = False) -> list[di
                     continue
                 kind, in_warning = _line_kind(line, in_warning)
                 out.append({"time": at, "source": name.removesuffix(".log"), "attempt": attempt, "kind": kind,
-                            "text": line, "detail": ""})
+                            "text": line, "detail": "", "verbose_only": kind in QUIET_KINDS})
             offsets[key + "#w"] = in_warning
             offsets[key] = len(data)
             offsets[key + "#t"] = last
@@ -98,10 +107,13 @@ def _line_kind(line: str, in_warning: bool) -> tuple[str, bool]:
     whether the next line may still belong to a warning."""
     proto = _PROTOCOL.search(line)
     if proto:
-        return proto.group(1).lower(), False
+        words = _protocol_words(proto.group(1), proto.group(2))
+        return (proto.group(1).lower() if words is not None else "protocol"), False
     body = _AGENT_PREFIX.sub("", _LOG_TIME.sub("", line).lstrip())
     if _PY_WARNING.search(body):
         return "warning", True
+    if _LIBRARY_NOTE.search(body):
+        return "note", False
     if in_warning and (body.startswith((" ", "\t")) or not body.strip()):
         return "warning", True
     return "log", False
@@ -113,10 +125,21 @@ def _protocol_words(tag: str, payload: str) -> str | None:
         doc = json.loads(payload)
     except ValueError:
         return None
+    if not isinstance(doc, dict):
+        return None
     if tag == "CHECKPOINT":
         return f"checkpoint step {doc.get('step', '?')} saved"
     if tag == "DONE":
         return "trainer finished" + (f" at step {doc['step']}" if "step" in doc else "")
+    if tag == "START":
+        resumed = " (resumed from its checkpoint)" if doc.get("resumed_from") else ""
+        return f"trainer started at step {doc.get('step', '?')} of {doc.get('total_steps', '?')}{resumed}"
+    if tag == "OOM":
+        peak = (f" (peak {doc['peak_gb']} of {doc['total_gb']} GB)" if doc.get("peak_gb") is not None
+                and doc.get("total_gb") is not None else "")
+        return f"out of GPU memory at step {doc.get('step', '?')}{peak}"
+    if tag != "STEP":
+        return None
     parts = [f"step {doc.get('step', '?')}"]
     if doc.get("loss") is not None:
         parts.append(f"loss {doc['loss']:.4g}" if isinstance(doc["loss"], (int, float)) else f"loss {doc['loss']}")
