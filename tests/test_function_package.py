@@ -210,6 +210,64 @@ def test_the_package_s_own_code_needs_nothing_of_a_newer_python_but_what_the_shi
         assert run.returncode == 0 and not needs, run.stdout
 
 
+# SCF's entry as SCF calls it, once: a timer event and a dict context.
+SCF_STEP = r"""
+import json, sys
+import sdcloud_driver
+report = sdcloud_driver.main_handler({"Type": "Timer", "TriggerName": "sdcloud-driver", "Time": "", "Message": ""},
+                                     {"time_limit_in_ms": 120000})
+print(json.dumps({"python": list(sys.version_info[:2]), "report": report}))
+"""
+
+
+@pytest.mark.slow
+def test_scf_s_entry_drives_a_live_run_under_scf_s_python(package, tmp_path, monkeypatch):
+    """Not only the imports: SCF's entry, called as SCF calls it (a timer event, the role's keys in
+    SCF's own variable names), under SCF's Python with the package alone, takes over a run that no
+    laptop drives and launches its host through the CVM API (the Tencent fake, over HTTP)."""
+    import tencent_fake
+    from tencent_fake import SECRET_ID, SECRET_KEY, FakeServer
+
+    from sdcloud.providers.traits import traits
+    from sdcloud.runs.controller import new_run_id
+    from sdcloud.runs.journal import Journal, restore
+    from sdcloud.runs.state import StateStore
+    from sdcloud_agent.store import LocalStore
+
+    _, task = package
+    fn = traits("tencent").function
+    python = python_for(fn.python, f"{fn.name} runs {fn.runtime}")
+    monkeypatch.setattr(tencent_fake, "PENDING_S", 0.2)
+    bucket = tmp_path / "bucket"
+    laptop = StateStore(tmp_path / "laptop.db")
+    rid = new_run_id()
+    laptop.create_run(rid, "sd15-lora", {"tier": "sd15-lora", "provider": "tencent", "region": "ap-guangzhou",
+                                         "model": "tiny", "steps": 20, "market": "spot", "store": bucket.as_uri()}, 20)
+    Journal(laptop, LocalStore(bucket), rid).flush()
+    with FakeServer() as srv:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(task), "HOME": str(tmp_path),
+               "SDCLOUD_STORE": bucket.as_uri(), "SDCLOUD_HOME": str(tmp_path / "fn-tmp"),
+               "SDCLOUD_DRIVER_SECONDS": "12", "SDCLOUD_TENCENT_ENDPOINT": srv.endpoint,
+               "SDCLOUD_TENCENT_IMAGE_ID": "img-scf", "PYTHONDONTWRITEBYTECODE": "1",
+               # What SCF sets for a function with a role (the entry maps them for the SDK and the store).
+               "TENCENTCLOUD_SECRETID": SECRET_ID, "TENCENTCLOUD_SECRETKEY": SECRET_KEY,
+               "TENCENTCLOUD_SESSIONTOKEN": "scf-session"}
+        run = subprocess.run([python, "-S", "-c", SCF_STEP], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=300)
+        launched = [(i.id, i.tags) for i in srv.cvm.instances.values()]
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert tuple(out["python"]) == fn.python
+    assert out["report"]["driver"] == "tencent-scf" and rid in out["report"]["runs"], out
+    assert len(launched) == 1, (launched, out, run.stderr[-2000:])
+    # The journal the function wrote back tells any machine what it did.
+    seen = StateStore(tmp_path / "seen.db")
+    assert restore(seen, LocalStore(bucket), rid) is not None
+    [attempt] = seen.attempts(rid)
+    assert attempt.instance_id == launched[0][0]
+    assert "driver-took-over" in [e["kind"] for e in seen.events(rid)]
+
+
 def test_the_build_is_deterministic_and_follows_the_content():
     a_name, a_version, a_bytes, _ = fp.control_plane_wheel()
     b_name, b_version, b_bytes, _ = fp.control_plane_wheel()
