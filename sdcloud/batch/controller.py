@@ -134,10 +134,20 @@ class BatchController:
                            "generator": self.spec.get("generator", "diffusers"),
                            "fake_delay": self.spec.get("fake_delay", 0.0), "ttl": 60.0}}
         if self.provider_traits.is_cloud:
-            # A worker with nothing left ends its host after the grace if the driver has not (docs/batch.md).
+            # A worker with nothing left ends its host after the grace if the driver has not; one whose
+            # job has no driver (its heartbeat stale, no cloud driver looking) ends after the grace;
+            # none outlives its lifetime cap (sdcloud_agent/batch/lifetime.py, docs/batch.md).
             from .. import config
+            from ..runs.agent_config import UNATTENDED_POLLS
 
-            agent["self_end"] = {"provider": self.provider_name, "grace_s": config.self_end_grace()}
+            created = self.state.get_run(self.job_id)["created"]
+            deadline = self.spec.get("deadline_hours")
+            agent["self_end"] = {"provider": self.provider_name, "grace_s": config.self_end_grace(),
+                                 "unattended_after_s": UNATTENDED_POLLS * self.timing.poll_seconds,
+                                 "deadline_at": round(created + deadline * 3600) if deadline else None,
+                                 # The whole job on this one host: a bound on any one worker's share.
+                                 "estimate_hours": round(self.progress(0).job_hours, 3),
+                                 "launched_at": round(time.time(), 1)}
         user_data = ""
         if self.provider_traits.is_cloud:
             # The training run's boot: the agent config in the user-data, the agent wheel in the bucket.

@@ -16,6 +16,7 @@ from typing import Any
 from ..store import open_store
 from ..clouds import make_watcher
 from ..watchers import WatchThread
+from .lifetime import DriverWatch, Lifetime
 from .worker import Worker
 
 
@@ -38,6 +39,13 @@ def run_host(config_path: str) -> int:
     w = Worker(store, b["job"], gen, worker_id=b.get("worker_id") or f"{conf.get('run_id')}-a{conf.get('attempt')}",
                ttl=float(b.get("ttl", 60.0)), log=log)
     signal.signal(signal.SIGTERM, lambda *_: w.stop.set())
+    from ..selfend import SelfEnd, finish
+
+    se = SelfEnd.from_dict(conf.get("self_end"))
+    run_prefix = f"runs/{conf.get('run_id')}"
+    driver = DriverWatch(store, run_prefix, se.unattended_after_s, time.time())
+    # The lifetime cap and the driver's attendance (lifetime.py), on a cloud host only.
+    life = Lifetime(se, driver, w.stop, time.time(), log=log).start() if se.provider != "none" else None
     watcher = make_watcher(conf.get("metadata"))
     watch = None
     if watcher:
@@ -50,11 +58,13 @@ def run_host(config_path: str) -> int:
     finally:
         if watch:
             watch.stop()
+        if life:
+            life.close()
     print(json.dumps({"worker": w.worker_id, **stats.__dict__}), flush=True)
-    # Its work is over: after the grace for the job's driver, the host ends itself (selfend.py).
-    from ..selfend import SelfEnd, finish
-
-    se = SelfEnd.from_dict(conf.get("self_end"))
+    # Its work is over: after the grace for the job's driver (none when the job has no driver, or at
+    # the cap), the host ends itself (selfend.py).
     if se.provider != "none":
-        finish(se, None, f"runs/{conf.get('run_id')}", int(conf.get("attempt", 1)), "batch worker done")
+        reason = (life.reason if life else None) or "batch worker done"
+        finish(se, None, run_prefix, int(conf.get("attempt", 1)), reason, attendance=driver,
+               grace=life is None or life.reason is None)
     return 0
