@@ -73,6 +73,9 @@ class Observation:
     tick_hours: float = 0.0
     spot_refusals: int = 0
     has_deadline: bool = True
+    # Work a reclaim now would lose: since the last durable checkpoint, where the save at the notice
+    # cannot be durable (the simulator's checkpoint model); 0 where the notice save is.
+    at_risk: float = 0.0
 
     @property
     def time_left(self) -> float:
@@ -270,25 +273,45 @@ class Sdcloud(Policy):
     def __init__(self) -> None:
         self.reset()
 
+    # Online estimate of the share of time without spot anywhere (A0 a prior worth H0 hours); 0 = off.
+    H0 = 0.0
+    A0 = 0.8
+    GAIN = 1.0
+
     def reset(self) -> None:
         """Forget what was seen: a new job."""
         self._last: float | None = None
         self._up_since: dict[str, float] = {}
+        self._was_up: bool | None = None
+        self._up_h = 0.0
+        self._seen_h = 0.0
 
     def _observe(self, obs: Observation) -> None:
         # One note per zone: the elapsed hour spot was first seen in its current run.
         if self._last is not None and obs.elapsed < self._last - EPS:
             self.reset()  # time went backwards: another job
+        if self._last is not None and self._was_up is not None:
+            span = obs.elapsed - self._last
+            self._seen_h += span
+            self._up_h += span if self._was_up else 0.0
         self._last = obs.elapsed
+        self._was_up = any(z.spot_available for z in obs.zones)
         for z in obs.zones:
             if z.spot_available:
                 self._up_since.setdefault(z.key, obs.elapsed)
             else:
                 self._up_since.pop(z.key, None)
 
+    def availability(self) -> float:
+        return (self._up_h + self.A0 * self.H0) / (self._seen_h + self.H0)
+
     def reserve(self, obs: Observation) -> float:
         c, r, t = obs.job_hours, obs.deadline_hours, obs.elapsed
-        return min((r - c) * max(0.0, r - t) / r, self.BETA * obs.work_left)
+        line = (r - c) * max(0.0, r - t) / r
+        if not self.H0:
+            return min(line, self.BETA * obs.work_left)
+        a = max(self.availability(), 0.05)
+        return min(line, self.GAIN * obs.work_left * (1 - a) / a)
 
     def decide(self, obs: Observation) -> Action:
         if spot_gone(obs):
@@ -296,7 +319,8 @@ class Sdcloud(Policy):
         d, t, tick = obs.restart_hours, obs.elapsed, obs.tick_hours
         self._observe(obs)
         net = max(2 * d, d + tick)
-        slack = obs.time_left - obs.work_left
+        # Work at risk counts as lost already: a reclaim takes it, and then the argument below holds.
+        slack = obs.time_left - obs.work_left - obs.at_risk
         if slack < net - EPS:
             return self._on_demand(obs)
         open_zones = [z for z in obs.zones if z.spot_available]

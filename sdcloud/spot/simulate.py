@@ -13,6 +13,11 @@ The model (docs/policies.md has it in full, with the hand-computed cases the tes
   that tick: a zone's own spot price series where its trace carries one (else the flat spot
   price), the on-demand price of the zone's region; savings = 1 - cost / (C x the least on-demand
   price among the zones the job may use).
+- Saves that may not be durable (Setting.notice_hours given): where a save takes longer than the
+  reclaim notice (save_hours > notice_hours), a reclaim loses the work since the last durable
+  periodic checkpoint (taken on spot every checkpoint_hours of work, each costing save_hours of
+  no progress, paid; on-demand is never reclaimed and takes none). A stop the policy chooses (a move, a wait) saves with no notice to beat, so it
+  loses nothing. Without notice_hours (the default) the save at the notice is always durable.
 - A trace may carry `refused` (one value per tick): a spot launch there in a tick whose value is > 0
   is refused (no capacity) and the tick passes with nothing run; the policy sees the refusals in a
   row (Observation.spot_refusals), as the controller counts them. The optimum never launches into a
@@ -49,6 +54,17 @@ class Setting:
     restart_hours: float
     spot_price: float = PAPER["spot_price"]
     ondemand_price: float = PAPER["ondemand_price"]
+    # The checkpoint model (docs/policies.md "Checkpoints spaced by risk"): None keeps the save at
+    # the notice durable, as before; else a save of save_hours longer than notice_hours is not, and
+    # periodic checkpoints every checkpoint_hours of work (None: none) bound what a reclaim loses.
+    save_hours: float = 0.0
+    notice_hours: float | None = None
+    checkpoint_hours: float | None = None
+
+    @property
+    def notice_save_lost(self) -> bool:
+        """A reclaim loses the work since the last periodic checkpoint: the save cannot beat the notice."""
+        return self.notice_hours is not None and self.save_hours > self.notice_hours
 
     def check(self) -> None:
         c, r, d = self.job_hours, self.deadline_hours, self.restart_hours
@@ -64,6 +80,10 @@ class Setting:
             raise UserError(f"impossible deadline: {r:g} h is less than the job ({c:g} h) plus one start ({d:g} h)")
         if self.spot_price < 0 or self.ondemand_price <= 0:
             raise UserError("prices must be positive (spot may be 0)")
+        if self.save_hours < 0 or (self.notice_hours is not None and self.notice_hours < 0):
+            raise UserError("save and notice times must be 0 or more")
+        if self.checkpoint_hours is not None and not self.checkpoint_hours > 0:
+            raise UserError(f"the checkpoint interval must be more than 0, got {self.checkpoint_hours:g}")
 
 
 @dataclass(frozen=True)
@@ -75,6 +95,8 @@ class Outcome:
     spot_hours: float
     ondemand_hours: float
     launches: int
+    reclaims: int = 0
+    lost_hours: float = 0.0  # work lost at reclaims (saves not durable within the notice)
 
     def deadline_met(self, setting: Setting) -> bool:
         return self.finish_hours <= setting.deadline_hours + 1e-9
@@ -105,9 +127,14 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
     spot_prices (zones x ticks) and ondemand_prices (one per zone) price each zone by its own
     figures; without them every zone has the setting's flat prices. A policy sees tick k's prices
     at k, and every hour (restarts included) is paid at the price of the market it runs in.
-    refused (zones x ticks): a spot launch there and then is refused; the tick passes unpaid."""
+    refused (zones x ticks): a spot launch there and then is refused; the tick passes unpaid.
+    With setting.notice_save_lost, a reclaim loses the work since the last durable checkpoint."""
     g = gap_seconds / 3600
     c, d = setting.job_hours, setting.restart_hours
+    lossy = setting.notice_save_lost
+    every = setting.checkpoint_hours if lossy and setting.checkpoint_hours else math.inf
+    durable = saving = 0.0  # progress a reclaim cannot take; save hours left of a periodic checkpoint
+    reclaims, lost = 0, 0.0
     zones = list(range(len(keys))) if (policy.multi_zone and not single_zone) else [start_zone]
     od = np.full(len(keys), setting.ondemand_price) if ondemand_prices is None else np.asarray(ondemand_prices, float)
     views = {z: (ZoneView(keys[z], False, setting.spot_price, float(od[z])),
@@ -131,7 +158,12 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
         up = [bool(avail[z, i]) if i < n_ticks else False for z in zones]
         if market == SPOT and not up[zones.index(zone) if len(zones) > 1 else 0]:
             market = None  # reclaimed at the start of this tick
+            reclaims += 1
+            if lossy:
+                lost += p - durable
+                p, saving = durable, 0.0
         obs.elapsed, obs.progress, obs.market, obs.spot_refusals = t, p, market, refusals
+        obs.at_risk = p - durable if lossy and market == SPOT else 0.0
         obs.zone = None if zone is None else keys[zone]
         if spot_prices is None:
             obs.zones = [views[z][u] for z, u in zip(zones, up)]
@@ -141,6 +173,7 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
         act = policy.decide(obs)
         if act.kind == WAIT:
             market = None
+            durable, saving = p, 0.0  # a stop the policy chose saves without a notice to beat
             t += g
             continue
         if act.kind == SPOT:
@@ -166,18 +199,24 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
                 refusals = 0
                 over = d
                 launches += 1
+                durable, saving = p, 0.0  # the host left (or nothing ran): the work so far is saved
         market, zone = kind, z
         used = min(over, g)
         over -= used
-        gain = g - used
-        if p + gain >= c - 1e-12:
-            dt = used + (c - p)
-            t += dt
-            p = c
+        if every == math.inf or market != SPOT:  # on-demand is never reclaimed: no periodic saves there
+            gain = g - used
+            if p + gain >= c - 1e-12:
+                dt = used + (c - p)
+                t += dt
+                p = c
+            else:
+                dt = g
+                t += g
+                p += gain
         else:
-            dt = g
-            t += g
-            p += gain
+            p, durable, saving, spent = _work(p, durable, saving, g - used, c, every, setting.save_hours)
+            dt = used + spent
+            t += dt
         if market == SPOT:
             cost += (setting.spot_price if spot_prices is None else float(spot_prices[z, min(i, n_ticks - 1)])) * dt
         else:
@@ -187,8 +226,35 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
         else:
             od_h += dt
         if p >= c:
-            return Outcome(cost, t, spot_h, od_h, launches)
+            return Outcome(cost, t, spot_h, od_h, launches, reclaims, lost)
     raise RuntimeError(f"policy {policy.name} did not finish the job within {limit} ticks")
+
+
+def _work(p: float, durable: float, saving: float, hours: float, c: float, every: float,
+          save: float) -> tuple[float, float, float, float]:
+    """`hours` on a running host with a periodic checkpoint every `every` hours of work, each taking
+    `save` hours without progress and durable when done. Returns progress, durable progress, save
+    hours still to go, and the hours used (less than `hours` only when the job ends)."""
+    spent = 0.0
+    for _ in range(int(hours / min(every, save or every)) + 4):  # saves and work alternate: bounded
+        left = hours - spent
+        if left <= 1e-12 or p >= c - 1e-12:
+            break
+        if saving > 0:
+            s = min(saving, left)
+            saving -= s
+            spent += s
+            if saving <= 1e-12:
+                saving, durable = 0.0, p
+            continue
+        work = min(left, c - p, durable + every - p)
+        p += work
+        spent += work
+        if p >= durable + every - 1e-12 and p < c - 1e-12:
+            saving = save
+    if p >= c - 1e-12:
+        p = c
+    return p, durable, saving, spent
 
 
 def optimal_costs(windows: np.ndarray, gap_seconds: int, setting: Setting, price_windows: np.ndarray | None = None,
