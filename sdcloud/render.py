@@ -190,13 +190,33 @@ def wrap_text(text: str, width: int, indent: str = "  ") -> list[str]:
             lines.append(line)
         line = (indent if lines else "") + tok
         if len(line) > width:
-            pieces = textwrap.wrap(line, width=width, subsequent_indent=indent, break_long_words=False,
+            pieces = textwrap.wrap(" ".join(_split_path(w, width - len(indent)) for w in line.split(" ")),
+                                   width=width, subsequent_indent=indent, break_long_words=False,
                                    break_on_hyphens=False)
             lines.extend(pieces[:-1])
             line = pieces[-1]
     if line.strip():
         lines.append(line)
     return lines
+
+
+def _split_path(word: str, width: int) -> str:
+    """A path or URL longer than a line, broken after a '/' into pieces that fit (spaces between
+    them, for the wrapper to break at); any other word is left whole."""
+    if len(word) <= width or "/" not in word or width <= 0:
+        return word
+    pieces, piece = [], ""
+    for part in word.split("/")[:-1]:
+        if piece and len(piece) + len(part) + 1 > width:
+            pieces.append(piece)
+            piece = ""
+        piece += part + "/"
+    last = word.rsplit("/", 1)[1]
+    if piece and len(piece) + len(last) > width:
+        pieces.append(piece)
+        piece = ""
+    pieces.append(piece + last)
+    return " ".join(p for p in pieces if p)
 
 
 def echo(text: str) -> None:

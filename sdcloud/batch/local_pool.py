@@ -197,9 +197,12 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        # Why the pool's last workers ended: the job was cancelled, or its driver stopped (down, Ctrl-C).
+        # Why the pool's last workers ended: the job was cancelled, its items were all done, or its
+        # driver stopped (down, Ctrl-C).
         row = state.get_run(job_id)
-        worker_attempts_ended(state, job_id, "cancelled" if row and row["state"] == "cancelled" else "stopped")
+        done = progress(job_id)
+        worker_attempts_ended(state, job_id, "cancelled" if row and row["state"] == "cancelled" else
+                              "succeeded" if done["items_done"] >= done["items"] else "stopped")
     final = progress(job_id)
     state.update_run(job_id, step=final["images_done"], controller_pid=None)
     if cancel_marked(job) and not job_over(job_id):

@@ -14,24 +14,26 @@ from .common import USD, USD_PER_HOUR
 
 def submit_options(f):
     opts = [
-        click.option("--tier", required=True, help="batch-sd15 or batch-sdxl"),
-        click.option("--model", required=True, help="base model (a hub id or a local folder on the host)"),
-        click.option("--lora", default=None, help="a training run (its id or name, see sdcloud status) or a LoRA file"),
-        click.option("--prompts", "prompts", required=True, type=click.Path(dir_okay=False), help="text (one a line) or JSONL"),
-        click.option("--images-per-prompt", type=int, default=1, show_default=True),
+        click.option("--tier", required=True, metavar="TIER", help="batch-sd15 or batch-sdxl"),
+        click.option("--model", required=True, metavar="MODEL", help="base model (a hub id or a local folder on the host)"),
+        click.option("--lora", default=None, metavar="RUN|FILE", help="a training run (its id or name, see sdcloud status) or a LoRA file"),
+        click.option("--prompts", "prompts", required=True, type=click.Path(dir_okay=False), metavar="FILE",
+                     help="text (one a line) or JSONL"),
+        click.option("--images-per-prompt", type=int, default=1, show_default=True, metavar="N"),
         click.option("--width", type=int, default=None, metavar="PX",
                      help="image width for every prompt (a JSONL line's own wins; default: the model's, tiny 64)"),
         click.option("--height", type=int, default=None, metavar="PX", help="image height (as --width)"),
         click.option("--steps", type=int, default=None, metavar="N",
                      help="sampling steps (as --width; default 30, tiny 2)"),
-        click.option("--workers", type=int, default=None, help="K hosts working in parallel (default 1, or what --deadline needs)"),
+        click.option("--workers", type=int, default=None, metavar="K", help="K hosts working in parallel (default 1, or what --deadline needs)"),
         click.option("--spot/--on-demand", "spot", default=True, show_default=True),
         click.option("--max-price", type=USD_PER_HOUR, default=None, help="USD per hour per host"),
-        click.option("--deadline", default=None, help="e.g. 8h, 1d12h"),
+        click.option("--deadline", default=None, metavar="DURATION", help="e.g. 8h, 1d12h"),
         click.option("--budget", type=USD, default=None, help="USD for the whole job"),
-        click.option("--provider", default="local", show_default=True),
-        click.option("--name", default=None),
-        click.option("--store", default=None, help="s3://BUCKET/PREFIX (default: the provider's run bucket)"),
+        click.option("--provider", default="local", show_default=True, metavar="PROVIDER",
+                     help="local, ssh, aws or tencent"),
+        click.option("--name", default=None, metavar="NAME", help="a name to use instead of the job id"),
+        click.option("--store", default=None, metavar="URL", help="s3://BUCKET/PREFIX (default: the provider's run bucket)"),
         click.option("--max-failed-boots", type=int, default=None, metavar="N",
                      help="failed host boots in a row that end the job (default 3)"),
         click.option("--generator", type=click.Choice(["diffusers", "fake"]), default="diffusers", hidden=True),
@@ -174,13 +176,26 @@ def status(job: str, as_json: bool) -> None:
     if as_json:
         emit_json(p)
     else:
-        table(f"batch {p['job']}", ["field", "value"], [[k, v] for k, v in p.items()], fold=["value"])
+        table(f"batch {p['job']}", ["field", "value"], [[k, _status_value(k, v)] for k, v in p.items()], fold=["value"])
+
+
+def _status_value(key: str, value) -> str:
+    """A `batch status` figure as the cost report prints it: dollars to 4 decimals, an image's cost to 6."""
+    if value is None:
+        return "unknown" if key in ("ondemand_usd", "savings_usd", "savings_pct") else ""
+    if key == "cost_per_image_usd":
+        return f"{value:.6f}"
+    if key.endswith("_usd"):
+        return f"{value:.4f}"
+    if key == "savings_pct":
+        return f"{value:.1f}"
+    return str(value)
 
 
 @batch.command()
 @output_options
 @click.argument("job")
-@click.option("--interval", type=float, default=2.0, show_default=True)
+@click.option("--interval", type=float, default=2.0, show_default=True, metavar="SECONDS", help="How often to look.")
 def watch(job: str, interval: float) -> None:
     """Follow a job's progress until it ends. Exit 0 when it succeeded, 1 when it ended otherwise,
     4 when no driver is running it (as `sdcloud watch` does), 130 on Ctrl-C (the job continues)."""
@@ -399,7 +414,7 @@ def scheduler() -> None:
 @scheduler.command("run")
 @output_options
 @click.option("--once", is_flag=True, help="one tick, then exit (for the systemd timer or cron)")
-@click.option("--interval", type=float, default=30.0, show_default=True)
+@click.option("--interval", type=float, default=30.0, show_default=True, metavar="SECONDS", help="How often to look.")
 def scheduler_run(once: bool, interval: float) -> None:
     import time
 

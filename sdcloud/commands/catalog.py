@@ -36,7 +36,7 @@ def _refresher(provider: str):
 @output_options
 @wide_option
 @click.option("--provider", required=True, type=provider_choice(has_catalog), help="Which provider's catalog to refresh.")
-@click.option("--region", "regions", multiple=True, help="Region to refresh (repeatable; default: the catalog's regions).")
+@click.option("--region", "regions", multiple=True, metavar="REGION", help="Region to refresh (repeatable; default: the catalog's regions).")
 @click.option("--public", is_flag=True, help="AWS: on-demand prices from the public bulk price list and bands from the "
               "spot advisor data, without credentials (per-zone spot prices stay as they were).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -77,7 +77,7 @@ def refresh(provider: str, regions: tuple[str, ...], public: bool, as_json: bool
 @output_options
 @wide_option
 @click.option("--provider", type=provider_choice(has_catalog), help="One provider (default: all).")
-@click.option("--region", help="One region.")
+@click.option("--region", metavar="REGION", help="One region.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def show(provider: str | None, region: str | None, as_json: bool) -> None:
     """Show the catalog in use: where it comes from, how old it is, and its rows."""

@@ -43,11 +43,11 @@ def cost() -> None:
 @output_options
 @wide_option
 @click.argument("runs", nargs=-1)
-@click.option("--since", help="Runs created or active within this long, e.g. 7d, 36h.")
+@click.option("--since", metavar="DURATION", help="Runs created or active within this long, e.g. 7d, 36h.")
 @click.option("--all", "all_runs", is_flag=True, help="Every run in the state store.")
-@click.option("--format", "fmt", default="table", show_default=True, help="table, json, csv or html.")
-@click.option("--output", "-o", help="Write the report to this file instead of stdout.")
-@click.option("--by", help="Add a summary by tier, provider or day.")
+@click.option("--format", "fmt", default="table", show_default=True, metavar="FORMAT", help="table, json, csv or html.")
+@click.option("--output", "-o", metavar="FILE", help="Write the report to this file instead of stdout.")
+@click.option("--by", metavar="FIELD", help="Add a summary by tier, provider or day.")
 def report(runs: tuple[str, ...], since: str | None, all_runs: bool, fmt: str, output: str | None, by: str | None) -> None:
     """What each run and attempt cost: compute, disks, bucket, requests, egress, time lost, savings."""
     from ..costs.report import FORMATS, GROUPINGS, build_report, select_runs, to_csv
@@ -100,8 +100,8 @@ def report(runs: tuple[str, ...], since: str | None, all_runs: bool, fmt: str, o
 @cost.command()
 @output_options
 @wide_option
-@click.option("--since", default="30d", show_default=True, help="Runs created or active within this long.")
-@click.option("--threshold", default="10", show_default=True, help="Flag runs whose bill differs by more than this percent.")
+@click.option("--since", default="30d", show_default=True, metavar="DURATION", help="Runs created or active within this long.")
+@click.option("--threshold", default="10", show_default=True, metavar="PERCENT", help="Flag runs whose bill differs by more than this percent.")
 @click.option("--json", "as_json", is_flag=True)
 def reconcile(since: str, threshold: str, as_json: bool) -> None:
     """Fetch the billed amount of each run (AWS Cost Explorer, Tencent DescribeBillDetail) and compare."""

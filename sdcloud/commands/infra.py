@@ -9,17 +9,17 @@ from ..render import emit_json, output_options
 from .common import provider_choice
 
 _provider = click.option("--provider", required=True, type=provider_choice(has_stack), help="Which cloud.")
-_region = click.option("--region", required=True, help="Region, e.g. us-east-1 or ap-guangzhou.")
+_region = click.option("--region", required=True, metavar="REGION", help="Region, e.g. us-east-1 or ap-guangzhou.")
 
 
 def _settings(f):
     """The stack settings shared by up and preview (defaults: config.toml [infra], then built-in)."""
     for opt in reversed([
-        click.option("--ssh-cidr", help="The only network allowed to SSH in ('' for none; default: this machine's address /32)."),
-        click.option("--public-key", help="OpenSSH public key text or .pub file (default: ~/.ssh/id_ed25519.pub or id_rsa.pub)."),
-        click.option("--prefix", help="Key prefix in the bucket; the host role may touch nothing outside it."),
-        click.option("--root-volume-gb", type=int, help="Root disk size of a host, GB."),
-        click.option("--checkpoint-expire-days", type=int, help="Days after which checkpoints and logs expire (0: keep)."),
+        click.option("--ssh-cidr", metavar="CIDR", help="The only network allowed to SSH in ('' for none; default: this machine's address /32)."),
+        click.option("--public-key", metavar="KEY|FILE", help="OpenSSH public key text or .pub file (default: ~/.ssh/id_ed25519.pub or id_rsa.pub)."),
+        click.option("--prefix", metavar="PREFIX", help="Key prefix in the bucket; the host role may touch nothing outside it."),
+        click.option("--root-volume-gb", type=int, metavar="GB", help="Root disk size of a host, GB."),
+        click.option("--checkpoint-expire-days", type=int, metavar="DAYS", help="Days after which checkpoints and logs expire (0: keep)."),
         click.option("--set", "extra", multiple=True, metavar="KEY=VALUE", help="Any other sdcloud:KEY stack setting."),
     ]):
         f = opt(f)

@@ -120,7 +120,10 @@ def _age(days: float | None) -> str:
 
 
 def _explain(tier, job: int, shown, total: int) -> None:
-    """`offers --explain`: the inputs of each row's estimate, so a user can see why it ranks where it does."""
+    """`offers --explain`: the inputs of each row's estimate, so a user can see why it ranks where it
+    does. One table where it fits the terminal; where it does not, the ranking as a table and each
+    row's inputs as lines under it, so that nothing the footer explains is left out."""
+    from .. import render
     from ..offers.optimizer import CHECKPOINT_INTERVAL_HOURS, RESTART_HOURS, SETUP_HOURS
 
     rows = []
@@ -133,12 +136,22 @@ def _explain(tier, job: int, shown, total: int) -> None:
                      f"{d['price_basis']}, {_age(d['price_age_days'])}", d["price_source"],
                      f"{d['speed_rel']:g}x{r.gpu_count} {r.gpu}", d["speed_source"], d["interruption"] + reclaim,
                      f"{e.overhead:.3f}", f"{e.est_hours:.2f}", f"{e.est_cost:.2f}"))
-    table(f"{tier.name}: {job} {tier.unit}, why each offer ranks where it does",
-          ["#", "offer", "market", "$/h", "price basis, age", "price source", "speed (A10G=1)", "speed source",
-           "interruption", "overhead", "est h", "est $"], rows,
-          drop=["price source", "speed source", "overhead", "est h", "interruption", "#", "market"],
-          # Cells wrap at spaces only: an offer's provider, region and type each stay whole.
-          wrap=["offer", "price source", "speed source"],
-          caption=f"{total} offers fit; est h = ({SETUP_HOURS:g} h setup + job / (tier rate x speed x GPUs)) x overhead; "
-                  f"overhead = 1 + reclaims/h x ({RESTART_HOURS:g} h restart + {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2); "
-                  "docs/offers.md explains each column")
+    columns = ["#", "offer", "market", "$/h", "price basis, age", "price source", "speed (A10G=1)", "speed source",
+               "interruption", "overhead", "est h", "est $"]
+    title = f"{tier.name}: {job} {tier.unit}, why each offer ranks where it does"
+    formula = (f"{total} offers fit; est h = ({SETUP_HOURS:g} h setup + job / (tier rate x speed x GPUs)) x overhead; "
+               f"overhead = 1 + reclaims/h x ({RESTART_HOURS:g} h restart + {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2); "
+               "docs/offers.md explains each column")
+    # Cells wrap at spaces only: an offer's provider, region and type each stay whole.
+    wrap = ["offer", "price source", "speed source"]
+    cells = [[str(v) for v in row] for row in rows]
+    present = [i for i, _ in enumerate(columns) if any(c[i] for c in cells)]
+    if render.fit_columns(columns, cells, render.console().width, wrap=wrap, wide=render.WIDE) == present:
+        table(title, columns, rows, wrap=wrap, caption=formula)
+        return
+    table(title, ["#", "offer", "market", "$/h", "est h", "est $"],
+          [(r[0], r[1], r[2], r[3], r[10], r[11]) for r in rows], wrap=["offer"], drop=["market", "est h"])
+    for r in rows:
+        render.echo(f"{r[0]}. {r[1]} ({r[2]}): price {r[3]} $/h, {r[4]}, from {r[5]}; speed {r[6]} (A10G = 1), "
+                    f"from {r[7]}; interruption {r[8]}; overhead {r[9]}; est {r[10]} h, ${r[11]}")
+    render.echo(formula)

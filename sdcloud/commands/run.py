@@ -129,7 +129,10 @@ def _run_ended(state, run_id: str, as_json: bool, interrupted: bool = False) -> 
     else:
         render_summary(summ)
         if summ.get("artifacts"):
-            click.echo(f"the model is in {summ['artifacts']}; download it with: sdcloud pull {run_id} [DIR]")
+            from ..render import echo
+
+            # Wrapped at the terminal (a long path broken after a '/'), as every line of the summary is.
+            echo(f"the model is in {summ['artifacts']}; download it with: sdcloud pull {run_id} [DIR]")
     if interrupted:
         raise SystemExit(EXIT_INTERRUPTED)
     if summ["state"] != "succeeded":

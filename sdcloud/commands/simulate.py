@@ -13,22 +13,22 @@ from ..render import emit_json, note, output_options, table, wide_option
 @wide_option
 @click.option("--trace", "traces", multiple=True, required=True, metavar="FILE",
               help="Availability trace (JSON, one value per tick, > 0 = spot). Several = several zones.")
-@click.option("--job-hours", type=float, required=True, help="C: hours of work the job needs.")
-@click.option("--deadline-hours", type=float, required=True, help="R: hours from start to deadline.")
-@click.option("--restart-hours", type=float, required=True, help="d: hours lost on every launch, move or restart.")
-@click.option("--spot-price", type=float, default=0.9731, show_default=True,
+@click.option("--job-hours", type=float, required=True, metavar="HOURS", help="C: hours of work the job needs.")
+@click.option("--deadline-hours", type=float, required=True, metavar="HOURS", help="R: hours from start to deadline.")
+@click.option("--restart-hours", type=float, required=True, metavar="HOURS", help="d: hours lost on every launch, move or restart.")
+@click.option("--spot-price", type=float, default=0.9731, show_default=True, metavar="USD",
               help="Spot USD per hour, for zones without a price series of their own.")
 @click.option("--prices", "prices_file", metavar="FILE",
               help="JSON object: trace name (file name less .json) -> spot price series, spread evenly over "
                    "that trace (as ../shared/data/spot-prices/v100_spot_prices.json). A trace's own 'prices' win.")
-@click.option("--ondemand-price", type=float, default=3.06, show_default=True,
+@click.option("--ondemand-price", type=float, default=3.06, show_default=True, metavar="USD",
               help="On-demand USD per hour, for traces without their own (metadata.price_info.on_demand_price).")
 @click.option("--policy", "policies", multiple=True, metavar="P",
               help="Policy to replay (repeatable; default all): on-demand, greedy, uniform-progress, sdcloud, sdcloud-up, optimal.")
-@click.option("--starts", type=int, default=300, show_default=True, help="Random start points (the same for every policy).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for the start points.")
+@click.option("--starts", type=int, default=300, show_default=True, metavar="N", help="Random start points (the same for every policy).")
+@click.option("--seed", type=int, default=0, show_default=True, metavar="N", help="Seed for the start points.")
 @click.option("--single-zone", is_flag=True, help="Keep every policy to the zone it started in.")
-@click.option("--tick", "tick_seconds", type=int, help="Coarsen the traces to this tick (seconds); a tick counts as "
+@click.option("--tick", "tick_seconds", type=int, metavar="SECONDS", help="Coarsen the traces to this tick (seconds); a tick counts as "
               "available only if spot was there all through it.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per policy.")
 def simulate(traces: tuple[str, ...], job_hours: float, deadline_hours: float, restart_hours: float, spot_price: float,
