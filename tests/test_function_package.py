@@ -268,6 +268,81 @@ def test_scf_s_entry_drives_a_live_run_under_scf_s_python(package, tmp_path, mon
     assert "driver-took-over" in [e["kind"] for e in seen.events(rid)]
 
 
+# Lambda's handler as EventBridge Scheduler invokes it, once, with a context as Lambda passes one.
+LAMBDA_STEP = r"""
+import json, sys, time
+from sdcloud.runs import unattended
+
+
+class Context:
+    deadline = time.monotonic() + 120
+
+    def get_remaining_time_in_millis(self):
+        return int((self.deadline - time.monotonic()) * 1000)
+
+
+report = unattended.handler({"sdcloud": "drive"}, Context())
+print(json.dumps({"python": list(sys.version_info[:2]), "report": report}))
+"""
+
+
+@pytest.mark.slow
+def test_lambda_s_handler_drives_a_live_run_under_lambda_s_python(package, tmp_path, moto_server, aws_env):
+    """Lambda's handler under python3.13's version with the package alone takes over a run that no
+    laptop drives and launches its host through EC2 (moto's server, over HTTP), from the stack's
+    outputs the journal carries (an image moto has)."""
+    import boto3
+
+    from sdcloud.providers.traits import traits
+    from sdcloud.runs.controller import new_run_id
+    from sdcloud.runs.journal import Journal, restore
+    from sdcloud.runs.state import StateStore
+    from sdcloud_agent.store import LocalStore
+
+    _, task = package
+    fn = traits("aws").function
+    python = python_for(fn.python, f"{fn.name} runs {fn.runtime}")
+    bucket = tmp_path / "bucket"
+    laptop = StateStore(tmp_path / "laptop.db")
+    laptop.save_infra("aws", "us-east-1", {"image_id": "ami-12c6146b", "region": "us-east-1"})
+    rid = new_run_id()
+    laptop.create_run(rid, "sd15-lora", {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1",
+                                         "model": "tiny", "steps": 20, "market": "spot", "store": bucket.as_uri()}, 20)
+    Journal(laptop, LocalStore(bucket), rid).flush()
+    keys = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    # A step looks for the run's instances in every region of the catalog; moto builds a region's EC2
+    # on its first call there (seconds each), which here, not inside the function's time, it does now.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sdcloud.providers import get_provider
+
+    def warm(region: str) -> None:
+        boto3.client("ec2", endpoint_url=moto_server, region_name=region, aws_access_key_id="testing",
+                     aws_secret_access_key="testing").describe_instances()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(warm, get_provider("aws", region="us-east-1").catalog_regions()))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(task), "HOME": str(tmp_path),
+           "SDCLOUD_STORE": bucket.as_uri(), "SDCLOUD_HOME": str(tmp_path / "fn-tmp"), "SDCLOUD_DRIVER_SECONDS": "12",
+           "AWS_ENDPOINT_URL": moto_server, "PYTHONDONTWRITEBYTECODE": "1", **keys}
+    run = subprocess.run([python, "-S", "-c", LAMBDA_STEP], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert tuple(out["python"]) == fn.python
+    assert out["report"]["driver"] == "aws-lambda" and rid in out["report"]["runs"], out
+    ec2 = boto3.client("ec2", endpoint_url=moto_server, region_name="us-east-1", aws_access_key_id="testing",
+                       aws_secret_access_key="testing")
+    launched = [i["InstanceId"] for r in ec2.describe_instances(
+        Filters=[{"Name": "tag:sdcloud:run", "Values": [rid]}])["Reservations"] for i in r["Instances"]]
+    assert len(launched) == 1, (launched, out, run.stderr[-2000:])
+    seen = StateStore(tmp_path / "seen.db")
+    assert restore(seen, LocalStore(bucket), rid) is not None
+    [attempt] = seen.attempts(rid)
+    assert attempt.instance_id == launched[0]
+    ec2.terminate_instances(InstanceIds=launched)
+
+
 def test_the_build_is_deterministic_and_follows_the_content():
     a_name, a_version, a_bytes, _ = fp.control_plane_wheel()
     b_name, b_version, b_bytes, _ = fp.control_plane_wheel()
