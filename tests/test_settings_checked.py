@@ -164,3 +164,26 @@ def test_logs_attempt_beyond_the_last_is_refused(capsys, sdcloud_home):
     err = _refused(capsys, ["logs", "r-0123abcd", "--attempt", "9"], "attempts 1 to 2")
     assert "--attempt 9" in err
     _refused(capsys, ["logs", "r-0123abcd", "--attempt", "0"], "attempts 1 to 2")
+
+
+def test_the_readme_lists_every_section_with_a_link_to_its_reference():
+    import re
+    from pathlib import Path
+
+    from sdcloud.runs.config_check import known_keys
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    block = readme[readme.index("### Settings (`config.toml`)"):]
+    block = block[:block.index("\n## ")]
+    rows = [line for line in block.splitlines() if line.startswith("| `[")]
+    for section, keys in {**known_keys(), "network": {}}.items():
+        row = next((r for r in rows if f"`[{section}]`" in r), None)
+        assert row is not None, f"[{section}] is not in the README's settings table"
+        for key in keys:
+            assert f"`{key}`" in row, (section, key)
+        for target, anchor in re.findall(r"\]\(([^)#]+)#([^)]+)\)", row):
+            doc = (root / target).read_text()
+            slugs = {re.sub(r"[^\w\- ]", "", h.strip("# ").lower()).replace(" ", "-")
+                     for h in doc.splitlines() if h.startswith("#")}
+            assert anchor in slugs, f"{target}#{anchor}: no such heading"
