@@ -5,21 +5,20 @@ local fixtures.
   absolute URL for http) is recorded by host name and answered 403: the hub, GitHub, the torch
   download site and the package index are unreachable, as from a mainland host without mirrors.
   NO_PROXY names loopback only, where the bucket, the metadata fake and the mirrors listen.
-- `StaticIndex`: a PEP 503 package index served over plain http from a folder (this machine's
-  /opt/pypi: `simple/<name>/index.html` with links to `../../files/`), standing in for Tencent's
+- `StaticIndex`: a PEP 503 package index served over plain http from a folder
+  (`simple/<name>/index.html` with links to `../../files/`), standing in for Tencent's
   VPC-internal PyPI mirror (http://mirrors.tencentyun.com/pypi/simple).
-- `seed_env`: the environment cache (`cache/env/<key>`) a first boot in that bucket would have
-  left: a venv of the image's python whose `.pth` layers this checkout's virtualenv (torch, the
-  lock's packages) after its own site-packages. The boot then restores it from the bucket and
-  installs only the agent wheel into it, with no index at all.
+- `lock_index`: the folder such a mirror serves for a first boot: exactly the packages the host's
+  environment installs (the pinned torch, the lock, and what they require that the lock leaves
+  unpinned), made from this machine's own: torch's wheel from pip's find-links, every other one
+  repacked from this checkout's environment (a few seconds; no network).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
-import sysconfig
-import tempfile
 import threading
 from functools import partial
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -90,25 +89,6 @@ class StaticIndex:
         self.httpd.server_close()
 
 
-def seed_env(store, system_python: str = "/usr/bin/python3") -> str:
-    """Put the environment cache a first boot would have left into the bucket; its key."""
-    from sdcloud_agent import boot, gpu
-
-    key, compressor = boot.env_key(gpu.host_torch_build())
-    with tempfile.TemporaryDirectory() as tmp:
-        env = Path(tmp) / "env"
-        subprocess.run([system_python, "-m", "venv", str(env)], check=True)
-        site = subprocess.run([str(env / "bin" / "python"), "-c",
-                               "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
-        (Path(site) / "sdcloud-test-layers.pth").write_text("\n".join(ours) + "\n")
-        packed = Path(tmp) / Path(key).name
-        subprocess.run(["tar", "-C", tmp, "-I", compressor, "-cf", str(packed), "env"], check=True)
-        store.put_file(key, packed)
-    return key
-
-
 def tiny_hub_repo(folder: Path) -> dict[str, bytes]:
     """The files of a saved tiny pipeline, as a hub repository holds them."""
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -125,3 +105,110 @@ def outside_reachable(env: dict[str, str], python: str) -> dict[str, str]:
                            timeout=60)
         out[name] = p.stdout.strip() or p.stderr.strip()[-200:]
     return out
+
+
+def _lock_requirements(build: str = "cpu") -> list[tuple[str, str]]:
+    """(name, version) of every package the host's environment installs: the pinned torch and the lock."""
+    from sdcloud_agent import boot
+
+    out = [tuple(boot.TORCH_PIN.split("=="))]
+    for line in boot.lock_text(build).splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and "==" in line:
+            out.append(tuple(line.split("==", 1)))
+    return out
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _repack(dist, dest: Path) -> Path:
+    """One installed distribution as a wheel again, from its RECORD (scripts and byte code left out:
+    pip makes them at install)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = next(f for f in dist.files if f.name == "WHEEL" and f.parent.name.endswith(".dist-info"))
+    tags = [line.split(":", 1)[1].strip().split("-") for line in info.read_text().splitlines() if line.startswith("Tag:")]
+    tag = "-".join(".".join(dict.fromkeys(t[i] for t in tags)) for i in range(3))  # py2.py3-none-any
+    record_path = info.parent / "RECORD"
+    name = re.sub(r"[-_.]+", "_", dist.metadata["Name"])
+    whl = dest / f"{name}-{dist.version}-{tag}.whl"
+    rows = []
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_STORED) as z:
+        for f in dist.files:
+            p = str(f)
+            if p.startswith("..") or p.endswith(".pyc") or f == record_path:
+                continue
+            data = dist.locate_file(f).read_bytes()
+            z.writestr(p, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            rows.append(f"{p},sha256={digest},{len(data)}")
+        rows.append(f"{record_path},,")
+        z.writestr(str(record_path), "\n".join(rows) + "\n")
+    return whl
+
+
+def lock_index(folder: Path, build: str = "cpu") -> Path:
+    """A PEP 503 index of exactly the host environment's packages (the pinned torch and the lock),
+    made from this machine's own: torch's wheel where pip's find-links hold it, every other
+    distribution of this checkout's environment repacked as a wheel. No network: a package this
+    environment lacks in the lock's version is named and refused."""
+    from importlib import metadata
+
+    files = folder / "files"
+    files.mkdir(parents=True, exist_ok=True)
+    links = [Path(p) for p in os.environ.get("PIP_FIND_LINKS", "").split() if p and Path(p).is_dir()]
+    wrong = []
+    for name, version in _lock_requirements(build):
+        on_disk = [w for d in links for w in d.glob(f"{re.sub(r'[-_.]+', '_', name)}-{version}*.whl")]
+        if on_disk:
+            whl = files / on_disk[0].name
+            if not whl.exists():
+                whl.symlink_to(on_disk[0])
+        else:
+            try:
+                dist = metadata.distribution(name)
+            except metadata.PackageNotFoundError:
+                wrong.append(f"{name}=={version} (not installed)")
+                continue
+            if dist.version.split("+")[0] != version.split("+")[0]:
+                wrong.append(f"{name}=={version} (this environment has {dist.version})")
+                continue
+            whl = _repack(dist, files)
+        page = folder / "simple" / _normal(name)
+        page.mkdir(parents=True, exist_ok=True)
+        (page / "index.html").write_text(f'<!DOCTYPE html>\n<a href="../../files/{whl.name}">{whl.name}</a>\n')
+    if wrong:
+        raise RuntimeError("the host's lock is not installed here as pinned: " + ", ".join(wrong))
+    # What the pinned packages require and the lock leaves unpinned (torch's setuptools): pip takes
+    # it from the mirror as well, so the index holds this environment's.
+    for extra in unpinned_requirements(build):
+        whl = _repack(metadata.distribution(extra), files)
+        page = folder / "simple" / _normal(extra)
+        page.mkdir(parents=True, exist_ok=True)
+        (page / "index.html").write_text(f'<!DOCTYPE html>\n<a href="../../files/{whl.name}">{whl.name}</a>\n')
+    return folder
+
+
+def unpinned_requirements(build: str = "cpu") -> list[str]:
+    """Names the lock's packages require on this machine's platform that the lock does not pin."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    pinned = {_normal(n) for n, _ in _lock_requirements(build)}
+    todo, out = sorted(pinned), []
+    while todo:
+        for text in metadata.distribution(todo.pop()).requires or []:
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            name = _normal(req.name)
+            if name not in pinned:
+                pinned.add(name)
+                out.append(name)
+                todo.append(name)
+    return sorted(out)

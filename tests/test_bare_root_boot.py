@@ -1,12 +1,14 @@
 """THE bare-root boot test: the user-data the controller sends to a cloud host, run as is on a bare
 root (a prefixed tree, system python only, systemctl shimmed), against SeaweedFS over HTTPS with
 IMDSv2 role credentials from a metadata fake. The agent wheel comes from the bucket; the first boot
-installs the pinned environment (the CPU torch 2.13.0 wheel on this machine's disk) and the tiny
-model and caches both in the bucket; the second boot, a fresh root, restores both."""
+of a new bucket installs the pinned environment (torch and the lock) from a local package mirror in
+a network that refuses every outside name, fetches the tiny model from a hub mirror, and caches
+both in the bucket; the second boot, a fresh root, restores both."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -41,70 +43,121 @@ def _wait_status(store, run_id, attempt, phases, timeout):
     raise AssertionError(f"no status in {phases} after {timeout}s: {doc}")
 
 
-def test_bare_root_boot_installs_then_restores_from_the_bucket(tmp_path, seaweed, s3_env, capsys):
+def test_a_mainland_host_boots_from_the_mirrors_and_the_bucket_alone_then_restores(tmp_path, seaweed, s3_env, capsys):
+    """The first host of a new bucket in a mainland network, then the next run's host.
+
+    The hosts' outbound requests go through a proxy that refuses every name (the hub, GitHub,
+    download.pytorch.org, PyPI); the package index is a local mirror holding exactly the lock's
+    packages and the pinned torch (tests/mainland.py: lock_index), the hub a local mirror of a tiny
+    pipeline, the rest is the bucket. Boot 1 finds no environment cache and installs everything,
+    torch included, from that one index (a CPU host: the index's own torch wheel), then caches the
+    environment and the model in the bucket; boot 2, a fresh root, restores both and is reclaimed."""
     # Real time on purpose: the cold boot's pip install of the pinned environment, then the warm
     # boot's restore, are what is measured (the warm boot reaches its first step sooner).
+    import time
+
+    import mainland
+    from fake_hub import FakeHub
+    from test_limits import CLOUDS, key_problems
+
     from sdcloud.runs.hostboot import cloud_user_data
     from sdcloud_agent.store import open_store
+    from sdcloud_agent.trainers import tiny
 
     bucket = "bare-root-boot"
     store = open_store({"url": f"s3://{bucket}/sdcloud", "endpoint_url": seaweed.endpoint, "region": "us-east-1"})
     store.ensure_bucket()
+    assert not store.list("cache/"), "a first boot starts with no environment or model cache"
+    repo = "sdcloud-tests/tiny-sd15"
+    files = mainland.tiny_hub_repo(tiny.save_pipeline(tmp_path / "tiny"))
     imds = AwsMetadataServer().start()
     key = next(iter(TEST_KEYS))
     imds.attach_role("sdcloud-host", key, TEST_KEYS[key])  # Token "": identity-mode weed refuses session tokens
+    proxy = mainland.RefusingProxy()
+    index = mainland.StaticIndex(mainland.lock_index(tmp_path / "index"))
     boots = []
     try:
-        # Boot 1: cold. Everything is installed from the lock and cached in the bucket.
-        root1 = tmp_path / "host1"
-        ud = cloud_user_data("aws", store, _config(seaweed, imds, bucket, "r-cold", 1, root1))
-        assert len(ud.encode()) < 16 * 1024 and "pip install sdcloud" not in ud
-        b1 = bareroot.boot(root1, ud, seaweed.ca_file, imds.base_url)
-        boots.append(b1)
-        assert b1.rc == 0, b1.log[-4000:]
-        done = _wait_status(store, "r-cold", 1, ("succeeded", "failed"), 300)
-        assert done["phase"] == "succeeded", (done, b1.agent_log()[-3000:])
-        ph1 = bareroot.phases(store, "r-cold", 1)
-        assert [p for p in ph1] == ["driver", "python", "wheel", "env", "agent", "model", "checkpoint", "first-step"]
-        assert ph1["checkpoint"]["result"] == "none"  # a fresh run: nothing to restore
-        assert ph1["env"]["result"] == "installed" and ph1["model"]["result"] == "fetched"
-        assert ph1["wheel"]["result"].startswith("sdcloud_agent-0.1.0+")
-        assert ph1["driver"]["result"] == "none" and ph1["python"]["result"].startswith("Python 3.")
-        assert any(o.key.startswith("cache/env/") and o.key.endswith(".tar.zst") for o in store.list("cache/env/"))
-        assert store.list("cache/models/") and not [o for o in store.list("cache/") if o.key.endswith(".part")]
-        assert store.head("runs/r-cold/logs/boot-1.log") is not None
-        # The host's python is the system's, and the agent ran from the environment the boot built.
-        assert f"{root1}/opt/sdcloud/env/bin/python -m sdcloud_agent run" in (root1 / "etc/systemd/system/sdcloud-agent.service").read_text()
+        with FakeHub({repo: files}) as hub:
+            # No torch_index_url: torch comes from the package index like every other package.
+            net = {"pip_index_url": index.url, "hf_endpoint": hub.endpoint, "trainer_sources": "bucket"}
+            # The host's pip sees the mirror only: none of this machine's find-links, config or caps.
+            env = {**proxy.env(), "HF_HUB_OFFLINE": None, "HF_HUB_DISABLE_XET": "1", "PIP_FIND_LINKS": None,
+                   "PIP_CONFIG_FILE": os.devnull}
+            args = {"model": repo, "network": net, "resolution_from_model": True,
+                    "trainer_args": {"family": "sd15", "mode": "lora", "resolution": 512, "batch-size": 1}}
 
-        # Boot 2: a fresh root, the next run. The environment and the model come from the cache.
-        root2 = tmp_path / "host2"
-        ud2 = cloud_user_data("aws", store, _config(seaweed, imds, bucket, "r-warm", 1, root2, steps=400))
-        b2 = bareroot.boot(root2, ud2, seaweed.ca_file, imds.base_url)
-        boots.append(b2)
-        assert b2.rc == 0, b2.log[-4000:]
-        _wait_status(store, "r-warm", 1, ("training",), 120)
-        ph2 = bareroot.phases(store, "r-warm", 1)
-        import time
-        t_end = time.time() + 60
-        while "first-step" not in ph2 and time.time() < t_end:
-            time.sleep(0.5)
+            # Boot 1: cold. Everything is installed from the mirror and cached in the bucket.
+            root1 = tmp_path / "host1"
+            ud = cloud_user_data("aws", store, _config(seaweed, imds, bucket, "r-cold", 1, root1, **args))
+            assert len(ud.encode()) < 16 * 1024 and "pip install sdcloud" not in ud
+            assert "trainer_sources" in ud and hub.endpoint in ud
+            b1 = bareroot.boot(root1, ud, seaweed.ca_file, imds.base_url, env=env)
+            boots.append(b1)
+            assert b1.rc == 0, b1.log[-4000:]
+            done = _wait_status(store, "r-cold", 1, ("succeeded", "failed"), 300)
+            assert done["phase"] == "succeeded", (done, b1.agent_log()[-3000:])
+            ph1 = bareroot.phases(store, "r-cold", 1)
+            assert [p for p in ph1] == ["driver", "python", "wheel", "env", "agent", "model", "checkpoint", "first-step"]
+            assert ph1["checkpoint"]["result"] == "none"  # a fresh run: nothing to restore
+            assert ph1["env"]["result"] == "installed" and ph1["model"]["result"] == "fetched"
+            assert ph1["wheel"]["result"].startswith("sdcloud_agent-0.1.0+")
+            assert ph1["driver"]["result"] == "none" and ph1["python"]["result"].startswith("Python 3.")
+            # torch and the lock from the one mirror; the model from the hub mirror.
+            asked = {r.split("/")[2] for r in index.requests if r.startswith("/simple/")}
+            assert {"torch", "diffusers", "transformers", "accelerate"} <= asked, sorted(asked)
+            assert any(r.startswith("/files/torch-2.13.0") for r in index.requests)
+            assert hub.bytes_fetched() > 0
+            assert any(o.key.startswith("cache/env/") and o.key.endswith(".tar.zst") for o in store.list("cache/env/"))
+            assert store.list("cache/models/") and not [o for o in store.list("cache/") if o.key.endswith(".part")]
+            assert store.head("runs/r-cold/logs/boot-1.log") is not None
+            agent_log = (root1 / "var/lib/sdcloud/work/attempt-1.log").read_text()
+            assert "resolution: 32 px from the model's config" in agent_log
+            # The host's python is the system's, and the agent ran from the environment the boot built.
+            assert f"{root1}/opt/sdcloud/env/bin/python -m sdcloud_agent run" in (root1 / "etc/systemd/system/sdcloud-agent.service").read_text()
+
+            # Boot 2: a fresh root, the next run. The environment and the model come from the cache.
+            root2 = tmp_path / "host2"
+            ud2 = cloud_user_data("aws", store, _config(seaweed, imds, bucket, "r-warm", 1, root2, steps=400, **args))
+            fetched = hub.bytes_fetched()
+            b2 = bareroot.boot(root2, ud2, seaweed.ca_file, imds.base_url, env=env)
+            boots.append(b2)
+            assert b2.rc == 0, b2.log[-4000:]
+            _wait_status(store, "r-warm", 1, ("training",), 120)
             ph2 = bareroot.phases(store, "r-warm", 1)
-        assert ph2["env"]["result"] == "restored" and ph2["model"]["result"] == "restored", ph2
-        # Nothing but the agent itself was installed on the warm boot.
-        env_log = b2.log.split("environment: torch build")[1].split("sdcloud bootstrap: agent started")[0]
-        assert "-r " not in env_log and "venv" not in env_log and "--no-deps" in env_log
-        # The reclaim notice from the metadata fake: the agent saves and reports preempted.
-        imds.announce(60)
-        end = _wait_status(store, "r-warm", 1, ("preempted", "failed", "succeeded"), 120)
-        assert end["phase"] == "preempted", end
+            t_end = time.time() + 60
+            while "first-step" not in ph2 and time.time() < t_end:
+                time.sleep(0.5)
+                ph2 = bareroot.phases(store, "r-warm", 1)
+            assert ph2["env"]["result"] == "restored" and ph2["model"]["result"] == "restored", ph2
+            assert hub.bytes_fetched() == fetched  # the model from the bucket's cache, not the hub
+            # Nothing but the agent itself was installed on the warm boot.
+            env_log = b2.log.split("environment: torch build")[1].split("sdcloud bootstrap: agent started")[0]
+            assert "-r " not in env_log and "venv" not in env_log and "--no-deps" in env_log
+            # The reclaim notice from the metadata fake: the agent saves and reports preempted.
+            imds.announce(60)
+            end = _wait_status(store, "r-warm", 1, ("preempted", "failed", "succeeded"), 120)
+            assert end["phase"] == "preempted", end
+            # Nothing on either host asked for a name outside: the proxy saw no request at all.
+            assert proxy.hosts == [], proxy.hosts
+        # Every key the two runs left fits both clouds' key limits (tests/test_limits.py).
+        keys = [f"sdcloud/{o.key}" for o in store.list("")]
+        assert len(keys) > 20 and [p for k in keys for c in CLOUDS for p in key_problems(c, k)] == []
         cold, warm = bareroot.time_to_first_step(ph1), bareroot.time_to_first_step(ph2)
         with capsys.disabled():
-            print(f"\nbare-root boot: time to first step cold={cold:.1f}s (env {ph1['env']['seconds']:.1f}s) "
-                  f"warm={warm:.1f}s (env {ph2['env']['seconds']:.1f}s)")
+            print(f"\nbare-root boot (mainland mirrors): time to first step cold={cold:.1f}s "
+                  f"(env {ph1['env']['seconds']:.1f}s) warm={warm:.1f}s (env {ph2['env']['seconds']:.1f}s)")
         assert warm < cold
+
+        # The same network refuses each outside name, so a fetch from one would have failed.
+        host_env = {**proxy.env(), "PATH": "/usr/bin:/bin"}
+        refused = mainland.outside_reachable(host_env, "/usr/bin/python3")
+        assert all("403" in v or "Tunnel" in v for v in refused.values()), refused
+        assert sorted(set(proxy.hosts)) == sorted(mainland.OUTSIDE), proxy.hosts
     finally:
         for b in boots:
             b.kill()
+        proxy.close()
+        index.close()
         imds.stop()
 
 
@@ -148,6 +201,12 @@ def test_an_image_with_python_310_gets_the_distributions_python311(tmp_path, sea
         imds.stop()
 
 
+def subprocess_version(python) -> str:
+    import subprocess
+
+    return subprocess.run([str(python), "--version"], capture_output=True, text=True, timeout=30).stdout
+
+
 SHUTDOWN_SHIM = r"""#!/bin/bash
 # shutdown for the bare-root boot: records how it was called (on EC2 the OS halts and, launched with
 # InstanceInitiatedShutdownBehavior=terminate, the instance is terminated).
@@ -155,11 +214,25 @@ echo "shutdown $*" >> "$SDCLOUD_ROOT/var/log/shutdown-shim.log"
 """
 
 
+def image_python310() -> str:
+    """Ubuntu 22.04's python3 for an image shim: a Python 3.10 (tests/test_interpreters.py finds it)."""
+    import os
+
+    from test_interpreters import find_python
+
+    found = find_python((3, 10))
+    if found is None:
+        why = "no Python 3.10 here for the image's python3 (docs/testing.md)"
+        pytest.fail(why) if os.environ.get("CI") else pytest.skip(why)
+    return found
+
+
 def test_a_failed_boot_ends_its_host_after_the_grace(tmp_path, seaweed, s3_env):
     """The user-data's failure path: the driver phase fails (a GPU host image without a driver);
     with nobody coming for the host, the user-data runs the agent's self-end from the wheel in the
     bucket on the image's own python (no boto3: the user-data's S3 client records it), which after
-    the grace (1 s here) writes the self-end into status.json and runs `shutdown -h now`."""
+    the grace (1 s here) writes the self-end into status.json and runs `shutdown -h now`. The
+    image's python3 is Ubuntu 22.04's 3.10: the boot client and the self-end run under it."""
     import time
 
     from sdcloud.runs.hostboot import cloud_user_data
@@ -176,7 +249,9 @@ def test_a_failed_boot_ends_its_host_after_the_grace(tmp_path, seaweed, s3_env):
         cfg = _config(seaweed, imds, bucket, "r-selfend", 1, root, require_gpu=True,
                       self_end={"provider": "aws", "grace_s": 1, "unattended_after_s": 600})
         ud = cloud_user_data("aws", store, cfg)
-        b = bareroot.boot(root, ud, seaweed.ca_file, imds.base_url, shims={"shutdown": SHUTDOWN_SHIM})
+        py310 = f'#!/bin/bash\nexec {image_python310()} "$@"\n'
+        b = bareroot.boot(root, ud, seaweed.ca_file, imds.base_url, shims={"shutdown": SHUTDOWN_SHIM, "python3": py310})
+        assert "Python 3.10." in subprocess_version(root.parent / f"{root.name}-shim" / "python3")
         assert b.rc != 0, b.log[-3000:]
         shim_log = root / "var/log/shutdown-shim.log"
         deadline = time.time() + 60
@@ -191,85 +266,4 @@ def test_a_failed_boot_ends_its_host_after_the_grace(tmp_path, seaweed, s3_env):
         assert se["reason"] == "failed boot (driver)" and se["action"] == "os-shutdown", se
         assert se["waited_s"] >= 1
     finally:
-        imds.stop()
-
-
-def test_a_mainland_boot_reaches_the_first_step_from_the_mirrors_and_the_bucket_alone(tmp_path, seaweed, s3_env):
-    """The boot once more in a mainland profile: the host's outbound requests go through a proxy
-    that refuses every name (the hub, GitHub, download.pytorch.org, PyPI); the package index and
-    the hub are local mirrors (tests/mainland.py), the rest is the bucket. The model is a hub id,
-    fetched from the hub mirror; the trainer trains at the model's own resolution (32 px).
-    Smaller than a first boot in a new bucket: the environment cache is seeded (a cold install
-    would need every package of the lock in the local index, which this machine's /opt/pypi does
-    not hold); what pip does under the same settings is checked on its own below."""
-    import os
-    import subprocess
-    import sys
-
-    import mainland
-    from fake_hub import FakeHub
-
-    from sdcloud.runs.hostboot import cloud_user_data
-    from sdcloud_agent import network
-    from sdcloud_agent.store import open_store
-    from sdcloud_agent.trainers import tiny
-
-    bucket = "bare-root-mainland"
-    store = open_store({"url": f"s3://{bucket}/sdcloud", "endpoint_url": seaweed.endpoint, "region": "us-east-1"})
-    store.ensure_bucket()
-    mainland.seed_env(store)
-    repo = "sdcloud-tests/tiny-sd15"
-    files = mainland.tiny_hub_repo(tiny.save_pipeline(tmp_path / "tiny"))
-    imds = AwsMetadataServer().start()
-    key = next(iter(TEST_KEYS))
-    imds.attach_role("sdcloud-host", key, TEST_KEYS[key])
-    proxy = mainland.RefusingProxy()
-    index = mainland.StaticIndex("/opt/pypi")
-    boot = None
-    try:
-        with FakeHub({repo: files}) as hub:
-            net = {"pip_index_url": index.url, "hf_endpoint": hub.endpoint,
-                   "torch_index_url": index.url.rsplit("/", 1)[0] + "/whl/", "trainer_sources": "bucket"}
-            root = tmp_path / "host"
-            cfg = _config(seaweed, imds, bucket, "r-mainland", 1, root, model=repo, network=net,
-                          trainer_args={"family": "sd15", "mode": "lora", "resolution": 512, "batch-size": 1},
-                          resolution_from_model=True)
-            ud = cloud_user_data("aws", store, cfg)
-            assert "trainer_sources" in ud and hub.endpoint in ud
-            env = {**proxy.env(), "HF_HUB_OFFLINE": None, "HF_HUB_DISABLE_XET": "1", "PIP_FIND_LINKS": None}
-            boot = bareroot.boot(root, ud, seaweed.ca_file, imds.base_url, env=env)
-            assert boot.rc == 0, boot.log[-4000:]
-            done = _wait_status(store, "r-mainland", 1, ("succeeded", "failed"), 300)
-            assert done["phase"] == "succeeded", (done, boot.agent_log()[-3000:])
-            ph = bareroot.phases(store, "r-mainland", 1)
-            assert "first-step" in ph and ph["env"]["result"] == "restored" and ph["model"]["result"] == "fetched", ph
-            assert hub.bytes_fetched() > 0
-            agent_log = (root / "var/lib/sdcloud/work/attempt-1.log").read_text()
-            assert "resolution: 32 px from the model's config" in agent_log
-            # Nothing on the host asked for a name outside: the proxy saw no request at all.
-            assert proxy.hosts == [], proxy.hosts
-            # The same network refuses each outside name, so a fetch from one would have failed.
-            host_env = {**proxy.env(), "PATH": "/usr/bin:/bin"}
-            refused = mainland.outside_reachable(host_env, "/usr/bin/python3")
-            assert all("403" in v or "Tunnel" in v for v in refused.values()), refused
-            assert sorted(set(proxy.hosts)) == sorted(mainland.OUTSIDE), proxy.hosts
-            # pip under the host's network settings gets a package from the mirror and nowhere else.
-            pip_env: dict[str, str] = {}
-            network.apply(net, pip_env)
-            assert pip_env["PIP_TRUSTED_HOST"] == "127.0.0.1"
-            clean = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-            before = len(proxy.hosts)
-            p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "-d",
-                                str(tmp_path / "dl"), "accelerate==1.15.0"],
-                               env={**clean, **proxy.env(), **pip_env, "PIP_CONFIG_FILE": os.devnull},
-                               capture_output=True, text=True, timeout=300)
-            assert p.returncode == 0, p.stderr[-2000:]
-            assert list((tmp_path / "dl").glob("accelerate-1.15.0-*.whl"))
-            assert any(r.startswith("/simple/accelerate") for r in index.requests)
-            assert len(proxy.hosts) == before
-    finally:
-        if boot is not None:
-            boot.kill()
-        proxy.close()
-        index.close()
         imds.stop()

@@ -155,3 +155,23 @@ def test_a_bucket_only_host_restores_the_carried_tree_and_never_runs_git(tmp_pat
     store.put_file(a.key, fake_kohya_archive(tmp_path / "carried" / f"{a.name}.tar"))
     tree, how, commit = scripts._tree(store, tmp_path / "host", a.name, a.url, a.ref, a.what, bucket_only=True)
     assert how == "restored" and commit == KOHYA and (tree / "train_network.py").is_file()
+
+
+def test_torch_comes_from_the_package_index_when_its_wheel_is_the_hosts_build(monkeypatch):
+    """PyPI's own Linux wheel of the pinned torch is its CUDA 13.0 build (the wheel's metadata
+    requires cuda-toolkit 13.0.3): a cu130 host (driver >= 580) takes torch from the package index,
+    so a mainland host needs only the PyPI mirror; a cu126 host (an older driver) still needs torch's
+    per-CUDA index, and a run's torch_index_url wins over the package index."""
+    from sdcloud_agent import boot, gpu
+
+    monkeypatch.delenv("SDCLOUD_TORCH_INDEX_URL", raising=False)
+    assert boot.torch_install_args("cpu") == [boot.TORCH_PIN]
+    assert boot.torch_install_args(boot.PYPI_TORCH_BUILD) == [boot.TORCH_PIN]
+    assert boot.PYPI_TORCH_BUILD in [tag for _, tag in gpu.TORCH_CUDA_BUILDS]
+    assert boot.torch_install_args("cu126") == [boot.TORCH_PIN, "--index-url", gpu.TORCH_INDEX + "cu126"]
+    env: dict[str, str] = {}
+    network.apply({"torch_index_url": "https://torch.mirror.example/whl/"}, env)
+    monkeypatch.setenv("SDCLOUD_TORCH_INDEX_URL", env["SDCLOUD_TORCH_INDEX_URL"])
+    assert boot.torch_install_args("cu130") == [boot.TORCH_PIN, "--index-url", "https://torch.mirror.example/whl/cu130"]
+    # The mainland profile names no torch index: torch follows pip_index_url, Tencent's PyPI mirror.
+    assert "torch_index_url" not in MAINLAND

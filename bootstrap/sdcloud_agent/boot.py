@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,10 @@ from pathlib import Path
 from . import gpu, s3lite
 
 TORCH_PIN = "torch==2.13.0"
+# The CUDA build of PyPI's own Linux x86_64 wheel of TORCH_PIN: its metadata requires cuda-toolkit
+# 13.0.3 and the cu13 NVIDIA packages (docs/providers-tencent.md). A host that needs this build takes
+# torch from the package index like every other package, so a mirror of PyPI is all it needs.
+PYPI_TORCH_BUILD = "cu130"
 LOCKS = {"cpu": "env-lock.txt", "cuda": "env-lock-cuda.txt"}
 
 
@@ -63,6 +68,15 @@ def _result(boot_dir: Path | None, text: str) -> None:
         (boot_dir / "result").write_text(text)
 
 
+def torch_install_args(build: str) -> list[str]:
+    """pip's arguments for torch, first: from the package index when its wheel is this host's build
+    (the CPU host's local wheel, or PyPI's CUDA build), else from the index of its CUDA build (the
+    run's torch_index_url, which also wins when it is set: network.py)."""
+    if build == "cpu" or (build == PYPI_TORCH_BUILD and not os.environ.get("SDCLOUD_TORCH_INDEX_URL")):
+        return [TORCH_PIN]
+    return [TORCH_PIN, "--index-url", gpu.torch_index(build)]
+
+
 def env_phase(cfg: dict, wheel: Path, dest: Path, boot_dir: Path | None = None) -> str:
     """restored | installed; the environment at `dest` has the lock and the agent either way."""
     from .network import apply as apply_network
@@ -88,8 +102,7 @@ def env_phase(cfg: dict, wheel: Path, dest: Path, boot_dir: Path | None = None) 
             lock = Path(tmp) / "lock.txt"
             lock.write_text(lock_text(build))
             pip = [str(py), "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
-            # torch first, from the index of its CUDA build (CPU: the package index's own wheel).
-            _run(pip + [TORCH_PIN] + ([] if build == "cpu" else ["--index-url", gpu.torch_index(build)]))
+            _run(pip + torch_install_args(build))
             _run(pip + ["-r", str(lock)])
             _run(["tar", "-C", str(dest.parent), "-I", compressor, "-cf", str(packed), dest.name])
             # boto3 is in the environment now: multipart upload with the agent's own store.
