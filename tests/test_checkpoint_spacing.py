@@ -103,3 +103,33 @@ def test_a_largest_tier_run_on_a_short_notice_loses_at_most_one_interval_per_rec
     # A save that fits the notice loses nothing either, whatever the interval.
     st = Setting(24.0, 40.0, 0.2, 1.0, 3.0, save_hours=20 / 3600, notice_hours=notice, checkpoint_hours=3.0)
     assert replay(get_policy("sdcloud"), avail, ["z"], tick, 0, 0, st).lost_hours == 0
+
+
+def test_the_agent_config_carries_the_notice_and_the_mean(sdcloud_home):
+    from types import SimpleNamespace
+
+    from sdcloud.runs.agent_config import agent_config
+    from sdcloud.runs.spec import build_spec
+    from sdcloud.spot.checkpoint_spacing import zone_mean_hours
+    from sdcloud_agent.config import from_dict
+
+    spec = build_spec(None, {"tier": "sdxl-finetune", "provider": "aws", "region": "us-east-1"})
+    # Two reclaims in 3 h of spot in us-east-1a, band 4: (3 + 2) / 3 h; the other zone's attempt does not count.
+    seen = [SimpleNamespace(market="spot", zone="us-east-1a", hours=1.0, end_reason="preempted"),
+            SimpleNamespace(market="spot", zone="us-east-1a", hours=2.0, end_reason="preempted"),
+            SimpleNamespace(market="spot", zone="us-east-1b", hours=9.0, end_reason="succeeded"),
+            SimpleNamespace(market="on-demand", zone="us-east-1a", hours=5.0, end_reason="switched")]
+    mean = zone_mean_hours(4, seen, "us-east-1a")
+    assert mean == pytest.approx(5 / 3)
+    cfg = agent_config(spec, "r1", 3, 20_000, {"url": "file:///tmp/x"}, reclaim_mean_hours=mean)
+    assert cfg["reclaim_notice_seconds"] == 120.0 and cfg["reclaim_mean_seconds"] == 6000
+    agent = from_dict(cfg)
+    assert (agent.reclaim_notice_seconds, agent.reclaim_mean_seconds) == (120.0, 6000)
+    # The largest tier's save (143 s) does not fit AWS's two minutes with margin: Young/Daly spacing,
+    # sqrt(2 x 143 x 6000) = 1307 s = 261 steps of 5 s, where the run's default is 500.
+    sp = checkpoint_every(every=agent.checkpoint_every, step_s=5.0, save_s=SAVE_S,
+                          notice_s=agent.reclaim_notice_seconds, mean_s=agent.reclaim_mean_seconds)
+    assert agent.checkpoint_every == 500 and sp.every == int(math.sqrt(2 * SAVE_S * 6000) / 5.0) == 261
+    # On-demand: no reclaim, nothing sent.
+    od = build_spec(None, {"tier": "sdxl-finetune", "provider": "aws", "region": "us-east-1", "market": "on-demand"})
+    assert "reclaim_mean_seconds" not in agent_config(od, "r2", 1, 1000, {"url": "file:///tmp/x"}, reclaim_mean_hours=None)

@@ -39,6 +39,11 @@ class AgentConfig:
     require_gpu: bool = True
     # Seconds kept in hand before the notice deadline for the final upload; the trainer gets the rest.
     upload_reserve_seconds: float = 30.0
+    # The reclaim risk of a spot host (checkpoint_spacing.py): the provider's notice and the zone's
+    # mean time between reclaims. Where a save cannot be durable within the notice, periodic
+    # checkpoints are spaced by Young/Daly from these and the measured save time. None: unknown.
+    reclaim_notice_seconds: float | None = None
+    reclaim_mean_seconds: float | None = None
     # Where the external trainers' sources come from (sdcloud_agent/scripts.py): overrides of the
     # pins in data/trainer-sources.txt, {"kohya_url", "kohya_commit", "diffusers_url", "diffusers_tag"},
     # and "diffusers_examples_lock": a path that replaces data/examples-lock.txt.

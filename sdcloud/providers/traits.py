@@ -38,6 +38,9 @@ class Timing:
     boot_timeout: float  # launch to first heartbeat before the host counts as failed
     heartbeat_timeout: float  # a heartbeat older than this: the host is lost
     cooldown_seconds: float  # a zone reclaimed or sold out is skipped this long (fleet/lifecycle.py)
+    # Seconds between a spot reclaim notice and the host's end (None: not declared, and the host then
+    # assumes its save cannot beat it); the host spaces its checkpoints by it (sdcloud_agent/checkpoint_spacing.py).
+    reclaim_notice_seconds: float | None = None
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,11 @@ def _trainer_args(spec: RunSpec) -> Any:
     return trainer_args_for(spec, get_tier(spec.tier))
 
 
-def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, store_conf: dict) -> dict:
-    """The agent's config for one attempt (no secrets: credentials come from the instance role or env)."""
+def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, store_conf: dict,
+                 reclaim_mean_hours: float | None = None) -> dict:
+    """The agent's config for one attempt (no secrets: credentials come from the instance role or env).
+    `reclaim_mean_hours`: the spot zone's mean time between reclaims (spot/checkpoint_spacing.py), sent
+    with the provider's notice so that the host can space its checkpoints by the risk."""
     from .training import resolution_from_model
 
     tier = get_tier(spec.tier)
@@ -65,6 +68,9 @@ def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, sto
         "poll_seconds": host.poll_seconds,
         # The run's own mirrors; the host's region and config.toml add theirs at launch (hostboot.py).
         **({"network": dict(spec.network)} if spec.network else {}),
+        **({"reclaim_notice_seconds": traits(spec.provider).timing.reclaim_notice_seconds,
+            "reclaim_mean_seconds": round(reclaim_mean_hours * 3600)}
+           if reclaim_mean_hours is not None and spec.market == "spot" else {}),
     }
 
 

@@ -51,7 +51,8 @@ class LaunchInputs:
 
     def launch_spec(self, n: int) -> LaunchSpec:
         """What attempt `n`'s host is launched with: its agent config, user-data and environment."""
-        agent = agent_config(self.spec, self.run_id, n, self.total_steps, self.store_conf)
+        agent = agent_config(self.spec, self.run_id, n, self.total_steps, self.store_conf,
+                             reclaim_mean_hours=self.reclaim_mean_hours())
         agent["dataset"] = self.dataset_for_host()
         agent["model"] = self.model_for_host()
         agent["self_end"] = self.self_end_config()
@@ -65,6 +66,16 @@ class LaunchInputs:
         self.memo.launched_spec = LaunchSpec(run_id=self.run_id, attempt=n, user_data=user_data, agent_config=agent,
                                              infra=self._infra, env=env)
         return self.memo.launched_spec
+
+    def reclaim_mean_hours(self) -> float | None:
+        """The launched spot offer's mean time between reclaims: its band, sharpened by this run's
+        reclaims in that zone (spot/checkpoint_spacing.py); None for on-demand."""
+        offer = self.memo.launch_offer
+        if offer is None or offer.band is None:
+            return None
+        from ..spot.checkpoint_spacing import zone_mean_hours
+
+        return zone_mean_hours(offer.band, self.state.attempts(self.run_id), offer.row.zone or None)
 
     def self_end_config(self) -> dict:
         """How the host ends itself (agent_config.self_end_config), priced by the offer being launched."""

@@ -18,6 +18,7 @@ few lines of arithmetic). The simulator uses `young_daly_hours` for the same int
 from __future__ import annotations
 
 import math
+from typing import Any, Iterable
 
 from ..offers.catalog import BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND
 
@@ -57,3 +58,16 @@ def expected_overhead(interval_hours: float, save_hours: float, mean_hours: floa
     """First-order share of time lost with checkpoints every `interval_hours` of work: the saves
     (save / interval) plus, per reclaim, half an interval of lost work and the restart."""
     return save_hours / interval_hours + (interval_hours / 2 + save_hours + restart_hours) / mean_hours
+
+
+def zone_mean_hours(band: int | None, attempts: Iterable[Any], zone: str | None) -> float:
+    """The mean for a launch in `zone`: the band's, sharpened by the run's spot attempts there (an
+    attempt ended "preempted" is a reclaim; its hours are hours of spot seen). `zone` None (a
+    price for every zone of the region): all the run's spot attempts count."""
+    reclaims, hours = 0, 0.0
+    for a in attempts:
+        if a.market != "spot" or (zone is not None and a.zone != zone):
+            continue
+        hours += a.hours
+        reclaims += a.end_reason == "preempted"
+    return mean_hours_between_reclaims(band, reclaims, hours)

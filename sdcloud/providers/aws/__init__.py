@@ -8,7 +8,9 @@ TRAITS = ProviderTraits(
     name="aws",
     hosts=Hosts.CLOUD,
     adapter="sdcloud.providers.aws.compute",
-    timing=Timing(poll_seconds=5.0, boot_timeout=1800.0, heartbeat_timeout=600.0, cooldown_seconds=1800.0),
+    # The spot interruption notice: two minutes (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html).
+    timing=Timing(poll_seconds=5.0, boot_timeout=1800.0, heartbeat_timeout=600.0, cooldown_seconds=1800.0,
+                  reclaim_notice_seconds=120.0),
     host=HostTraits(nvme=True, gpu_required=True, metadata="aws", heartbeat_seconds=10, poll_seconds=5),
     # EC2 bills per second with a 60 s minimum, and not at all for a spot instance it interrupts in
     # its first hour (https://aws.amazon.com/ec2/pricing/, "Per Second Billing"; Spot interruption FAQ).
