@@ -118,8 +118,9 @@ def adopt_orphans(state, job: dict, k: int) -> list[_Adopted]:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        # Gone before the new driver looked: it exited (its status is unknown here), which is not a reclaim.
         state.update_attempt(job["id"], a.n, state="ended", end=time.time(),
-                             end_reason="stopped" if alive else "lost")
+                             end_reason="stopped" if alive else "exited")
     return adopted
 
 
