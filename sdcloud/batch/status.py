@@ -114,14 +114,40 @@ def verdict(job_id: str) -> dict[str, Any]:
     job = find_job(job_id)
     if job["state"] not in FINAL_RUN_STATES:
         p = progress(job["id"])
-        return {"job": job["id"], "state": job["state"], "verdict": "incomplete", "ok": False,
-                "items_done": p["items_done"], "items": p["items"], "images_present": p["images_done"],
-                "images_expected": p["images"], "redone_items": p["redone_items"]}
+        return _said({"job": job["id"], "state": job["state"], "verdict": "incomplete", "ok": False,
+                      "items_done": p["items_done"], "items": p["items"], "images_present": p["images_done"],
+                      "images_expected": p["images"], "redone_items": p["redone_items"]})
     v = verify_job(job["id"])
     ended_early = job["state"] != "succeeded" and v["missing_items"]
     made_right = not (v["missing_images"] or v["duplicate_keys"] or v["index_mismatches"])
     word = "ok" if v["ok"] else "incomplete" if ended_early and made_right else "FAILED"
-    return {**v, "job": job["id"], "state": job["state"], "verdict": word}
+    return _said({**v, "job": job["id"], "state": job["state"], "verdict": word})
+
+
+def _said(v: dict[str, Any]) -> dict[str, Any]:
+    """The verdict with its line for the user (`says`): the counts, and for an incomplete job why."""
+    counts = (f"{v['items_done']}/{v['items']} items, {v['images_present']}/{v['images_expected']} images, "
+              f"{v['redone_items']} redone")
+    if v["verdict"] != "incomplete":
+        return {**v, "says": f"{v['verdict']}: {counts}"}
+    if v["state"] in ("cancelled", "stopped", "failed"):
+        why = f"the job was {v['state']} before its last item; what it made is each there exactly once"
+    else:
+        why = f"the job is {v['state']}; verify it once it has finished (follow it with: sdcloud batch watch {v['job']})"
+    return {**v, "says": f"incomplete: {counts}; {why}"}
+
+
+def status_value(key: str, value: Any) -> str:
+    """A `batch status` figure as the cost report prints it: dollars to 4 decimals, an image's cost to 6."""
+    if value is None:
+        return "unknown" if key in ("ondemand_usd", "savings_usd", "savings_pct") else ""
+    if key == "cost_per_image_usd":
+        return f"{value:.6f}"
+    if key.endswith("_usd"):
+        return f"{value:.4f}"
+    if key == "savings_pct":
+        return f"{value:.1f}"
+    return str(value)
 
 
 def cancel_marked(job: dict) -> bool:

@@ -176,20 +176,9 @@ def status(job: str, as_json: bool) -> None:
     if as_json:
         emit_json(p)
     else:
-        table(f"batch {p['job']}", ["field", "value"], [[k, _status_value(k, v)] for k, v in p.items()], fold=["value"])
+        from ..batch.status import status_value
 
-
-def _status_value(key: str, value) -> str:
-    """A `batch status` figure as the cost report prints it: dollars to 4 decimals, an image's cost to 6."""
-    if value is None:
-        return "unknown" if key in ("ondemand_usd", "savings_usd", "savings_pct") else ""
-    if key == "cost_per_image_usd":
-        return f"{value:.6f}"
-    if key.endswith("_usd"):
-        return f"{value:.4f}"
-    if key == "savings_pct":
-        return f"{value:.1f}"
-    return str(value)
+        table(f"batch {p['job']}", ["field", "value"], [[k, status_value(k, v)] for k, v in p.items()], fold=["value"])
 
 
 @batch.command()
@@ -286,22 +275,14 @@ def verify(job: str, as_json: bool) -> None:
     from ..errors import UserError
 
     v = verdict(job)
-    counts = (f"{v['items_done']}/{v['items']} items, {v['images_present']}/{v['images_expected']} images, "
-              f"{v['redone_items']} redone")
     if as_json:
         emit_json(v)
     elif v["verdict"] != "incomplete":
-        click.echo(f"{v['verdict']}: {counts}")
-    if v["verdict"] == "incomplete":
-        running = v["state"] not in ("cancelled", "stopped", "failed")
-        why = (f"the job is {v['state']}; verify it once it has finished (follow it with: sdcloud batch watch "
-               f"{v['job']})" if running else f"the job was {v['state']} before its last item; what it made is each "
-               "there exactly once")
-        if as_json:
-            raise SystemExit(2)
-        raise UserError(f"incomplete: {counts}; {why}")
+        click.echo(v["says"])
+    if v["verdict"] == "incomplete" and not as_json:
+        raise UserError(v["says"])
     if v["verdict"] != "ok":
-        raise SystemExit(1)
+        raise SystemExit(2 if v["verdict"] == "incomplete" else 1)
 
 
 @batch.group()
