@@ -287,11 +287,34 @@ class BatchController:
                 self.fleet.end(cur, "stopped")
             return {"job": self.job_id, "state": self.state.get_run(self.job_id)["state"],
                     "hosts": len(self.fleet.attempts()), "cost_usd": round(self.cost_so_far(), 6)}
+        from .journal import Carried
+
+        carried = Carried.of(self)  # the cloud driver takes the job over if this driver goes
+        if carried:
+            carried.take()
         self.state.update_run(self.job_id, state="running", controller_pid=os.getpid())
-        while not self._guarded_step():
-            self.heartbeat(f"pid {os.getpid()}", self.timing.poll_seconds if poll is None else poll)
-            if self.fleet.exhausted():
-                self.state.update_run(self.job_id, state="failed", reason="no host could be launched")
-                break
-            time.sleep(self.timing.poll_seconds if poll is None else poll)
-        return self.finish()
+        try:
+            while True:
+                if carried and not carried.held():  # another driver has the job: act no more
+                    self.event(Kind.DRIVER_LOST, {"driver": carried.lease.driver,
+                                                  "holder": (carried.lease.holder() or {}).get("worker")})
+                    self.state.update_run(self.job_id, controller_pid=None)
+                    return {"job": self.job_id, "state": self.state.get_run(self.job_id)["state"],
+                            "hosts": len(self.fleet.attempts()), "cost_usd": round(self.cost_so_far(), 6)}
+                done = self._guarded_step()
+                if carried:
+                    carried.save()
+                if done:
+                    break
+                self.heartbeat(f"pid {os.getpid()}", self.timing.poll_seconds if poll is None else poll)
+                if self.fleet.exhausted():
+                    self.state.update_run(self.job_id, state="failed", reason="no host could be launched")
+                    break
+                time.sleep(self.timing.poll_seconds if poll is None else poll)
+            res = self.finish()
+            if carried:
+                carried.save()
+            return res
+        finally:
+            if carried:
+                carried.release()

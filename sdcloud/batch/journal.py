@@ -58,3 +58,45 @@ def restore(state: StateStore, store: Any, job_id: str) -> dict | None:
 def live_jobs(store: Any) -> list[str]:
     """Jobs the index lists as live, oldest key first."""
     return [o.key.rsplit("/", 1)[-1] for o in sorted(store.list(f"{INDEX}/"), key=lambda o: o.key)]
+
+
+class Carried:
+    """The laptop's driving of a job that the cloud driver can take over when the laptop goes: the
+    job's driver lease (renewed each step; lost means another driver has the job) and its rows in
+    the bucket after each step. None of it where the provider has no cloud driver."""
+
+    def __init__(self, ctl: Any):
+        from ..runs.driver import DriverLease
+
+        self.ctl = ctl
+        self.lease = DriverLease(ctl.store, ctl.job_id, ctl.timing.poll_seconds)
+
+    @classmethod
+    def of(cls, ctl: Any) -> "Carried | None":
+        from ..providers.traits import traits
+
+        return cls(ctl) if traits(ctl.provider_name).function is not None else None
+
+    def take(self) -> None:
+        from ..errors import UserError
+
+        if not self.lease.acquire():
+            holder = (self.lease.holder() or {}).get("worker", "another driver")
+            raise UserError(f"batch job {self.ctl.job_id} is driven by {holder}; follow it with: "
+                            f"sdcloud batch watch {self.ctl.job_id}")
+
+    def held(self) -> bool:
+        return self.lease.renew()
+
+    def save(self) -> None:
+        """The job's rows to the bucket; a store fault waits for the next step (the rows are a copy)."""
+        from ..events import Kind
+        from ..runs.store import StoreError
+
+        try:
+            save(self.ctl.state, self.ctl.store, self.ctl.job_id)
+        except (StoreError, OSError) as exc:
+            self.ctl.state.event(self.ctl.job_id, Kind.JOURNAL_DEFERRED, {"error": str(exc)[:200]})
+
+    def release(self) -> None:
+        self.lease.release()
