@@ -3,10 +3,6 @@ role policy (stacks/aws/aws_host_policy.py), handed to the agent by the instance
 role credentials, against moto's S3 server with IAM enforced. The run trains, checkpoints (multipart
 and tagged), keeps two checkpoints (deleting older ones), ships its logs and status, is reclaimed
 and resumed by a fresh agent: every call it makes must pass under that policy alone, as on AWS.
-
-moto judges DeleteObjects against the bucket's ARN where AWS checks s3:DeleteObject on each key
-("Actions, resources, and condition keys for Amazon S3"); as in tests/test_aws_host_policy.py, the
-fixture asks moto's own authorizer once per key instead.
 """
 
 from __future__ import annotations
@@ -16,7 +12,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -31,46 +26,11 @@ BUCKET, PREFIX, REGION = "sdcloud-agent-policy", "sdcloud", "us-east-1"
 
 
 @pytest.fixture
-def host_keys(moto_server, monkeypatch):
-    """moto's server judging every request by the policies of the key that signed it; yields a
-    function that makes an IAM user with a policy document and returns its keys."""
-    import boto3
-    from moto.core.authorization import disable_iam_authentication, enable_iam_authentication
-    from moto.s3.responses import S3Response
+def host_keys(moto_server):
+    """moto's server enforcing IAM (tests/moto_iam.py); yields keys_for(policy) -> (key, secret)."""
+    import moto_iam
 
-    original = S3Response._bucket_response_post
-
-    def _per_key_delete(self, request, bucket_name):
-        self.path = self._get_path(request)
-        if self.is_delete_keys():
-            import xmltodict
-
-            objects = xmltodict.parse(self.body, strip_whitespace=False)["Delete"].get("Object", [])
-            self.data["Action"] = "DeleteObject"
-            for obj in objects if isinstance(objects, list) else [objects]:
-                self._authenticate_and_authorize_s3_action(bucket_name=bucket_name, key_name=obj["Key"])
-            return self._bucket_response_delete_keys(bucket_name)
-        return original(self, request, bucket_name)
-
-    monkeypatch.setattr(S3Response, "_bucket_response_post", _per_key_delete)
-    admin = boto3.Session(aws_access_key_id="admin", aws_secret_access_key="admin", region_name=REGION)
-    with enable_iam_authentication():
-        with disable_iam_authentication():  # the setup is the account owner's, not the host's
-            s3 = admin.client("s3", endpoint_url=moto_server)
-            if BUCKET not in [b["Name"] for b in s3.list_buckets().get("Buckets", [])]:
-                s3.create_bucket(Bucket=BUCKET)
-        iam = admin.client("iam", endpoint_url=moto_server)
-        made = []
-
-        def keys_for(policy: str) -> tuple[str, str]:
-            name = f"host-{uuid.uuid4().hex[:8]}"  # moto's accounts last the file
-            with disable_iam_authentication():
-                iam.create_user(UserName=name)
-                iam.put_user_policy(UserName=name, PolicyName="sdcloud-host", PolicyDocument=policy)
-                key = iam.create_access_key(UserName=name)["AccessKey"]
-            made.append(name)
-            return key["AccessKeyId"], key["SecretAccessKey"]
-
+    with moto_iam.enforced(moto_server, BUCKET) as keys_for:
         yield keys_for
 
 

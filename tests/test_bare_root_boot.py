@@ -3,7 +3,9 @@ root (a prefixed tree, system python only, systemctl shimmed), against SeaweedFS
 IMDSv2 role credentials from a metadata fake. The agent wheel comes from the bucket; the first boot
 of a new bucket installs the pinned environment (torch and the lock) from a local package mirror in
 a network that refuses every outside name, fetches the tiny model from a hub mirror, and caches
-both in the bucket; the second boot, a fresh root, restores both."""
+both in the bucket; the second boot, a fresh root, restores both. The boots that fail on purpose
+(an old image python, a missing driver) run against moto's S3 server enforcing IAM, their hosts
+signing with keys that hold nothing but the AWS stack's host role policy."""
 
 from __future__ import annotations
 
@@ -19,12 +21,43 @@ from servers import TEST_KEYS
 pytestmark = pytest.mark.slow
 
 
-def _config(seaweed, imds, bucket, run_id, attempt, root, **extra):
+def _config(endpoint, imds, bucket, run_id, attempt, root, **extra):
     return {"run_id": run_id, "attempt": attempt, "trainer": "builtin", "model": "tiny", "steps": extra.pop("steps", 6),
-            "checkpoint_every": 3, "store": {"url": f"s3://{bucket}/sdcloud", "endpoint_url": seaweed.endpoint,
+            "checkpoint_every": 3, "store": {"url": f"s3://{bucket}/sdcloud", "endpoint_url": endpoint,
                                              "region": "us-east-1"},
             "metadata": {"kind": "aws", "base_url": imds.base_url}, "require_gpu": False, "nvme": False,
             "workdir": str(root / "var/lib/sdcloud/work"), "heartbeat_seconds": 1, "poll_seconds": 0.5, **extra}
+
+
+# The hosts of the boots below sign with an IAM user's keys that hold exactly the AWS stack's host
+# role policy, against moto's S3 server enforcing IAM (tests/moto_iam.py); the test itself (the
+# controller's side: the agent wheel, reading the reports) signs as the bucket's owner.
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # moto speaks plain http: no certificate is read
+
+
+@pytest.fixture
+def host_policy_bucket(moto_server, monkeypatch):
+    """(endpoint, store, host key, host secret) for the bucket `bare-root-policy`."""
+    import sys
+    from pathlib import Path
+
+    import moto_iam
+    from sdcloud_agent.store import open_store
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks" / "aws"))
+    from aws_host_policy import role_policy_document
+
+    bucket = "bare-root-policy"
+    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    with moto_iam.enforced(moto_server, bucket) as keys_for:
+        owner = keys_for(moto_iam.owner_policy(bucket))
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", owner[0])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", owner[1])
+        monkeypatch.setenv("AWS_DEFAULT_REGION", moto_iam.REGION)
+        store = open_store({"url": f"s3://{bucket}/sdcloud", "endpoint_url": moto_server, "region": moto_iam.REGION,
+                            "engine": "s3transfer"})
+        yield (moto_server, store, *keys_for(role_policy_document(bucket, "sdcloud")))
 
 
 def _wait_status(store, run_id, attempt, phases, timeout):
@@ -88,7 +121,7 @@ def test_a_mainland_host_boots_from_the_mirrors_and_the_bucket_alone_then_restor
 
             # Boot 1: cold. Everything is installed from the mirror and cached in the bucket.
             root1 = tmp_path / "host1"
-            ud = cloud_user_data("aws", store, _config(seaweed, imds, bucket, "r-cold", 1, root1, **args))
+            ud = cloud_user_data("aws", store, _config(seaweed.endpoint, imds, bucket, "r-cold", 1, root1, **args))
             assert len(ud.encode()) < 16 * 1024 and "pip install sdcloud" not in ud
             assert "trainer_sources" in ud and hub.endpoint in ud
             b1 = bareroot.boot(root1, ud, seaweed.ca_file, imds.base_url, env=env)
@@ -117,7 +150,7 @@ def test_a_mainland_host_boots_from_the_mirrors_and_the_bucket_alone_then_restor
 
             # Boot 2: a fresh root, the next run. The environment and the model come from the cache.
             root2 = tmp_path / "host2"
-            ud2 = cloud_user_data("aws", store, _config(seaweed, imds, bucket, "r-warm", 1, root2, steps=400, **args))
+            ud2 = cloud_user_data("aws", store, _config(seaweed.endpoint, imds, bucket, "r-warm", 1, root2, steps=400, **args))
             fetched = hub.bytes_fetched()
             b2 = bareroot.boot(root2, ud2, seaweed.ca_file, imds.base_url, env=env)
             boots.append(b2)
@@ -161,30 +194,26 @@ def test_a_mainland_host_boots_from_the_mirrors_and_the_bucket_alone_then_restor
         imds.stop()
 
 
-def test_an_image_with_python_310_gets_the_distributions_python311(tmp_path, seaweed, s3_env):
+def test_an_image_with_python_310_gets_the_distributions_python311(tmp_path, host_policy_bucket):
     """Ubuntu 22.04's python3 is 3.10, too old for the lock: the user-data installs python3.11 with
     the image's apt-get (shimmed) and goes on with it. The wheel is taken out of the bucket so
     that the boot stops at the next phase, with python's result recorded."""
     import re
 
     from sdcloud.runs.hostboot import cloud_user_data
-    from sdcloud_agent.store import open_store
 
-    bucket = "bare-root-py310"
-    store = open_store({"url": f"s3://{bucket}/sdcloud", "endpoint_url": seaweed.endpoint, "region": "us-east-1"})
-    store.ensure_bucket()
+    endpoint, store, host_key, host_secret = host_policy_bucket
+    bucket = "bare-root-policy"
     imds = AwsMetadataServer().start()
-    key = next(iter(TEST_KEYS))
-    imds.attach_role("sdcloud-host", key, TEST_KEYS[key])
+    imds.attach_role("sdcloud-host", host_key, host_secret)
     try:
         root = tmp_path / "host"
-        ud = cloud_user_data("aws", store, _config(seaweed, imds, bucket, "r-py310", 1, root))
+        ud = cloud_user_data("aws", store, _config(endpoint, imds, bucket, "r-py310", 1, root))
         wheel_key = re.search(r"WHEEL_KEY='([^']+)'", ud).group(1)
         store.delete(wheel_key)
         # Unattended upgrades hold the dpkg lock for the boot's first seconds: apt waits for it.
         holder = bareroot.hold_dpkg_lock(root, 3)
-        b = bareroot.boot(root, ud, seaweed.ca_file, imds.base_url,
-                          shims=bareroot.old_python_image("/usr/bin/python3"))
+        b = bareroot.boot(root, ud, CA_BUNDLE, imds.base_url, shims=bareroot.old_python_image("/usr/bin/python3"))
         holder.wait(timeout=30)
         assert b.rc != 0, b.log[-3000:]
         apt = (root / "var/log/apt-shim.log").read_text()
@@ -227,7 +256,7 @@ def image_python310() -> str:
     return found
 
 
-def test_a_failed_boot_ends_its_host_after_the_grace(tmp_path, seaweed, s3_env):
+def test_a_failed_boot_ends_its_host_after_the_grace(tmp_path, host_policy_bucket):
     """The user-data's failure path: the driver phase fails (a GPU host image without a driver);
     with nobody coming for the host, the user-data runs the agent's self-end from the wheel in the
     bucket on the image's own python (no boto3: the user-data's S3 client records it), which after
@@ -236,21 +265,18 @@ def test_a_failed_boot_ends_its_host_after_the_grace(tmp_path, seaweed, s3_env):
     import time
 
     from sdcloud.runs.hostboot import cloud_user_data
-    from sdcloud_agent.store import open_store
 
-    bucket = "bare-root-self-end"
-    store = open_store({"url": f"s3://{bucket}/sdcloud", "endpoint_url": seaweed.endpoint, "region": "us-east-1"})
-    store.ensure_bucket()
+    endpoint, store, host_key, host_secret = host_policy_bucket
+    bucket = "bare-root-policy"
     imds = AwsMetadataServer().start()
-    key = next(iter(TEST_KEYS))
-    imds.attach_role("sdcloud-host", key, TEST_KEYS[key])
+    imds.attach_role("sdcloud-host", host_key, host_secret)
     try:
         root = tmp_path / "host"
-        cfg = _config(seaweed, imds, bucket, "r-selfend", 1, root, require_gpu=True,
+        cfg = _config(endpoint, imds, bucket, "r-selfend", 1, root, require_gpu=True,
                       self_end={"provider": "aws", "grace_s": 1, "unattended_after_s": 600})
         ud = cloud_user_data("aws", store, cfg)
         py310 = f'#!/bin/bash\nexec {image_python310()} "$@"\n'
-        b = bareroot.boot(root, ud, seaweed.ca_file, imds.base_url, shims={"shutdown": SHUTDOWN_SHIM, "python3": py310})
+        b = bareroot.boot(root, ud, CA_BUNDLE, imds.base_url, shims={"shutdown": SHUTDOWN_SHIM, "python3": py310})
         assert "Python 3.10." in subprocess_version(root.parent / f"{root.name}-shim" / "python3")
         assert b.rc != 0, b.log[-3000:]
         shim_log = root / "var/log/shutdown-shim.log"
