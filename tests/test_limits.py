@@ -209,6 +209,17 @@ def room(provider: str, text: str) -> int:
     return min(left)
 
 
+def test_the_agents_renderer_holds_the_strictest_clouds_user_data_limit():
+    """The agent cannot import the control plane's limits: its renderer's own figure must be the
+    strictest cloud's (base64), and it is no looser than any cloud's count before base64."""
+    from sdcloud_agent.userdata import MAX_USER_DATA
+
+    after = [limits(p).USER_DATA_BASE64_BYTES for p in CLOUDS if limits(p).USER_DATA_BASE64_BYTES is not None]
+    before = [limits(p).USER_DATA_RAW_BYTES for p in CLOUDS if limits(p).USER_DATA_RAW_BYTES is not None]
+    assert after and MAX_USER_DATA == min(after)
+    assert all(MAX_USER_DATA // 4 * 3 <= b for b in before)
+
+
 def test_the_user_data_check_fails_a_script_over_each_clouds_limit():
     """The checks above can fail: a script one byte over each cloud's limit is named."""
     for provider in CLOUDS:
