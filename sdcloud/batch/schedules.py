@@ -19,7 +19,7 @@ import json
 import os
 import sqlite3
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -73,12 +73,11 @@ def fire_job_id(sid: str, wall: str) -> str:
     return "b-" + hashlib.sha256(f"{sid}|{wall}".encode()).hexdigest()[:8]
 
 
-def cron_time_at(cron: str, tz: str, at: datetime) -> datetime:
-    """The newest cron time at or before `at` (a platform's scheduled time, seconds late or not)."""
-    from croniter import croniter
-
-    local = at.astimezone(ZoneInfo(tz))
-    return croniter(cron, local + timedelta(seconds=1)).get_prev(datetime)
+def invoked_cron_time(at: datetime, tz: str) -> datetime:
+    """The cron time a cloud scheduler's invocation at `at` stands for: `at` in the schedule's zone, to
+    the minute. Both clouds invoke at the cron time itself (EventBridge Scheduler's scheduled time;
+    an SCF timer's `Time`), so no cron arithmetic is needed, nor croniter in the function's package."""
+    return at.astimezone(ZoneInfo(tz)).replace(second=0, microsecond=0)
 
 
 class Schedules:

@@ -91,7 +91,7 @@ def _lease(store: Any, job_id: str, identity: str):
 def fire(store: Any, sid: str, when: str, identity: str) -> dict:
     """Submit the schedule's job for the cron time at or before `when`, once."""
     from ..runs.store import NotFound
-    from .schedules import cron_time_at, fire_job_id, wall_key
+    from .schedules import fire_job_id, invoked_cron_time, wall_key
     from .submit import SubmitOptions, submit
 
     try:
@@ -99,7 +99,7 @@ def fire(store: Any, sid: str, when: str, identity: str) -> dict:
     except NotFound:
         return {"schedule": sid, "skipped": "no such schedule in the bucket (removed?)"}
     at = datetime.fromisoformat(when.replace("Z", "+00:00"))
-    wall = wall_key(cron_time_at(sched["cron"], sched["tz"], at))
+    wall = wall_key(invoked_cron_time(at, sched["tz"]))
     job_id = fire_job_id(sid, wall)
     out = {"schedule": sid, "wall": wall, "job": job_id}
     opts = sched["options"]
