@@ -35,6 +35,7 @@ from .trainers.base import Context
 from .agent_reclaim import ReclaimPath
 from .agent_staging import StagingPhases
 from .agent_trainer import TrainerProcess, make_trainer
+from .health_act import HealthActions
 from .clouds import make_watcher
 from .watchers import Notice, WatchThread
 
@@ -44,7 +45,7 @@ __all__ = ["EXIT_FAILED", "EXIT_LEASE_HELD", "EXIT_PREEMPTED", "EXIT_SUCCEEDED",
 TAIL_LINES = 40
 
 
-class Agent(StagingPhases, TrainerProcess, ReclaimPath):
+class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath):
     def __init__(self, cfg: AgentConfig):
         self.cfg = cfg
         self.workdir = Path(cfg.workdir)
@@ -260,6 +261,7 @@ class Agent(StagingPhases, TrainerProcess, ReclaimPath):
             self.health.set_pid(proc.pid)
             while proc.poll() is None:
                 self._submit_finished(ctx)
+                self._act_on_health(ctx, proc)  # a verdict's action stops the trainer for a restart
                 if self.notice_event.wait(0.25):
                     return self._handle_notice(ctx, proc)
             rc = proc.wait()
@@ -267,6 +269,8 @@ class Agent(StagingPhases, TrainerProcess, ReclaimPath):
             self._reader.join(timeout=5)  # its last lines (the failure's tail, the final step)
             if self.notice_event.is_set():
                 return self._handle_notice(ctx, proc)
+            if self.oom.seen is None and self._restart_for_health(ctx, rc):
+                continue
             if rc == 0 or self.oom.seen is None or not self._heal_oom(ctx, rc):
                 break
         if rc != 0:

@@ -123,6 +123,18 @@ class TrainerProcess:
             return path
         return snap
 
+    def _resume_newest(self, ctx: Context) -> int:
+        """After the trainer stopped on purpose (a health action): resume from its newest finished
+        checkpoint (uploaded first), with a fresh adapter; the step it resumes at."""
+        self._submit_finished(ctx, exited=True, killed=True)
+        done = self.trainer.finished(ctx, trainer_exited=True, killed=True)
+        newest = max(done, key=lambda c: c.step) if done else None
+        if newest is not None:
+            ctx.resume, ctx.resume_step = self._set_aside(ctx, newest, done), newest.step
+        self.trainer = make_trainer(self.cfg.trainer)
+        self.oom.reset()
+        return ctx.resume_step if ctx.resume is not None else 0
+
     def _heal_oom(self, ctx: Context, rc: int) -> bool:
         """The trainer died of CUDA out-of-memory: start it again from the newest checkpoint with
         the next rung of the ladder (oom.py). False: not healable here. The spent ladder ends the
@@ -170,7 +182,7 @@ class TrainerProcess:
         shutil.rmtree(dest, ignore_errors=True)
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(newest.path, dest)
-        aside = self.workdir / f"oom-{len(self.healer.events)}"
+        aside = self.workdir / f"set-aside-{time.monotonic_ns()}"
         for c in done:
             if c.path.exists():
                 aside.mkdir(parents=True, exist_ok=True)

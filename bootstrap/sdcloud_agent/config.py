@@ -28,6 +28,9 @@ class AgentConfig:
     model: str = "tiny"
     steps: int = 100
     checkpoint_every: int = 50
+    # How far a save-bound run's save interval may grow (health_act.py): the user's bound in steps
+    # (None: 4x checkpoint_every); the reclaim risk bounds it too (checkpoint_spacing.py).
+    checkpoint_every_max: int | None = None
     keep_checkpoints: int = 3
     store: dict = field(default_factory=dict)  # {"url", "endpoint_url", "region", "addressing_style"}
     dataset: str | None = None

@@ -45,6 +45,9 @@ IO_WAIT_SHARE = 0.30
 IO_GPU_UTIL = 50.0
 SAVE_SHARE = 0.15
 THROTTLE_SHARE = 0.20
+# A recorded `nvidia-smi -q` report read in place of the real one at every sample (the tests'
+# throttling source); the file may change while the run goes on.
+RECORDED_SMI_ENV = "SDCLOUD_HEALTH_SMI_FILE"
 MIN_STEPS = 5  # steps seen before any verdict
 MIN_GPU_SAMPLES = 3  # GPU samples before any verdict, where there is a GPU to sample
 # The clock event reasons that slow a busy GPU (nvidia-smi's names). Idle, applications clocks,
@@ -278,6 +281,9 @@ class Monitor:
 
     def __init__(self, *, use_gpu: bool | None = None, run_smi: Callable[[], str] | None = None,
                  clock: Callable[[], float] = time.monotonic, window: int = WINDOW):
+        recorded = os.environ.get(RECORDED_SMI_ENV)
+        if recorded and run_smi is None:  # a recorded report stands in for nvidia-smi (tests)
+            run_smi, use_gpu = (lambda: Path(recorded).read_text()), True
         self.use_gpu = (shutil.which("nvidia-smi") is not None) if use_gpu is None else use_gpu
         self._run_smi = run_smi or self._smi
         self.clock = clock
@@ -329,6 +335,19 @@ class Monitor:
             if self.started is None:
                 self.started = self.clock() - step_s
             self.steps.append((step_s, float(wait) if wait is not None else None))
+
+    def judged_s(self) -> float:
+        """Seconds of training the current window covers (0 before the first step)."""
+        return self.clock() - self.started if self.started is not None else 0.0
+
+    def reset(self) -> None:
+        """Judge afresh (after a health action restarted the trainer): the window's steps, GPU
+        samples and saves are those of the old setup."""
+        with self._lock:
+            self.gpu.clear()
+            self.steps.clear()
+            self.save_s, self.saves, self.started = 0.0, 0, None
+        self.read_mb_s = None
 
     def set_pid(self, pid: int | None) -> None:
         self.pid, self._read, self.exit_code = pid, None, None

@@ -19,101 +19,19 @@ Pure: no torch; the agent feeds it lines and asks for the next recipe.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
-import re
-import subprocess
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from .oom_rules import fresh_optimizer_refusal, te_cache_blocker
+from .oom_detect import OOM_LINE, OOM_TEXT, START_LINE, Detector, OomSeen, scan  # noqa: F401 - the names callers use
+from .oom_rules import fresh_optimizer_refusal, has_bitsandbytes, script_options, te_cache_blocker
 from .oom_rules import lookup as _lookup
 
 log = logging.getLogger("sdcloud_agent.oom")
 
 RUNGS = ("gradient-checkpointing", "8bit-optimizer", "cache-latents", "half-batch")
 RECIPE_KEY = "recipe.json"
-# What PyTorch, the CUDA runtime and cuBLAS print when an allocation fails. The first two are
-# torch's OutOfMemoryError text in both its formats (torch < 2.1: "(GPU 0; 11.76 GiB total
-# capacity; ...)", later: "GPU 0 has a total capacity of ..."); tests/data/oom/ has real lines.
-OOM_TEXT = re.compile(
-    r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED"
-    r"|cudaErrorMemoryAllocation", re.IGNORECASE)
-_GIB = {"kib": 1 / 1024 ** 2, "mib": 1 / 1024, "gib": 1.0, "tib": 1024.0}
-# Memory in use when it failed: "Process 118916 has 39.55 GiB memory in use" (torch >= 2.1) or
-# "10.92 GiB already allocated" (older); the total: "total capacity of 39.56 GiB" / "11.76 GiB total capacity".
-_IN_USE = re.compile(r"has ([\d.]+) ([KMGT]iB) memory in use|([\d.]+) ([KMGT]iB) already allocated", re.I)
-_TOTAL = re.compile(r"total capacity of ([\d.]+) ([KMGT]iB)|([\d.]+) ([KMGT]iB) total capacity", re.I)
-# The builtin trainer's own line (trainers/builtin/loop.py) with torch's peak allocation.
-OOM_LINE = "SDCLOUD_OOM "
-START_LINE = "SDCLOUD_START "
-
-
-def _gib(num: str, unit: str) -> float:
-    return float(num) * _GIB[unit.lower()]
-
-
-@dataclass
-class OomSeen:
-    """What the output said about the failure."""
-    line: str
-    peak_gb: float | None = None  # memory in use (or torch's peak) when it failed
-    total_gb: float | None = None
-
-
-class Detector:
-    """Fed every output line; remembers the first OOM and the memory figures around it."""
-
-    def __init__(self) -> None:
-        self.seen: OomSeen | None = None
-        # The builtin trainer's memory settings in force (its SDCLOUD_START line), when it said.
-        self.effective: dict = {}
-
-    def reset(self) -> None:
-        self.seen = None
-
-    def feed(self, line: str) -> bool:
-        if line.startswith(START_LINE):
-            try:
-                recipe = json.loads(line[len(START_LINE):]).get("recipe")
-            except ValueError:
-                recipe = None
-            if isinstance(recipe, dict):
-                self.effective = recipe
-            return False
-        if line.startswith(OOM_LINE):
-            try:
-                doc = json.loads(line[len(OOM_LINE):])
-            except ValueError:
-                doc = {}
-            seen = self.seen or OomSeen(line=doc.get("error") or line)
-            if doc.get("peak_gb") is not None:
-                seen.peak_gb = float(doc["peak_gb"])
-            if doc.get("total_gb") is not None:
-                seen.total_gb = float(doc["total_gb"])
-            self.seen = seen
-            return True
-        if not OOM_TEXT.search(line):
-            return False
-        if self.seen is None:
-            self.seen = OomSeen(line=line.strip()[:400])
-        m = _IN_USE.search(line)
-        if m and self.seen.peak_gb is None:
-            self.seen.peak_gb = round(_gib(m.group(1), m.group(2)) if m.group(1) else _gib(m.group(3), m.group(4)), 2)
-        m = _TOTAL.search(line)
-        if m and self.seen.total_gb is None:
-            self.seen.total_gb = round(_gib(m.group(1), m.group(2)) if m.group(1) else _gib(m.group(3), m.group(4)), 2)
-        return True
-
-
-def scan(text: str) -> OomSeen | None:
-    """The OOM in a whole log, or None (for recorded output and the failure's tail)."""
-    d = Detector()
-    for line in text.replace("\r", "\n").splitlines():
-        d.feed(line)
-    return d.seen
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,28 +250,6 @@ def environment(recipe: Recipe) -> dict[str, str]:
     return {"SDCLOUD_MEMORY_RECIPE": json.dumps(recipe.as_dict(), sort_keys=True)} if recipe.rungs else {}
 
 
-def has_bitsandbytes(python: str | None = None) -> bool:
-    """Whether the trainer's interpreter can import bitsandbytes (its own venv for kohya)."""
-    if python is None:
-        return importlib.util.find_spec("bitsandbytes") is not None
-    try:
-        return subprocess.run([python, "-c", "import importlib.util,sys;"
-                               "sys.exit(importlib.util.find_spec('bitsandbytes') is None)"],
-                              capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-def script_options(trainer: str, trainer_args: Any) -> dict | None:
-    if trainer not in ("kohya", "diffusers"):
-        return None
-    from .trainers import options
-
-    default = {"kohya": "sdxl_train_network.py", "diffusers": "train_dreambooth_lora_sdxl.py"}[trainer]
-    script = trainer_args.get("script", default) if isinstance(trainer_args, dict) else default
-    return options.script_options(trainer, Path(str(script)).name)
-
-
 # ---------------------------------------------------------------------------------------------
 # The recipe kept in the run's prefix
 
@@ -396,6 +292,7 @@ class Healer:
         self.recipe = Recipe()
         self.events: list[dict] = []
         self.passed: list[dict] = []  # rungs passed over, with why (also on the spent ladder)
+        self.extra_flags: dict = {}  # set by a health action (health_act.py) over the recipe's
 
     def start(self) -> tuple[Any, dict[str, str]]:
         """(trainer_args, environment) for the first start: with the recipe an earlier attempt
@@ -443,5 +340,29 @@ class Healer:
         return bool(r.optimizer and r.optimizer_step is not None and resume_step is not None
                     and resume_step <= r.optimizer_step)
 
+    def adopt(self, rung: str) -> str | None:
+        """Climb `rung` for another reason than an out-of-memory (a health action: cached latents
+        for an io-bound run); kept in the recipe like a climbed rung. Its change, or None."""
+        got = self.ladder._try(rung, self.recipe)
+        if got is None:
+            return None
+        new, change = got
+        new.rungs = [*self.recipe.rungs, rung]
+        self.recipe = new
+        if self.store is not None:
+            try:
+                save(self.store, self.run_prefix, self.recipe)
+            except Exception as exc:  # noqa: BLE001 - the next attempt goes without it
+                log.warning("cannot keep the recipe: %s", exc)
+        return change
+
     def args(self) -> tuple[Any, dict[str, str]]:
-        return self.ladder.apply(self.recipe), environment(self.recipe)
+        args = self.ladder.apply(self.recipe)
+        if self.extra_flags:
+            if isinstance(args, dict):
+                args = {**args, **self.extra_flags}
+            elif isinstance(args, list):
+                from .trainers.base import flag_args
+
+                args = [*args, *flag_args(self.extra_flags)]
+        return args, environment(self.recipe)

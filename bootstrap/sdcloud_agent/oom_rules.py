@@ -7,6 +7,8 @@ Pure: no torch; the facts are the pinned scripts' own checks, cited where they a
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +108,25 @@ def fresh_optimizer_refusal(trainer: str, args: Any, options: dict | None) -> st
         return ("the diffusers example scripts resume only through --resume_from_checkpoint, which loads "
                 "AdamW's state into the new optimizer (a KeyError at the first step)")
     return "unknown trainer"
+
+
+def has_bitsandbytes(python: str | None = None) -> bool:
+    """Whether the trainer's interpreter can import bitsandbytes (its own venv for kohya)."""
+    if python is None:
+        return importlib.util.find_spec("bitsandbytes") is not None
+    try:
+        return subprocess.run([python, "-c", "import importlib.util,sys;"
+                               "sys.exit(importlib.util.find_spec('bitsandbytes') is None)"],
+                              capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def script_options(trainer: str, trainer_args: Any) -> dict | None:
+    if trainer not in ("kohya", "diffusers"):
+        return None
+    from .trainers import options
+
+    default = {"kohya": "sdxl_train_network.py", "diffusers": "train_dreambooth_lora_sdxl.py"}[trainer]
+    script = trainer_args.get("script", default) if isinstance(trainer_args, dict) else default
+    return options.script_options(trainer, Path(str(script)).name)

@@ -19,7 +19,7 @@ from .data import batch_indices, step_seed
 from .distributed import DIST
 from .model import ModelSetup, auto_precision
 from .output import Output
-from .protocol import EXIT_FAILED, EXIT_OK, EXIT_USAGE, OOM_AT_ENV, READ_DELAY_ENV, Signals, Stopped, UsageError, emit, log, reserve_stdout
+from .protocol import EXIT_FAILED, EXIT_OK, EXIT_USAGE, OOM_AT_ENV, READ_DELAY_ENV, READ_SLOW_DIR_ENV, Signals, Stopped, UsageError, emit, log, reserve_stdout
 
 
 class Trainer(ModelSetup, CheckpointIO, Output):
@@ -79,6 +79,10 @@ class Trainer(ModelSetup, CheckpointIO, Output):
         self._oom_hook(step)
         self.data_wait = 0.0
         read_delay = float(os.environ.get(READ_DELAY_ENV) or 0)
+        slow_dir = os.environ.get(READ_SLOW_DIR_ENV)
+        if slow_dir and args.data_dir is not None and not str(args.data_dir.resolve()).startswith(
+                str(Path(slow_dir).resolve())):
+            read_delay = 0.0
         for m in range(args.grad_accum):
             micro = order[m * args.batch_size:(m + 1) * args.batch_size]
             groups: dict[tuple, list[int]] = {}

@@ -34,6 +34,8 @@ OOM_AT_ENV = "SDCLOUD_TRAINER_OOM_AT"
 
 # Test hook: seconds each sample's read takes (a slow dataset disk), counted as data wait.
 READ_DELAY_ENV = "SDCLOUD_TRAINER_READ_DELAY"
+# With it, only a dataset under this folder reads slowly (a network disk beside the fast local one).
+READ_SLOW_DIR_ENV = "SDCLOUD_TRAINER_SLOW_DIR"
 
 
 class UsageError(Exception):
