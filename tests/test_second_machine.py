@@ -131,3 +131,73 @@ def test_a_cos_url_is_opened_with_the_tencent_keys(cos_env, tmp_path, capsys, sd
     assert main(["status", "r-c05c0001", "--store", f"cos://{bucket}/sd", "--json"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["run"] == "r-c05c0001"
     assert remembered("r-c05c0001")["url"] == f"cos://{bucket}/sd"
+
+
+def test_a_run_whose_host_ended_itself_is_shown_as_it_is(tmp_path, capsys, sdcloud_home):
+    """The controller died; the host saved and ended itself when nobody drove the run. `status` shows
+    the run stopped, its attempt ended by the host, its cost closed at the host's end (not still
+    rising), without a resume."""
+    from sdcloud.cli import main
+    from sdcloud.runs.state import StateStore
+    from sdcloud_agent.store import open_store
+
+    sdcloud_home.mkdir(parents=True, exist_ok=True)
+    (sdcloud_home / "config.toml").write_text("[local]\nprice_per_hour = 1.0\n")
+    state = StateStore()
+    rid, t0 = "r-5e1fe0d1", time.time() - 3600
+    state.create_run(rid, "sd15-lora", {"tier": "sd15-lora", "provider": "local", "model": "tiny"}, 40)
+    state.update_run(rid, state="running", step=12, created=t0)
+    state.add_attempt(rid, 1, "local", "tok-1", instance_id="local-gone-1", state="running", start=t0, price=1.0,
+                      market="on-demand", instance_type="local")
+    bucket = open_store({"url": (sdcloud_home / "bucket").resolve().as_uri()})
+    bucket.put(f"runs/{rid}/status.json", json.dumps({
+        "attempt": 1, "phase": "training", "step": 12, "unattended": True,
+        "self_end": {"reason": "unattended", "unattended": True, "action": "exit", "at": t0 + 900}}).encode())
+    assert main(["status", rid, "--json"]) == 0
+    summ = json.loads(capsys.readouterr().out)
+    assert summ["state"] == "stopped" and "ended itself" in summ["reason"], summ
+    (att,) = summ["attempts"]
+    assert att["end_reason"] == "self-ended" and att["hours"] == pytest.approx(0.25, abs=0.01)
+    assert main(["status", rid, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cost"]["total"] == summ["cost"]["total"], "the cost is closed"
+
+
+def test_ctrl_c_in_watch_drive_hands_the_run_back_to_the_cloud_driver(tmp_path, monkeypatch, capsys, sdcloud_home):
+    """The user takes a handed-over run with `watch --drive`, then presses Ctrl-C: the run is not
+    stopped, its host keeps training, and the cloud driver gets it back (lease released, journal live)."""
+    from sdcloud.cli import main
+    from sdcloud.commands.common import EXIT_INTERRUPTED
+    from sdcloud.runs.controller import Controller
+    from sdcloud.runs.driver import DriverLease
+    from sdcloud.runs.state import StateStore
+    from sdcloud_agent.store import LocalStore
+    from test_fleet import CloudDouble
+
+    bucket = tmp_path / "bucket"
+    cloud = CloudDouble()
+    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: cloud)
+    state = StateStore()
+    rid = "r-bac0c001"
+    state.create_run(rid, "sd15-lora", {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1", "model": "tiny",
+                                        "steps": 100, "market": "spot", "store": bucket.as_uri()}, 100)
+    Controller(state, rid, provider=cloud).hand_over()
+    real_step, steps = Controller.guarded_step, []
+
+    def step_then_ctrl_c(self):
+        if steps:
+            raise KeyboardInterrupt
+        steps.append(1)
+        return real_step(self)
+
+    monkeypatch.setattr(Controller, "guarded_step", step_then_ctrl_c)
+    monkeypatch.setattr("sdcloud.runs.controller.time.sleep", lambda s: None)
+    with pytest.raises(SystemExit) as ended:
+        main(["watch", rid, "--drive"])
+    assert ended.value.code == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert "driven by the cloud driver" in err and "stopping" not in err, err
+    assert len(cloud.live()) == 1, "the host launched under --drive keeps running"
+    store = LocalStore(bucket)
+    run = json.loads(store.get(f"runs/{rid}/journal/run.json"))["run"]
+    assert run["state"] == "running" and store.head(f"drivers/active/{rid}") is not None
+    assert DriverLease(store, rid, 5.0, "aws-lambda").acquire(), "the cloud driver can take it at once"
