@@ -26,6 +26,7 @@ from ...errors import UserError
 from ...events import Kind
 from ...offers.optimizer import Offer
 from . import errors as codes
+from . import limits
 from ..base import (FAILED, LIVE_STATES, PENDING, RUNNING, STOPPING, TAG_RUN, TAG_TOKEN, TERMINATED, CapacityError,
                    EventSink, Instance, LaunchSpec, PriceTooLowError, ProviderError, QuotaError, no_events)
 # The catalog and session names are re-exported: they were this module's before the split, and the
@@ -55,7 +56,7 @@ STATE_MAP = {
 INQUIRY_FIELDS = ("Placement", "ImageId", "InstanceChargeType", "InstanceType", "SystemDisk", "VirtualPrivateCloud",
                   "InternetAccessible", "InstanceCount", "InstanceName", "LoginSettings", "SecurityGroupIds",
                   "TagSpecification", "InstanceMarketOptions", "LaunchTemplate")
-USER_DATA_MAX = 16 * 1024  # bytes of base64, the API's limit
+USER_DATA_MAX = limits.USER_DATA_BASE64_BYTES  # bytes of base64, the API's limit (limits.py)
 
 
 def _parse_price(message: str) -> float | None:
