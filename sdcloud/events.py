@@ -55,6 +55,9 @@ class Kind(StrEnum):
     HEALTH = "health"
     OOM_RETRY = "oom-retry"
     OUT_OF_MEMORY = "out-of-memory"
+    HEALTH_ACTION = "health-action"  # the host acted on a verdict (sdcloud_agent/health_act.py)
+    HEALTH_RECHECK = "health-recheck"  # judged again after that action
+    THROTTLE_MOVE = "throttle-move"  # a throttled host weighed against a fresh one (runs/oom_move.py)
     # -- the fleet: hosts launched, checked, ended (fleet/) ----------------------------------------
     LAUNCHING = "launching"
     LAUNCHED = "launched"
@@ -154,6 +157,7 @@ DRIVER = frozenset({Kind.DRIVER_TOOK_OVER, Kind.DRIVER_LOST, Kind.HANDED_OVER, K
 # What the host said about itself (its boot, its health, its memory).
 HOST = frozenset({Kind.BOOT_FAILED, Kind.HOST_FAILED, Kind.HOST_STARTED, Kind.RECLAIM_NOTICE, Kind.STORE_UNREACHABLE,
                   Kind.STORE_REACHABLE, Kind.PRUNE_FAILED, Kind.HEALTH, Kind.OOM_RETRY, Kind.OUT_OF_MEMORY,
+                  Kind.HEALTH_ACTION, Kind.HEALTH_RECHECK, Kind.THROTTLE_MOVE,
                   Kind.SELF_ENDED})
 
 
@@ -196,6 +200,11 @@ FIELDS: dict[Kind, Fields] = {
     Kind.HEALTH: Fields(("attempt",)),
     Kind.OOM_RETRY: Fields(("attempt",)),
     Kind.OUT_OF_MEMORY: Fields(("attempt",), ("offer", "vram_mib", "rungs", "next")),
+    Kind.HEALTH_ACTION: Fields(("attempt", "n", "cause", "changes"), ("why_not", "before", "step", "resume_step")),
+    Kind.HEALTH_RECHECK: Fields(("attempt", "n", "cause", "still"), ("after", "after_verdict", "before")),
+    Kind.THROTTLE_MOVE: Fields(("attempt", "offer", "moved", "why"),
+                               ("throttle_pct", "reasons", "sm_clock_pct", "stay_min", "move_min", "stay_cost",
+                                "move_cost")),
     Kind.LAUNCHING: Fields(("attempt", "offer", "market"), ("price_usd",)),
     Kind.LAUNCHED: Fields((), ("attempt", "instance", "instance_id", "instance_type", "provider", "region", "zone",
                                "market", "max_price", "currency", "token", "adopted", "host", "pid")),
@@ -244,7 +253,8 @@ FIELDS: dict[Kind, Fields] = {
 
 # -- words: how `watch`, `logs` and `status` tell each kind to a user ------------------------------
 # A kind without words is shown only under -v (as `kind key=value ...`). The health kinds' words
-# (HEALTH, OOM_RETRY, OUT_OF_MEMORY) are runs/health_view.py's, which knows the health figures.
+# (HEALTH, OOM_RETRY, OUT_OF_MEMORY, HEALTH_ACTION, HEALTH_RECHECK, THROTTLE_MOVE) are
+# runs/health_view.py's, which knows the health figures.
 
 
 def _attempt(data: dict) -> str:

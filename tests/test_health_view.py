@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from sdcloud.runs import health_view
 from sdcloud.runs.owner import Memo
 
@@ -101,3 +103,95 @@ def test_status_json_says_unknown_with_nulls_before_sampling_and_no_verdict_afte
     assert main(["status", "r-000exit3", "--json"]) == 0
     h = json.loads(capsys.readouterr().out)["health"]
     assert h["verdict"] is None and h["trainer_exit"] == 3 and h["gpu_util"] is None and h["last_verdict"] == "unknown"
+
+
+def test_each_health_action_and_its_recheck_is_one_event_in_plain_words():
+    c = _Ctrl()
+    act = {"n": 1, "cause": "io-bound", "changes": ["dataset copied from /mnt/efs/photos to the working disk /nvme"],
+           "why_not": None, "before": {"data_wait_pct": 64.0, "gpu_util": 23.0, "read_mb_s": 3.1, "step_s": 1.6},
+           "step": 40, "resume_step": 40}
+    health_view.note(c, 1, {"health_actions": [act]}, now=1.0)
+    health_view.note(c, 1, {"health_actions": [act]}, now=2.0)  # the same action again: no second event
+    done = {**act, "after": {"data_wait_pct": 4.0, "gpu_util": 91.0, "read_mb_s": 40.2, "step_s": 0.6},
+            "after_verdict": "healthy", "still": False}
+    health_view.note(c, 1, {"health_actions": [done]}, now=3.0)
+    assert [k for k, _ in c.events] == ["health-action", "health-recheck"]
+    from sdcloud.runs.progress_view import plain
+
+    said = [plain(k, d) for k, d in c.events]
+    assert said[0] == ("attempt 1: io-bound (data wait 64%, GPU 23%, 1.6 s a step): dataset copied from "
+                       "/mnt/efs/photos to the working disk /nvme; the trainer restarts from its newest checkpoint")
+    assert said[1].startswith("attempt 1: no longer io-bound: healthy (data wait 4%, GPU 91%")
+    still = {**done, "still": True, "after_verdict": "io-bound", "n": 2}
+    health_view.note(c, 2, {"health_actions": [still]}, now=4.0)
+    assert plain(*c.events[-1]).endswith("the dataset reads at 40.2 MB/s")
+
+
+def _throttled_status(tmp_path, smi: str) -> dict:
+    """status.json of a real agent run whose GPU samples come from a recorded report."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(3):
+        (photos / f"{i}.png").write_bytes(b"png")
+    cfg = {"run_id": "thr", "attempt": 1, "trainer": "kohya", "steps": 30, "checkpoint_every": 10,
+           "trainer_args": {"launcher": [sys.executable, str(tests / "kohya_fake.py")], "script": "sdxl_train_network.py",
+                            "network_module": "networks.lora", "resolution": "64,64"},
+           "store": {"url": f"file://{tmp_path}/bucket"}, "metadata": {"kind": "none"}, "dataset": str(photos),
+           "workdir": str(tmp_path / "work"), "nvme": False, "require_gpu": False,
+           "heartbeat_seconds": 0.2, "poll_seconds": 0.2}
+    (tmp_path / "agent.json").write_text(json.dumps(cfg))
+    env = {**os.environ, "FAKE_STEP_SECONDS": "0.1", "SDCLOUD_HEALTH_SECONDS": "0.05",
+           "SDCLOUD_HEALTH_SMI_FILE": str(tests / "data" / "nvidia-smi-q" / smi)}
+    proc = subprocess.run([sys.executable, "-m", "sdcloud_agent", "run", "--config", str(tmp_path / "agent.json")],
+                          env=env, capture_output=True, timeout=300)
+    assert proc.returncode == 0, (tmp_path / "work/attempt-1.log").read_text()[-2000:]
+    return json.loads((tmp_path / "bucket/runs/thr/status.json").read_text())
+
+
+def test_a_throttled_cloud_host_is_moved_and_a_local_one_says_why_not(tmp_path):
+    from types import SimpleNamespace
+
+    from sdcloud.runs import oom_move
+
+    # A recorded power-capped A10G report (R550 layout) as the GPU source of a real agent run.
+    status = _throttled_status(tmp_path, "g5-a10g-550-power-cap.txt")
+    h = status["health"]
+    assert h["last_verdict"] == "throttled" and h["throttle_reasons"] == ["power cap"]
+    assert h["power_w"] == 296.4 and h["power_limit_w"] == 300.0 and h["sm_clock_pct"] == pytest.approx(77.2, abs=0.1)
+    # The controller reads it mid-run (the verdict, not the exit): weigh a move, once per attempt.
+    running = {**status, "step": 200, "health": {**h, "verdict": "throttled"}}
+
+    class Ctrl(_Ctrl):
+        def __init__(self):
+            super().__init__()
+            self.fleet = SimpleNamespace(cooled=[], cool_down=lambda k, r: self.fleet.cooled.append((k, r)))
+            self.ended, self.run_id = [], "r"
+            self.state = SimpleNamespace(update_run=lambda rid, **f: self.events.append(("update_run", f)))
+
+        def end_attempt(self, cur, reason):
+            self.ended.append(reason)
+
+    cur = SimpleNamespace(n=1, provider="aws", region="us-east-1", zone="us-east-1a", instance_type="g5.xlarge",
+                          price=0.40)
+    c = Ctrl()
+    assert oom_move.weigh_throttle(c, cur, running, total_steps=50_000, every=100)
+    assert c.ended == ["throttled"] and c.fleet.cooled == [("aws/us-east-1/us-east-1a/g5.xlarge", "throttled")]
+    (ev,) = [d for k, d in c.events if k == "throttle-move"]
+    assert ev["moved"] and ev["move_min"] < ev["stay_min"] and ev["move_cost"] < ev["stay_cost"]
+    assert not oom_move.weigh_throttle(c, cur, running, total_steps=50_000, every=100)  # once per attempt
+    # Near the end the restart costs more than the throttling: it stays and says so.
+    c2 = Ctrl()
+    assert not oom_move.weigh_throttle(c2, cur, {**running, "step": 49_990}, total_steps=50_000, every=100)
+    (ev2,) = [d for k, d in c2.events if k == "throttle-move"]
+    assert not ev2["moved"] and ev2["why"].startswith("staying:") and not c2.ended
+    # On this machine there is nowhere to move.
+    c3 = Ctrl()
+    local = SimpleNamespace(**{**vars(cur), "provider": "local"})
+    assert not oom_move.weigh_throttle(c3, local, running, total_steps=50_000, every=100)
+    assert "no other host" in [d for k, d in c3.events if k == "throttle-move"][0]["why"]

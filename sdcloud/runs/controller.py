@@ -290,6 +290,8 @@ class Controller(LaunchInputs, HostStatus):
         report_agent_problems(self, cur.n, status)
         oom_move.oom_events(self, cur.n, status)
         health_view.note(self, cur.n, status)
+        if oom_move.weigh_throttle(self, cur, status, total_steps=self.total_steps, every=self.spec.checkpoint_every):
+            return  # moving off a throttled GPU: the next attempt launches elsewhere
         if status and status.get("step") is not None:
             step = int(status["step"])
             if cur.n not in self.memo.seen_attempts and phase in ("training", "saving", "uploading", "succeeded"):

@@ -17,7 +17,7 @@ from ..events import Kind
 from .owner import RunOwner
 
 HEALTH_EVENT_SECONDS = 60.0
-KINDS = (Kind.HEALTH, Kind.OOM_RETRY, Kind.OUT_OF_MEMORY)
+KINDS = (Kind.HEALTH, Kind.OOM_RETRY, Kind.OUT_OF_MEMORY, Kind.HEALTH_ACTION, Kind.HEALTH_RECHECK, Kind.THROTTLE_MOVE)
 # The figures kept in the event (and in `status --json`'s `health`).
 # `verdict` is unknown until the host has the evidence (sdcloud_agent/health.py MIN_STEPS,
 # MIN_GPU_SAMPLES) and null once the trainer exited (`trainer_exit` says how, `last_verdict` what it
@@ -28,7 +28,8 @@ FIELDS = ("verdict", "why", "gpu_util", "data_wait_pct", "step_s", "save_pct", "
 
 
 def note(controller: RunOwner, attempt: int, status: dict | None, now: float | None = None) -> None:
-    """Record the host's health as an event when it changed (or a minute passed)."""
+    """Record the host's health as an event when it changed (or a minute passed), and its actions."""
+    note_actions(controller, attempt, status)
     h = (status or {}).get("health")
     if not isinstance(h, dict) or not (h.get("verdict") or h.get("trainer_exit") is not None):
         return
@@ -39,6 +40,21 @@ def note(controller: RunOwner, attempt: int, status: dict | None, now: float | N
         return
     controller.memo.health_last = (attempt, key, now)
     controller.event(Kind.HEALTH, {"attempt": attempt, **{k: h.get(k) for k in FIELDS if h.get(k) is not None}})
+
+
+def note_actions(controller: RunOwner, attempt: int, status: dict | None) -> None:
+    """One `health-action` event per action the host took on a verdict (status.json
+    `health_actions`, sdcloud_agent/health_act.py) and one `health-recheck` once it was judged again."""
+    for act in (status or {}).get("health_actions") or []:
+        n = int(act.get("n") or 0)
+        if (attempt, n, "action") not in controller.memo.health_acted:
+            controller.memo.health_acted.add((attempt, n, "action"))
+            controller.event(Kind.HEALTH_ACTION, {"attempt": attempt, **{k: act.get(k) for k in (
+                "n", "cause", "changes", "why_not", "before", "step", "resume_step")}})
+        if "after" in act and (attempt, n, "recheck") not in controller.memo.health_acted:
+            controller.memo.health_acted.add((attempt, n, "recheck"))
+            controller.event(Kind.HEALTH_RECHECK, {"attempt": attempt, **{k: act.get(k) for k in (
+                "n", "cause", "still", "after", "after_verdict", "before")}})
 
 
 def latest(state: Any, run_id: str) -> dict | None:
@@ -91,8 +107,37 @@ def plain(kind: Kind | str, data: dict) -> str | None:
         peak = f", peak {data['peak_gb']} GB" if data.get("peak_gb") is not None else ""
         return (f"attempt {n}: out of GPU memory; restarted on the same host from step {data.get('resume_step')} "
                 f"with rung {data.get('n')} {data.get('rung')} ({data.get('change')}{peak})")
+    if kind is Kind.HEALTH_ACTION:
+        before = data.get("before") or {}
+        if not data.get("changes"):
+            return f"attempt {n}: {data.get('cause')}: {data.get('why_not')}{_rate(before)}"
+        return (f"attempt {n}: {data.get('cause')} ({_figures(before)}): " + "; ".join(data["changes"])
+                + "; the trainer restarts from its newest checkpoint")
+    if kind is Kind.HEALTH_RECHECK:
+        after = data.get("after") or {}
+        if data.get("still"):
+            return f"attempt {n}: still {data.get('cause')} after the change ({_figures(after)}){_rate(after)}"
+        return (f"attempt {n}: no longer {data.get('cause')}: {data.get('after_verdict')} ({_figures(after)}; "
+                f"before: {_figures(data.get('before') or {})})")
+    if kind is Kind.THROTTLE_MOVE:
+        head = "moving to a fresh host" if data.get("moved") else "not moving"
+        return (f"attempt {n}: GPU throttled ({', '.join(data.get('reasons') or []) or 'slowdown'}) "
+                f"{data.get('throttle_pct')}% of the time: {head}: {data.get('why')}")
     if kind is Kind.OUT_OF_MEMORY:
         nxt = data.get("next") or []
         return (f"attempt {n}: out of GPU memory with every rung of the memory ladder on {data.get('offer')}; "
                 + (f"moving to more VRAM: {', '.join(nxt)}" if nxt else "no offer with more VRAM"))
     return None
+
+
+def _figures(f: dict) -> str:
+    bits = [f"{name} {f[k]:.0f}%" for k, name in (("data_wait_pct", "data wait"), ("gpu_util", "GPU"),
+                                                   ("save_pct", "saves")) if f.get(k) is not None]
+    if f.get("step_s") is not None:
+        bits.append(f"{f['step_s']:.3g} s a step")
+    return ", ".join(bits) or "not measured"
+
+
+def _rate(f: dict) -> str:
+    return f"; the dataset reads at {f['read_mb_s']:.1f} MB/s" if f.get("read_mb_s") is not None else \
+        "; the read rate was not measured"

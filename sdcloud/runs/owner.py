@@ -44,6 +44,10 @@ class Memo:
     oom_seen: set[tuple[int, Any]] = field(default_factory=set)
     # (attempt, verdict, time) of the last health event (runs/health_view.py).
     health_last: tuple[int, str, float] | None = None
+    # (attempt, n, "action" | "recheck") of the host's health actions already recorded (health_view.py).
+    health_acted: set[tuple[int, int, str]] = field(default_factory=set)
+    # Attempts whose throttling was weighed against a move (runs/oom_move.py): once each.
+    throttle_weighed: set[int] = field(default_factory=set)
     # The agent's last pruning error (runs/agent_reports.py): each new one is one event.
     prune_error: str | None = None
     # Since when the store has been unreachable, and when that was last said (runs/hostboot.py).
