@@ -73,8 +73,13 @@ def needed() -> dict[tuple[int, int], list[str]]:
 
 
 def main() -> int:
+    try:
+        versions = needed()
+    except ImportError as exc:  # the control plane's dependencies are not installed yet: the tests check
+        print(f"cannot read the functions' runtimes before the install ({exc}); tests/test_function_package.py checks")
+        return 0
     missing = 0
-    for version, users in sorted(needed().items()):
+    for version, users in sorted(versions.items()):
         path = find_python(version)
         print("Python %d.%d (%s): %s" % (*version, ", ".join(users), path or "MISSING"))
         missing += path is None
