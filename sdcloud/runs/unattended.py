@@ -165,8 +165,11 @@ def handler(event: dict, context: Any = None) -> dict:
     # Named, not imported: batch sits beside runs and imports it, and the function has this one entry.
     import importlib
 
-    drive_batch = importlib.import_module(BATCH_STEPS).drive_guarded
-    batch = drive_batch(event, _store_conf, _driver_name(event), _time_left(context, started))
+    try:
+        drive_batch = importlib.import_module(BATCH_STEPS).drive_guarded
+        batch = drive_batch(event, _store_conf, _driver_name(event), _time_left(context, started))
+    except Exception as exc:  # noqa: BLE001 - even a batch module that cannot load leaves the runs their steps
+        batch = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     report = drive_lapsed(_store_conf(), _driver_name(event), _time_left(context, started))
     return {**report, "batch": batch} if batch else report
 
