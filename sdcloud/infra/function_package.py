@@ -60,7 +60,6 @@ DEPENDENCIES = ("boto3>=1.36", "tenacity>=8.2", "tencentcloud-sdk-python-common>
 # The entry points each platform calls.
 LAMBDA_HANDLER = "sdcloud.runs.unattended.handler"
 SCF_HANDLER = "sdcloud_driver.main_handler"
-SHIM = ENTRY
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 # Package data the function never reads: the Pulumi programs (the function deploys nothing).
