@@ -184,7 +184,13 @@ def test_a_batch_job_submitted_by_a_cloud_schedule_finishes_exactly_once_with_th
             ["Reservations"] for i in r["Instances"]]
     assert live == []
 
-    monkeypatch.setenv("SDCLOUD_HOME", str(sdcloud_home))  # the laptop is back
+    monkeypatch.setenv("SDCLOUD_HOME", str(sdcloud_home))  # the laptop is back: it sees the job the cloud made
+    capsys.readouterr()
+    assert main(["batch", "schedule", "list", "--json"]) == 0
+    assert [r["last_job"] for r in json.loads(capsys.readouterr().out)] == [job]
+    assert main(["batch", "status", job, "--json"]) == 0
+    seen = json.loads(capsys.readouterr().out)
+    assert seen["state"] == "succeeded" and seen["images_done"] == 16, seen
     assert main(["batch", "schedule", "remove", sid]) == 0
     assert f"EventBridge Scheduler schedule sdcloud-batch-{sid}" in capsys.readouterr().out
     assert scheduler.list_schedules(NamePrefix="sdcloud-batch-")["Schedules"] == []

@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import UserError
 from ..providers.capabilities import SchedulesBatch
 from ..providers.traits import ProviderTraits, names, traits
-from .unattended import FIRE, prompts_key, schedule_key
+from .unattended import FIRE, last_job_key, prompts_key, schedule_key
 
 PREFIX = "sdcloud-batch-"
 
@@ -98,8 +98,10 @@ def add(cron: str, tz: str, opts: Any) -> dict:
 
 
 def listed() -> list[dict]:
-    """The batch schedules on every cloud whose stack this machine knows."""
+    """The batch schedules on every cloud whose stack this machine knows, with the last job each submitted."""
+    from ..runs.store import NotFound, open_run_store
     from .status import state_store
+    from .submit import store_conf
 
     rows = []
     for provider in names(where=has_cloud_schedules):
@@ -107,10 +109,15 @@ def listed() -> list[dict]:
         if not infra or not infra.get("driver_function"):
             continue
         module = module_for(provider)
+        store = open_run_store(store_conf(provider, None))
         for s in module.listed(infra):
-            rows.append({"id": s["payload"].get("schedule") or s["name"].removeprefix(PREFIX), "provider": provider,
-                         "kind": module.KIND, "name": s["name"], "expression": s["expression"], "tz": s["tz"],
-                         "state": s["state"]})
+            sid = s["payload"].get("schedule") or s["name"].removeprefix(PREFIX)
+            try:
+                last = store.get(last_job_key(sid)).decode()
+            except NotFound:
+                last = None
+            rows.append({"id": sid, "provider": provider, "kind": module.KIND, "name": s["name"],
+                         "expression": s["expression"], "tz": s["tz"], "state": s["state"], "last_job": last})
     return rows
 
 
@@ -126,6 +133,6 @@ def remove(sid: str) -> dict | None:
             continue
         module = module_for(provider)
         if module.delete(PREFIX + sid, infra):
-            open_run_store(store_conf(provider, None)).delete([schedule_key(sid), prompts_key(sid)])
+            open_run_store(store_conf(provider, None)).delete([schedule_key(sid), prompts_key(sid), last_job_key(sid)])
             return {"id": sid, "provider": provider, "kind": module.KIND, "name": PREFIX + sid}
     return None

@@ -18,13 +18,12 @@ import json
 from typing import Any
 
 from ..runs.state import ACTIVE_RUN_STATES, StateStore
-from .submit import job_prefix
 
 INDEX = "drivers/batch"
 
 
 def key(job_id: str) -> str:
-    return f"{job_prefix(job_id)}/journal.json"
+    return f"batch/{job_id}/journal.json"  # in the job's prefix (submit.job_prefix)
 
 
 def save(state: StateStore, store: Any, job_id: str) -> None:
@@ -53,6 +52,26 @@ def restore(state: StateStore, store: Any, job_id: str) -> dict | None:
         state.save_infra(spec.get("provider") or "", spec.get("region") or "", snap["infra"])
     state.import_run(snap, snap.get("events") or [])
     return state.get_run(job_id)
+
+
+def fetch(state: StateStore, job_id: str) -> dict | None:
+    """A job this machine never saw (a cloud schedule's, submitted by the function): its rows from
+    the bucket of each stack this machine knows whose provider schedules jobs on its cloud; None if
+    none has it. A bucket that cannot be read (no credentials here) is passed over."""
+    from ..providers.traits import names
+    from ..runs.store import open_run_store, store_config
+
+    for provider in names(where=lambda t: t.schedules is not None):
+        infra = state.infra(provider, "")
+        if not infra or not infra.get("bucket"):
+            continue
+        try:
+            row = restore(state, open_run_store(store_config(provider, None, None, infra)), job_id)
+        except Exception:  # noqa: BLE001 - that cloud cannot be asked from here; the caller says "no job"
+            continue
+        if row is not None:
+            return row
+    return None
 
 
 def live_jobs(store: Any) -> list[str]:

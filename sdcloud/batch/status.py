@@ -29,6 +29,10 @@ def state_store():
 
 def find_job(job_id: str) -> dict[str, Any]:
     run = state_store().get_run(job_id)
+    if run is None:  # a cloud schedule's job, submitted by the cloud driver: its rows are in the stack's bucket
+        from .journal import fetch
+
+        run = fetch(state_store(), job_id)
     if run is None or run["spec"].get("kind") != "batch":
         raise UserError(f"no batch job {job_id!r}; see: sdcloud batch list")
     return run

@@ -43,6 +43,10 @@ def schedule_key(sid: str) -> str:
     return f"batch/schedules/{sid}/schedule.json"
 
 
+def last_job_key(sid: str) -> str:
+    return f"batch/schedules/{sid}/last-job"
+
+
 def prompts_key(sid: str) -> str:
     return f"batch/schedules/{sid}/prompts"
 
@@ -127,6 +131,7 @@ def fire(store: Any, sid: str, when: str, identity: str) -> dict:
         state.event(job_id, Kind.BATCH_SCHEDULE_FIRED, {"schedule": sid, "wall": wall, "driver": identity})
         if lease.renew():  # still ours: the job's rows go to the bucket, and the index lists it
             journal.save(state, store, job_id)
+            store.put(last_job_key(sid), job_id.encode())  # `batch schedule list` names it
         return {**out, "submitted": submitted.get("images")}
     finally:
         lease.release()
