@@ -369,3 +369,30 @@ def test_the_key_check_fails_what_each_cloud_refuses():
         assert key_problems(provider, "k" * (lim.OBJECT_KEY_BYTES + 1))
         assert not key_problems(provider, "k" * lim.OBJECT_KEY_BYTES)
         assert key_problems(provider, "é" * (lim.OBJECT_KEY_BYTES // 2 + 1))  # bytes, not characters
+
+
+def test_a_dataset_path_longer_than_the_buckets_keys_is_refused_before_launch(sdcloud_home, tmp_path, capsys):
+    """A dataset file's key is `<prefix>/runs/<run>/dataset/<its path>`: one path that COS cannot take
+    (850 bytes) but S3 can (1,024) is refused for Tencent with one line, before anything is recorded."""
+    from sdcloud.cli import main
+
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    Image.new("RGB", (64, 64), (10, 20, 30)).save(ds / "a.png")
+    head = len("sdcloud/runs/r-00000000/dataset/".encode())
+    deep = ds / ("d" * 200) / ("e" * 200) / ("f" * 200) / ("h" * 200)  # each within a file name's 255
+    deep.mkdir(parents=True)
+    name = "g" * (900 - head - len(deep.relative_to(ds).as_posix()) - 1 - 4) + ".png"  # a 900-byte key
+    Image.new("RGB", (64, 64), (40, 50, 60)).save(deep / name)
+    limit = {p: limits(p).OBJECT_KEY_BYTES for p in CLOUDS}
+    assert limit["tencent"] < 900 <= limit["aws"]
+    run = tmp_path / "run.yaml"
+    run.write_text(f"tier: sd15-lora\nprovider: tencent\nregion: ap-singapore\ndataset: {ds}\n")
+    capsys.readouterr()
+    code = main(["up", "-f", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and "900-byte key" in err and "over the 850 bytes" in err and err.count("\n") == 1, err
+    assert StateStore().list_runs() == []  # nothing recorded
+    # The same dataset fits S3's keys.
+    run.write_text(f"tier: sd15-lora\nprovider: aws\nregion: us-east-1\ndataset: {ds}\n")
+    assert build_spec(str(run), {}).dataset == str(ds)

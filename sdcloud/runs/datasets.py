@@ -21,6 +21,25 @@ def check_dataset(folder: Path):
     return result
 
 
+# A run's id as controller.new_run_id makes it: "r-" and 8 hex digits.
+RUN_ID_CHARS = 10
+
+
+def check_keys(folder: Path, limit: int, store_url: str | None) -> None:
+    """Refuse (one line) a dataset file whose key in the run's bucket (upload_dataset's
+    `<store prefix>/runs/<run>/dataset/<path>`) would be longer than the bucket takes."""
+    from urllib.parse import urlparse
+
+    prefix = urlparse(store_url).path.strip("/") if store_url else "sdcloud"  # sdcloud infra's prefix
+    head = len(f"{prefix}/runs/{'r' * RUN_ID_CHARS}/dataset/".encode())
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = f.relative_to(folder).as_posix()
+        if head + len(rel.encode()) > limit:
+            shown = rel if len(rel) <= 80 else rel[:40] + "..." + rel[-37:]
+            raise UserError(f"dataset file {shown} makes a {head + len(rel.encode())}-byte key in the bucket, "
+                            f"over the {limit} bytes it takes: shorten its path")
+
+
 def upload_dataset(store, store_url: str, run_id: str, dataset: str, event) -> str:
     """Put a local dataset (a folder, or one file) in the run's bucket once; the host's URL for it.
 

@@ -191,6 +191,13 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
         from .datasets import check_dataset
 
         check_dataset(Path(str(dataset)).expanduser())
+        from ..providers.traits import traits
+
+        limit = traits(data["provider"]).object_key_bytes if data.get("provider") in PROVIDER_NAMES else None
+        if limit:  # the cloud's bucket refuses a longer key: refused here, before anything launches
+            from .datasets import check_keys
+
+            check_keys(Path(str(dataset)).expanduser(), limit, data.get("store"))
     spec = RunSpec(**data)
     check_trainer_args(spec, tier)
     from .preflight import check_trainer_flags

@@ -22,6 +22,7 @@ TRAITS = ProviderTraits(
     spot_prices="history",
     catalog=True,
     public_price_list=True,
+    object_key_bytes=limits.OBJECT_KEY_BYTES,  # the bucket's key limit (limits.py)
     bill="sdcloud.providers.aws.billing",  # `sdcloud cost reconcile` (billing.py)
     schedules="sdcloud.providers.aws.schedules",  # `sdcloud batch schedule add --provider aws` (schedules.py)
     function=CloudFunction(

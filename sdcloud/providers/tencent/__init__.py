@@ -19,6 +19,7 @@ TRAITS = ProviderTraits(
     # Tencent has no spot price history API: the controller samples the quote while a host runs.
     spot_prices="samples",
     catalog=True,
+    object_key_bytes=limits.OBJECT_KEY_BYTES,  # the bucket's key limit (limits.py)
     bill="sdcloud.providers.tencent.billing",  # `sdcloud cost reconcile` (billing.py)
     schedules="sdcloud.providers.tencent.schedules",  # `sdcloud batch schedule add --provider tencent` (schedules.py)
     # SCF's per-GB-second and per-invocation prices could not be read into a citable figure: unpriced.
