@@ -161,6 +161,9 @@ def render_html(report: dict) -> str:
                          + _cell(a["overhead"]["lost_hours"] if a["overhead"] else 0.0, "lost_hours")
                          + _cell(a["cost_usd"], "cost_usd") + _cell(a["ondemand_usd"], "ondemand_usd") + "</tr>")
     parts.append("</table>")
+    from .losses import html_table
+
+    parts.append(html_table(report))  # minutes lost per cause (costs/losses.py); "" when none
     if report.get("groups"):
         parts.append(f"<h2>By {e(report['by'])}</h2><table><tr><th class=\"l\">{e(report['by'])}</th><th>runs</th>"
                      "<th>total $</th><th>on-demand $</th><th>saved $</th><th>lost h</th></tr>")

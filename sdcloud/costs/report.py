@@ -67,6 +67,9 @@ def build_report(state, runs: list[dict], by: str | None = None, now: float | No
     totals["reclaims"] = sum(r["reclaims"] for r in per_run)
     totals.update(savings(sum(r["total_usd"] for r in known), totals["ondemand_usd"]))
     totals["savings_over_runs"] = len(known)
+    from .losses import add_losses  # minutes lost per cause, priced (costs/losses.py)
+
+    add_losses(state, per_run, totals, now)
     currencies = sorted({c for r in per_run for c in r["currencies"]} - {"USD"})
     out = {
         "generated": now, "currency": "USD",
@@ -113,7 +116,7 @@ def fmt_image(value) -> str:
 CSV_COLUMNS = ["level", "run", "name", "tier", "provider", "attempt", "region", "zone", "instance_type", "market", "hours",
                "end_reason", *[f"{i}_usd" for i in ITEMS], "compute_source", "lost_hours", "cost_usd", "ondemand_usd",
                "billed_usd", "total_usd", "savings_usd", "savings_pct", "cost_per_1k_steps", "images_done", "cost_per_image", "cost_per_1k_images",
-               "reclaims"]
+               "reclaims", "cause", "lost_minutes", "lost_usd"]
 
 
 def to_csv(report: dict) -> str:
@@ -142,6 +145,10 @@ def to_csv(report: dict) -> str:
     w.writerow({"level": "total", "hours": fmt(t["hours"]), "lost_hours": fmt(t["lost_hours"]), "cost_usd": fmt(t["estimate_usd"]),
                 "ondemand_usd": fmt(t["ondemand_usd"]), "total_usd": fmt(t["total_usd"]), "savings_usd": fmt(t["savings_usd"]),
                 "savings_pct": fmt(t["savings_pct"]), "reclaims": t["reclaims"]})
+    from .losses import csv_rows
+
+    for row in csv_rows(report):  # level "loss" / "loss-total": minutes lost per cause
+        w.writerow(row)
     return buf.getvalue()
 
 
@@ -177,6 +184,10 @@ def print_tables(report: dict) -> None:
         else:  # a run or job that has not started a host: no empty table
             echo(f"{title}: no {'host' if batch else 'attempt'} yet")
         echo(_run_line(r))
+        from .losses import line as losses_line
+
+        if losses_line(r.get("losses")):
+            echo(losses_line(r.get("losses")))
     if report.get("groups"):
         note_hidden(table(f"by {report['by']}", [report["by"], "runs", "total $", "on-demand $", "saved $", "lost h"],
                           [(g["key"], g["runs"], fmt(g["total_usd"]), fmt(g["ondemand_usd"]), fmt(g["savings_usd"]),
