@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from sdcloud_agent.store import LocalStore
 
 MIRROR = "https://pypi.mirror.example/simple"
@@ -132,16 +134,15 @@ def test_a_handed_over_run_launches_from_the_bucket_with_the_laptops_settings(tm
             break
     assert len(cloud.specs) == 2 and len(cloud.live()) == 1
     check(cloud.specs[1])
-    fn = StateStore(tmp_path / "function-2" / "state.db")
-    staged = [e for e in fn.events("r-hand0001") if e["kind"] == "inputs-staged"]
-    assert staged and staged[-1]["data"]["settings"]["network"] == {"pip_index_url": MIRROR}
-    assert staged[-1]["data"]["drive"] == "cloud"
+    # The record, as the bucket's journal holds it.
+    staged = [e["data"] for o in store.list("runs/r-hand0001/journal/events/") for e in json.loads(store.get(o.key))
+              if e["kind"] == "inputs-staged"]
+    assert staged and all(d["settings"]["network"] == {"pip_index_url": MIRROR} for d in staged)
+    assert all(d["drive"] == "cloud" and d["dataset"] == bucket.as_uri() + "/runs/r-hand0001/dataset" for d in staged)
 
 
 def test_a_run_whose_dataset_cannot_be_staged_is_not_handed_over(tmp_path, monkeypatch, sdcloud_home):
     """The hand-over stages first: a model file that vanished refuses it, and the journal lists nothing."""
-    import pytest
-
     from sdcloud.errors import UserError
     from sdcloud.runs.controller import Controller
     from sdcloud.runs.state import StateStore
@@ -158,3 +159,39 @@ def test_a_run_whose_dataset_cannot_be_staged_is_not_handed_over(tmp_path, monke
     with pytest.raises(UserError, match="not on this machine"):
         ctl.hand_over()
     assert LocalStore(bucket).head("drivers/active/r-hand0003") is None
+
+
+def test_a_mainland_run_carries_its_trainer_sources_before_the_hand_over(tmp_path, monkeypatch, sdcloud_home):
+    """A Tencent mainland run's hosts take kohya's sources from the bucket only: the laptop carries them
+    when it hands the run over, and the function (no archive in its home, no GitHub) launches with them
+    already there."""
+    from sdcloud.runs import unattended
+    from sdcloud.runs.controller import Controller
+    from sdcloud.runs.carry import cache_dir
+    from sdcloud.runs.state import StateStore
+    from sdcloud_agent import scripts
+    from test_mainland_network import KOHYA, fake_kohya_archive
+
+    bucket = tmp_path / "bucket"
+    store = LocalStore(bucket)
+    laptop = StateStore()
+    laptop.save_infra("tencent", "ap-guangzhou", {"region": "ap-guangzhou"})
+    laptop.create_run("r-ma1n0001", "sd15-lora", {
+        "tier": "sd15-lora", "provider": "tencent", "region": "ap-guangzhou", "model": "tiny", "steps": 100,
+        "market": "spot", "store": bucket.as_uri(), "trainer": "kohya",
+        "trainer_args": {"network_module": "networks.lora"}}, 100)
+    fake_kohya_archive(cache_dir() / f"kohya-{KOHYA[:12]}.tar")
+    cloud = Recording()
+    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: cloud)
+    Controller(laptop, "r-ma1n0001", provider=cloud).hand_over()
+    assert store.head(f"cache/trainers/kohya-{KOHYA[:12]}.tar") is not None, "carried before the hand-over"
+    staged = [e["data"] for e in laptop.events("r-ma1n0001") if e["kind"] == "inputs-staged"]
+    assert staged[-1]["trainer_sources"] == "uploaded" and staged[-1]["effective"]["network_profile"] == "mainland"
+
+    monkeypatch.setattr(scripts, "pack", lambda *a, **k: pytest.fail("the function fetched trainer sources"))
+    monkeypatch.setenv("SDCLOUD_STORE", bucket.as_uri())
+    monkeypatch.setenv("SDCLOUD_DRIVER_SECONDS", "600")
+    monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "function"))
+    report = unattended.drive_lapsed(unattended._store_conf(), "tencent-scf", rounds(4), sleep=lambda s: None)
+    assert "error" not in report["runs"]["r-ma1n0001"], report
+    assert len(cloud.specs) == 1 and _agent(cloud.specs[0])["network"]["trainer_sources"] == "bucket"
