@@ -201,3 +201,21 @@ def test_ctrl_c_in_watch_drive_hands_the_run_back_to_the_cloud_driver(tmp_path, 
     run = json.loads(store.get(f"runs/{rid}/journal/run.json"))["run"]
     assert run["state"] == "running" and store.head(f"drivers/active/{rid}") is not None
     assert DriverLease(store, rid, 5.0, "aws-lambda").acquire(), "the cloud driver can take it at once"
+
+
+def test_the_cloud_driver_takes_only_what_it_can_reach():
+    """`up --unattended` is refused where the run's provider has no cloud driver, where its stack was
+    deployed without one, and where the run's bucket is not the stack's (the function reads that one)."""
+    from sdcloud.errors import UserError
+    from sdcloud.runs.handover import check_cloud_driver
+    from sdcloud.runs.spec import RunSpec
+
+    stack = {"bucket": "sd-stack", "prefix": "sdcloud", "region": "us-east-1", "driver_function": "sdcloud-driver"}
+    with pytest.raises(UserError, match="provider local has no cloud driver"):
+        check_cloud_driver(RunSpec(tier="sd15-lora", provider="local"), None)
+    with pytest.raises(UserError, match="no cloud driver deployed"):
+        check_cloud_driver(RunSpec(tier="sd15-lora", provider="aws"), {k: v for k, v in stack.items() if k != "driver_function"})
+    with pytest.raises(UserError, match="reads the stack's bucket"):
+        check_cloud_driver(RunSpec(tier="sd15-lora", provider="aws", store="s3://elsewhere/runs"), stack)
+    check_cloud_driver(RunSpec(tier="sd15-lora", provider="aws"), stack)
+    check_cloud_driver(RunSpec(tier="sd15-lora", provider="aws", store="s3://sd-stack/sdcloud"), stack)

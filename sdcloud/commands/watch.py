@@ -43,6 +43,10 @@ def watch(run: str, interval: float, take_over: bool) -> None:
         # Ctrl-C gives the run back (to the cloud driver or a background controller): it does not stop it.
         drive(state, found["id"], False, False, take_over=True, hand_back=True)
         return
+    from ..runs.self_ended import settle_self_ended
+
+    if settle_self_ended(state, found):  # its host ended itself while nobody drove it: shown as it is
+        found = state.get_run(found["id"])
     view = ProgressView(found["total_steps"], quiet=False)
     offsets: dict = {}
     # A controller that was just started writes its pid at once; give it a moment before judging.
