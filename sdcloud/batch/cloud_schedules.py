@@ -55,7 +55,7 @@ def _infra(provider: str) -> dict:
 
     infra = state_store().infra(provider, "")
     if not infra or not infra.get("driver_function"):
-        raise UserError(f"a {provider} schedule invokes the stack's cloud driver, and this machine knows of none: "
+        raise UserError(f"a schedule on {provider} invokes the stack's cloud driver, and this machine knows of none: "
                         f"run: sdcloud infra up --provider {provider}")
     return infra
 

@@ -93,7 +93,7 @@ def _lease(store: Any, job_id: str, identity: str):
 # -- a schedule's fire ------------------------------------------------------------------------------
 
 def fire(store: Any, sid: str, when: str, identity: str) -> dict:
-    """Submit the schedule's job for the cron time at or before `when`, once."""
+    """Submit the schedule's job for the cron time `when` stands for, once."""
     from ..runs.store import NotFound
     from .schedules import fire_job_id, invoked_cron_time, wall_key
     from .submit import SubmitOptions, submit
