@@ -151,19 +151,27 @@ def _repack(dist, dest: Path) -> Path:
     return whl
 
 
+# The lock's own wheels, fetched before the suite runs (.ci/run; by hand: `python3 -m pip download
+# --no-deps -d ~/.cache/sdcloud-tests/lock-wheels -r bootstrap/sdcloud_agent/data/env-lock.txt`), for
+# when this checkout's environment has drifted from the lock (a newer release on PyPI since).
+LOCK_WHEELS = Path(os.environ.get("SDCLOUD_LOCK_WHEELS") or Path.home() / ".cache/sdcloud-tests/lock-wheels")
+
+
 def lock_index(folder: Path, build: str = "cpu") -> Path:
     """A PEP 503 index of exactly the host environment's packages (the pinned torch and the lock),
-    made from this machine's own: torch's wheel where pip's find-links hold it, every other
-    distribution of this checkout's environment repacked as a wheel. No network: a package this
-    environment lacks in the lock's version is named and refused."""
+    made from this machine's own: the lock's wheels where LOCK_WHEELS or pip's find-links hold them,
+    else the distribution of this checkout's environment repacked as a wheel. No network: a package
+    found in neither in the lock's version is named and refused."""
     from importlib import metadata
 
     files = folder / "files"
     files.mkdir(parents=True, exist_ok=True)
-    links = [Path(p) for p in os.environ.get("PIP_FIND_LINKS", "").split() if p and Path(p).is_dir()]
+    links = [LOCK_WHEELS] + [Path(p) for p in os.environ.get("PIP_FIND_LINKS", "").split() if p]
+    wheels = [w for d in links if d.is_dir() for w in d.glob("*.whl")]
     wrong = []
     for name, version in _lock_requirements(build):
-        on_disk = [w for d in links for w in d.glob(f"{re.sub(r'[-_.]+', '_', name)}-{version}*.whl")]
+        on_disk = [w for w in wheels if _normal(w.name.split("-")[0]) == _normal(name)
+                   and w.name.split("-")[1].split("+")[0] == version]
         if on_disk:
             whl = files / on_disk[0].name
             if not whl.exists():
@@ -182,7 +190,8 @@ def lock_index(folder: Path, build: str = "cpu") -> Path:
         page.mkdir(parents=True, exist_ok=True)
         (page / "index.html").write_text(f'<!DOCTYPE html>\n<a href="../../files/{whl.name}">{whl.name}</a>\n')
     if wrong:
-        raise RuntimeError("the host's lock is not installed here as pinned: " + ", ".join(wrong))
+        raise RuntimeError("the host's lock is neither in " + str(LOCK_WHEELS) + " nor installed here as pinned: "
+                           + ", ".join(wrong) + " (fetch them as LOCK_WHEELS says)")
     # What the pinned packages require and the lock leaves unpinned (torch's setuptools): pip takes
     # it from the mirror as well, so the index holds this environment's.
     for extra in unpinned_requirements(build):
