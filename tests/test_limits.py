@@ -396,3 +396,11 @@ def test_a_dataset_path_longer_than_the_buckets_keys_is_refused_before_launch(sd
     # The same dataset fits S3's keys.
     run.write_text(f"tier: sd15-lora\nprovider: aws\nregion: us-east-1\ndataset: {ds}\n")
     assert build_spec(str(run), {}).dataset == str(ds)
+
+
+@pytest.mark.parametrize("provider", [p for p in CLOUDS if traits(p).function is not None])
+def test_the_cloud_drivers_timeout_is_within_the_functions_limit(provider):
+    """The stacks create the driver with TRAITS.function's timeout: the cloud refuses one past its
+    function limit (Lambda 900 s, SCF 900 s for an event function)."""
+    fn = traits(provider).function
+    assert 0 < fn.safety_seconds < fn.timeout_seconds <= limits(provider).FUNCTION_TIMEOUT_SECONDS
