@@ -175,3 +175,16 @@ def test_torch_comes_from_the_package_index_when_its_wheel_is_the_hosts_build(mo
     assert boot.torch_install_args("cu130") == [boot.TORCH_PIN, "--index-url", "https://torch.mirror.example/whl/cu130"]
     # The mainland profile names no torch index: torch follows pip_index_url, Tencent's PyPI mirror.
     assert "torch_index_url" not in MAINLAND
+
+
+def test_the_diffusers_examples_torchvision_comes_from_where_torch_came_from():
+    """A torch from the package index (PyPI's cu130 wheel carries no local label) takes its
+    torchvision from the package index too, so a mainland host needs only the PyPI mirror; a
+    `+cu130` torch, from torch's own index, takes the pair from there."""
+    from sdcloud_agent import gpu
+
+    text = scripts.examples_lock()
+    assert scripts.examples_plan(text, "cu130", "2.13.0")[0] == [next(
+        ln.split("#", 1)[0].strip() for ln in text.splitlines() if ln.startswith("torchvision=="))]
+    assert scripts.examples_plan(text, "cu130", "2.13.0+cu130")[0][-1] == gpu.TORCH_INDEX + "cu130"
+    assert scripts.examples_plan(text, "cu126", "2.13.0+cu126")[0][-1] == gpu.TORCH_INDEX + "cu126"

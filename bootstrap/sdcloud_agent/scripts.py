@@ -384,7 +384,8 @@ def lock_pins(text: str) -> dict[str, str]:
 def examples_plan(text: str, build: str, torch_version: str = "") -> tuple[list[str] | None, str]:
     """(pip arguments for torchvision, or None when the lock has none; the rest of the lock as a
     requirements text). torchvision comes from the index its torch came from: a CUDA build's from
-    the torch build's index, as boot.py takes torch; on a CPU host from the package index, unless
+    the torch build's index, as boot.py takes torch (the package index when torch came from there:
+    no local label); on a CPU host from the package index, unless
     the installed torch is a `+cpu` build (CI's wheel on disk), whose pair is on the CPU index (the
     package index's torchvision is built for its CUDA torch: beside a +cpu torch it fails at import
     with "operator torchvision::nms does not exist")."""
@@ -392,6 +393,10 @@ def examples_plan(text: str, build: str, torch_version: str = "") -> tuple[list[
 
     label = torch_version.partition("+")[2]
     index = build if build != "cpu" else ("cpu" if label == "cpu" else None)
+    if build != "cpu" and torch_version and not label:
+        # A CUDA torch without a local label is the package index's own (PyPI's wheel, boot.py:
+        # torch_install_args): its torchvision pair is there too, and a mainland mirror has both.
+        index = None
     paired, rest = None, []
     for line in text.splitlines():
         m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line.split("#", 1)[0])
