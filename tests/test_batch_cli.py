@@ -197,9 +197,17 @@ def test_schedule_commands_round_trip(capsys, prompts, monkeypatch, tmp_path):
     rows = json.loads(out)
     assert [r["id"] for r in rows] == [sid] and rows[0]["next"].endswith(("+01:00", "+02:00"))
     assert rows[0]["options"]["workers"] == 2 and rows[0]["options"]["generator"] == "fake"
-    assert _cli(capsys, "batch", "schedule", "pause", sid)[0] == 0
+    rc, out, _ = _cli(capsys, "batch", "schedule", "pause", sid)
+    # Each change says which schedule and where (issue 39): this machine's timer.
+    assert rc == 0 and out.startswith(f"paused {sid} (0 2 * * * in Europe/Berlin) on this machine's timer"), out
     assert json.loads(_cli(capsys, "batch", "schedule", "list", "--json")[1])[0]["paused"] == 1
-    assert _cli(capsys, "batch", "schedule", "resume", sid)[0] == 0
+    rc, out, _ = _cli(capsys, "batch", "schedule", "pause", sid)
+    assert rc == 0 and "already paused; nothing changed" in out, out
+    rc, out, _ = _cli(capsys, "batch", "schedule", "resume", sid)
+    assert rc == 0 and out.startswith(f"resumed {sid} ") and "next at 20" in out, out
+    assert json.loads(_cli(capsys, "batch", "schedule", "list", "--json")[1])[0]["paused"] == 0
+    rc, _, err = _cli(capsys, "batch", "schedule", "pause", "s-nosuch")
+    assert rc == 2 and err.count("\n") == 1 and "no schedule 's-nosuch'" in err
     rc, out, _ = _cli(capsys, "scheduler", "run", "--once")
     assert rc == 0, "nothing is due yet: one tick submits nothing"
     rc, out, _ = _cli(capsys, "scheduler", "install", "--crontab")
@@ -207,7 +215,8 @@ def test_schedule_commands_round_trip(capsys, prompts, monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert _cli(capsys, "scheduler", "install")[0] == 0
     assert (tmp_path / "home/.config/systemd/user/sdcloud-scheduler.timer").exists()
-    assert _cli(capsys, "batch", "schedule", "remove", sid)[0] == 0
+    rc, out, _ = _cli(capsys, "batch", "schedule", "remove", sid)
+    assert rc == 0 and out.startswith(f"removed {sid} (0 2 * * * in Europe/Berlin) from this machine's timer"), out
     rc, _, err = _cli(capsys, "batch", "schedule", "remove", sid)
     assert rc == 2 and "no schedule" in err
     assert json.loads(_cli(capsys, "batch", "list", "--json")[1]) == []

@@ -191,6 +191,9 @@ def test_a_batch_job_submitted_by_a_cloud_schedule_finishes_exactly_once_with_th
     assert main(["batch", "status", job, "--json"]) == 0
     seen = json.loads(capsys.readouterr().out)
     assert seen["state"] == "succeeded" and seen["images_done"] == 16, seen
+    assert main(["batch", "schedule", "pause", sid]) == 2  # sdcloud drives no pause on the cloud's scheduler: it says so
+    err = capsys.readouterr().err
+    assert f"EventBridge Scheduler schedule sdcloud-batch-{sid}" in err and "schedule remove" in err, err
     assert main(["batch", "schedule", "remove", sid]) == 0
     assert f"EventBridge Scheduler schedule sdcloud-batch-{sid}" in capsys.readouterr().out
     assert scheduler.list_schedules(NamePrefix="sdcloud-batch-")["Schedules"] == []

@@ -292,8 +292,8 @@ def schedule() -> None:
 
 @schedule.command("add")
 @output_options
-@click.option("--cron", required=True, help='five fields, e.g. "0 2 * * *"')
-@click.option("--tz", default=None, help="IANA time zone, e.g. Europe/Berlin (default UTC; Tencent: Asia/Shanghai)")
+@click.option("--cron", required=True, metavar="CRON", help='five fields, e.g. "0 2 * * *"')
+@click.option("--tz", default=None, metavar="TIMEZONE", help="IANA time zone, e.g. Europe/Berlin (default UTC; Tencent: Asia/Shanghai)")
 @submit_options
 def schedule_add(cron: str, tz: str | None, **kw) -> None:
     """Add a schedule (the submit options are checked now, and again at each fire). With --provider aws or
@@ -337,37 +337,30 @@ def schedule_list(as_json: bool) -> None:
 @output_options
 @click.argument("sid")
 def schedule_remove(sid: str) -> None:
-    """Remove a schedule: from this machine's, or from the cloud that has it; says what was removed."""
-    from ..batch import cloud_schedules, schedules
-    from ..errors import UserError
+    """Remove a schedule: from this machine's timer, or from the cloud that has it; says what was removed."""
+    from ..batch import schedules
 
-    local = schedules.Schedules()
-    if any(s["id"] == sid for s in local.list()):
-        local.remove(sid)
-        click.echo(f"removed {sid} (this machine's timer)")
-        return
-    gone = cloud_schedules.remove(sid)
-    if gone is None:
-        raise UserError(f"no schedule {sid!r}; see: sdcloud batch schedule list")
-    click.echo(f"removed {sid}: {gone['kind']} {gone['name']} on {gone['provider']}")
+    click.echo(schedules.remove_said(sid))
 
 
 @schedule.command("pause")
 @output_options
 @click.argument("sid")
 def schedule_pause(sid: str) -> None:
+    """Pause one of this machine's schedules: it submits no jobs until resumed; says which."""
     from ..batch import schedules
 
-    schedules.Schedules().set_paused(sid, True)
+    click.echo(schedules.set_paused_said(sid, True))
 
 
 @schedule.command("resume")
 @output_options
 @click.argument("sid")
 def schedule_resume(sid: str) -> None:
+    """Resume a paused schedule of this machine's (the times missed are skipped); says which and when next."""
     from ..batch import schedules
 
-    schedules.Schedules().set_paused(sid, False)
+    click.echo(schedules.set_paused_said(sid, False))
 
 
 def fire(job_id: str, kw: dict) -> None:
