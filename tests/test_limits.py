@@ -130,7 +130,8 @@ class _Launch(LaunchInputs):
         return 9999.999
 
 
-FAMILY_KEYS = {"sd15": "cond_stage_model.transformer.x.weight", "sdxl": "conditioner.embedders.1.x.weight"}
+FAMILY_KEYS = {"sd15": "cond_stage_model.transformer.x.weight", "sdxl": "conditioner.embedders.1.x.weight",
+               "sd3": "model.diffusion_model.joint_blocks.0.x.weight"}
 
 
 def _user_folders(tmp_path: Path, family: str) -> tuple[Path, Path]:

@@ -25,7 +25,7 @@ class Tier:
     resolution: int
     batch_size: int
     ref_rate: float  # steps/s or images/s on the reference GPU (A10G)
-    family: str = "sd15"  # model family: sd15, sd2 or sdxl
+    family: str = "sd15"  # model family: sd15, sd2, sdxl or sd3 (SD3 and SD3.5)
     base_model: str = ""  # the default --model on paid providers (a hub id)
     mode: str = "lora"  # the builtin trainer's --mode: lora or dreambooth (full UNet)
     sources: dict[str, str] = field(default_factory=dict, compare=False)

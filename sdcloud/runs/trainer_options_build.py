@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 # The scripts sdcloud picks (runs/training.py) or that its adapters know by name.
-KOHYA_SCRIPTS = ("train_network.py", "sdxl_train_network.py", "train_db.py", "sdxl_train.py", "fine_tune.py")
+KOHYA_SCRIPTS = ("train_network.py", "sdxl_train_network.py", "train_db.py", "sdxl_train.py", "fine_tune.py",
+                 "sd3_train_network.py", "sd3_train.py")
 DIFFUSERS_SCRIPTS = ("dreambooth/train_dreambooth_lora.py", "dreambooth/train_dreambooth_lora_sdxl.py",
                      "dreambooth/train_dreambooth.py", "text_to_image/train_text_to_image.py",
                      "text_to_image/train_text_to_image_lora.py", "text_to_image/train_text_to_image_sdxl.py",
