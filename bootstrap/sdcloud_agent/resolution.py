@@ -25,8 +25,12 @@ log = logging.getLogger("sdcloud_agent")
 def of_model(model: str | Path) -> int | None:
     """The model's native resolution from its diffusers folder, or None when it does not say."""
     root = Path(model)
+    # SD3's transformer states its latent sample_size as the UNet does (128 for 1024 px).
+    net = root / "unet" / "config.json"
+    if not net.is_file():
+        net = root / "transformer" / "config.json"
     try:
-        unet = json.loads((root / "unet" / "config.json").read_text())
+        unet = json.loads(net.read_text())
         vae = json.loads((root / "vae" / "config.json").read_text())
     except (OSError, ValueError):
         return None

@@ -108,9 +108,11 @@ def _given(args: Any, key: str) -> bool:
 
 
 KOHYA_SCRIPTS = {("sd15", "lora"): "train_network.py", ("sdxl", "lora"): "sdxl_train_network.py",
-                 ("sd15", "dreambooth"): "train_db.py", ("sdxl", "dreambooth"): "sdxl_train.py"}
+                 ("sd15", "dreambooth"): "train_db.py", ("sdxl", "dreambooth"): "sdxl_train.py",
+                 ("sd3", "lora"): "sd3_train_network.py", ("sd3", "dreambooth"): "sd3_train.py"}
 DIFFUSERS_SCRIPTS = {("sd15", "lora"): "train_dreambooth_lora.py", ("sdxl", "lora"): "train_dreambooth_lora_sdxl.py",
-                     ("sd15", "dreambooth"): "train_dreambooth.py"}
+                     ("sd15", "dreambooth"): "train_dreambooth.py",
+                     ("sd3", "lora"): "train_dreambooth_lora_sd3.py", ("sd3", "dreambooth"): "train_dreambooth_sd3.py"}
 
 
 def tier_defaults(trainer: str, tier: Tier) -> dict[str, Any]:
@@ -131,6 +133,11 @@ def tier_defaults(trainer: str, tier: Tier) -> dict[str, Any]:
             if fam == "sdxl":
                 # Text-encoder outputs cached once: both encoders leave the GPU (UNet-only LoRA).
                 out.update(cache_text_encoder_outputs=True, network_train_unet_only=True)
+            if fam == "sd3":
+                # SD3's own LoRA module; the three encoders' outputs (T5-XXL's ~9.5 GB) cached once
+                # and the transformer alone trained (kohya docs/sd3_train_network.md).
+                out.update(network_module="networks.lora_sd3", cache_text_encoder_outputs=True,
+                           network_train_unet_only=True)
         if tier.name == "sdxl-finetune":
             out["optimizer_type"] = "Adafactor"
         return out

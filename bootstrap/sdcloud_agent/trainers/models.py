@@ -2,15 +2,17 @@
 
 A model is named by one of:
 
-- ``tiny`` / ``tiny-sd15`` / ``tiny-sd2`` / ``tiny-sdxl``: a random tiny pipeline (tests, demos);
+- ``tiny`` / ``tiny-sd15`` / ``tiny-sd2`` / ``tiny-sdxl`` / ``tiny-sd3``: a random tiny pipeline (tests, demos);
   plain ``tiny`` takes the family asked for (``--family``), SD1.5 by default;
-- a local diffusers folder (``model_index.json`` + ``unet/`` ...);
+- a local diffusers folder (``model_index.json`` + ``unet/`` ..., or ``transformer/`` for SD3);
 - a single-file checkpoint (``.safetensors``, the original LDM/SGM layout community models use);
 - a Hugging Face hub id (``stabilityai/stable-diffusion-xl-base-1.0``), downloaded on the host.
 
 Family detection here is pure Python (JSON headers and configs; no torch), so the control plane can
 use it before launch. The families: ``sd15`` (SD 1.x), ``sd2`` (SD 2.x, often v-prediction),
-``sdxl``.
+``sdxl``, ``sd3`` (SD3 and SD3.5: a folder whose ``transformer/config.json`` names
+``SD3Transformer2DModel`` or whose ``model_index.json`` names ``StableDiffusion3Pipeline``; a single
+file with MMDiT ``joint_blocks``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 # The families and the pipeline live below both this module and tiny.py (which this one loads).
 from .families import FAMILIES, pipeline  # noqa: F401 - models.FAMILIES and models.pipeline are its API
 
-TINY_NAMES = {"tiny": None, "tiny-sd15": "sd15", "tiny-sd2": "sd2", "tiny-sdxl": "sdxl"}
+TINY_NAMES = {"tiny": None, "tiny-sd15": "sd15", "tiny-sd2": "sd2", "tiny-sdxl": "sdxl", "tiny-sd3": "sd3"}
 
 # Hub ids whose family is known without looking (the ones users name most). Other ids are
 # recognised by their published names or the local Hugging Face cache, else checked on the host.
@@ -38,7 +40,15 @@ KNOWN_HUB_IDS = {
     "stabilityai/stable-diffusion-2-base": "sd2",
     "stabilityai/stable-diffusion-xl-base-1.0": "sdxl",
     "stabilityai/sdxl-turbo": "sdxl",
+    # Gated: a download needs a Hugging Face token whose account accepted the licence.
+    "stabilityai/stable-diffusion-3-medium-diffusers": "sd3",
+    "stabilityai/stable-diffusion-3.5-medium": "sd3",
+    "stabilityai/stable-diffusion-3.5-large": "sd3",
+    "stabilityai/stable-diffusion-3.5-large-turbo": "sd3",
 }
+
+SD3_TRANSFORMER = "SD3Transformer2DModel"
+SD3_PIPELINE = "StableDiffusion3Pipeline"
 
 
 class ModelError(ValueError):
@@ -68,7 +78,24 @@ def family_from_unet_config(cfg: dict) -> str:
     return "sd2" if cfg.get("use_linear_projection") else "sd15"
 
 
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def folder_family(path: Path) -> str | None:
+    """sd3 by its transformer's (or pipeline's) class; the others by the UNet's config. A
+    transformer of another model (Flux, PixArt ...) is refused by name."""
+    transformer = _json(path / "transformer" / "config.json")
+    pipe = _json(path / "model_index.json").get("_class_name")
+    if transformer.get("_class_name") == SD3_TRANSFORMER or pipe == SD3_PIPELINE:
+        return "sd3"
+    if transformer:
+        raise ModelError(f"{path}: a {transformer.get('_class_name') or 'transformer'} model "
+                         f"({pipe or 'no model_index.json'}), not a family sdcloud trains")
     cfg = path / "unet" / "config.json"
     if not cfg.is_file():
         return None
@@ -98,6 +125,8 @@ def file_family(path: Path) -> str | None:
     if path.suffix.lower() != ".safetensors":
         return None  # a pickled .ckpt is not opened before it is loaded on the host
     keys = safetensors_keys(path)
+    if any(k.startswith(("model.diffusion_model.joint_blocks.", "joint_blocks.")) for k in keys):
+        return "sd3"  # SD3's MMDiT (with or without text_encoders.clip_l/clip_g/t5xxl beside it)
     if any(k.startswith("conditioner.embedders.1.") for k in keys):
         return "sdxl"
     if any(k.startswith("cond_stage_model.model.") for k in keys):
@@ -118,12 +147,17 @@ def hub_family(model_id: str) -> str | None:
     try:
         from huggingface_hub import try_to_load_from_cache
 
+        cached = try_to_load_from_cache(model_id, "transformer/config.json")
+        if isinstance(cached, str):
+            return "sd3" if _json(Path(cached)).get("_class_name") == SD3_TRANSFORMER else None
         cached = try_to_load_from_cache(model_id, "unet/config.json")
         if isinstance(cached, str):
             return family_from_unet_config(json.loads(Path(cached).read_text()))
     except Exception:  # noqa: BLE001 - no hub library or an odd cache: fall back to the name
         pass
     name = model_id.lower().split("/")[-1]
+    if "stable-diffusion-3" in name or "sd3" in name or "sd-3" in name:
+        return "sd3"
     if "xl" in name.replace("-", "").replace("_", ""):
         return "sdxl"
     if "stable-diffusion-2" in name or "sd2" in name or "sd-2" in name:
@@ -146,7 +180,8 @@ def detect_family(model: str, default_tiny: str | None = None) -> str | None:
             raise ModelError(f"{model}: an empty folder, not a model")
         fam = folder_family(path)
         if fam is None:
-            raise ModelError(f"{model}: a folder without unet/config.json is not a diffusers model")
+            raise ModelError(f"{model}: a folder without unet/config.json (nor an SD3 transformer/config.json) "
+                             "is not a diffusers model")
         return fam
     if is_single_file(model):
         if not path.is_file():
@@ -175,11 +210,13 @@ def hub_selection(files: list[str], components: list[str] | None) -> tuple[list[
     """(the files to fetch, {fetched name: name to keep it under}) for a diffusers repository.
 
     The pipeline's components (the folders `model_index.json` names; the top level for a repo of
-    one component), each with its configs and tokenizer files (`*.json`, `*.txt`) and its weights
+    one component), each with its configs and tokenizer files (`*.json`, `*.txt`, T5's
+    SentencePiece `spiece.model`) and its weights
     in safetensors, one precision variant: the plain files (what kohya and `from_pretrained`
     without a variant load), else fp16, else the first variant, kept under the plain name. Never:
     flax (`*.msgpack`), onnx, openvino, PyTorch `.bin` duplicates, folders the pipeline does not
-    name (SDXL base's `vae_1_0/`, `vae_decoder/`), nor top-level single-file copies."""
+    name (SDXL base's `vae_1_0/`, `vae_decoder/`; SD3.5's `text_encoders/` with its second T5 in
+    fp8), nor top-level single-file copies (`sd3.5_large.safetensors`)."""
     have = set(files)
     dirs = [f"{c}/" for c in components] if components is not None else [""]
     wanted: list[str] = ["model_index.json"] if "model_index.json" in have else []
@@ -191,7 +228,7 @@ def hub_selection(files: list[str], components: list[str] | None) -> tuple[list[
             m = _WEIGHTS.match(n)
             if m:
                 weights.setdefault(m.group(3), []).append(n)
-            elif n.endswith((".json", ".txt")) and not _VARIANT_INDEX.match(n) and (d or n != "model_index.json"):
+            elif n.endswith((".json", ".txt", ".model")) and not _VARIANT_INDEX.match(n) and (d or n != "model_index.json"):
                 wanted.append(d + n)
         if not weights:
             continue
@@ -235,7 +272,26 @@ def download_hub(model: str, local_dir: Path | None = None) -> Path:
     return folder
 
 
+def _sd3_components(pipe: Any) -> dict[str, Any]:
+    from .families import SD3_KEYS
+
+    return {k: v for k, v in pipe.components.items() if k in SD3_KEYS and v is not None}
+
+
+def _sd3_from_folder(path: Path) -> dict[str, Any]:
+    """transformer, vae, the three text encoders and tokenizers, the flow-matching scheduler. A
+    folder without text_encoder_3 (T5 dropped to save memory) loads without it."""
+    from diffusers import StableDiffusion3Pipeline
+
+    kw: dict[str, Any] = {"local_files_only": True}
+    if not (path / "text_encoder_3").is_dir():
+        kw.update(text_encoder_3=None, tokenizer_3=None)
+    return _sd3_components(StableDiffusion3Pipeline.from_pretrained(path, **kw))
+
+
 def _from_folder(path: Path) -> dict[str, Any]:
+    if folder_family(path) == "sd3":
+        return _sd3_from_folder(path)
     from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
@@ -258,6 +314,11 @@ def _from_single_file(path: Path, family: str | None, config: str | None) -> dic
     from diffusers import DDPMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
 
     family = family or file_family(path)
+    if family == "sd3":
+        from diffusers import StableDiffusion3Pipeline
+
+        kw3: dict[str, Any] = {"config": config} if config else {}
+        return _sd3_components(StableDiffusion3Pipeline.from_single_file(str(path), **kw3))
     cls = StableDiffusionXLPipeline if family == "sdxl" else StableDiffusionPipeline
     kw: dict[str, Any] = {"config": config} if config else {}
     if cls is StableDiffusionPipeline:
@@ -271,7 +332,8 @@ def _from_single_file(path: Path, family: str | None, config: str | None) -> dic
 
 def load_components(model: str, family: str | None = None, resolution: int = 32,
                     config: str | None = None) -> dict[str, Any]:
-    """unet, vae, text_encoder, tokenizer, scheduler (+ text_encoder_2, tokenizer_2 for SDXL)."""
+    """unet, vae, text_encoder, tokenizer, scheduler (+ text_encoder_2, tokenizer_2 for SDXL); for SD3
+    transformer in place of unet, + text_encoder_3/tokenizer_3 (T5) and a flow-matching scheduler."""
     if is_tiny(model):
         from . import tiny
 
@@ -292,4 +354,6 @@ def load_components(model: str, family: str | None = None, resolution: int = 32,
 
 
 def family_of(components: dict[str, Any]) -> str:
-    return family_from_unet_config(dict(components["unet"].config))
+    from .families import family_of_components
+
+    return family_of_components(components) or family_from_unet_config(dict(components["unet"].config))

@@ -17,10 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m sdcloud_agent.trainers.builtin",
         description="LoRA / DreamBooth trainer for Stable Diffusion that survives spot reclaims.")
     p.add_argument("--model", default="tiny",
-                   help="tiny / tiny-sd15 / tiny-sd2 / tiny-sdxl (random tiny pipelines, for tests), a "
+                   help="tiny / tiny-sd15 / tiny-sd2 / tiny-sdxl / tiny-sd3 (random tiny pipelines, for tests), a "
                         "local diffusers folder, a single-file .safetensors checkpoint or a hub id")
     p.add_argument("--family", default="auto",
-                   help="the family the model must be: sd15, sd2, sdxl or a comma list such as "
+                   help="the family the model must be: sd15, sd2, sdxl, sd3 or a comma list such as "
                         "sd15,sd2 (exit 2 otherwise); for plain 'tiny', the first one")
     p.add_argument("--model-config", default=None,
                    help="single-file checkpoints: a diffusers folder or hub id with the configs")
@@ -97,11 +97,11 @@ def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | 
         p.error("--batch-size, --grad-accum and --rank must be >= 1; --checkpoint-every, "
                 "--keep-checkpoints >= 0")
     families = [f for f in a.family.split(",") if f] if a.family != "auto" else []
-    if any(f not in ("sd15", "sd2", "sdxl") for f in families):
-        p.error(f"--family must be auto or a comma list of sd15, sd2, sdxl, got {a.family!r}")
+    if any(f not in ("sd15", "sd2", "sdxl", "sd3") for f in families):
+        p.error(f"--family must be auto or a comma list of sd15, sd2, sdxl, sd3, got {a.family!r}")
     a.families = families
     if a.resolution is None:
-        a.resolution = 32 if a.model.startswith("tiny") else (1024 if families[:1] == ["sdxl"] else 512)
+        a.resolution = 32 if a.model.startswith("tiny") else (1024 if families[:1] in (["sdxl"], ["sd3"]) else 512)
     if a.resolution % 8:
         p.error("--resolution must be a multiple of 8")
     if a.data_dir is None and a.synthetic is None:
