@@ -25,6 +25,17 @@ from aws_host_policy import role_policy_document  # noqa: E402
 BUCKET, PREFIX, REGION = "sdcloud-agent-policy", "sdcloud", "us-east-1"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_boto3_default_session(monkeypatch):
+    """The store's S3 client comes from boto3's default session, which keeps the keys it first
+    found: a test that signed with an IAM user's keys must not leave them to the next test."""
+    yield
+    monkeypatch.undo()
+    import boto3
+
+    boto3.DEFAULT_SESSION = None
+
+
 @pytest.fixture
 def host_keys(moto_server):
     """moto's server enforcing IAM (tests/moto_iam.py); yields keys_for(policy) -> (key, secret)."""

@@ -21,6 +21,17 @@ from servers import TEST_KEYS
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(autouse=True)
+def _fresh_boto3_default_session(monkeypatch):
+    """The store's S3 client comes from boto3's default session, which keeps the keys it first
+    found: a test that signed with an IAM user's keys must not leave them to the next test."""
+    yield
+    monkeypatch.undo()
+    import boto3
+
+    boto3.DEFAULT_SESSION = None
+
+
 def _config(endpoint, imds, bucket, run_id, attempt, root, **extra):
     return {"run_id": run_id, "attempt": attempt, "trainer": "builtin", "model": "tiny", "steps": extra.pop("steps", 6),
             "checkpoint_every": 3, "store": {"url": f"s3://{bucket}/sdcloud", "endpoint_url": endpoint,
