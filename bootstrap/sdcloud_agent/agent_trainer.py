@@ -56,6 +56,7 @@ class TrainerProcess:
                                 stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0,
                                 preexec_fn=_die_with_parent)
         log.info("trainer pid %d", proc.pid)
+        self._trainer_t0, self._startup_s = time.monotonic(), None  # start to first step (an OOM's cost)
         self._reader = threading.Thread(target=self._read_output, args=(proc,), name="sdcloud-trainer-out", daemon=True)
         self._reader.start()
         return proc
@@ -84,6 +85,8 @@ class TrainerProcess:
         self.health.feed_line(line, prog)
         if prog:
             self.status.update(**prog)
+            if prog.get("step") and getattr(self, "_startup_s", 0) is None:
+                self._startup_s = time.monotonic() - self._trainer_t0
             if prog.get("step") and not self._first_step:
                 self._first_step = True
                 self.phases.first_step()
@@ -144,8 +147,12 @@ class TrainerProcess:
         done = self.trainer.finished(ctx, trainer_exited=True, killed=True)
         newest = max(done, key=lambda c: c.step) if done else None
         step = newest.step if newest else (ctx.resume_step if ctx.resume else 0)
+        reached = int(self.status.state.get("step") or step)
         ev = self.healer.climb(seen, step=step, peak_gb=self.health.peak_mem_gb,
                                effective=self.oom.effective, checkpoint=newest is not None or ctx.resume is not None)
+        if ev is not None:  # what it costs: a start-up like this trainer's own, and the steps done again
+            step_s = self.health.summary().get("step_s") or 0.0
+            ev["lost_s"] = round((getattr(self, "_startup_s", None) or 0.0) + max(0, reached - step) * step_s, 1)
         if ev is None:
             self.worker.wait_idle(timeout=300)
             tried = ", ".join(self.healer.recipe.rungs) or "none applied"

@@ -7,7 +7,8 @@ Causes, each from what the run recorded (docs/costs.md has the arithmetic):
   throttling    the same time multiplied by the clock lost to a slowdown (1 - SM clock / its max),
                 while a slowdown reason was active
   saves         the same time multiplied by the share of the wall time spent in checkpoint saves
-  oom_restarts  from each out-of-memory retry to the first progress back at the step it had reached
+  oom_restarts  each out-of-memory retry's cost as the host measured it (its trainer's start-up and
+                the steps done again), else from the retry to the first progress back at its step
   reclaims      the ledger's time lost to reclaims (boot of the next host, steps done again)
   boots         launch to first step of every attempt that did not follow a reclaim (those are in
                 reclaims)
@@ -73,6 +74,9 @@ def run_losses(state: Any, cost: dict, now: float) -> dict:
                 charge("throttling", n, dt * max(0.0, 1.0 - h["sm_clock_pct"] / 100.0))
     for ts, data in ooms:
         n = data.get("attempt")
+        if data.get("lost_s") is not None:  # measured on the host: a start-up and the steps redone
+            charge("oom_restarts", n, float(data["lost_s"]))
+            continue
         seen = progress.get(n, [])
         before = [s for t, s in seen if t <= ts]
         reached = max(before) if before else data.get("resume_step")
@@ -108,12 +112,12 @@ def add_losses(state: Any, per_run: list[dict], totals: dict, now: float) -> Non
 
 
 def line(losses: dict | None) -> str | None:
-    """`minutes lost: data wait 12.5 ($0.0831), saves 3.0 ($0.0200)`; None when nothing was lost."""
+    """`minutes lost: data wait 12.50 ($0.0831), saves 3.00 ($0.0200)`; None when nothing was lost."""
     if not losses or not any(losses["minutes"].values()):
         return None
-    bits = [f"{WORDS[c]} {losses['minutes'][c]:.1f} (${losses['usd'][c]:.{DECIMALS}f})" for c in CAUSES
+    bits = [f"{WORDS[c]} {losses['minutes'][c]:.2f} (${losses['usd'][c]:.{DECIMALS}f})" for c in CAUSES
             if losses["minutes"][c]]
-    return f"minutes lost: {', '.join(bits)}; in all {losses['total_minutes']:.1f} min, ${losses['total_usd']:.{DECIMALS}f}"
+    return f"minutes lost: {', '.join(bits)}; in all {losses['total_minutes']:.2f} min, ${losses['total_usd']:.{DECIMALS}f}"
 
 
 def csv_rows(report: dict) -> list[dict]:

@@ -32,7 +32,8 @@ def oom_events(controller: RunOwner, attempt: int, status: dict | None) -> None:
         if key not in seen:
             seen.add(key)
             controller.event(Kind.OOM_RETRY, {"attempt": attempt, **{k: ev.get(k) for k in
-                                                                     ("n", "rung", "change", "peak_gb", "resume_step")}})
+                                                                     ("n", "rung", "change", "peak_gb", "resume_step",
+                                                                      "lost_s")}})
 
 
 def on_out_of_memory(ctrl: RunOwner, cur: Any, status: dict) -> None:
