@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,50 @@ def test_save_plan_grows_within_the_users_bound_and_the_reclaim_risk(tmp_path):
     assert p.checkpoint_every == 1000 and "reclaim risk" in p.changes[1]
     assert health_act.plan_save(every=4, bound=None, step_s=None, save_s=None, notice_s=None, mean_s=None,
                                 checkpoint_dir=d, fast_dir=tmp_path).checkpoint_every == 8
+
+
+def test_kohya_io_bound_caches_latents_after_its_next_checkpoint_and_loses_no_step(tmp_path):
+    """kohya does not report its data wait: an idle GPU while it trains (a recorded report at 0%)
+    is io-bound; the action (cached latents through the ladder's rung) waits for the next periodic
+    checkpoint, then restarts from it, and the run's weights are those of a run without the stop."""
+    tests = Path(__file__).parent
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(6):
+        (photos / f"{i}.png").write_bytes(b"png")
+    args = {"launcher": [sys.executable, str(tests / "kohya_fake.py")], "script": "sdxl_train_network.py",
+            "network_module": "networks.lora", "resolution": "64,64", "network_train_unet_only": True}
+
+    def run(where: Path, env: dict) -> str:
+        cfg = {"run_id": "k", "attempt": 1, "trainer": "kohya", "steps": 24, "checkpoint_every": 5, "trainer_args": args,
+               "store": {"url": f"file://{where}/bucket"}, "metadata": {"kind": "none"}, "dataset": str(photos),
+               "workdir": str(where / "work"), "nvme": False, "require_gpu": False,
+               "heartbeat_seconds": 0.2, "poll_seconds": 0.2}
+        where.mkdir()
+        (where / "agent.json").write_text(json.dumps(cfg))
+        proc = subprocess.run([sys.executable, "-m", "sdcloud_agent", "run", "--config", str(where / "agent.json")],
+                              env={**os.environ, "FAKE_STEP_SECONDS": "0.1", **env}, capture_output=True, timeout=300)
+        log = (where / "work/attempt-1.log").read_text(errors="replace")
+        assert proc.returncode == 0, log[-3000:]
+        return log
+
+    log = run(tmp_path / "run", {"SDCLOUD_HEALTH_SECONDS": "0.05", "SDCLOUD_HEALTH_ACT_AFTER": "0.5",
+                                 "SDCLOUD_HEALTH_SMI_FILE": str(tests / "data/nvidia-smi-q/deepracer-58-idle-table.txt")})
+    status = json.loads((tmp_path / "run/bucket/runs/k/status.json").read_text())
+    (act,) = status["health_actions"]
+    assert act["cause"] == "io-bound" and act["before"]["gpu_util"] == 0
+    assert any("latents cached and text-encoder outputs cached" in c for c in act["changes"])
+    # It waited for the next periodic checkpoint (at or past the step it decided at) before the stop.
+    assert act["resume_step"] % 5 == 0 and act["resume_step"] >= act["step"] > 0
+    after = log.split("restarting the trainer from step")[1]
+    assert "--cache_latents" in after and "--cache_text_encoder_outputs" in after and "--resume" in after
+    assert act["still"] is True  # the recorded GPU stays idle: said plainly
+    true = [int(n) for n in re.findall(r"TRUESTEP (\d+)", after)]
+    assert true[0] == act["resume_step"] + 1 and true[-1] == 24
+    from sdcloud_agent.trainers import safetensors_keys as st
+
+    ref_log = run(tmp_path / "ref", {})
+    assert "restarting the trainer" not in ref_log
+    got = st.tensors(tmp_path / "run/bucket/runs/k/artifacts/sdcloud.safetensors")
+    want = st.tensors(tmp_path / "ref/bucket/runs/k/artifacts/sdcloud.safetensors")
+    assert got == want

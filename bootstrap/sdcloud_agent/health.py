@@ -15,7 +15,8 @@ nvidia-smi, MIN_GPU_SAMPLES GPU samples; a trainer that exited has no verdict, o
 
 Verdicts, one at a time, the first that holds in this order:
   io-bound    the trainer waits for data >= IO_WAIT_SHARE of its step time and the GPU (when there
-              is one) is busy < IO_GPU_UTIL percent
+              is one) is busy < IO_GPU_UTIL percent; for a trainer that does not report its data
+              wait (kohya, diffusers), the GPU busy < IO_GPU_UTIL percent while it trains
   save-bound  checkpoint saves take >= SAVE_SHARE of the training's wall time
   throttled   a thermal, power or hardware slowdown reason is active in >= THROTTLE_SHARE of the
               GPU samples
@@ -239,6 +240,11 @@ def judge(gpu: list[GpuSample], steps: list[tuple[float, float | None]], save_s:
         gpu_part = f"GPU {util:.0f}% busy while " if util is not None else ""
         return Verdict("io-bound", f"{gpu_part}the trainer waits for data {100 * wait_share:.0f}% of each step "
                                    f"(io-bound at >= {100 * IO_WAIT_SHARE:.0f}%)", figures)
+    if wait_share is None and util is not None and util < IO_GPU_UTIL and not waits:
+        # kohya and diffusers do not say their data wait: a GPU idle half the time while it trains
+        # is the mark of a starved one (or of a loader short of CPU, which the same cures help).
+        return Verdict("io-bound", f"GPU {util:.0f}% busy while training (io-bound under {IO_GPU_UTIL:.0f}%; "
+                                   "the trainer does not report its data wait)", figures)
     if save_share is not None and save_share >= SAVE_SHARE:
         return Verdict("save-bound", f"checkpoint saves take {100 * save_share:.0f}% of the wall time "
                                      f"(save-bound at >= {100 * SAVE_SHARE:.0f}%)", figures)
