@@ -200,44 +200,6 @@ class Schedules:
         return [dict(r) for r in self.db.execute("SELECT * FROM batch_fires WHERE schedule_id = ? ORDER BY at", (sid,))]
 
 
-def remove_said(sid: str, local: Schedules | None = None) -> str:
-    """Remove schedule `sid` from this machine's timer or from the cloud that has it; what was removed."""
-    from . import cloud_schedules
-
-    local = local or Schedules()
-    if any(s["id"] == sid for s in local.list()):
-        s = local.get(sid)
-        local.remove(sid)
-        return f"removed {sid} ({s['cron']} in {s['tz']}) from this machine's timer; it submits no more jobs"
-    gone = cloud_schedules.remove(sid)
-    if gone is None:
-        raise UserError(f"no schedule {sid!r}; see: sdcloud batch schedule list")
-    return f"removed {sid}: the {gone['kind']} {gone['name']} on {gone['provider']}; it submits no more jobs"
-
-
-def set_paused_said(sid: str, paused: bool, local: Schedules | None = None) -> str:
-    """Pause or resume this machine's schedule `sid`; which, where and what changed. A cloud's schedule
-    is refused by name: sdcloud drives no pause on the clouds' schedulers (removing it stops it)."""
-    from . import cloud_schedules
-
-    local = local or Schedules()
-    if not any(s["id"] == sid for s in local.list()):
-        cloud = next((s for s in cloud_schedules.listed() if s["id"] == sid), None)
-        if cloud is None:
-            raise UserError(f"no schedule {sid!r}; see: sdcloud batch schedule list")
-        raise UserError(f"{sid} is the {cloud['kind']} {cloud['name']} on {cloud['provider']}, which sdcloud cannot "
-                        f"{'pause' if paused else 'resume'}; stop it with: sdcloud batch schedule remove {sid}")
-    before = local.get(sid)
-    where = f"{sid} ({before['cron']} in {before['tz']}) on this machine's timer"
-    if bool(before["paused"]) == paused:
-        return f"{where} was already {'paused' if paused else 'running'}; nothing changed"
-    local.set_paused(sid, paused)
-    if paused:
-        return f"paused {where}; it submits no jobs until: sdcloud batch schedule resume {sid}"
-    nxt = next((s["next"] for s in local.list() if s["id"] == sid), None)
-    return f"resumed {where}; the times missed while paused are skipped, next at {nxt}"
-
-
 def systemd_units(sdcloud_bin: str) -> dict[str, str]:
     """A user service + timer that runs one scheduler tick a minute and survives reboots."""
     service = ("[Unit]\nDescription=sdcloud batch scheduler (one tick)\n\n[Service]\nType=oneshot\n"

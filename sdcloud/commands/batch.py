@@ -338,9 +338,9 @@ def schedule_list(as_json: bool) -> None:
 @click.argument("sid")
 def schedule_remove(sid: str) -> None:
     """Remove a schedule: from this machine's timer, or from the cloud that has it; says what was removed."""
-    from ..batch import schedules
+    from ..batch import schedule_changes
 
-    click.echo(schedules.remove_said(sid))
+    click.echo(schedule_changes.remove_said(sid))
 
 
 @schedule.command("pause")
@@ -348,9 +348,9 @@ def schedule_remove(sid: str) -> None:
 @click.argument("sid")
 def schedule_pause(sid: str) -> None:
     """Pause one of this machine's schedules: it submits no jobs until resumed; says which."""
-    from ..batch import schedules
+    from ..batch import schedule_changes
 
-    click.echo(schedules.set_paused_said(sid, True))
+    click.echo(schedule_changes.set_paused_said(sid, True))
 
 
 @schedule.command("resume")
@@ -358,9 +358,9 @@ def schedule_pause(sid: str) -> None:
 @click.argument("sid")
 def schedule_resume(sid: str) -> None:
     """Resume a paused schedule of this machine's (the times missed are skipped); says which and when next."""
-    from ..batch import schedules
+    from ..batch import schedule_changes
 
-    click.echo(schedules.set_paused_said(sid, False))
+    click.echo(schedule_changes.set_paused_said(sid, False))
 
 
 def fire(job_id: str, kw: dict) -> None:
