@@ -60,7 +60,7 @@ class BatchController:
             raise UserError(f"no offer on {self.provider_name} fits tier {self.tier.name}")
         self.fleet = Fleet(self.job_id, self.provider, self.provider_name, state, offers, get_policy("sdcloud"),
                            self.event, self.timing, spec_market=None if market == "spot" else market,
-                           max_price=self.spec.get("max_price"))
+                           max_price=self.spec.get("max_price"), on_launched=self._priced)
 
     @property
     def provider_traits(self) -> ProviderTraits:
@@ -126,6 +126,13 @@ class BatchController:
         self.event(batch_ended(state), {"reason": reason} if reason else {})
 
     # -- hosts ------------------------------------------------------------------------------------
+
+    def _priced(self, n: int, offer: Any, market: str, inst: Any, spec: LaunchSpec) -> None:
+        """A worker host is up: the cost ledger keeps its launch price and the offer's on-demand list
+        price, as a training attempt's, so the job's report prices the same worker hours on demand."""
+        from ..costs import ledger
+
+        ledger.started(self.state, self.job_id, n, offer, market, spec.root_volume_gb, zone=inst.zone or offer.row.zone)
 
     def launch_spec(self, n: int) -> LaunchSpec:
         agent = {"run_id": self.job_id, "attempt": n, "tier": self.tier.name, "store": self.spec["store"],
@@ -229,6 +236,10 @@ class BatchController:
         # Scale down: the newest hosts go first; a worker there mid-item just leaves its lease to expire.
         for cur in sorted(open_, key=lambda a: a.n, reverse=True)[:max(0, len(open_) - want)]:
             self.fleet.end(cur, "done" if over else "scaled-down")
+        if want > len(self.fleet.open_attempts()) and self.provider_traits.is_cloud:
+            from .orphans import adopt_or_end
+
+            adopt_or_end(self, want)  # a host a dead driver left fills its slot before any launch
         if want > len(self.fleet.open_attempts()):
             self.fleet.keep_alive(want, self.progress(done), self.launch_spec)
         if self.fleet.sweep_due():

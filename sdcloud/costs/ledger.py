@@ -192,7 +192,9 @@ def savings(total: float, ondemand: float) -> dict:
 
 def run_cost(state, run: dict, now: float | None = None) -> dict:
     """A run added up: per attempt and in total, in USD, with each figure's source."""
-    now = now or time.time()
+    from .. import clock
+
+    now = now or clock.epoch()
     attempts = state.attempts(run["id"])
     costs = state.attempt_costs(run["id"])
     stored: dict[int, list[dict]] = {}

@@ -50,7 +50,9 @@ def build_report(state, runs: list[dict], by: str | None = None, now: float | No
                  images: dict[str, int] | None = None) -> dict:
     """`images`: each batch job's images made so far (batch.status.images_done), by job id; a job
     not in it counts the images its row last recorded."""
-    now = now or time.time()
+    from .. import clock
+
+    now = now or clock.epoch()
     if by is not None and by not in GROUPINGS:
         raise UserError(f"--by must be one of {', '.join(GROUPINGS)}, got {by!r}")
     from .job_terms import in_job_terms

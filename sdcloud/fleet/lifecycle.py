@@ -34,6 +34,9 @@ MAX_FAILED_LAUNCHES = 12
 NO_DEADLINE_HOURS = 24 * 30.0
 
 Events = Callable[[str, dict], None]
+# Called once a host is up: (attempt n, the offer, its market, the instance, its launch spec). The
+# batch controller records the host's prices in the cost ledger here (a run's controller does so itself).
+Launched = Callable[[int, Offer, str, Any, LaunchSpec], None]
 
 
 def crash_point(name: str) -> None:
@@ -79,7 +82,7 @@ class Fleet:
 
     def __init__(self, owner_id: str, provider: Any, provider_name: str, records: Records, candidates: Sequence[Offer],
                  policy: Policy, events: Events, timing: Timing, spec_market: str | None = None,
-                 max_price: float | None = None):
+                 max_price: float | None = None, on_launched: Launched | None = None):
         self.owner_id = owner_id
         self.provider = provider
         self.provider_name = provider_name
@@ -90,6 +93,7 @@ class Fleet:
         self.timing = timing
         self.market = spec_market
         self.max_price = max_price
+        self.on_launched = on_launched
         self._last_sweep = 0.0
 
     # attempts
@@ -191,6 +195,8 @@ class Fleet:
         self.records.update_attempt(self.owner_id, n, instance_id=inst.id, zone=inst.zone or offer.row.zone,
                                     state="running", start=time.time())
         self.event(Kind.LAUNCHED, {"attempt": n, "instance": inst.id, "zone": inst.zone, "adopted": inst.adopted})
+        if self.on_launched is not None:
+            self.on_launched(n, offer, kind, inst, spec)
         return inst
 
     def _launch_failed(self, n: int) -> None:
