@@ -130,6 +130,17 @@ def parse(kind: str) -> Kind | str:
         return ALIASES.get(kind, kind)
 
 
+def identity(time: float, kind: str, data: dict | None) -> str:
+    """An event's identity: a digest of its kind, fields and the time it happened (not when it was
+    copied). The journal writes and restores by it (runs/journal.py), so a copy of an event that
+    reached the bucket twice, or was restored by several drivers, is one event."""
+    import hashlib
+    import json
+
+    body = json.dumps([repr(float(time)), str(parse(kind)), data or {}], sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()[:24]
+
+
 def run_ended(state: str) -> Kind:
     """The kind that records a run's end in `state` (succeeded, failed, stopped)."""
     return Kind(f"run-{state}")
@@ -188,7 +199,7 @@ FIELDS: dict[Kind, Fields] = {
     Kind.SELF_ENDED: Fields(("attempt", "reason"), ("action", "at", "error", "unattended")),
     Kind.HEARTBEAT_FAILED: Fields(("error",)),
     Kind.PULLED: Fields(("dir",)),
-    Kind.DRIVER_TOOK_OVER: Fields(("driver",)),
+    Kind.DRIVER_TOOK_OVER: Fields(("driver",), ("invocation", "from", "step")),
     Kind.DRIVER_LOST: Fields(("driver",), ("holder",)),
     Kind.HANDED_OVER: Fields(("to",)),
     Kind.JOURNAL_DEFERRED: Fields(("error",)),
@@ -330,6 +341,8 @@ WORDS: dict[Kind, Callable[[dict], str | None]] = {
     Kind.DATASET_UPLOADED: lambda d: (f"dataset: {d.get('files')} files in the run's bucket ({d.get('sent')} sent, "
                                       f"{d.get('mb')} MB)"),
     Kind.MODEL_UPLOADED: _model_uploaded,
+    Kind.DRIVER_TOOK_OVER: lambda d: (f"{d.get('driver')} took the run over" + (
+        f" from {d['from']}" if d.get("from") else "") + (f" at step {d['step']}" if d.get("step") is not None else "")),
     Kind.STOP_REQUESTED: lambda d: f"stop requested by {d.get('by')}" + (f" ({d['reason']})" if d.get("reason") else ""),
     Kind.WORKER_ADOPTED: lambda d: (f"worker {d.get('n')} (pid {d.get('pid')}) outlived its driver and is still "
                                     "at work: kept in its slot, no second worker started"),

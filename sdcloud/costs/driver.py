@@ -1,7 +1,9 @@
 """The cloud driver's own invocations, as a line item of the runs it drove (`sdcloud cost report`).
 
 What is counted: each invocation of the function that took a run's lease leaves one
-`driver-took-over` event in the run's journal (sdcloud/runs/unattended.py). While a run is live,
+`driver-took-over` event in the run's journal (sdcloud/runs/unattended.py), naming the invocation;
+the item counts the distinct invocations among them (copies of one event, which journals written
+before events had an identity held, and an invocation named twice count once). While a run is live,
 the handler keeps taking its steps until the invocation's time is nearly spent, so such an
 invocation lasts about the function's timeout less the handler's safety margin. The item is
 therefore: invocations x (request price + (timeout - safety) s x memory GB x GB-second price), an
@@ -27,15 +29,19 @@ def functions() -> dict[str, CloudFunction]:
 
 
 def invocations(events: list[dict]) -> dict[str, int]:
-    """Invocations of each cloud driver that took the run, from its events."""
+    """Invocations of each cloud driver that took the run, from its events: each invocation once (by
+    its name in the lease; an event of an older sdcloud that named none, by the event's identity)."""
+    from ..events import identity
+
     known = functions()
-    out: dict[str, int] = {}
+    seen: dict[str, set[str]] = {}
     for e in events:
         if e["kind"] == Kind.DRIVER_TOOK_OVER:
-            name = (e.get("data") or {}).get("driver")
+            data = e.get("data") or {}
+            name = data.get("driver")
             if name in known:
-                out[name] = out.get(name, 0) + 1
-    return out
+                seen.setdefault(name, set()).add(str(data.get("invocation") or identity(e["time"], e["kind"], data)))
+    return {name: len(ids) for name, ids in seen.items()}
 
 
 def seconds_per_invocation(fn: CloudFunction) -> float:

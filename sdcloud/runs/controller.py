@@ -44,7 +44,7 @@ from .background import controller_alive, detach
 from .budget_watch import budget_spent, budget_warnings
 from .host_status import HostStatus
 from .launching import LaunchInputs
-from .owner import Memo
+from .owner import Memo, steps_before
 from .resume import RESUME_FIXED, RESUME_SAFE, prepare_resume
 from .spec import RunSpec
 from .state import ACTIVE_RUN_STATES, BATCH, FINAL_RUN_STATES, Attempt, StateStore, run_kind
@@ -88,7 +88,7 @@ class Controller(LaunchInputs, HostStatus):
             self.provider = provider or get_provider(self.spec.provider)
         self.emit = emit or (lambda kind, data: None)
         self.timing = timing or Timing.for_provider(self.spec.provider)
-        self.memo = Memo()
+        self.memo = Memo.read_back(state, self.run_id)  # the resumes already announced
         self._stop_reason: str | None = None
         self._infra = state.infra(self.spec.provider, self.spec.region or "") or {}
         from .store_of import run_store_conf
@@ -352,7 +352,7 @@ class Controller(LaunchInputs, HostStatus):
         resumed = status.get("resumed_from")
         if resumed is None:
             resumed = max(0, int(status["step"]) - 1)
-        done_before = self.state.get_run(self.run_id)["step"]
+        done_before = steps_before(self.state, self.run_id, cur.n)  # as far as the attempts before got
         self.event(Kind.RESUMED, {"attempt": cur.n, "from_step": int(resumed),
                                   "lost_steps": max(0, done_before - int(resumed)), "zone": cur.zone,
                                   "instance_type": cur.instance_type})

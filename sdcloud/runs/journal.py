@@ -3,25 +3,33 @@
 The controller writes, in the run's bucket:
 
 ```
-runs/<id>/journal/run.json                 the run's row, attempts, cost inputs, ledger items, infra outputs
-runs/<id>/journal/events/<ns>-<host>.json  the events since the last write, one object per write
-drivers/active/<id>                        present while the run is active (the cloud driver's index)
+runs/<id>/journal/run.json                   the run's row, attempts, cost inputs, ledger items, infra outputs
+runs/<id>/journal/events/<ns>-<digest>.json  events not yet in the bucket, one object per write
+drivers/active/<id>                          present while the run is active (the cloud driver's index)
 ```
 
 `run.json` is rewritten when something in it changed, and at most once a minute otherwise, so a
-run costs a few thousand small PUTs a day at most (S3 Standard: $0.005 per 1,000 PUTs). Event
-objects are never rewritten: their names sort by time and carry the writing machine, so two
-machines that drove the run one after the other leave one history. `restore` reads both into a
-state store on a machine that has never seen the run (`sdcloud status RUN --store URL`).
-Secrets are never in a row, so none are in the journal.
+run costs a few thousand small PUTs a day at most (S3 Standard: $0.005 per 1,000 PUTs).
+
+An event's key is its identity (events.identity: its time, kind and fields, fixed when it
+happened), not the writer's count: a writer sends only the events whose identity the bucket does
+not hold yet, so a driver that rebuilt the run from the bucket (the cloud function, every
+invocation) sends back none of what it read, and an event object's name is a digest of the
+identities it holds, so writing the same events again writes the same object. `restore` inserts
+each identity once, however many objects hold a copy (journals written before this rule held
+copies). Before it, every new writer re-sent everything it had restored, and the journal doubled
+with each invocation (docs/runs.md, "Who drives a run").
+
+A driver that lost the run's lease writes nothing more (`lease`): what it saw after the loss is
+the new holder's to record. Secrets are never in a row, so none are in the journal.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import socket
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .. import events as kinds
 from ..events import Kind
@@ -30,9 +38,17 @@ from .state import ACTIVE_RUN_STATES, StateStore
 REWRITE_SECONDS = 60.0
 ACTIVE_INDEX = "drivers/active"
 
+# What this process knows a bucket holds, by (state.db, bucket, run): the identities of the events
+# that `restore` read or a Journal wrote. A Journal of the same state.db does not send them again.
+_IN_BUCKET: dict[tuple[str, str, str], set[str]] = {}
+
 
 def prefix(run_id: str) -> str:
     return f"runs/{run_id}/journal"
+
+
+def events_prefix(run_id: str) -> str:
+    return f"{prefix(run_id)}/events/"
 
 
 def snapshot(state: StateStore, run_id: str) -> dict[str, Any]:
@@ -48,6 +64,38 @@ def snapshot(state: StateStore, run_id: str) -> dict[str, Any]:
     }
 
 
+def identity(event: dict) -> str:
+    return kinds.identity(event["time"], event["kind"], event.get("data"))
+
+
+def _where(state: StateStore, store: Any, run_id: str) -> tuple[str, str, str]:
+    # A wrapper of a store (a test's counting store) may not name its URL: then its class stands in.
+    return str(state.path), str(getattr(store, "url", type(store).__name__)), run_id
+
+
+def _known(state: StateStore, store: Any, run_id: str) -> set[str] | None:
+    return _IN_BUCKET.get(_where(state, store, run_id))
+
+
+def _note(state: StateStore, store: Any, run_id: str, keys: Iterable[str]) -> None:
+    _IN_BUCKET.setdefault(_where(state, store, run_id), set()).update(keys)
+
+
+def forget(state: StateStore) -> None:
+    """Drop what this process noted for a state.db that is gone (a cloud invocation's own)."""
+    for where in [w for w in _IN_BUCKET if w[0] == str(state.path)]:
+        del _IN_BUCKET[where]
+
+
+def bucket_events(store: Any, run_id: str) -> list[dict]:
+    """Every event of the run's journal in its bucket, each once (by identity), oldest first."""
+    seen: dict[str, dict] = {}
+    for info in sorted(store.list(events_prefix(run_id)), key=lambda i: i.key):
+        for e in json.loads(store.get(info.key)):
+            seen.setdefault(identity(e), e)
+    return sorted(seen.values(), key=lambda e: float(e["time"]))
+
+
 class Journal:
     """Writes one run's history to its bucket after each controller step (`flush`)."""
 
@@ -56,13 +104,17 @@ class Journal:
         self._last_body: bytes | None = None
         self._last_write = 0.0
         self._event_id = 0
-        self._host = socket.gethostname().replace("/", "_")[:40] or "host"
         self._indexed: bool | None = None
+        # The driver lease this journal writes under (runs/driver.py DriverLease); once lost, nothing
+        # more is written from here.
+        self.lease: Any = None
 
     def flush(self) -> None:
         """Write what changed. Store faults are left to the next step: the journal is a copy of state.db."""
         from .store import StoreError
 
+        if self.lease is not None and self.lease.lost:
+            return
         try:
             self._flush_events()
             self._flush_run()
@@ -74,10 +126,20 @@ class Journal:
         events = [e for e in events if kinds.parse(e["kind"]) is not Kind.JOURNAL_DEFERRED]
         if not events:
             return
-        body = json.dumps([{"time": e["time"], "kind": e["kind"], "data": e["data"]} for e in events],
-                          default=str).encode()
-        key = f"{prefix(self.run_id)}/events/{time.time_ns():020d}-{self._host}.json"
-        self.store.put(key, body)
+        known = _known(self.state, self.store, self.run_id)
+        if known is None:
+            # The first write of this state.db for the run: learn what the bucket already holds (a
+            # machine that restored the run in another process, a controller started again).
+            _note(self.state, self.store, self.run_id, (identity(e) for e in bucket_events(self.store, self.run_id)))
+            known = _known(self.state, self.store, self.run_id) or set()
+        new = [e for e in events if identity(e) not in known]
+        if new:
+            keys = [identity(e) for e in new]
+            body = json.dumps([{"time": e["time"], "kind": e["kind"], "data": e["data"]} for e in new],
+                              default=str).encode()
+            digest = hashlib.sha256("".join(keys).encode()).hexdigest()[:16]
+            self.store.put(f"{events_prefix(self.run_id)}{int(float(new[0]['time']) * 1e9):020d}-{digest}.json", body)
+            _note(self.state, self.store, self.run_id, keys)
         self._event_id = events[-1]["id"]
 
     def _flush_run(self) -> None:
@@ -103,9 +165,10 @@ class Journal:
 def restore(state: StateStore, store: Any, run_id: str) -> dict | None:
     """Rebuild the run's rows from its journal (None when the bucket has no journal for it).
 
-    Rows already here are replaced by the bucket's (the bucket is the source of truth); events
-    already here (same time and kind) are not added twice. A kind an older sdcloud spelled otherwise
-    (`launch_failed`, `budget`) is read back as today's (events.parse).
+    Rows already here are replaced by the bucket's (the bucket is the source of truth); each event
+    is inserted once by its identity, however many of the bucket's objects hold a copy and whether
+    or not it is here already. A kind an older sdcloud spelled otherwise (`launch_failed`, `budget`)
+    is read back as today's (events.parse).
     """
     from .store import NotFound, StoreError
 
@@ -121,8 +184,7 @@ def restore(state: StateStore, store: Any, run_id: str) -> dict | None:
     spec = run["spec"] or {}
     if snap.get("infra"):
         state.save_infra(spec.get("provider") or "", spec.get("region") or "", snap["infra"])
-    events = [{**e, "kind": kinds.parse(e["kind"])}
-              for info in sorted(store.list(f"{prefix(run_id)}/events/"), key=lambda i: i.key)
-              for e in json.loads(store.get(info.key))]
+    events = [{**e, "kind": kinds.parse(e["kind"])} for e in bucket_events(store, run_id)]
     state.import_run(snap, events)
+    _note(state, store, run["id"], (identity(e) for e in events))
     return state.get_run(run["id"])

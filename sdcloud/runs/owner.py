@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..events import Kind
+from ..events import HOST_GONE, Kind, parse
 
 if TYPE_CHECKING:
     from ..fleet.lifecycle import Fleet, Timing
@@ -38,7 +38,7 @@ class Memo:
     launched_spec: LaunchSpec | None = None
     # The budget shares already warned about; None until read back from the run's events.
     budget_warned: set[int] | None = None
-    # Attempts whose training was first seen (a resume is announced once per attempt).
+    # Attempts whose training was first seen (a resume is announced once per attempt; read_back seeds it).
     seen_attempts: set[int] = field(default_factory=set)
     # (attempt, rung) of the out-of-memory retries already recorded (runs/oom_move.py).
     oom_seen: set[tuple[int, Any]] = field(default_factory=set)
@@ -53,6 +53,32 @@ class Memo:
     # Since when the store has been unreachable, and when that was last said (runs/hostboot.py).
     store_down_since: float | None = None
     store_noted: float = 0.0
+
+    @classmethod
+    def read_back(cls, state: StateStore, run_id: str) -> "Memo":
+        """A new driver's memo, with what the run's history already says: the attempts whose resume
+        was announced (a driver that takes the run over, or merely continues it, does not announce
+        them again)."""
+        memo = cls()
+        memo.seen_attempts = {int(e["data"]["attempt"]) for e in state.events(run_id)
+                              if parse(e["kind"]) is Kind.RESUMED and str(e["data"].get("attempt", "")).isdigit()}
+        return memo
+
+
+def steps_before(state: StateStore, run_id: str, n: int) -> int:
+    """The furthest step the attempts before attempt `n` reached, as they were seen (the cost ledger's
+    last training step of each, the step their host reported when it was reclaimed or lost); the
+    run's step when none was seen. A resume's lost steps are counted from it: the figure of the
+    moment it happened, whichever driver records it and whenever (not the run's step by then)."""
+    seen = [int(c["last_step"]) for k, c in state.attempt_costs(run_id).items()
+            if k < n and c.get("last_step") is not None]
+    seen += [int(e["data"]["step"]) for e in state.events(run_id)
+             if parse(e["kind"]) in HOST_GONE and str(e["data"].get("step", "")).isdigit()
+             and int(e["data"].get("attempt") or 0) < n]
+    if seen:
+        return max(seen)
+    run = state.get_run(run_id)
+    return int(run["step"]) if run else 0
 
 
 class RunOwner(Protocol):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .. import config
-from ..events import parse as parse_kind
+from ..events import identity as event_identity
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -353,7 +353,7 @@ class StateStore:
 
     def import_run(self, snap: dict[str, Any], events: Iterable[dict] = ()) -> None:
         """Replace the run's rows with `snap` (export_run's form) and add the `events` (time, kind, data)
-        not already here: an event of the same time and kind is the same event."""
+        not already here: each once, by its identity (events.identity: time, kind and fields)."""
         run = snap["run"]
         rid = run["id"]
         with self.tx() as db:
@@ -372,12 +372,13 @@ class StateStore:
                 _insert(db, "ledger", {"run_id": rid, **{k: it[k] for k in ("n", "item", "amount", "currency", "usd",
                                                                              "source")},
                                        "detail": json.dumps(it.get("detail") or {}, default=str)})
-            have = {(round(r[0], 6), str(parse_kind(r[1]))) for r in
-                    db.execute("SELECT time, kind FROM events WHERE run_id = ?", (rid,)).fetchall()}
+            have = {event_identity(r[0], r[1], json.loads(r[2])) for r in
+                    db.execute("SELECT time, kind, data FROM events WHERE run_id = ?", (rid,)).fetchall()}
             for e in events:
-                key = (round(e["time"], 6), str(parse_kind(e["kind"])))
+                key = event_identity(e["time"], e["kind"], e["data"])
                 if key in have:
                     continue
+                have.add(key)
                 _insert(db, "events", {"run_id": rid, "time": e["time"], "kind": str(e["kind"]),
                                        "data": json.dumps(e["data"], default=str)})
 

@@ -12,16 +12,20 @@ One entry point for both clouds, called as each calls a Python function:
   whose `time_limit_in_ms` bounds the invocation.
 
 It runs the control plane's own code (the Controller and its step), not a second implementation:
-state.db is rebuilt in the function's /tmp from each run's journal in the bucket, the driver lease
-makes it the only driver of the run, one step a poll until the invocation's time is nearly spent,
-and the journal carries what it did back to the bucket. The next invocation renews the lease, so a
-laptop that comes back does not race it (`sdcloud watch RUN --drive` takes a run back when asked).
+each invocation is a driver of its own (its function's name and the platform's request id), takes
+a run's driver lease before it reads the run, rebuilds state.db in its own folder of /tmp from the
+run's journal in the bucket, takes one step a poll until the invocation's time is nearly spent, and
+the journal carries what it did back to the bucket. It then parks the lease: a laptop that comes
+back does not race it, and the function's next invocation continues at once (`sdcloud watch RUN
+--drive` takes a run back when asked). Invocations racing for one run (a schedule's tick and its
+neighbours) are several drivers: one takes the lease, the others leave the run alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -84,23 +88,43 @@ def live_runs(store: Any) -> list[str]:
     return [o.key.rsplit("/", 1)[-1] for o in sorted(store.list(f"{ACTIVE_INDEX}/"), key=lambda o: o.key)]
 
 
+def _poll_seconds(function: str) -> float:
+    """The poll of the function's own provider: the lease's term is several of them (runs/driver.py)."""
+    polls = [t.timing.poll_seconds for t in every() if t.function is not None and t.function.name == function]
+    return polls[0] if polls else 5.0
+
+
 def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
-                 sleep: Callable[[float], None] = time.sleep) -> dict:
-    """Take steps for every live run no other driver holds, while time is left. Returns what it did."""
-    if not os.environ.get("SDCLOUD_HOME"):
-        # Lambda and SCF give a writable /tmp only; state.db is a cache rebuilt from the journal.
-        os.environ["SDCLOUD_HOME"] = tempfile.mkdtemp(prefix="sdcloud-driver-")
+                 sleep: Callable[[float], None] | None = None, home: Path | None = None) -> dict:
+    """Take steps for every live run no other driver holds, while time is left. Returns what it did.
+
+    `driver` is this invocation's name (`aws-lambda:<request id>`, runs/driver.invocation_id); a bare
+    function name gets a random id. Each run's lease is taken before the run is read, so what this
+    invocation acts on is the bucket's view from after it took the run; its state.db is its own (a
+    warm function's /tmp is shared by its invocations) and is removed when it returns.
+    """
     from .controller import Controller
-    from .journal import restore
+    from .driver import DriverLease, LeaseLost, function_of, guard, invocation_id
+    from .journal import forget, restore
     from .state import FINAL_RUN_STATES, StateStore
     from .store import open_run_store
 
+    if not os.environ.get("SDCLOUD_HOME"):
+        # Lambda and SCF give a writable /tmp only; state.db is a cache rebuilt from the journal.
+        os.environ["SDCLOUD_HOME"] = tempfile.mkdtemp(prefix="sdcloud-driver-")
+    sleep = sleep or time.sleep  # looked up now: a test's simulated clock moves with the polls
+    home = Path(home or os.environ["SDCLOUD_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    function = function_of(driver) or driver.split(":", 1)[0]
+    invocation = driver if ":" in driver else invocation_id(driver)
     store = open_run_store(store_conf)
-    state = StateStore(Path(os.environ["SDCLOUD_HOME"]) / "state.db")
-    report: dict = {"driver": driver, "runs": {}}
+    workdir = Path(tempfile.mkdtemp(prefix="invocation-", dir=home))
+    state = StateStore(workdir / "state.db")
+    report: dict = {"driver": function, "invocation": invocation, "runs": {}}
     started = time.monotonic()
     spend = float(os.environ.get("SDCLOUD_DRIVER_SECONDS", DRIVE_SECONDS))
-    safety = safety_seconds(driver)
+    safety = safety_seconds(function)
+    poll = _poll_seconds(function)
 
     def room() -> float:
         """Seconds left for steps: within the platform's limit less the safety, and this driver's own cap."""
@@ -110,21 +134,28 @@ def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
     for run_id in live_runs(store):
         if room() <= 0:
             break
+        lease = DriverLease(store, run_id, poll, invocation)
         ctl = None
         try:  # one run's fault is that run's report, never the end of the others' steps
+            if not lease.acquire():  # the lease first: the run is read under it
+                report["runs"][run_id] = {"skipped": f"driven by {(lease.holder() or {}).get('worker')}"}
+                continue
+            before = (lease.previous or {}).get("worker")
             if restore(state, store, run_id) is None:
+                lease.release()
                 continue
-            ctl = Controller(state, run_id, driver=driver)
-            if not ctl.lease.acquire():
-                holder = (ctl.lease.holder() or {}).get("worker")
-                report["runs"][run_id] = {"skipped": f"driven by {holder}"}
-                continue
-            ctl.event(Kind.DRIVER_TOOK_OVER, {"driver": driver})
+            ctl = Controller(state, run_id, driver=invocation)
+            guard(ctl, lease)  # every launch and terminate is conditional on still holding it
+            # One record per take-over, with the figures of its moment (who had the run, its step).
+            ctl.event(Kind.DRIVER_TOOK_OVER, {"driver": function, "invocation": invocation, "from": before,
+                                              "step": state.get_run(run_id)["step"]})
             ctl.reconcile()
+        except LeaseLost:
+            report["runs"][run_id] = {"lost": "another driver took the run"}
+            continue
         except Exception as exc:  # noqa: BLE001 - reported per run; the lease is handed back
             report["runs"][run_id] = {"error": _one_line(exc)}
-            if ctl is not None:
-                ctl.lease.release()
+            lease.release()
             continue
         driving.append(ctl)
         report["runs"][run_id] = {"steps": 0}
@@ -134,23 +165,32 @@ def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
         for ctl in list(live):
             try:
                 done = ctl.guarded_step()
+                report["runs"][ctl.run_id]["steps"] += 1
+                if done or state.get_run(ctl.run_id)["state"] in FINAL_RUN_STATES:
+                    live.remove(ctl)
+                    ctl.finish_driving()
+            except LeaseLost:  # another driver has the run: it acts, this one writes nothing more
+                report["runs"][ctl.run_id]["lost"] = "another driver took the run"
+                if ctl in live:
+                    live.remove(ctl)
             except Exception as exc:  # noqa: BLE001 - this run's fault: reported, its lease handed back
                 report["runs"][ctl.run_id]["error"] = _one_line(exc)
                 ctl.lease.release()
-                live.remove(ctl)
-                continue
-            report["runs"][ctl.run_id]["steps"] += 1
-            if done or state.get_run(ctl.run_id)["state"] in FINAL_RUN_STATES:
-                ctl.finish_driving()
-                live.remove(ctl)
+                if ctl in live:
+                    live.remove(ctl)
         if live:
             sleep(min(c.timing.poll_seconds for c in live))
     for ctl in live:
-        # Keep the lease: the next invocation renews it, and no laptop races this driver meanwhile.
+        # Park the lease: live for every other driver (a laptop that wakes up does not race this one),
+        # and this function's next invocation continues the run at once.
         state.update_run(ctl.run_id, controller_pid=None)
         ctl.journal.flush()
+        ctl.lease.park()
     for ctl in driving:
         report["runs"][ctl.run_id]["state"] = state.get_run(ctl.run_id)["state"]
+    state.close()
+    forget(state)
+    shutil.rmtree(workdir, ignore_errors=True)
     return report
 
 
@@ -158,8 +198,17 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: " + ((str(exc).strip().splitlines() or [""])[0])[:300]
 
 
+def _request_id(context: Any) -> str | None:
+    """The platform's id of this invocation: Lambda's `aws_request_id`, SCF's `request_id`."""
+    if isinstance(context, dict):
+        return context.get("request_id") or None
+    return getattr(context, "aws_request_id", None)
+
+
 def handler(event: dict, context: Any = None) -> dict:
     """AWS Lambda's entry point (EventBridge Scheduler)."""
+    from .driver import invocation_id
+
     started = time.monotonic()
     # Batch jobs and their cloud schedules' fires first (each job guarded: never this invocation's end).
     # Named, not imported: batch sits beside runs and imports it, and the function has this one entry.
@@ -170,7 +219,8 @@ def handler(event: dict, context: Any = None) -> dict:
         batch = drive_batch(event, _store_conf, _driver_name(event), _time_left(context, started))
     except Exception as exc:  # noqa: BLE001 - even a batch module that cannot load leaves the runs their steps
         batch = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-    report = drive_lapsed(_store_conf(), _driver_name(event), _time_left(context, started))
+    report = drive_lapsed(_store_conf(), invocation_id(_driver_name(event), _request_id(context)),
+                          _time_left(context, started))
     return {**report, "batch": batch} if batch else report
 
 
