@@ -67,6 +67,20 @@ def needs_staging(state: StateStore, run_id: str) -> bool:
     return rec is None or (resumed_after and rec.get("staged_on") == this_machine())
 
 
+def _without_secrets(obj: Any) -> Any:
+    """The settings as recorded: a key or value that looks like a credential is left out (the journal
+    is read by every machine that reaches the bucket; credentials come from each driver's own role)."""
+    from sdcloud_agent.config import SECRET_VALUE_PREFIXES, SECRET_WORDS
+
+    if isinstance(obj, dict):
+        return {k: _without_secrets(v) for k, v in obj.items()
+                if not any(w in str(k).lower() for w in SECRET_WORDS)
+                and not (isinstance(v, str) and v.startswith(SECRET_VALUE_PREFIXES))}
+    if isinstance(obj, list):
+        return [_without_secrets(v) for v in obj]
+    return obj
+
+
 def _local_path(value: str | None) -> Path | None:
     """A path of the user's machine (up made it absolute), not a URL, a cache reference or a hub id."""
     if not value or "://" in value or value.startswith("cache:"):
@@ -113,7 +127,7 @@ def _stage(ctl: Any, drive: str | None) -> dict:
             model = upload_model(ctl.store, str(path), ctl.event)
         elif not path.exists():
             model = _from_record(rec, "model", str(path), "model", run_id)
-    settings = {s: config.settings().get(s) or {} for s in sections(spec.provider)}
+    settings = _without_secrets({s: config.settings().get(s) or {} for s in sections(spec.provider)})
     region = (ctl._infra or {}).get("region") or ctl.store_conf.get("region")
     net = host_network(region, spec.provider, spec.network)
     carried = None
