@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 
@@ -75,8 +76,13 @@ def _agent(spec) -> dict:
     return json.JSONDecoder().raw_decode(text[start:])[0]
 
 
-def test_a_handed_over_run_launches_from_the_bucket_with_the_laptops_settings(tmp_path, monkeypatch, sdcloud_home):
-    from sdcloud.runs import unattended
+@pytest.mark.parametrize("how", ["up-unattended", "controller-killed"])
+def test_a_handed_over_run_launches_from_the_bucket_with_the_laptops_settings(tmp_path, monkeypatch, sdcloud_home,
+                                                                              how):
+    """`up --unattended` hands the run over at once; a laptop controller that was killed after it
+    launched passes it on when its lease lapses (then the first host is reclaimed, and the function
+    relaunches it). Either way the function launches from the bucket, under the laptop's settings."""
+    from sdcloud.runs import driver as driver_mod, unattended
     from sdcloud.runs.controller import Controller
     from sdcloud.runs.journal import Journal
     from sdcloud.runs.state import StateStore
@@ -92,14 +98,27 @@ def test_a_handed_over_run_launches_from_the_bucket_with_the_laptops_settings(tm
     laptop.create_run("r-hand0001", "sd15-lora", spec, 100)
     cloud = Recording()
     monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: cloud)
-    Controller(laptop, "r-hand0001", provider=cloud).hand_over()
+    if how == "up-unattended":
+        Controller(laptop, "r-hand0001", provider=cloud).hand_over()
+    else:
+        monkeypatch.setattr(driver_mod, "MIN_LEASE_SECONDS", 0.2)  # a lease that lapses at once here
+        monkeypatch.setattr(driver_mod, "LEASE_POLLS", 0)
+        ctl = Controller(laptop, "r-hand0001", provider=cloud, driver="laptop")
+        ctl.lease.acquire_or_refuse()
+        ctl.reconcile()
+        assert not ctl.step() and len(cloud.specs) == 1, "the laptop launched the first host"
+    laptop_launches = len(cloud.specs)
 
     # In the bucket before the journal lists the run: the images, the captions, the model by content.
     keys = {o.key for o in store.list("runs/r-hand0001/dataset/")}
     assert keys == {f"runs/r-hand0001/dataset/dog{i}{ext}" for i in range(3) for ext in (".png", ".txt")}
     assert [o.key for o in store.list("cache/models/") if o.key.endswith(".tar")], "the model is in the cache"
     assert store.head("drivers/active/r-hand0001") is not None
-    assert store.head("runs/r-hand0001/leases/driver.json") is None, "nobody drives it: the function takes it"
+    if how == "up-unattended":
+        assert store.head("runs/r-hand0001/leases/driver.json") is None, "nobody drives it: the function takes it"
+    else:  # the laptop's controller is killed: no more steps, no goodbye; its host is reclaimed
+        time.sleep(0.3)
+        cloud.reclaim(cloud.live()[0].id)
 
     # An older run in the same bucket, live, whose dataset is on no disk and in no record.
     old = {**spec, "dataset": str(tmp_path / "gone" / "photos"), "model": "tiny"}
@@ -115,7 +134,11 @@ def test_a_handed_over_run_launches_from_the_bucket_with_the_laptops_settings(tm
     first = unattended.drive_lapsed(unattended._store_conf(), "aws-lambda", rounds(4), sleep=lambda s: None)
     assert first["runs"]["r-hand0001"]["steps"] >= 1, first
     assert "not on this machine" in first["runs"]["r-olde0002"]["error"], first
-    assert len(cloud.specs) == 1 and not (tmp_path / "function-1" / "config.toml").exists()
+    for _ in range(3):
+        if len(cloud.specs) > laptop_launches:
+            break
+        unattended.drive_lapsed(unattended._store_conf(), "aws-lambda", rounds(4), sleep=lambda s: None)
+    assert len(cloud.specs) == laptop_launches + 1 and not (tmp_path / "function-1" / "config.toml").exists()
 
     def check(launch) -> None:
         agent = _agent(launch)
@@ -124,21 +147,23 @@ def test_a_handed_over_run_launches_from_the_bucket_with_the_laptops_settings(tm
         assert agent["network"]["pip_index_url"] == MIRROR, "config.toml's [network] reached the host"
         assert agent["self_end"]["grace_s"] == 420.0, "config.toml's [hosts] grace reached the host"
 
-    check(cloud.specs[0])
+    check(cloud.specs[-1])
     # A reclaim; the next invocation, from another empty home, relaunches with the same inputs.
     cloud.reclaim(cloud.live()[0].id)
     monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "function-2"))
     for _ in range(3):
         unattended.drive_lapsed(unattended._store_conf(), "aws-lambda", rounds(4), sleep=lambda s: None)
-        if len(cloud.specs) >= 2:
+        if len(cloud.specs) >= laptop_launches + 2:
             break
-    assert len(cloud.specs) == 2 and len(cloud.live()) == 1
-    check(cloud.specs[1])
+    assert len(cloud.specs) == laptop_launches + 2 and len(cloud.live()) == 1
+    for launch in cloud.specs:
+        check(launch)
     # The record, as the bucket's journal holds it.
     staged = [e["data"] for o in store.list("runs/r-hand0001/journal/events/") for e in json.loads(store.get(o.key))
               if e["kind"] == "inputs-staged"]
     assert staged and all(d["settings"]["network"] == {"pip_index_url": MIRROR} for d in staged)
-    assert all(d["drive"] == "cloud" and d["dataset"] == bucket.as_uri() + "/runs/r-hand0001/dataset" for d in staged)
+    assert all(d["dataset"] == bucket.as_uri() + "/runs/r-hand0001/dataset" for d in staged)
+    assert all(d["drive"] == ("cloud" if how == "up-unattended" else None) for d in staged)
 
 
 def test_a_run_whose_dataset_cannot_be_staged_is_not_handed_over(tmp_path, monkeypatch, sdcloud_home):
