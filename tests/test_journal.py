@@ -133,3 +133,79 @@ def test_a_second_machine_sees_the_whole_run(s3_env, tmp_path, sdcloud_home):
     report = sdcloud(other, "cost", "report", rid, "--format", "json")
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)["totals"]["runs"] == 1
+
+
+def _events_written(store) -> list[dict]:
+    return [e for o in store.list("runs/r-0000abcd/journal/events/") for e in json.loads(store.get(o.key))]
+
+
+def test_a_writer_that_restored_the_run_sends_back_only_what_is_new(tmp_path):
+    """The cloud function's case, every invocation: a fresh state.db restored from the bucket, then
+    written back. Before events had an identity, each such writer sent everything it had read."""
+    laptop = StateStore(tmp_path / "laptop.db")
+    store = CountingStore(tmp_path / "bucket")
+    rid = _a_run(laptop)
+    journal.Journal(laptop, store, rid, clock=lambda: 0.0).flush()
+    real = len(laptop.events(rid))
+    assert len(_events_written(store)) == real
+    for i in range(5):  # five invocations, each from an empty /tmp
+        fn = StateStore(tmp_path / f"fn-{i}.db")
+        journal.restore(fn, store, rid)
+        fn.event(rid, "driver-took-over", {"driver": "aws-lambda", "invocation": f"aws-lambda:{i}"})
+        before = len(store.puts)
+        journal.Journal(fn, store, rid, clock=lambda: 0.0).flush()
+        sent = [k for k in store.puts[before:] if "/events/" in k]
+        assert len(sent) == 1 and len(json.loads(store.get(sent[0]))) == 1, "only the new event is sent"
+    assert len(_events_written(store)) == real + 5
+    # A writer of a state.db that never restored (another process on the laptop) learns the bucket first.
+    before = len(store.puts)
+    journal.Journal(laptop, store, rid, clock=lambda: 0.0).flush()
+    assert not [k for k in store.puts[before:] if "/events/" in k], "a rewrite of known events writes nothing"
+    third = StateStore(tmp_path / "third.db")
+    journal.restore(third, store, rid)
+    assert len(third.events(rid)) == real + 5
+
+
+def test_restore_inserts_each_event_once_however_many_objects_hold_it(tmp_path):
+    """Journals written before events had an identity hold copies spread over several objects (the
+    doubling of issue 33); each event is restored once, and a second restore adds nothing."""
+    laptop = StateStore(tmp_path / "laptop.db")
+    store = LocalStore(tmp_path / "bucket")
+    rid = _a_run(laptop)
+    journal.Journal(laptop, store, rid, clock=lambda: 0.0).flush()
+    [obj] = store.list(f"runs/{rid}/journal/events/")
+    copies = json.loads(store.get(obj.key))
+    for n, host in enumerate(("laptop", "aws-lambda", "aws-lambda")):  # the old naming: <ns>-<host>.json
+        store.put(f"runs/{rid}/journal/events/{1_000 + n:020d}-{host}.json", json.dumps(copies * (n + 1)).encode())
+    there = StateStore(tmp_path / "there.db")
+    journal.restore(there, store, rid)
+    assert [(e["kind"], e["data"]) for e in there.events(rid)] == [(e["kind"], e["data"]) for e in laptop.events(rid)]
+    journal.restore(there, store, rid)
+    journal.restore(laptop, store, rid)  # over the events it wrote itself
+    assert len(there.events(rid)) == len(laptop.events(rid)) == len(copies)
+    # Two events of one kind at one time are two events when their fields differ.
+    laptop.event(rid, "launch-failed", {"attempt": 2, "offer": "a"})
+    laptop.event(rid, "launch-failed", {"attempt": 3, "offer": "b"})
+    journal.Journal(laptop, store, rid, clock=lambda: 0.0).flush()
+    journal.restore(there, store, rid)
+    assert [e["data"]["attempt"] for e in there.events(rid) if e["kind"] == "launch-failed"] == [2, 3]
+
+
+def test_a_driver_that_lost_the_lease_writes_nothing(tmp_path):
+    from sdcloud.runs.driver import DriverLease
+
+    state = StateStore(tmp_path / "a.db")
+    store = CountingStore(tmp_path / "bucket")
+    rid = _a_run(state)
+    lease = DriverLease(store, rid, 5.0, "laptop-a")
+    assert lease.acquire()
+    j = journal.Journal(state, store, rid, clock=lambda: 0.0)
+    j.lease = lease
+    j.flush()
+    assert DriverLease(store, rid, 5.0, "laptop-b").acquire(take_over=True)
+    assert not lease.renew() and lease.lost
+    state.event(rid, "launching", {"attempt": 2})  # what it did after the loss is not the run's
+    state.update_run(rid, step=99)
+    n = len(store.puts)
+    j.flush()
+    assert len(store.puts) == n
