@@ -113,21 +113,25 @@ def test_bad_store_and_unattended_inputs_are_one_line_and_record_nothing(tmp_pat
     assert not (sdcloud_home / "stores.json").exists()
 
 
-def test_a_cos_url_is_opened_with_the_tencent_keys(cos_env, tmp_path, capsys, sdcloud_home):
-    """`status RUN --store cos://...` reads the run's journal on COS with the user's Tencent keys, and the
-    second machine reaches the run by that URL from then on."""
+def test_a_cos_url_is_opened_with_the_tencent_keys(cos_env, tmp_path, monkeypatch, capsys, sdcloud_home):
+    """A run made with `--store cos://...` writes its journal through COS with the user's Tencent keys
+    (its hosts are told to sign with their CVM role); `status RUN --store cos://...` on a second
+    machine reads it the same way, and reaches the run by that URL from then on."""
     from sdcloud.cli import main
     from sdcloud.providers.tencent import storage as cos
-    from sdcloud.runs.journal import Journal
+    from sdcloud.runs.controller import Controller
     from sdcloud.runs.state import StateStore
     from sdcloud.runs.store_of import remembered
+    from test_fleet import CloudDouble
 
     bucket = f"sd-{uuid.uuid4().hex[:10]}-1250000000"
     cos.client("ap-guangzhou").create_bucket(Bucket=bucket)
     laptop = StateStore(tmp_path / "laptop.db")
     laptop.create_run("r-c05c0001", "sd15-lora", {"tier": "sd15-lora", "provider": "tencent", "region": "ap-guangzhou",
-                                                  "model": "tiny", "steps": 10}, 10)
-    Journal(laptop, cos.open_store(bucket, "sd", "ap-guangzhou"), "r-c05c0001").flush()
+                                                  "model": "tiny", "steps": 10, "store": f"cos://{bucket}/sd"}, 10)
+    ctl = Controller(laptop, "r-c05c0001", provider=CloudDouble())
+    assert ctl.store_conf["credentials"] == "tencent-cvm-role" and ctl.store_conf["region"] == "ap-guangzhou"
+    ctl.journal.flush()
     assert main(["status", "r-c05c0001", "--store", f"cos://{bucket}/sd", "--json"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["run"] == "r-c05c0001"
     assert remembered("r-c05c0001")["url"] == f"cos://{bucket}/sd"

@@ -50,7 +50,9 @@ def run_store_conf(spec: Any, infra: dict | None, run_id: str) -> dict:
 
     seen = remembered(run_id)
     try:
-        conf = store_config(spec.provider, spec.store, spec.region, infra)
+        # A --store URL in a provider's own dialect (cos://) is opened as that provider opens its bucket.
+        conf = url_conf(spec.store, spec.region) if _dialect_url(spec.store) else \
+            store_config(spec.provider, spec.store, spec.region, infra)
     except UserError:
         if seen:
             return seen
@@ -73,25 +75,36 @@ def store_of(run: dict):
     return open_run_store(run_store_conf(spec, StateStore().infra(spec.provider, spec.region or ""), run["id"]))
 
 
-def url_conf(url: str) -> dict:
-    """The store config of a bucket URL the user typed: a scheme that is a provider's own bucket
-    dialect (`cos://`) in that dialect, opened with this machine's keys for that cloud."""
+def _dialect_of(url: str | None) -> Any:
+    """The provider traits whose own bucket dialect a URL's scheme names (cos://), or None (s3://, file://)."""
     from urllib.parse import urlparse
 
-    from ..providers.traits import every, traits
+    from ..providers.traits import every
+
+    scheme = urlparse(url or "").scheme
+    if scheme in ("", "s3", "file"):
+        return None
+    return next((t for t in every() if scheme in t.stores and t.run_store), None)
+
+
+def _dialect_url(url: str | None) -> bool:
+    return _dialect_of(url) is not None
+
+
+def url_conf(url: str, region: str | None = None) -> dict:
+    """The store config of a bucket URL the user typed: a scheme that is a provider's own bucket
+    dialect (`cos://`) in that dialect, opened with this machine's keys for that cloud."""
+    import importlib
+
     from .preflight import check_store_url
     from .store import store_config
 
     url = check_store_url(url)
-    scheme = urlparse(url).scheme
-    for t in every():
-        if scheme != "s3" and scheme in t.stores and t.run_store:
-            import importlib
-
-            dialect = importlib.import_module(t.run_store)
-            region = (os.environ.get(t.region_env) if t.region_env else None) or traits(t.name).default_region
-            return dialect.run_store_config({"url": url}, {}, region)
-    return store_config("local", url, None, None)
+    t = _dialect_of(url)
+    if t is None:
+        return store_config("local", url, None, None)
+    region = region or (os.environ.get(t.region_env) if t.region_env else None) or t.default_region
+    return importlib.import_module(t.run_store).run_store_config({"url": url}, {}, region)
 
 
 def open_checked(conf: dict):
