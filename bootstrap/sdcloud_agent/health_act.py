@@ -160,9 +160,17 @@ class HealthActions:
 
     def _act_on_health(self, ctx: Any, proc: Any) -> None:
         """Called while the trainer runs: decide an action on a fresh verdict (once per cause),
-        stop the trainer for it, and judge again after one."""
+        stop the trainer for it, and judge again after one. Best effort: a failure here is logged
+        and training goes on as it was."""
         if not hasattr(self, "_acted"):
             self._health_init()
+        try:
+            self._act(ctx, proc)
+        except Exception as exc:  # noqa: BLE001 - acting on health must never end a run
+            log.warning("acting on the health verdict failed: %s", exc)
+            self._pending = None
+
+    def _act(self, ctx: Any, proc: Any) -> None:
         if self._pending is not None:
             if not self.trainer.saves_on_sigterm and self.worker.durable_step <= self._pending_durable:
                 return  # wait for the next periodic checkpoint: no work is thrown away
@@ -228,7 +236,11 @@ class HealthActions:
             return False
         step = self._resume_newest(ctx)
         if plan.dataset is not None:
-            ctx.dataset = copy_dataset(ctx.dataset, plan.dataset)
+            try:
+                ctx.dataset = copy_dataset(ctx.dataset, plan.dataset)
+            except OSError as exc:  # a full disk: train on from where the data was
+                log.warning("cannot copy the dataset to %s (%s); it stays where it is", plan.dataset, exc)
+                self.health_actions[-1]["why_not"] = f"the dataset could not be copied: {exc}"
         if plan.rung is not None and self.healer is not None:
             self.healer.adopt(plan.rung)
             ctx.trainer_args, recipe_env = self.healer.args()
