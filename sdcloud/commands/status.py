@@ -41,13 +41,15 @@ def render_summary(summ: dict) -> None:
              f"{best['market']} at ${best['price_per_hour_usd']:.4f}/h, about {best['est_hours']:.2f} h, ${best['est_cost']:.4f}")
 
 
-def controller_note(run: dict) -> str | None:
-    """For an unfinished run that no live controller drives: what to do about it (hosts may be billing)."""
+def controller_note(run: dict, driver: dict | None = None) -> str | None:
+    """For an unfinished run that no live controller drives: what to do about it (hosts may be billing).
+    A run whose lease in its bucket another driver holds (`driver`, runs/summary.driver_of: another
+    machine, a daemon, the cloud function) is driven: no note."""
     from ..runs.background import controller_alive
     from ..runs.state import ACTIVE_RUN_STATES
     from ..runs.state import BATCH, run_kind
 
-    if run["state"] not in ACTIVE_RUN_STATES or controller_alive(run):
+    if run["state"] not in ACTIVE_RUN_STATES or controller_alive(run) or (driver or {}).get("live"):
         return None
     name = run.get("name") or run["id"]
     if run_kind(run) == BATCH:
@@ -66,7 +68,8 @@ def controller_note(run: dict) -> str | None:
               help="Read RUN's history from its bucket (s3://BUCKET/PREFIX, cos://..., file:///DIR): from any machine.")
 def status(run: str | None, as_json: bool, store_url: str | None) -> None:
     """Show runs and batch jobs, or one's state, progress and attempts."""
-    from ..runs.summary import summary
+    from ..runs.background import controller_alive
+    from ..runs.summary import driver_of, summary
     from ..runs.state import ACTIVE_RUN_STATES
 
     state = state_store()
@@ -81,7 +84,8 @@ def status(run: str | None, as_json: bool, store_url: str | None) -> None:
         if settle_self_ended(state, found):  # its host ended itself while nobody drove it
             found = state.get_run(found["id"])
         summ = summary(state, found["id"])
-        dead = controller_note(found)
+        summ["driver"] = driver_of(found)  # who holds its lease in the bucket (None: never taken, ended)
+        dead = controller_note(found, summ["driver"])
         summ["controller"] = "none" if dead else ("alive" if found["state"] in ACTIVE_RUN_STATES else "ended")
         host = _host_state(found)
         if host:
@@ -90,6 +94,8 @@ def status(run: str | None, as_json: bool, store_url: str | None) -> None:
             emit_json(summ)
         else:
             render_summary(summ)
+            if summ["driver"] and (summ["driver"]["live"] or dead):
+                echo(summ["driver"]["line"])
             if dead:
                 echo(dead)
             if host:
@@ -99,7 +105,9 @@ def status(run: str | None, as_json: bool, store_url: str | None) -> None:
     summs = []
     for r in runs:
         s = summary(state, r["id"])
-        s["controller"] = "none" if controller_note(r) else "ok"
+        # The bucket's lease, for a run no controller of this machine drives (another may).
+        s["driver"] = None if controller_alive(r) else driver_of(r)
+        s["controller"] = "none" if controller_note(r, s["driver"]) else "ok"
         summs.append(s)
     if as_json:
         emit_json(summs)

@@ -51,6 +51,7 @@ def watch(run: str, interval: float, take_over: bool) -> None:
     offsets: dict = {}
     # A controller that was just started writes its pid at once; give it a moment before judging.
     grace_until = time.time() + 2 * interval
+    elsewhere: dict = {"at": 0.0, "driver": None, "said": None}  # a driver of another machine (its lease)
     try:
         while True:
             r = state.get_run(found["id"])
@@ -62,7 +63,8 @@ def watch(run: str, interval: float, take_over: bool) -> None:
                                  "total": r["total_steps"]})
             if r["state"] in FINAL_RUN_STATES:
                 break
-            dead = controller_note(r)
+            driver = _elsewhere(state, r, elsewhere)
+            dead = controller_note(r, driver)
             if dead and time.time() > grace_until:
                 view.close()
                 click.echo(dead, err=True)
@@ -80,3 +82,32 @@ def watch(run: str, interval: float, take_over: bool) -> None:
     render_summary(summ)
     if summ["state"] != "succeeded":
         raise SystemExit(EXIT_NOT_SUCCEEDED)
+
+
+# How often `watch` reads the lease and the journal of a run that another machine or the cloud drives.
+ELSEWHERE_SECONDS = 10.0
+
+
+def _elsewhere(state, run: dict, seen: dict) -> dict | None:
+    """Who drives `run` when no controller of this machine does (runs/summary.driver_of), said once
+    when it changes; while that driver is live, this machine's copy follows the bucket's journal."""
+    from ..runs.background import controller_alive
+    from ..runs.summary import driver_of
+
+    if controller_alive(run):
+        return None
+    if time.time() - seen["at"] >= ELSEWHERE_SECONDS:
+        seen["at"] = time.time()
+        seen["driver"] = driver_of(run)
+        driver = seen["driver"]
+        if driver and driver["live"] and driver["worker"] != seen["said"]:  # a new holder: said once
+            click.echo(driver["line"], err=True)
+            seen["said"] = driver["worker"]
+        if driver and driver["live"]:
+            from ..runs.store_of import refresh, store_of
+
+            try:
+                refresh(state, store_of(run), run["id"])  # that driver writes the run's history there
+            except Exception:  # noqa: BLE001 - a bucket that cannot be read now is read at the next look
+                pass
+    return seen["driver"]

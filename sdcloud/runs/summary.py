@@ -10,7 +10,7 @@ from ..offers.tiers import get_tier
 from ..providers.traits import names
 from . import health_view
 from .spec import RunSpec
-from .state import BATCH, StateStore, run_kind
+from .state import ACTIVE_RUN_STATES, BATCH, StateStore, run_kind
 
 
 def summary(state: StateStore, run_id: str) -> dict:
@@ -50,3 +50,20 @@ def summary(state: StateStore, run_id: str) -> dict:
         except (IndexError, UserError):
             pass
     return out
+
+
+def driver_of(run: dict) -> dict | None:
+    """Who drives an active run or batch job, from the driver lease in its bucket (runs/driver.py):
+    a machine, its background controller or an invocation of the cloud function, with `live` False
+    when its lease lapsed (nobody drives it), and `line`, the sentence `status` and `watch` print.
+    None when no driver ever took it, when it has ended, or when its bucket cannot be read here."""
+    from .driver import driving_line, holder
+    from .store_of import store_of
+
+    if run["state"] not in ACTIVE_RUN_STATES:
+        return None
+    try:
+        h = holder(store_of(run), run["id"])
+    except Exception:  # noqa: BLE001 - no bucket, no credentials here: the local view is all there is
+        return None
+    return None if h is None else {**h.as_dict(), "line": driving_line(h, run["id"])}
