@@ -44,8 +44,14 @@ TABLE: dict[tuple[str, str], list[tuple[float, Recipe]]] = {
                        (0, Recipe(True, "adamw8bit", 1))],
     ("sdxl", "dreambooth"): [(75, Recipe(True, "adamw", 2)), (44, Recipe(True, "adamw8bit", 1)),
                              (0, Recipe(True, "adafactor", 1))],
+    # SD3.5 (estimates; the text encoders are cached and off the GPU): the Medium transformer is
+    # about SDXL's UNet in size; Large (8B) needs the lower rows, which its tier's floor allows.
+    ("sd3", "lora"): [(60, Recipe(False, "adamw", 2)), (30, Recipe(True, "adamw", 1)),
+                      (0, Recipe(True, "adamw8bit", 1))],
+    ("sd3", "dreambooth"): [(75, Recipe(True, "adamw", 1)), (44, Recipe(True, "adamw8bit", 1)),
+                            (0, Recipe(True, "adafactor", 1))],
 }
-REFERENCE_RES = {"sd15": 512, "sd2": 512, "sdxl": 1024}
+REFERENCE_RES = {"sd15": 512, "sd2": 512, "sdxl": 1024, "sd3": 1024}
 
 
 def choose(family: str, mode: str, resolution: int, usable_gb: float) -> Recipe:

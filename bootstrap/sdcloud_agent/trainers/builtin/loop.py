@@ -95,6 +95,9 @@ class Trainer(ModelSetup, CheckpointIO, Output):
                 mean = torch.cat([self.lat_mean[i] for i in members]).to(dev)
                 std = torch.cat([self.lat_std[i] for i in members]).to(dev)
                 self.data_wait += time.perf_counter() - w0
+                if self.family == "sd3":  # flow matching on the transformer (sd3.py)
+                    total += self._sd3_backward(mean, std, members, g, per_step)
+                    continue
                 latents = (mean + std * torch.randn(mean.shape, generator=g, device=dev)) * self.scaling
                 noise = torch.randn(latents.shape, generator=g, device=dev)
                 t = torch.randint(0, sched.config.num_train_timesteps, (latents.shape[0],),

@@ -10,6 +10,7 @@ from typing import Any
 
 from .data import folder_images, make_buckets, synthetic_images
 from .protocol import UsageError, log
+from .sd3 import LORA_TARGETS_SD3, SD3Setup
 
 
 LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
@@ -46,7 +47,7 @@ def make_optimizer(args: argparse.Namespace, params: list[Any], device: Any) -> 
     return torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.999), weight_decay=1e-2, eps=1e-8)
 
 
-class ModelSetup:
+class ModelSetup(SD3Setup):
     def _load_model(self) -> None:
         from .. import models
 
@@ -62,10 +63,14 @@ class ModelSetup:
             raise UsageError(f"--model {args.model} is an {self.family} model; this run trains "
                              f"{' or '.join(want)} (pick a model of that family or another tier)")
         self.components = c
-        self.unet, self.vae, self.text_encoder = c["unet"], c["vae"], c["text_encoder"]
-        self.tokenizer, self.noise_scheduler = c["tokenizer"], c["scheduler"]
-        self.text_encoder_2, self.tokenizer_2 = c.get("text_encoder_2"), c.get("tokenizer_2")
-        if args.prediction_type != "auto":
+        self.text_encoder_3 = None
+        if self.family == "sd3":
+            self._sd3_adopt(c)  # the transformer in the UNet's place (sd3.py)
+        else:
+            self.unet, self.vae, self.text_encoder = c["unet"], c["vae"], c["text_encoder"]
+            self.tokenizer, self.noise_scheduler = c["tokenizer"], c["scheduler"]
+            self.text_encoder_2, self.tokenizer_2 = c.get("text_encoder_2"), c.get("tokenizer_2")
+        if args.prediction_type != "auto" and self.family != "sd3":
             self.noise_scheduler.register_to_config(prediction_type=args.prediction_type)
         # The frozen parts stay fp32: the VAE of SDXL overflows in fp16 (NaN latents), and they
         # run once per image (the cache), so their precision costs nothing per step.
@@ -75,8 +80,11 @@ class ModelSetup:
             m.to(self.device, dtype=self.torch.float32)
         self.unet.to(self.device)
         vae_f = 2 ** (len(self.vae.config.block_out_channels) - 1)
-        unet_f = 2 ** (len(self.unet.config.down_block_types) - 1)
-        self.pixel_multiple = max(8, vae_f * unet_f)
+        if self.family == "sd3":
+            self.pixel_multiple = self._sd3_pixel_multiple()
+        else:
+            unet_f = 2 ** (len(self.unet.config.down_block_types) - 1)
+            self.pixel_multiple = max(8, vae_f * unet_f)
         if args.resolution % self.pixel_multiple:
             raise UsageError(f"--resolution must be a multiple of {self.pixel_multiple} for this model")
 
@@ -114,12 +122,14 @@ class ModelSetup:
             args.grad_accum = 1
 
     def frozen(self) -> list[Any]:
-        return [m for m in (self.vae, self.text_encoder, self.text_encoder_2) if m is not None]
+        return [m for m in (self.vae, self.text_encoder, self.text_encoder_2, self.text_encoder_3) if m is not None]
 
     def _encode_prompts(self, captions: list[str]) -> tuple[Any, Any | None]:
         """(prompt embeddings, pooled embeddings or None). SDXL: the penultimate hidden states of
         both encoders side by side, and the second encoder's projected pooled output."""
         dev = self.device
+        if self.family == "sd3":
+            return self._sd3_encode_prompts(captions)
 
         def ids(tok: Any) -> Any:
             return tok(captions, padding="max_length", truncation=True,
@@ -180,7 +190,7 @@ class ModelSetup:
             self.unet.requires_grad_(False)
             self.unet.add_adapter(LoraConfig(r=args.rank, lora_alpha=args.rank,
                                              init_lora_weights="gaussian",
-                                             target_modules=LORA_TARGETS))
+                                             target_modules=LORA_TARGETS_SD3 if self.family == "sd3" else LORA_TARGETS))
         else:
             self.unet.requires_grad_(True)
         if args.gradient_checkpointing:

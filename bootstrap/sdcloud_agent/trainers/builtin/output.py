@@ -17,7 +17,7 @@ KOHYA_LORA = "lora_kohya.safetensors"
 
 
 PIPELINES = {"sd15": "StableDiffusionPipeline", "sd2": "StableDiffusionPipeline",
-             "sdxl": "StableDiffusionXLPipeline"}
+             "sdxl": "StableDiffusionXLPipeline", "sd3": "StableDiffusion3Pipeline"}
 
 
 def _atomic_save(save_file: Any, tensors: dict[str, Any], path: Path, meta: dict[str, str]) -> None:
@@ -33,7 +33,11 @@ def readme(args: argparse.Namespace, family: str, step: int, files: list[str]) -
     lines = [f"# sdcloud {args.mode} ({family})", "",
              f"Base model: `{base}` ({family}); {step} steps at {args.resolution} px, seed {args.seed}.",
              "", "## Files", ""]
-    if args.mode == "lora":
+    if args.mode == "lora" and family == "sd3":
+        from .sd3 import readme_lines
+
+        lines += readme_lines(args, base, DIFFUSERS_LORA)
+    elif args.mode == "lora":
         lines += [f"- `{DIFFUSERS_LORA}`: the LoRA in diffusers format (rank {args.rank}).",
                   f"- `{KOHYA_LORA}`: the same LoRA in kohya format (`lora_unet_...` keys with alpha), "
                   "for AUTOMATIC1111, ComfyUI and kohya sd-scripts.", "",
@@ -69,7 +73,7 @@ class Output:
         args, torch = self.args, self.torch
         if not args.validation_prompt:
             return
-        from diffusers import EulerDiscreteScheduler
+        from diffusers import EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler
 
         from ..models import pipeline
 
@@ -79,8 +83,8 @@ class Output:
             m.to(self.device)
         self.unet.eval()
         try:
-            pipe = pipeline({**self.components, "scheduler":
-                             EulerDiscreteScheduler.from_config(self.noise_scheduler.config)})
+            sampler = FlowMatchEulerDiscreteScheduler if self.family == "sd3" else EulerDiscreteScheduler
+            pipe = pipeline({**self.components, "scheduler": sampler.from_config(self.noise_scheduler.config)})
             pipe.set_progress_bar_config(disable=True)
             for i, prompt in enumerate(args.validation_prompt):
                 gen = torch.Generator(device=self.device).manual_seed(args.seed + i)
@@ -103,7 +107,11 @@ class Output:
         out = self.args.output
         out.mkdir(parents=True, exist_ok=True)
         files: list[str] = []
-        if self.args.mode == "lora":
+        if self.args.mode == "lora" and self.family == "sd3":
+            _atomic_save(save_file, self._sd3_lora_file(self._weights()), out / DIFFUSERS_LORA,
+                         {"format": "pt", "global_step": str(self.global_step)})
+            files = [DIFFUSERS_LORA]
+        elif self.args.mode == "lora":
             from diffusers.utils import convert_state_dict_to_diffusers
 
             from ..lora_export import to_kohya
@@ -127,7 +135,8 @@ class Output:
             from ..models import pipeline
 
             pipeline(self.components).save_pretrained(str(out), safe_serialization=True)
-            files = ["model_index.json", "unet/", "vae/", "text_encoder/", "tokenizer/"]
+            files = ["model_index.json", "transformer/" if self.family == "sd3" else "unet/", "vae/",
+                     "text_encoder/", "tokenizer/"]
         (out / "README.md").write_text(readme(self.args, self.family, self.global_step, files),
                                        encoding="utf-8")
         return out

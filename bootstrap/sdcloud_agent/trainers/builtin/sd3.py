@@ -1,0 +1,104 @@
+"""What the builtin trainer does differently for the sd3 family (SD3, SD3.5 Medium / Large / Turbo).
+
+The transformer takes the UNet's place (the trainer keeps it under ``self.unet``, so checkpoints,
+resume, DDP and the LoRA/DreamBooth split stay one code path); the captions are encoded once by
+the pipeline's own ``encode_prompt`` (CLIP-L and CLIP-G penultimate states side by side, padded to
+T5's width and followed by T5's states; the two CLIP projections pooled), after which the three
+encoders leave the GPU. A model without T5 (``text_encoder_3`` absent) trains on zeros in its
+place, as the pipeline does.
+
+The objective is flow matching, as the diffusers SD3 examples (train_dreambooth_lora_sd3.py) and
+kohya's sd3_train_network.py train it: the noisy latent is ``(1 - sigma) * x + sigma * noise``, the
+target the velocity ``noise - x``, with sigma drawn from the logit-normal density (mean 0, std 1:
+the SD3 paper's choice and the diffusers examples' default weighting scheme) through the
+scheduler's shifted sigma table (shift 3.0 for SD3). The draws come from the step's generator, so
+a resumed run draws what the uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The transformer's attention projections, the image stream's and the text stream's (add_*): the
+# modules the diffusers SD3 LoRA example targets by default.
+LORA_TARGETS_SD3 = ["to_k", "to_q", "to_v", "to_out.0", "add_k_proj", "add_q_proj", "add_v_proj", "to_add_out"]
+MAX_SEQUENCE_LENGTH = 77  # T5 tokens per caption: the diffusers SD3 examples' default
+
+
+class SD3Setup:
+    """Mixed into the trainer: loading, caption encoding, the loss and the output for sd3."""
+
+    def _sd3_adopt(self, c: dict[str, Any]) -> None:
+        self.unet = c["transformer"]
+        self.vae, self.text_encoder, self.tokenizer = c["vae"], c["text_encoder"], c["tokenizer"]
+        self.text_encoder_2, self.tokenizer_2 = c.get("text_encoder_2"), c.get("tokenizer_2")
+        self.text_encoder_3, self.tokenizer_3 = c.get("text_encoder_3"), c.get("tokenizer_3")
+        self.noise_scheduler = c["scheduler"]
+        # The training table of timesteps and sigmas, copied: a validation pipeline's set_timesteps
+        # changes the scheduler's own.
+        self.sd3_timesteps = self.noise_scheduler.timesteps.clone().float()
+        self.sd3_sigmas = self.noise_scheduler.sigmas.clone().float()
+        self.latent_shift = float(getattr(self.vae.config, "shift_factor", None) or 0.0)
+
+    def _sd3_pixel_multiple(self) -> int:
+        vae_f = 2 ** (len(self.vae.config.block_out_channels) - 1)
+        return max(8, vae_f * int(self.unet.config.patch_size))
+
+    def _sd3_encode_prompts(self, captions: list[str]) -> tuple[Any, Any]:
+        from diffusers import StableDiffusion3Pipeline
+
+        # The transformer is there for its config only (without T5: the width of the zeros).
+        pipe = StableDiffusion3Pipeline(
+            transformer=self.unet, scheduler=self.noise_scheduler, vae=self.vae,
+            text_encoder=self.text_encoder, tokenizer=self.tokenizer,
+            text_encoder_2=self.text_encoder_2, tokenizer_2=self.tokenizer_2,
+            text_encoder_3=self.text_encoder_3, tokenizer_3=self.tokenizer_3)
+        embeds, _, pooled, _ = pipe.encode_prompt(
+            captions, prompt_2=None, prompt_3=None, device=self.device, num_images_per_prompt=1,
+            do_classifier_free_guidance=False, max_sequence_length=MAX_SEQUENCE_LENGTH)
+        return embeds, pooled
+
+    def _sd3_backward(self, mean: Any, std: Any, members: list[int], g: Any, per_step: int) -> float:
+        """One group's forward and backward pass (its share of the step's loss); the loss value."""
+        torch, dev = self.torch, self.device
+        latents = (mean + std * torch.randn(mean.shape, generator=g, device=dev) - self.latent_shift) * self.scaling
+        noise = torch.randn(latents.shape, generator=g, device=dev)
+        u = torch.sigmoid(torch.randn((latents.shape[0],), generator=g, device=dev))
+        idx = (u * len(self.sd3_timesteps)).long().clamp(max=len(self.sd3_timesteps) - 1).cpu()
+        timesteps = self.sd3_timesteps[idx].to(dev)
+        sigmas = self.sd3_sigmas[idx].to(dev).view(-1, 1, 1, 1)
+        noisy = (1.0 - sigmas) * latents + sigmas * noise
+        target = noise - latents
+        enc = torch.cat([self.text_embeds[i] for i in members]).to(dev)
+        pooled = torch.cat([self.pooled[i] for i in members]).to(dev)
+        with self._autocast():
+            pred = self.unet(hidden_states=noisy, timestep=timesteps, encoder_hidden_states=enc,
+                             pooled_projections=pooled, return_dict=False)[0]
+        share = len(members) / per_step
+        loss = torch.nn.functional.mse_loss(pred.float(), target.float()) * share
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        return float(loss.detach())
+
+    def _sd3_lora_file(self, peft_sd: dict[str, Any]) -> dict[str, Any]:
+        """The layout StableDiffusion3Pipeline.save_lora_weights writes (as the diffusers SD3 LoRA
+        example saves it) and load_lora_weights reads: PEFT's lora_A/lora_B keys under
+        "transformer.". ComfyUI reads the same file for SD3 (comfy/lora.py maps these
+        "transformer.<module>" keys onto its MMDiT), so it is the one file for both."""
+        return {f"transformer.{k}": v for k, v in peft_sd.items()}
+
+
+def readme_lines(args: Any, base: str, lora_file: str) -> list[str]:
+    """The README's loader examples for an SD3 LoRA."""
+    return [f"- `{lora_file}`: the LoRA on the SD3 transformer (rank {args.rank}), diffusers format; "
+            "ComfyUI loads the same file.", "",
+            "## diffusers", "", "```python", "import torch",
+            "from diffusers import StableDiffusion3Pipeline",
+            f"pipe = StableDiffusion3Pipeline.from_pretrained({base!r}, torch_dtype=torch.bfloat16).to('cuda')",
+            "pipe.load_lora_weights('.')  # this folder",
+            "image = pipe('a photo of sks', num_inference_steps=40, guidance_scale=4.5).images[0]", "```", "",
+            "## ComfyUI", "",
+            f"Copy `{lora_file}` to `ComfyUI/models/loras/`, then add a *LoraLoaderModelOnly* node after "
+            "the SD3.5 checkpoint loader (the same base model)."]
