@@ -82,7 +82,7 @@ def line(h: dict) -> str:
     if h.get("verdict") is None and h.get("trainer_exit") is not None:
         return f"health: no verdict: the trainer exited with code {h['trainer_exit']}, {retries}"
     if h.get("verdict") == "unknown":
-        return f"health: unknown ({h.get('why') or 'not enough evidence yet'}), {retries}"
+        return f"health: unknown: {h.get('why') or 'not enough evidence yet'}; {retries}"
     bits = [f"GPU {h['gpu_util']:.0f}%" if h.get("gpu_util") is not None else "GPU not sampled"]
     bits.append(f"data wait {h['data_wait_pct']:.0f}%" if h.get("data_wait_pct") is not None else "data wait unknown")
     reasons = h.get("throttle_reasons") or []
