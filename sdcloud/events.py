@@ -171,6 +171,12 @@ HOST = frozenset({Kind.BOOT_FAILED, Kind.HOST_FAILED, Kind.HOST_STARTED, Kind.RE
                   Kind.HEALTH_ACTION, Kind.HEALTH_RECHECK, Kind.THROTTLE_MOVE,
                   Kind.SELF_ENDED})
 
+# Routine steps: `logs` tells them in words, the live view (`up`, `watch`) only under -v, so that a
+# run's screen holds what a user acts on (runs/progress_view.py).
+ROUTINE = frozenset({Kind.PROGRESS, Kind.INPUTS_STAGED, Kind.PULLED, Kind.RETRY, Kind.QUOTE, Kind.HOST_STARTED,
+                     Kind.STORE_CREDENTIALS, Kind.STORE_CREDENTIALS_RENEWED, Kind.REPRICED, Kind.SSH_RETRY,
+                     Kind.RECONCILE, Kind.ADOPTED, Kind.BATCH_SUBMITTED, Kind.WORKER_STARTED, Kind.WORKER_EXITED})
+
 
 @dataclass(frozen=True)
 class Fields:
@@ -192,7 +198,7 @@ FIELDS: dict[Kind, Fields] = {
     Kind.DEADLINE_FALLBACK: Fields(("attempt", "to")),
     Kind.SPOT_UNAVAILABLE: Fields(("failed_launches",), ("next",)),
     Kind.DATASET_UPLOADED: Fields(("files", "sent", "mb", "seconds")),
-    Kind.MODEL_UPLOADED: Fields(("sent", "seconds"), ("cached",)),
+    Kind.MODEL_UPLOADED: Fields(("sent", "seconds"), ("cached", "files", "mb", "key")),
     Kind.INPUTS_STAGED: Fields(("dataset", "model", "settings", "effective", "staged_on"),
                                ("trainer_sources", "store", "drive")),
     Kind.STOP_REQUESTED: Fields(("by",), ("reason", "holder")),
@@ -263,7 +269,7 @@ FIELDS: dict[Kind, Fields] = {
 
 
 # -- words: how `watch`, `logs` and `status` tell each kind to a user ------------------------------
-# A kind without words is shown only under -v (as `kind key=value ...`). The health kinds' words
+# Every kind has words (tests/test_event_words.py); `kind key=value ...` is -v's. The health kinds' words
 # (HEALTH, OOM_RETRY, OUT_OF_MEMORY, HEALTH_ACTION, HEALTH_RECHECK, THROTTLE_MOVE) are
 # runs/health_view.py's, which knows the health figures.
 
@@ -316,11 +322,27 @@ def _run_ended(kind: Kind) -> Callable[[dict], str]:
     return told
 
 
-def _as_fields(kind: Kind) -> Callable[[dict], str]:
-    """A failure worth a line of its own but no sentence: its kind and its fields."""
-    def told(data: dict) -> str:
-        return f"{kind.value}: " + " ".join(f"{k}={v}" for k, v in data.items() if v is not None)
-    return told
+def _inputs_staged(d: dict) -> str:
+    net = (d.get("effective") or {}).get("network_profile")
+    return (f"inputs staged on {d.get('staged_on')}: dataset {d.get('dataset')}, model {d.get('model')}, settings "
+            f"[{', '.join(sorted(d.get('settings') or {})) or 'none'}]" + (f", network profile {net}" if net else "")
+            + (", trainer sources in the bucket" if d.get("trainer_sources") else ""))
+
+
+_RECONCILED = {"adopted": "its host was found by its launch token and kept",
+               "adopted-orphan": "a host a dead driver left at work was kept in its slot: no second host started",
+               "ended-orphan": "a host a dead driver left with no slot for it was ended before any launch",
+               "no-instance": "no host was ever started for it; closed", "resumed-watch": "its host runs; watched again",
+               "finish-terminate": "its end was interrupted; the host is ended now"}
+
+
+def _batch_ended(kind: Kind) -> Callable[[dict], str]:
+    return lambda d: f"batch job {kind.value.removeprefix('batch-')}" + (f": {d['reason']}" if d.get("reason") else "")
+
+
+def _if(d: dict, key: str, form: str) -> str:
+    """`form` with the field's value in it ({}), or nothing when the event has no such field."""
+    return form.format(d[key]) if d.get(key) not in (None, "") else ""
 
 
 WORDS: dict[Kind, Callable[[dict], str | None]] = {
@@ -337,7 +359,8 @@ WORDS: dict[Kind, Callable[[dict], str | None]] = {
         f" (no heartbeat for {d['heartbeat_age_s']} s)" if d.get("heartbeat_age_s") else ""),
     Kind.RESUMED: _resumed,
     Kind.DEADLINE_FALLBACK: lambda d: f"the deadline is at risk: moving from spot to on-demand ({d.get('to')})",
-    Kind.BUDGET_REACHED: _budget_reached,
+    Kind.BUDGET_REACHED: lambda d: _budget_reached(d) or (f"budget ${d.get('budget_usd')} reached "
+                                                          f"(${d.get('cost_usd')} spent): no new items; the images stay"),
     Kind.DATASET_UPLOADED: lambda d: (f"dataset: {d.get('files')} files in the run's bucket ({d.get('sent')} sent, "
                                       f"{d.get('mb')} MB)"),
     Kind.MODEL_UPLOADED: _model_uploaded,
@@ -346,11 +369,66 @@ WORDS: dict[Kind, Callable[[dict], str | None]] = {
     Kind.STOP_REQUESTED: lambda d: f"stop requested by {d.get('by')}" + (f" ({d['reason']})" if d.get("reason") else ""),
     Kind.WORKER_ADOPTED: lambda d: (f"worker {d.get('n')} (pid {d.get('pid')}) outlived its driver and is still "
                                     "at work: kept in its slot, no second worker started"),
-    Kind.RESUME: lambda d: (f"resuming a {d.get('from_state')} run from step {d.get('step')} "
-                            f"(${d.get('spent_usd')} already spent)"),
+    Kind.RESUME: lambda d: (f"resuming a {d.get('from_state')} run from step {d.get('step')}"
+                            + _if(d, "spent_usd", " (${} already spent)")),
+    Kind.PROGRESS: lambda d: (f"{_attempt(d)}: step {d.get('step')}/{d.get('total')}" + _if(d, "phase", " ({})")
+                              + _if(d, "it_per_s", ", {} it/s")),
+    Kind.BUDGET_WARNING: lambda d: f"{d.get('pct')}% of the ${d.get('budget')} budget spent (${d.get('spent')})",
+    Kind.SPOT_UNAVAILABLE: lambda d: f"no spot ({d.get('failed_launches')} launches failed)" + _if(d, "next", "; next, {}"),
+    Kind.INPUTS_STAGED: _inputs_staged,
+    Kind.SELF_ENDED: lambda d: (f"{_attempt(d)}: the host ended itself ({d.get('reason')}"
+                                + (", nobody driving the run)" if d.get("unattended") else ")") + _if(d, "error", "; {}")),
+    Kind.HEARTBEAT_FAILED: lambda d: f"the driver's heartbeat could not be written ({d.get('error')}); it tries again",
+    Kind.PULLED: lambda d: f"pulled to {d.get('dir')}",
+    Kind.DRIVER_LOST: lambda d: f"{d.get('driver')} no longer drives the run" + _if(d, "holder", ": {} has it"),
+    Kind.HANDED_OVER: lambda d: f"handed over to {d.get('to')}",
+    Kind.JOURNAL_DEFERRED: lambda d: f"the journal could not reach the bucket ({d.get('error')}); it goes next step",
+    Kind.BOOT_FAILED: lambda d: (f"{_attempt(d)}: host {d.get('instance')} failed to boot at {d.get('boot_phase')}"
+                                 + _if(d, "reason", ": {}")),
+    Kind.PRUNE_FAILED: lambda d: f"{_attempt(d)}: old checkpoints could not be pruned ({d.get('error')})",
+    Kind.ADOPTED: lambda d: f"host {d.get('instance') or d.get('instance_id')} already ran for this launch: kept",
+    Kind.RECONCILE: lambda d: (f"after a restart, {_attempt(d)}{_if(d, 'instance', ' ({})')}: "
+                               f"{_RECONCILED.get(str(d.get('action')), d.get('action'))}"),
+    Kind.ZONES_UNKNOWN: lambda d: f"the zones of {d.get('region')} could not be listed ({d.get('error')})",
+    Kind.RETRY: lambda d: (f"{d.get('provider') or 'the cloud'} call {d.get('call') or d.get('action')} retried"
+                           + _if(d, "code", " after {}") + _if(d, "wait_s", " in {} s")),
+    Kind.FAILOVER: lambda d: f"no room in {d.get('zone')}" + _if(d, "code", " ({})") + _if(d, "next_zone", ": trying {}"),
+    Kind.SUBNET_FULL: lambda d: f"subnet {d.get('subnet')} is full" + _if(d, "next_subnet", ": trying {}"),
+    Kind.QUOTA: lambda d: f"an account quota blocks {d.get('instance_type') or 'the launch'} ({d.get('code')})",
+    Kind.QUOTE: lambda d: (f"quoted {d.get('price')} {d.get('currency') or ''}/h for {d.get('instance_type')} "
+                           f"({d.get('market')})" + _if(d, "zone", " in {}")),
+    Kind.PRICE_TOO_LOW: lambda d: (f"the max price {d.get('max_price')} is below the spot price"
+                                   + _if(d, "current_price", " {}") + _if(d, "zone", " in {}")),
+    Kind.PRICE_LOOKUP_FAILED: lambda d: f"the price could not be looked up ({d.get('code')})",
+    Kind.HOST_STARTED: lambda d: f"host {d.get('instance')} started" + _if(d, "pid", " (pid {})"),
+    # The words keep the name "reclaim-notice": a reader finds it by that (tests/test_run_local.py).
+    Kind.RECLAIM_NOTICE: lambda d: (f"reclaim-notice for host {d.get('instance')}" + _if(d, "terminate_at", ": taken back at {}")
+                                    + (" (simulated)" if d.get("simulated") else "") + "; the host saves and stops"),
+    Kind.HOST_BUSY: lambda d: f"host {d.get('host')} is busy" + _if(d, "run", " with {}"),
+    Kind.HOST_UNREACHABLE: lambda d: f"host {d.get('host')} cannot be reached" + _if(d, "error", " ({})"),
+    Kind.SSH_RETRY: lambda d: f"ssh to {d.get('host')} retried ({d.get('op')})" + _if(d, "error", ": {}"),
+    Kind.SSH_HOST_KEY_TRUSTED: lambda d: f"host key of {d.get('host')} trusted on first use ({d.get('fingerprint')})",
+    Kind.STORE_CREDENTIALS: lambda d: f"host {d.get('instance')} given bucket credentials" + _if(d, "expires", " until {}"),
+    Kind.STORE_CREDENTIALS_RENEWED: lambda d: (f"host {d.get('instance')}'s bucket credentials renewed"
+                                               + _if(d, "expires", " until {}")),
+    Kind.REPRICED: lambda d: f"{_attempt(d)} repriced at ${d.get('price_usd')}/h from the {d.get('source')}",
+    Kind.BUCKET_SIZE_FAILED: lambda d: f"{_attempt(d)}: the bucket could not be sized ({d.get('error')})",
+    Kind.GC_TERMINATED: lambda d: f"gc ended host {d.get('instance_id')}, which no live run owned",
+    Kind.BATCH_SUBMITTED: lambda d: (f"batch job submitted: {d.get('items')} items" + _if(d, "images", ", {} images")
+                                     + _if(d, "workers", ", {} workers")),
+    Kind.BATCH_CANCELLED: lambda d: "batch job cancelled" + _if(d, "reason", ": {}"),
+    Kind.BATCH_CANCEL_MARKER_FAILED: lambda d: f"the cancel marker could not reach the bucket ({d.get('error')})",
+    Kind.BATCH_SCHEDULE_FIRED: lambda d: f"schedule {d.get('schedule')} fired for {d.get('wall')}" + _if(d, "driver", " ({})"),
+    Kind.WORKER_STARTED: lambda d: f"worker started in slot {d.get('slot')}" + _if(d, "pid", " (pid {})"),
+    Kind.WORKER_EXITED: lambda d: f"worker in slot {d.get('slot')} exited" + _if(d, "rc", " (exit {})"),
+    **{k: _batch_ended(k) for k in BATCH_ENDED},
     **{k: _run_ended(k) for k in RUN_ENDED},
-    **{k: _as_fields(k) for k in (Kind.STRAYS, Kind.TERMINATE_FAILED, Kind.SWEEP_FAILED, Kind.PRICE_HISTORY_FAILED,
-                                  Kind.STORE_CREDENTIALS_FAILED)},
+    Kind.STRAYS: lambda d: f"hosts of this run that no attempt owns, ended: {', '.join(map(str, d.get('instances') or []))}",
+    Kind.TERMINATE_FAILED: lambda d: f"{_attempt(d)}: its host could not be ended ({d.get('error')}); the next sweep tries",
+    Kind.SWEEP_FAILED: lambda d: f"the search for stray hosts failed ({d.get('error')}); it tries again",
+    Kind.PRICE_HISTORY_FAILED: lambda d: (f"{_attempt(d)}: the spot price history could not be read ({d.get('error')}); "
+                                          "priced at its launch quote"),
+    Kind.STORE_CREDENTIALS_FAILED: lambda d: f"host {d.get('instance')}'s bucket credentials failed ({d.get('error')})",
 }
 
 

@@ -12,7 +12,7 @@ import sys
 import time
 
 from .. import render
-from ..events import Kind, words
+from ..events import ROUTINE, Kind, words
 from . import health_view
 
 # When output is not a terminal (a CI log), one progress line this often.
@@ -61,7 +61,7 @@ class ProgressView:
             self._progress(data)
             return
         stamp = time.strftime("%H:%M:%S", time.localtime(at if at is not None else self.clock()))
-        text = plain(kind, data)
+        text = None if kind in ROUTINE else plain(kind, data)
         if render.VERBOSITY > 0 or text is None:
             detail = " ".join(f"{k}={v}" for k, v in data.items() if v is not None)
             if render.VERBOSITY > 0:
