@@ -82,8 +82,14 @@ def sdxl_shaped(scale: int = 10_000) -> dict[str, bytes]:
 
 
 class FakeHub:
-    def __init__(self, repos: dict[str, dict[str, bytes]]):
+    def __init__(self, repos: dict[str, dict[str, bytes]], gated: dict[str, set[str]] | None = None,
+                 tokens: set[str] | None = None):
+        """`gated`: repo -> the tokens whose accounts accepted its licence; `tokens`: the tokens the hub
+        knows (a gated repo answers as the hub does: 401 without a token or with an unknown one, 403
+        with a known token that did not accept; its model info stays public)."""
         self.repos = repos
+        self.gated = gated or {}
+        self.tokens = set(tokens or ()) | {t for accepted in self.gated.values() for t in accepted}
         self.fetched: Counter[str] = Counter()  # "repo/path" -> bytes sent by GET
         self.lock = threading.Lock()
         hub = self
@@ -132,13 +138,39 @@ class FakeHub:
             entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
         return entry
 
+    def _refused(self, h: BaseHTTPRequestHandler, repo: str, head: bool) -> bool:
+        """The hub's answers for a gated repository's files (recorded from huggingface.co)."""
+        if repo not in self.gated:
+            return False
+        auth = h.headers.get("Authorization") or ""
+        token = auth[len("Bearer "):] if auth.startswith("Bearer ") else None
+        if token in self.gated[repo]:
+            return False
+        if token is not None and token not in self.tokens:
+            msg, status, code = "Invalid credentials in Authorization header", 401, None
+        elif token is None:
+            msg, status, code = (f"Access to model {repo} is restricted. You must have access to it and be "
+                                 "authenticated to access it. Please log in."), 401, "GatedRepo"
+        else:
+            msg, status, code = (f"Access to model {repo} is restricted and you are not in the authorized list. "
+                                 f"Visit https://huggingface.co/{repo} to ask for access."), 403, "GatedRepo"
+        headers = {"Content-Type": "application/json", "X-Error-Message": msg, **({"X-Error-Code": code} if code else {})}
+        self._send(h, status, json.dumps({"error": msg}).encode(), headers, head)
+        return True
+
     def _serve(self, h: BaseHTTPRequestHandler, head: bool) -> None:
         url = urlsplit(h.path)
         path = unquote(url.path)
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/auth-check", path)
+        if m and m[1] in self.repos:
+            if not self._refused(h, m[1], head):
+                self._send(h, 200, b"{}", {"Content-Type": "application/json"}, head)
+            return
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
         if m and m[1] in self.repos:
             files = self.repos[m[1]]
             body = json.dumps({"id": m[1], "modelId": m[1], "sha": SHA, "private": False, "disabled": False,
+                               "gated": "manual" if m[1] in self.gated else False,
                                "siblings": [{"rfilename": f} for f in files]}).encode()
             return self._send(h, 200, body, {"Content-Type": "application/json"}, head)
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?", path)
@@ -152,6 +184,8 @@ class FakeHub:
             return self._send(h, 200, json.dumps(entries).encode(), {"Content-Type": "application/json"}, head)
         m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if m and m[1] in self.repos and m[3] in self.repos[m[1]]:
+            if self._refused(h, m[1], head):
+                return
             data = self.repos[m[1]][m[3]]
             etag = hashlib.sha256(data).hexdigest() if "lfs" in self._entry(m[3], data) else hashlib.sha1(data).hexdigest()
             headers = {"X-Repo-Commit": SHA, "ETag": f'"{etag}"', "Content-Type": "application/octet-stream",

@@ -60,7 +60,8 @@ class StagingPhases:
 
         try:
             with self.phases.phase("model") as ph:
-                path, how = models.stage(self.cfg.model, self.store, self.workdir)
+                path, how = models.stage(self.cfg.model, self.store, self.workdir,
+                                         hub_token=models.hub_token(self.store, self.cfg.run_prefix))
                 ph.result = how
         except Exception as exc:  # noqa: BLE001 - any fetch error is this host's boot failure
             raise Failure(f"staging the model {self.cfg.model} failed: {exc}", boot_phase="model") from exc

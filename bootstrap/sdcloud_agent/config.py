@@ -73,7 +73,7 @@ class AgentConfig:
 
 
 # Values that look like credentials even under an innocent key (AWS key ids, PEM blocks).
-SECRET_VALUE_PREFIXES = ("AKIA", "ASIA", "-----BEGIN")
+SECRET_VALUE_PREFIXES = ("AKIA", "ASIA", "-----BEGIN", "hf_")  # hf_: a Hugging Face token
 
 
 def check_no_secrets(obj: Any, path: str = "") -> None:

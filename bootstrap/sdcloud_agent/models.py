@@ -62,7 +62,19 @@ def cache_key(model: str) -> str | None:
     return f"cache/models/{kind}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.tar"
 
 
-def _fetch(model: str, dest: Path) -> None:
+HUB_TOKEN_KEY = "secrets/hf-token"  # under the run's prefix: put there by the controller (sdcloud.runs.hub_access)
+
+
+def hub_token(store, run_prefix: str) -> str | None:
+    """The user's Hugging Face token for a gated model, read into memory for the fetch only (never
+    logged, never written to this host's disk), or None when the run has none."""
+    key = f"{run_prefix}/{HUB_TOKEN_KEY}"
+    if store.head(key) is None:
+        return None
+    return store.get(key).decode().strip() or None
+
+
+def _fetch(model: str, dest: Path, hub_token: str | None = None) -> None:
     if model == "tiny":
         from .trainers import tiny
         tiny.save_pipeline(dest)
@@ -75,11 +87,11 @@ def _fetch(model: str, dest: Path) -> None:
         # The pipeline's components in safetensors, one precision, nothing else (the trainers'
         # rule, trainers/models.py hub_selection): about 14 GB of SDXL base's ~70 GB repository.
         from .trainers.models import download_hub
-        download_hub(model, dest)
+        download_hub(model, dest, token=hub_token)
         shutil.rmtree(dest / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping, not the model
 
 
-def stage(model: str, store, root: Path) -> tuple[str, str]:
+def stage(model: str, store, root: Path, hub_token: str | None = None) -> tuple[str, str]:
     """(what to pass the trainer, how: restored | fetched | in-place)."""
     key = cache_key(model)
     if key is None:
@@ -101,7 +113,7 @@ def stage(model: str, store, root: Path) -> tuple[str, str]:
             tf.extractall(tmp / "m", filter="data") if hasattr(tarfile, "data_filter") else tf.extractall(tmp / "m")
         how = "restored"
     else:
-        _fetch(model, tmp / "m")
+        _fetch(model, tmp / "m", hub_token)
         with tarfile.open(tar_path, "w") as tf:
             tf.add(tmp / "m", arcname=".")
         part = key + ".part"

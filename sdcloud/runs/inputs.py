@@ -127,6 +127,12 @@ def _stage(ctl: Any, drive: str | None) -> dict:
             model = upload_model(ctl.store, str(path), ctl.event)
         elif not path.exists():
             model = _from_record(rec, "model", str(path), "model", run_id)
+    from sdcloud_agent.trainers.models import looks_like_hub_id
+
+    if model and looks_like_hub_id(model):
+        from .hub_access import put_for_host
+
+        put_for_host(ctl.store, run_id)  # a gated model's token, for the host's fetch only (never recorded)
     settings = _without_secrets({s: config.settings().get(s) or {} for s in sections(spec.provider)})
     region = (ctl._infra or {}).get("region") or ctl.store_conf.get("region")
     net = host_network(region, spec.provider, spec.network)

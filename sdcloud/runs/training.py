@@ -57,6 +57,12 @@ def check_model_family(model: str, tier: Tier) -> str | None:
     if family is not None and family not in accepted_families(tier):
         raise UserError(f"--model {model} is an {family} model but tier {tier.name} trains {tier.family}; "
                         f"pick a {tier.family} model or a {family} tier (sdcloud tiers)")
+    from sdcloud_agent.trainers.models import looks_like_hub_id
+
+    from . import hub_access
+
+    if looks_like_hub_id(model) and hub_access.gated_family(family):
+        hub_access.check_access(model)  # the gate, answered for the user's token (one line each)
     return family
 
 

@@ -246,18 +246,19 @@ def hub_selection(files: list[str], components: list[str] | None) -> tuple[list[
     return wanted, renames
 
 
-def download_hub(model: str, local_dir: Path | None = None) -> Path:
+def download_hub(model: str, local_dir: Path | None = None, token: str | None = None) -> Path:
     """Fetch what training needs of hub repo `org/name[@revision]` (hub_selection) from the hub
     endpoint (HF_ENDPOINT, a mirror); into `local_dir` (variants renamed to the plain names) or the
-    Hugging Face cache. Returns the folder."""
+    Hugging Face cache. `token`: the user's, for a gated repository (else huggingface_hub's own
+    lookup). Returns the folder."""
     from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 
     repo, _, rev = model.partition("@")
-    info = HfApi().model_info(repo, revision=rev or None)
+    info = HfApi(token=token).model_info(repo, revision=rev or None)
     files = [s.rfilename for s in (info.siblings or [])]
     components = None
     if "model_index.json" in files:
-        index = json.loads(Path(hf_hub_download(repo, "model_index.json", revision=info.sha,
+        index = json.loads(Path(hf_hub_download(repo, "model_index.json", revision=info.sha, token=token,
                                                 local_dir=str(local_dir) if local_dir else None)).read_text())
         components = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and v and v[0]]
     wanted, renames = hub_selection(files, components)
@@ -265,7 +266,7 @@ def download_hub(model: str, local_dir: Path | None = None) -> Path:
         raise ModelError(f"--model {model}: the repository has no safetensors weights for its components "
                          "(flax, onnx or .bin only?): convert it, or give a .safetensors file")
     folder = Path(snapshot_download(repo, revision=info.sha, local_dir=str(local_dir) if local_dir else None,
-                                    allow_patterns=wanted))
+                                    allow_patterns=wanted, token=token))
     if local_dir is not None:
         for src, dst in renames.items():
             (folder / src).replace(folder / dst)
