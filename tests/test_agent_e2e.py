@@ -1,5 +1,9 @@
 """End to end: the agent against SeaweedFS and a local metadata server, preempted at random points
-and resumed by a fresh agent in a fresh working directory, until the run finishes."""
+and resumed by a fresh agent in a fresh working directory, until the run finishes.
+
+A run on S3 records each agent's calls (tests/authz_run.py) and judges them against the AWS host
+role's policy for the run's bucket and prefix (tests/authz_judge.py): SeaweedFS's own keys grant
+everything, the policy is what AWS would hold the host to."""
 
 from __future__ import annotations
 
@@ -18,12 +22,15 @@ import boto3
 import pytest
 
 from agent_fakes import AwsMetadataServer, SlowProxy, TencentMetadataServer
+from authz_judge import host_policy, refusals
+from authz_record import read_log
 
 from sdcloud_agent import manifest as mf
 from sdcloud_agent.store import open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = str(Path(__file__).parent / "agent_fakes.py")
+AUTHZ_RUN = str(Path(__file__).parent / "authz_run.py")
 STEP_RE = re.compile(r"SDCLOUD_STEP (\{.*\})")
 
 
@@ -45,9 +52,20 @@ def _config(tmp: Path, attempt: int, store: dict, meta_url: str, *, kind="aws", 
     return path
 
 
-def _start_agent(cfg: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "sdcloud_agent", "run", "--config", str(cfg)],
+def _start_agent(cfg: Path, env: dict, authz: Path | None = None) -> subprocess.Popen:
+    """The agent as a host starts it; with `authz`, every AWS call it makes recorded there as the host's."""
+    run = [AUTHZ_RUN, str(authz), "host", "sdcloud_agent"] if authz else ["-m", "sdcloud_agent"]
+    return subprocess.Popen([sys.executable, *run, "run", "--config", str(cfg)],
                             env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _judge_host_calls(authz: Path, store_url: str) -> None:
+    """Every call the run's agents made, authorized as AWS would for the host role on that bucket."""
+    bucket, _, prefix = store_url.removeprefix("s3://").partition("/")
+    calls = read_log(authz)
+    assert {"PutObject", "GetObject", "ListObjectsV2"} <= {c.operation for c in calls}, "the agents' calls were recorded"
+    found = refusals(calls, host_policy(bucket, prefix.strip("/")))
+    assert not found, "\n".join(found[:20])
 
 
 def _steps_in(text: str) -> list[int]:
@@ -126,7 +144,8 @@ def _run_chain(tmp: Path, store_cfg: dict, env: dict, points: list[tuple[str, in
         before = mf.newest_complete(store, "runs/e2e")
         cfg = _config(tmp, attempt, store_cfg, meta.base_url, kind=kind, steps=steps, every=every,
                       trainer=trainer, trainer_args=trainer_args)
-        proc = _start_agent(cfg, {**env, **(extra_env or {})})
+        on_s3 = store_cfg["url"].startswith("s3://")
+        proc = _start_agent(cfg, {**env, **(extra_env or {})}, tmp / "authz" if on_s3 else None)
         log = tmp / f"work-{attempt}" / f"attempt-{attempt}.log"
         point = points[attempt - 1] if attempt <= len(points) else None
         if point is not None:
@@ -153,6 +172,8 @@ def _run_chain(tmp: Path, store_cfg: dict, env: dict, points: list[tuple[str, in
         if proc.returncode == 0:
             assert status["phase"] == "succeeded"
             assert point is None, f"preemption point {attempt - 1} {point} fired but the attempt succeeded"
+            if on_s3:
+                _judge_host_calls(tmp / "authz", store_cfg["url"])
             return history
         assert status["phase"] == "preempted", status
 

@@ -3,6 +3,8 @@ role policy (stacks/aws/aws_host_policy.py), handed to the agent by the instance
 role credentials, against moto's S3 server with IAM enforced. The run trains, checkpoints (multipart
 and tagged), keeps two checkpoints (deleting older ones), ships its logs and status, is reclaimed
 and resumed by a fresh agent: every call it makes must pass under that policy alone, as on AWS.
+Each agent process records its calls (tests/authz_run.py) and the evaluator judges them too, with
+the conditions moto passes over (s3:prefix on listings, the tagging a PUT carries, per-key deletes).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import pytest
 
 from agent_fakes import AwsMetadataServer
 from test_agent_e2e import FAKE, _steps_in
+from authz_judge import host_policy, refusals
+from authz_record import read_log
+
+AUTHZ_RUN = str(Path(__file__).parent / "authz_run.py")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks" / "aws"))
 from aws_host_policy import role_policy_document  # noqa: E402
@@ -60,7 +66,8 @@ def _agent(tmp: Path, attempt: int, store: dict, imds: AwsMetadataServer, steps:
            "nvme": False, "require_gpu": False, "heartbeat_seconds": 0.5, "poll_seconds": 0.2}
     path = tmp / f"agent-{attempt}.json"
     path.write_text(json.dumps(cfg))
-    proc = subprocess.Popen([sys.executable, "-m", "sdcloud_agent", "run", "--config", str(path)],
+    proc = subprocess.Popen([sys.executable, AUTHZ_RUN, str(tmp / "authz"), "host", "sdcloud_agent", "run",
+                             "--config", str(path)],
                             env=_host_env(tmp, imds), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return proc, tmp / f"work-{attempt}" / f"attempt-{attempt}.log"
 
@@ -97,6 +104,12 @@ def test_a_reclaimed_and_resumed_run_needs_nothing_but_the_host_roles_policy(hos
         imds.stop()
     text = log.read_text(errors="replace") + log2.read_text(errors="replace")
     assert "AccessDenied" not in text, text[-3000:]
+    calls = read_log(tmp_path / "authz")
+    ops = {c.operation for c in calls}
+    assert {"PutObject", "GetObject", "HeadObject", "ListObjectsV2", "DeleteObjects"} <= ops, ops
+    assert any(c.params.get("Tagging") for c in calls), "the tagged checkpoint uploads are among those judged"
+    found = refusals(calls, host_policy(BUCKET, PREFIX))
+    assert not found, "\n".join(found)
     # What the run left, read back with the same keys (the host's policy lets it read its prefix).
     for k, v in {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": REGION}.items():
         monkeypatch.setenv(k, v)
