@@ -135,7 +135,7 @@ def test_fifty_invocations_record_each_event_once_and_act_once(moto_server, aws_
 
     from sdcloud.cli import main
     from sdcloud.providers import get_provider
-    from sdcloud.runs import driver as driver_mod, unattended
+    from sdcloud.runs import unattended
     from sdcloud.runs.journal import Journal, bucket_events, events_prefix
     from sdcloud.runs.state import StateStore
 
@@ -154,10 +154,10 @@ def test_fifty_invocations_record_each_event_once_and_act_once(moto_server, aws_
     ec2 = boto3.client("ec2", endpoint_url=moto_server, region_name="us-east-1")
     hosts = Hosts(ec2, store, rid, clock)
     calls = _record_driver_calls(monkeypatch, ec2)
-    # Each invocation builds its provider as the function does (from the run's spec); moto's image.
-    monkeypatch.setattr("sdcloud.runs.controller.get_provider",
-                        lambda name, **kw: get_provider("aws", image_id="ami-12c6146b", region="us-east-1",
-                                                        regions=["us-east-1"]))
+    # The AWS provider the function builds from the run's spec, with moto's image (one for every
+    # invocation: its clients are boto3's, which threads share; only a lease holder uses it).
+    provider = get_provider("aws", image_id="ami-12c6146b", region="us-east-1", regions=["us-east-1"])
+    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: provider)
 
     def poll(seconds: float) -> None:
         clock.advance(seconds)
@@ -166,7 +166,6 @@ def test_fifty_invocations_record_each_event_once_and_act_once(moto_server, aws_
     monkeypatch.setattr(time, "time", clock)
     monkeypatch.setattr(time, "sleep", poll)
     monkeypatch.setenv("SDCLOUD_STORE", bucket.as_uri())
-    fn = driver_mod.invocation_id("aws-lambda")  # not used below: each invocation names itself
 
     reports: list[dict] = []
 
@@ -237,4 +236,6 @@ def test_fifty_invocations_record_each_event_once_and_act_once(moto_server, aws_
     assert main(["cost", "report", rid]) == 0
     line = re.search(r"cloud driver (\d+) invocations", capsys.readouterr().out.replace("\n", " "))
     assert line and int(line.group(1)) == len(took) < len(reports)
-    del fn
+    print(f"figures: {ticks} ticks, {len(reports)} invocations, {len(took)} took the run; "
+          f"{len(written)} event records written for {len(events)} events; {len(launched)} launches, "
+          f"{len(hosts.reclaims)} reclaims; lease objects {len(store.list(f'runs/{rid}/leases/'))}")
