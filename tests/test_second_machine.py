@@ -223,3 +223,26 @@ def test_the_cloud_driver_takes_only_what_it_can_reach():
         check_cloud_driver(RunSpec(tier="sd15-lora", provider="aws", store="s3://elsewhere/runs"), stack)
     check_cloud_driver(RunSpec(tier="sd15-lora", provider="aws"), stack)
     check_cloud_driver(RunSpec(tier="sd15-lora", provider="aws", store="s3://sd-stack/sdcloud"), stack)
+
+
+def test_a_second_machine_reaches_the_run_by_the_url_it_rebuilt_it_from(tmp_path, monkeypatch, capsys, sdcloud_home):
+    """A local run keeps its bucket in the first machine's home; on a second machine, `status --store`
+    with that bucket's URL makes every later command (resume, watch --drive, down, logs) use it, never
+    the second machine's own bucket."""
+    from sdcloud.cli import main
+    from sdcloud.runs.controller import Controller
+    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.store_of import store_of
+
+    first = StateStore()
+    first.create_run("r-f1257001", "sd15-lora", {"tier": "sd15-lora", "provider": "local", "model": "tiny", "steps": 8}, 8)
+    first.update_run("r-f1257001", controller_pid=os.getppid())  # the first machine's controller, as journaled
+    Controller(first, "r-f1257001").journal.flush()
+    url = (sdcloud_home / "bucket").resolve().as_uri()
+    monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "second"))
+    assert main(["status", "r-f1257001", "--store", url, "--json"]) == 0, capsys.readouterr().err
+    second = StateStore()
+    ctl = Controller(second, "r-f1257001")
+    assert ctl.store_conf["url"] == url, "the run's own bucket, not this machine's"
+    assert store_of(second.get_run("r-f1257001")).head("runs/r-f1257001/journal/run.json") is not None
+    assert second.get_run("r-f1257001")["controller_pid"] is None, "a pid of another machine names nothing here"
