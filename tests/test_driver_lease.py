@@ -116,3 +116,20 @@ def test_a_driver_that_lost_the_lease_launches_and_ends_nothing(tmp_path):
     with pytest.raises(drv.LeaseLost):
         guarded.launch()
     assert calls == ["launch"], "nothing acted after the lease was lost"
+
+
+def test_the_background_controller_says_it_is_one(tmp_path, monkeypatch):
+    """`sdcloud up --detach` runs `python -m sdcloud.runs.controller`: its lease says it is the daemon."""
+    import sys
+    import types
+    from importlib.machinery import ModuleSpec
+
+    store = LocalStore(tmp_path / "bucket")
+    daemon_main = types.ModuleType("__main__")
+    daemon_main.__spec__ = ModuleSpec("sdcloud.runs.controller", None)
+    monkeypatch.setitem(sys.modules, "__main__", daemon_main)
+    assert drv.DriverLease(store, "r-5", 5.0, "laptop-a:77").acquire()
+    monkeypatch.undo()
+    held = drv.holder(store, "r-5")
+    assert held.kind == drv.DAEMON and held.live
+    assert drv.driving_line(held, "r-5").startswith("driven by a background controller on laptop-a (pid 77)")
