@@ -237,8 +237,10 @@ def test_workers_that_keep_dying_fail_the_job_with_a_reason(tmp_path):
     # before the pool gives up; the limit and the reason are what is proved.
     p = tmp_path / "p.txt"
     p.write_text("one\ntwo\n")
-    # A folder that is no diffusers model: every worker exits non-zero at load.
-    (tmp_path / "empty-model").mkdir()
+    # A folder with a UNet config and no weights: it passes the check before submit (an empty folder
+    # is refused there), and every worker exits non-zero at load.
+    (tmp_path / "empty-model" / "unet").mkdir(parents=True)
+    (tmp_path / "empty-model" / "unet" / "config.json").write_text("{}")
     sub = _run("batch", "submit", "--tier", "batch-sd15", "--model", str(tmp_path / "empty-model"), "--prompts", str(p),
                "--json")
     assert sub.returncode == 0, sub.stderr
