@@ -16,7 +16,7 @@ from ..providers.traits import has_stack, names, traits
 from .prompts import build_items, parse_prompts
 from .status import on_this_machine, state_store
 
-BATCH_TIERS = {"batch-sd15": "sd15", "batch-sdxl": "sdxl"}
+BATCH_TIERS = {"batch-sd15": "sd15", "batch-sdxl": "sdxl", "batch-sd35": "sd3"}
 
 
 @dataclass
@@ -81,6 +81,8 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
         raise UserError("--model must name a model")
     if on_this_machine(opts.provider) and opts.model.startswith(("/", ".", "~")) and not Path(opts.model).expanduser().is_dir():
         raise UserError(f"--model {opts.model}: no such folder (a diffusers model folder, a hub id, or tiny)")
+    if Path(opts.model).expanduser().is_dir():
+        _check_family(opts.model, opts.tier)
     # --lora: a run id (r-...), else a file, else a run's name (what `sdcloud status` shows).
     is_file = bool(opts.lora) and not opts.lora.startswith("r-") and Path(opts.lora).expanduser().is_file()
     lora_run = resolve_lora_run(opts.lora) if opts.lora and not is_file else None
@@ -92,6 +94,20 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
     if opts.workers is None:
         opts.workers = workers_for_deadline(opts, sum(len(it["seeds"]) for it in items), len(items))
     return items
+
+
+def _check_family(model: str, tier: str) -> None:
+    """A model folder of another family than the tier renders with (an SDXL folder for batch-sd35)."""
+    from sdcloud_agent.trainers.models import ModelError, detect_family
+
+    try:
+        family = detect_family(str(Path(model).expanduser()))
+    except ModelError as exc:
+        raise UserError(f"--model {exc}") from None
+    want = BATCH_TIERS[tier]
+    if family is not None and family != want and not (want == "sd15" and family == "sd2"):
+        raise UserError(f"--model {model} is an {family} model but tier {tier} renders with {want}; "
+                        "pick a model of that family or another batch tier")
 
 
 # Plan for the deadline with this share of it, leaving room for a reclaim or two.

@@ -15,12 +15,14 @@ import threading
 from typing import Any
 
 SCHEDULERS = {"ddim": "DDIMScheduler", "euler": "EulerDiscreteScheduler", "euler_a": "EulerAncestralDiscreteScheduler",
-              "dpmpp_2m": "DPMSolverMultistepScheduler", "pndm": "PNDMScheduler", "lms": "LMSDiscreteScheduler"}
+              "dpmpp_2m": "DPMSolverMultistepScheduler", "pndm": "PNDMScheduler", "lms": "LMSDiscreteScheduler",
+              "flow_euler": "FlowMatchEulerDiscreteScheduler"}  # SD3 / SD3.5
 GiB = 1024 ** 3
 # Activation memory per image in a half-precision batch at the family's native size, measured loosely
 # from diffusers' memory guidance; scaled by pixel count for other sizes. Conservative on purpose.
-PER_IMAGE_BYTES = {"sd15": int(1.0 * GiB), "sdxl": int(2.5 * GiB)}
-NATIVE_PIXELS = {"sd15": 512 * 512, "sdxl": 1024 * 1024}
+PER_IMAGE_BYTES = {"sd15": int(1.0 * GiB), "sdxl": int(2.5 * GiB), "sd3": int(3.0 * GiB)}
+NATIVE_PIXELS = {"sd15": 512 * 512, "sdxl": 1024 * 1024, "sd3": 1024 * 1024}
+FAMILY_OF_TIER = {"batch-sdxl": "sdxl", "batch-sd35": "sd3"}  # else sd15
 MAX_BATCH = 8
 
 
@@ -44,13 +46,21 @@ class DiffusersGenerator:
         from diffusers.models.attention_processor import AttnProcessor2_0
 
         self.torch, self.pipe, self.family, self.device = torch, pipe, family, device
-        pipe.unet.set_attn_processor(AttnProcessor2_0())
-        pipe.unet.to(memory_format=torch.channels_last)
+        if family == "sd3":
+            net = pipe.transformer  # keeps its own joint-attention processor (SDPA)
+        else:
+            net = pipe.unet
+            net.set_attn_processor(AttnProcessor2_0())
+            net.to(memory_format=torch.channels_last)
         pipe.vae.to(memory_format=torch.channels_last)
         if vae_tiling:
             pipe.vae.enable_tiling()
         if compile_unet:
-            pipe.unet = torch.compile(pipe.unet, fullgraph=False)
+            compiled = torch.compile(net, fullgraph=False)
+            if family == "sd3":
+                pipe.transformer = compiled
+            else:
+                pipe.unet = compiled
         pipe.set_progress_bar_config(disable=True)
         self._schedulers: dict[str, Any] = {}
         self._base_config = pipe.scheduler.config
@@ -65,9 +75,19 @@ class DiffusersGenerator:
         if device == "cpu" and os.environ.get("SDCLOUD_CPU_THREADS"):
             torch.set_num_threads(int(os.environ["SDCLOUD_CPU_THREADS"]))  # several workers on one machine
         dtype = choose_dtype(torch, device)
-        family = "sdxl" if job.get("tier") == "batch-sdxl" else "sd15"
+        family = FAMILY_OF_TIER.get(job.get("tier"), "sd15")
         model = job["model"]
-        if model == "tiny" and family == "sdxl":
+        if family == "sd3":
+            # SD3 / SD3.5: the transformer, three text encoders (T5 included), a 16-channel VAE.
+            from diffusers import StableDiffusion3Pipeline
+
+            if model == "tiny":
+                from ..trainers import tiny
+
+                pipe = StableDiffusion3Pipeline(**tiny.build_components(family="sd3"))
+            else:
+                pipe = StableDiffusion3Pipeline.from_pretrained(model, torch_dtype=dtype)
+        elif model == "tiny" and family == "sdxl":
             # Random weights in SDXL's shape: two text encoders (the second pooled), text_time conditioning.
             from diffusers import StableDiffusionXLPipeline
 
