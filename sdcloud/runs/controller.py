@@ -106,6 +106,7 @@ class Controller(LaunchInputs, HostStatus):
 
         # Exactly one driver acts on the run at a time (the laptop, its daemon, the cloud function).
         self.lease = DriverLease(self.store, self.run_id, self.timing.poll_seconds, driver)
+        self.journal.lease = self.lease  # a driver that lost the run writes no more of it to the bucket
         from .training import gpus_used
 
         offers = fleet_candidates(_Named(self.provider, self.spec.provider), self.tier, self.spec.market,
