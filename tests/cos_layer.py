@@ -84,6 +84,7 @@ class Seen:
     refused: str = ""   # a request COS refuses (the client did something COS does not take)
     answered: str = ""  # an error COS answers to a well-formed request (409 FileAlreadyExists)
     actions: tuple[str, ...] = ()  # the CAM actions judged (requests signed with a key that has a policy)
+    needs: tuple = ()  # those actions as cam_policy.Need (resource and context), for least-privilege tests
 
 
 def _error(code: str, message: str, resource: str) -> bytes:
@@ -270,6 +271,7 @@ class CosLayer:
         app_id = bucket.rsplit("-", 1)[1] if bucket else ""
         wanted = cam_policy.needs(method, bucket, m["region"] if m else "", app_id, path, headers, body)
         seen.actions = tuple(n.action for n in wanted)
+        seen.needs = tuple(wanted)
         need = cam_policy.denied(policy, wanted)
         return None if need is None else f"Access Denied: {need.action} on {need.resource}"
 
