@@ -1,7 +1,8 @@
 """The Pythons that sdcloud's code meets outside this process, found on this machine: each cloud
 function's runtime version (the traits' CloudFunction.python: Lambda's python3.13, SCF's Python3.10).
 
-Where they come from: `pythonX.Y` on PATH, else pyenv's versions folder (PYENV_ROOT, or ~/.pyenv).
+Where they come from: $SDCLOUD_PYTHONXY, then pyenv's versions folder (PYENV_ROOT, or ~/.pyenv),
+then `pythonX.Y` on PATH.
 This project's machine image has 3.10, 3.12 and 3.13 under pyenv; Debian 12's apt packages 3.11
 only, and no package on PyPI ships an interpreter (the ones that install Python download it from
 elsewhere at run time, which CI cannot reach). So `.ci/run` runs this file first and stops there
@@ -36,7 +37,8 @@ def _reports(path: str, version: tuple[int, int]) -> bool:
 def find_python(version: tuple[int, int]) -> str | None:
     """An interpreter of exactly `version` (major, minor), or None."""
     name = "python%d.%d" % version
-    candidates = []
+    # One named by the environment first: SDCLOUD_PYTHON310 for 3.10 (docs/testing.md).
+    candidates = [c for c in [os.environ.get("SDCLOUD_PYTHON%d%d" % version)] if c]
     root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
     # pyenv's own builds first: newest patch release of the version.
     found = glob.glob(os.path.join(root, "versions", "%d.%d.*" % version, "bin", name))

@@ -255,10 +255,10 @@ echo "shutdown $*" >> "$SDCLOUD_ROOT/var/log/shutdown-shim.log"
 
 
 def image_python310() -> str:
-    """Ubuntu 22.04's python3 for an image shim: a Python 3.10 (tests/test_interpreters.py finds it)."""
+    """Ubuntu 22.04's python3 for an image shim: a Python 3.10 (tests/interpreters.py finds it)."""
     import os
 
-    from test_interpreters import find_python
+    from interpreters import find_python
 
     found = find_python((3, 10))
     if found is None:

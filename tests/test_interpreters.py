@@ -17,7 +17,6 @@ CI has one).
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from interpreters import python_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,32 +42,10 @@ AGENT_MIN = declared_minimum(ROOT / "bootstrap" / "pyproject.toml")
 CONTROL_MIN = declared_minimum(ROOT / "pyproject.toml")
 
 
-def find_python(version: tuple[int, int]) -> str | None:
-    """An interpreter of exactly `version`: $SDCLOUD_PYTHON3<minor>, python3.<minor> on PATH, pyenv's."""
-    name = f"python{version[0]}.{version[1]}"
-    candidates = [os.environ.get(f"SDCLOUD_PYTHON{version[0]}{version[1]}"), shutil.which(name)]
-    candidates += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version[0]}.{version[1]}.*/bin/{name}")))
-    for c in filter(None, candidates):
-        try:
-            out = subprocess.run([c, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
-                                 text=True, timeout=30).stdout.strip()
-        except OSError:
-            continue
-        if out == str(version):
-            return c
-    return None
-
-
 @pytest.fixture(scope="module")
 def agent_python() -> str:
-    found = find_python(AGENT_MIN)
-    if found is None:
-        why = (f"no Python {AGENT_MIN[0]}.{AGENT_MIN[1]} here (the agent's minimum): set SDCLOUD_PYTHON"
-               f"{AGENT_MIN[0]}{AGENT_MIN[1]} or install one (docs/testing.md)")
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return found
+    return python_for(AGENT_MIN, f"the agent's minimum: set SDCLOUD_PYTHON{AGENT_MIN[0]}{AGENT_MIN[1]} or install one "
+                                 "(docs/testing.md)")
 
 
 def vermin(target: tuple[int, int], *paths: Path) -> subprocess.CompletedProcess:
