@@ -60,8 +60,12 @@ class StagingPhases:
 
         try:
             with self.phases.phase("model") as ph:
+                args = self.cfg.trainer_args if isinstance(self.cfg.trainer_args, dict) else {}
+                # kohya's SD3 scripts read the single-file checkpoint, not the diffusers folders.
+                kohya_sd3 = self.cfg.trainer == "kohya" and str(args.get("script") or "").startswith("sd3_")
                 path, how = models.stage(self.cfg.model, self.store, self.workdir,
-                                         hub_token=models.hub_token(self.store, self.cfg.run_prefix))
+                                         hub_token=models.hub_token(self.store, self.cfg.run_prefix),
+                                         single_file=kohya_sd3)
                 ph.result = how
         except Exception as exc:  # noqa: BLE001 - any fetch error is this host's boot failure
             raise Failure(f"staging the model {self.cfg.model} failed: {exc}", boot_phase="model") from exc

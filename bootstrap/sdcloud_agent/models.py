@@ -46,7 +46,9 @@ def split_ref(model: str) -> tuple[str, str]:
     return key, inner
 
 
-def cache_key(model: str) -> str | None:
+def cache_key(model: str, single_file: bool = False) -> str | None:
+    """`single_file`: a hub repository fetched in kohya's SD3 layout (trainers/models.py
+    single_file_selection), cached apart from its diffusers layout."""
     if is_cache_ref(model):
         return split_ref(model)[0]
     if model == "tiny":
@@ -56,7 +58,7 @@ def cache_key(model: str) -> str | None:
     elif model.startswith(("http://", "https://")):
         ident, kind = model, "url"
     elif "/" in model and not os.path.exists(model) and not model.startswith(("/", ".")):
-        ident, kind = "hub:" + model, "hub"
+        ident, kind = "hub:" + model + ("#single-file" if single_file else ""), "hub"
     else:
         return None
     return f"cache/models/{kind}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.tar"
@@ -74,7 +76,7 @@ def hub_token(store, run_prefix: str) -> str | None:
     return store.get(key).decode().strip() or None
 
 
-def _fetch(model: str, dest: Path, hub_token: str | None = None) -> None:
+def _fetch(model: str, dest: Path, hub_token: str | None = None, single_file: bool = False) -> None:
     if model == "tiny":
         from .trainers import tiny
         tiny.save_pipeline(dest)
@@ -87,13 +89,14 @@ def _fetch(model: str, dest: Path, hub_token: str | None = None) -> None:
         # The pipeline's components in safetensors, one precision, nothing else (the trainers'
         # rule, trainers/models.py hub_selection): about 14 GB of SDXL base's ~70 GB repository.
         from .trainers.models import download_hub
-        download_hub(model, dest, token=hub_token)
+        download_hub(model, dest, token=hub_token, single_file=single_file)
         shutil.rmtree(dest / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping, not the model
 
 
-def stage(model: str, store, root: Path, hub_token: str | None = None) -> tuple[str, str]:
+def stage(model: str, store, root: Path, hub_token: str | None = None,
+          single_file: bool = False) -> tuple[str, str]:
     """(what to pass the trainer, how: restored | fetched | in-place)."""
-    key = cache_key(model)
+    key = cache_key(model, single_file)
     if key is None:
         return model, "in-place"
     inner = split_ref(model)[1] if is_cache_ref(model) else ""
@@ -113,7 +116,7 @@ def stage(model: str, store, root: Path, hub_token: str | None = None) -> tuple[
             tf.extractall(tmp / "m", filter="data") if hasattr(tarfile, "data_filter") else tf.extractall(tmp / "m")
         how = "restored"
     else:
-        _fetch(model, tmp / "m", hub_token)
+        _fetch(model, tmp / "m", hub_token, single_file)
         with tarfile.open(tar_path, "w") as tf:
             tf.add(tmp / "m", arcname=".")
         part = key + ".part"

@@ -93,7 +93,14 @@ class KohyaTrainer(AccelerateTrainer):
         name = Path(script).name
         if name.startswith("sdxl_") and out.get("mixed_precision") == "fp16":
             out.setdefault("no_half_vae", True)
-        if not name.startswith("sdxl_") and v_prediction_sd2(model):
+        if name.startswith("sd3_"):
+            # SD3: the single file and the encoders' files (a folder fetched for kohya holds them).
+            from .models import sd3_single_file_flags
+
+            path = Path(model)
+            if path.is_dir():
+                out.update({k: v for k, v in sd3_single_file_flags(path).items() if not args.get(k)})
+        elif not name.startswith("sdxl_") and v_prediction_sd2(model):
             out.setdefault("v2", True)
             out.setdefault("v_parameterization", True)
         if not any(out.get(a) for a in ATTENTION):

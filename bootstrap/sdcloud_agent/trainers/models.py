@@ -246,7 +246,45 @@ def hub_selection(files: list[str], components: list[str] | None) -> tuple[list[
     return wanted, renames
 
 
-def download_hub(model: str, local_dir: Path | None = None, token: str | None = None) -> Path:
+# kohya's SD3 scripts read the single-file checkpoint and the encoders' own files, not the diffusers
+# folders (its docs/sd3_train_network.md: --pretrained_model_name_or_path a .safetensors, --clip_l,
+# --clip_g, --t5xxl); the SD3.5 repositories carry both layouts.
+SD3_ENCODER_FILES = {"clip_l": ("clip_l.safetensors",), "clip_g": ("clip_g.safetensors",),
+                     "t5xxl": ("t5xxl_fp16.safetensors", "t5xxl_fp8_e4m3fn.safetensors")}
+
+
+def single_file_selection(files: list[str]) -> list[str]:
+    """The files kohya's SD3 scripts need from an SD3 repository: its top-level single-file
+    checkpoint and, under text_encoders/, CLIP-L, CLIP-G and one T5-XXL (fp16, else fp8): one
+    precision each, none of the diffusers folders."""
+    have = set(files)
+    tops = sorted(f for f in files if "/" not in f and f.endswith(".safetensors"))
+    if not tops:
+        raise ModelError("the repository has no top-level single-file .safetensors checkpoint for kohya's SD3 "
+                         "scripts: give one with --model FILE.safetensors")
+    wanted = [tops[0]]
+    for names in SD3_ENCODER_FILES.values():
+        found = next((f"text_encoders/{n}" for n in names if f"text_encoders/{n}" in have), None)
+        if found:
+            wanted.append(found)
+    return wanted
+
+
+def sd3_single_file_flags(folder: Path) -> dict[str, str]:
+    """kohya's model flags for a folder that single_file_selection filled (or a user's of that layout)."""
+    tops = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+    if not tops:
+        return {}
+    out = {"pretrained_model_name_or_path": str(tops[0])}
+    for flag, names in SD3_ENCODER_FILES.items():
+        found = next((folder / "text_encoders" / n for n in names if (folder / "text_encoders" / n).is_file()), None)
+        if found:
+            out[flag] = str(found)
+    return out
+
+
+def download_hub(model: str, local_dir: Path | None = None, token: str | None = None,
+                 single_file: bool = False) -> Path:
     """Fetch what training needs of hub repo `org/name[@revision]` (hub_selection) from the hub
     endpoint (HF_ENDPOINT, a mirror); into `local_dir` (variants renamed to the plain names) or the
     Hugging Face cache. `token`: the user's, for a gated repository (else huggingface_hub's own
@@ -256,6 +294,9 @@ def download_hub(model: str, local_dir: Path | None = None, token: str | None = 
     repo, _, rev = model.partition("@")
     info = HfApi(token=token).model_info(repo, revision=rev or None)
     files = [s.rfilename for s in (info.siblings or [])]
+    if single_file:
+        return Path(snapshot_download(repo, revision=info.sha, local_dir=str(local_dir) if local_dir else None,
+                                      allow_patterns=single_file_selection(files), token=token))
     components = None
     if "model_index.json" in files:
         index = json.loads(Path(hf_hub_download(repo, "model_index.json", revision=info.sha, token=token,
