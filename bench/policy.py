@@ -81,9 +81,10 @@ def groups(data: Path, only: str | None, mode: str | None = None) -> list[tuple[
     return out
 
 
-def cell_key(files: tuple[str, ...], single: bool, c: float, r: float, d_min: int, starts: int, seed: int,
+def cell_key(name: str, files: tuple[str, ...], single: bool, c: float, r: float, d_min: int, starts: int, seed: int,
              priced: bool) -> str:
-    return json.dumps([[Path(f).name for f in files], single, c, r, d_min, starts, seed, priced])
+    # The trace set's name too: one zone's file name recurs across sets.
+    return json.dumps([name, [Path(f).name for f in files], single, c, r, d_min, starts, seed, priced])
 
 
 def run_group(args: tuple) -> list[dict]:
@@ -104,7 +105,7 @@ def run_group(args: tuple) -> list[dict]:
     rows = []
     for c, r, d_min in SETTINGS:
         st = Setting(c, r, d_min / 60, PAPER["spot_price"], ONDEMAND)
-        key = cell_key(files, single, c, r, d_min, starts, seed, prices is not None)
+        key = cell_key(name, files, single, c, r, d_min, starts, seed, prices is not None)
         wanted = list(policies) + ([] if key in cached else [OPTIMAL])
         res = {x.policy: (float(x.savings.mean()), float(x.met.mean()), float(x.costs.mean()))
                for x in simulate(avail, keys, gap, st, wanted, starts=starts, seed=seed, single_zone=single,
@@ -199,7 +200,7 @@ def main() -> None:
         print()
     print("| trace set / mode | cells | " + " | ".join(policies) + " | optimal | sdcloud cost vs UP | "
           "sdcloud/opt (of averages) | sdcloud/opt (mean of cells) | worst cell | UP/opt | cells below UP | met (sdcloud, worst cell) |")
-    print("|---" * (11 + len(policies)) + "|")
+    print("|---" * (10 + len(policies)) + "|")
     for mode in ("single", "multi"):
         for name in sorted({r["set"] for r in rows}):
             sel = [r for r in rows if r["mode"] == mode and r["set"] == name]

@@ -254,12 +254,16 @@ class Sdcloud(Policy):
        (a spot run that has just begun is the likeliest to end before it repays two restarts),
        and only while slack >= reserve - RETURN x d x C / R. (Uniform Progress leaves
        on-demand at reserve + 2 d C / R; a return is work done on spot instead of on-demand,
-       not slack burnt, so it may dip a little below the waiting line.)
+       not slack burnt, so it may dip below the waiting line: the net still guards it.)
+
+    Where the save at a reclaim notice cannot be durable (Observation.at_risk > 0), the work at
+    risk counts as lost already: slack = time left - work left - at risk.
 
     Rules 2-6 only act while slack >= net, and a tick loses at most one tick of slack (the worst
     case: it brings no progress at all), so the next decision still has slack >= net - tick >= d:
     enough for an on-demand launch, which then loses no more and finishes by the deadline. That
-    holds for any tick length (docs/policies.md). BETA, PROBE and RETURN were tuned on the shared
+    holds for any tick length (docs/policies.md); a reclaim that takes the work at risk lowers
+    that slack by nothing (work left grows by what at risk loses). BETA, PROBE and RETURN were tuned on the shared
     traces with bench/policy.py; nothing in the rule knows which trace it replays.
     """
 
@@ -267,51 +271,31 @@ class Sdcloud(Policy):
     multi_zone = True
     BETA = 0.25
     PROBE = 1.0
-    RETURN = 1.5
+    RETURN = 3.0
     HOP_HOURS = 4.0
 
     def __init__(self) -> None:
         self.reset()
 
-    # Online estimate of the share of time without spot anywhere (A0 a prior worth H0 hours); 0 = off.
-    H0 = 0.0
-    A0 = 0.8
-    GAIN = 1.0
-
     def reset(self) -> None:
         """Forget what was seen: a new job."""
         self._last: float | None = None
         self._up_since: dict[str, float] = {}
-        self._was_up: bool | None = None
-        self._up_h = 0.0
-        self._seen_h = 0.0
 
     def _observe(self, obs: Observation) -> None:
         # One note per zone: the elapsed hour spot was first seen in its current run.
         if self._last is not None and obs.elapsed < self._last - EPS:
             self.reset()  # time went backwards: another job
-        if self._last is not None and self._was_up is not None:
-            span = obs.elapsed - self._last
-            self._seen_h += span
-            self._up_h += span if self._was_up else 0.0
         self._last = obs.elapsed
-        self._was_up = any(z.spot_available for z in obs.zones)
         for z in obs.zones:
             if z.spot_available:
                 self._up_since.setdefault(z.key, obs.elapsed)
             else:
                 self._up_since.pop(z.key, None)
 
-    def availability(self) -> float:
-        return (self._up_h + self.A0 * self.H0) / (self._seen_h + self.H0)
-
     def reserve(self, obs: Observation) -> float:
         c, r, t = obs.job_hours, obs.deadline_hours, obs.elapsed
-        line = (r - c) * max(0.0, r - t) / r
-        if not self.H0:
-            return min(line, self.BETA * obs.work_left)
-        a = max(self.availability(), 0.05)
-        return min(line, self.GAIN * obs.work_left * (1 - a) / a)
+        return min((r - c) * max(0.0, r - t) / r, self.BETA * obs.work_left)
 
     def decide(self, obs: Observation) -> Action:
         if spot_gone(obs):
