@@ -35,6 +35,18 @@ MiB = 1 << 20
 UNREACHED = {
     "name/cos:AbortMultipartUpload": "the clean-up of a multipart upload whose part failed; the recorded uploads succeed",
 }
+# The role's grants a batch worker host does not use, with what uses them (the training host).
+NOT_FOR_WORKERS = {
+    "name/cos:PutObjectCopy": "the boot's cache write (put .part, copy) and the store's copies",
+    "name/cos:UploadPartCopy": "the store's copy of an object of 8 MiB and more",
+    "name/cos:DeleteObject": "checkpoint rotation and the cache write's clean-up; a worker's writes are create-only",
+    "name/cos:DeleteMultipleObjects": "checkpoint rotation; a worker never deletes",
+    "name/cos:InitiateMultipartUpload": "checkpoints over the part size; a worker's images and markers are single PUTs",
+    "name/cos:UploadPart": "checkpoints over the part size",
+    "name/cos:CompleteMultipartUpload": "checkpoints over the part size",
+    "name/cos:AbortMultipartUpload": "a failed multipart upload's clean-up",
+    "name/cvm:TerminateInstances": "the self-end (a worker host ends itself through the same agent code, recorded above)",
+}
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +191,17 @@ def test_the_self_end_is_held_to_the_stack_tag(host_run):
     [need] = cvm
     untagged = Need(need.action, need.resource, tuple((k, v) for k, v in need.context if k != "qcs:resource_tag"))
     assert allowed(_policies()[1], need) and not allowed(_policies()[1], untagged)
+
+
+def test_the_batch_workers_grants_are_listed_where_they_do_not_need_them(host_run):
+    """Least privilege for a worker host: each action its requests (under batch/) do not need is
+    listed with what needs it; each listed one is indeed not needed by them."""
+    seen, _, _ = host_run
+    worker = [n for s in seen if f"/{PREFIX}/batch/" in s.path or f"prefix={PREFIX}%2Fbatch" in s.path
+              or f"prefix={PREFIX}/batch" in s.path for n in s.needs]
+    assert {n.action for n in worker} >= {"name/cos:PutObject", "name/cos:GetObject", "name/cos:GetBucket"}
+    actions = sorted({a for p in _policies() for st in p["statement"] for a in st["action"]})
+    needed = {a: bool(_refused(worker, _without(_policies(), a))) for a in actions}
+    unlisted = [a for a, n in needed.items() if not n and a not in NOT_FOR_WORKERS]
+    wrongly = [a for a in NOT_FOR_WORKERS if needed.get(a)]
+    assert not unlisted and not wrongly, (unlisted, wrongly)
