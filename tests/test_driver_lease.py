@@ -36,7 +36,9 @@ def test_an_invocation_does_not_take_the_live_lease_of_another_invocation(store)
     assert first.acquire()
     assert not second.acquire(), "the same function's other invocation is another driver"
     assert not laptop.acquire()
-    assert first.park()  # done with the run, still live: the function's next invocation continues
+    assert first.park(until_next=300)  # done with the run, live until its function's next tick is due
+    assert drv.holder(store, "r-1", now=now[0]).expires_in == pytest.approx(300 + drv.MIN_LEASE_SECONDS)
+    now[0] += 300  # the next tick
     assert not laptop.acquire(), "a parked lease keeps other drivers out"
     assert second.acquire() and second.previous["worker"] == "aws-lambda:req-1"
     assert not first.renew(), "a parked lease is not held any more by the invocation that parked it"

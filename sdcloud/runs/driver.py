@@ -243,16 +243,18 @@ class DriverLease:
         if not self.renew():
             raise LeaseLost(f"run {self.run_id}: {self.driver} no longer holds its lease")
 
-    def park(self) -> bool:
-        """An invocation that is done with a live run: the lease stays live for every other driver,
-        and its function's next invocation continues at once (without waiting for it to lapse)."""
+    def park(self, until_next: float = 0.0) -> bool:
+        """An invocation that is done with a live run: the lease stays live for every other driver
+        until the function's next invocation is due (`until_next` seconds) and a term more, and that
+        invocation continues at once (without waiting for it to lapse)."""
         if self._held is None:
             return False
-        self._leases.parked = True
+        self._leases.parked, ttl = True, self._leases.ttl
+        self._leases.ttl = ttl + max(0.0, until_next)
         try:
             return self.renew()
         finally:
-            self._leases.parked = False
+            self._leases.parked, self._leases.ttl = False, ttl
             self._held = None
 
     def release(self) -> None:

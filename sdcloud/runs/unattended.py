@@ -88,6 +88,12 @@ def live_runs(store: Any) -> list[str]:
     return [o.key.rsplit("/", 1)[-1] for o in sorted(store.list(f"{ACTIVE_INDEX}/"), key=lambda o: o.key)]
 
 
+def _schedule_seconds(function: str) -> float:
+    """The function's schedule period (its traits): a parked lease outlives the gap to the next tick."""
+    periods = [t.function.schedule_seconds for t in every() if t.function is not None and t.function.name == function]
+    return float(periods[0]) if periods else 0.0
+
+
 def _poll_seconds(function: str) -> float:
     """The poll of the function's own provider: the lease's term is several of them (runs/driver.py)."""
     polls = [t.timing.poll_seconds for t in every() if t.function is not None and t.function.name == function]
@@ -185,7 +191,7 @@ def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
         # and this function's next invocation continues the run at once.
         state.update_run(ctl.run_id, controller_pid=None)
         ctl.journal.flush()
-        ctl.lease.park()
+        ctl.lease.park(until_next=_schedule_seconds(function))
     for ctl in driving:
         report["runs"][ctl.run_id]["state"] = state.get_run(ctl.run_id)["state"]
     state.close()
