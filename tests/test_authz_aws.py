@@ -7,12 +7,18 @@ the request or the template tags, iam:PassRole for the host role, the Spot servi
 and each request is judged, conditions included, by tests/authz_aws.py. Then each action is taken
 out of each policy in turn: some recorded call must be refused, or the grant is in UNREACHED with
 the path that needs it and why the suite does not take it.
+
+The user's own calls with a stack in place (the same controller step, then `sdcloud gc`) are judged
+the same way against the minimal user policy sdcloud documents (docs/aws-user-policy.json), each of
+its grants needed. `sdcloud infra up` is not covered: Pulumi's AWS provider makes the stack's calls
+itself (roles, the bucket, the template, the function), with rights that document does not give.
 """
 
 from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +34,7 @@ from test_aws_host_policy import _host_calls, aws_iam  # noqa: E402, F401  (aws_
 from test_stacks_driver import ACCOUNT, AMI, BUCKET, PREFIX, _build, _policies  # noqa: E402
 
 REGION = "us-east-1"
+USER_POLICY = Path(__file__).resolve().parents[1] / "docs" / "aws-user-policy.json"
 
 # Grants no recorded call needs, each with the path that needs it and why the suite does not take it.
 UNREACHED: dict[tuple[str, str], str] = {
@@ -243,3 +250,64 @@ def test_each_grant_of_the_function_role_is_needed(driver):
 
 def test_each_grant_of_the_host_role_is_needed(host):
     _least_privilege("host", *host)
+
+
+# -- the user's own calls, against the documented user policy ---------------------------------------
+
+def _user_policy(host_role_arn: str) -> dict:
+    """docs/aws-user-policy.json filled in as its placeholders say: the account, the stack's bucket
+    and prefix, its host role."""
+    text = USER_POLICY.read_text()
+    for k, v in {"ACCOUNT_ID": ACCOUNT, "BUCKET": BUCKET, "PREFIX": PREFIX, "HOST_ROLE_ARN": host_role_arn}.items():
+        text = text.replace(k, v)
+    return json.loads(text)
+
+
+@pytest.fixture(scope="module")
+def user(stack, driver, tmp_path_factory):
+    """The controller step's calls (the same code `up` runs with the user's keys), then a stray
+    launched and reaped by `sdcloud gc`."""
+    from moto import mock_aws
+
+    from sdcloud.cli import main
+    from sdcloud.offers.catalog import bundled_rows
+    from sdcloud.offers.optimizer import Offer
+    from sdcloud.providers import get_provider
+    from sdcloud.providers.base import LaunchSpec
+
+    step, env, _ = driver
+    tmp = tmp_path_factory.mktemp("authz-user")
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION,
+                     "SDCLOUD_HOME": str(tmp / "home"), "AWS_CONFIG_FILE": str(tmp / "no-config")}.items():
+            mp.setenv(k, v)
+        for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+            mp.delenv(k, raising=False)
+        with mock_aws():
+            calls = record_calls(mp)  # the stray's launch too: gc's end is judged by the tags it launched with
+            row = next(r for r in bundled_rows("aws") if r.region == REGION and r.instance_type == "g5.xlarge")
+            stray = get_provider("aws", image_id=AMI).launch(Offer(row, "on-demand"), LaunchSpec("run-stray", 1),
+                                                             "on-demand")
+            assert main(["gc", "--provider", "aws", "--region", REGION, "--yes", "--json"]) == 0
+            assert any(c.operation == "TerminateInstances" and stray.id in c.params["InstanceIds"] for c in calls)
+    return step + [c for c in calls if c.ok], env, _user_policy(stack["host_role"])
+
+
+def test_every_call_of_the_user_passes_the_documented_user_policy(user):
+    calls, env, policy = user
+    assert {c.operation for c in calls} >= {"RunInstances", "TerminateInstances", "DescribeInstances", "PutObject"}
+    refusals = _refusals(calls, env, policy)
+    assert not refusals, "\n".join(refusals)
+
+
+def test_each_grant_of_the_user_policy_is_needed(user):
+    calls, env, policy = user
+    unneeded = [a for a in actions_of(policy) if not _refusals(calls, env, without_action(policy, a))]
+    assert not unneeded, f"no recorded user call needs {unneeded}: drop them from docs/aws-user-policy.json"
+
+
+def test_the_user_policy_refuses_an_instance_sdcloud_did_not_launch(user):
+    """The check can fail: a TerminateInstances on an instance no recorded launch tagged."""
+    _, env, policy = user
+    found = _refusals([Call("user", "ec2", "TerminateInstances", {"InstanceIds": ["i-0other"]})], env, policy)
+    assert len(found) == 1 and "ec2:TerminateInstances" in found[0] and "i-0other" in found[0], found
