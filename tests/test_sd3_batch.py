@@ -87,6 +87,10 @@ def test_batch_sd35_prompts_and_models_are_checked_before_launch(tmp_path, sdclo
     bad.write_text('{"prompt": "x", "scheduler": "ddim"}\n')
     with pytest.raises(UserError, match="scheduler must be one of flow_euler"):
         parse_prompts(str(bad), "sd3", 1)
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text('{"prompt": "x", "width": 1000, "height": 1024}\n')
+    with pytest.raises(UserError, match="multiples of 16 for SD3, got 1000x1024"):
+        parse_prompts(str(odd), "sd3", 1)
     flow = tmp_path / "flow.jsonl"
     flow.write_text('{"prompt": "x", "scheduler": "flow_euler"}\n')
     with pytest.raises(UserError, match="scheduler must be one of ddim"):

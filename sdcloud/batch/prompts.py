@@ -140,6 +140,9 @@ def parse_prompts(path: str | Path, family: str, images_per_prompt: int = 1, mod
         count = _int(row.get("count", images_per_prompt), "count", where, 1, 10_000)
         width = _int(row.get("width", defaults["width"]), "width", where, lo, hi, mult)
         height = _int(row.get("height", defaults["height"]), "height", where, lo, hi, mult)
+        if family == "sd3" and (width % 16 or height % 16):
+            # SD3's pipeline takes sides that are multiples of its VAE's 8 times the transformer's patch of 2.
+            raise UserError(f"{where}: width and height must be multiples of 16 for SD3, got {width}x{height}")
         steps = _int(row.get("steps", defaults["steps"]), "steps", where, 1, most)
         guidance = row.get("guidance", defaults["guidance"])
         if isinstance(guidance, bool) or not isinstance(guidance, (int, float)) or not 0 <= guidance <= 30:
