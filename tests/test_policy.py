@@ -85,7 +85,7 @@ def test_sdcloud_waits_while_the_slack_is_ample():
 
 def test_sdcloud_leaves_on_demand_only_for_spot_that_has_lasted():
     """On on-demand, back to spot once the zone has had spot for max(d, tick) = 0.2 h and
-    slack >= reserve - 3 d C / R (= reserve - 0.3 here)."""
+    slack >= reserve - 1.5 d C / R (= reserve - 0.15 here)."""
     sd = get_policy("sdcloud")
     g = 1 / 6
     # Spot first seen at t = 10: 0 h old, then 1/6 h: stay on on-demand; at 2/6 h old: spot.
@@ -95,12 +95,11 @@ def test_sdcloud_leaves_on_demand_only_for_spot_that_has_lasted():
     # A reclaim resets the age: spot gone at 11, back at 11 + 1/6 -> 0 h old again.
     assert sd.decide(obs(t=11, p=4.5, zones=(("a", False),), zone="a")).kind == WAIT
     assert sd.decide(obs(t=11 + g, p=4.5 + g, market=ON_DEMAND, zone="a")).kind == ON_DEMAND
-    # Slack decides too (spot seen since t = 9): t = 10, p = 1.95: slack 1.95 >= reserve 2.0125 - 0.3 -> spot;
-    # p = 1.6: slack 1.6 < 2.1 - 0.3 -> stay on on-demand. (Before the return's bar went from 1.5 to
-    # 3 d C / R, p = 1.8 stayed: 1.8 < 2.05 - 0.15; now 1.8 >= 1.75 returns.)
-    for p, kind in ((1.95, SPOT), (1.6, ON_DEMAND), (1.8, SPOT)):
+    # Slack decides too (spot seen since t = 9): t = 10, p = 1.95: slack 1.95 >= reserve 2.0125 - 0.15 -> spot;
+    # p = 1.8: slack 1.8 < 2.05 - 0.15 -> stay on on-demand.
+    for p, kind in ((1.95, SPOT), (1.8, ON_DEMAND)):
         sd = get_policy("sdcloud")
-        sd.decide(obs(t=9, p=p / 2, market=ON_DEMAND, zone="a"))
+        sd.decide(obs(t=9, p=p - 1, market=ON_DEMAND, zone="a"))
         assert sd.decide(obs(t=10, p=p, market=ON_DEMAND, zone="a")).kind == kind
     # Time going backwards is another job: what was seen is forgotten. Spot seen since t = 0 is 5 h old
     # at t = 5; a new job at t = 0.3 has seen it for 0 h, not 0.3 h.

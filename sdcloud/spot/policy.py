@@ -254,7 +254,7 @@ class Sdcloud(Policy):
        (a spot run that has just begun is the likeliest to end before it repays two restarts),
        and only while slack >= reserve - RETURN x d x C / R. (Uniform Progress leaves
        on-demand at reserve + 2 d C / R; a return is work done on spot instead of on-demand,
-       not slack burnt, so it may dip below the waiting line: the net still guards it.)
+       not slack burnt, so it may dip a little below the waiting line.)
 
     Where the save at a reclaim notice cannot be durable (Observation.at_risk > 0), the work at
     risk counts as lost already: slack = time left - work left - at risk.
@@ -271,7 +271,7 @@ class Sdcloud(Policy):
     multi_zone = True
     BETA = 0.25
     PROBE = 1.0
-    RETURN = 3.0
+    RETURN = 1.5
     HOP_HOURS = 4.0
 
     def __init__(self) -> None:
