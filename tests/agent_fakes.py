@@ -347,6 +347,10 @@ def _check_state(d: Path) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] in ("diffusers", "sdxl_train.py"):
-        sys.exit(fake_external("diffusers" if sys.argv[1] == "diffusers" else "kohya-db", sys.argv[2:]))
+    # The diffusers example scripts by name too (train_dreambooth_lora_sd3.py ...): the adapter's
+    # per-script flags then reach the fake as they reach the real script.
+    diffusers_script = len(sys.argv) > 1 and sys.argv[1].startswith("train_dreambooth")
+    if len(sys.argv) > 1 and (sys.argv[1] in ("diffusers", "sdxl_train.py") or diffusers_script):
+        kind = "diffusers" if sys.argv[1] == "diffusers" or diffusers_script else "kohya-db"
+        sys.exit(fake_external(kind, sys.argv[2:]))
     sys.exit(fake_trainer())

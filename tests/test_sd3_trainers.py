@@ -110,3 +110,45 @@ def test_the_diffusers_sd3_lora_script_gets_the_captions(tmp_path):
         assert flag in cmd, cmd
     meta = json.loads((tmp_path / "sd35m-lora" / "imagefolder" / "metadata.jsonl").read_text().splitlines()[0])
     assert meta["text"] in ("a photo of sks toy on a table", "a photo of sks toy")
+
+
+def test_the_diffusers_sd3_script_is_reclaimed_and_resumes_at_its_checkpoint(tmp_path):
+    """train_dreambooth_lora_sd3.py (its fake, tests/agent_fakes.py: no save on a signal) with the
+    tier's flags and a dataset: the agent waits for its next checkpoint after the notice, and the
+    next attempt resumes there (`--resume_from_checkpoint latest`) with the global step kept."""
+    from sdcloud.offers.tiers import get_tier
+    from sdcloud.runs.training import tier_defaults
+    from sdcloud_agent.store import open_store
+    from test_agent_e2e import FAKE, FAKESTEP, AwsMetadataServer, _config, _start_agent
+
+    data = _images(tmp_path / "photos", 2)
+    meta = AwsMetadataServer().start()
+    store_cfg = {"url": f"file://{tmp_path}/bucket"}
+    store = open_store(store_cfg)
+    args = {**tier_defaults("diffusers", get_tier("sd35m-lora")), "launcher": [sys.executable, FAKE],
+            "instance_prompt": "a photo of sks toy", "checkpoints_total_limit": 1}
+    args.pop("mixed_precision")  # "auto" is settled from a GPU; this host has none
+    seen, logs = [], []
+    try:
+        for attempt in (1, 2):
+            meta.reset()
+            cfg = _config(tmp_path, attempt, store_cfg, meta.base_url, trainer="diffusers", trainer_args=args,
+                          steps=12, every=4, dataset=str(data))
+            proc = _start_agent(cfg, {"FAKE_STEP_SECONDS": "0.1"})
+            log = tmp_path / f"work-{attempt}" / f"attempt-{attempt}.log"
+            while attempt == 1 and proc.poll() is None:
+                text = log.read_text(errors="replace") if log.exists() else ""
+                if any(int(n) >= 2 for n in FAKESTEP.findall(text)):
+                    meta.announce(120)
+                    break
+                time.sleep(0.02)
+            _, err = proc.communicate(timeout=120)
+            logs.append(log.read_text(errors="replace"))
+            seen.append([int(n) for n in FAKESTEP.findall(logs[-1])])
+            assert proc.returncode == (3 if attempt == 1 else 0), err.decode()[-3000:]
+    finally:
+        meta.stop()
+    assert "train_dreambooth_lora_sd3.py" in logs[0] and "--caption_column" in logs[0]
+    saved = seen[0][-1]
+    assert saved % 4 == 0 and seen[1][0] == saved + 1 and seen[1][-1] == 12, seen
+    assert json.loads(store.get("runs/e2e/status.json"))["phase"] == "succeeded"
