@@ -119,3 +119,10 @@ def test_an_on_demand_price_without_spot_prices_is_refused(tmp_path, capsys):
     b.write_text(json.dumps(doc))
     code, _, err = run(BASE + ["--trace", a, "--trace", str(b)], capsys)
     assert code == 2 and "asia-east1-c_h100_8 gives an on-demand price but no spot prices" in err
+
+
+def test_a_trace_knows_its_length_in_hours(tmp_path):
+    from sdcloud.spot.traces import load_trace
+
+    trace = load_trace(published(tmp_path, "us-central1-a", [1] * 36, [30.0] * 36, 88.25))
+    assert trace.hours == pytest.approx(36 * GAP / 3600) and trace.price_basis.machine == "a3-highgpu-8g"

@@ -37,6 +37,10 @@ class Trace:
     ondemand_price: float | None = None  # metadata.price_info.on_demand_price, where the trace says it
     price_basis: PriceBasis | None = None  # what the trace's prices are for, where it says so
 
+    @property
+    def hours(self) -> float:
+        return len(self.avail) * self.gap_seconds / 3600
+
 
 @dataclass(frozen=True)
 class PriceBasis:
@@ -48,10 +52,6 @@ class PriceBasis:
 
     def words(self) -> str:
         return f"{self.currency} per {self.unit}" + (f" for machine {self.machine}" if self.machine else "")
-
-    @property
-    def hours(self) -> float:
-        return len(self.avail) * self.gap_seconds / 3600
 
 
 def load_trace(path: str | Path) -> Trace:
