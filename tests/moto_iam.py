@@ -18,6 +18,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import pytest
+
 REGION = "us-east-1"
 
 
@@ -28,13 +30,8 @@ def owner_policy(bucket: str) -> str:
         {"Effect": "Allow", "Action": "s3:*", "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]})
 
 
-@contextmanager
-def enforced(url: str, bucket: str) -> Iterator[Callable[[str], tuple[str, str]]]:
-    import boto3
-    from moto.core.authorization import disable_iam_authentication, enable_iam_authentication
-    from moto.s3.responses import S3Response
-
-    original = S3Response._bucket_response_post
+def per_key_delete_of(original: Callable) -> Callable:
+    """moto's S3 POST handler, with a DeleteObjects request authorized once per key as AWS does."""
 
     def per_key_delete(self, request, bucket_name):
         self.path = self._get_path(request)
@@ -47,6 +44,29 @@ def enforced(url: str, bucket: str) -> Iterator[Callable[[str], tuple[str, str]]
                 self._authenticate_and_authorize_s3_action(bucket_name=bucket_name, key_name=obj["Key"])
             return self._bucket_response_delete_keys(bucket_name)
         return original(self, request, bucket_name)
+
+    return per_key_delete
+
+
+@pytest.fixture(autouse=True)  # for the modules that import it: each of their tests
+def fresh_boto3_default_session(monkeypatch):
+    """The store's S3 client comes from boto3's default session, which keeps the keys it first
+    found: a test that signed with an IAM user's keys must not leave them to the next test."""
+    yield
+    monkeypatch.undo()
+    import boto3
+
+    boto3.DEFAULT_SESSION = None
+
+
+@contextmanager
+def enforced(url: str, bucket: str) -> Iterator[Callable[[str], tuple[str, str]]]:
+    import boto3
+    from moto.core.authorization import disable_iam_authentication, enable_iam_authentication
+    from moto.s3.responses import S3Response
+
+    original = S3Response._bucket_response_post
+    per_key_delete = per_key_delete_of(original)
 
     admin = boto3.Session(aws_access_key_id="admin", aws_secret_access_key="admin", region_name=REGION)
     S3Response._bucket_response_post = per_key_delete

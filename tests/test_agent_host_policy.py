@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+# An IAM user's keys left in boto3's default session must not sign the next test's calls.
+from moto_iam import fresh_boto3_default_session  # noqa: F401  (an autouse fixture)
+
 from agent_fakes import AwsMetadataServer
 from test_agent_e2e import FAKE, _steps_in
 from authz_judge import host_policy, refusals
@@ -29,17 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stacks" / "aws"))
 from aws_host_policy import role_policy_document  # noqa: E402
 
 BUCKET, PREFIX, REGION = "sdcloud-agent-policy", "sdcloud", "us-east-1"
-
-
-@pytest.fixture(autouse=True)
-def _fresh_boto3_default_session(monkeypatch):
-    """The store's S3 client comes from boto3's default session, which keeps the keys it first
-    found: a test that signed with an IAM user's keys must not leave them to the next test."""
-    yield
-    monkeypatch.undo()
-    import boto3
-
-    boto3.DEFAULT_SESSION = None
 
 
 @pytest.fixture

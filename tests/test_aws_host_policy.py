@@ -7,7 +7,7 @@ outside the prefix, an action taken out of the policy) is refused with AccessDen
 
 One correction to moto: it judges a DeleteObjects request against the bucket's ARN, where AWS
 checks s3:DeleteObject on each key ("Actions, resources, and condition keys for Amazon S3":
-DeleteObjects needs s3:DeleteObject on the objects). `_per_key_delete` below asks moto's own
+DeleteObjects needs s3:DeleteObject on the objects). `moto_iam.per_key_delete_of` asks moto's own
 authorizer once per key instead. Uploads go through s3transfer: the CRT engine (which the store
 takes on AWS when awscrt is installed) sends its requests itself, past moto's interception.
 """
@@ -44,21 +44,9 @@ def aws_iam(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "admin")
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
 
-    original = S3Response._bucket_response_post
+    from moto_iam import per_key_delete_of
 
-    def _per_key_delete(self, request, bucket_name):
-        self.path = self._get_path(request)
-        if self.is_delete_keys():
-            import xmltodict
-
-            objects = xmltodict.parse(self.body, strip_whitespace=False)["Delete"].get("Object", [])
-            self.data["Action"] = "DeleteObject"
-            for obj in objects if isinstance(objects, list) else [objects]:
-                self._authenticate_and_authorize_s3_action(bucket_name=bucket_name, key_name=obj["Key"])
-            return self._bucket_response_delete_keys(bucket_name)
-        return original(self, request, bucket_name)
-
-    monkeypatch.setattr(S3Response, "_bucket_response_post", _per_key_delete)
+    monkeypatch.setattr(S3Response, "_bucket_response_post", per_key_delete_of(S3Response._bucket_response_post))
     with mock_aws(config={"iam": {"load_aws_managed_policies": False}}), enable_iam_authentication():
         admin = boto3.Session(aws_access_key_id="admin", aws_secret_access_key="admin", region_name=REGION)
         with disable_iam_authentication():  # the setup is the account owner's, not the host's

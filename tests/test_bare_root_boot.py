@@ -14,22 +14,14 @@ import os
 
 import pytest
 
+# An IAM user's keys left in boto3's default session must not sign the next test's calls.
+from moto_iam import fresh_boto3_default_session  # noqa: F401  (an autouse fixture)
+
 import bareroot
 from agent_fakes import AwsMetadataServer
 from servers import TEST_KEYS
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def _fresh_boto3_default_session(monkeypatch):
-    """The store's S3 client comes from boto3's default session, which keeps the keys it first
-    found: a test that signed with an IAM user's keys must not leave them to the next test."""
-    yield
-    monkeypatch.undo()
-    import boto3
-
-    boto3.DEFAULT_SESSION = None
 
 
 def _config(endpoint, imds, bucket, run_id, attempt, root, **extra):
