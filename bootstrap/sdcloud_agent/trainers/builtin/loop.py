@@ -115,13 +115,7 @@ class Trainer(ModelSetup, CheckpointIO, Output):
                         "time_ids": torch.cat([self.time_ids[i] for i in members]).to(dev)}
                 with self._autocast():
                     pred = self.unet(noisy, t, enc, **kw).sample
-                share = len(members) / per_step
-                loss = torch.nn.functional.mse_loss(pred.float(), target.float()) * share
-                if self.scaler is not None:
-                    self.scaler.scale(loss).backward()
-                else:
-                    loss.backward()
-                total += float(loss.detach())
+                total += self._backward_share(pred, target, len(members) / per_step)
         if DIST.on:
             # Each rank's loss is weighted by its share of the step: the sum is the whole batch's gradient.
             for p in self.params:
@@ -143,6 +137,16 @@ class Trainer(ModelSetup, CheckpointIO, Output):
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total
+
+    def _backward_share(self, pred: Any, target: Any, share: float) -> float:
+        """One micro-batch's loss, weighted by its share of the optimizer step, and its gradients
+        (through the fp16 loss scaler where one is on): every family's objective ends here."""
+        loss = self.torch.nn.functional.mse_loss(pred.float(), target.float()) * share
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        return float(loss.detach())
 
     def _oom_hook(self, step: int) -> None:
         spec = os.environ.get(OOM_AT_ENV)

@@ -74,13 +74,7 @@ class SD3Setup:
         with self._autocast():
             pred = self.unet(hidden_states=noisy, timestep=timesteps, encoder_hidden_states=enc,
                              pooled_projections=pooled, return_dict=False)[0]
-        share = len(members) / per_step
-        loss = torch.nn.functional.mse_loss(pred.float(), target.float()) * share
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-        else:
-            loss.backward()
-        return float(loss.detach())
+        return self._backward_share(pred, target, len(members) / per_step)
 
     def _sd3_lora_file(self, peft_sd: dict[str, Any]) -> dict[str, Any]:
         """The layout StableDiffusion3Pipeline.save_lora_weights writes (as the diffusers SD3 LoRA
