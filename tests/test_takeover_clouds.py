@@ -365,6 +365,8 @@ def test_a_users_run_is_relaunched_and_finished_by_the_handler_alone(package, cl
     assert "driver-took-over" in kinds
     # The handler's calls, judged as the cloud judges them.
     calls, refusals = cloud.judge()
-    ops = {c.operation if hasattr(c, "operation") else c["action"] for c in calls}
-    assert {"RunInstances", "TerminateInstances"} <= ops, ops
+    ops = [(c.operation, c.params) if hasattr(c, "operation") else (c["action"], c["params"]) for c in calls]
+    assert {"RunInstances", "TerminateInstances"} <= {op for op, _ in ops}, ops
+    launches = [params for op, params in ops if op == "RunInstances"]
+    assert len(launches) >= 2 and all("LaunchTemplate" in p for p in launches), "from the stack's template"
     assert not refusals, "\n".join(refusals)
