@@ -14,7 +14,8 @@ The host side is a lightweight stand-in (say so: no agent runs on moto's or the 
 it writes the run's status.json in the bucket as the agent does, training for the first attempt it
 sees, then succeeded. Authorization: on moto every EC2 call the handler makes is recorded inside
 its process (tests/authz_record.py) and judged against the function role's policy the AWS stack
-builds (tests/authz_aws.py, with the stack's launch template: CreateTags on every type it tags);
+builds (tests/authz_aws.py, with the stack's launch template: CreateTags on every type it tags; the run's
+store there is the stack's bucket on moto's S3, so the journal and lease calls are judged too);
 on the Tencent fake the handler signs with keys holding only the SCF role's CAM policy, which the
 fake enforces on every CVM call (add_user_keys).
 """
@@ -39,10 +40,10 @@ import tencent_fake  # noqa: E402
 from interpreters import python_for  # noqa: E402
 from test_authz_aws import _env, stack  # noqa: E402, F401  (stack: a fixture)
 from test_authz_tencent import INFRA as TC_INFRA, TEMPLATE as TC_TEMPLATE, scf_policy  # noqa: E402, F401
+from test_stacks_driver import BUCKET, PREFIX  # noqa: E402
 from test_function_package import package  # noqa: E402, F401  (package: the built function, per module)
 from test_handover_inputs import MIRROR, _agent, _user_inputs  # noqa: E402
 
-from sdcloud_agent.store import LocalStore  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 STEPS = 20
@@ -114,6 +115,12 @@ class Moto:
                       "subnet_ids": {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}, "image_id": image,
                       "region": self.region}
         self.profile = profile
+        # The run's store is the stack's bucket and prefix, on moto's S3: the function reaches it
+        # through the API only, and its calls there are judged with the rest.
+        s3 = boto3.client("s3", region_name=self.region)
+        if BUCKET not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+            s3.create_bucket(Bucket=BUCKET)
+        self.store_url = f"s3://{BUCKET}/{PREFIX}"
         self.env = {**keys, "AWS_ENDPOINT_URL": url}
         self.python = python_for((3, 13), "Lambda runs python3.13")
         self.log = tmp_path / "authz"
@@ -149,7 +156,9 @@ class Moto:
         from authz_aws import refused
         from authz_expand import expand_aws
 
-        calls = [c for c in read_log(self.log) if c.ok and c.service == "ec2"]
+        calls = [c for c in read_log(self.log) if c.ok]
+        assert {("s3", "PutObject"), ("s3", "GetObject"), ("ec2", "RunInstances")} <= {
+            (c.service, c.operation) for c in calls}, "the journal, the lease and the launches are all judged"
         env = _env(self.stack, self.profile)
         # An instance the laptop launched carries its tags when the function ends it (EC2 reads them).
         env.instance_tags.update({i["InstanceId"]: {t["Key"]: t["Value"] for t in i.get("Tags", [])}
@@ -190,6 +199,7 @@ class Tencent:
         self.env = {"SDCLOUD_TENCENT_ENDPOINT": srv.endpoint, "SDCLOUD_TENCENT_IMAGE_ID": TC_INFRA["image_id"],
                     "TENCENTCLOUD_SECRETID": sid, "TENCENTCLOUD_SECRETKEY": skey}
         self.python = python_for((3, 10), "SCF runs Python3.10")
+        self.store_url = None  # a folder: the fake has no COS
 
     def _mine(self, rid: str) -> list:
         return [i for i in self.srv.cvm.instances.values() if i.tags.get("sdcloud:run") == rid]
@@ -221,23 +231,23 @@ class Spec:
         self.user_data = text
 
 
-def _attempts(bucket: Path, rid: str) -> list:
+def _attempts(store, rid: str) -> list:
     """The run's attempts as its journal in the bucket tells them (a third machine's view)."""
     from sdcloud.runs.journal import restore
     from sdcloud.runs.state import StateStore
 
     seen = StateStore()
-    assert restore(seen, LocalStore(bucket), rid) is not None
+    assert restore(seen, store, rid) is not None
     return seen.attempts(rid)
 
 
-def _host_reports(bucket: Path, rid: str, phase: str, step: int) -> int:
+def _host_reports(store, rid: str, phase: str, step: int) -> int:
     """The stand-in host: status.json for the run's current attempt, written where the agent writes
     it, in the agent's shape. Returns the attempt."""
-    n = _attempts(bucket, rid)[-1].n
+    n = _attempts(store, rid)[-1].n
     doc = {"run": rid, "attempt": n, "phase": phase, "step": step, "total_steps": STEPS, "it_per_s": 2.0,
            "loss": 0.1, "gpu_util": None, "disk_free_gb": None, "time": time.time(), "reason": ""}
-    LocalStore(bucket).put(f"runs/{rid}/status.json", json.dumps(doc).encode())
+    store.put(f"runs/{rid}/status.json", json.dumps(doc).encode())
     return n
 
 
@@ -263,18 +273,20 @@ def test_a_users_run_is_relaunched_and_finished_by_the_handler_alone(package, cl
     from sdcloud.runs.controller import Controller, new_run_id
     from sdcloud.runs.journal import restore
     from sdcloud.runs.state import StateStore
+    from sdcloud.runs.store import open_run_store
 
     _, task = package
     sdcloud_home.mkdir(parents=True, exist_ok=True)
     (sdcloud_home / "config.toml").write_text(f'[network]\npip_index_url = "{MIRROR}"\n')
     ds, model = _user_inputs(tmp_path / "laptop")
-    bucket = tmp_path / "bucket"
+    url = cloud.store_url or (tmp_path / "bucket").as_uri()
+    store = open_run_store({"url": url, "region": cloud.region})
     laptop = StateStore(sdcloud_home / "state.db")
     laptop.save_infra(cloud.name, cloud.region, cloud.infra)
     rid = new_run_id()
     laptop.create_run(rid, "sd15-lora", {"tier": "sd15-lora", "provider": cloud.name, "region": cloud.region,
                                          "model": str(model), "dataset": str(ds), "steps": STEPS, "market": "spot",
-                                         "store": bucket.as_uri()}, STEPS)
+                                         "store": url}, STEPS)
     if how == "up-unattended":
         Controller(laptop, rid).hand_over()
         assert not cloud.instances(rid)
@@ -286,7 +298,7 @@ def test_a_users_run_is_relaunched_and_finished_by_the_handler_alone(package, cl
         ctl.reconcile()
         ctl.step()
         [first] = cloud.live(rid)
-        _host_reports(bucket, rid, "training", 5)
+        _host_reports(store, rid, "training", 5)
         ctl.step()
         assert laptop.get_run(rid)["step"] == 5
         # The controller dies here: no more steps, no release. Its host is reclaimed while nobody drives.
@@ -299,7 +311,7 @@ def test_a_users_run_is_relaunched_and_finished_by_the_handler_alone(package, cl
     shutil.rmtree(sdcloud_home)
 
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(task), "HOME": str(tmp_path),
-           "SDCLOUD_STORE": bucket.as_uri(), "SDCLOUD_DRIVER_SECONDS": str(4 * traits(cloud.name).timing.poll_seconds), "PYTHONDONTWRITEBYTECODE": "1",
+           "SDCLOUD_STORE": url, "SDCLOUD_STORE_REGION": cloud.region, "SDCLOUD_DRIVER_SECONDS": str(4 * traits(cloud.name).timing.poll_seconds), "PYTHONDONTWRITEBYTECODE": "1",
            **cloud.env}
     reports = []
 
@@ -326,36 +338,36 @@ def test_a_users_run_is_relaunched_and_finished_by_the_handler_alone(package, cl
             from sdcloud.runs.state import StateStore
 
             seen = StateStore()
-            restore(seen, LocalStore(bucket), rid)
+            restore(seen, store, rid)
             events = [(e["kind"], e["data"]) for e in seen.events(rid)][-12:]
             pytest.fail(f"{what} after {len(reports)} invocations: {reports}; the run's last events: {events}")
 
     until(lambda: len(cloud.live(rid)) == 1, "no launch from the handler")
     [second] = cloud.live(rid)
-    assert [a.instance_id for a in _attempts(bucket, rid)][laptop_launches:] == [second]
+    assert [a.instance_id for a in _attempts(store, rid)][laptop_launches:] == [second]
     user_data = {second: cloud.user_data(second)}
-    _host_reports(bucket, rid, "training", 8)
+    _host_reports(store, rid, "training", 8)
     invoke()
     cloud.reclaim(second)  # a reclaim while the function drives
-    until(lambda: len(_attempts(bucket, rid)) == laptop_launches + 2 and len(cloud.live(rid)) == 1,
+    until(lambda: len(_attempts(store, rid)) == laptop_launches + 2 and len(cloud.live(rid)) == 1,
           "no relaunch after the reclaim")
     [third] = cloud.live(rid)
-    assert _attempts(bucket, rid)[-1].instance_id == third
+    assert _attempts(store, rid)[-1].instance_id == third
     user_data[third] = cloud.user_data(third)
-    attempt = _host_reports(bucket, rid, "succeeded", STEPS)
-    until(lambda: not LocalStore(bucket).list("drivers/active/"), "the run is still live")
+    attempt = _host_reports(store, rid, "succeeded", STEPS)
+    until(lambda: store.head(f"drivers/active/{rid}") is None, "the run is still live")
     assert not cloud.live(rid), "the handler left an instance"
 
     # Every launch the handler made carries the bucket's references and config.toml's mirror.
     for text in user_data.values():
         agent = _agent(Spec(text))
-        assert agent["dataset"] == bucket.as_uri() + f"/runs/{rid}/dataset"
+        assert agent["dataset"] == url + f"/runs/{rid}/dataset"
         assert agent["model"].startswith("cache:cache/models/local-") and agent["model"].endswith(
             "#base-v1.safetensors")
         assert agent["network"]["pip_index_url"] == MIRROR, "config.toml's [network] reached the host"
     # What the bucket says, read by a machine that never saw the run.
     seen = StateStore()
-    assert restore(seen, LocalStore(bucket), rid) is not None
+    assert restore(seen, store, rid) is not None
     run = seen.get_run(rid)
     assert run["state"] == "succeeded" and run["step"] == STEPS
     attempts = seen.attempts(rid)
