@@ -12,7 +12,7 @@ host reports success; the handler ends the run and its host.
 
 The host side is a lightweight stand-in (say so: no agent runs on moto's or the fake's instances):
 it writes the run's status.json in the bucket as the agent does, training for the first attempt it
-sees, then succeeded. Authorization: on moto every EC2 call the handler makes is recorded inside
+sees, then succeeded. Authorization: on moto every AWS call the handler makes is recorded inside
 its process (tests/authz_record.py) and judged against the function role's policy the AWS stack
 builds (tests/authz_aws.py, with the stack's launch template: CreateTags on every type it tags; the run's
 store there is the stack's bucket on moto's S3, so the journal and lease calls are judged too);
