@@ -3,8 +3,9 @@ with the handler run under each function's own Python from the built package.
 
 The run is what a user makes: a dataset folder (images + captions), a local .safetensors model and
 a config.toml whose [network] mirror must reach every host. The laptop hands it over (a) with what
-`up --unattended` does, or (b) launches its first host and its controller dies (it takes no more
-steps and never releases its lease; the host is reclaimed while nobody drives). The laptop's paths
+`up --unattended` does, or (b) its controller, a process of its own, launches the first host, sees it
+train, and is SIGKILLed (no release: its lease, made short in that process, lapses; the host is
+then reclaimed while nobody drives). The laptop's paths
 are then deleted. The handler (Lambda's python3.13, SCF's Python 3.10: tests/interpreters.py), each
 invocation in an empty home that knows nothing but the bucket, takes the run, launches; the host is
 reclaimed (moto: the instance terminated; the fake: a spot reclaim); the handler relaunches; the
