@@ -38,21 +38,22 @@ def test_sd35m_lora_survives_a_reclaim_and_pulls_a_lora_the_sd3_pipeline_loads(s
     from safetensors.torch import load_file
 
     model = tiny_folder()
-    # Paced at a step a second so that the notice (11 s into the first attempt: start-up takes a few)
-    # lands mid-run; a folder model runs at full speed otherwise.
+    # Paced at a step a second so that the notice (20 s into the first attempt: start-up takes a few,
+    # and up to about 15 on a loaded two-core machine) lands mid-run; a folder model runs at full
+    # speed otherwise.
     up = sdcloud("up", "--provider", "local", "--tier", "sd35m-lora", "--model", str(model),
-                 "--dataset", str(_dataset(tmp_path / "my photos")), "--steps", "12", "--checkpoint-every", "4",
-                 "--simulate-preemption", "11", "--trainer-arg", "min-step-seconds=1",
+                 "--dataset", str(_dataset(tmp_path / "my photos")), "--steps", "24", "--checkpoint-every", "4",
+                 "--simulate-preemption", "20", "--trainer-arg", "min-step-seconds=1",
                  "--trainer-arg", "lr=1e-2", "--yes", "--json")
     assert up.returncode == 0, up.stderr[-3000:]
     run = json.loads(up.stdout)
-    assert run["state"] == "succeeded" and run["step"] == 12
+    assert run["state"] == "succeeded" and run["step"] == 24
     assert [a["end_reason"] for a in run["attempts"]] == ["preempted", "succeeded"]
     logs = sdcloud("logs", run["run"]).stdout
     assert "--family sd3" in logs and "--resolution 32" in logs  # the model's own size, not the tier's 1024
     saved = re.search(r"spot reclaim of attempt 1 at step (\d+): the host saved its checkpoint", logs)
-    resumed = re.search(r"trainer started at step (\d+) of 12 \(resumed from its checkpoint\)", logs)
-    assert saved and resumed and saved.group(1) == resumed.group(1) and 0 < int(saved.group(1)) < 12, logs[-3000:]
+    resumed = re.search(r"trainer started at step (\d+) of 24 \(resumed from its checkpoint\)", logs)
+    assert saved and resumed and saved.group(1) == resumed.group(1) and 0 < int(saved.group(1)) < 24, logs[-3000:]
 
     out = tmp_path / "pulled"
     assert sdcloud("pull", run["run"], str(out)).returncode == 0
