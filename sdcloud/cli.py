@@ -65,6 +65,9 @@ def root() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every error is one line on stderr and a non-zero exit code."""
+    from . import render
+
+    render.VERBOSITY = 0  # each command starts at normal detail: -q/-v apply to the one they are given to
     try:
         root.main(args=argv, prog_name="sdcloud", standalone_mode=False)
     except UserError as exc:

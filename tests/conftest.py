@@ -103,6 +103,10 @@ def sdcloud_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # Output detail is a process-wide setting (-q/-v): a test starts at normal, whatever ran before it.
+    from sdcloud import render
+
+    monkeypatch.setattr(render, "VERBOSITY", 0)
     return home
 
 

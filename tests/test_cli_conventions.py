@@ -433,3 +433,16 @@ def test_help_metavars_say_what_each_option_takes():
                 found.append(f"{' '.join(path)} {p.opts[0]}")
     assert found == [], found
     assert len(list(_every_command())) > 30  # the walk reached every command, lazily loaded ones too
+
+
+def test_verbosity_is_per_command_not_left_by_the_last_one(capsys):
+    # In one process (a shell's completion, a test, a notebook) -v or -q on one command must not
+    # change what the next command without them prints.
+    from sdcloud import render
+    from sdcloud.cli import main
+
+    assert main(["tiers", "-q"]) == 0 and render.VERBOSITY == -1
+    assert main(["tiers"]) == 0 and render.VERBOSITY == 0
+    assert main(["tiers", "-v"]) == 0 and render.VERBOSITY == 1
+    assert main(["tiers"]) == 0 and render.VERBOSITY == 0
+    capsys.readouterr()
