@@ -72,3 +72,18 @@ def test_the_live_view_leaves_routine_kinds_to_verbose(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "reclaim-notice for host" in err and "inputs staged" not in err and "retried" not in err
     assert Kind.RECLAIM_NOTICE not in ROUTINE and events.words(Kind.RETRY, _sample(("call",)))
+
+
+@pytest.mark.parametrize("kind", health_view.KINDS, ids=str)
+def test_health_kinds_are_told_without_missing_figures_as_none(kind):
+    # An older host reports fewer figures: what it did not report is left out of the words, not
+    # printed as "None".
+    f = FIELDS[kind]
+    values = {"attempt": 2, "n": 1, "cause": "io-bound", "changes": [], "still": True, "offer": "g5.xlarge",
+              "moved": False, "why": "the restart costs more than it saves", "verdict": "healthy"}
+    text = plain(kind, {k: values.get(k, f"<{k}>") for k in f.required})
+    assert text and "None" not in text and text.startswith("attempt 2: "), (kind, text)
+    full = plain(kind, {**{k: values.get(k, 1) for k in f.required + f.optional},
+                        "changes": ["2 more loader workers"], "reasons": ["sw_power_cap"], "next": ["g5.2xlarge"],
+                        "before": {}, "after": {}})
+    assert full and "None" not in full, (kind, full)

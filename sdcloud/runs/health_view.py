@@ -104,28 +104,34 @@ def plain(kind: Kind | str, data: dict) -> str | None:
     if kind is Kind.HEALTH:
         return f"attempt {n}: " + line({**data, "oom_retries": None}).replace(", 0 OOM retries", "")
     if kind is Kind.OOM_RETRY:
-        peak = f", peak {data['peak_gb']} GB" if data.get("peak_gb") is not None else ""
-        return (f"attempt {n}: out of GPU memory; restarted on the same host from step {data.get('resume_step')} "
-                f"with rung {data.get('n')} {data.get('rung')} ({data.get('change')}{peak})")
+        # An older host reports fewer figures: each part is told only when it was reported.
+        peak = f"peak {data['peak_gb']} GB" if data.get("peak_gb") is not None else ""
+        step = f" from step {data['resume_step']}" if data.get("resume_step") is not None else ""
+        rung = " ".join(str(data[k]) for k in ("n", "rung") if data.get(k) is not None)
+        detail = ", ".join(str(x) for x in (data.get("change"), peak) if x)
+        return (f"attempt {n}: out of GPU memory; restarted on the same host{step}"
+                + (f" with rung {rung}" if rung else "") + (f" ({detail})" if detail else ""))
     if kind is Kind.HEALTH_ACTION:
         before = data.get("before") or {}
         if not data.get("changes"):
-            return f"attempt {n}: {data.get('cause')}: {data.get('why_not')}{_rate(before)}"
+            return f"attempt {n}: {data.get('cause')}: {data.get('why_not') or 'nothing changed'}{_rate(before)}"
         return (f"attempt {n}: {data.get('cause')} ({_figures(before)}): " + "; ".join(data["changes"])
                 + "; the trainer restarts from its newest checkpoint")
     if kind is Kind.HEALTH_RECHECK:
         after = data.get("after") or {}
         if data.get("still"):
             return f"attempt {n}: still {data.get('cause')} after the change ({_figures(after)}){_rate(after)}"
-        return (f"attempt {n}: no longer {data.get('cause')}: {data.get('after_verdict')} ({_figures(after)}; "
+        return (f"attempt {n}: no longer {data.get('cause')}: {data.get('after_verdict') or 'judged again'} ({_figures(after)}; "
                 f"before: {_figures(data.get('before') or {})})")
     if kind is Kind.THROTTLE_MOVE:
         head = "moving to a fresh host" if data.get("moved") else "not moving"
-        return (f"attempt {n}: GPU throttled ({', '.join(data.get('reasons') or []) or 'slowdown'}) "
-                f"{data.get('throttle_pct')}% of the time: {head}: {data.get('why')}")
+        share = f" {data['throttle_pct']}% of the time" if data.get("throttle_pct") is not None else ""
+        return (f"attempt {n}: GPU throttled ({', '.join(data.get('reasons') or []) or 'slowdown'}){share}: "
+                f"{head}: {data.get('why')}")
     if kind is Kind.OUT_OF_MEMORY:
         nxt = data.get("next") or []
-        return (f"attempt {n}: out of GPU memory with every rung of the memory ladder on {data.get('offer')}; "
+        on = f" on {data['offer']}" if data.get("offer") else ""
+        return (f"attempt {n}: out of GPU memory with every rung of the memory ladder{on}; "
                 + (f"moving to more VRAM: {', '.join(nxt)}" if nxt else "no offer with more VRAM"))
     return None
 
