@@ -87,6 +87,20 @@ class Seen:
     needs: tuple = ()  # those actions as cam_policy.Need (resource and context), for least-privilege tests
 
 
+def _linger(tls: ssl.SSLSocket, seconds: float = 5.0) -> None:
+    """Close after a refusal as a web server does: stop sending, then read what the client is still
+    sending until it closes. Closing with its body unread would make the kernel answer with a reset,
+    which can reach the client before it has read the refusal (then it sees a broken connection, not
+    COS's error)."""
+    try:
+        tls.settimeout(seconds)
+        tls.shutdown(socket.SHUT_WR)
+        while tls.recv(65536):
+            pass
+    except (OSError, ValueError):
+        pass
+
+
 def _error(code: str, message: str, resource: str) -> bytes:
     rid = uuid.uuid4().hex
     message, resource = escape(message), escape(resource)
@@ -207,6 +221,7 @@ class CosLayer:
                                 f"Content-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
                                 f"x-cos-request-id: {uuid.uuid4().hex}\r\nConnection: close\r\n\r\n".encode() + body)
                     wfile.flush()
+                    _linger(tls)
                     return
                 if lower.get("expect", "").lower() == "100-continue":
                     wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")

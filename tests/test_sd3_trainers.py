@@ -118,6 +118,7 @@ def test_the_diffusers_sd3_script_is_reclaimed_and_resumes_at_its_checkpoint(tmp
     next attempt resumes there (`--resume_from_checkpoint latest`) with the global step kept."""
     from sdcloud.offers.tiers import get_tier
     from sdcloud.runs.training import tier_defaults
+    from sdcloud_agent import manifest as mf
     from sdcloud_agent.store import open_store
     from test_agent_e2e import FAKE, FAKESTEP, AwsMetadataServer, _config, _start_agent
 
@@ -128,7 +129,7 @@ def test_the_diffusers_sd3_script_is_reclaimed_and_resumes_at_its_checkpoint(tmp
     args = {**tier_defaults("diffusers", get_tier("sd35m-lora")), "launcher": [sys.executable, FAKE],
             "instance_prompt": "a photo of sks toy", "checkpoints_total_limit": 1}
     args.pop("mixed_precision")  # "auto" is settled from a GPU; this host has none
-    seen, logs = [], []
+    seen, logs, kept = [], [], None
     try:
         for attempt in (1, 2):
             meta.reset()
@@ -146,9 +147,14 @@ def test_the_diffusers_sd3_script_is_reclaimed_and_resumes_at_its_checkpoint(tmp
             logs.append(log.read_text(errors="replace"))
             seen.append([int(n) for n in FAKESTEP.findall(logs[-1])])
             assert proc.returncode == (3 if attempt == 1 else 0), err.decode()[-3000:]
+            if attempt == 1:
+                kept = mf.newest_complete(store, "runs/e2e")
     finally:
         meta.stop()
     assert "train_dreambooth_lora_sd3.py" in logs[0] and "--caption_column" in logs[0]
-    saved = seen[0][-1]
-    assert saved % 4 == 0 and seen[1][0] == saved + 1 and seen[1][-1] == 12, seen
+    # The notice came at step 2: the first save after it (step 4) or a later one, if the trainer ran
+    # on while that save went up, is the newest complete checkpoint in the bucket, no later than the
+    # last step trained; the next attempt starts on the step after it.
+    assert kept is not None and kept.step % 4 == 0 and 4 <= kept.step <= seen[0][-1], (kept, seen)
+    assert seen[1][0] == kept.step + 1 and seen[1][-1] == 12, (kept, seen)
     assert json.loads(store.get("runs/e2e/status.json"))["phase"] == "succeeded"
