@@ -89,6 +89,20 @@ def test_put_get_list_delete_create_and_multipart(store, tmp_path):
     assert [o.key for o in store.list("")] == ["d/copy.txt", "lock"]
 
 
+def test_a_listing_matches_keys_by_prefix_as_s3_does(store):
+    """A prefix is a string, not a folder: it may end mid-name, name a folder with or without its
+    slash, or name nothing; the local folder answers as S3 does (and walks only where keys can match)."""
+    for key in ("job/done/a1.json", "job/done/a2.json", "job/doneness.txt", "job/leases/a1.json",
+                "jobs/x", "job/done/deep/b.json", "top"):
+        store.put(key, b"x")
+    keys = lambda prefix: [o.key for o in store.list(prefix)]  # noqa: E731
+    assert keys("job/done/") == ["job/done/a1.json", "job/done/a2.json", "job/done/deep/b.json"]
+    assert keys("job/done") == ["job/done/a1.json", "job/done/a2.json", "job/done/deep/b.json", "job/doneness.txt"]
+    assert keys("job/done/a") == ["job/done/a1.json", "job/done/a2.json"]
+    assert keys("job") == [k for k in keys("") if k.startswith("job")] and "jobs/x" in keys("job")
+    assert keys("t") == ["top"] and keys("nothing/") == [] and keys("job/done/a1.json") == ["job/done/a1.json"]
+
+
 def test_cancelled_multipart_leaves_no_object(store, tmp_path):
     big = tmp_path / "big.bin"
     big.write_bytes(os.urandom(11 * 1024 * 1024))

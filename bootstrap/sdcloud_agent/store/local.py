@@ -139,18 +139,29 @@ class LocalStore:
         return ObjectInfo(key.strip("/"), p.stat().st_size, meta)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        base = self.root
-        out = []
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = [d for d in dirnames if d != _LOCAL_META_DIR]
-            for name in filenames:
-                if name.startswith(_LOCAL_TMP_PREFIX):
-                    continue
-                p = Path(dirpath) / name
-                key = p.relative_to(base).as_posix()
-                if key.startswith(prefix):
+        # The walk starts at the folder the prefix names and enters only folders that can hold a
+        # matching key: a listing costs what it returns, not the whole bucket (a batch job's done
+        # markers are listed on every pass, beside thousands of leases and images).
+        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        out: list[ObjectInfo] = []
+        pending = [(self.root / folder, folder + "/" if folder else "")]
+        while pending:
+            path, rel = pending.pop()
+            try:
+                entries = list(os.scandir(path))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                key = rel + entry.name
+                if entry.is_dir():
+                    if entry.name == _LOCAL_META_DIR or entry.is_symlink():
+                        continue
+                    sub = key + "/"
+                    if sub.startswith(prefix) or prefix.startswith(sub):
+                        pending.append((Path(entry.path), sub))
+                elif not entry.name.startswith(_LOCAL_TMP_PREFIX) and key.startswith(prefix):
                     try:
-                        out.append(ObjectInfo(key, p.stat().st_size))
+                        out.append(ObjectInfo(key, entry.stat().st_size))
                     except FileNotFoundError:
                         pass
         return sorted(out, key=lambda o: o.key)
