@@ -38,12 +38,11 @@ def test_sd35m_lora_survives_a_reclaim_and_pulls_a_lora_the_sd3_pipeline_loads(s
     from safetensors.torch import load_file
 
     model = tiny_folder()
-    # Paced at a step a second so that the notice (20 s into the first attempt: start-up takes a few,
-    # and up to about 15 on a loaded two-core machine) lands mid-run; a folder model runs at full
-    # speed otherwise.
+    # Paced at a step a second so that the notice (8 s after the first attempt's first step) lands
+    # mid-run; a folder model runs at full speed otherwise.
     up = sdcloud("up", "--provider", "local", "--tier", "sd35m-lora", "--model", str(model),
                  "--dataset", str(_dataset(tmp_path / "my photos")), "--steps", "24", "--checkpoint-every", "4",
-                 "--simulate-preemption", "20", "--trainer-arg", "min-step-seconds=1",
+                 "--simulate-preemption", "8", "--trainer-arg", "min-step-seconds=1",
                  "--trainer-arg", "lr=1e-2", "--yes", "--json")
     assert up.returncode == 0, up.stderr[-3000:]
     run = json.loads(up.stdout)

@@ -33,10 +33,10 @@ from ..fleet.lifecycle import MAX_FAILED_LAUNCHES, Fleet, Progress, Timing
 from ..offers.optimizer import Offer, job_hours
 from ..offers.tiers import get_tier
 from ..providers import get_provider
-from ..providers.capabilities import Closable, RenewsHostCredentials, SimulatesReclaim
+from ..providers.capabilities import Closable, RenewsHostCredentials
 from ..providers.traits import traits
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
-from . import health_view, hostboot, inputs, oom_move
+from . import health_view, hostboot, inputs, oom_move, simulated_reclaim
 from . import stop_request as stop_requests
 from .agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
 from .agent_reports import report_agent_problems
@@ -277,8 +277,6 @@ class Controller(LaunchInputs, HostStatus):
         n = len(self.attempts())
         cost_ledger.started(self.state, self.run_id, n, offer, kind, self.memo.launched_spec.root_volume_gb,
                             zone=inst.zone or offer.row.zone)
-        if self.spec.simulate_preemption and n == 1 and isinstance(self.provider, SimulatesReclaim):
-            self.provider.schedule_reclaim(inst.id, self.spec.simulate_preemption, events=lambda k, d: self.event(k, {"attempt": n, **d}))
 
     def _watch(self, cur: Attempt) -> None:
         status = self.read_status(strict=True)
@@ -299,6 +297,7 @@ class Controller(LaunchInputs, HostStatus):
                 self.memo.seen_attempts.add(cur.n)
                 if cur.n > 1:
                     self._announce_resume(cur, status)
+            simulated_reclaim.on_progress(self, self.provider, cur, step)
             self.state.update_run(self.run_id, step=step)
             self.emit(Kind.PROGRESS, {"attempt": cur.n, "phase": phase, "step": step, "total": self.total_steps,
                                       "it_per_s": status.get("it_per_s"), "cost": self.cost_so_far()})

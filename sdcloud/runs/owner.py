@@ -38,6 +38,8 @@ class Memo:
     launched_spec: LaunchSpec | None = None
     # The budget shares already warned about; None until read back from the run's events.
     budget_warned: set[int] | None = None
+    # The simulated reclaim (--simulate-preemption, runs/simulated_reclaim.py) is on its timer.
+    reclaim_scheduled: bool = False
     # Attempts whose training was first seen (a resume is announced once per attempt; read_back seeds it).
     seen_attempts: set[int] = field(default_factory=set)
     # (attempt, rung) of the out-of-memory retries already recorded (runs/oom_move.py).

@@ -37,7 +37,7 @@ class RunSpec:
     model: str | None = None  # None: tiny on local/ssh, the tier's base_model on paid providers
     steps: int | None = None
     checkpoint_every: int | None = None
-    simulate_preemption: float | None = None  # seconds into the first attempt (local provider)
+    simulate_preemption: float | None = None  # seconds after the first attempt's first step (local provider)
     store: str | None = None  # bucket URL override, e.g. s3://bucket/prefix or file:///dir
     max_failed_boots: int | None = None  # failed boots in a row that end the run (default 3)
     # Seconds a host waits for the controller after its last phase before it ends itself (None:
