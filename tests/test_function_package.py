@@ -212,8 +212,9 @@ def test_the_package_s_own_code_needs_nothing_of_a_newer_python_but_what_the_shi
 
 
 # SCF's entry as SCF calls it, once: a timer event and a dict context. The live-run tests below let
-# the function drive for 15 s (SDCLOUD_DRIVER_SECONDS): room for the takeover and a step on a busy
-# machine; its steps are a poll (5 s) apart, so a run is launched on the first.
+# the function drive for 40 s (SDCLOUD_DRIVER_SECONDS): room for the takeover and a step on a busy
+# two-core machine running the suite (15 s was too short there); its steps are a poll (5 s) apart,
+# so a run is launched on the first.
 SCF_STEP = r"""
 import json, sys
 import sdcloud_driver
@@ -250,7 +251,7 @@ def test_scf_s_entry_drives_a_live_run_under_scf_s_python(package, tmp_path, mon
     with FakeServer() as srv:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(task), "HOME": str(tmp_path),
                "SDCLOUD_STORE": bucket.as_uri(), "SDCLOUD_HOME": str(tmp_path / "fn-tmp"),
-               "SDCLOUD_DRIVER_SECONDS": "15", "SDCLOUD_TENCENT_ENDPOINT": srv.endpoint,
+               "SDCLOUD_DRIVER_SECONDS": "40", "SDCLOUD_TENCENT_ENDPOINT": srv.endpoint,
                "SDCLOUD_TENCENT_IMAGE_ID": "img-scf", "PYTHONDONTWRITEBYTECODE": "1",
                # What SCF sets for a function with a role (the entry maps them for the SDK and the store).
                "TENCENTCLOUD_SECRETID": SECRET_ID, "TENCENTCLOUD_SECRETKEY": SECRET_KEY,
@@ -326,7 +327,7 @@ def test_lambda_s_handler_drives_a_live_run_under_lambda_s_python(package, tmp_p
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(warm, get_provider("aws", region="us-east-1").catalog_regions()))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(task), "HOME": str(tmp_path),
-           "SDCLOUD_STORE": bucket.as_uri(), "SDCLOUD_HOME": str(tmp_path / "fn-tmp"), "SDCLOUD_DRIVER_SECONDS": "15",
+           "SDCLOUD_STORE": bucket.as_uri(), "SDCLOUD_HOME": str(tmp_path / "fn-tmp"), "SDCLOUD_DRIVER_SECONDS": "40",
            "AWS_ENDPOINT_URL": moto_server, "PYTHONDONTWRITEBYTECODE": "1", **keys}
     run = subprocess.run([python, "-S", "-c", LAMBDA_STEP], env=env, cwd=tmp_path, capture_output=True,
                          text=True, timeout=300)
