@@ -79,6 +79,7 @@ def _wait_status(store, run_id, attempt, phases, timeout):
     raise AssertionError(f"no status in {phases} after {timeout}s: {doc}")
 
 
+@pytest.mark.timeout(1500)  # about 4 minutes on an idle 2-core machine; a pip install of torch and the lock
 def test_a_mainland_host_boots_from_the_mirrors_and_the_bucket_alone_then_restores(tmp_path, seaweed, s3_env, capsys):
     """The first host of a new bucket in a mainland network, then the next run's host.
 
