@@ -233,8 +233,9 @@ def test_foreground_submit_runs_to_the_end_and_prints_the_job(prompts):
 
 @pytest.mark.slow
 def test_workers_that_keep_dying_fail_the_job_with_a_reason(tmp_path):
-    # Real processes on purpose: each worker starts, loads the pipeline and dies, five per slot
-    # before the pool gives up; the limit and the reason are what is proved.
+    # Real processes on purpose: each worker starts, finds no weights in the model folder and dies
+    # (before it imports torch), five per slot before the pool gives up; the limit and the reason
+    # are what is proved.
     p = tmp_path / "p.txt"
     p.write_text("one\ntwo\n")
     # A folder with a UNet config and no weights: it passes the check before submit (an empty folder

@@ -40,6 +40,20 @@ def batch_size_for(free_bytes: int | None, family: str, width: int, height: int)
     return max(1, min(MAX_BATCH, int(free_bytes * 0.8 // per)))
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".ckpt", ".pt", ".pth")
+
+
+def _check_weights(model: str) -> None:
+    """A model folder without a weights file anywhere in it cannot load: say so at once (the worker
+    exits non-zero with this line, as it would after loading torch and diffusers to find out)."""
+    if not os.path.isdir(model):
+        return
+    for _, _, files in os.walk(model):
+        if any(f.endswith(WEIGHT_SUFFIXES) for f in files):
+            return
+    raise SystemExit(f"the model folder {model} holds no weights file ({', '.join(WEIGHT_SUFFIXES)})")
+
+
 class DiffusersGenerator:
     def __init__(self, pipe: Any, family: str, device: str, compile_unet: bool = False, vae_tiling: bool = False):
         import torch
@@ -69,6 +83,7 @@ class DiffusersGenerator:
 
     @classmethod
     def from_job(cls, job: dict[str, Any], compile_unet: bool = False, vae_tiling: bool = False) -> "DiffusersGenerator":
+        _check_weights(job["model"])  # before torch and diffusers: seconds of imports to learn nothing
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
