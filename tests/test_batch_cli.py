@@ -247,3 +247,6 @@ def test_workers_that_keep_dying_fail_the_job_with_a_reason(tmp_path):
     assert sub.returncode == 0, sub.stderr
     res = json.loads(sub.stdout)
     assert res["state"] == "failed" and _job_state(res["job"])["reason"].startswith("workers keep exiting")
+    # Each worker said why, in its own log, before it imported torch.
+    logs = sorted((Path(os.environ["SDCLOUD_HOME"]) / "batch" / res["job"]).glob("worker-*.log"))
+    assert len(logs) >= 5 and all("holds no weights file" in f.read_text() for f in logs), logs

@@ -8,7 +8,7 @@ from .loop import main
 
 code = main()
 # Leave without the interpreter's teardown. Unloading torch, diffusers and transformers takes about
-# 1.5 s of CPU after the last checkpoint is on disk, and the agent (on a reclaim notice, with a
+# 1.7 s of CPU after the last checkpoint is on disk, and the agent (on a reclaim notice, with a
 # deadline) waits for the exit. By now every file the trainer wrote is closed and synced and no
 # thread of ours runs; only the streams need their buffers written out.
 logging.shutdown()
