@@ -114,6 +114,41 @@ def test_minutes_lost_per_cause_with_their_cost_in_every_format(troubled_run, ca
     assert re.search(rf'data-loss="oom_restarts-usd">{loss["usd"]["oom_restarts"]:.4f}<', text)
 
 
+def test_the_hosts_own_totals_of_saves_and_data_wait_are_charged_as_measured(sdcloud_home, capsys, tmp_path):
+    """A host that totals its seconds in saves and data wait (each health event carries the total so
+    far) is charged those seconds, whatever the verdicts and however close together its events came;
+    the shares then count for nothing, and each attempt's newest total is its own."""
+    state = StateStore()
+    run_id = "r-totals01"
+    state.create_run(run_id, "sd15-lora", {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1"}, 100, "t")
+    store = open_store((tmp_path / "bucket").as_uri())
+    for n, start in ((1, T0), (2, T0 + 1800)):
+        state.add_attempt(run_id, n, "aws", f"tok{n}", region="us-east-1", zone="us-east-1a",
+                          instance_type="g5.xlarge", market="on-demand", price=OD, currency="USD")
+        state.update_attempt(run_id, n, state="running", start=start, instance_id=f"i-{n}")
+        ledger.started(state, run_id, n, Offer(_row(), "on-demand"), "on-demand", 100, zone="us-east-1a", at=start)
+    # Attempt 1: save-bound for 0.2 s only, then the trainer exited; the host's totals: 9 s of saves,
+    # 30 s of data wait. The shares (50%, 40%) over those 0.2 s would give almost nothing.
+    _event(state, run_id, T0 + 100, Kind.HEALTH, {"attempt": 1, "verdict": "save-bound", "save_pct": 50.0,
+                                                   "data_wait_pct": 40.0, "save_seconds": 3.0,
+                                                   "data_wait_seconds": 12.0})
+    _event(state, run_id, T0 + 100.2, Kind.HEALTH, {"attempt": 1, "verdict": "healthy", "save_pct": 50.0,
+                                                     "save_seconds": 9.0, "data_wait_seconds": 30.0})
+    _event(state, run_id, T0 + 100.3, Kind.HEALTH, {"attempt": 1, "trainer_exit": 0, "last_verdict": "healthy",
+                                                     "save_seconds": 9.0, "data_wait_seconds": 30.0})
+    # Attempt 2: a trainer that did not say its data wait (null, so absent); 6 s of saves.
+    _event(state, run_id, T0 + 1900, Kind.HEALTH, {"attempt": 2, "verdict": "healthy", "save_seconds": 6.0})
+    for n, end in ((1, T0 + 1800), (2, T0 + 3600)):
+        state.update_attempt(run_id, n, state="ended", end=end, end_reason="succeeded")
+        ledger.closed(state, run_id, n, None, store)
+    rep = json.loads(_out(capsys, "cost", "report", run_id, "--format", "json"))
+    loss = rep["runs"][0]["losses"]
+    assert loss["minutes"]["saves"] == pytest.approx((9.0 + 6.0) / 60, abs=0.005)
+    assert loss["minutes"]["data_wait"] == pytest.approx(30.0 / 60, abs=0.005)
+    rates = {a["n"]: a["cost_usd"] / a["hours"] for a in rep["runs"][0]["attempts"]}
+    assert loss["usd"]["saves"] == pytest.approx(9.0 / 3600 * rates[1] + 6.0 / 3600 * rates[2], abs=1e-4)
+
+
 def test_a_run_that_lost_nothing_prints_no_losses_line(sdcloud_home, capsys, tmp_path):
     state = StateStore()
     state.create_run("r-calm0001", "sd15-lora", {"tier": "sd15-lora", "provider": "aws"}, 10, "c")

@@ -114,6 +114,22 @@ def test_monitor_reads_the_trainers_lines_and_the_gpu_with_a_controlled_clock():
     assert ext.summary()["step_s"] == 0.25 and ext.summary()["data_wait_pct"] is None
 
 
+def test_the_attempts_seconds_in_saves_and_data_wait_outlive_a_restart_of_the_trainer():
+    now = [0.0]
+    m = health.Monitor(use_gpu=False, clock=lambda: now[0])
+    assert m.summary()["save_seconds"] == 0 and m.summary()["data_wait_seconds"] is None  # not said yet
+    for i in range(1, 5):
+        now[0] += 1.0
+        m.feed_line(f'SDCLOUD_STEP {{"step": {i}, "step_s": 1.0, "data_wait_s": 0.25}}')
+    m.feed_line('SDCLOUD_CHECKPOINT {"step": 4, "path": "/x", "save_s": 0.75}')
+    m.reset()  # a health action restarted the trainer: judged afresh, the attempt's totals kept
+    m.feed_line('SDCLOUD_STEP {"step": 5, "step_s": 1.0, "data_wait_s": 0.5}')
+    m.feed_line('SDCLOUD_CHECKPOINT {"step": 5, "path": "/x", "save_s": 1.5}')
+    s = m.summary()
+    assert s["saves"] == 1 and s["steps"] == 1  # the window: the new start only
+    assert s["save_seconds"] == 2.25 and s["data_wait_seconds"] == 1.5
+
+
 def test_no_nvidia_smi_means_no_gpu_samples():
     m = health.Monitor(use_gpu=False)
     m.sample()

@@ -297,6 +297,10 @@ class Monitor:
         self.steps: deque[tuple[float, float | None]] = deque(maxlen=window * 50)
         self.save_s = 0.0
         self.saves = 0
+        # The attempt's seconds in saves and in waiting for data, over every start of its trainer
+        # (reset() keeps them): what the run lost to each, as measured, for the cost report.
+        self.save_seconds = 0.0
+        self.data_wait_seconds: float | None = None  # None: the trainer never said its data wait
         self.started: float | None = None  # the first step: save share counts from there
         self.peak_mem_gb: float | None = None
         self.pid: int | None = None
@@ -330,6 +334,7 @@ class Monitor:
             if doc.get("save_s") is not None:
                 with self._lock:
                     self.save_s += float(doc["save_s"])
+                    self.save_seconds += float(doc["save_s"])
                     self.saves += 1
             return
         if prog and prog.get("it_per_s"):
@@ -341,6 +346,8 @@ class Monitor:
             if self.started is None:
                 self.started = self.clock() - step_s
             self.steps.append((step_s, float(wait) if wait is not None else None))
+            if wait is not None:
+                self.data_wait_seconds = (self.data_wait_seconds or 0.0) + float(wait)
 
     def judged_s(self) -> float:
         """Seconds of training the current window covers (0 before the first step)."""
@@ -398,7 +405,8 @@ class Monitor:
         if self.exit_code is not None:  # what it was judged while it ran stays, as last_verdict
             out.update(verdict=None, last_verdict=out["verdict"], why=f"the trainer exited with code {self.exit_code}")
         out.update(samples=self.samples, sampler_ms=round(1000 * self.cost_s / self.samples, 1) if self.samples else None,
-                   saves=self.saves, peak_mem_gb=self.peak_mem_gb)
+                   saves=self.saves, peak_mem_gb=self.peak_mem_gb, save_seconds=round(self.save_seconds, 3),
+                   data_wait_seconds=None if self.data_wait_seconds is None else round(self.data_wait_seconds, 3))
         return out
 
     def start(self, every: float | None = None) -> "Monitor":

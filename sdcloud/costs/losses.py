@@ -2,11 +2,13 @@
 that a user can weigh a bigger or faster instance against it (`sdcloud cost report`).
 
 Causes, each from what the run recorded (docs/costs.md has the arithmetic):
-  data_wait     the host's health events (runs/health_view.py): between two events of an attempt,
-                the time multiplied by the share of each step spent waiting for data
-  throttling    the same time multiplied by the clock lost to a slowdown (1 - SM clock / its max),
-                while a slowdown reason was active
-  saves         the same time multiplied by the share of the wall time spent in checkpoint saves
+  data_wait     the seconds the trainer's steps waited for data, as the host totalled them over
+                each attempt (its health events, runs/health_view.py, carry the total so far)
+  throttling    between two health events of an attempt, the time multiplied by the clock lost to
+                a slowdown (1 - SM clock / its max), while a slowdown reason was active
+  saves         the seconds checkpoint saves took, as the host totalled them over each attempt
+                (a run recorded by a host that kept no totals: the time between two events times
+                the share of each step spent waiting, or of the wall time spent in saves)
   oom_restarts  each out-of-memory retry's cost as the host measured it (its trainer's start-up and
                 the steps done again), else from the retry to the first progress back at its step
   reclaims      the ledger's time lost to reclaims (boot of the next host, steps done again)
@@ -26,6 +28,10 @@ from .ledger import DECIMALS
 CAUSES = ("data_wait", "throttling", "saves", "oom_restarts", "reclaims", "boots")
 WORDS = {"data_wait": "data wait", "throttling": "throttling", "saves": "saves", "oom_restarts": "OOM restarts",
          "reclaims": "reclaims", "boots": "boots"}
+# The seconds the host itself totalled over an attempt (sdcloud_agent/health.py Monitor), each
+# cause's event field; a run recorded by a host that did not total them is charged its share.
+MEASURED = {"data_wait": "data_wait_seconds", "saves": "save_seconds"}
+SHARES = {"data_wait": "data_wait_pct", "saves": "save_pct"}
 # A gap between two health events longer than this was not training (the host was gone, or
 # restarting): only this much of it is charged to the earlier event's figures.
 MAX_GAP_S = 180.0
@@ -50,13 +56,18 @@ def run_losses(state: Any, cost: dict, now: float) -> dict:
         usd[cause] += secs / 3600.0 * _rate(rows.get(n) or {})
 
     health: dict[int, list[tuple[float, dict]]] = {}
+    measured: dict[tuple[int, str], float] = {}  # (attempt, cause): the host's own total, newest event's
     progress: dict[int, list[tuple[float, int]]] = {}
     ooms: list[tuple[float, dict]] = []
     for ev in state.events(cost["run"]):
         kind, data, ts = parse(ev["kind"]), ev["data"] or {}, float(ev["time"])
         n = data.get("attempt")
-        if kind is Kind.HEALTH and isinstance(n, int) and data.get("verdict"):
-            health.setdefault(n, []).append((ts, data))
+        if kind is Kind.HEALTH and isinstance(n, int):
+            for cause, key in MEASURED.items():
+                if data.get(key) is not None:
+                    measured[(n, cause)] = max(measured.get((n, cause), 0.0), float(data[key]))
+            if data.get("verdict"):
+                health.setdefault(n, []).append((ts, data))
         elif kind is Kind.PROGRESS and isinstance(n, int) and data.get("step") is not None:
             progress.setdefault(n, []).append((ts, int(data["step"])))
         elif kind is Kind.OOM_RETRY:
@@ -68,10 +79,13 @@ def run_losses(state: Any, cost: dict, now: float) -> dict:
             dt = min((evs[i + 1][0] if i + 1 < len(evs) else end) - ts, MAX_GAP_S)
             if dt <= 0:
                 continue
-            charge("data_wait", n, dt * (h.get("data_wait_pct") or 0.0) / 100.0)
-            charge("saves", n, dt * (h.get("save_pct") or 0.0) / 100.0)
+            for cause, key in SHARES.items():
+                if (n, cause) not in measured:  # a host that did not total it: its share of the time
+                    charge(cause, n, dt * (h.get(key) or 0.0) / 100.0)
             if (h.get("throttle_pct") or 0) > 0 and h.get("sm_clock_pct") is not None:
                 charge("throttling", n, dt * max(0.0, 1.0 - h["sm_clock_pct"] / 100.0))
+    for (n, cause), secs in measured.items():
+        charge(cause, n, secs)
     for ts, data in ooms:
         n = data.get("attempt")
         if data.get("lost_s") is not None:  # measured on the host: a start-up and the steps redone
