@@ -694,6 +694,7 @@ _SCF_FIELDS = {
                       "CustomArgument", "Description"},
     "DeleteTrigger": {"FunctionName", "TriggerName", "Type", "Namespace", "TriggerDesc", "Qualifier"},
     "ListTriggers": {"FunctionName", "Namespace", "Offset", "Limit", "OrderBy", "Order", "Filters"},
+    "UpdateTriggerStatus": {"Enable", "FunctionName", "TriggerName", "Type", "Qualifier", "Namespace", "TriggerDesc"},
 }
 _MONTHS = "JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split()
 _DAYS = "SUN MON TUE WED THU FRI SAT".split()
@@ -788,6 +789,24 @@ class FakeSCF:
                 triggers.remove(t)
                 return {}
         raise ApiError("ResourceNotFound.Trigger", f"trigger {params.get('TriggerName')} does not exist")
+
+    def do_UpdateTriggerStatus(self, region: str, params: dict) -> dict:
+        # Enable, FunctionName, TriggerName and Type are required; types other than timer, cos and ckafka
+        # are refused (SCF's API document 583/89800).
+        triggers = self._triggers(region, params)
+        for name in ("Enable", "TriggerName", "Type"):
+            if not params.get(name):
+                raise ApiError("MissingParameter", f"The request is missing a required parameter `{name}`")
+        if params["Enable"] not in ("OPEN", "CLOSE"):
+            raise ApiError("InvalidParameterValue.Enable", "Enable must be OPEN or CLOSE")
+        if params["Type"] not in ("timer", "cos", "ckafka"):
+            raise ApiError("InvalidParameterValue.Type", f"Type {params['Type']!r} cannot change status")
+        for t in triggers:
+            if t["TriggerName"] == params["TriggerName"] and t["Type"] == params["Type"]:
+                t["Enable"] = 1 if params["Enable"] == "OPEN" else 0
+                t["ModTime"] = time.strftime("%Y-%m-%d %H:%M:%S")
+                return {}
+        raise ApiError("ResourceNotFound.Trigger", f"trigger {params['TriggerName']} does not exist")
 
     def do_ListTriggers(self, region: str, params: dict) -> dict:
         triggers = self._triggers(region, params)

@@ -191,12 +191,47 @@ def test_a_batch_job_submitted_by_a_cloud_schedule_finishes_exactly_once_with_th
     assert main(["batch", "status", job, "--json"]) == 0
     seen = json.loads(capsys.readouterr().out)
     assert seen["state"] == "succeeded" and seen["images_done"] == 16, seen
-    assert main(["batch", "schedule", "pause", sid]) == 2  # sdcloud drives no pause on the cloud's scheduler: it says so
-    err = capsys.readouterr().err
-    assert f"EventBridge Scheduler schedule sdcloud-batch-{sid}" in err and "schedule remove" in err, err
     assert main(["batch", "schedule", "remove", sid]) == 0
     assert f"EventBridge Scheduler schedule sdcloud-batch-{sid}" in capsys.readouterr().out
     assert scheduler.list_schedules(NamePrefix="sdcloud-batch-")["Schedules"] == []
+
+
+def test_an_aws_schedule_pauses_and_resumes_on_the_scheduler_keeping_the_rest(aws, tmp_path, capsys):
+    """Pause disables the EventBridge Scheduler schedule and resume enables it; UpdateSchedule replaces
+    the whole schedule, so everything else (expression, zone, target input, retries) must survive."""
+    from sdcloud.cli import main
+
+    scheduler = aws.client("scheduler")
+    assert main(["batch", "schedule", "add", "--provider", "aws", "--cron", "15 3 * * 1-5", "--tz", "Europe/Berlin",
+                 "--tier", "batch-sd15", "--model", "tiny", "--prompts", str(_prompts(tmp_path, 2)),
+                 "--generator", "fake"]) == 0
+    sid = capsys.readouterr().out.strip()
+    name = f"sdcloud-batch-{sid}"
+    made = scheduler.get_schedule(Name=name)
+    assert made["State"] == "ENABLED"
+
+    assert main(["batch", "schedule", "pause", sid]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"paused {sid}") and f"EventBridge Scheduler schedule {name} on aws" in out, out
+    assert f"sdcloud batch schedule resume {sid}" in out
+    paused = scheduler.get_schedule(Name=name)
+    assert paused["State"] == "DISABLED"
+    kept = ("ScheduleExpression", "ScheduleExpressionTimezone", "Target", "FlexibleTimeWindow", "Description")
+    assert {k: paused.get(k) for k in kept} == {k: made.get(k) for k in kept}
+    assert main(["batch", "schedule", "list", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["id"] == sid and row["paused"] is True
+    assert main(["batch", "schedule", "pause", sid]) == 0
+    assert "was already paused; nothing changed" in capsys.readouterr().out
+
+    assert main(["batch", "schedule", "resume", sid]) == 0
+    assert capsys.readouterr().out.startswith(f"resumed {sid}")
+    resumed = scheduler.get_schedule(Name=name)
+    assert resumed["State"] == "ENABLED" and {k: resumed.get(k) for k in kept} == {k: made.get(k) for k in kept}
+    assert main(["batch", "schedule", "pause", "s-nosuch1"]) == 2
+    err = capsys.readouterr().err
+    assert "no schedule 's-nosuch1'" in err and len(err.strip().splitlines()) == 1, err
+    assert main(["batch", "schedule", "remove", sid]) == 0  # moto's scheduler is the worker's: leave it empty
 
 
 @pytest.mark.parametrize("cron,tz,why", [

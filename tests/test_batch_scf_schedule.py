@@ -97,6 +97,36 @@ def test_a_tencent_schedule_is_an_scf_timer_that_submits_its_job_once(scf, tmp_p
     assert main(["batch", "schedule", "remove", sid]) == 2
 
 
+def test_a_tencent_schedule_pauses_and_resumes_its_timer(scf, tmp_path, capsys):
+    from sdcloud.cli import main
+
+    srv, _ = scf
+    assert _add(tmp_path, "--cron", "0 4 * * *") == 0
+    sid = capsys.readouterr().out.strip()
+    [trigger] = srv.scf.functions[("ap-guangzhou", "default", "sdcloud-test-driver")]
+    assert trigger["Enable"] == 1
+
+    assert main(["batch", "schedule", "pause", sid]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"paused {sid}") and f"SCF timer trigger sdcloud-batch-{sid} on tencent" in out, out
+    assert trigger["Enable"] == 0
+    [call] = [c["params"] for c in srv.scf.calls if c["action"] == "UpdateTriggerStatus"]
+    assert call == {"FunctionName": "sdcloud-test-driver", "Namespace": "default", "TriggerName": f"sdcloud-batch-{sid}",
+                    "Type": "timer", "Enable": "CLOSE"}
+    assert main(["batch", "schedule", "list", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["paused"] is True and row["cron"] == "0 0 4 * * * *"
+    assert main(["batch", "schedule", "pause", sid]) == 0
+    assert "was already paused; nothing changed" in capsys.readouterr().out
+    assert sum(c["action"] == "UpdateTriggerStatus" for c in srv.scf.calls) == 1
+
+    assert main(["batch", "schedule", "resume", sid]) == 0
+    assert capsys.readouterr().out.startswith(f"resumed {sid}")
+    assert trigger["Enable"] == 1
+    assert main(["batch", "schedule", "resume", "s-nosuch1"]) == 2
+    assert "no schedule 's-nosuch1'" in capsys.readouterr().err
+
+
 def test_tencent_schedules_refuse_what_scf_cannot_take(scf, tmp_path, capsys):
     from sdcloud.providers.tencent import schedules
 
@@ -117,4 +147,5 @@ def test_tencent_schedules_refuse_what_scf_cannot_take(scf, tmp_path, capsys):
     with pytest.raises(UserError, match="ResourceNotFound.Function"):
         schedules.create("sdcloud-batch-y", "0 0 3 * * * *", "Asia/Shanghai", {"schedule": "y"},
                          {**INFRA, "driver_function": "nope"})
+    assert schedules.set_enabled("sdcloud-batch-y", False, INFRA) is None  # no such timer: nothing to change
     assert schedules.delete("sdcloud-batch-x", INFRA) is True and schedules.delete("sdcloud-batch-x", INFRA) is False

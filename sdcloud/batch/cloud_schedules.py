@@ -60,6 +60,18 @@ def _infra(provider: str) -> dict:
     return infra
 
 
+def _known() -> list[tuple[str, dict, SchedulesBatch]]:
+    """(provider, the stack's outputs, its schedules module) for each cloud whose stack has a driver."""
+    from .status import state_store
+
+    out = []
+    for provider in names(where=has_cloud_schedules):
+        infra = state_store().infra(provider, "")
+        if infra and infra.get("driver_function"):
+            out.append((provider, infra, module_for(provider)))
+    return out
+
+
 def add(cron: str, tz: str, opts: Any) -> dict:
     """Put the schedule on `opts.provider`'s scheduler; `opts` are the submit options, validated."""
     from ..runs.store import open_run_store
@@ -100,15 +112,10 @@ def add(cron: str, tz: str, opts: Any) -> dict:
 def listed() -> list[dict]:
     """The batch schedules on every cloud whose stack this machine knows, with the last job each submitted."""
     from ..runs.store import NotFound, open_run_store
-    from .status import state_store
     from .submit import store_conf
 
     rows = []
-    for provider in names(where=has_cloud_schedules):
-        infra = state_store().infra(provider, "")
-        if not infra or not infra.get("driver_function"):
-            continue
-        module = module_for(provider)
+    for provider, infra, module in _known():
         store = open_run_store(store_conf(provider, None))
         for s in module.listed(infra):
             sid = s["payload"].get("schedule") or s["name"].removeprefix(PREFIX)
@@ -121,17 +128,23 @@ def listed() -> list[dict]:
     return rows
 
 
+def set_paused(sid: str, paused: bool) -> dict | None:
+    """Pause (disable) or resume (enable) the schedule on the cloud that has it; None: none has.
+    `was_paused` is its state before, so that a second pause can say nothing changed."""
+    for provider, infra, module in _known():
+        before = module.set_enabled(PREFIX + sid, not paused, infra)
+        if before is not None:
+            return {"id": sid, "provider": provider, "kind": module.KIND, "name": PREFIX + sid,
+                    "was_paused": before != "ENABLED"}
+    return None
+
+
 def remove(sid: str) -> dict | None:
     """Remove the schedule from the cloud that has it (and its record from the bucket); None: none has."""
     from ..runs.store import open_run_store
-    from .status import state_store
     from .submit import store_conf
 
-    for provider in names(where=has_cloud_schedules):
-        infra = state_store().infra(provider, "")
-        if not infra or not infra.get("driver_function"):
-            continue
-        module = module_for(provider)
+    for provider, infra, module in _known():
         if module.delete(PREFIX + sid, infra):
             open_run_store(store_conf(provider, None)).delete([schedule_key(sid), prompts_key(sid), last_job_key(sid)])
             return {"id": sid, "provider": provider, "kind": module.KIND, "name": PREFIX + sid}

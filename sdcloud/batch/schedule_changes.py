@@ -23,15 +23,11 @@ def remove_said(sid: str, local: Schedules | None = None) -> str:
 
 
 def set_paused_said(sid: str, paused: bool, local: Schedules | None = None) -> str:
-    """Pause or resume this machine's schedule `sid`; which, where and what changed. A cloud's schedule
-    is refused by name: sdcloud drives no pause on the clouds' schedulers (removing it stops it)."""
+    """Pause or resume schedule `sid`, on this machine's timer or on the cloud's scheduler that has it;
+    which, where and what changed. Neither catches up on the times it was paused."""
     local = local or Schedules()
     if not any(s["id"] == sid for s in local.list()):
-        cloud = next((s for s in cloud_schedules.listed() if s["id"] == sid), None)
-        if cloud is None:
-            raise UserError(f"no schedule {sid!r}; see: sdcloud batch schedule list")
-        raise UserError(f"{sid} is the {cloud['kind']} {cloud['name']} on {cloud['provider']}, which sdcloud cannot "
-                        f"{'pause' if paused else 'resume'}; stop it with: sdcloud batch schedule remove {sid}")
+        return _cloud_paused_said(sid, paused)
     before = local.get(sid)
     where = f"{sid} ({before['cron']} in {before['tz']}) on this machine's timer"
     if bool(before["paused"]) == paused:
@@ -41,3 +37,15 @@ def set_paused_said(sid: str, paused: bool, local: Schedules | None = None) -> s
         return f"paused {where}; it submits no jobs until: sdcloud batch schedule resume {sid}"
     nxt = next((s["next"] for s in local.list() if s["id"] == sid), None)
     return f"resumed {where}; the times missed while paused are skipped, next at {nxt}"
+
+
+def _cloud_paused_said(sid: str, paused: bool) -> str:
+    changed = cloud_schedules.set_paused(sid, paused)
+    if changed is None:
+        raise UserError(f"no schedule {sid!r}; see: sdcloud batch schedule list")
+    where = f"{sid} (the {changed['kind']} {changed['name']} on {changed['provider']})"
+    if changed["was_paused"] == paused:
+        return f"{where} was already {'paused' if paused else 'running'}; nothing changed"
+    if paused:
+        return f"paused {where}; the cloud submits no jobs until: sdcloud batch schedule resume {sid}"
+    return f"resumed {where}; the times missed while paused are skipped, it fires at its next cron time"

@@ -347,7 +347,8 @@ def schedule_remove(sid: str) -> None:
 @output_options
 @click.argument("sid")
 def schedule_pause(sid: str) -> None:
-    """Pause one of this machine's schedules: it submits no jobs until resumed; says which."""
+    """Pause a schedule (this machine's timer, or the cloud's scheduler that has it): it submits no jobs
+    until resumed; says which."""
     from ..batch import schedule_changes
 
     click.echo(schedule_changes.set_paused_said(sid, True))
@@ -357,7 +358,7 @@ def schedule_pause(sid: str) -> None:
 @output_options
 @click.argument("sid")
 def schedule_resume(sid: str) -> None:
-    """Resume a paused schedule of this machine's (the times missed are skipped); says which and when next."""
+    """Resume a paused schedule (the times missed are skipped); says which and when it fires next."""
     from ..batch import schedule_changes
 
     click.echo(schedule_changes.set_paused_said(sid, False))

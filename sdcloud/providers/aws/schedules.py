@@ -108,6 +108,38 @@ def delete(name: str, infra: dict, client: Any = None) -> bool:
     return True
 
 
+def set_enabled(name: str, enabled: bool, infra: dict, client: Any = None) -> str | None:
+    """Turn the schedule on or off; its state before (ENABLED or DISABLED), None: there is no such schedule.
+
+    UpdateSchedule replaces the whole schedule with what the request holds (an omitted field is reset,
+    not kept: the Scheduler API Reference, UpdateSchedule), so the request carries every field that
+    GetSchedule returned, with only the state changed. A disabled schedule invokes nothing; enabled
+    again, it goes on from its next cron time (the times it was off are not made up)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    c = _client(infra, client)
+    try:
+        full = c.get_schedule(Name=name)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+            return None
+        raise _refused("GetSchedule", exc) from None
+    except BotoCoreError as exc:
+        raise _refused("GetSchedule", exc) from None
+    before = full.get("State") or "ENABLED"
+    state = "ENABLED" if enabled else "DISABLED"
+    if before == state:
+        return before
+    kept = {k: full[k] for k in ("GroupName", "ScheduleExpression", "ScheduleExpressionTimezone", "Description",
+                                 "StartDate", "EndDate", "FlexibleTimeWindow", "Target", "KmsKeyArn",
+                                 "ActionAfterCompletion") if full.get(k) is not None}
+    try:
+        c.update_schedule(Name=name, State=state, **kept)
+    except (ClientError, BotoCoreError) as exc:
+        raise _refused("UpdateSchedule", exc) from None
+    return before
+
+
 def listed(infra: dict, client: Any = None) -> list[dict]:
     """The batch schedules on the account's scheduler: name, expression, zone, state and payload."""
     from botocore.exceptions import BotoCoreError, ClientError

@@ -7,7 +7,7 @@ handler derives the job id (sdcloud/batch/unattended.py). A timer has no time zo
 fires in China Standard Time (UTC+8), so a schedule here must be in a zone that is UTC+8 all year
 (not verified against a live account; docs/batch.md says so).
 
-The API is SCF's (2018-04-16: CreateTrigger, DeleteTrigger, ListTriggers), called with the SDK's
+The API is SCF's (2018-04-16: CreateTrigger, DeleteTrigger, ListTriggers, UpdateTriggerStatus), called with the SDK's
 common client, signed as every Tencent Cloud API; SDCLOUD_TENCENT_ENDPOINT points it elsewhere (tests).
 """
 
@@ -97,6 +97,19 @@ def delete(name: str, infra: dict, client: Any = None) -> bool:
             return False
         raise UserError(f"SCF refused DeleteTrigger: {exc.code}: {exc.message}") from None
     return True
+
+
+def set_enabled(name: str, enabled: bool, infra: dict, client: Any = None) -> str | None:
+    """Open or close the timer (UpdateTriggerStatus, Enable OPEN or CLOSE: SCF's API document 583/89800);
+    its state before (ENABLED or DISABLED), None: the function has no such timer. A closed timer invokes
+    nothing; opened again it fires at its next cron time."""
+    c = _client(infra, client)
+    before = next((t["state"] for t in listed(infra, c) if t["name"] == name), None)
+    if before is None or before == ("ENABLED" if enabled else "DISABLED"):
+        return before
+    _call(c, "UpdateTriggerStatus", {"FunctionName": _function(infra), "Namespace": NAMESPACE, "TriggerName": name,
+                                     "Type": "timer", "Enable": "OPEN" if enabled else "CLOSE"})
+    return before
 
 
 def listed(infra: dict, client: Any = None) -> list[dict]:
