@@ -63,6 +63,11 @@ def root() -> None:
     """sdcloud: Stable Diffusion training and batch generation on cloud GPUs, for the least money."""
 
 
+def _one_line(message: str) -> str:
+    """click lays some messages over several lines (a missing option's choices, one a line, tab-indented)."""
+    return " ".join(message.split())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every error is one line on stderr and a non-zero exit code."""
     from . import render
@@ -78,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except click.UsageError as exc:
         hint = f" (see: sdcloud {exc.ctx.command_path.split(' ', 1)[1] if exc.ctx and ' ' in exc.ctx.command_path else ''} --help)"
-        click.echo(f"error: {exc.format_message()}{hint.replace('sdcloud  --help', 'sdcloud --help')}", err=True)
+        click.echo(f"error: {_one_line(exc.format_message())}{hint.replace('sdcloud  --help', 'sdcloud --help')}", err=True)
         return 2
     except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
+        click.echo(f"error: {_one_line(exc.format_message())}", err=True)
         return exc.exit_code
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

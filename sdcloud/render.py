@@ -131,9 +131,10 @@ def hidden_note(hidden: Sequence[str]) -> str:
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]],
           caption: str | Callable[[set[str]], str] | None = None, *, drop: Sequence[str] = (), wrap: Sequence[str] = (),
-          fold: Sequence[str] = (), note_hidden: bool = True) -> list[str]:
+          fold: Sequence[str] = (), note_hidden: bool = True, empty: str | None = None) -> list[str]:
     """Print a table; return the names of the columns left out to fit.
 
+    `empty`: the line printed instead of a table with no rows (what there is none of, and how to make one).
     `drop`: columns that give way when it is too wide, lesser first (others follow from the right);
     `wrap`: columns (descriptions) that may wrap at spaces; `fold`: columns of long values (paths)
     that may also be cut inside a word. Every other column is shown whole.
@@ -143,6 +144,9 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
 
     out = console()
     cells = [["" if v is None else str(v) for v in row] for row in rows]
+    if not cells and empty:
+        echo(empty)
+        return []
     keep = fit_columns(columns, cells, out.width, drop, wrap, WIDE, fold)
     shown = [columns[i] for i in keep]
     candidates = [i for i, _ in enumerate(columns) if any(r[i] for r in cells)] or range(len(columns))

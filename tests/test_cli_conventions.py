@@ -435,6 +435,37 @@ def test_help_metavars_say_what_each_option_takes():
     assert len(list(_every_command())) > 30  # the walk reached every command, lazily loaded ones too
 
 
+def test_a_command_missing_what_it_requires_says_so_in_one_line(capsys, sdcloud_home):
+    """Every command with a required option or argument, given none: exit 2, one line on stderr that
+    names what is missing (click lists a choice option's values one a line), nothing on stdout."""
+    import click
+
+    tried = 0
+    for path, cmd, _ in _every_command():
+        if isinstance(cmd, click.Group) or not any(p.required for p in cmd.params):
+            continue
+        tried += 1
+        rc = main(path[1:])
+        out = capsys.readouterr()
+        assert rc == 2 and out.out == "", (path, rc, out.out)
+        lines = out.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "--help" in lines[0], (path, out.err)
+    assert tried > 10
+
+
+@pytest.mark.parametrize("args,says", [
+    (["status"], "no runs yet; start one with: sdcloud up --tier TIER"),
+    (["batch", "list"], "no batch jobs yet; submit one with: sdcloud batch submit"),
+    (["batch", "schedule", "list"], "no schedules; add one with: sdcloud batch schedule add"),
+    (["cost", "report"], "no runs or batch jobs to report: nothing was spent"),
+])
+def test_a_list_with_nothing_in_it_says_so_and_how_to_start(capsys, sdcloud_home, args, says):
+    """A new user's first look: one line saying there is nothing yet and the command that makes one,
+    not an empty table's frame (or a total of $0 over 0 runs)."""
+    rc, out, err = run_cli(capsys, *args)
+    assert rc == 0 and err == "" and out.strip().splitlines() == [out.strip()] and out.startswith(says), out
+
+
 def test_verbosity_is_per_command_not_left_by_the_last_one(capsys):
     # In one process (a shell's completion, a test, a notebook) -v or -q on one command must not
     # change what the next command without them prints.

@@ -160,7 +160,7 @@ def list_(as_json: bool) -> None:
     else:
         table("batch jobs", ["job", "name", "tier", "state", "images", "workers"],
               [[r["job"], r["name"] or "", r["tier"], r["state"], r["images"], r["workers"]] for r in rows],
-              drop=["workers", "name"])
+              drop=["workers", "name"], empty="no batch jobs yet; submit one with: sdcloud batch submit")
 
 
 @batch.command()
@@ -330,7 +330,7 @@ def schedule_list(as_json: bool) -> None:
         table("schedules", ["id", "where", "cron", "tz", "paused", "next", "last job"],
               [[s["id"], s["where"], s["cron"], s["tz"], "yes" if s["paused"] else "", s.get("next") or "",
                 s.get("last_job") or ""] for s in rows],
-              drop=["last job", "paused", "where"])
+              drop=["last job", "paused", "where"], empty="no schedules; add one with: sdcloud batch schedule add")
 
 
 @schedule.command("remove")

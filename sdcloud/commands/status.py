@@ -116,7 +116,8 @@ def status(run: str | None, as_json: bool, store_url: str | None) -> None:
           [(r["run"], r["name"] or "", r["tier"], r["provider"],
             "no controller" if r["controller"] == "none" else r["state"], f"{r['step']}/{r['total_steps']}",
             len(r["attempts"]), f"{r['cost']['total']:.4f}") for r in summs],
-          drop=["attempts", "provider", "name"])
+          drop=["attempts", "provider", "name"], empty="no runs yet; start one with: sdcloud up --tier TIER "
+                                                      "(the tiers: sdcloud tiers)")
     if any(r["controller"] == "none" for r in summs):
         echo("no controller: drive a run or batch job again with: sdcloud resume RUN; "
              "or stop it with: sdcloud down RUN")

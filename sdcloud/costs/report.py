@@ -196,6 +196,9 @@ def print_tables(report: dict) -> None:
                             fmt(g["lost_hours"])) for g in report["groups"]],
                           drop=["lost h", "runs", "on-demand $"], note_hidden=False))
     t = report["totals"]
+    if not t["runs"]:
+        echo("no runs or batch jobs to report: nothing was spent (see: sdcloud status)")
+        return
     over = "" if t.get("savings_over_runs", t["runs"]) == t["runs"] else f" (over the {t['savings_over_runs']} runs whose on-demand price is known)"
     echo(f"all {t['runs']} runs: total ${fmt(t['total_usd'])}; on-demand ${fmt(t['ondemand_usd'])}; "
          f"saved ${fmt(t['savings_usd'])}{over}; reclaims {t['reclaims']}, lost {fmt(t['lost_hours'])} h")
