@@ -151,6 +151,20 @@ def test_region_on_a_provider_without_regions_is_refused(capsys, sdcloud_home, d
     _nothing_recorded()
 
 
+@pytest.mark.parametrize("provider", ["aws", "tencent"])
+def test_a_region_the_catalog_does_not_know_is_refused_before_credentials_are_asked_for(
+        capsys, sdcloud_home, dataset, monkeypatch, provider):
+    # No keys here: the region is what is wrong, so the refusal names it (and the regions there are),
+    # before sdcloud asks for credentials or makes a stack in a region that does not exist.
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "TENCENTCLOUD_SECRET_ID",
+                "TENCENTCLOUD_SECRET_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    err = _refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--provider", provider,
+                            "--region", "mars-1", "--yes"], f"unknown region 'mars-1' for {provider}; known: ")
+    assert "credentials" not in err
+    _nothing_recorded()
+
+
 def test_logs_attempt_beyond_the_last_is_refused(capsys, sdcloud_home):
     from sdcloud.runs.state import StateStore
 

@@ -62,13 +62,19 @@ class UpOptions:
 
 
 def _check_estimates(spec, tier, total_steps: int) -> None:
-    """Refuse a deadline or budget that no offer can meet, before anything is launched."""
+    """Refuse a region the catalog does not know, and a deadline or budget that no offer can meet,
+    before anything is launched (and before credentials are asked for)."""
     from ..providers.traits import traits
 
-    if not traits(spec.provider).catalog or (spec.deadline_hours is None and spec.budget is None):
+    if not traits(spec.provider).catalog:
         return
     from ..offers.catalog import load_catalog
-    from ..offers.optimizer import rank
+    from ..offers.optimizer import check_region, rank
+
+    if spec.region is not None:
+        check_region(load_catalog([spec.provider]).rows, spec.region, spec.provider)
+    if spec.deadline_hours is None and spec.budget is None:
+        return
 
     market = None if spec.market == "spot" else "on-demand"
     from ..runs.training import gpus_used

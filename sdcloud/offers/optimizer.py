@@ -168,6 +168,13 @@ def fits(tier: Tier, row: CatalogRow) -> bool:
             and row.gpu_count >= tier.gpu_count)
 
 
+def check_region(rows: list, region: str, provider: str | None = None) -> None:
+    """Refuse a region that no catalog row (of `provider`'s, when given) is in, naming the known ones."""
+    regions = sorted({r.region for r in rows if provider is None or r.provider == provider})
+    if region not in regions:
+        raise UserError(f"unknown region {region!r}" + (f" for {provider}" if provider else "") + f"; known: {', '.join(regions)}")
+
+
 def rank(
     tier: Tier,
     catalog: Catalog,
@@ -196,9 +203,7 @@ def rank(
             raise UserError(f"unknown provider {provider!r}; valid: {', '.join(known)}")
         rows = [r for r in rows if r.provider == provider]
     if region is not None:
-        regions = sorted({r.region for r in rows})
-        if region not in regions:
-            raise UserError(f"unknown region {region!r}" + (f" for {provider}" if provider else "") + f"; known: {', '.join(regions)}")
+        check_region(rows, region, provider)
         rows = [r for r in rows if r.region == region]
     markets = (market,) if market else MARKETS
     candidates: list[Estimate] = []
