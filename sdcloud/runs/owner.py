@@ -60,10 +60,15 @@ class Memo:
     def read_back(cls, state: StateStore, run_id: str) -> "Memo":
         """A new driver's memo, with what the run's history already says: the attempts whose resume
         was announced (a driver that takes the run over, or merely continues it, does not announce
-        them again)."""
+        them again), and whether the simulated reclaim was."""
         memo = cls()
-        memo.seen_attempts = {int(e["data"]["attempt"]) for e in state.events(run_id)
+        events = state.events(run_id)
+        memo.seen_attempts = {int(e["data"]["attempt"]) for e in events
                               if parse(e["kind"]) is Kind.RESUMED and str(e["data"].get("attempt", "")).isdigit()}
+        # A simulated reclaim already announced is not announced again by a driver that restarts
+        # within the notice; one whose driver died before announcing it is put on a new timer.
+        memo.reclaim_scheduled = any(parse(e["kind"]) is Kind.RECLAIM_NOTICE and e["data"].get("simulated")
+                                     for e in events)
         return memo
 
 
