@@ -81,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 1
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # `sdcloud` or a group (`sdcloud batch`) given no command: a request for its help, not an error.
+        if exc.ctx is None:
+            raise
+        click.echo(exc.ctx.get_help())
+        return 0
     except click.UsageError as exc:
         hint = f" (see: sdcloud {exc.ctx.command_path.split(' ', 1)[1] if exc.ctx and ' ' in exc.ctx.command_path else ''} --help)"
         click.echo(f"error: {_one_line(exc.format_message())}{hint.replace('sdcloud  --help', 'sdcloud --help')}", err=True)

@@ -466,6 +466,19 @@ def test_a_list_with_nothing_in_it_says_so_and_how_to_start(capsys, sdcloud_home
     assert rc == 0 and err == "" and out.strip().splitlines() == [out.strip()] and out.startswith(says), out
 
 
+def test_a_group_given_no_command_shows_its_help(capsys):
+    """`sdcloud`, `sdcloud batch`, `sdcloud batch schedule`...: the group's help on stdout, exit 0, as
+    `--help` gives it (not the help squeezed into an error line)."""
+    import click
+
+    groups = [path for path, cmd, _ in _every_command() if isinstance(cmd, click.Group)]
+    assert len(groups) >= 7
+    for path in groups:
+        assert main(path[1:]) == 0, path
+        out = capsys.readouterr()
+        assert out.err == "" and out.out.startswith(f"Usage: {' '.join(path)} ") and "Commands:" in out.out, (path, out)
+
+
 def test_verbosity_is_per_command_not_left_by_the_last_one(capsys):
     # In one process (a shell's completion, a test, a notebook) -v or -q on one command must not
     # change what the next command without them prints.
