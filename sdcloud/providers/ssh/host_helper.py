@@ -15,6 +15,11 @@ def stat(pid):
         return None
     return rest  # rest[0] state, rest[1] ppid, rest[19] start time
 
+def present(pid, start=None):
+    """The process exists and has not exited (a zombie has), whatever it runs."""
+    st = stat(pid)
+    return st is not None and st[0] not in ("Z", "X") and not (start and st[19] != start)
+
 def alive(pid, start=None):
     st = stat(pid)
     if st is None or st[0] in ("Z", "X") or (start and st[19] != start):
@@ -165,6 +170,12 @@ def main():
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+        # SIGKILL takes effect when the process next runs, which on a busy host can be after this
+        # answer: wait (10 s at most) until each is gone, so that "terminated" means gone.
+        pending = [(r["pid"], r.get("start")) for r in recs] + list(kids.items())
+        gone_by = time.time() + 10
+        while time.time() < gone_by and any(present(pid, start) for pid, start in pending):
+            time.sleep(0.05)
         for r in records(wd):
             if r["pid"] in want and not r.get("ended"):
                 r.pop("alive", None)
