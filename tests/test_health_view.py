@@ -103,6 +103,9 @@ def test_status_json_says_unknown_with_nulls_before_sampling_and_no_verdict_afte
     assert main(["status", "r-000exit3", "--json"]) == 0
     h = json.loads(capsys.readouterr().out)["health"]
     assert h["verdict"] is None and h["trainer_exit"] == 3 and h["gpu_util"] is None and h["last_verdict"] == "unknown"
+    # A trainer that finished its work is not shown as a run without a verdict.
+    assert health_view.line({"verdict": None, "trainer_exit": 0, "oom_retries": 1}) == \
+        "health: the trainer finished (exit 0), 1 OOM retry"
 
 
 def test_each_health_action_and_its_recheck_is_one_event_in_plain_words():

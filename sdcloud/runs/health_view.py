@@ -77,9 +77,12 @@ def latest(state: Any, run_id: str) -> dict | None:
 
 def line(h: dict) -> str:
     """`health: io-bound: GPU 23%, data wait 64%, no throttling, 0 OOM retries (why)`; an exited
-    trainer's: `health: no verdict: the trainer exited with code 3, 0 OOM retries`."""
+    trainer's: `health: no verdict: the trainer exited with code 3, 0 OOM retries`, or, when it
+    finished its work, `health: the trainer finished (exit 0), 0 OOM retries`."""
     n = h.get("oom_retries") or 0
     retries = f"{n} OOM retr{'y' if n == 1 else 'ies'}"
+    if h.get("verdict") is None and h.get("trainer_exit") == 0:
+        return f"health: the trainer finished (exit 0), {retries}"
     if h.get("verdict") is None and h.get("trainer_exit") is not None:
         return f"health: no verdict: the trainer exited with code {h['trainer_exit']}, {retries}"
     if h.get("verdict") == "unknown":
