@@ -341,6 +341,17 @@ def _batch_ended(kind: Kind) -> Callable[[dict], str]:
     return lambda d: f"batch job {kind.value.removeprefix('batch-')}" + (f": {d['reason']}" if d.get("reason") else "")
 
 
+def _clock(iso: object) -> str:
+    """An ISO time as this machine's clock time to the second (as the lines' own stamps are), or as
+    given when it is not one."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(iso)).astimezone().strftime("%H:%M:%S")
+    except ValueError:
+        return str(iso)
+
+
 def _if(d: dict, key: str, form: str) -> str:
     """`form` with the field's value in it ({}), or nothing when the event has no such field."""
     return form.format(d[key]) if d.get(key) not in (None, "") else ""
@@ -403,7 +414,8 @@ WORDS: dict[Kind, Callable[[dict], str | None]] = {
     Kind.PRICE_LOOKUP_FAILED: lambda d: f"the price could not be looked up ({d.get('code')})",
     Kind.HOST_STARTED: lambda d: f"host {d.get('instance')} started" + _if(d, "pid", " (pid {})"),
     # The words keep the name "reclaim-notice": a reader finds it by that (tests/test_run_local.py).
-    Kind.RECLAIM_NOTICE: lambda d: (f"reclaim-notice for host {d.get('instance')}" + _if(d, "terminate_at", ": taken back at {}")
+    Kind.RECLAIM_NOTICE: lambda d: (f"reclaim-notice for host {d.get('instance')}"
+                                    + (f": taken back at {_clock(d['terminate_at'])}" if d.get("terminate_at") else "")
                                     + (" (simulated)" if d.get("simulated") else "") + "; the host saves and stops"),
     Kind.HOST_BUSY: lambda d: f"host {d.get('host')} is busy" + _if(d, "run", " with {}"),
     Kind.HOST_UNREACHABLE: lambda d: f"host {d.get('host')} cannot be reached" + _if(d, "error", " ({})"),

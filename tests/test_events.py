@@ -56,3 +56,20 @@ def test_every_kind_is_recorded_somewhere():
     built = {k.name for k in events.RUN_ENDED | events.BATCH_ENDED}
     dead = {k.name for k in Kind} - named - built
     assert not dead, f"kinds nobody records (remove them or record them): {sorted(dead)}"
+
+
+def test_a_reclaim_notice_says_when_the_host_is_taken_back_on_this_machines_clock(monkeypatch):
+    # The lines are stamped with this machine's clock time; the time the cloud takes the host back is
+    # said the same way, to the second, not as the cloud's ISO string in UTC.
+    import time
+
+    monkeypatch.setenv("TZ", "Asia/Shanghai")
+    time.tzset()
+    try:
+        said = events.words(Kind.RECLAIM_NOTICE, {"instance": "i-1", "terminate_at": "2026-12-03T06:41:43.727042+00:00",
+                                                  "simulated": True})
+        assert said == "reclaim-notice for host i-1: taken back at 14:41:43 (simulated); the host saves and stops"
+        assert events.words(Kind.RECLAIM_NOTICE, {"instance": "i-1"}) == "reclaim-notice for host i-1; the host saves and stops"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
