@@ -325,7 +325,8 @@ def _run_ended(kind: Kind) -> Callable[[dict], str]:
 
 def _inputs_staged(d: dict) -> str:
     net = (d.get("effective") or {}).get("network_profile")
-    return (f"inputs staged on {d.get('staged_on')}: dataset {d.get('dataset')}, model {d.get('model')}, settings "
+    return (f"inputs staged on {d.get('staged_on')}: "
+            + (f"dataset {d['dataset']}" if d.get("dataset") else "no dataset") + f", model {d.get('model')}, settings "
             f"[{', '.join(sorted(d.get('settings') or {})) or 'none'}]" + (f", network profile {net}" if net else "")
             + (", trainer sources in the bucket" if d.get("trainer_sources") else ""))
 

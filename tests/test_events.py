@@ -73,3 +73,12 @@ def test_a_reclaim_notice_says_when_the_host_is_taken_back_on_this_machines_cloc
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_inputs_staged_without_a_dataset_says_so_instead_of_none():
+    said = events.words(Kind.INPUTS_STAGED, {"dataset": None, "model": "tiny", "settings": {"hosts": {}},
+                                             "effective": {}, "staged_on": "box:/home/u/.sdcloud"})
+    assert said == "inputs staged on box:/home/u/.sdcloud: no dataset, model tiny, settings [hosts]"
+    said = events.words(Kind.INPUTS_STAGED, {"dataset": "s3://b/p/datasets/ab12", "model": "tiny", "settings": {},
+                                             "effective": {"network_profile": "mainland"}, "staged_on": "box:/h"})
+    assert said == "inputs staged on box:/h: dataset s3://b/p/datasets/ab12, model tiny, settings [none], network profile mainland"
