@@ -75,6 +75,7 @@ def test_a_run_that_cost_what_on_demand_would_saved_zero_everywhere(even_run, ca
     assert run["savings_pct"] == 0.0 and math.copysign(1.0, run["savings_pct"]) == 1.0
     table = out_of(capsys, "cost", "report", run_id)
     assert "saved $0.0000 (0.0%)" in " ".join(table.split()) and "-0" not in table
+    assert "the one run: total $" in table and "all 1 runs" not in table
     (row,) = [r for r in csv.DictReader(io.StringIO(out_of(capsys, "cost", "report", run_id, "--format", "csv")))
               if r["level"] == "run"]
     assert row["savings_usd"] == "0.0000" and row["savings_pct"] == "0.0000"
