@@ -175,9 +175,11 @@ def test_down_ends_each_row_once_and_for_good(world, capsys, label):
         assert after[rid] == before[rid], f"down changed a row that had already ended ({label})"
     assert {k: v for k, v in after.items() if k != rid} == {k: v for k, v in before.items() if k != rid}
     # Cancel is final: a second down, and a batch driver started afterwards, change nothing.
-    rc, _, err = call(capsys, "down", rid)
+    rc, out, err = call(capsys, "down", rid)
     check_exit(rc, err, f"second down ({label})", allowed=(0,))
     assert snapshot()[rid] == after[rid]
+    if label.startswith("train"):  # said as what it is: nothing was stopped this time
+        assert out.startswith(f"run {rid} had already ended: ") and len(out.strip().splitlines()) == 1, out
     if label.startswith("batch"):
         from sdcloud.batch import jobs
 

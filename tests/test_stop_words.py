@@ -43,7 +43,7 @@ def test_down_of_an_ended_run_says_what_ended_it(capsys, sdcloud_home):
     _run(StateStore(), "r-5700bbbb", "stopped", "interrupted (Ctrl-C); checkpoint kept")
     assert main(["down", "r-5700bbbb"]) == 0
     out = capsys.readouterr().out.strip()
-    assert out.startswith("run r-5700bbbb: interrupted (Ctrl-C)") and out.endswith("sdcloud resume r-5700bbbb")
+    assert out.startswith("run r-5700bbbb had already ended: interrupted (Ctrl-C)") and out.endswith("sdcloud resume r-5700bbbb")
 
 
 def test_the_host_line_after_a_stop_does_not_say_it_ended_itself(capsys, sdcloud_home, tmp_path):

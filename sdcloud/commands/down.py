@@ -17,8 +17,8 @@ from .common import complete_runs, find_run, state_store
 @click.option("--json", "as_json", is_flag=True)
 def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
     """Stop a run (or all runs): the host saves a checkpoint and every instance is terminated."""
-    from ..runs.state import ACTIVE_RUN_STATES
-    from ..runs.state import BATCH, run_kind
+    from ..runs.background import controller_alive
+    from ..runs.state import ACTIVE_RUN_STATES, BATCH, run_kind
     from ..runs.stop import stop_anywhere
 
     if not run and not all_runs:
@@ -38,6 +38,9 @@ def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
             end_hosts(r["id"])
             done.append({"run": r["id"], "state": state.get_run(r["id"])["state"]})
             continue
+        if r["state"] not in ACTIVE_RUN_STATES and not controller_alive(r):
+            done.append({"run": r["id"], "state": r["state"], "already_ended": True})
+            continue
         out = stop_anywhere(state, r["id"], "stopped by sdcloud down")
         done.append({"run": r["id"], "state": out.state, **({"stop_requested_of": out.holder} if out.requested else {})})
     if as_json:
@@ -51,10 +54,14 @@ def _said(d: dict, run: dict) -> str:
     """What `down` did to one run, in one line."""
     from ..runs.state import ACTIVE_RUN_STATES
 
+    from ..runs.stop_words import ended_line
+
+    if d.get("already_ended"):  # nothing was stopped now: what ended it, and how to continue it
+        said = ended_line(run) or f"run {d['run']}: {d['state']}"
+        return f"run {d['run']} had already ended: " + said.removeprefix(f"run {d['run']}: ")
     holder = d.get("stop_requested_of")
     if not holder:
         from ..runs.state import BATCH, run_kind
-        from ..runs.stop_words import ended_line
 
         if run_kind(run) == BATCH:  # a cancel is final: what it made stays
             return f"batch job {d['run']}: {d['state']}; the images it made stay: sdcloud batch pull {d['run']}"
