@@ -232,6 +232,8 @@ def test_an_aws_schedule_pauses_and_resumes_on_the_scheduler_keeping_the_rest(aw
     err = capsys.readouterr().err
     assert "no schedule 's-nosuch1'" in err and len(err.strip().splitlines()) == 1, err
     assert main(["batch", "schedule", "remove", sid]) == 0  # moto's scheduler is the worker's: leave it empty
+    assert main(["batch", "schedule", "remove", sid]) == 2 and main(["batch", "schedule", "resume", sid]) == 2
+    assert capsys.readouterr().err.count(f"no schedule {sid!r}") == 2
 
 
 @pytest.mark.parametrize("cron,tz,why", [

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Callable
 
 from ...errors import UserError
 
@@ -94,18 +94,22 @@ def create(name: str, expression: str, tz: str, payload: dict, infra: dict, clie
         raise _refused("CreateSchedule", exc) from None
 
 
-def delete(name: str, infra: dict, client: Any = None) -> bool:
+def _unless_missing(action: str, call: Callable[[], Any]) -> Any | None:
+    """The call's answer; None where the schedule does not exist; any other refusal as one line."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        _client(infra, client).delete_schedule(Name=name)
+        return call()
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
-            return False
-        raise _refused("DeleteSchedule", exc) from None
+            return None
+        raise _refused(action, exc) from None
     except BotoCoreError as exc:
-        raise _refused("DeleteSchedule", exc) from None
-    return True
+        raise _refused(action, exc) from None
+
+
+def delete(name: str, infra: dict, client: Any = None) -> bool:
+    return _unless_missing("DeleteSchedule", lambda: _client(infra, client).delete_schedule(Name=name)) is not None
 
 
 def set_enabled(name: str, enabled: bool, infra: dict, client: Any = None) -> str | None:
@@ -118,14 +122,9 @@ def set_enabled(name: str, enabled: bool, infra: dict, client: Any = None) -> st
     from botocore.exceptions import BotoCoreError, ClientError
 
     c = _client(infra, client)
-    try:
-        full = c.get_schedule(Name=name)
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
-            return None
-        raise _refused("GetSchedule", exc) from None
-    except BotoCoreError as exc:
-        raise _refused("GetSchedule", exc) from None
+    full = _unless_missing("GetSchedule", lambda: c.get_schedule(Name=name))
+    if full is None:
+        return None
     before = full.get("State") or "ENABLED"
     state = "ENABLED" if enabled else "DISABLED"
     if before == state:
