@@ -107,6 +107,9 @@ def test_gc_asks_first_and_terminates_nothing_when_told_no(endpoint):
     result = CliRunner().invoke(root, ["gc", "--provider", "aws", "--region", REGION], input="y\n")
     assert result.exit_code == 0, result.output
     assert running_sdcloud_instances() == {}
+    # Nothing stray left: one line says so, no empty table.
+    result = CliRunner().invoke(root, ["gc", "--provider", "aws", "--region", REGION])
+    assert result.exit_code == 0 and result.output.strip() == "aws: no stray hosts", result.output
 
 
 def test_gc_without_credentials_is_one_line(capsys, monkeypatch):

@@ -44,7 +44,7 @@ def gc(provider: str, regions: tuple[str, ...], yes: bool, as_json: bool) -> Non
         kept = [i for i in found if i not in strays]
         for err in errors:
             note(f"warning: {err}", wrap=True)
-        if not as_json:
+        if not as_json and strays:
             table(f"{provider}: {len(strays)} stray host(s) of {len(found)} tagged",
                   ["instance", "region", "zone", "type", "market", "state", "run", "attempt", "launched"],
                   [(i.id, i.region, i.zone, i.instance_type, i.market, i.state, i.run_id, i.tags.get("sdcloud:attempt"),
@@ -70,4 +70,4 @@ def gc(provider: str, regions: tuple[str, ...], yes: bool, as_json: bool) -> Non
     elif terminated:
         note(f"terminated {len(terminated)} host(s): {', '.join(terminated)}")
     elif not strays:
-        note("no stray hosts")
+        note(f"{provider}: no stray hosts" + (f" ({len(found)} tagged, each owned by a live run)" if found else ""))
