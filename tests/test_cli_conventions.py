@@ -466,6 +466,18 @@ def test_a_list_with_nothing_in_it_says_so_and_how_to_start(capsys, sdcloud_home
     assert rc == 0 and err == "" and out.strip().splitlines() == [out.strip()] and out.startswith(says), out
 
 
+@pytest.mark.parametrize("args", [
+    ["watch", "r-00000000", "--interval", "0"],  # a zero or negative wait would spin or raise in sleep()
+    ["batch", "watch", "b-00000000", "--interval", "-1"],
+    ["scheduler", "run", "--interval", "0.5"],
+    ["infra", "up", "--provider", "aws", "--region", "us-east-1", "--root-volume-gb", "0"],
+    ["infra", "preview", "--provider", "aws", "--region", "us-east-1", "--checkpoint-expire-days", "-1"],
+])
+def test_a_number_out_of_its_range_is_refused_before_anything_runs(capsys, sdcloud_home, args):
+    rc, out, err = run_cli(capsys, *args)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and "is not in the range" in err, err
+
+
 def test_a_group_given_no_command_shows_its_help(capsys):
     """`sdcloud`, `sdcloud batch`, `sdcloud batch schedule`...: the group's help on stdout, exit 0, as
     `--help` gives it (not the help squeezed into an error line)."""

@@ -184,7 +184,7 @@ def status(job: str, as_json: bool) -> None:
 @batch.command()
 @output_options
 @click.argument("job")
-@click.option("--interval", type=float, default=2.0, show_default=True, metavar="SECONDS", help="How often to look.")
+@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True, metavar="SECONDS", help="How often to look.")
 def watch(job: str, interval: float) -> None:
     """Follow a job's progress until it ends. Exit 0 when it succeeded, 1 when it ended otherwise,
     4 when no driver is running it (as `sdcloud watch` does), 130 on Ctrl-C (the job continues)."""
@@ -388,9 +388,11 @@ def scheduler() -> None:
 
 @scheduler.command("run")
 @output_options
-@click.option("--once", is_flag=True, help="one tick, then exit (for the systemd timer or cron)")
-@click.option("--interval", type=float, default=30.0, show_default=True, metavar="SECONDS", help="How often to look.")
+@click.option("--once", is_flag=True, help="One tick, then exit (for the systemd timer or cron).")
+@click.option("--interval", type=click.FloatRange(min=1.0), default=30.0, show_default=True, metavar="SECONDS",
+              help="How often to look (1 s or more).")
 def scheduler_run(once: bool, interval: float) -> None:
+    """Submit the jobs this machine's schedules have due, now and every --interval (or --once)."""
     import time
 
     from ..batch import schedules
@@ -406,8 +408,9 @@ def scheduler_run(once: bool, interval: float) -> None:
 
 @scheduler.command("install")
 @output_options
-@click.option("--crontab", is_flag=True, help="print a crontab line instead of writing systemd user units")
+@click.option("--crontab", is_flag=True, help="Print a crontab line instead of writing systemd user units.")
 def scheduler_install(crontab: bool) -> None:
+    """Write systemd user units (or print a crontab line) that run `scheduler run --once` every minute."""
     from ..batch import schedules
 
     exe = shutil.which("sdcloud") or f"{sys.executable} -m sdcloud.cli"
