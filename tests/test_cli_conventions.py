@@ -502,3 +502,15 @@ def test_verbosity_is_per_command_not_left_by_the_last_one(capsys):
     assert main(["tiers", "-v"]) == 0 and render.VERBOSITY == 1
     assert main(["tiers"]) == 0 and render.VERBOSITY == 0
     capsys.readouterr()
+
+
+def test_batch_progress_lines_say_an_unknown_eta_in_words(capsys):
+    from sdcloud.commands.batch import BatchProgress
+
+    progress = BatchProgress(3)  # not a terminal here: one line per change
+    progress({"images_done": 0, "images": 3, "images_per_s": 0.0, "eta_s": None, "cost_usd": None})
+    progress({"images_done": 1, "images": 3, "images_per_s": 0.135, "eta_s": 14.8, "cost_usd": 0.0012})
+    progress.close()
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln]
+    assert lines == ["0/3 images, 0.0 images/s, ETA unknown, cost $0.0000",
+                     "1/3 images, 0.135 images/s, ETA 15 s, cost $0.0012"], lines

@@ -100,7 +100,8 @@ class BatchProgress:
             self.bar.update(self.task, completed=p["images_done"], rate=f"{p['images_per_s']:.2f}",
                             cost=p.get("cost_usd") or 0.0)
         elif not self.quiet and p["images_done"] != self.last:
-            note(f"{p['images_done']}/{p['images']} images, {p['images_per_s']} images/s, ETA {p['eta_s']} s, "
+            eta = "ETA unknown" if p.get("eta_s") is None else f"ETA {p['eta_s']:.0f} s"
+            note(f"{p['images_done']}/{p['images']} images, {p['images_per_s']} images/s, {eta}, "
                  f"cost ${p.get('cost_usd') or 0:.4f}")
         self.last = p["images_done"]
 
