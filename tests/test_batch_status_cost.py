@@ -41,6 +41,8 @@ def test_local_pool_hosts_are_counted_and_priced(tmp_path, sdcloud_home, capsys)
     assert rep["cost_per_image"] == st["cost_per_image_usd"] and rep["total_usd"] == st["cost_usd"]
     assert rep["cost_per_1k_images"] == st["cost_per_1k_images_usd"] == pytest.approx(st["cost_usd"] / 6 * 1000, abs=1e-4)
     assert rep["cost_per_1k_steps"] is None
+    assert main(["cost", "report", res["job"]]) == 0
+    assert "the one job: total $" in capsys.readouterr().out  # a job is not called a run
     # This machine costs the same on demand: the same worker hours at the same price, nothing saved, nothing lost.
     assert rep["ondemand_usd"] == st["ondemand_usd"] == pytest.approx(st["cost_usd"], abs=1e-4)
     assert rep["savings_usd"] == st["savings_usd"] == 0.0

@@ -95,5 +95,6 @@ def test_cost_report_and_batch_status_fit_80_columns(capsys, monkeypatch, sdclou
     report = _lines(capsys, monkeypatch, "cost", "report", "--all", "--by", "tier")
     text = " ".join(ln.strip() for ln in report)
     assert f"job {job}" in text and "run r-80c0aaaa" in text and "per 1k images" in text
+    assert "runs and jobs: total $" in text
     status = _lines(capsys, monkeypatch, "batch", "status", job)
     assert any("cost_per_1k_images_usd" in ln for ln in status)

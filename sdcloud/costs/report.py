@@ -200,7 +200,10 @@ def print_tables(report: dict) -> None:
         echo("no runs or batch jobs to report: nothing was spent (see: sdcloud status)")
         return
     over = "" if t.get("savings_over_runs", t["runs"]) == t["runs"] else f" (over the {t['savings_over_runs']} runs whose on-demand price is known)"
-    echo(("the one run" if t["runs"] == 1 else f"all {t['runs']} runs") + f": total ${fmt(t['total_usd'])}; on-demand ${fmt(t['ondemand_usd'])}; "
+    kinds = {"job" if r.get("kind") == "batch" else "run" for r in report["runs"]}
+    noun = "job" if kinds == {"job"} else "run"
+    many = {"job": "jobs", "run": "runs"}[noun] if len(kinds) == 1 else "runs and jobs"
+    echo((f"the one {noun}" if t["runs"] == 1 else f"all {t['runs']} {many}") + f": total ${fmt(t['total_usd'])}; on-demand ${fmt(t['ondemand_usd'])}; "
          f"saved ${fmt(t['savings_usd'])}{over}; reclaims {t['reclaims']}, lost {fmt(t['lost_hours'])} h")
     for cur, rate in report["rates"].items():
         echo(f"{cur} converted at {rate['usd_per_unit']} USD per {cur}")
