@@ -275,3 +275,18 @@ def test_logs_of_a_local_batch_job_show_its_workers(tmp_path, capsys):
     assert rc == 0, err
     sources = {json.loads(ln)["source"] for ln in out.splitlines() if ln.strip()}
     assert "controller" in sources and "worker-1" in sources, sources
+
+
+@pytest.mark.parametrize("damage", [b"garbage\n", b"SQLite format 3\x00" + b"\x00" * 80])
+def test_a_state_file_that_is_not_a_database_is_said_in_one_line_by_every_command(capsys, sdcloud_home, damage):
+    """A state.db damaged or replaced by something else (a copy cut short, a stray file): every command
+    that reads it says which file and what to do, in one line, exit 2; none launches anything."""
+    sdcloud_home.mkdir(parents=True, exist_ok=True)
+    (sdcloud_home / "state.db").write_bytes(damage)
+    for args in (["status"], ["status", "r-00000000"], ["logs", "r-00000000"], ["cost", "report"], ["batch", "list"],
+                 ["down", "--all", "--yes"], ["gc", "--provider", "local", "--yes"],
+                 ["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "2", "--yes"]):
+        rc, out, err = call(capsys, *args)
+        assert rc == 2 and len(err.strip().splitlines()) == 1, (args, rc, err)
+        assert "state.db is not a state store sdcloud can read" in err and "move it aside" in err, (args, err)
+    assert (sdcloud_home / "state.db").read_bytes() == damage, "the damaged file is left as it was, for the user"

@@ -190,8 +190,18 @@ class StateStore:
         os.chmod(self.path, 0o600)
         self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(SCHEMA)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:  # a damaged or foreign file: said in one line, not a traceback
+            self._db.close()
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise
+            from ..errors import UserError
+
+            raise UserError(f"{self.path} is not a state store sdcloud can read ({exc}): move it aside and sdcloud "
+                            "starts a new one; each run's record stays in its bucket (sdcloud status RUN --store URL)"
+                            ) from None
         for suffix in ("-wal", "-shm"):
             side = Path(str(self.path) + suffix)
             if side.exists():
