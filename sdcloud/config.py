@@ -21,7 +21,12 @@ DEFAULT_CNY_PER_USD = 7.1
 def home() -> Path:
     """$SDCLOUD_HOME, default ~/.sdcloud; created with mode 0700 on first use."""
     path = Path(os.environ.get("SDCLOUD_HOME") or Path.home() / ".sdcloud").expanduser()
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:  # a file of that name, a read-only place: one line, not a traceback
+        why = "it is a file" if path.exists() and not path.is_dir() else (exc.strerror or str(exc))
+        raise UserError(f"sdcloud's home {path} cannot be used ({why}): set SDCLOUD_HOME to a folder sdcloud may "
+                        "write") from None
     return path
 
 

@@ -290,3 +290,18 @@ def test_a_state_file_that_is_not_a_database_is_said_in_one_line_by_every_comman
         assert rc == 2 and len(err.strip().splitlines()) == 1, (args, rc, err)
         assert "state.db is not a state store sdcloud can read" in err and "move it aside" in err, (args, err)
     assert (sdcloud_home / "state.db").read_bytes() == damage, "the damaged file is left as it was, for the user"
+
+
+def test_a_home_or_state_path_that_cannot_be_used_is_said_in_one_line(capsys, tmp_path, monkeypatch):
+    # SDCLOUD_HOME naming a file, and a state.db that is a folder: one line naming the path, exit 2.
+    afile = tmp_path / "not-a-folder"
+    afile.write_text("x")
+    monkeypatch.setenv("SDCLOUD_HOME", str(afile))
+    rc, out, err = call(capsys, "status")
+    assert rc == 2 and err.strip() == (f"error: sdcloud's home {afile} cannot be used (it is a file): set SDCLOUD_HOME "
+                                       "to a folder sdcloud may write"), err
+    home = tmp_path / "home"
+    (home / "state.db").mkdir(parents=True)
+    monkeypatch.setenv("SDCLOUD_HOME", str(home))
+    rc, out, err = call(capsys, "cost", "report")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and f"{home / 'state.db'} is not a state store" in err, err

@@ -182,13 +182,16 @@ class Attempt:
 class StateStore:
     def __init__(self, path: Path | str | None = None):
         self.path = Path(path) if path else config.home() / "state.db"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():
-            # Create it 0600 before SQLite opens it: run specs name buckets and hosts.
-            fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
-            os.close(fd)
-        os.chmod(self.path, 0o600)
-        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():
+                # Create it 0600 before SQLite opens it: run specs name buckets and hosts.
+                fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
+                os.close(fd)
+            os.chmod(self.path, 0o600)
+            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:  # SDCLOUD_HOME a file, state.db a folder...
+            raise self._unusable(exc) from None
         self._db.row_factory = sqlite3.Row
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -197,15 +200,19 @@ class StateStore:
             self._db.close()
             if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
                 raise
-            from ..errors import UserError
-
-            raise UserError(f"{self.path} is not a state store sdcloud can read ({exc}): move it aside and sdcloud "
-                            "starts a new one; each run's record stays in its bucket (sdcloud status RUN --store URL)"
-                            ) from None
+            raise self._unusable(exc) from None
         for suffix in ("-wal", "-shm"):
             side = Path(str(self.path) + suffix)
             if side.exists():
                 os.chmod(side, 0o600)
+
+    def _unusable(self, exc: Exception) -> Exception:
+        from ..errors import UserError
+
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return UserError(f"{self.path} is not a state store sdcloud can read ({why}): move it aside (or set "
+                         "SDCLOUD_HOME to a folder) and sdcloud starts a new one; each run's record stays in its "
+                         "bucket (sdcloud status RUN --store URL)")
 
     def close(self) -> None:
         self._db.close()
