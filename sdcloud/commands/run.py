@@ -71,15 +71,16 @@ def _check_estimates(spec, tier, total_steps: int) -> None:
     from ..offers.catalog import load_catalog
     from ..offers.optimizer import check_region, rank
 
+    catalog = load_catalog([spec.provider])
     if spec.region is not None:
-        check_region(load_catalog([spec.provider]).rows, spec.region, spec.provider)
+        check_region(catalog.rows, spec.region, spec.provider)
     if spec.deadline_hours is None and spec.budget is None:
         return
 
     market = None if spec.market == "spot" else "on-demand"
     from ..runs.training import gpus_used
 
-    ranked = rank(tier, load_catalog([spec.provider]), market=market, max_price=spec.max_price, provider=spec.provider,
+    ranked = rank(tier, catalog, market=market, max_price=spec.max_price, provider=spec.provider,
                   region=spec.region, job_size=total_steps, gpus_used=gpus_used(spec))
     if not ranked:
         raise UserError(f"no {spec.provider} offer fits tier {tier.name}")
