@@ -119,7 +119,7 @@ def main() -> None:
     model_phase(args.scale)
     if args.model_only:
         return
-    from sdcloud.runs.hostboot import cloud_user_data
+    from sdcloud.runs.driving.hostboot import cloud_user_data
     from sdcloud_agent.store import open_store
 
     weed = SeaweedS3().start()

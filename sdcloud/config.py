@@ -36,7 +36,7 @@ def _load(path: str, mtime: float) -> dict:
         return tomllib.load(f)
 
 
-# The config.toml sections a run recorded when it was made (runs/inputs.py): while a controller
+# The config.toml sections a run recorded when it was made (runs/inputs/staging.py): while a controller
 # acts for that run, they stand in for this machine's (a cloud function's home has no config.toml).
 _RUN_SETTINGS: ContextVar[dict | None] = ContextVar("sdcloud_run_settings", default=None)
 

@@ -1,7 +1,7 @@
 """The run events: every kind a run or batch job records, its fields, its group and its words.
 
-An event is a row of the run's journal (`runs/state.py` table `events`, copied to the run's bucket
-by `runs/journal.py`): a kind, a JSON object of fields, a time. The kind is a member of `Kind`
+An event is a row of the run's journal (`runs/records/state.py` table `events`, copied to the run's bucket
+by `runs/records/journal.py`): a kind, a JSON object of fields, a time. The kind is a member of `Kind`
 (a `str` enum, so the row stores its hyphenated value and a reader compares members). Readers
 decide on members, never on a spelling typed again: `logs`, `watch` and `status` say each kind
 in the words of `words()`, the cost report counts `DRIVER_TOOK_OVER`, `hostboot` counts
@@ -9,7 +9,7 @@ in the words of `words()`, the cost report counts `DRIVER_TOOK_OVER`, `hostboot`
 
 Spellings of earlier releases (`launch_failed`, `zone_failover`, `budget`, `gc.terminated`, ...)
 are aliases: `parse()` maps them to today's kind, so a journal written by an older sdcloud is
-read back (`runs/journal.py` restores through it) and shown with the same words.
+read back (`runs/records/journal.py` restores through it) and shown with the same words.
 
 This module sits at the bottom of the house (rank 0): it imports nothing of sdcloud, so every
 domain, the providers included, can name a kind.
@@ -23,7 +23,7 @@ from enum import StrEnum
 
 
 class Kind(StrEnum):
-    # -- the run's own lifecycle (runs/controller.py) ----------------------------------------------
+    # -- the run's own lifecycle (runs/driving/controller.py) ----------------------------------------------
     RUN_SUCCEEDED = "run-succeeded"
     RUN_FAILED = "run-failed"
     RUN_STOPPED = "run-stopped"
@@ -36,17 +36,17 @@ class Kind(StrEnum):
     SPOT_UNAVAILABLE = "spot-unavailable"
     DATASET_UPLOADED = "dataset-uploaded"
     MODEL_UPLOADED = "model-uploaded"
-    INPUTS_STAGED = "inputs-staged"  # the run's inputs are in its bucket, with its settings (runs/inputs.py)
-    STOP_REQUESTED = "stop-requested"  # `down` from a machine that does not drive the run (runs/stop.py)
+    INPUTS_STAGED = "inputs-staged"  # the run's inputs are in its bucket, with its settings (runs/inputs/staging.py)
+    STOP_REQUESTED = "stop-requested"  # `down` from a machine that does not drive the run (verbs/stop.py)
     SELF_ENDED = "self-ended"
     HEARTBEAT_FAILED = "heartbeat-failed"
     PULLED = "pulled"
-    # -- who drives the run (runs/driver.py, runs/unattended.py) -----------------------------------
+    # -- who drives the run (runs/records/lease.py, driver/unattended.py) -----------------------------------
     DRIVER_TOOK_OVER = "driver-took-over"
     DRIVER_LOST = "driver-lost"
     HANDED_OVER = "handed-over"
     JOURNAL_DEFERRED = "journal-deferred"
-    # -- what the host reports (runs/hostboot.py, agent_reports.py, health_view.py, oom_move.py) ----
+    # -- what the host reports (runs/driving/hostboot.py, agent_reports.py, health_view.py, oom_move.py) ----
     BOOT_FAILED = "boot-failed"
     HOST_FAILED = "host-failed"
     STORE_UNREACHABLE = "store-unreachable"
@@ -57,7 +57,7 @@ class Kind(StrEnum):
     OUT_OF_MEMORY = "out-of-memory"
     HEALTH_ACTION = "health-action"  # the host acted on a verdict (sdcloud_agent/health_act.py)
     HEALTH_RECHECK = "health-recheck"  # judged again after that action
-    THROTTLE_MOVE = "throttle-move"  # a throttled host weighed against a fresh one (runs/oom_move.py)
+    THROTTLE_MOVE = "throttle-move"  # a throttled host weighed against a fresh one (runs/driving/oom_move.py)
     # -- the fleet: hosts launched, checked, ended (fleet/) ----------------------------------------
     LAUNCHING = "launching"
     LAUNCHED = "launched"
@@ -132,7 +132,7 @@ def parse(kind: str) -> Kind | str:
 
 def identity(time: float, kind: str, data: dict | None) -> str:
     """An event's identity: a digest of its kind, fields and the time it happened (not when it was
-    copied). The journal writes and restores by it (runs/journal.py), so a copy of an event that
+    copied). The journal writes and restores by it (runs/records/journal.py), so a copy of an event that
     reached the bucket twice, or was restored by several drivers, is one event."""
     import hashlib
     import json
@@ -172,7 +172,7 @@ HOST = frozenset({Kind.BOOT_FAILED, Kind.HOST_FAILED, Kind.HOST_STARTED, Kind.RE
                   Kind.SELF_ENDED})
 
 # Routine steps: `logs` tells them in words, the live view (`up`, `watch`) only under -v, so that a
-# run's screen holds what a user acts on (runs/progress_view.py).
+# run's screen holds what a user acts on (verbs/progress_view.py).
 ROUTINE = frozenset({Kind.PROGRESS, Kind.INPUTS_STAGED, Kind.PULLED, Kind.RETRY, Kind.QUOTE, Kind.HOST_STARTED,
                      Kind.STORE_CREDENTIALS, Kind.STORE_CREDENTIALS_RENEWED, Kind.REPRICED, Kind.SSH_RETRY,
                      Kind.RECONCILE, Kind.ADOPTED, Kind.BATCH_SUBMITTED, Kind.WORKER_STARTED, Kind.WORKER_EXITED})
@@ -272,7 +272,7 @@ FIELDS: dict[Kind, Fields] = {
 # -- words: how `watch`, `logs` and `status` tell each kind to a user ------------------------------
 # Every kind has words (tests/test_event_words.py); `kind key=value ...` is -v's. The health kinds' words
 # (HEALTH, OOM_RETRY, OUT_OF_MEMORY, HEALTH_ACTION, HEALTH_RECHECK, THROTTLE_MOVE) are
-# runs/health_view.py's, which knows the health figures.
+# runs/driving/health_view.py's, which knows the health figures.
 
 
 def _attempt(data: dict) -> str:

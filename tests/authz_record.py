@@ -1,6 +1,6 @@
 """Records the AWS API calls made in a test process, each with the principal that makes it in production.
 
-The principal is read off the call's stack: the cloud driver's handler (sdcloud.runs.unattended)
+The principal is read off the call's stack: the cloud driver's handler (sdcloud.driver.unattended)
 anywhere on it makes it the function's role; else the outermost sdcloud code decides (the control
 plane calls the agent's store too, and is still the user): the agent's batch worker
 (sdcloud_agent.batch) and the agent (sdcloud_agent) hold the host role; the controller's run code
@@ -29,7 +29,7 @@ from pathlib import Path
 
 # (module prefix, principal), the more specific first: the outermost sdcloud frame's module takes
 # the first prefix that names it.
-DRIVER = "sdcloud.runs.unattended"
+DRIVER = "sdcloud.driver.unattended"
 PRINCIPALS = (
     ("sdcloud_agent.batch", "batch-worker"),
     ("sdcloud_agent", "host"),

@@ -84,11 +84,11 @@ def _driver_step(tmp_path, monkeypatch, stack: dict) -> tuple[list[Call], str]:
     from sdcloud.offers.optimizer import Offer
     from sdcloud.providers import get_provider
     from sdcloud.providers.base import LaunchSpec
-    from sdcloud.runs.driver import DriverLease
-    from sdcloud.runs.journal import Journal, restore
-    from sdcloud.runs.state import StateStore
-    from sdcloud.runs.store import open_run_store
-    from sdcloud.runs.unattended import live_runs
+    from sdcloud.runs.records.lease import DriverLease
+    from sdcloud.runs.records.journal import Journal, restore
+    from sdcloud.runs.records.state import StateStore
+    from sdcloud.runs.records.store import open_run_store
+    from sdcloud.driver.unattended import live_runs
     from sdcloud_agent import wheel
 
     with mock_aws():

@@ -21,7 +21,7 @@ from sdcloud.cli import main, root
 from sdcloud.offers.optimizer import Offer
 from sdcloud.providers import get_provider
 from sdcloud.providers.base import TAG_RUN, LaunchSpec
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.records.state import StateStore
 
 REGION = "us-east-1"
 AMI = "ami-12c6146b"  # one of moto's stock images

@@ -97,7 +97,7 @@ def test_a_mainland_host_boots_from_the_mirrors_and_the_bucket_alone_then_restor
     from fake_hub import FakeHub
     from test_limits import CLOUDS, key_problems
 
-    from sdcloud.runs.hostboot import cloud_user_data
+    from sdcloud.runs.driving.hostboot import cloud_user_data
     from sdcloud_agent.store import open_store
     from sdcloud_agent.trainers import tiny
 
@@ -204,7 +204,7 @@ def test_an_image_with_python_310_gets_the_distributions_python311(tmp_path, hos
     that the boot stops at the next phase, with python's result recorded."""
     import re
 
-    from sdcloud.runs.hostboot import cloud_user_data
+    from sdcloud.runs.driving.hostboot import cloud_user_data
 
     endpoint, store, host_key, host_secret = host_policy_bucket
     bucket = "bare-root-policy"
@@ -268,7 +268,7 @@ def test_a_failed_boot_ends_its_host_after_the_grace(tmp_path, host_policy_bucke
     image's python3 is Ubuntu 22.04's 3.10: the boot client and the self-end run under it."""
     import time
 
-    from sdcloud.runs.hostboot import cloud_user_data
+    from sdcloud.runs.driving.hostboot import cloud_user_data
 
     endpoint, store, host_key, host_secret = host_policy_bucket
     bucket = "bare-root-policy"

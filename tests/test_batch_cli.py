@@ -88,7 +88,7 @@ def _wait(pred, timeout: float, what: str):
 
 
 def _job_state(job: str) -> dict:
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     return StateStore().get_run(job)
 
@@ -99,7 +99,7 @@ def _kill_one_worker_mid_item(job: str, timeout: float = 300) -> int:
     The lease names its worker (`<job>-w<n>`), and the pool's `worker-started` events map n to a pid,
     so the worker killed is the one inside an item, whichever of the K it is."""
     from sdcloud.batch import jobs
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     def holding():
         run = jobs.find_job(job)

@@ -21,9 +21,9 @@ from sdcloud.batch import jobs
 from sdcloud.batch.controller import BatchController
 from sdcloud.errors import UserError
 from sdcloud.fleet.lifecycle import Timing
-from sdcloud.runs.controller import store_url
-from sdcloud.runs.spec import RunSpec
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.driving.controller import store_url
+from sdcloud.runs.inputs.spec import RunSpec
+from sdcloud.runs.records.state import StateStore
 
 
 class RecordingCloud(CloudDouble):

@@ -22,7 +22,7 @@ from test_batch_cloud_schedule import Hosts
 from sdcloud.batch.controller import BatchController
 from sdcloud.cli import main
 from sdcloud.fleet.lifecycle import Timing
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.records.state import StateStore
 
 TIMING = Timing(0.01, 60, 60)
 

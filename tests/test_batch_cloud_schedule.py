@@ -76,7 +76,7 @@ def aws(moto_server, monkeypatch, sdcloud_home):
                  "AWS_ENDPOINT_URL": moto_server}.items():
         monkeypatch.setenv(k, v)
     boto3.client("s3").create_bucket(Bucket=BUCKET)
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     StateStore().save_infra("aws", "", INFRA)  # what `sdcloud infra up --provider aws` left on the laptop
     return boto3
@@ -92,7 +92,7 @@ def test_a_batch_job_submitted_by_a_cloud_schedule_finishes_exactly_once_with_th
         aws, tmp_path, monkeypatch, capsys, sdcloud_home):
     from sdcloud.cli import main
     from sdcloud.providers import get_provider
-    from sdcloud.runs import unattended
+    from sdcloud.driver import unattended
     from sdcloud_agent.batch.verify import verify
     from sdcloud_agent.store import open_store
 
@@ -170,7 +170,7 @@ def test_a_batch_job_submitted_by_a_cloud_schedule_finishes_exactly_once_with_th
     v = verify(store, prefix)
     assert v.ok and v.images_present == v.images_expected == 16, v
     from sdcloud.batch import journal
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore(tmp_path / "third" / "state.db")
     row = journal.restore(state, store, job)

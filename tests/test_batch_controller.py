@@ -14,7 +14,7 @@ from test_fleet import CloudDouble
 from sdcloud.batch import jobs
 from sdcloud.batch.controller import BatchController
 from sdcloud.fleet.lifecycle import Timing
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.records.state import StateStore
 from sdcloud_agent.batch import layout
 from sdcloud_agent.batch.verify import verify
 from sdcloud_agent.store import LocalStore

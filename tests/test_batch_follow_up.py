@@ -88,7 +88,7 @@ def test_verify_of_a_cancelled_job_is_incomplete_not_failed(capsys, tmp_path, sd
 
 
 def test_batch_watch_notices_a_dead_driver(capsys, tmp_path, sdcloud_home):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     job = _submit(tmp_path)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -103,7 +103,7 @@ def test_batch_watch_notices_a_dead_driver(capsys, tmp_path, sdcloud_home):
 @pytest.mark.slow
 def test_resume_keeps_the_worker_a_dead_driver_left_running(capsys, tmp_path, sdcloud_home):
     from sdcloud.batch import jobs
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     job = _submit(tmp_path, n=6, workers=1, delay=0.4)
     driver = jobs.detach(job)

@@ -18,11 +18,12 @@ from test_batch_controller import _finish
 from sdcloud.batch.controller import BatchController
 from sdcloud.batch.journal import Carried
 from sdcloud.fleet.lifecycle import Timing
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.records.state import StateStore
 
 
 def test_the_cloud_driver_finishes_a_job_whose_laptop_went_away(tmp_path, monkeypatch):
-    from sdcloud.runs import driver as driver_mod, unattended
+    from sdcloud.runs.records import lease as driver_mod
+    from sdcloud.driver import unattended
 
     monkeypatch.setattr(driver_mod, "MIN_LEASE_SECONDS", 1.0)  # a minute in production
     job, store = _submit(tmp_path, "aws", prompts=6, workers=2)
@@ -58,8 +59,9 @@ def test_the_cloud_driver_finishes_a_job_whose_laptop_went_away(tmp_path, monkey
 
 
 def test_one_jobs_failing_step_is_reported_and_the_others_go_on(tmp_path, monkeypatch):
-    from sdcloud.batch import journal, unattended as batch_unattended
-    from sdcloud.runs import unattended
+    from sdcloud.batch import journal
+    from sdcloud.driver import batch_jobs as batch_unattended
+    from sdcloud.driver import unattended
 
     good, store = _submit(tmp_path, "aws", prompts=2, workers=1)
     bad, _ = _submit(tmp_path, "aws", prompts=2, workers=1)

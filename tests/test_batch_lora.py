@@ -54,8 +54,8 @@ def test_lora_changes_the_images_and_its_identity_is_its_content(tmp_path):
 def _fake_run(run_id: str, state: str, lora: bytes | None) -> None:
     """A training run row in the state store and, if given, its LoRA artifact in the run's bucket."""
     from sdcloud import config
-    from sdcloud.runs.spec import RunSpec
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.inputs.spec import RunSpec
+    from sdcloud.runs.records.state import StateStore
 
     st = StateStore()
     st.create_run(run_id, "sd15-lora", RunSpec(tier="sd15-lora", provider="local").as_dict(), 10)
@@ -82,7 +82,7 @@ def test_lora_run_that_cannot_serve_is_refused_at_submit(capsys, tmp_path, state
                "--prompts", str(prompts), "--lora", "r-0badbeef"])
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     assert not [r for r in StateStore().list_runs() if r["spec"].get("kind") == "batch"], "nothing was submitted"
 
@@ -97,7 +97,7 @@ def _run_job(job_id: str) -> dict[str, bytes]:
     from sdcloud_agent.batch.worker import Worker
 
     from sdcloud.batch.jobs import find_job
-    from sdcloud.runs.store import open_run_store
+    from sdcloud.runs.records.store import open_run_store
 
     spec = find_job(job_id)["spec"]
     store = open_run_store(spec["store"])
@@ -112,7 +112,7 @@ def test_lora_run_is_fetched_by_the_worker_and_named_in_the_image_keys(tmp_path)
     import json
 
     from sdcloud.batch.jobs import SubmitOptions, submit
-    from sdcloud.runs.store import open_run_store
+    from sdcloud.runs.records.store import open_run_store
 
     lora = _lora_file(tmp_path / "trained").read_bytes()
     _fake_run("r-1a2b3c4d", "succeeded", lora)

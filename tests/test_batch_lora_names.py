@@ -10,8 +10,8 @@ from sdcloud.cli import main
 
 def _succeeded_run(run_id: str, name: str, lora: bytes) -> None:
     from sdcloud import config
-    from sdcloud.runs.spec import RunSpec
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.inputs.spec import RunSpec
+    from sdcloud.runs.records.state import StateStore
 
     st = StateStore()
     st.create_run(run_id, "sd15-lora", RunSpec(tier="sd15-lora", provider="local").as_dict(), 10, name=name)
@@ -43,6 +43,6 @@ def test_unknown_lora_name_is_one_line_pointing_to_status(capsys, tmp_path):
         err = capsys.readouterr().err
         assert rc == 2 and len(err.strip().splitlines()) == 1, err
         assert "see: sdcloud status" in err and "sdcloud list" not in err
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     assert StateStore().list_runs() == [], "nothing was submitted"

@@ -14,7 +14,7 @@ def _job(tmp_path: Path, lora: str | None) -> str:
     from sdcloud_agent.batch.worker import Worker
 
     from sdcloud.batch.jobs import SubmitOptions, find_job, submit
-    from sdcloud.runs.store import open_run_store
+    from sdcloud.runs.records.store import open_run_store
 
     prompts = tmp_path / "p.txt"
     prompts.write_text("a red cube\n")

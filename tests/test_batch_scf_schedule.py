@@ -20,7 +20,7 @@ INFRA = {"bucket": "sd-1250000000", "region": "ap-guangzhou", "driver_function":
 
 @pytest.fixture
 def scf(monkeypatch, tmp_path, sdcloud_home):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     bucket = tmp_path / "bucket"
     bucket.mkdir()
@@ -45,7 +45,7 @@ def _add(tmp_path, *extra: str) -> int:
 
 def test_a_tencent_schedule_is_an_scf_timer_that_submits_its_job_once(scf, tmp_path, monkeypatch, capsys, sdcloud_home):
     from sdcloud.cli import main
-    from sdcloud.runs import unattended
+    from sdcloud.driver import unattended
 
     srv, bucket = scf
     assert _add(tmp_path, "--cron", "30 2 * * 1-7") == 0

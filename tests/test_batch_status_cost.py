@@ -12,7 +12,7 @@ from sdcloud.cli import main
 
 def test_local_pool_hosts_are_counted_and_priced(tmp_path, sdcloud_home, capsys):
     from sdcloud.batch import jobs
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     sdcloud_home.mkdir(parents=True, exist_ok=True)
     (sdcloud_home / "config.toml").write_text("[local]\nprice_per_hour = 36.0\n")  # a cent a second
@@ -60,7 +60,7 @@ def test_a_job_whose_on_demand_price_is_unknown_claims_no_savings(sdcloud_home):
     from sdcloud.costs.job_terms import in_job_terms
     from sdcloud.costs.ledger import run_cost
     from sdcloud.costs.report import build_report
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     state.create_run("b-0000cafe", "batch-sd15", {"kind": "batch", "provider": "local", "images": 10}, 10)

@@ -76,8 +76,8 @@ def test_failed_boots_end_attempts_then_the_run(moto_server, seaweed, monkeypatc
 
     from sdcloud.cli import main
     from sdcloud.providers import get_provider
-    from sdcloud.runs.controller import Controller, Timing, new_run_id
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import Controller, Timing, new_run_id
+    from sdcloud.runs.records.state import StateStore
 
     poll = 0.5
     try:

@@ -46,7 +46,7 @@ def test_tiers_names_are_never_split(capsys, monkeypatch, sdcloud_home, width):
 
 @pytest.mark.parametrize("width", [80, 100])
 def test_status_keeps_run_ids_whole(capsys, monkeypatch, sdcloud_home, width):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     ids = []
@@ -87,7 +87,7 @@ def test_names_are_case_insensitive_with_did_you_mean(capsys, sdcloud_home):
     assert rc == 2 and "did you mean sdxl-lora" in err
     rc, _, err = run_cli(capsys, "up", "--tier", "sd15-lora", "--provider", "locl")
     assert rc == 2 and "did you mean local" in err
-    from sdcloud.runs.spec import build_spec
+    from sdcloud.runs.inputs.spec import build_spec
 
     assert build_spec(None, {"tier": "SD15-LORA", "provider": "Local"}).provider == "local"
 
@@ -101,7 +101,7 @@ def test_down_all_asks_first(capsys, sdcloud_home, monkeypatch):
     from click.testing import CliRunner
 
     from sdcloud.cli import root
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     state.create_run("r-aaaa0001", "sd15-lora", {"tier": "sd15-lora", "provider": "local"}, 10)
@@ -127,7 +127,7 @@ def test_metavars_say_what_a_value_is(capsys):
 
 def test_completion_names_tiers_providers_and_runs(sdcloud_home):
     from sdcloud.commands.common import complete_providers, complete_runs, complete_tiers
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     StateStore().create_run("r-cafe0001", "sd15-lora", {"tier": "sd15-lora"}, 10, name="cats")
     assert complete_tiers(None, None, "sdxl") == ["sdxl-lora", "sdxl-dreambooth", "sdxl-finetune"]
@@ -150,7 +150,7 @@ def test_config_defaults_fill_what_was_not_given(capsys, sdcloud_home):
 
 
 def test_events_are_shown_at_their_own_time_in_plain_words(capsys):
-    from sdcloud.runs.progress_view import ProgressView
+    from sdcloud.verbs.progress_view import ProgressView
 
     view = ProgressView(40, quiet=False, clock=lambda: 1_800_000_000.0)
     happened = time.mktime((2026, 12, 1, 3, 4, 5, 0, 0, -1))
@@ -164,7 +164,7 @@ def test_events_are_shown_at_their_own_time_in_plain_words(capsys):
 
 
 def test_piped_progress_prints_a_line_a_minute(capsys):
-    from sdcloud.runs.progress_view import ProgressView
+    from sdcloud.verbs.progress_view import ProgressView
 
     now = [1000.0]
     view = ProgressView(100, quiet=False, clock=lambda: now[0])
@@ -177,7 +177,7 @@ def test_piped_progress_prints_a_line_a_minute(capsys):
 
 
 def test_logs_merge_controller_and_attempts_in_time_order(capsys, sdcloud_home, tmp_path):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     bucket = tmp_path / "bucket"
     state = StateStore()
@@ -250,7 +250,7 @@ def populated(sdcloud_home, tmp_path):
     """A state store with what a user accumulates: training runs on AWS and Tencent (reclaimed, on-demand,
     succeeded), one that never launched, a batch job, and a schedule."""
     from sdcloud.batch import jobs, schedules
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     aws = _row("aws", "us-east-1", "us-east-1a", "g5.xlarge", "A10G", 1.006, 0.40)

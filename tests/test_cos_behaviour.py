@@ -18,7 +18,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from sdcloud.providers.tencent import storage as cos
-from sdcloud.runs.store import open_run_store
+from sdcloud.runs.records.store import open_run_store
 from sdcloud_agent import manifest as mf
 from sdcloud_agent.store import StoreError, open_store
 from sdcloud_agent.sync import CheckpointSync
@@ -190,8 +190,8 @@ def test_both_stores_list_and_delete_past_1000_keys(cos_env, side):
 
 
 def test_the_controller_reports_each_pruning_failure_once():
-    from sdcloud.runs.agent_reports import PRUNE_FAILED, report_agent_problems
-    from sdcloud.runs.owner import Memo
+    from sdcloud.runs.driving.agent_reports import PRUNE_FAILED, report_agent_problems
+    from sdcloud.runs.driving.owner import Memo
 
     events: list[tuple[str, dict]] = []
     controller = type("Controller", (), {"event": lambda self, kind, data: events.append((kind, data)),

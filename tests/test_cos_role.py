@@ -14,8 +14,8 @@ from botocore.config import Config
 from cos_layer import CosLayer
 from servers import SeaweedS3
 
-from sdcloud.runs.controller import store_url
-from sdcloud.runs.spec import RunSpec
+from sdcloud.runs.driving.controller import store_url
+from sdcloud.runs.inputs.spec import RunSpec
 from sdcloud_agent.store import open_store
 
 

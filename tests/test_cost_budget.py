@@ -47,9 +47,9 @@ def test_warnings_once_each_at_50_and_80_percent():
 
 
 def test_controller_logs_each_warning_once_across_restarts():
-    from sdcloud.runs.budget_watch import budget_warnings
-    from sdcloud.runs.controller import Controller
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.budget_watch import budget_warnings
+    from sdcloud.runs.driving.controller import Controller
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     state.create_run("r-budget", "sd15-lora", {"tier": "sd15-lora", "provider": "local", "budget": 10.0}, 10)

@@ -18,7 +18,7 @@ from sdcloud.costs import ledger
 from sdcloud.events import Kind
 from sdcloud.offers.catalog import CatalogRow
 from sdcloud.offers.optimizer import Offer
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.records.state import StateStore
 from sdcloud_agent.store import open_store
 
 T0 = datetime(2026, 11, 9, 0, 0, tzinfo=timezone.utc).timestamp()

@@ -21,7 +21,7 @@ from sdcloud.cli import main  # noqa: E402
 from sdcloud.costs import ledger  # noqa: E402
 from sdcloud.offers.catalog import CatalogRow  # noqa: E402
 from sdcloud.offers.optimizer import Offer  # noqa: E402
-from sdcloud.runs.state import StateStore  # noqa: E402
+from sdcloud.runs.records.state import StateStore  # noqa: E402
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=timezone.utc).timestamp()
 PRICE = 0.05  # USD per hour, the [local] price of the machine

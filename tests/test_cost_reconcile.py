@@ -15,7 +15,7 @@ from sdcloud.cli import main
 from sdcloud.costs import ledger
 from sdcloud.offers.catalog import CatalogRow
 from sdcloud.offers.optimizer import Offer
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.records.state import StateStore
 
 NOW = time.time()
 START, END = NOW - 7200, NOW - 3600

@@ -16,7 +16,7 @@ from sdcloud.cli import main
 from sdcloud.costs import ledger
 from sdcloud.offers.catalog import CatalogRow
 from sdcloud.offers.optimizer import Offer
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.records.state import StateStore
 from sdcloud_agent.store import open_store
 
 T0 = datetime(2026, 11, 2, 0, 0, tzinfo=timezone.utc).timestamp()
@@ -259,7 +259,7 @@ def test_egress_is_a_run_item_that_adds_up(costed_run, capsys):
 
 
 def test_end_of_run_summary_uses_the_ledger(costed_run):
-    from sdcloud.runs.controller import summary
+    from sdcloud.runs.driving.controller import summary
 
     state, run_id, _ = costed_run
     s = summary(state, run_id)

@@ -10,7 +10,7 @@ from sdcloud.providers.traits import traits
 
 
 def _run(tmp_path, takeovers: list[str]):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore(tmp_path / "state.db")
     state.create_run("run-d", "sd15-lora", {"provider": "aws", "region": "us-east-1", "tier": "sd15-lora"}, 10)

@@ -1,5 +1,5 @@
-"""The cloud driver as a schedule calls it, many times (sdcloud.runs.unattended, runs/driver.py,
-runs/journal.py): one driver per decision, one record per event.
+"""The cloud driver as a schedule calls it, many times (sdcloud.driver.unattended, runs/records/lease.py,
+runs/records/journal.py): one driver per decision, one record per event.
 
 A run is driven by the Lambda handler alone, called as EventBridge Scheduler calls it, tick after
 tick, each invocation from an empty $SDCLOUD_HOME (a function's /tmp) and with its own request id;
@@ -135,9 +135,9 @@ def test_fifty_invocations_record_each_event_once_and_act_once(moto_server, aws_
 
     from sdcloud.cli import main
     from sdcloud.providers import get_provider
-    from sdcloud.runs import unattended
-    from sdcloud.runs.journal import Journal, bucket_events, events_prefix
-    from sdcloud.runs.state import StateStore
+    from sdcloud.driver import unattended
+    from sdcloud.runs.records.journal import Journal, bucket_events, events_prefix
+    from sdcloud.runs.records.state import StateStore
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
     clock = Clock()
@@ -157,7 +157,7 @@ def test_fifty_invocations_record_each_event_once_and_act_once(moto_server, aws_
     # The AWS provider the function builds from the run's spec, with moto's image (one for every
     # invocation: its clients are boto3's, which threads share; only a lease holder uses it).
     provider = get_provider("aws", image_id="ami-12c6146b", region="us-east-1", regions=["us-east-1"])
-    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: provider)
+    monkeypatch.setattr("sdcloud.runs.driving.controller.get_provider", lambda name, **kw: provider)
 
     def poll(seconds: float) -> None:
         clock.advance(seconds)

@@ -1,4 +1,4 @@
-"""The run's driver lease (sdcloud.runs.driver): each invocation of the cloud function is a driver of its
+"""The run's driver lease (sdcloud.runs.records.lease): each invocation of the cloud function is a driver of its
 own, a parked lease passes to the function's next invocation only, racing claimers have one winner on
 both store dialects (compare-and-swap, and COS's one object per term, whose old terms are deleted),
 a driver that lost the lease launches and ends nothing, and `holder` says who drives."""
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from sdcloud.runs import driver as drv
+from sdcloud.runs.records import lease as drv
 from sdcloud_agent.store import LocalStore
 
 
@@ -121,14 +121,14 @@ def test_a_driver_that_lost_the_lease_launches_and_ends_nothing(tmp_path):
 
 
 def test_the_background_controller_says_it_is_one(tmp_path, monkeypatch):
-    """`sdcloud up --detach` runs `python -m sdcloud.runs.controller`: its lease says it is the daemon."""
+    """`sdcloud up --detach` runs `python -m sdcloud.runs.driving.controller`: its lease says it is the daemon."""
     import sys
     import types
     from importlib.machinery import ModuleSpec
 
     store = LocalStore(tmp_path / "bucket")
     daemon_main = types.ModuleType("__main__")
-    daemon_main.__spec__ = ModuleSpec("sdcloud.runs.controller", None)
+    daemon_main.__spec__ = ModuleSpec("sdcloud.runs.driving.controller", None)
     monkeypatch.setitem(sys.modules, "__main__", daemon_main)
     assert drv.DriverLease(store, "r-5", 5.0, "laptop-a:77").acquire()
     monkeypatch.undo()

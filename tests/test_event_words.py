@@ -8,8 +8,8 @@ import pytest
 
 from sdcloud import events
 from sdcloud.events import FIELDS, ROUTINE, WORDS, Kind
-from sdcloud.runs import health_view
-from sdcloud.runs.progress_view import plain
+from sdcloud.runs.driving import health_view
+from sdcloud.verbs.progress_view import plain
 
 # A value of the shape the code that records each field writes.
 SAMPLE = {"attempt": 2, "step": 120, "total": 400, "from_step": 100, "lost_steps": 20, "it_per_s": 1.7, "pct": 80,
@@ -42,8 +42,8 @@ def test_each_kind_is_told_in_words_from_its_fields(kind):
 
 
 def test_logs_tell_controller_events_in_words_and_keep_the_reclaim_notice_name(sdcloud_home, tmp_path):
-    from sdcloud.runs.logs import log_records
-    from sdcloud.runs.state import StateStore
+    from sdcloud.verbs.logs import log_records
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     (tmp_path / "b").mkdir()
@@ -62,7 +62,7 @@ def test_logs_tell_controller_events_in_words_and_keep_the_reclaim_notice_name(s
 
 def test_the_live_view_leaves_routine_kinds_to_verbose(capsys, monkeypatch):
     from sdcloud import render
-    from sdcloud.runs.progress_view import ProgressView
+    from sdcloud.verbs.progress_view import ProgressView
 
     monkeypatch.setattr(render, "VERBOSITY", 0)
     view = ProgressView(total=40, quiet=False, clock=lambda: 0.0)

@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 from sdcloud.fleet.candidates import zone_key
 from sdcloud.fleet.lifecycle import Fleet, Progress, Timing
 from sdcloud.providers.base import RUNNING, TAG_TOKEN, TERMINATED, Instance
-from sdcloud.runs.controller import Controller
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.driving.controller import Controller
+from sdcloud.runs.records.state import StateStore
 from sdcloud.spot.policy import get_policy
 
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]

@@ -37,12 +37,12 @@ FUNCTIONS = fp.runtimes()
 PROBE = r"""
 import json, os, sys, sysconfig
 import sdcloud_driver
-from sdcloud.runs import unattended
+from sdcloud.driver import unattended
 out = {"python": list(sys.version_info[:2]),
        "lambda": unattended.handler({"sdcloud": "drive"}, None),
        "scf": sdcloud_driver.main_handler({"Type": "Timer", "TriggerName": "t", "Time": "", "Message": ""},
                                           {"time_limit_in_ms": 60000})}
-import sdcloud.runs.controller, sdcloud.runs.journal, sdcloud.runs.driver, sdcloud.runs.hostboot
+import sdcloud.runs.driving.controller, sdcloud.runs.records.journal, sdcloud.runs.records.lease, sdcloud.runs.driving.hostboot
 import sdcloud.providers.aws.compute as aws_compute, sdcloud.providers.tencent.compute as tc_compute
 import sdcloud.providers.tencent.storage, sdcloud.costs.ledger, sdcloud.spot.policy, sdcloud.offers.tiers
 import boto3
@@ -233,9 +233,9 @@ def test_scf_s_entry_drives_a_live_run_under_scf_s_python(package, tmp_path, mon
     from tencent_fake import SECRET_ID, SECRET_KEY, FakeServer
 
     from sdcloud.providers.traits import traits
-    from sdcloud.runs.controller import new_run_id
-    from sdcloud.runs.journal import Journal, restore
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import new_run_id
+    from sdcloud.runs.records.journal import Journal, restore
+    from sdcloud.runs.records.state import StateStore
     from sdcloud_agent.store import LocalStore
 
     _, task = package
@@ -275,7 +275,7 @@ def test_scf_s_entry_drives_a_live_run_under_scf_s_python(package, tmp_path, mon
 # Lambda's handler as EventBridge Scheduler invokes it, once, with a context as Lambda passes one.
 LAMBDA_STEP = r"""
 import json, sys, time
-from sdcloud.runs import unattended
+from sdcloud.driver import unattended
 
 
 class Context:
@@ -298,9 +298,9 @@ def test_lambda_s_handler_drives_a_live_run_under_lambda_s_python(package, tmp_p
     import boto3
 
     from sdcloud.providers.traits import traits
-    from sdcloud.runs.controller import new_run_id
-    from sdcloud.runs.journal import Journal, restore
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import new_run_id
+    from sdcloud.runs.records.journal import Journal, restore
+    from sdcloud.runs.records.state import StateStore
     from sdcloud_agent.store import LocalStore
 
     _, task = package
@@ -367,8 +367,8 @@ def _third_party_imports(paths: list[Path]) -> set[str]:
 
 def test_the_modules_a_step_runs_import_nothing_undeclared_at_module_level():
     """The step's own modules' top-level imports are all in the package (lazy ones are checked by running it)."""
-    step_modules = ["sdcloud/runs/unattended.py", "sdcloud/runs/controller.py", "sdcloud/runs/journal.py",
-                    "sdcloud/runs/driver.py", "sdcloud/runs/store.py", "sdcloud/providers/aws/compute.py",
+    step_modules = ["sdcloud/driver/unattended.py", "sdcloud/runs/driving/controller.py", "sdcloud/runs/records/journal.py",
+                    "sdcloud/runs/records/lease.py", "sdcloud/runs/records/store.py", "sdcloud/providers/aws/compute.py",
                     "sdcloud/providers/tencent/compute.py"]
     step_modules += [f"bootstrap/sdcloud_agent/store/{m}.py" for m in ("__init__", "base", "faults", "local", "s3")]
     imported = _third_party_imports([ROOT / m for m in step_modules])

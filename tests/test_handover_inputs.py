@@ -1,4 +1,4 @@
-"""Everything a run needs is in its bucket before it is handed over (sdcloud.runs.inputs).
+"""Everything a run needs is in its bucket before it is handed over (sdcloud.runs.inputs.staging).
 
 A user's run as users make it: a dataset folder of images and captions, a local model file, and a
 config.toml whose [network] mirror and [hosts] grace must reach every host. The laptop hands the run
@@ -82,10 +82,11 @@ def test_a_handed_over_run_launches_from_the_bucket_with_the_laptops_settings(tm
     """`up --unattended` hands the run over at once; a laptop controller that was killed after it
     launched passes it on when its lease lapses (then the first host is reclaimed, and the function
     relaunches it). Either way the function launches from the bucket, under the laptop's settings."""
-    from sdcloud.runs import driver as driver_mod, unattended
-    from sdcloud.runs.controller import Controller
-    from sdcloud.runs.journal import Journal
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records import lease as driver_mod
+    from sdcloud.driver import unattended
+    from sdcloud.runs.driving.controller import Controller
+    from sdcloud.runs.records.journal import Journal
+    from sdcloud.runs.records.state import StateStore
 
     sdcloud_home.mkdir(parents=True, exist_ok=True)
     (sdcloud_home / "config.toml").write_text(f'[network]\npip_index_url = "{MIRROR}"\n\n[hosts]\nself_end_grace = "7m"\n')
@@ -97,7 +98,7 @@ def test_a_handed_over_run_launches_from_the_bucket_with_the_laptops_settings(tm
     laptop = StateStore()
     laptop.create_run("r-hand0001", "sd15-lora", spec, 100)
     cloud = Recording()
-    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: cloud)
+    monkeypatch.setattr("sdcloud.runs.driving.controller.get_provider", lambda name, **kw: cloud)
     if how == "up-unattended":
         Controller(laptop, "r-hand0001", provider=cloud).hand_over()
     else:
@@ -169,8 +170,8 @@ def test_a_handed_over_run_launches_from_the_bucket_with_the_laptops_settings(tm
 def test_a_run_whose_dataset_cannot_be_staged_is_not_handed_over(tmp_path, monkeypatch, sdcloud_home):
     """The hand-over stages first: a model file that vanished refuses it, and the journal lists nothing."""
     from sdcloud.errors import UserError
-    from sdcloud.runs.controller import Controller
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import Controller
+    from sdcloud.runs.records.state import StateStore
 
     ds, model = _user_inputs(tmp_path / "laptop")
     bucket = tmp_path / "bucket"
@@ -190,10 +191,10 @@ def test_a_mainland_run_carries_its_trainer_sources_before_the_hand_over(tmp_pat
     """A Tencent mainland run's hosts take kohya's sources from the bucket only: the laptop carries them
     when it hands the run over, and the function (no archive in its home, no GitHub) launches with them
     already there."""
-    from sdcloud.runs import unattended
-    from sdcloud.runs.controller import Controller
-    from sdcloud.runs.carry import cache_dir
-    from sdcloud.runs.state import StateStore
+    from sdcloud.driver import unattended
+    from sdcloud.runs.driving.controller import Controller
+    from sdcloud.runs.inputs.carry import cache_dir
+    from sdcloud.runs.records.state import StateStore
     from sdcloud_agent import scripts
     from test_mainland_network import KOHYA, fake_kohya_archive
 
@@ -207,7 +208,7 @@ def test_a_mainland_run_carries_its_trainer_sources_before_the_hand_over(tmp_pat
         "trainer_args": {"network_module": "networks.lora"}}, 100)
     fake_kohya_archive(cache_dir() / f"kohya-{KOHYA[:12]}.tar")
     cloud = Recording()
-    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: cloud)
+    monkeypatch.setattr("sdcloud.runs.driving.controller.get_provider", lambda name, **kw: cloud)
     Controller(laptop, "r-ma1n0001", provider=cloud).hand_over()
     assert store.head(f"cache/trainers/kohya-{KOHYA[:12]}.tar") is not None, "carried before the hand-over"
     staged = [e["data"] for e in laptop.events("r-ma1n0001") if e["kind"] == "inputs-staged"]

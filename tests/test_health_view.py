@@ -1,5 +1,5 @@
 """The host's health and its out-of-memory retries as `sdcloud status` and `watch` show them
-(sdcloud/runs/health_view.py): recorded by the controller from status.json, read by the summary."""
+(sdcloud/runs/driving/health_view.py): recorded by the controller from status.json, read by the summary."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from sdcloud.runs import health_view
-from sdcloud.runs.owner import Memo
+from sdcloud.runs.driving import health_view
+from sdcloud.runs.driving.owner import Memo
 
 IO_BOUND = {"verdict": "io-bound", "why": "GPU 23% busy while the trainer waits for data 64% of each step",
             "gpu_util": 23.0, "data_wait_pct": 64.0, "throttle_pct": 0.0, "throttle_reasons": [], "samples": 9}
@@ -46,8 +46,8 @@ def test_the_health_line_names_gpu_data_wait_throttling_and_oom_retries():
 
 def test_status_shows_the_health_line_and_status_json_carries_it(sdcloud_home, capsys):
     from sdcloud.cli import main
-    from sdcloud.runs.spec import RunSpec
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.inputs.spec import RunSpec
+    from sdcloud.runs.records.state import StateStore
 
     st = StateStore()
     st.create_run("r-0000heal", "sd15-lora", RunSpec(tier="sd15-lora", provider="local").as_dict(), 100)
@@ -65,7 +65,7 @@ def test_status_shows_the_health_line_and_status_json_carries_it(sdcloud_home, c
 
 
 def test_watch_tells_each_rung_and_verdict_in_plain_words():
-    from sdcloud.runs.progress_view import plain
+    from sdcloud.verbs.progress_view import plain
 
     assert plain("oom-retry", {"attempt": 2, "n": 1, "rung": "gradient-checkpointing", "resume_step": 40,
                                "change": "gradient checkpointing on", "peak_gb": 14.9}) == (
@@ -78,8 +78,8 @@ def test_watch_tells_each_rung_and_verdict_in_plain_words():
 
 def test_status_json_says_unknown_with_nulls_before_sampling_and_no_verdict_after_an_exit(sdcloud_home, capsys):
     from sdcloud.cli import main
-    from sdcloud.runs.spec import RunSpec
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.inputs.spec import RunSpec
+    from sdcloud.runs.records.state import StateStore
     from sdcloud_agent import health
 
     st = StateStore()
@@ -119,7 +119,7 @@ def test_each_health_action_and_its_recheck_is_one_event_in_plain_words():
             "after_verdict": "healthy", "still": False}
     health_view.note(c, 1, {"health_actions": [done]}, now=3.0)
     assert [k for k, _ in c.events] == ["health-action", "health-recheck"]
-    from sdcloud.runs.progress_view import plain
+    from sdcloud.verbs.progress_view import plain
 
     said = [plain(k, d) for k, d in c.events]
     assert said[0] == ("attempt 1: io-bound (data wait 64%, GPU 23%, 1.6 s a step): dataset copied from "
@@ -160,7 +160,7 @@ def _throttled_status(tmp_path, smi: str) -> dict:
 def test_a_throttled_cloud_host_is_moved_and_a_local_one_says_why_not(tmp_path):
     from types import SimpleNamespace
 
-    from sdcloud.runs import oom_move
+    from sdcloud.runs.driving import oom_move
 
     # A recorded power-capped A10G report (R550 layout) as the GPU source of a real agent run.
     status = _throttled_status(tmp_path, "g5-a10g-550-power-cap.txt")

@@ -224,7 +224,7 @@ def test_second_agent_on_a_live_run_leaves_without_touching_it(tmp_path):
 # -- a failed boot phase on a bare root ---------------------------------------------------------
 
 def test_failed_boot_phase_reports_failed_with_the_phase_and_the_log(tmp_path, seaweed, s3_env):
-    from sdcloud.runs.hostboot import cloud_user_data
+    from sdcloud.runs.driving.hostboot import cloud_user_data
     from sdcloud_agent.store import open_store
 
     store = open_store({"url": "s3://boot-fail/sdcloud", "endpoint_url": seaweed.endpoint, "region": "us-east-1"})
@@ -342,7 +342,7 @@ def test_the_stacks_are_package_data_of_the_sdcloud_wheel():
 def test_failed_boots_in_a_row_counts_only_the_unbroken_tail():
     from types import SimpleNamespace as A
 
-    from sdcloud.runs.hostboot import failed_boots_in_a_row
+    from sdcloud.runs.driving.hostboot import failed_boots_in_a_row
 
     seq = lambda *r: [A(end_reason=x) for x in r]  # noqa: E731
     assert failed_boots_in_a_row(seq("boot-failed:env", "preempted", "boot-failed:driver", "boot-timeout", None)) == 2

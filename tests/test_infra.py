@@ -18,7 +18,7 @@ import pytest
 from sdcloud.infra import automation as infra
 from sdcloud.cli import main
 from sdcloud.errors import UserError
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.records.state import StateStore
 
 OUTPUTS = {"bucket": "sdcloud-b", "prefix": "sdcloud", "launch_template_id": "lt-1", "subnet_ids": {"us-east-1a": "subnet-1"},
            "security_group_id": "sg-1", "instance_profile_arn": "arn:ip", "role_arn": "arn:role", "key_name": "",

@@ -1,4 +1,4 @@
-"""A run's history in its bucket (sdcloud.runs.journal): written after every controller step, read
+"""A run's history in its bucket (sdcloud.runs.records.journal): written after every controller step, read
 back on a machine that never saw the run. The end-to-end case trains on the local provider against
 SeaweedFS over HTTPS, then asks a fresh $SDCLOUD_HOME for the run's status, logs and cost."""
 
@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from sdcloud.runs import journal
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.records import journal
+from sdcloud.runs.records.state import StateStore
 from sdcloud_agent.store import LocalStore
 
 
@@ -192,7 +192,7 @@ def test_restore_inserts_each_event_once_however_many_objects_hold_it(tmp_path):
 
 
 def test_a_driver_that_lost_the_lease_writes_nothing(tmp_path):
-    from sdcloud.runs.driver import DriverLease
+    from sdcloud.runs.records.lease import DriverLease
 
     state = StateStore(tmp_path / "a.db")
     store = CountingStore(tmp_path / "bucket")

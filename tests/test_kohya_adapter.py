@@ -200,7 +200,7 @@ def test_every_tiers_kohya_command_is_accepted_by_the_pinned_parsers(tmp_path, m
     (data/trainer-options.json: source URL and commit recorded there), on fp16 and bf16 GPUs and
     with an SD 2 v-prediction model."""
     from sdcloud.offers.tiers import get_tier
-    from sdcloud.runs.training import tier_defaults
+    from sdcloud.runs.inputs.training import tier_defaults
     from sdcloud_agent.trainers import options
 
     tier = get_tier(tier_name)

@@ -16,8 +16,12 @@ RANKS = {
     "providers": 2,
     "fleet": 3,
     "runs": 4, "batch": 4, "costs": 4, "infra": 4,
-    "commands": 5, "cli": 5,
+    # the cloud driver's entry takes both runs' and batch jobs' steps; the user's verbs call the runs
+    "driver": 5, "verbs": 5,
+    "commands": 6, "cli": 6,
 }
+# No folder of sdcloud/ holds more modules than this side by side: past it, a folder is split into rooms.
+MAX_MODULES_PER_FOLDER = 20
 
 
 def module_name(path: Path) -> str:
@@ -27,14 +31,46 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _constant_strings(tree: ast.Module) -> dict[str, str]:
+    """Module-level names bound to a string constant (NAME = "sdcloud.x.y")."""
+    return {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+            for t in node.targets if isinstance(t, ast.Name)}
+
+
+def _import_module_target(node: ast.Call, constants: dict[str, str], package: list[str]) -> str | None:
+    """The module an `importlib.import_module(...)` call names with a constant string (or a module-level
+    name bound to one), resolved against `package=` the way importlib does for a relative name."""
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if called != "import_module" or not node.args:
+        return None
+    arg = node.args[0]
+    name = arg.value if isinstance(arg, ast.Constant) else constants.get(arg.id) if isinstance(arg, ast.Name) else None
+    if not isinstance(name, str):
+        return None
+    if not name.startswith("."):
+        return name
+    pkg = next((k.value.value for k in node.keywords if k.arg == "package" and isinstance(k.value, ast.Constant)),
+               ".".join(package))
+    level = len(name) - len(name.lstrip("."))
+    base = pkg.split(".")[: len(pkg.split(".")) - level + 1]
+    return ".".join(base + ([name.lstrip(".")] if name.lstrip(".") else []))
+
+
 def imports_of(path: Path) -> set[str]:
-    """Every sdcloud module or package that `path` imports, with relative imports resolved."""
+    """Every sdcloud module or package that `path` imports, with relative imports resolved, and
+    `importlib.import_module` on a constant string counted as the import it is (so a cycle it would
+    hide is seen)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     here = module_name(path).split(".")
     package = here if path.name == "__init__.py" else here[:-1]
+    constants = _constant_strings(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call) and (target := _import_module_target(node, constants, package)):
+            found.add(target)
+        elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -111,10 +147,40 @@ def test_no_import_cycles_between_modules_or_domains():
 def test_the_ast_walk_sees_lazy_and_relative_imports(tmp_path):
     # The checks above must be able to fail: a function-level relative import is resolved and seen.
     mods = sdcloud_modules()
-    path = mods["sdcloud.runs.controller"]
+    path = mods["sdcloud.runs.driving.controller"]
     assert "sdcloud.fleet.lifecycle" in imports_of(path)
-    assert "sdcloud.runs.store" in imports_of(path)  # imported inside Controller.__init__
+    assert "sdcloud.runs.records.store" in imports_of(path)  # imported inside Controller.__init__
     assert _cycles({"a": {"b"}, "b": {"a"}})
+
+
+def test_the_ast_walk_sees_import_module_on_a_constant(tmp_path):
+    # A module path held as a string and loaded with importlib is an import like any other: the
+    # cloud driver's BATCH_STEPS once hid a runs -> batch -> runs cycle that way.
+    pkg = tmp_path / "sdcloud" / "runs"
+    pkg.mkdir(parents=True)
+    src = pkg / "probe.py"
+    src.write_text('import importlib\nSTEPS = "sdcloud.batch.jobs"\n\n'
+                   'def f():\n    importlib.import_module(STEPS)\n'
+                   '    importlib.import_module("sdcloud.fleet.lifecycle")\n'
+                   '    importlib.import_module(".records.state", package="sdcloud.runs")\n'
+                   '    importlib.import_module(f"sdcloud.commands.{STEPS}")\n')
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        found = imports_of(src)
+    finally:
+        ROOT = saved
+    assert {"sdcloud.batch.jobs", "sdcloud.fleet.lifecycle", "sdcloud.runs.records.state"} <= found
+    assert not any(t.startswith("sdcloud.commands") for t in found)  # not a constant: not resolved
+
+
+def test_no_folder_holds_more_than_twenty_modules_side_by_side():
+    crowded = {}
+    for folder in [ROOT / "sdcloud", *(p for p in (ROOT / "sdcloud").rglob("*") if p.is_dir())]:
+        count = len(list(folder.glob("*.py")))
+        if count > MAX_MODULES_PER_FOLDER:
+            crowded[str(folder.relative_to(ROOT))] = count
+    assert not crowded, f"split these folders into rooms (at most {MAX_MODULES_PER_FOLDER} modules each): {crowded}"
 
 
 def test_the_agent_imports_nothing_from_the_control_plane():

@@ -6,7 +6,7 @@ longest argument sets), the longest region of the provider's catalog or network 
 mainland ones bring the mirror settings), a bucket name as long as the cloud allows, a budget, a
 deadline, a local model (a cache reference) and a local dataset (a bucket URL), and a
 config.toml that points pip at the VPC-internal mirror (a longer URL than the profile's). The
-user-data is built by the controller's own launch code (runs/launching.py) and rendered by the
+user-data is built by the controller's own launch code (runs/driving/launching.py) and rendered by the
 agent's renderer, as a launch does."""
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from PIL import Image
 from sdcloud.offers.tiers import all_tiers
 from sdcloud.providers.base import LaunchSpec
 from sdcloud.providers.traits import is_cloud, names, traits
-from sdcloud.runs.controller import new_run_id
-from sdcloud.runs.launching import LaunchInputs
-from sdcloud.runs.owner import Memo
-from sdcloud.runs.spec import build_spec
-from sdcloud.runs.state import StateStore
-from sdcloud.runs.store import store_config
+from sdcloud.runs.driving.controller import new_run_id
+from sdcloud.runs.driving.launching import LaunchInputs
+from sdcloud.runs.driving.owner import Memo
+from sdcloud.runs.inputs.spec import build_spec
+from sdcloud.runs.records.state import StateStore
+from sdcloud.runs.records.store import store_config
 from sdcloud_agent.store import LocalStore
 
 CLOUDS = names(where=is_cloud)
-TRAINER_ARGS = {  # what each external trainer needs at least (runs/training.py refuses a run without them)
+TRAINER_ARGS = {  # what each external trainer needs at least (runs/inputs/training.py refuses a run without them)
     "builtin": {},
     "kohya": {"dataset_config": "/var/lib/sdcloud/work/dataset/sdcloud-kohya-dataset.toml"},
     "diffusers": {"instance_prompt": "a photo of sks person, studio light, 85 mm, sharp focus",
@@ -116,8 +116,8 @@ class _Launch(LaunchInputs):
         self.events.append((kind, data))
 
     def ensure_inputs(self) -> dict:
-        """The run's inputs staged in its bucket as the controller stages them (runs/inputs.py)."""
-        from sdcloud.runs import inputs
+        """The run's inputs staged in its bucket as the controller stages them (runs/inputs/staging.py)."""
+        from sdcloud.runs.inputs import staging as inputs
 
         if self._inputs is None:
             self._inputs = inputs.stage(self)
@@ -178,7 +178,7 @@ TRAINING_TIERS = sorted(n for n, t in all_tiers().items() if not n.startswith("b
 
 @pytest.mark.parametrize("provider", CLOUDS)
 def test_the_user_data_of_the_largest_run_fits_the_cloud(provider, tmp_path, sdcloud_home, monkeypatch):
-    from sdcloud.runs import carry
+    from sdcloud.runs.inputs import carry
 
     # The mainland profile carries kohya's sources into the bucket: that upload is not what is measured.
     monkeypatch.setattr(carry, "carry_trainer_sources", lambda store, agent: "present")
@@ -299,7 +299,7 @@ REQUESTS = {"aws": _aws_request, "tencent": _tencent_request}
 def test_the_largest_launch_request_and_its_tags_fit_the_cloud(provider, tmp_path, sdcloud_home, monkeypatch):
     """The request of the largest run's 999th attempt: every resource it tags within the tag limits,
     the request body (its user-data base64-encoded, as sent) within the API's."""
-    from sdcloud.runs import carry
+    from sdcloud.runs.inputs import carry
 
     monkeypatch.setattr(carry, "carry_trainer_sources", lambda store, agent: "present")
     spec = largest_launch(provider, "sdxl-lora", "kohya", tmp_path, sdcloud_home)
@@ -334,7 +334,8 @@ def key_heads(tmp_path: Path) -> dict[str, str]:
     from sdcloud_agent import wheel as agent_wheel
 
     from sdcloud.batch.submit import job_prefix
-    from sdcloud.runs import host_status, journal
+    from sdcloud.runs.driving import host_status
+    from sdcloud.runs.records import journal
 
     run = new_run_id()
     run_prefix = f"runs/{run}"

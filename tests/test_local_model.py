@@ -41,8 +41,8 @@ def _single_file(path: Path) -> Path:
 
 
 def _controller(url: str, model: str, run_id: str):
-    from sdcloud.runs.controller import Controller
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import Controller
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     spec = {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1", "model": model, "steps": 10,
@@ -61,7 +61,7 @@ def test_a_local_folder_is_uploaded_once_by_content_and_restored_on_a_fresh_host
     from sdcloud_agent import models
     from sdcloud_agent.trainers.models import detect_family
 
-    from sdcloud.runs import models as ctl_models
+    from sdcloud.runs.inputs import models as ctl_models
 
     url, store = bucket
     ctl, events = _controller(url, str(tiny_folder), "r-model001")
@@ -127,7 +127,7 @@ def test_a_missing_cache_key_fails_clearly(bucket, tmp_path):
 
 
 def test_the_local_provider_reads_the_model_in_place(tiny_folder):
-    from sdcloud.runs.models import is_local_model
+    from sdcloud.runs.inputs.models import is_local_model
 
     assert not is_local_model(str(tiny_folder), "local")
     assert is_local_model(str(tiny_folder), "ssh") and is_local_model(str(tiny_folder), "tencent")

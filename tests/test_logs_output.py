@@ -13,7 +13,7 @@ STAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}")
 
 
 def _run_with_log(tmp_path) -> str:
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     bucket = tmp_path / "bucket"
     StateStore().create_run("r-0000cafe", "sd15-lora", {"tier": "sd15-lora", "provider": "local",

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from sdcloud.errors import UserError
-from sdcloud.runs.hostboot import cloud_user_data
+from sdcloud.runs.driving.hostboot import cloud_user_data
 from sdcloud.providers.tencent.network import MAINLAND
-from sdcloud.runs.network import host_network, profile
+from sdcloud.runs.inputs.network import host_network, profile
 from sdcloud_agent import network, scripts
 from sdcloud_agent.store import LocalStore
 
@@ -60,8 +60,8 @@ def test_mainland_tencent_regions_get_the_profile_and_others_do_not(sdcloud_home
 
 
 def test_config_toml_and_the_run_file_override_each_default(sdcloud_home, tmp_path):
-    from sdcloud.runs.controller import agent_config
-    from sdcloud.runs.spec import build_spec
+    from sdcloud.runs.driving.controller import agent_config
+    from sdcloud.runs.inputs.spec import build_spec
 
     sdcloud_home.mkdir(parents=True, exist_ok=True)
     (sdcloud_home / "config.toml").write_text(
@@ -103,7 +103,7 @@ def test_a_bad_run_network_is_one_line_exit_2_nothing_created(sdcloud_home, tmp_
 
 
 def test_the_control_plane_carries_kohya_sources_into_the_bucket(sdcloud_home, tmp_path):
-    from sdcloud.runs.carry import cache_dir
+    from sdcloud.runs.inputs.carry import cache_dir
 
     store = LocalStore(tmp_path / "bucket")
     agent = _tencent("ap-guangzhou", trainer="kohya", trainer_args={"network_module": "networks.lora"})
@@ -117,7 +117,7 @@ def test_the_control_plane_carries_kohya_sources_into_the_bucket(sdcloud_home, t
     fake_kohya_archive(cache_dir() / f"kohya-{KOHYA[:12]}.tar")
     cloud_user_data("tencent", store, agent, {"region": "ap-guangzhou"})
     assert store.head(key) is not None and not [o for o in store.list("cache/") if o.key.endswith(".part")]
-    from sdcloud.runs.carry import carry_trainer_sources
+    from sdcloud.runs.inputs.carry import carry_trainer_sources
 
     assert carry_trainer_sources(store, agent) == "present"
     # Outside the mainland profile nothing is carried (the host fetches and caches it itself).
@@ -139,7 +139,7 @@ def test_the_control_plane_packs_the_pinned_tree_with_git_when_it_has_no_archive
     commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     store = LocalStore(tmp_path / "bucket")
     agent = _tencent("ap-beijing", trainer="kohya", trainer_sources={"kohya_url": str(repo), "kohya_commit": commit})
-    from sdcloud.runs.carry import cache_dir, carry_trainer_sources
+    from sdcloud.runs.inputs.carry import cache_dir, carry_trainer_sources
 
     assert carry_trainer_sources(store, agent) == "uploaded"
     assert (cache_dir() / f"kohya-{commit[:12]}.tar").is_file()

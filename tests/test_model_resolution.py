@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from sdcloud.offers.tiers import get_tier
-from sdcloud.runs.controller import agent_config
-from sdcloud.runs.spec import build_spec
-from sdcloud.runs.training import tier_defaults
+from sdcloud.runs.driving.controller import agent_config
+from sdcloud.runs.inputs.spec import build_spec
+from sdcloud.runs.inputs.training import tier_defaults
 from sdcloud_agent import resolution
 
 

@@ -66,7 +66,7 @@ def deep_bucket(tmp_path):
 
 def test_up_summary_and_its_path_line_fit_80_columns(capsys, monkeypatch, sdcloud_home, deep_bucket):
     from sdcloud.commands.run import _run_ended
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     _training_run(state, deep_bucket)
@@ -81,7 +81,7 @@ def test_up_summary_and_its_path_line_fit_80_columns(capsys, monkeypatch, sdclou
 
 def test_cost_report_and_batch_status_fit_80_columns(capsys, monkeypatch, sdcloud_home, deep_bucket, tmp_path):
     from sdcloud.batch import jobs
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     _training_run(state, deep_bucket)

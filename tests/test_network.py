@@ -70,7 +70,7 @@ def _agent_config(user_data: str) -> dict:
 
 
 def test_config_toml_names_the_mirrors_hosts_use(sdcloud_home, tmp_path):
-    from sdcloud.runs.hostboot import cloud_user_data
+    from sdcloud.runs.driving.hostboot import cloud_user_data
     from sdcloud_agent.store import LocalStore
 
     sdcloud_home.mkdir(parents=True, exist_ok=True)
@@ -88,7 +88,7 @@ def test_config_toml_names_the_mirrors_hosts_use(sdcloud_home, tmp_path):
 
 def test_no_config_means_no_network_setting_and_a_bad_one_is_one_line(sdcloud_home, tmp_path):
     from sdcloud.errors import UserError
-    from sdcloud.runs.hostboot import cloud_user_data
+    from sdcloud.runs.driving.hostboot import cloud_user_data
     from sdcloud_agent.store import LocalStore
 
     store = LocalStore(tmp_path / "bucket")

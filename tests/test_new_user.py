@@ -33,13 +33,13 @@ def ok(proc: subprocess.CompletedProcess, what: str) -> str:
 
 
 def row(home, rid: str) -> dict:
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     return StateStore(home / "state.db").get_run(rid)
 
 
 def worker_starts(home, rid: str) -> int:
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     return sum(1 for e in StateStore(home / "state.db").events(rid) if e["kind"] == "worker-started")
 
@@ -151,7 +151,7 @@ def test_a_batch_jobs_whole_life(sdcloud_home, tmp_path):
     resumed = sdcloud_rc("resume", job)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert row(sdcloud_home, job)["state"] == "succeeded"
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore(sdcloud_home / "state.db")
     if alive_at_resume := [e for e in state.events(job) if e["kind"] == "worker-adopted"]:

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sdcloud.runs.owner import Memo
+from sdcloud.runs.driving.owner import Memo
 from sdcloud_agent import oom
 from sdcloud_agent.trainers import options
 
@@ -247,7 +247,7 @@ class _Ctrl:
 
 
 def test_spent_ladder_cools_the_offer_and_moves_to_more_vram():
-    from sdcloud.runs import oom_move
+    from sdcloud.runs.driving import oom_move
 
     offers = [_offer("g4dn.xlarge", 16), _offer("g5.xlarge", 24)]
     ctrl = _Ctrl(offers)

@@ -16,7 +16,7 @@ from sdcloud.errors import UserError
 
 
 def _runs() -> list[dict]:
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     return StateStore().list_runs()
 
@@ -65,7 +65,7 @@ def test_builtin_trainer_flags_are_checked_by_its_own_parser(capsys, sdcloud_hom
 
 
 def test_builtin_flags_the_parser_takes_pass(sdcloud_home):
-    from sdcloud.runs.spec import build_spec
+    from sdcloud.runs.inputs.spec import build_spec
 
     spec = build_spec(None, {"tier": "sd15-lora", "model": "tiny", "steps": 3,
                              "trainer_arg": ["lr=0.001", "rank=8", "no-buckets", "seed=3", "lr-sched=cosine"]})
@@ -95,10 +95,10 @@ def test_diffusers_flags_are_checked_against_the_example_script(capsys, sdcloud_
 
 
 def test_every_tier_default_passes_its_trainer_check(sdcloud_home):
-    """The flags sdcloud itself adds (runs/training.py) are in the pinned scripts' tables."""
+    """The flags sdcloud itself adds (runs/inputs/training.py) are in the pinned scripts' tables."""
     from sdcloud.offers.tiers import all_tiers
-    from sdcloud.runs.preflight import check_script_args
-    from sdcloud.runs.spec import RunSpec
+    from sdcloud.runs.inputs.preflight import check_script_args
+    from sdcloud.runs.inputs.spec import RunSpec
 
     tiers = [t for t in all_tiers().values() if t.kind == "train"]
     assert tiers
@@ -124,8 +124,8 @@ def test_the_options_table_names_its_sources():
 
 
 def test_resume_applies_the_same_check(capsys, sdcloud_home):
-    from sdcloud.runs.spec import build_spec
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.inputs.spec import build_spec
+    from sdcloud.runs.records.state import StateStore
 
     spec = build_spec(None, {"tier": "sd15-lora", "model": "tiny", "steps": 3}).as_dict()
     spec["trainer_args"] = ["--nosuch", "1"]  # as a run launched before this check stored it
@@ -141,7 +141,7 @@ def test_resume_applies_the_same_check(capsys, sdcloud_home):
 
 
 def test_the_extractor_follows_calls_and_binds_constant_arguments(tmp_path):
-    from sdcloud.runs.trainer_options_build import Extractor
+    from sdcloud.runs.inputs.trainer_options_build import Extractor
 
     (tmp_path / "library").mkdir()
     (tmp_path / "library" / "__init__.py").write_text("")
@@ -185,7 +185,7 @@ def test_a_folder_on_this_machine_is_refused_for_a_cloud_host(capsys, sdcloud_ho
 
 
 def test_store_forms_the_store_opens_pass(tmp_path):
-    from sdcloud.runs.preflight import check_store_url
+    from sdcloud.runs.inputs.preflight import check_store_url
 
     assert check_store_url("s3://bucket-1/runs") == "s3://bucket-1/runs"
     assert check_store_url("cos://sdcloud-1250000000/p", "tencent") == "cos://sdcloud-1250000000/p"
@@ -213,8 +213,8 @@ def cpu_only(monkeypatch):
 def test_a_free_host_takes_any_budget(sdcloud_home, cpu_only):
     from sdcloud.offers.tiers import get_tier
     from sdcloud.providers import get_provider
-    from sdcloud.runs.preflight import check_own_hosts
-    from sdcloud.runs.spec import build_spec
+    from sdcloud.runs.inputs.preflight import check_own_hosts
+    from sdcloud.runs.inputs.spec import build_spec
 
     spec = build_spec(None, {"tier": "sd15-lora", "model": "tiny", "steps": 3, "budget": "0.00001"})
     tier = get_tier("sd15-lora")
@@ -231,8 +231,8 @@ def test_a_deadline_shorter_than_the_estimate_is_refused(capsys, sdcloud_home):
 def test_a_deadline_that_fits_passes(sdcloud_home, cpu_only):
     from sdcloud.offers.tiers import get_tier
     from sdcloud.providers import get_provider
-    from sdcloud.runs.preflight import check_own_hosts
-    from sdcloud.runs.spec import build_spec
+    from sdcloud.runs.inputs.preflight import check_own_hosts
+    from sdcloud.runs.inputs.spec import build_spec
 
     tier = get_tier("sd15-lora")
     offers = get_provider("local").offers(tier, "spot")
@@ -252,8 +252,8 @@ def test_an_ssh_host_with_a_known_gpu_is_held_to_the_optimizers_estimate(sdcloud
     from sdcloud.offers.optimizer import Offer, job_hours
     from sdcloud.offers.tiers import get_tier
     from sdcloud.providers import get_provider
-    from sdcloud.runs.preflight import check_own_hosts
-    from sdcloud.runs.spec import build_spec
+    from sdcloud.runs.inputs.preflight import check_own_hosts
+    from sdcloud.runs.inputs.spec import build_spec
 
     tier = get_tier("sd15-lora")
     row = dataclasses.replace(get_provider("local").offers(tier, "spot")[0].row, provider="ssh", gpu="T4",
@@ -344,8 +344,8 @@ def test_an_off_switch_reaches_the_builtin_trainer_as_its_no_flag(sdcloud_home):
     """`--trainer-arg buckets=false` (docs/training.md) was left out of the command, so the
     trainer's default (buckets on for SDXL) won; every on/off flag of the parser is negatable."""
     from sdcloud.offers.tiers import get_tier
-    from sdcloud.runs.preflight import _builtin_argv, _raising_parser
-    from sdcloud.runs.spec import build_spec
+    from sdcloud.runs.inputs.preflight import _builtin_argv, _raising_parser
+    from sdcloud.runs.inputs.spec import build_spec
     from sdcloud_agent.trainers.builtin_adapter import NEGATABLE
 
     spec = build_spec(None, {"tier": "sdxl-lora", "model": "tiny-sdxl", "steps": 3,

@@ -10,8 +10,8 @@ from sdcloud.cli import main
 
 
 def _run_with_artifacts(sdcloud_home: Path, run_id: str) -> None:
-    from sdcloud.runs.spec import RunSpec
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.inputs.spec import RunSpec
+    from sdcloud.runs.records.state import StateStore
     from sdcloud_agent.store import open_store
 
     StateStore().create_run(run_id, "sd15-lora", RunSpec(tier="sd15-lora", provider="local").as_dict(), 10)
@@ -57,7 +57,7 @@ def _finished_fake_job(tmp_path: Path, prompt: str) -> str:
     from sdcloud_agent.batch.worker import Worker
 
     from sdcloud.batch.jobs import SubmitOptions, find_job, submit
-    from sdcloud.runs.store import open_run_store
+    from sdcloud.runs.records.store import open_run_store
 
     prompts = tmp_path / f"{prompt.replace(' ', '-')}.txt"
     prompts.write_text(prompt + "\n")

@@ -53,7 +53,7 @@ def first_trained_step(home, run_id: str, attempt: int) -> int:
 
 
 def step_of(name: str) -> int:
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     run = StateStore().get_run(name)
     return run["step"] if run else 0
@@ -120,7 +120,7 @@ def test_budget_stop_then_resume_with_a_larger_budget_counts_both_attempts(sdclo
 
 
 def test_a_killed_controller_is_noticed_by_status_and_watch(sdcloud_home):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     name = "k9"
     run_id = json.loads(sdcloud("up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "300",
@@ -149,7 +149,7 @@ def test_relative_dataset_from_another_directory_and_piped_progress(sdcloud_home
                    "--dataset", "./photos", "--json", cwd=work)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     assert StateStore().get_run(out["run"])["spec"]["dataset"] == str((work / "photos").resolve())
     quiet = sdcloud("up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "6", cwd=work)

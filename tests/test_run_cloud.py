@@ -22,8 +22,8 @@ PACE = ["--min-step-seconds", "0.3"]
 
 
 def _drive(run_spec: dict, provider, steps: int):
-    from sdcloud.runs.controller import Controller, Timing, new_run_id
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import Controller, Timing, new_run_id
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     run_id = new_run_id()

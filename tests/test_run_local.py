@@ -72,7 +72,7 @@ def test_up_bad_input_is_one_line_exit_2_nothing_launched(capsys, sdcloud_home, 
 
 
 def test_runfile_fields_and_flag_override(tmp_path):
-    from sdcloud.runs.spec import build_spec
+    from sdcloud.runs.inputs.spec import build_spec
 
     rf = tmp_path / "run.yaml"
     rf.write_text("tier: sdxl-lora\nprovider: local\nsteps: 30\ndeadline: 2h\nspot: false\n")
@@ -93,7 +93,7 @@ def _launched_hosts(home) -> int:
 
 @pytest.mark.parametrize("crash", ["after-offer", "after-launch", "during-run"])
 def test_kill_9_controller_then_restart_reconciles(sdcloud_home, crash):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     args = ["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "24", "--name", f"k9-{crash}",
             "--yes", "--json"]
@@ -135,7 +135,7 @@ def test_up_without_credentials_is_one_line(capsys, sdcloud_home, monkeypatch, t
 
 
 def test_detach_then_watch_state_then_down_stops_everything(sdcloud_home):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     proc = sdcloud("up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "300",
                    "--name", "bg", "--detach", "--json")

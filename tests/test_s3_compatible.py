@@ -12,7 +12,7 @@ import pytest
 from s3_front import TrailerRefusingFront
 from servers import TEST_KEYS
 
-from sdcloud.runs.store import open_run_store, store_config
+from sdcloud.runs.records.store import open_run_store, store_config
 from sdcloud_agent import cos
 from sdcloud_agent import manifest as mf
 from sdcloud_agent.store import open_store

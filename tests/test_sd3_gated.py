@@ -64,8 +64,8 @@ def test_the_gate_refuses_before_launch_with_one_line(capsys, sdcloud_home, gate
 
 def test_an_accepted_token_from_config_toml_passes_the_gate(sdcloud_home, gate_env):
     from sdcloud.offers.tiers import get_tier
-    from sdcloud.runs import hub_access
-    from sdcloud.runs.training import check_model_family
+    from sdcloud.runs.inputs import hub_access
+    from sdcloud.runs.inputs.training import check_model_family
 
     sdcloud_home.mkdir(parents=True, exist_ok=True)
     (sdcloud_home / "config.toml").write_text(f'[huggingface]\ntoken = "{ACCEPTED}"\n')
@@ -86,7 +86,7 @@ def test_the_host_fetches_the_gated_model_with_the_token_from_the_runs_bucket(tm
     with pytest.raises(Exception, match="GatedRepo|restricted|401"):
         models.stage(REPO, store, tmp_path / "host-a")
     # The controller's put, then the host's read: the fetch passes, and the token is on no disk of the host.
-    from sdcloud.runs.hub_access import put_for_host
+    from sdcloud.runs.inputs.hub_access import put_for_host
 
     gate_env.setenv("HF_TOKEN", ACCEPTED)
     assert put_for_host(store, "r-gated01")
@@ -110,8 +110,8 @@ def test_the_token_travels_in_the_bucket_and_nowhere_else(tmp_path, sdcloud_home
     user-data, the state store (runs, attempts, events) and the events hold no trace of it."""
     from test_fleet import CloudDouble
 
-    from sdcloud.runs.controller import Controller
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import Controller
+    from sdcloud.runs.records.state import StateStore
     from sdcloud_agent.store import open_store
 
     gate_env.setenv("HF_TOKEN", ACCEPTED)

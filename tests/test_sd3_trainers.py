@@ -25,7 +25,7 @@ def test_kohya_fetches_the_single_file_and_one_t5():
 
 def test_the_sd35_lora_tiers_kohya_command_points_at_the_single_file_and_encoders(tmp_path, monkeypatch):
     from sdcloud.offers.tiers import get_tier
-    from sdcloud.runs.training import tier_defaults
+    from sdcloud.runs.inputs.training import tier_defaults
     from sdcloud_agent.trainers import options
 
     model = tmp_path / "sd35m"
@@ -95,7 +95,7 @@ def test_the_diffusers_sd3_lora_script_gets_the_captions(tmp_path):
     """train_dreambooth_lora_sd3.py reads captions from an imagefolder (--dataset_name with
     --caption_column), as the SDXL LoRA script does; the DreamBooth one, one flat folder."""
     from sdcloud.offers.tiers import get_tier
-    from sdcloud.runs.training import tier_defaults
+    from sdcloud.runs.inputs.training import tier_defaults
     from sdcloud_agent.trainers.base import Context
     from sdcloud_agent.trainers.diffusers import DiffusersTrainer
 
@@ -117,7 +117,7 @@ def test_the_diffusers_sd3_script_is_reclaimed_and_resumes_at_its_checkpoint(tmp
     tier's flags and a dataset: the agent waits for its next checkpoint after the notice, and the
     next attempt resumes there (`--resume_from_checkpoint latest`) with the global step kept."""
     from sdcloud.offers.tiers import get_tier
-    from sdcloud.runs.training import tier_defaults
+    from sdcloud.runs.inputs.training import tier_defaults
     from sdcloud_agent import manifest as mf
     from sdcloud_agent.store import open_store
     from test_agent_e2e import FAKE, FAKESTEP, AwsMetadataServer, _config, _start_agent

@@ -98,7 +98,7 @@ def test_bad_store_and_unattended_inputs_are_one_line_and_record_nothing(tmp_pat
     """No credentials for the cloud of a --store URL, and an `unattended` default that is not a yes or
     a no: one line on stderr, exit 2, no run and no remembered bucket."""
     from sdcloud.cli import main
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     for url in ("s3://sd-someone-elses/runs", "cos://sd-bucket-1250000000/runs"):
         assert main(["status", "r-0badc0de", "--store", url]) == 2
@@ -119,9 +119,9 @@ def test_a_cos_url_is_opened_with_the_tencent_keys(cos_env, tmp_path, monkeypatc
     machine reads it the same way, and reaches the run by that URL from then on."""
     from sdcloud.cli import main
     from sdcloud.providers.tencent import storage as cos
-    from sdcloud.runs.controller import Controller
-    from sdcloud.runs.state import StateStore
-    from sdcloud.runs.store_of import remembered
+    from sdcloud.runs.driving.controller import Controller
+    from sdcloud.runs.records.state import StateStore
+    from sdcloud.runs.records.store_of import remembered
     from test_fleet import CloudDouble
 
     bucket = f"sd-{uuid.uuid4().hex[:10]}-1250000000"
@@ -142,7 +142,7 @@ def test_a_run_whose_host_ended_itself_is_shown_as_it_is(tmp_path, capsys, sdclo
     the run stopped, its attempt ended by the host, its cost closed at the host's end (not still
     rising), without a resume."""
     from sdcloud.cli import main
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
     from sdcloud_agent.store import open_store
 
     sdcloud_home.mkdir(parents=True, exist_ok=True)
@@ -171,15 +171,15 @@ def test_ctrl_c_in_watch_drive_hands_the_run_back_to_the_cloud_driver(tmp_path, 
     stopped, its host keeps training, and the cloud driver gets it back (lease released, journal live)."""
     from sdcloud.cli import main
     from sdcloud.commands.common import EXIT_INTERRUPTED
-    from sdcloud.runs.controller import Controller
-    from sdcloud.runs.driver import DriverLease
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import Controller
+    from sdcloud.runs.records.lease import DriverLease
+    from sdcloud.runs.records.state import StateStore
     from sdcloud_agent.store import LocalStore
     from test_fleet import CloudDouble
 
     bucket = tmp_path / "bucket"
     cloud = CloudDouble()
-    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: cloud)
+    monkeypatch.setattr("sdcloud.runs.driving.controller.get_provider", lambda name, **kw: cloud)
     state = StateStore()
     rid = "r-bac0c001"
     state.create_run(rid, "sd15-lora", {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1", "model": "tiny",
@@ -194,7 +194,7 @@ def test_ctrl_c_in_watch_drive_hands_the_run_back_to_the_cloud_driver(tmp_path, 
         return real_step(self)
 
     monkeypatch.setattr(Controller, "guarded_step", step_then_ctrl_c)
-    monkeypatch.setattr("sdcloud.runs.controller.time.sleep", lambda s: None)
+    monkeypatch.setattr("sdcloud.runs.driving.controller.time.sleep", lambda s: None)
     with pytest.raises(SystemExit) as ended:
         main(["watch", rid, "--drive"])
     assert ended.value.code == EXIT_INTERRUPTED
@@ -211,8 +211,8 @@ def test_the_cloud_driver_takes_only_what_it_can_reach():
     """`up --unattended` is refused where the run's provider has no cloud driver, where its stack was
     deployed without one, and where the run's bucket is not the stack's (the function reads that one)."""
     from sdcloud.errors import UserError
-    from sdcloud.runs.handover import check_cloud_driver
-    from sdcloud.runs.spec import RunSpec
+    from sdcloud.verbs.handover import check_cloud_driver
+    from sdcloud.runs.inputs.spec import RunSpec
 
     stack = {"bucket": "sd-stack", "prefix": "sdcloud", "region": "us-east-1", "driver_function": "sdcloud-driver"}
     with pytest.raises(UserError, match="provider local has no cloud driver"):
@@ -230,9 +230,9 @@ def test_a_second_machine_reaches_the_run_by_the_url_it_rebuilt_it_from(tmp_path
     with that bucket's URL makes every later command (resume, watch --drive, down, logs) use it, never
     the second machine's own bucket."""
     from sdcloud.cli import main
-    from sdcloud.runs.controller import Controller
-    from sdcloud.runs.state import StateStore
-    from sdcloud.runs.store_of import store_of
+    from sdcloud.runs.driving.controller import Controller
+    from sdcloud.runs.records.state import StateStore
+    from sdcloud.runs.records.store_of import store_of
 
     first = StateStore()
     first.create_run("r-f1257001", "sd15-lora", {"tier": "sd15-lora", "provider": "local", "model": "tiny", "steps": 8}, 8)

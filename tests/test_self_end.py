@@ -205,7 +205,7 @@ def test_tencent_terminate_is_signed_with_the_role_and_held_to_the_stack_tag():
 
 def test_self_end_grace_flag_run_file_and_config(tmp_path, monkeypatch):
     from sdcloud.errors import UserError
-    from sdcloud.runs.spec import RunSpec, parse_seconds
+    from sdcloud.runs.inputs.spec import RunSpec, parse_seconds
 
     assert parse_seconds("10m", "--self-end-grace") == 600 and parse_seconds("0", "--self-end-grace") == 0
     assert parse_seconds(90, "--self-end-grace") == 90
@@ -213,7 +213,7 @@ def test_self_end_grace_flag_run_file_and_config(tmp_path, monkeypatch):
         parse_seconds("soon", "--self-end-grace")
     with pytest.raises(UserError):
         parse_seconds("-5", "--self-end-grace")
-    from sdcloud.runs.controller import self_end_grace
+    from sdcloud.runs.driving.controller import self_end_grace
 
     monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path))
     assert self_end_grace(RunSpec(tier="sd15-lora")) == 600
@@ -224,7 +224,7 @@ def test_self_end_grace_flag_run_file_and_config(tmp_path, monkeypatch):
 
 def test_up_refuses_a_bad_grace_with_one_line(tmp_path, monkeypatch, capsys):
     from sdcloud.cli import main
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path))
     rc = main(["up", "--tier", "sd15-lora", "--self-end-grace", "soon", "--yes"])
@@ -265,8 +265,8 @@ class SelfEndingHosts:
 
 
 def _controller(spec: dict, provider, steps: int):
-    from sdcloud.runs.controller import Controller, Timing, new_run_id
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import Controller, Timing, new_run_id
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     run_id = new_run_id()
@@ -355,7 +355,7 @@ def test_aws_host_ends_itself_when_the_controller_is_gone(moto_server, monkeypat
     # The heartbeat written at launch was stale by the terminal phase (4 polls of 0.5 s): unattended, no grace.
     assert se["unattended"] is True and se["waited_s"] < 1.5
     # The user comes back: the controller reconciles, records the self-end and closes the attempt at its second.
-    from sdcloud.runs.controller import Controller, Timing
+    from sdcloud.runs.driving.controller import Controller, Timing
 
     ctl2 = Controller(state, ctl.run_id, provider=provider, timing=Timing(poll_seconds=0.2, boot_timeout=240,
                                                                           heartbeat_timeout=120))
@@ -510,8 +510,8 @@ def test_a_capped_host_stops_the_run_and_is_not_relaunched(tmp_path, monkeypatch
     self-end is one event and the attempt ends at the host's own second."""
     import time
 
-    from sdcloud.runs.controller import Controller, Timing, new_run_id
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import Controller, Timing, new_run_id
+    from sdcloud.runs.records.state import StateStore
 
     monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path))
     state = StateStore()
@@ -571,7 +571,7 @@ def test_a_batch_worker_with_nothing_left_ends_its_host_after_the_grace(tmp_path
 
 def test_status_shows_an_unattended_host_and_a_self_end(tmp_path, monkeypatch, capsys):
     from sdcloud.cli import main
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
     from sdcloud_agent.store import open_store
 
     monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path))

@@ -34,7 +34,7 @@ BAD_VALUES = [
 
 
 def _sections() -> list[str]:
-    from sdcloud.runs.config_check import known_keys
+    from sdcloud.runs.inputs.config_check import known_keys
 
     return sorted([*known_keys(), "network"])
 
@@ -54,7 +54,7 @@ def _refused(capsys, args: list[str], needle: str) -> str:
 
 
 def _nothing_recorded() -> None:
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     assert StateStore().list_runs() == []
 
@@ -109,7 +109,7 @@ def test_an_unknown_section_and_a_section_that_is_not_a_table(capsys, sdcloud_ho
 
 
 def test_a_good_config_with_every_section_is_accepted():
-    from sdcloud.runs.config_check import check_settings
+    from sdcloud.runs.inputs.config_check import check_settings
 
     check_settings({
         "defaults": {"provider": "local", "tier": "sd15-lora", "unattended": False},
@@ -166,7 +166,7 @@ def test_a_region_the_catalog_does_not_know_is_refused_before_credentials_are_as
 
 
 def test_logs_attempt_beyond_the_last_is_refused(capsys, sdcloud_home):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     state.create_run("r-0123abcd", "sd15-lora", {"provider": "local", "tier": "sd15-lora"}, 10)
@@ -184,7 +184,7 @@ def test_the_readme_lists_every_section_with_a_link_to_its_reference():
     import re
     from pathlib import Path
 
-    from sdcloud.runs.config_check import known_keys
+    from sdcloud.runs.inputs.config_check import known_keys
 
     root = Path(__file__).resolve().parents[1]
     readme = (root / "README.md").read_text()

@@ -8,9 +8,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from sdcloud.events import Kind
-from sdcloud.runs import simulated_reclaim
-from sdcloud.runs.owner import Memo
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.driving import simulated_reclaim
+from sdcloud.runs.driving.owner import Memo
+from sdcloud.runs.records.state import StateStore
 
 
 class Provider:

@@ -35,8 +35,8 @@ def test_scoped_policy_names_only_the_run_and_the_cache():
 
 def test_ssh_host_trains_on_renewed_short_lived_keys(sshd, sdcloud_home, tmp_path, moto_server, monkeypatch):  # noqa: F811
     from sdcloud.providers.ssh.provider import SshProvider
-    from sdcloud.runs.controller import Controller, Timing, new_run_id
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import Controller, Timing, new_run_id
+    from sdcloud.runs.records.state import StateStore
 
     for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
                  "AWS_ENDPOINT_URL": moto_server, "SDCLOUD_STORE_ENDPOINT": moto_server,

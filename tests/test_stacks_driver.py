@@ -112,7 +112,7 @@ def test_the_function_runs_the_handler_within_the_schedules_rate(aws_built):
     [(_, fn)] = mocks.of_type("lambda/function:Function")
     # The provider's runtime (traits), a current one: the package is built and tested for its Python.
     assert fn["runtime"] == TRAITS["aws"].function.runtime == "python3.13"
-    assert fn["handler"] == "sdcloud.runs.unattended.handler"
+    assert fn["handler"] == "sdcloud.driver.unattended.handler"
     from sdcloud.infra.function_package import LAMBDA_HANDLER
 
     assert fn["handler"] == LAMBDA_HANDLER
@@ -238,11 +238,11 @@ def _step_calls(monkeypatch, tmp_path) -> list[tuple[str, str, dict]]:
     from sdcloud.offers.optimizer import Offer
     from sdcloud.providers import get_provider
     from sdcloud.providers.base import LaunchSpec
-    from sdcloud.runs.driver import DriverLease
-    from sdcloud.runs.journal import Journal, restore
-    from sdcloud.runs.state import StateStore
-    from sdcloud.runs.store import open_run_store
-    from sdcloud.runs.unattended import live_runs
+    from sdcloud.runs.records.lease import DriverLease
+    from sdcloud.runs.records.journal import Journal, restore
+    from sdcloud.runs.records.state import StateStore
+    from sdcloud.runs.records.store import open_run_store
+    from sdcloud.driver.unattended import live_runs
     from sdcloud_agent import wheel
 
     with mock_aws():

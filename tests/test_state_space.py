@@ -40,8 +40,8 @@ def _live_controller() -> subprocess.Popen:
 def world(tmp_path, monkeypatch):
     """Rows of both kinds in every state; returns {label: row id} and the live controllers."""
     from sdcloud.batch import jobs
-    from sdcloud.runs.spec import build_spec
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.inputs.spec import build_spec
+    from sdcloud.runs.records.state import StateStore
 
     monkeypatch.chdir(tmp_path)
     # The stand-in controllers below never see a cancel; a real driver stops within one poll.
@@ -84,7 +84,7 @@ def world(tmp_path, monkeypatch):
 
 
 def snapshot() -> dict:
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     return {r["id"]: (r["state"], r["step"], json.dumps(r["spec"], sort_keys=True),
@@ -239,7 +239,7 @@ def test_cancel_by_name_stops_the_pool_and_nothing_restarts(tmp_path, monkeypatc
     import threading
 
     from sdcloud.batch import jobs
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     prompts = tmp_path / "p.txt"
     prompts.write_text("".join(f"item {i}\n" for i in range(40)))

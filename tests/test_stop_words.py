@@ -27,7 +27,7 @@ def _run(state, rid: str, st: str, reason: str, step: int = 12) -> None:
 
 @pytest.mark.parametrize("st,reason,words,extra", REASONS, ids=[r[2].split()[0] + "-" + r[1][:9] for r in REASONS])
 def test_status_says_what_stopped_the_run_and_how_to_continue(capsys, sdcloud_home, st, reason, words, extra):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     _run(StateStore(), "r-5700aaaa", st, reason)
     assert main(["status", "r-5700aaaa"]) == 0
@@ -38,7 +38,7 @@ def test_status_says_what_stopped_the_run_and_how_to_continue(capsys, sdcloud_ho
 
 
 def test_down_of_an_ended_run_says_what_ended_it(capsys, sdcloud_home):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     _run(StateStore(), "r-5700bbbb", "stopped", "interrupted (Ctrl-C); checkpoint kept")
     assert main(["down", "r-5700bbbb"]) == 0
@@ -47,7 +47,7 @@ def test_down_of_an_ended_run_says_what_ended_it(capsys, sdcloud_home):
 
 
 def test_the_host_line_after_a_stop_does_not_say_it_ended_itself(capsys, sdcloud_home, tmp_path):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
     from sdcloud_agent.store import open_store
 
     state = StateStore()

@@ -137,7 +137,7 @@ def _refuse_host_writes(code: str):
 @pytest.mark.parametrize("code", ["AccessDenied", "InvalidAccessKeyId"])
 def test_a_store_refusing_the_hosts_writes_fails_the_run_in_one_attempt(seaweed, bucket, code, sdcloud_home):
     """Today: each refused host was recorded as a reclaim and relaunched (81 times in 5 minutes)."""
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     with FaultFront(seaweed, refuse=_refuse_host_writes(code)) as front:
         proc = _sdcloud("up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "10",
@@ -161,7 +161,7 @@ def test_a_store_refusing_the_hosts_writes_fails_the_run_in_one_attempt(seaweed,
 def test_a_training_run_with_a_reclaim_succeeds_through_store_faults(seaweed, bucket, sdcloud_home):
     """SlowDown, resets, truncated GET bodies, stalls and 500s after committed writes, a few percent
     each: the run is reclaimed once, resumes at its durable checkpoint and succeeds."""
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     with FaultFront(seaweed, seed=25, slowdown=0.03, reset=0.03, truncate=0.03, stall=0.02, late_500=0.03,
                     stall_seconds=0.5) as front:
@@ -195,7 +195,7 @@ def test_a_batch_job_with_a_killed_worker_verifies_through_store_faults(seaweed,
         _kill_one_worker_mid_item(job)
         _wait(lambda: _job_state(job)["state"] in ("succeeded", "failed"), 600, "the job to end")
         assert _job_state(job)["state"] == "succeeded", _job_state(job)
-        from sdcloud.runs.state import StateStore
+        from sdcloud.runs.records.state import StateStore
 
         exits = [e["data"]["rc"] for e in StateStore().events(job) if e["kind"] == "worker-exited"]
         # Only the killed worker ended badly: none died of a store fault (rc 1).
@@ -211,8 +211,8 @@ def test_a_batch_job_with_a_killed_worker_verifies_through_store_faults(seaweed,
 def _controller(tmp_path):
     from test_fleet import CloudDouble
 
-    from sdcloud.runs.controller import Controller
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import Controller
+    from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
     spec = {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1", "model": "tiny", "steps": 100,
@@ -255,7 +255,7 @@ def test_a_recurring_refusal_in_the_status_ends_the_run_after_one_attempt(tmp_pa
 
 
 def test_hosts_that_vanish_before_reporting_are_bounded(tmp_path, sdcloud_home):
-    from sdcloud.runs import hostboot
+    from sdcloud.runs.driving import hostboot
 
     ctl, cloud, state = _controller(tmp_path)
     for _ in range(hostboot.MAX_UNREPORTED_ENDS):
@@ -272,8 +272,8 @@ def test_a_store_that_cannot_be_read_is_a_fault_to_wait_out(tmp_path, sdcloud_ho
     notes the outage as events that `watch` prints, once a minute, and its end."""
     from botocore.exceptions import ResponseStreamingError
 
-    from sdcloud.runs.progress_view import plain
-    from sdcloud.runs import hostboot
+    from sdcloud.verbs.progress_view import plain
+    from sdcloud.runs.driving import hostboot
 
     ctl, cloud, state = _controller(tmp_path)
     err = ResponseStreamingError(error="IncompleteRead(111 bytes read, 112 more expected)")

@@ -64,7 +64,7 @@ if cloud == "aws":
     sys.path.append(sys.argv[3])
     from authz_record import authz_log, install
     install(authz_log(log, "driver"), lambda o, n, v: setattr(o, n, v), principal="driver")
-    from sdcloud.runs import unattended
+    from sdcloud.driver import unattended
 
     class Context:
         aws_request_id = None
@@ -85,10 +85,10 @@ print(json.dumps({"python": list(sys.version_info[:2]), "report": report}))
 # The laptop's controller (what `up` leaves running), stepping its run until it is killed.
 LAPTOP = r"""
 import sys, time
-from sdcloud.runs import driver
+from sdcloud.runs.records import lease as driver
 driver.MIN_LEASE_SECONDS, driver.LEASE_POLLS = 0.5, 0
-from sdcloud.runs.controller import Controller
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.driving.controller import Controller
+from sdcloud.runs.records.state import StateStore
 ctl = Controller(StateStore(sys.argv[1]), sys.argv[2], driver="laptop")
 ctl.lease.acquire_or_refuse()
 ctl.reconcile()
@@ -253,8 +253,8 @@ class Spec:
 
 def _attempts(store, rid: str, strict: bool = True) -> list:
     """The run's attempts as its journal in the bucket tells them (a third machine's view)."""
-    from sdcloud.runs.journal import restore
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.journal import restore
+    from sdcloud.runs.records.state import StateStore
 
     seen = StateStore()
     if restore(seen, store, rid) is None:
@@ -291,10 +291,10 @@ def cloud(request, tmp_path, monkeypatch):
 def test_a_users_run_is_relaunched_and_finished_by_the_handler_alone(package, cloud, how, tmp_path,  # noqa: F811
                                                                     monkeypatch, sdcloud_home):
     from sdcloud.providers.traits import traits
-    from sdcloud.runs.controller import Controller, new_run_id
-    from sdcloud.runs.journal import restore
-    from sdcloud.runs.state import StateStore
-    from sdcloud.runs.store import open_run_store
+    from sdcloud.runs.driving.controller import Controller, new_run_id
+    from sdcloud.runs.records.journal import restore
+    from sdcloud.runs.records.state import StateStore
+    from sdcloud.runs.records.store import open_run_store
 
     _, task = package
     sdcloud_home.mkdir(parents=True, exist_ok=True)
@@ -364,8 +364,8 @@ def test_a_users_run_is_relaunched_and_finished_by_the_handler_alone(package, cl
                 return
             invoke()
         if not cond():
-            from sdcloud.runs.journal import restore
-            from sdcloud.runs.state import StateStore
+            from sdcloud.runs.records.journal import restore
+            from sdcloud.runs.records.state import StateStore
 
             seen = StateStore()
             restore(seen, store, rid)

@@ -415,7 +415,7 @@ def test_reclaim_then_describe(fake):
 
 
 def test_crash_then_gc_leaves_zero_instances(fake, capsys):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     prov = provider()
     store = StateStore()

@@ -18,8 +18,8 @@ from sdcloud.errors import UserError
 from sdcloud.providers import base
 from sdcloud.providers.tencent import compute as tencent
 from sdcloud.providers.tencent import errors as codes
-from sdcloud.runs.controller import Controller, Timing, new_run_id
-from sdcloud.runs.state import StateStore
+from sdcloud.runs.driving.controller import Controller, Timing, new_run_id
+from sdcloud.runs.records.state import StateStore
 
 REGION = "ap-guangzhou"
 INFRA = {"image_id": "img-fake0001", "vpc_id": "vpc-fake", "security_group_id": "sg-fake", "cam_role_name": "sdcloud-host",

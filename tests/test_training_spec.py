@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from sdcloud.cli import main
-from sdcloud.runs.controller import agent_config
-from sdcloud.runs.spec import build_spec
+from sdcloud.runs.driving.controller import agent_config
+from sdcloud.runs.inputs.spec import build_spec
 
 
 def _photos(folder: Path, n: int = 3, size=(48, 40)) -> Path:
@@ -134,7 +134,7 @@ def test_bad_training_input_is_one_line_exit_2_nothing_launched(capsys, sdcloud_
 
 
 def test_pull_downloads_the_artifacts(tmp_path, sdcloud_home, capsys):
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
     from sdcloud_agent.store import open_store
 
     spec = build_spec(None, {"tier": "sd15-lora", "provider": "local"})
@@ -155,7 +155,7 @@ def test_a_one_gpu_trainer_is_not_estimated_as_if_it_used_every_gpu(sdcloud_home
     from sdcloud.offers.catalog import load_catalog
     from sdcloud.offers.optimizer import rank
     from sdcloud.offers.tiers import get_tier
-    from sdcloud.runs.training import gpus_used
+    from sdcloud.runs.inputs.training import gpus_used
 
     tier = get_tier("sdxl-lora")
     every = {e.offer.key: e for e in rank(tier, load_catalog(["aws"]), region="us-east-1")}

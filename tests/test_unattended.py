@@ -1,4 +1,4 @@
-"""The cloud driver (sdcloud.runs.unattended) carries a run whose laptop went away.
+"""The cloud driver (sdcloud.driver.unattended) carries a run whose laptop went away.
 
 The laptop's controller is SIGKILLed mid-run and its host is lost with it (a reclaim while nobody
 drives). The function's handler is then called in this process exactly as the platforms call it
@@ -37,7 +37,7 @@ class LambdaContext:
 
 
 def test_handlers_recognise_each_platforms_event():
-    from sdcloud.runs import unattended
+    from sdcloud.driver import unattended
 
     assert unattended._driver_name(SCF_TIMER) == "tencent-scf"
     assert unattended._driver_name(SCHEDULER_INPUT) == "aws-lambda"
@@ -47,7 +47,7 @@ def test_handlers_recognise_each_platforms_event():
 
 
 def test_nothing_live_means_nothing_done(tmp_path, monkeypatch):
-    from sdcloud.runs import unattended
+    from sdcloud.driver import unattended
 
     monkeypatch.setenv("SDCLOUD_STORE", (tmp_path / "bucket").as_uri())
     (tmp_path / "bucket").mkdir()
@@ -59,7 +59,7 @@ def test_nothing_live_means_nothing_done(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_run_whose_laptop_went_away_is_finished_by_the_cloud_driver(tmp_path, monkeypatch, sdcloud_home):
-    from sdcloud.runs import unattended
+    from sdcloud.driver import unattended
 
     bucket = tmp_path / "bucket"
     bucket.mkdir()
@@ -79,7 +79,7 @@ def test_a_run_whose_laptop_went_away_is_finished_by_the_cloud_driver(tmp_path, 
             return 0
 
     wait_until(lambda: step() >= 5, timeout=600, every=0.5)
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     laptop = StateStore(sdcloud_home / "state.db")
     os.kill(laptop.get_run(rid)["controller_pid"], signal.SIGKILL)
@@ -131,10 +131,10 @@ def test_drivers_racing_for_one_run_launch_once_per_decision(tmp_path, monkeypat
     import random
 
     from sdcloud.fleet.lifecycle import Timing
-    from sdcloud.runs.controller import Controller
-    from sdcloud.runs.driver import DriverLease, LEASE_ITEM
-    from sdcloud.runs.journal import Journal, restore
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import Controller
+    from sdcloud.runs.records.lease import DriverLease, LEASE_ITEM
+    from sdcloud.runs.records.journal import Journal, restore
+    from sdcloud.runs.records.state import StateStore
     from test_fleet import CloudDouble
 
     bucket = tmp_path / "bucket"
@@ -145,7 +145,7 @@ def test_drivers_racing_for_one_run_launch_once_per_decision(tmp_path, monkeypat
     store = LocalStore(bucket)
     Journal(first, store, "r-race0001").flush()
     now = [1_000_000.0]
-    monkeypatch.setattr("sdcloud.runs.controller.time.time", lambda: now[0])
+    monkeypatch.setattr("sdcloud.runs.driving.controller.time.time", lambda: now[0])
     cloud = CloudDouble()
     acting: list[str] = []
     launches: list[tuple[str, str]] = []
@@ -199,7 +199,7 @@ def test_up_unattended_is_refused_where_no_cloud_driver_exists(tmp_path, capsys,
     the run to nobody, so it is refused before anything is recorded (tests/test_handover_inputs.py
     hands a run over where a driver exists)."""
     from sdcloud.cli import main
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.state import StateStore
 
     bucket = tmp_path / "bucket"
     args = ["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "4",
@@ -217,11 +217,11 @@ def test_up_unattended_is_refused_where_no_cloud_driver_exists(tmp_path, capsys,
 @pytest.mark.slow
 def test_watch_drive_takes_the_run_back_from_the_cloud_driver(tmp_path, capsys, sdcloud_home, monkeypatch):
     from sdcloud.cli import main
-    from sdcloud.runs.driver import DriverLease
+    from sdcloud.runs.records.lease import DriverLease
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from sdcloud.runs.controller import Controller
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.driving.controller import Controller
+    from sdcloud.runs.records.state import StateStore
 
     bucket = tmp_path / "bucket"
     rid = "r-back0001"  # handed over as `up --unattended` hands a run over where a cloud driver exists
@@ -254,9 +254,10 @@ def test_on_aws_the_cloud_driver_carries_a_reclaim_after_the_laptop_is_gone(moto
     from host_emulator import HostEmulator
     from sdcloud.fleet.lifecycle import Timing
     from sdcloud.providers import get_provider
-    from sdcloud.runs import driver as driver_mod, unattended
-    from sdcloud.runs.controller import Controller, new_run_id
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records import lease as driver_mod
+    from sdcloud.driver import unattended
+    from sdcloud.runs.driving.controller import Controller, new_run_id
+    from sdcloud.runs.records.state import StateStore
 
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": moto_server}
@@ -270,7 +271,7 @@ def test_on_aws_the_cloud_driver_carries_a_reclaim_after_the_laptop_is_gone(moto
     ec2 = boto3.client("ec2")
     provider = get_provider("aws", image_id="ami-12c6146b", region="us-east-1", regions=["us-east-1"])
     # The function builds its provider from the run's spec and the stack's outputs; here, moto's.
-    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: provider)
+    monkeypatch.setattr("sdcloud.runs.driving.controller.get_provider", lambda name, **kw: provider)
 
     def listing():
         for res in ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": ["sdcloud:run"]}])["Reservations"]:
@@ -309,8 +310,8 @@ def test_on_aws_the_cloud_driver_carries_a_reclaim_after_the_laptop_is_gone(moto
         monkeypatch.setenv("SDCLOUD_STORE", url)
         monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "lambda-tmp"))
         reports = []
-        from sdcloud.runs.journal import restore
-        from sdcloud.runs.store import open_run_store
+        from sdcloud.runs.records.journal import restore
+        from sdcloud.runs.records.store import open_run_store
 
         def journaled() -> StateStore:  # the function's state.db is its invocation's own: the bucket says
             seen = StateStore(tmp_path / f"seen-{len(reports)}.db")
@@ -347,9 +348,9 @@ def test_on_aws_the_cloud_driver_carries_a_reclaim_after_the_laptop_is_gone(moto
 
 def test_every_live_run_gets_its_steps_in_one_invocation(tmp_path, monkeypatch):
     """Two live runs: the function takes a step of each in turn, not the whole invocation on the first."""
-    from sdcloud.runs import unattended
-    from sdcloud.runs.journal import Journal
-    from sdcloud.runs.state import StateStore
+    from sdcloud.driver import unattended
+    from sdcloud.runs.records.journal import Journal
+    from sdcloud.runs.records.state import StateStore
     from test_fleet import CloudDouble
 
     bucket = tmp_path / "bucket"
@@ -361,7 +362,7 @@ def test_every_live_run_gets_its_steps_in_one_invocation(tmp_path, monkeypatch):
                                              "store": bucket.as_uri()}, 100)
         Journal(laptop, store, rid).flush()
     cloud = CloudDouble()
-    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: cloud)
+    monkeypatch.setattr("sdcloud.runs.driving.controller.get_provider", lambda name, **kw: cloud)
     monkeypatch.setenv("SDCLOUD_STORE", bucket.as_uri())
     monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "fn"))
     monkeypatch.setenv("SDCLOUD_DRIVER_SECONDS", "12")
@@ -377,9 +378,9 @@ def test_with_no_laptop_a_run_without_spot_capacity_meets_its_deadline_on_demand
     clock, the function's steps wait while the slack allows and then launch on-demand in time for the
     job to finish before its deadline."""
     from sdcloud.providers.base import CapacityError
-    from sdcloud.runs import unattended
-    from sdcloud.runs.journal import Journal
-    from sdcloud.runs.state import StateStore
+    from sdcloud.driver import unattended
+    from sdcloud.runs.records.journal import Journal
+    from sdcloud.runs.records.state import StateStore
     from test_fleet import CloudDouble
 
     class NoSpot(CloudDouble):
@@ -392,7 +393,7 @@ def test_with_no_laptop_a_run_without_spot_capacity_meets_its_deadline_on_demand
             return super().launch(offer, spec, market, max_price, events)
 
     now = [1_800_000_000.0]
-    for mod in ("sdcloud.runs.controller", "sdcloud.fleet.lifecycle", "sdcloud.runs.journal"):
+    for mod in ("sdcloud.runs.driving.controller", "sdcloud.fleet.lifecycle", "sdcloud.runs.records.journal"):
         monkeypatch.setattr(f"{mod}.time.time", lambda: now[0])
     bucket = tmp_path / "bucket"
     laptop = StateStore(tmp_path / "laptop.db")
@@ -403,7 +404,7 @@ def test_with_no_laptop_a_run_without_spot_capacity_meets_its_deadline_on_demand
     laptop.update_run("r-dead0001", created=now[0])
     Journal(laptop, LocalStore(bucket), "r-dead0001").flush()
     cloud = NoSpot()
-    monkeypatch.setattr("sdcloud.runs.controller.get_provider", lambda name, **kw: cloud)
+    monkeypatch.setattr("sdcloud.runs.driving.controller.get_provider", lambda name, **kw: cloud)
     monkeypatch.setenv("SDCLOUD_STORE", bucket.as_uri())
     monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "fn"))
 
@@ -419,13 +420,13 @@ def test_with_no_laptop_a_run_without_spot_capacity_meets_its_deadline_on_demand
                                 and not cloud.live() else 0.0, sleep=tick)
         now[0] += 300.0  # the schedule's next tick
     live = cloud.live()
-    from sdcloud.runs.journal import restore
+    from sdcloud.runs.records.journal import restore
 
     fn = StateStore(tmp_path / "seen.db")  # the function's state.db is its invocation's own: the bucket says
     restore(fn, LocalStore(bucket), "r-dead0001")
     assert live and live[0].market == "on-demand", (fn.get_run("r-dead0001"), [(e["kind"], e["data"]) for e in fn.events("r-dead0001")][-8:])
     assert NoSpot.spot_tries >= 1, "spot was tried first"
-    from sdcloud.runs.controller import Controller
+    from sdcloud.runs.driving.controller import Controller
 
     ctl = Controller(fn, "r-dead0001", provider=cloud)
     elapsed_h = (now[0] - fn.get_run("r-dead0001")["created"]) / 3600

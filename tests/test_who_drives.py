@@ -12,8 +12,8 @@ from sdcloud_agent.store import LocalStore
 
 
 def _a_run_in_its_bucket(tmp_path, rid: str = "r-whod0001"):
-    from sdcloud.runs.journal import Journal
-    from sdcloud.runs.state import StateStore
+    from sdcloud.runs.records.journal import Journal
+    from sdcloud.runs.records.state import StateStore
 
     bucket = tmp_path / "bucket"
     first = StateStore(tmp_path / "first-machine.db")
@@ -27,7 +27,7 @@ def _a_run_in_its_bucket(tmp_path, rid: str = "r-whod0001"):
 
 def test_status_on_a_second_machine_says_who_drives(tmp_path, capsys, sdcloud_home, monkeypatch):
     from sdcloud.cli import main
-    from sdcloud.runs import driver as drv
+    from sdcloud.runs.records import lease as drv
 
     _, store, url, rid = _a_run_in_its_bucket(tmp_path)
     laptop = drv.DriverLease(store, rid, 5.0, "laptop-a:4242")
@@ -66,8 +66,8 @@ def test_watch_on_a_second_machine_follows_a_run_another_machine_drives(tmp_path
                                                                       monkeypatch):
     from sdcloud.cli import main
     from sdcloud.commands import watch as watch_cmd
-    from sdcloud.runs import driver as drv
-    from sdcloud.runs.journal import Journal
+    from sdcloud.runs.records import lease as drv
+    from sdcloud.runs.records.journal import Journal
 
     first, store, url, rid = _a_run_in_its_bucket(tmp_path, "r-whod0002")
     laptop = drv.DriverLease(store, rid, 5.0, "laptop-a:4242")

@@ -15,7 +15,7 @@ from its newest checkpoint with a changed setup (the out-of-memory ladder's mach
 Each action is one entry of status.json `health_actions` (the controller makes each an event):
 the cause, the changes in words, the figures before, the figures after once judged again.
 Throttling is not acted on here: moving off a throttled host is the controller's choice
-(sdcloud/runs/oom_move.py weighs it), since only it knows the offers.
+(sdcloud/runs/driving/oom_move.py weighs it), since only it knows the offers.
 """
 
 from __future__ import annotations

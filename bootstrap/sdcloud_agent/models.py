@@ -6,7 +6,7 @@
     https://.../file          one file (a .safetensors checkpoint), fetched once
     cache:cache/models/local-<sha16>.tar[#name.safetensors]
                               a local file or folder the controller packed and uploaded by its
-                              content (sdcloud.runs.models); restored, never fetched: a missing
+                              content (sdcloud.runs.inputs.models); restored, never fetched: a missing
                               key fails the model phase
     /a/local/path             used in place (the local provider's host is the user's machine)
 
@@ -64,7 +64,7 @@ def cache_key(model: str, single_file: bool = False) -> str | None:
     return f"cache/models/{kind}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.tar"
 
 
-HUB_TOKEN_KEY = "secrets/hf-token"  # under the run's prefix: put there by the controller (sdcloud.runs.hub_access)
+HUB_TOKEN_KEY = "secrets/hf-token"  # under the run's prefix: put there by the controller (sdcloud.runs.inputs.hub_access)
 
 
 def hub_token(store, run_prefix: str) -> str | None:

@@ -5,7 +5,7 @@ an EventBridge Scheduler cron schedule or an SCF timer trigger (the provider's s
 capabilities.SchedulesBatch) that invokes the stack's cloud driver with `{"sdcloud": "batch-fire",
 "schedule": SID}`. What the fire needs is in the stack's bucket first, since the function knows
 nothing else: the submit options, the prompts file's bytes, the job's store and the stack's outputs
-(`batch/schedules/<sid>/`, batch/unattended.py). The function then submits under the laptop
+(`batch/schedules/<sid>/`, batch/schedule_keys.py). The function then submits under the laptop
 scheduler's job-id rule (schedules.fire_job_id) and drives the job to its end.
 
 Local and SSH jobs keep this machine's timer (schedules.py, `sdcloud scheduler install`).
@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import UserError
 from ..providers.capabilities import SchedulesBatch
 from ..providers.traits import ProviderTraits, names, traits
-from .unattended import FIRE, last_job_key, prompts_key, schedule_key
+from .schedule_keys import FIRE, last_job_key, prompts_key, schedule_key
 
 PREFIX = "sdcloud-batch-"
 
@@ -74,7 +74,7 @@ def _known() -> list[tuple[str, dict, SchedulesBatch]]:
 
 def add(cron: str, tz: str, opts: Any) -> dict:
     """Put the schedule on `opts.provider`'s scheduler; `opts` are the submit options, validated."""
-    from ..runs.store import open_run_store
+    from ..runs.records.store import open_run_store
     from .schedules import check_cron
     from .submit import store_conf
 
@@ -111,7 +111,7 @@ def add(cron: str, tz: str, opts: Any) -> dict:
 
 def listed() -> list[dict]:
     """The batch schedules on every cloud whose stack this machine knows, with the last job each submitted."""
-    from ..runs.store import NotFound, open_run_store
+    from ..runs.records.store import NotFound, open_run_store
     from .submit import store_conf
 
     rows = []
@@ -141,7 +141,7 @@ def set_paused(sid: str, paused: bool) -> dict | None:
 
 def remove(sid: str) -> dict | None:
     """Remove the schedule from the cloud that has it (and its record from the bucket); None: none has."""
-    from ..runs.store import open_run_store
+    from ..runs.records.store import open_run_store
     from .submit import store_conf
 
     for provider, infra, module in _known():

@@ -7,7 +7,7 @@ one per open item after that, none once every item is done, and then stops them 
 Workers need no signal from here to finish: they leave when nothing is left to claim.
 
 On AWS and Tencent a worker host boots as a training host does: the launch carries the per-run
-user-data of sdcloud.runs.hostboot (the agent config with its `batch` section, the agent wheel
+user-data of sdcloud.runs.driving.hostboot (the agent config with its `batch` section, the agent wheel
 uploaded to the job's bucket first), and a failed boot phase, or no boot report within the boot
 timeout, ends that host and cools down its offer; N failed boots in a row end the job.
 """
@@ -27,9 +27,9 @@ from ..offers.optimizer import job_hours
 from ..offers.tiers import get_tier
 from ..providers.base import LaunchSpec
 from ..providers.traits import Hosts, ProviderTraits, traits
-from ..runs import hostboot
-from ..runs.owner import Memo
-from ..runs.state import FINAL_RUN_STATES
+from ..runs.driving import hostboot
+from ..runs.driving.owner import Memo
+from ..runs.records.state import FINAL_RUN_STATES
 from ..spot.policy import get_policy
 
 
@@ -37,7 +37,7 @@ class BatchController:
     def __init__(self, state: Any, job_id: str, provider: Any = None, timing: Timing | None = None,
                  emit: Callable[[str, dict], None] | None = None):
         from ..providers import get_provider
-        from ..runs.store import open_run_store
+        from ..runs.records.store import open_run_store
 
         self.state = state
         job = state.get_run(job_id)
@@ -79,7 +79,7 @@ class BatchController:
 
     def _images_done(self) -> int:
         """Images in the done markers, for `status` (the row's step); the last count if the store is unreachable."""
-        from ..runs.store import StoreError
+        from ..runs.records.store import StoreError
 
         try:
             return sum(len(json.loads(self.store.get(o.key))["images"])
@@ -108,7 +108,7 @@ class BatchController:
                         done_hours=c * done / max(1, int(self.spec["items"])), job_hours=c,
                         deadline_hours=self.spec.get("deadline_hours"))
 
-    # -- what hostboot asks of its driver (sdcloud.runs.owner.RunOwner) -------------------------------
+    # -- what hostboot asks of its driver (sdcloud.runs.driving.owner.RunOwner) -------------------------------
 
     @property
     def run_id(self) -> str:
@@ -145,7 +145,7 @@ class BatchController:
             # job has no driver (its heartbeat stale, no cloud driver looking) ends after the grace;
             # none outlives its lifetime cap (sdcloud_agent/batch/lifetime.py, docs/batch.md).
             from .. import config
-            from ..runs.agent_config import UNATTENDED_POLLS
+            from ..runs.driving.agent_config import UNATTENDED_POLLS
 
             created = self.state.get_run(self.job_id)["created"]
             deadline = self.spec.get("deadline_hours")
@@ -167,7 +167,7 @@ class BatchController:
 
     def boot_report(self, n: int) -> dict | None:
         """The host's boot report (runs/<job>/boot/attempt-<n>.json, one per host), None before its first."""
-        from ..runs.store import StoreError
+        from ..runs.records.store import StoreError
 
         try:
             return json.loads(self.store.get(f"runs/{self.job_id}/boot/attempt-{n}.json"))
@@ -177,7 +177,7 @@ class BatchController:
     def _boot_failure(self, n: int, phase: str) -> dict:
         """The failed boot as the status hostboot reads: status.json when it is this host's (the job's
         hosts share that key), else the phase with the end of the host's boot log."""
-        from ..runs.store import StoreError
+        from ..runs.records.store import StoreError
 
         try:
             status = json.loads(self.store.get(f"runs/{self.job_id}/status.json"))

@@ -37,8 +37,8 @@ def cancel(job_id: str, reason: str = "cancelled by sdcloud batch cancel") -> di
     `job_id` may be the job's name; every write uses the id found (a write by name matched no row and
     left the job `running` while its pool kept relaunching workers).
     """
-    from ..runs.state import ACTIVE_RUN_STATES
-    from ..runs.store import StoreError
+    from ..runs.records.state import ACTIVE_RUN_STATES
+    from ..runs.records.store import StoreError
 
     job = find_job(job_id)
     jid = job["id"]
@@ -69,7 +69,7 @@ def end_hosts(job_id: str, wait_s: float | None = None) -> int:
     still open here (local worker processes, cloud instances through the fleet). Returns how many."""
     import signal
 
-    from ..runs.background import controller_alive
+    from ..runs.driving.background import controller_alive
 
     state = state_store()
     row = state.get_run(job_id)

@@ -6,7 +6,7 @@ batch/<job>/journal.json       the job's row, its hosts (attempts), their costs,
 drivers/batch/<job>             present while the job is live: the cloud driver's index of batch jobs
 ```
 
-One object, rewritten whole by the driver that holds the job's lease (runs/driver.py), so a reader
+One object, rewritten whole by the driver that holds the job's lease (runs/records/lease.py), so a reader
 sees one consistent job; events travel inside it and a restore inserts each once (StateStore.import_run
 keys an event by its time and kind). The index is apart from the training runs' (`drivers/active/`), so
 the runs' driver never mistakes a batch job for a run. Secrets are never in a row, so none are here.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..runs.state import ACTIVE_RUN_STATES, StateStore
+from ..runs.records.state import ACTIVE_RUN_STATES, StateStore
 
 INDEX = "drivers/batch"
 
@@ -41,7 +41,7 @@ def save(state: StateStore, store: Any, job_id: str) -> None:
 
 def restore(state: StateStore, store: Any, job_id: str) -> dict | None:
     """Rebuild the job's rows from the bucket; None when the bucket has no journal for it."""
-    from ..runs.store import NotFound
+    from ..runs.records.store import NotFound
 
     try:
         snap = json.loads(store.get(key(job_id)))
@@ -59,7 +59,7 @@ def fetch(state: StateStore, job_id: str) -> dict | None:
     the bucket of each stack this machine knows whose provider schedules jobs on its cloud; None if
     none has it. A bucket that cannot be read (no credentials here) is passed over."""
     from ..providers.traits import names
-    from ..runs.store import open_run_store, store_config
+    from ..runs.records.store import open_run_store, store_config
 
     for provider in names(where=lambda t: t.schedules is not None):
         infra = state.infra(provider, "")
@@ -85,7 +85,7 @@ class Carried:
     the bucket after each step. None of it where the provider has no cloud driver."""
 
     def __init__(self, ctl: Any):
-        from ..runs.driver import DriverLease
+        from ..runs.records.lease import DriverLease
 
         self.ctl = ctl
         self.lease = DriverLease(ctl.store, ctl.job_id, ctl.timing.poll_seconds)
@@ -110,7 +110,7 @@ class Carried:
     def save(self) -> None:
         """The job's rows to the bucket; a store fault waits for the next step (the rows are a copy)."""
         from ..events import Kind
-        from ..runs.store import StoreError
+        from ..runs.records.store import StoreError
 
         try:
             save(self.ctl.state, self.ctl.store, self.ctl.job_id)

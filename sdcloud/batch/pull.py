@@ -15,7 +15,7 @@ def pull(job_id: str, dest: str | None, force: bool = False) -> dict[str, Any]:
     Into a new or empty folder, or an earlier pull of the same job (then only missing images are
     fetched); any other folder only with `force`, so that two jobs' images never mix unasked.
     """
-    from ..runs import pulls
+    from ..runs.records import pulls
     from sdcloud_agent.batch import layout
     from sdcloud_agent.batch.verify import done_markers
 

@@ -22,7 +22,7 @@ def on_this_machine(provider: str) -> bool:
 
 
 def state_store():
-    from ..runs.state import StateStore
+    from ..runs.records.state import StateStore
 
     return StateStore()
 
@@ -40,7 +40,7 @@ def find_job(job_id: str) -> dict[str, Any]:
 
 def job_store(job: dict):
     """The open store of `job` (its spec holds the store's config)."""
-    from ..runs.store import open_run_store
+    from ..runs.records.store import open_run_store
 
     return open_run_store(job["spec"]["store"])
 
@@ -54,7 +54,7 @@ def list_jobs() -> list[dict[str, Any]]:
 def images_done(job: dict) -> int:
     """Images the job has made: the bucket's done markers; the row's last count when the bucket
     cannot be read (the cost report must not fail on a job whose bucket is gone)."""
-    from ..runs.store import StoreError
+    from ..runs.records.store import StoreError
 
     try:
         store = job_store(job)
@@ -95,7 +95,7 @@ def progress(job_id: str) -> dict[str, Any]:
 
 def job_over(job_id: str) -> bool:
     """Whether the job's row says it ended (cancelled, failed, succeeded, stopped): drivers stop at once."""
-    from ..runs.state import FINAL_RUN_STATES
+    from ..runs.records.state import FINAL_RUN_STATES
 
     row = state_store().get_run(job_id)
     return row is None or row["state"] in FINAL_RUN_STATES
@@ -113,7 +113,7 @@ def verdict(job_id: str) -> dict[str, Any]:
     exactly once: a key missing, claimed twice or indexed against the wrong worker) or "incomplete"
     (a job still running, or one that ended before its last item: cancelled, stopped, failed; what
     it made is checked, and a duplicate there is still FAILED)."""
-    from ..runs.state import FINAL_RUN_STATES
+    from ..runs.records.state import FINAL_RUN_STATES
 
     job = find_job(job_id)
     if job["state"] not in FINAL_RUN_STATES:
@@ -156,7 +156,7 @@ def status_value(key: str, value: Any) -> str:
 
 def cancel_marked(job: dict) -> bool:
     """Whether the job's bucket holds its cancel marker (a cancel from another machine, a budget stop)."""
-    from ..runs.store import StoreError
+    from ..runs.records.store import StoreError
 
     try:
         return job_store(job).head(f"{job['spec']['prefix']}/cancel") is not None

@@ -50,10 +50,10 @@ def new_job_id() -> str:
 
 
 def store_conf(provider: str, store: str | None, region: str | None = None) -> dict:
-    """The job's store, chosen as a training run's is (sdcloud.runs.store.store_config): --store, this
+    """The job's store, chosen as a training run's is (sdcloud.runs.records.store.store_config): --store, this
     machine's bucket folder for local and SSH, else the bucket of `sdcloud infra up` (Tencent: COS with
     its endpoint, virtual addressing and the hosts' CVM role)."""
-    from ..runs.store import store_config
+    from ..runs.records.store import store_config
 
     infra = state_store().infra(provider, region or "") if provider in names(where=has_stack) and not store else None
     return store_config(provider, store, region, infra)
@@ -156,8 +156,8 @@ def resolve_lora_run(run_id: str) -> LoraRun:
     bucket (a host gets the job's store and nothing else), and a run that cannot serve is refused
     before anything is written or launched. Submit then copies the file into the job's own prefix.
     """
-    from ..runs import artifacts
-    from ..runs.store import StoreError
+    from ..runs.records import artifacts
+    from ..runs.records.store import StoreError
 
     run = state_store().get_run(run_id)  # an id or a name
     if run is None or run["spec"].get("kind") == "batch":
@@ -206,7 +206,7 @@ def submit(opts: SubmitOptions, job_id: str | None = None, state: Any = None, co
     items = validate(opts)
     conf = conf or store_conf(opts.provider, opts.store)
     state = state or state_store()
-    from ..runs.store import open_run_store
+    from ..runs.records.store import open_run_store
     from sdcloud_agent.batch.worker import write_job
 
     if job_id is not None and state.get_run(job_id) is not None:

@@ -46,13 +46,13 @@ def submit_options(f):
 
 def _options(kw: dict):
     from ..batch.jobs import SubmitOptions
-    from ..runs.config_check import check_settings
-    from ..runs.spec import parse_duration
+    from ..runs.inputs.config_check import check_settings
+    from ..runs.inputs.spec import parse_duration
 
     check_settings()  # every section of config.toml ([hosts] self_end_grace reaches the hosts), before the job exists
     store = kw["store"]
     if store:
-        from ..runs.preflight import check_store_url
+        from ..runs.inputs.preflight import check_store_url
 
         # Before the bucket is opened or a row written: ftp://... used to end in a traceback.
         store = check_store_url(store, kw["provider"])
@@ -74,7 +74,7 @@ def _ensure_bucket(kw: dict) -> None:
     if kw["provider"] not in names(where=has_stack) or kw["store"]:
         return
     from ..infra.automation import ensure_infra
-    from ..runs.state import StateStore
+    from ..runs.records.state import StateStore
 
     outputs = ensure_infra(kw["provider"], default_region(kw["provider"]), on_output=lambda line: click.echo(line, err=True))
     StateStore().save_infra(kw["provider"], "", outputs)
@@ -192,7 +192,7 @@ def watch(job: str, interval: float) -> None:
     import time
 
     from ..batch import jobs
-    from ..runs.state import FINAL_RUN_STATES
+    from ..runs.records.state import FINAL_RUN_STATES
     from .common import EXIT_INTERRUPTED, EXIT_NO_CONTROLLER, EXIT_NOT_SUCCEEDED
     from .status import controller_note
 
@@ -376,7 +376,7 @@ def fire(job_id: str, kw: dict) -> None:
 
 
 def job_state(job_id: str) -> str | None:
-    from ..runs.state import StateStore
+    from ..runs.records.state import StateStore
 
     run = StateStore().get_run(job_id)
     return run["state"] if run else None

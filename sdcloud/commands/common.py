@@ -15,7 +15,7 @@ EXIT_INTERRUPTED = 130
 
 
 def state_store():
-    from ..runs.state import StateStore
+    from ..runs.records.state import StateStore
 
     return StateStore()
 
@@ -52,7 +52,7 @@ def complete_regions(ctx, param, incomplete: str):
 
 def complete_runs(ctx, param, incomplete: str):
     try:
-        from ..runs.state import StateStore
+        from ..runs.records.state import StateStore
 
         runs = StateStore().list_runs()
     except Exception:

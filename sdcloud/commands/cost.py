@@ -14,7 +14,7 @@ from ..render import emit_json, output_options, wide_option
 def _since_seconds(since: str | None) -> float | None:
     if since is None:
         return None
-    from ..runs.spec import parse_duration
+    from ..runs.inputs.spec import parse_duration
 
     return parse_duration(since, "--since") * 3600.0
 
@@ -63,7 +63,7 @@ def report(runs: tuple[str, ...], since: str | None, all_runs: bool, fmt: str, o
     path = _check_output(output)
     if fmt == "table" and path is not None:
         raise UserError("--output needs --format json, csv or html")
-    from ..runs.state import StateStore
+    from ..runs.records.state import StateStore
 
     from ..batch.status import images_done
 
@@ -115,7 +115,7 @@ def reconcile(since: str, threshold: str, as_json: bool) -> None:
         raise UserError(f"--threshold must be a percentage, got {threshold!r}") from None
     if not pct >= 0:
         raise UserError(f"--threshold must be a percentage, got {threshold!r}")
-    from ..runs.state import StateStore
+    from ..runs.records.state import StateStore
 
     rows = do_reconcile(StateStore(), since_seconds=seconds, threshold_pct=pct)
     if as_json:

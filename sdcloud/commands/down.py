@@ -1,4 +1,4 @@
-"""`sdcloud down`: stop a run (or all of them); a batch job's stop is its cancel (runs/stop.py, batch/jobs.py)."""
+"""`sdcloud down`: stop a run (or all of them); a batch job's stop is its cancel (verbs/stop.py, batch/jobs.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from .common import complete_runs, find_run, state_store
 @click.option("--json", "as_json", is_flag=True)
 def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
     """Stop a run (or all runs): the host saves a checkpoint and every instance is terminated."""
-    from ..runs.background import controller_alive
-    from ..runs.state import ACTIVE_RUN_STATES, BATCH, run_kind
-    from ..runs.stop import stop_anywhere
+    from ..runs.driving.background import controller_alive
+    from ..runs.records.state import ACTIVE_RUN_STATES, BATCH, run_kind
+    from ..verbs.stop import stop_anywhere
 
     if not run and not all_runs:
         raise UserError("name a run or pass --all; see: sdcloud status")
@@ -52,16 +52,16 @@ def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
 
 def _said(d: dict, run: dict) -> str:
     """What `down` did to one run, in one line."""
-    from ..runs.state import ACTIVE_RUN_STATES
+    from ..runs.records.state import ACTIVE_RUN_STATES
 
-    from ..runs.stop_words import ended_line
+    from ..verbs.stop_words import ended_line
 
     if d.get("already_ended"):  # nothing was stopped now: what ended it, and how to continue it
         said = ended_line(run) or f"run {d['run']}: {d['state']}"
         return f"run {d['run']} had already ended: " + said.removeprefix(f"run {d['run']}: ")
     holder = d.get("stop_requested_of")
     if not holder:
-        from ..runs.state import BATCH, run_kind
+        from ..runs.records.state import BATCH, run_kind
 
         if run_kind(run) == BATCH:  # a cancel is final: what it made stays
             return f"batch job {d['run']}: {d['state']}; the images it made stay: sdcloud batch pull {d['run']}"

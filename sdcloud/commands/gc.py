@@ -33,7 +33,7 @@ def gc(provider: str, regions: tuple[str, ...], yes: bool, as_json: bool) -> Non
     """Find and terminate hosts that sdcloud launched and no run owns."""
     from ..providers import get_provider
     from ..providers.capabilities import ReportsSearchErrors
-    from ..runs.state import StateStore
+    from ..runs.records.state import StateStore
 
     prov = get_provider(provider)
     found = prov.find_tagged(regions=list(regions) or None)

@@ -1,4 +1,4 @@
-"""`sdcloud logs`: a run's controller events and its hosts' logs, merged in time order (runs/logs.py)."""
+"""`sdcloud logs`: a run's controller events and its hosts' logs, merged in time order (verbs/logs.py)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps:
     import json as _json
 
     from ..events import RUN_ENDED, parse
-    from ..runs.logs import log_line, log_records
-    from ..runs.state import FINAL_RUN_STATES
+    from ..verbs.logs import log_line, log_records
+    from ..runs.records.state import FINAL_RUN_STATES
 
     if tail_n is not None and tail_n < 0:
         raise UserError(f"--tail must be 0 or more, got {tail_n}")
@@ -63,7 +63,7 @@ def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps:
 
 def _check_attempt(state, run: dict, attempt: int, follow: bool) -> None:
     """--attempt N names an attempt the run has had (following an unfinished run: or its next one)."""
-    from ..runs.state import FINAL_RUN_STATES
+    from ..runs.records.state import FINAL_RUN_STATES
 
     # The attempts recorded here, and those the run's events name (a run read from its bucket).
     seen = [a.n for a in state.attempts(run["id"])]

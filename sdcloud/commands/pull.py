@@ -20,10 +20,10 @@ def pull(run: str, dest: str | None, force: bool, as_json: bool) -> None:
     DIR must be new, empty, or an earlier pull of the same run (then only what is missing is fetched);
     --force writes into any folder."""
     from ..errors import UserError
-    from ..runs.artifacts import pull as pull_artifacts
-    from ..runs.state import StateStore
+    from ..runs.records.artifacts import pull as pull_artifacts
+    from ..runs.records.state import StateStore
 
-    from ..runs.state import BATCH, run_kind
+    from ..runs.records.state import BATCH, run_kind
 
     found = StateStore().get_run(run)
     if found is None:
@@ -37,7 +37,7 @@ def pull(run: str, dest: str | None, force: bool, as_json: bool) -> None:
         else:
             click.echo(f"{res['images']} image(s) of batch job {found['id']} in {res['dir']} (gallery: {res['gallery']})")
         return
-    from ..runs import pulls
+    from ..runs.records import pulls
 
     folder = Path(dest or found["id"]).expanduser()
     pulls.check_destination(StateStore(), found["id"], folder, force, f"run {found['id']}")

@@ -1,8 +1,8 @@
 """`sdcloud up` and `sdcloud resume`: start or continue a training run, and drive it here.
 
-The flags become a typed `UpOptions` at the edge; the run spec (runs/spec.py) is built from them,
+The flags become a typed `UpOptions` at the edge; the run spec (runs/inputs/spec.py) is built from them,
 the run file and config.toml [defaults]. What a run looks like while it goes is
-runs/progress_view.py; how it is stopped, runs/stop.py. `status`, `watch`, `logs`, `down` and
+verbs/progress_view.py; how it is stopped, verbs/stop.py. `status`, `watch`, `logs`, `down` and
 `ssh` are their own modules beside this one.
 """
 
@@ -78,7 +78,7 @@ def _check_estimates(spec, tier, total_steps: int) -> None:
         return
 
     market = None if spec.market == "spot" else "on-demand"
-    from ..runs.training import gpus_used
+    from ..runs.inputs.training import gpus_used
 
     ranked = rank(tier, catalog, market=market, max_price=spec.max_price, provider=spec.provider,
                   region=spec.region, job_size=total_steps, gpus_used=gpus_used(spec))
@@ -119,12 +119,12 @@ def _local_path(value: str | None) -> str | None:
 
 
 def _run_ended(state, run_id: str, as_json: bool, interrupted: bool = False) -> None:
-    from ..runs.summary import summary
+    from ..runs.records.summary import summary
     from .status import render_summary
 
     summ = summary(state, run_id)
     if summ["state"] == "succeeded":
-        from ..runs.artifacts import location
+        from ..runs.records.artifacts import location
 
         try:
             summ["artifacts"] = location(state.get_run(run_id))
@@ -150,10 +150,10 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
     """Drive a run to its end here (or in the background with --detach), then report it. With
     `hand_back` (watch --drive), Ctrl-C gives the run back to its daemon or the cloud driver."""
     from ..providers.capabilities import Closable
-    from ..runs.background import detach as detach_run
-    from ..runs.controller import Controller
-    from ..runs.progress_view import ProgressView
-    from ..runs.stop import stop_here
+    from ..runs.driving.background import detach as detach_run
+    from ..runs.driving.controller import Controller
+    from ..verbs.progress_view import ProgressView
+    from ..verbs.stop import stop_here
 
     if detach:
         pid = detach_run(run_id)
@@ -171,7 +171,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
             ctl.run(take_over=take_over)
         except KeyboardInterrupt:
             if hand_back:
-                from ..runs.handover import hand_back as give_back
+                from ..verbs.handover import hand_back as give_back
 
                 name = state.get_run(run_id).get("name") or run_id
                 to = give_back(ctl)
@@ -235,8 +235,8 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
     """Run a training job: pick the offer, launch, survive reclaims, report the cost."""
     opts = UpOptions(market=market_of(spot, on_demand), **flags)
     from .. import config
-    from ..runs.background import controller_alive
-    from ..runs.state import ACTIVE_RUN_STATES
+    from ..runs.driving.background import controller_alive
+    from ..runs.records.state import ACTIVE_RUN_STATES
 
     fields = opts.spec_fields()
     state = state_store()
@@ -244,7 +244,7 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
     if existing and existing["state"] in ("stopped", "failed"):
         _resume(state, existing, fields, opts.runfile, opts.detach, opts.as_json)
         return
-    from ..runs.spec import build_spec, load_runfile
+    from ..runs.inputs.spec import build_spec, load_runfile
 
     in_file = set(load_runfile(_local_path(opts.runfile))) if opts.runfile else set()
     defaults = config.defaults()
@@ -262,7 +262,7 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
         from ..providers.traits import traits
 
         if traits(spec.provider).function is None:  # before anything is asked or recorded
-            from ..runs.handover import check_cloud_driver
+            from ..verbs.handover import check_cloud_driver
 
             check_cloud_driver(spec, None)
     existing = state.get_run(spec.name) if spec.name else None
@@ -289,7 +289,7 @@ def _new_run(state, spec, yes: bool, unattended: bool = False) -> str:
     from ..providers import get_provider
     from ..providers.capabilities import ChecksCredentials
     from ..providers.traits import default_region, traits
-    from ..runs.controller import new_run_id
+    from ..runs.driving.controller import new_run_id
 
     kind = traits(spec.provider)
     tier_obj = get_tier(spec.tier)
@@ -299,7 +299,7 @@ def _new_run(state, spec, yes: bool, unattended: bool = False) -> str:
     if isinstance(prov, ChecksCredentials):
         prov.check_credentials()
     if not kind.catalog and (spec.budget is not None or spec.deadline_hours is not None):
-        from ..runs.preflight import check_own_hosts
+        from ..runs.inputs.preflight import check_own_hosts
 
         # This machine and SSH hosts are not in the catalog: their own offers, priced by the user.
         check_own_hosts(spec, tier_obj, total, prov.offers(tier_obj, spec.market))
@@ -312,7 +312,7 @@ def _new_run(state, spec, yes: bool, unattended: bool = False) -> str:
                                on_output=lambda line: click.echo(line, err=True))
         state.save_infra(spec.provider, spec.region or "", outputs)
     if unattended:
-        from ..runs.handover import check_cloud_driver
+        from ..verbs.handover import check_cloud_driver
 
         check_cloud_driver(spec, state.infra(spec.provider, spec.region or ""))
     if kind.is_cloud and not yes:
@@ -327,7 +327,7 @@ def _new_run(state, spec, yes: bool, unattended: bool = False) -> str:
 
 def _hand_over(state, run_id: str, as_json: bool) -> None:
     """The run goes to the cloud driver: written to its bucket's journal, nothing started here."""
-    from ..runs.controller import Controller
+    from ..runs.driving.controller import Controller
 
     ctl = Controller(state, run_id)
     ctl.hand_over()
@@ -340,8 +340,8 @@ def _hand_over(state, run_id: str, as_json: bool) -> None:
 
 def _resume(state, run: dict, fields: dict, runfile, detach: bool, as_json: bool) -> None:
     """Continue a stopped or failed run under its own id; the flags given override its stored spec where safe."""
-    from ..runs.resume import prepare_resume
-    from ..runs.spec import build_spec, load_runfile
+    from ..verbs.resume import prepare_resume
+    from ..runs.inputs.spec import build_spec, load_runfile
 
     given = dict(load_runfile(_local_path(runfile))) if runfile else {}
     given.update({k: v for k, v in fields.items() if v is not None})
@@ -366,8 +366,8 @@ def _resume(state, run: dict, fields: dict, runfile, detach: bool, as_json: bool
 def resume(run: str, budget: float | None, deadline: str | None, max_price: float | None, spot: bool | None,
            on_demand: bool | None, steps: str | None, detach: bool, as_json: bool) -> None:
     """Continue a stopped or failed run from its durable checkpoint, under its own run id."""
-    from ..runs.state import ACTIVE_RUN_STATES
-    from ..runs.state import BATCH, run_kind
+    from ..runs.records.state import ACTIVE_RUN_STATES
+    from ..runs.records.state import BATCH, run_kind
 
     state = state_store()
     found = find_run(state, run)
@@ -379,7 +379,7 @@ def resume(run: str, budget: float | None, deadline: str | None, max_price: floa
     fields = {"budget": budget, "deadline_hours": deadline, "max_price": max_price,
               "market": market_of(spot, on_demand), "steps": steps}
     if found["state"] in ACTIVE_RUN_STATES:
-        from ..runs.background import controller_alive
+        from ..runs.driving.background import controller_alive
 
         if controller_alive(found):
             raise UserError(f"run {found['id']} is running; follow it with: sdcloud watch {found['id']}")
@@ -392,8 +392,8 @@ def resume(run: str, budget: float | None, deadline: str | None, max_price: floa
 def _refresh(state, run: dict) -> dict:
     """The run as its own bucket has it (another machine, its daemon or the cloud function may have
     driven it since this machine last looked); this machine's copy when the bucket cannot be read."""
-    from ..runs.store import StoreError
-    from ..runs.store_of import refresh, store_of
+    from ..runs.records.store import StoreError
+    from ..runs.records.store_of import refresh, store_of
 
     try:
         refresh(state, store_of(run), run["id"])
@@ -406,8 +406,8 @@ def _refresh(state, run: dict) -> dict:
 def _resume_batch(state, job: dict, detach: bool) -> None:
     """A batch job whose driver is gone gets one again; an ended job (cancel is final) is refused."""
     from ..batch import jobs
-    from ..runs.background import controller_alive
-    from ..runs.state import ACTIVE_RUN_STATES
+    from ..runs.driving.background import controller_alive
+    from ..runs.records.state import ACTIVE_RUN_STATES
 
     if job["state"] not in ACTIVE_RUN_STATES:
         raise UserError(f"batch job {job['id']} is {job['state']}: it does not run again; "

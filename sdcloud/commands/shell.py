@@ -19,7 +19,7 @@ def ssh(run: str) -> None:
     from ..providers import get_provider
     from ..providers.capabilities import HasHostDir, HasShell
     from ..providers.traits import Hosts, traits
-    from ..runs.controller import Controller
+    from ..runs.driving.controller import Controller
 
     state = state_store()
     found = find_run(state, run)

@@ -26,13 +26,13 @@ def render_summary(summ: dict) -> None:
     if c.get("savings_pct") is not None:
         line += f"; on-demand would have cost ${c['ondemand_equivalent']:.4f} (saved {c['savings_pct']:.1f}%)"
     echo(line)
-    from ..runs.stop_words import ended_line
+    from ..verbs.stop_words import ended_line
 
     ended = ended_line(summ)  # a stopped or failed run: what happened, and the command that continues it
     if ended:
         echo(ended)
     if summ.get("health"):
-        from ..runs.health_view import line as health_line
+        from ..runs.driving.health_view import line as health_line
 
         echo(health_line(summ["health"]))
     best = summ.get("best_cloud_offer")
@@ -45,9 +45,9 @@ def controller_note(run: dict, driver: dict | None = None) -> str | None:
     """For an unfinished run that no live controller drives: what to do about it (hosts may be billing).
     A run whose lease in its bucket another driver holds (`driver`, runs/summary.driver_of: another
     machine, a daemon, the cloud function) is driven: no note."""
-    from ..runs.background import controller_alive
-    from ..runs.state import ACTIVE_RUN_STATES
-    from ..runs.state import BATCH, run_kind
+    from ..runs.driving.background import controller_alive
+    from ..runs.records.state import ACTIVE_RUN_STATES
+    from ..runs.records.state import BATCH, run_kind
 
     if run["state"] not in ACTIVE_RUN_STATES or controller_alive(run) or (driver or {}).get("live"):
         return None
@@ -68,9 +68,9 @@ def controller_note(run: dict, driver: dict | None = None) -> str | None:
               help="Read RUN's history from its bucket (s3://BUCKET/PREFIX, cos://..., file:///DIR): from any machine.")
 def status(run: str | None, as_json: bool, store_url: str | None) -> None:
     """Show runs and batch jobs, or one's state, progress and attempts."""
-    from ..runs.background import controller_alive
-    from ..runs.summary import driver_of, summary
-    from ..runs.state import ACTIVE_RUN_STATES
+    from ..runs.driving.background import controller_alive
+    from ..runs.records.summary import driver_of, summary
+    from ..runs.records.state import ACTIVE_RUN_STATES
 
     state = state_store()
     if store_url and not run:
@@ -79,7 +79,7 @@ def status(run: str | None, as_json: bool, store_url: str | None) -> None:
         _restore_from_bucket(state, run, store_url)
     if run:
         found = find_run(state, run)
-        from ..runs.self_ended import settle_self_ended
+        from ..verbs.self_ended import settle_self_ended
 
         if settle_self_ended(state, found):  # its host ended itself while nobody drove it
             found = state.get_run(found["id"])
@@ -128,8 +128,8 @@ def _host_state(run: dict) -> str | None:
     is stale), or that it ended itself and why; None when it says neither or cannot be read."""
     import json as _json
 
-    from ..runs.state import TRAIN, run_kind
-    from ..runs.store_of import store_of
+    from ..runs.records.state import TRAIN, run_kind
+    from ..runs.records.store_of import store_of
 
     if run_kind(run) != TRAIN:
         return None
@@ -139,16 +139,16 @@ def _host_state(run: dict) -> str | None:
         return None
     se = doc.get("self_end")
     if isinstance(se, dict):
-        from ..runs.stop_words import host_line
+        from ..verbs.stop_words import host_line
 
         return host_line(run, se)  # nothing when the run's own end says what happened
     return "unattended" if doc.get("unattended") else None
 
 
 def _restore_from_bucket(state, run: str, url: str) -> None:
-    """Rebuild RUN's rows here from the journal in its bucket (sdcloud.runs.journal); then every
+    """Rebuild RUN's rows here from the journal in its bucket (sdcloud.runs.records.journal); then every
     command (logs, watch, cost report, down, resume) works on this machine as on the one that started it."""
-    from ..runs.store_of import open_checked, refresh, remember, url_conf
+    from ..runs.records.store_of import open_checked, refresh, remember, url_conf
 
     conf = url_conf(url)  # opened with the credentials of its cloud (cos:// with the Tencent keys)
     found = state.get_run(run)

@@ -1,4 +1,4 @@
-"""`sdcloud watch`: follow a run until it ends (runs/progress_view.py), or take it and drive it here (--drive)."""
+"""`sdcloud watch`: follow a run until it ends (verbs/progress_view.py), or take it and drive it here (--drive)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from .common import (EXIT_INTERRUPTED, EXIT_NO_CONTROLLER, EXIT_NOT_SUCCEEDED, c
 def watch(run: str, interval: float, take_over: bool) -> None:
     """Follow a run's progress until it ends; exit with the run's own exit code. Ctrl-C under --drive
     hands the run back to the cloud driver or a background controller; it does not stop it."""
-    from ..runs.summary import summary
-    from ..runs.progress_view import ProgressView
-    from ..runs.state import FINAL_RUN_STATES, TRAIN, run_kind
+    from ..runs.records.summary import summary
+    from ..verbs.progress_view import ProgressView
+    from ..runs.records.state import FINAL_RUN_STATES, TRAIN, run_kind
     from .status import controller_note, render_summary
 
     state = state_store()
@@ -32,7 +32,7 @@ def watch(run: str, interval: float, take_over: bool) -> None:
     if take_over:
         if run_kind(found) != TRAIN:
             raise UserError(f"{found['id']} is a batch job; --drive takes training runs")
-        from ..runs.store_of import refresh, store_of
+        from ..runs.records.store_of import refresh, store_of
         from .run import drive
 
         # The run's own bucket (the URL this machine reached it by): its history is newer than this machine's.
@@ -43,7 +43,7 @@ def watch(run: str, interval: float, take_over: bool) -> None:
         # Ctrl-C gives the run back (to the cloud driver or a background controller): it does not stop it.
         drive(state, found["id"], False, False, take_over=True, hand_back=True)
         return
-    from ..runs.self_ended import settle_self_ended
+    from ..verbs.self_ended import settle_self_ended
 
     if settle_self_ended(state, found):  # its host ended itself while nobody drove it: shown as it is
         found = state.get_run(found["id"])
@@ -91,8 +91,8 @@ ELSEWHERE_SECONDS = 10.0
 def _elsewhere(state, run: dict, seen: dict) -> dict | None:
     """Who drives `run` when no controller of this machine does (runs/summary.driver_of), said once
     when it changes; while that driver is live, this machine's copy follows the bucket's journal."""
-    from ..runs.background import controller_alive
-    from ..runs.summary import driver_of
+    from ..runs.driving.background import controller_alive
+    from ..runs.records.summary import driver_of
 
     if controller_alive(run):
         return None
@@ -104,7 +104,7 @@ def _elsewhere(state, run: dict, seen: dict) -> dict | None:
             click.echo(driver["line"], err=True)
             seen["said"] = driver["worker"]
         if driver and driver["live"]:
-            from ..runs.store_of import refresh, store_of
+            from ..runs.records.store_of import refresh, store_of
 
             try:
                 refresh(state, store_of(run), run["id"])  # that driver writes the run's history there

@@ -1,7 +1,7 @@
 """The cloud driver's own invocations, as a line item of the runs it drove (`sdcloud cost report`).
 
 What is counted: each invocation of the function that took a run's lease leaves one
-`driver-took-over` event in the run's journal (sdcloud/runs/unattended.py), naming the invocation;
+`driver-took-over` event in the run's journal (sdcloud/driver/unattended.py), naming the invocation;
 the item counts the distinct invocations among them (copies of one event, which journals written
 before events had an identity held, and an invocation named twice count once). While a run is live,
 the handler keeps taking its steps until the invocation's time is nearly spent, so such an

@@ -3,7 +3,7 @@ that a user can weigh a bigger or faster instance against it (`sdcloud cost repo
 
 Causes, each from what the run recorded (docs/costs.md has the arithmetic):
   data_wait     the seconds the trainer's steps waited for data, as the host totalled them over
-                each attempt (its health events, runs/health_view.py, carry the total so far)
+                each attempt (its health events, runs/driving/health_view.py, carry the total so far)
   throttling    between two health events of an attempt, the time multiplied by the clock lost to
                 a slowdown (1 - SM clock / its max), while a slowdown reason was active
   saves         the seconds checkpoint saves took, as the host totalled them over each attempt

@@ -68,7 +68,7 @@ class Progress:
 
 
 class Records(Protocol):
-    """What a fleet needs of the state store (runs.state.StateStore provides it)."""
+    """What a fleet needs of the state store (runs.records.state.StateStore provides it)."""
 
     def attempts(self, owner_id: str) -> list[Any]: ...
     def add_attempt(self, owner_id: str, n: int, provider: str, token: str, **fields: Any) -> None: ...

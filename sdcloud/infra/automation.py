@@ -343,7 +343,7 @@ def _run(op: Callable[[], Any]) -> Any:
 
 
 def _store():
-    from ..runs.state import StateStore
+    from ..runs.records.state import StateStore
 
     return StateStore()
 

@@ -21,14 +21,14 @@ COMPAT = "sdcloud_py310.py"
 COMPAT_NAMES = ("enum.StrEnum", "tomllib")
 
 ENTRY_TEXT = '''"""The sdcloud cloud driver's entry at the package root: SCF calls `sdcloud_driver.main_handler`
-(Lambda calls sdcloud.runs.unattended.handler, which this file also names)."""
+(Lambda calls sdcloud.driver.unattended.handler, which this file also names)."""
 import os
 import sys
 
 if sys.version_info < (3, 11):
     import sdcloud_py310  # noqa: F401  (enum.StrEnum and tomllib, before the control plane)
 
-from sdcloud.runs import unattended
+from sdcloud.driver import unattended
 
 handler = unattended.handler
 

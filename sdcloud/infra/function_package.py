@@ -1,7 +1,7 @@
 """The cloud driver's function package: the control plane's own wheel, unpacked with the few
 distributions its handler needs, in the zip layout Lambda and SCF load code from.
 
-The function runs `sdcloud.runs.unattended` (issue 27): the same Controller step as the laptop, not
+The function runs `sdcloud.driver.unattended` (issue 27): the same Controller step as the laptop, not
 a second implementation. So the package is built from the control plane this process runs (an
 editable checkout or an installed wheel alike), deterministically like the agent's wheel
 (bootstrap/sdcloud_agent/wheel.py): sorted files, fixed timestamps, a version `<base>+<sha12>` that
@@ -58,7 +58,7 @@ REQUIRES_PYTHON = ">=3.10"
 DEPENDENCIES = ("boto3>=1.36", "tenacity>=8.2", "tencentcloud-sdk-python-common>=3.0.1000",
                 "tencentcloud-sdk-python-cvm>=3.0.1000", "pyyaml>=6", "tomli>=2")
 # The entry points each platform calls.
-LAMBDA_HANDLER = "sdcloud.runs.unattended.handler"
+LAMBDA_HANDLER = "sdcloud.driver.unattended.handler"
 SCF_HANDLER = "sdcloud_driver.main_handler"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 _SKIP_SUFFIXES = (".pyc", ".pyo")

@@ -76,7 +76,7 @@ class CodeLimits:
 
 @dataclass(frozen=True)
 class CloudFunction:
-    """The provider's cloud driver (runs/unattended.py): the one copy of its settings.
+    """The provider's cloud driver (driver/unattended.py): the one copy of its settings.
 
     The stacks create the function from these figures, the handler stops its steps `safety_seconds`
     before `timeout_seconds`, and the cost report prices each invocation from them.
@@ -113,7 +113,7 @@ class CloudFunction:
 
 @dataclass(frozen=True)
 class NetworkProfile:
-    """The defaults of the agent's `network` setting for hosts in some regions (runs/network.py layers
+    """The defaults of the agent's `network` setting for hosts in some regions (runs/inputs/network.py layers
     config.toml and the run file over them)."""
     name: str  # what runs/network.profile calls it ("mainland")
     regions: frozenset[str]
@@ -153,7 +153,7 @@ class ProviderTraits:
     # config.toml sections this provider reads (besides [defaults]); `config show` lists them.
     config_sections: tuple[str, ...] = field(default_factory=tuple)
     # The module whose CONFIG_KEYS ({key: check(value, what)}) names and checks the keys of its own
-    # section beyond `settings` and the spot discount (sdcloud/runs/config_check.py); None: no others.
+    # section beyond `settings` and the spot discount (sdcloud/runs/inputs/config_check.py); None: no others.
     config_keys: str | None = None
     # Its prices are published for anyone to read: `catalog refresh --public` reads them without
     # credentials (offers/public_prices.py).
@@ -161,13 +161,13 @@ class ProviderTraits:
     # Settings of those sections that have a built-in default (`config show` shows the default when unset).
     settings: tuple[Setting, ...] = ()
     # The NVIDIA driver series its per-run user-data installs when the stack names none (the image
-    # brings none); None: the image has its driver (runs/hostboot.py).
+    # brings none); None: the image has its driver (runs/driving/hostboot.py).
     host_driver: str | None = None
     # Networks whose hosts get other defaults for outside things (a pip mirror, a hub mirror): the
-    # first profile whose regions hold the host's region applies (runs/network.py).
+    # first profile whose regions hold the host's region applies (runs/inputs/network.py).
     network_profiles: tuple[NetworkProfile, ...] = ()
     # The module that says how this machine opens a bucket of this provider's own dialect, with
-    # `CREDENTIALS`, `run_store_config(conf, infra, region)` and `open_run_store(conf)` (runs/store.py);
+    # `CREDENTIALS`, `run_store_config(conf, infra, region)` and `open_run_store(conf)` (runs/records/store.py);
     # None: the generic S3 store does.
     run_store: str | None = None
     # The module that reads the cloud's bill (capabilities.ReconcilesBill, `sdcloud cost reconcile`);
@@ -177,7 +177,7 @@ class ProviderTraits:
     # (capabilities.SchedulesBatch, `sdcloud batch schedule add --provider`); None: the laptop's timer only.
     schedules: str | None = None
     # The longest object key its bucket takes, in bytes of UTF-8 (providers/<name>/limits.py): a
-    # dataset file whose key would be longer is refused before launch (runs/datasets.py); None: no limit.
+    # dataset file whose key would be longer is refused before launch (runs/inputs/datasets.py); None: no limit.
     object_key_bytes: int | None = None
 
     @property

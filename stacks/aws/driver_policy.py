@@ -3,7 +3,7 @@
 Kept apart from the stack program (no Pulumi import), so that tests judge the API calls a
 controller step makes against exactly these documents (tests/test_stacks_driver.py).
 
-The function takes controller steps (sdcloud/runs/unattended.py), so its role may do what a step
+The function takes controller steps (sdcloud/driver/unattended.py), so its role may do what a step
 does and nothing more:
 - the run bucket, under the stack's prefix only: read and write the journal, the driver lease
   (conditional PUTs: If-None-Match / If-Match need s3:PutObject only), the agent's config and
@@ -48,7 +48,7 @@ SCHEDULE_RATE = f"rate({SCHEDULE_SECONDS // 60} minutes)"
 FUNCTION_TIMEOUT = FUNCTION.timeout_seconds
 FUNCTION_MEMORY_MB = FUNCTION.memory_mb
 FUNCTION_RUNTIME = FUNCTION.runtime
-FUNCTION_HANDLER = "sdcloud.runs.unattended.handler"  # sdcloud/infra/function_package.py LAMBDA_HANDLER
+FUNCTION_HANDLER = "sdcloud.driver.unattended.handler"  # sdcloud/infra/function_package.py LAMBDA_HANDLER
 SCHEDULE_INPUT = {"sdcloud": "drive"}
 AMI_PARAMETERS = "parameter/aws/service/deeplearning/*"
 

@@ -3,7 +3,7 @@
 Kept apart from the stack program (no Pulumi import), so that tests judge the calls a controller
 step makes against exactly this document (tests/test_stacks_driver.py).
 
-The function takes controller steps (sdcloud/runs/unattended.py), so its role may do what a step does:
+The function takes controller steps (sdcloud/driver/unattended.py), so its role may do what a step does:
 - the run bucket, under the stack's prefix only (COS action names:
   https://cloud.tencent.com/document/product/436/31923): read, write (the journal, the driver lease
   as create-only objects, the agent's config and wheel), delete (DELETE Multiple Objects needs

@@ -1,6 +1,6 @@
 """Object store over S3 / COS (S3-compatible endpoint) or a local directory.
 
-Shared by the host agent and the control plane (`sdcloud.runs.store` re-exports it), so it stays
+Shared by the host agent and the control plane (`sdcloud.runs.records.store` re-exports it), so it stays
 small: keys are relative to the store's root (`s3://bucket/prefix` or `file:///dir`), and every
 write is atomic (S3 PUT/complete-multipart are; the local store writes a temp file and renames).
 

@@ -2,7 +2,7 @@
 
 kohya sd-scripts and the diffusers example scripts: their option names and value kinds, read from
 the pinned sources into data/trainer-options.json (source URL and commit recorded there; rebuilt by
-`python -m sdcloud.runs.trainer_options_build`). The control plane checks `--trainer-arg` keys
+`python -m sdcloud.runs.inputs.trainer_options_build`). The control plane checks `--trainer-arg` keys
 against it before launch, so that a misspelt flag is one line on the user's machine instead of a
 host that boots, stages and dies on the script's usage text.
 """

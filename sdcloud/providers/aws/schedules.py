@@ -7,7 +7,7 @@ User Guide, "Schedule types": cron-based schedules). The zone is the schedule's 
 (`ScheduleExpressionTimezone`), daylight saving included, so the laptop's `--tz` carries over unchanged.
 The target's input names the invocation's scheduled time with the context attribute
 `<aws.scheduler.scheduled-time>`, which Scheduler replaces at each invocation; the handler derives the
-job id from it (sdcloud/batch/unattended.py), so a retried invocation submits the same job.
+job id from it (sdcloud/driver/batch_jobs.py), so a retried invocation submits the same job.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How a run's bucket on COS is reached: the host with its CVM role, this machine with the user's keys.
 
-runs/store.py asks this module (through `traits("tencent").run_store`) instead of naming Tencent:
+runs/records/store.py asks this module (through `traits("tencent").run_store`) instead of naming Tencent:
 the bucket `sdcloud infra up` made is COS behind its S3 endpoint, addressed virtually, and the
 agent config says that the host signs with its role's temporary keys (`CREDENTIALS`), which this
 machine does not have, so it opens the same bucket through a COS client on the user's keys.

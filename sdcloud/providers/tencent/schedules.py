@@ -3,7 +3,7 @@
 SCF's timer cron has seven fields, `second minute hour day month week year`, the week 0-6 from
 Sunday (SCF's "Timer Trigger" document, 583/9708); the trigger's custom argument (at most 4 KB)
 reaches the function as the timer event's `Message`, beside the event's `Time`, from which the
-handler derives the job id (sdcloud/batch/unattended.py). A timer has no time zone of its own: it
+handler derives the job id (sdcloud/driver/batch_jobs.py). A timer has no time zone of its own: it
 fires in China Standard Time (UTC+8), so a schedule here must be in a zone that is UTC+8 all year
 (not verified against a live account; docs/batch.md says so).
 

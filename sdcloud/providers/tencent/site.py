@@ -32,7 +32,7 @@ def _check_site(value: object, what: str) -> None:
         raise UserError(f"{what} must be china or international, got {value!r}")
 
 
-# config.toml [tencent]'s own keys, checked before a run exists (sdcloud/runs/config_check.py).
+# config.toml [tencent]'s own keys, checked before a run exists (sdcloud/runs/inputs/config_check.py).
 CONFIG_KEYS = {"site": _check_site}
 
 # Quoted / reference price (both in CNY): near 1 on the China site, near 1/7 on the international one.

@@ -1,5 +1,5 @@
 """The trainer's flags. Pure (no torch): the control plane checks `--trainer-arg` with the same
-parser before launch (sdcloud/runs/preflight.py).
+parser before launch (sdcloud/runs/inputs/preflight.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 def build_parser() -> argparse.ArgumentParser:
     """The trainer's flags. Pure (no torch): the control plane checks `--trainer-arg` with it
-    before launch (sdcloud/runs/preflight.py)."""
+    before launch (sdcloud/runs/inputs/preflight.py)."""
     env = os.environ
     p = argparse.ArgumentParser(
         prog="python -m sdcloud_agent.trainers.builtin",

@@ -1,0 +1,446 @@
+"""The run controller: a training run's own logic over the fleet's host lifecycle.
+
+The fleet (sdcloud.fleet) chooses offers, launches, watches instances and heartbeats, replaces
+reclaimed hosts, cools down zones and sweeps strays. The run decides what the host's status means
+(steps, succeeded, failed), when the deadline asks for on-demand (the spot policy decides, spot
+refused everywhere included), when the budget is spent, and it accounts for cost. Every
+transition is written to the state store before its side effect, so a controller killed at any
+point and started again (`sdcloud up --name NAME`, or a detached controller) reconciles and
+carries on; the host agent resumes from the newest complete checkpoint.
+
+Its helpers act through the owner contract (runs/driving/owner.py): hostboot.py (boot failures, store
+faults), oom_move.py, health_view.py and agent_reports.py. What a host is told is
+agent_config.py; the summary is runs/records/summary.py and the background process background.py
+(their names are importable from here too). A resume is a verb (verbs/resume.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from typing import Callable
+
+from ... import config
+from ...costs import ledger as cost_ledger
+from ...errors import UserError
+from ...events import Kind, run_ended
+from ...fleet.candidates import candidates as fleet_candidates
+from ...fleet.lifecycle import MAX_FAILED_LAUNCHES, Fleet, Progress, Timing
+from ...offers.optimizer import Offer, job_hours
+from ...offers.tiers import get_tier
+from ...providers import get_provider
+from ...providers.capabilities import Closable, RenewsHostCredentials
+from ...providers.traits import traits
+from ...spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
+from . import health_view, hostboot, oom_move, simulated_reclaim
+from ..inputs import staging as inputs
+from ..records import stop_request as stop_requests
+from .agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
+from .agent_reports import report_agent_problems
+from .background import controller_alive, detach
+from .budget_watch import budget_spent, budget_warnings
+from .host_status import HostStatus
+from .launching import LaunchInputs
+from .owner import Memo, steps_before
+from ..inputs.spec import RunSpec
+from ..records.state import ACTIVE_RUN_STATES, BATCH, FINAL_RUN_STATES, Attempt, StateStore, run_kind
+from ..records.summary import summary
+
+# Names that commands/ and the tests import from here (their homes are the modules above).
+__all__ = ["ACTIVE_RUN_STATES", "Controller", "Timing", "UNATTENDED_POLLS",
+           "agent_config", "budget_spent", "controller_alive", "detach", "main", "new_run_id",
+           "self_end_grace", "store_url", "summary"]
+
+
+def new_run_id() -> str:
+    return "r-" + secrets.token_hex(4)
+
+
+def store_url(spec: RunSpec, infra: dict | None) -> dict:
+    """Where the run's checkpoints, status and logs live, as the agent's store config."""
+    from ..records.store import store_config
+
+    return store_config(spec.provider, spec.store, spec.region, infra)
+
+
+class Controller(LaunchInputs, HostStatus):
+    def __init__(self, state: StateStore, run_id: str, provider=None, emit: Callable[[Kind, dict], None] | None = None,
+                 timing: Timing | None = None, driver: str | None = None):
+        self.state = state
+        run = state.get_run(run_id)
+        if run is None:
+            raise UserError(f"no run {run_id!r}; see: sdcloud status")
+        if run_kind(run) == BATCH:
+            raise UserError(f"{run['id']} is a batch job, not a training run; see: sdcloud batch status {run['id']}")
+        self.run_id = run["id"]
+        self.spec = RunSpec(**run["spec"])
+        self.tier = get_tier(self.spec.tier)
+        self.total_steps = run["total_steps"]
+        # The config.toml sections the run recorded when it was made (runs/inputs/staging.py): a driver
+        # elsewhere (the cloud function's empty home) acts under the run's settings, not its own.
+        self._inputs: dict | None = None
+        self.run_settings = inputs.recorded_settings(state, self.run_id)
+        with config.run_settings(self.run_settings):
+            self.provider = provider or get_provider(self.spec.provider)
+        self.emit = emit or (lambda kind, data: None)
+        self.timing = timing or Timing.for_provider(self.spec.provider)
+        self.memo = Memo.read_back(state, self.run_id)  # the resumes already announced
+        self._stop_reason: str | None = None
+        self._infra = state.infra(self.spec.provider, self.spec.region or "") or {}
+        from ..records.store_of import run_store_conf
+
+        # The spec's and stack's bucket, or the URL this machine reached the run by (status --store).
+        self.store_conf = run_store_conf(self.spec, self._infra, self.run_id)
+        from ..records.store import open_run_store
+
+        self.store = open_run_store(self.store_conf)
+        from ..records.journal import Journal
+
+        # The run's history in its bucket, after every step: any machine rebuilds state.db from it.
+        self.journal = Journal(state, self.store, self.run_id)
+        from ..records.lease import DriverLease
+
+        # Exactly one driver acts on the run at a time (the laptop, its daemon, the cloud function).
+        self.lease = DriverLease(self.store, self.run_id, self.timing.poll_seconds, driver)
+        self.journal.lease = self.lease  # a driver that lost the run writes no more of it to the bucket
+        from ..inputs.training import gpus_used
+
+        offers = fleet_candidates(_Named(self.provider, self.spec.provider), self.tier, self.spec.market,
+                                  max_price=self.spec.max_price, region=self.spec.region, job_size=self.total_steps,
+                                  events=self.event, gpus_used=gpus_used(self.spec))
+        self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
+                           self.event, self.timing, spec_market=self.spec.market, max_price=self.spec.max_price)
+
+    @property
+    def candidates(self) -> list[Offer]:
+        return self.fleet.candidates
+
+    # events
+    def event(self, kind: Kind, data: dict | None = None) -> None:
+        data = data or {}
+        self.state.event(self.run_id, kind, data)
+        self.emit(kind, data)
+
+    def _job_hours(self) -> float:
+        rows = [o.row for o in self.candidates if o.row.ondemand_price is not None]
+        hours = [h for h in (job_hours(self.tier, r, self.total_steps) for r in rows) if h]
+        return min(hours) if hours else 1.0
+
+    # cost
+    def attempts(self) -> list[Attempt]:
+        return self.state.attempts(self.run_id)
+
+    def cost_so_far(self) -> float:
+        return cost_ledger.live_cost_usd(self.state, self.state.get_run(self.run_id))
+
+    def current(self) -> Attempt | None:
+        return self.fleet.current()
+
+    # the policy
+    def progress(self) -> Progress:
+        run = self.state.get_run(self.run_id)
+        c = self._job_hours()
+        done = c * (run["step"] / self.total_steps if self.total_steps else 0.0)
+        return Progress(elapsed_hours=(time.time() - run["created"]) / 3600.0, done_hours=done, job_hours=c,
+                        deadline_hours=self.spec.deadline_hours)
+
+    def decide(self, running: Attempt | None) -> tuple[str, Offer | None]:
+        # The spot launches refused in a row count toward the policy's "spot is gone" rule.
+        return self.fleet.decide(self.progress(), running, spot_refusals=self.fleet.failed_launches(SPOT))
+
+    def _launches_exhausted(self) -> bool:
+        """Give up launching: for a spot run with a deadline only when on-demand fails too (spot that
+        vanished everywhere sends it on-demand instead, see spot.policy.spot_gone); otherwise the fleet's bound."""
+        if self.spec.deadline_hours is not None and self.spec.market != ON_DEMAND:
+            return self.fleet.failed_launches(ON_DEMAND) >= MAX_FAILED_LAUNCHES
+        return self.fleet.exhausted()
+
+    # the loop
+    def request_stop(self, reason: str = "stopped") -> None:
+        self._stop_reason = reason
+
+    # the run's inputs in its bucket (runs/inputs/staging.py)
+    def ensure_inputs(self, drive: str | None = None) -> dict:
+        """The run's inputs as its hosts read them, with its settings: staged here when the run has
+        no record yet (or the user resumed it on the machine that staged it), else the bucket's record."""
+        if self._inputs is None or drive is not None:
+            if drive is not None or inputs.needs_staging(self.state, self.run_id):
+                self._inputs = inputs.stage(self, drive)
+            else:
+                self._inputs = inputs.recorded(self.state, self.run_id)[0]
+            self.run_settings = self._inputs.get("settings")
+        return self._inputs
+
+    def _stop_requested(self) -> dict | None:
+        """A stop asked through the bucket (sdcloud down on a machine that does not drive the run)."""
+        since = max((e["time"] for e in self.state.events(self.run_id) if e["kind"] == Kind.RESUME), default=0.0)
+        return stop_requests.requested(self.store, self.run_id, since)
+
+    def run(self, take_over: bool = False) -> dict:
+        """Drive the run to its end here: take the driver lease, then one step a poll."""
+        self.lease.acquire_or_refuse(take_over)
+        if take_over:
+            self.event(Kind.DRIVER_TOOK_OVER, {"driver": self.lease.driver})
+        self.state.update_run(self.run_id, controller_pid=os.getpid())
+        self.reconcile()
+        while not self.guarded_step():
+            time.sleep(self.timing.poll_seconds)
+        self.finish_driving()
+        return summary(self.state, self.run_id)
+
+    def guarded_step(self) -> bool:
+        """step(), with a store fault waited out (hostboot.guarded): never the controller's end."""
+        return hostboot.guarded(self, self.step)
+
+    def step(self) -> bool:
+        """One controller step over the run's state: renew the lease, read, let the policy decide, act
+        once, write back (state.db and the bucket's journal). True when this driver is done with the
+        run: it ended, it was stopped, or another driver holds the lease now (then it acts no more)."""
+        with config.run_settings(self.run_settings):
+            return self._step()
+
+    def _step(self) -> bool:
+        run = self.state.get_run(self.run_id)
+        if run["state"] in FINAL_RUN_STATES:
+            return True
+        if not self.lease.renew():
+            self.event(Kind.DRIVER_LOST, {"driver": self.lease.driver, "holder": (self.lease.holder() or {}).get("worker")})
+            return True
+        asked = None if self._stop_reason else self._stop_requested()
+        if asked is not None:
+            self.event(Kind.STOP_REQUESTED, {"by": asked.get("by"), "reason": asked.get("reason"),
+                                             "holder": self.lease.driver})
+        if self._stop_reason or asked is not None:
+            self.finish_stop(self._stop_reason or str(asked.get("reason") or "stopped by sdcloud down"))
+            if asked is not None:
+                stop_requests.clear(self.store, self.run_id)
+            return True
+        self.heartbeat()
+        cur = self.current()
+        if cur is None:
+            self._start_attempt()
+        else:
+            self._watch(cur)
+        if self.fleet.sweep_due():
+            self.sweep_strays()
+        self.journal.flush()
+        return False
+
+    def hand_over(self, stage: bool = True) -> None:
+        """Leave the run to the cloud driver (sdcloud up --unattended): its inputs are put in the bucket
+        first (`stage`; a hand-back from `watch --drive` keeps the record), then its journal in the bucket
+        says it is live, and no lease is held here, so the function's next invocation takes it."""
+        if stage:
+            self.ensure_inputs(drive="cloud")
+        self.event(Kind.HANDED_OVER, {"to": "the cloud driver"})
+        self.journal.flush()
+
+    def finish_driving(self) -> None:
+        """After the last step: strays swept and the lease handed back, if this driver still holds it."""
+        if self.lease.held:
+            self.sweep_strays()
+        self.state.update_run(self.run_id, controller_pid=None)
+        self.journal.flush()
+        self.lease.release()
+
+    def _start_attempt(self) -> None:
+        budget = self.spec.budget
+        if budget is not None and budget_spent(self.cost_so_far(), budget, self.attempts(), self.timing.poll_seconds):
+            self.end_run("stopped", f"budget ${budget:g} spent")
+            return
+        kind, offer = self.decide(None)
+        if self.state.get_run(self.run_id)["state"] in FINAL_RUN_STATES:
+            return  # stopped by `down` (from another process) while this step decided: launch nothing
+        if kind == WAIT or offer is None:
+            self.state.update_run(self.run_id, state="recovering")
+            return
+        self.state.update_run(self.run_id, state="launching")
+        self.memo.launch_offer = offer  # its price bounds the host's lifetime cap (agent config's self_end)
+        try:
+            inst = self.fleet.launch(kind, offer, self.launch_spec)
+        except UserError as exc:
+            self.end_run("failed", str(exc))
+            raise
+        if inst is None:
+            if self._launches_exhausted():
+                self.end_run("failed", f"{self.fleet.failed_launches()} launches failed (capacity or price); "
+                                        f"see: sdcloud logs {self.run_id}")
+            elif kind == SPOT and spot_gone_after(self.fleet.failed_launches(SPOT), self.spec.deadline_hours is not None):
+                self.event(Kind.SPOT_UNAVAILABLE, {"failed_launches": self.fleet.failed_launches(SPOT),
+                                                   "next": "on-demand, to meet the deadline"})
+            return
+        self.state.update_run(self.run_id, state="running")
+        n = len(self.attempts())
+        cost_ledger.started(self.state, self.run_id, n, offer, kind, self.memo.launched_spec.root_volume_gb,
+                            zone=inst.zone or offer.row.zone)
+
+    def _watch(self, cur: Attempt) -> None:
+        status = self.read_status(strict=True)
+        if status and status.get("attempt") != cur.n:
+            status = None
+        if status is None:  # a store that refused the host's writes: the host's own copy, where readable
+            status = hostboot.host_side_status(self.provider, cur)
+        phase = status.get("phase") if status else None
+        cost_ledger.observe(self.state, self.run_id, cur, status, sample=lambda: self._price_sample(cur))
+        report_agent_problems(self, cur.n, status)
+        oom_move.oom_events(self, cur.n, status)
+        health_view.note(self, cur.n, status)
+        if oom_move.weigh_throttle(self, cur, status, total_steps=self.total_steps, every=self.spec.checkpoint_every):
+            return  # moving off a throttled GPU: the next attempt launches elsewhere
+        if status and status.get("step") is not None:
+            step = int(status["step"])
+            if cur.n not in self.memo.seen_attempts and phase in ("training", "saving", "uploading", "succeeded"):
+                self.memo.seen_attempts.add(cur.n)
+                if cur.n > 1:
+                    self._announce_resume(cur, status)
+            simulated_reclaim.on_progress(self, self.provider, cur, step)
+            self.state.update_run(self.run_id, step=step)
+            self.emit(Kind.PROGRESS, {"attempt": cur.n, "phase": phase, "step": step, "total": self.total_steps,
+                                      "it_per_s": status.get("it_per_s"), "cost": self.cost_so_far()})
+        if self.spec.budget is not None:
+            spent = self.cost_so_far()
+            budget_warnings(self, spent)
+            if budget_spent(spent, self.spec.budget, [cur], self.timing.poll_seconds):
+                self.event(Kind.BUDGET_REACHED, {"attempt": cur.n, "budget": self.spec.budget, "spent": round(spent, 4)})
+                self.end_attempt(cur, "budget")
+                self.end_run("stopped", f"budget ${self.spec.budget:g} reached; checkpoint kept in the bucket")
+                return
+        if status and status.get("ended_by") == "lifetime-cap" and phase in ("preempted", "failed", "succeeded"):
+            # The host saved and ended itself at its cap: not a reclaim, nothing to relaunch.
+            self.end_attempt(cur, "lifetime-cap")
+            self.end_run("stopped", f"the host's lifetime cap was reached ({status.get('cap')}); checkpoint kept in the bucket")
+            return
+        if phase == "succeeded":
+            self.end_attempt(cur, "succeeded")
+            self.end_run("succeeded", None)
+            return
+        if hostboot.on_failure_cause(self, cur, status):  # a refusal that recurs ends the run; others count
+            return
+        if hostboot.is_boot_failure(status):  # a bad host or image: the next offer, not the end
+            return hostboot.on_boot_failure(self, cur, status)
+        if oom_move.is_out_of_memory(status):  # the memory ladder is spent: an offer with more VRAM
+            return oom_move.on_out_of_memory(self, cur, status)
+        if phase == "failed":
+            self.end_attempt(cur, "failed")
+            self.end_run("failed", status.get("reason") or "the host agent failed")
+            return
+        outcome = self.fleet.check(cur, phase, status.get("time") if status else None,
+                                   status.get("step") if status else None)
+        if outcome in hostboot.COUNTED_OUTCOMES:  # never reported, or its agent failed: counted toward the limit
+            self._closed(cur, time.time())
+            return hostboot.check_limit(self)
+        if outcome == "ok" and isinstance(self.provider, RenewsHostCredentials) and cur.instance_id:
+            # A box of the user's holds short-lived store keys only: keep them fresh while it trains.
+            self.provider.renew_credentials(cur.instance_id, self.run_id, self.store_conf, events=lambda k, d: self.event(k, {"attempt": cur.n, **d}))
+        if outcome != "ok":
+            self._closed(cur, time.time())
+            self.state.update_run(self.run_id, state="recovering")
+            hostboot.check_unreported(self)
+            return
+        if cur.market == SPOT and self.spec.deadline_hours:
+            kind, offer = self.decide(cur)
+            if kind == ON_DEMAND:
+                self.event(Kind.DEADLINE_FALLBACK, {"attempt": cur.n, "to": offer.key if offer else None})
+                self.end_attempt(cur, "switched")
+
+    def _announce_resume(self, cur: Attempt, status: dict) -> None:
+        """Tell where attempt n took up the work: the step it resumed from and the steps redone."""
+        resumed = status.get("resumed_from")
+        if resumed is None:
+            resumed = max(0, int(status["step"]) - 1)
+        done_before = steps_before(self.state, self.run_id, cur.n)  # as far as the attempts before got
+        self.event(Kind.RESUMED, {"attempt": cur.n, "from_step": int(resumed),
+                                  "lost_steps": max(0, done_before - int(resumed)), "zone": cur.zone,
+                                  "instance_type": cur.instance_type})
+
+    def end_attempt(self, cur: Attempt, reason: str) -> None:
+        """End the attempt's host for `reason` and price it into the ledger."""
+        self._closed(cur, self.fleet.end(cur, reason))
+
+    def _closed(self, cur: Attempt, end: float) -> None:
+        """Price every item of an ended attempt (AWS spot from its zone's own price history) into the ledger."""
+        ended_at = self.note_self_end(cur, self.read_status())
+        if ended_at is not None and ended_at < end:
+            # The host ended itself: its billing stopped then, not when the controller noticed.
+            self.state.update_attempt(self.run_id, cur.n, end=max(ended_at, cur.start or ended_at))
+        cost_ledger.closed(self.state, self.run_id, cur.n, self.provider, self.store, events=self.event,
+                           heartbeat_s=traits(self.spec.provider).host.heartbeat_seconds,
+                           poll_s=self.timing.poll_seconds)
+
+    def _price_sample(self, cur: Attempt) -> list:
+        """The current spot price of the attempt's own type and zone (Tencent: its one quote)."""
+        from ...costs.pricing import utc
+
+        now = utc(time.time())
+        return self.provider.price_history(cur.instance_type, cur.zone, now, now)
+
+    def end_run(self, state: str, reason: str | None) -> None:
+        """End the run in `state` (succeeded, failed, stopped) with one line of `reason`."""
+        if state in ("stopped", "failed") and reason and "sdcloud resume" not in reason:
+            # Every stop says how to carry on from the durable checkpoint.
+            run = self.state.get_run(self.run_id)
+            reason += f"; resume with: sdcloud resume {run.get('name') or self.run_id}"
+        self.state.update_run(self.run_id, state=state, reason=reason)
+        self.event(run_ended(state), {"reason": reason} if reason else {})
+
+    def finish_stop(self, reason: str) -> None:
+        """Stop the run now (sdcloud down, a signal): its host ended, the run stopped, the journal written."""
+        with config.run_settings(self.run_settings):
+            cur = self.current()
+            if cur is not None:
+                self.end_attempt(cur, "stopped")
+            self.end_run("stopped", reason)
+            self.journal.flush()
+
+    def reconcile(self) -> None:
+        """Bring the state store and the provider into agreement after a restart; a driver that takes up
+        the run has its inputs in the bucket first (staged here, or the record a driver before it made)."""
+        if self.state.get_run(self.run_id)["state"] in ACTIVE_RUN_STATES:
+            self.ensure_inputs()
+        with config.run_settings(self.run_settings):
+            self.fleet.reconcile(on_end=self._closed)
+            self.sweep_strays()
+
+    def sweep_strays(self) -> None:
+        """Terminate instances of this run that no open attempt owns (zero leaked instances)."""
+        self.fleet.sweep_strays(keep_open=self.state.get_run(self.run_id)["state"] in ACTIVE_RUN_STATES)
+
+
+
+class _Named:
+    """A provider seen under the name the run chose (test doubles may not carry `name`)."""
+
+    def __init__(self, inner, name: str):
+        self.inner, self.name = inner, name
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m sdcloud.runs.driving.controller RUN_ID`: drive a run in the background (sdcloud up --detach)."""
+    args = argv if argv is not None else sys.argv[1:]
+    state = StateStore()
+    def emit(kind: Kind, data: dict) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        print(json.dumps({"time": stamp, "event": kind, **data}, default=str), flush=True)
+
+    ctl = Controller(state, args[0], emit=emit)
+    signal.signal(signal.SIGTERM, lambda *_: ctl.request_stop("stopped by sdcloud down"))
+    try:
+        ctl.run()
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    finally:
+        if isinstance(ctl.provider, Closable):
+            ctl.provider.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""What the controller reads of its host, and what it tells the host: status.json, a self-end, and the
+controller's own heartbeat in the bucket (the host's `unattended` reads it).
+
+A part of the Controller (runs/driving/controller.py), kept here so that the controller holds the run's
+steps and this module the two sides of the bucket the host and the controller share.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable
+
+from ... import events
+from ...events import Kind
+from ..records.state import Attempt, StateStore
+
+
+def status_key(run_id: str) -> str:
+    return f"runs/{run_id}/status.json"
+
+
+class HostStatus:
+    """The Controller's side of the host's reports (a mixin: it reads the controller's run and store)."""
+
+    run_id: str
+    state: StateStore
+    store: Any
+    timing: Any
+    event: Callable[[Kind, dict | None], None]
+    emit: Callable[[Kind, dict], None]
+
+    def heartbeat(self) -> None:
+        """runs/<id>/controller.json: someone drives this run (the host's `unattended` reads it)."""
+        doc = {"time": time.time(), "pid": os.getpid(), "poll_seconds": self.timing.poll_seconds}
+        try:
+            self.store.put(f"runs/{self.run_id}/controller.json", json.dumps(doc).encode())
+        except Exception as exc:  # noqa: BLE001 - a missed heartbeat is not worth dying for
+            self.emit(Kind.HEARTBEAT_FAILED, {"error": str(exc)})
+
+    def note_self_end(self, cur: Attempt, status: dict | None) -> float | None:
+        """A host that ended itself: one event with its reason; the time its billing stopped."""
+        se = (status or {}).get("self_end")
+        if not isinstance(se, dict) or status.get("attempt") != cur.n:
+            return None
+        if not any(events.parse(e["kind"]) is Kind.SELF_ENDED and e["data"].get("attempt") == cur.n
+                   for e in self.state.events(self.run_id)):
+            self.event(Kind.SELF_ENDED, {"attempt": cur.n, "reason": se.get("reason"), "action": se.get("action"),
+                                         "unattended": bool(se.get("unattended")), "at": se.get("at"),
+                                         "error": se.get("error")})
+        return float(se["at"]) if se.get("at") and not se.get("error") else None
+
+    def read_status(self, strict: bool = False) -> dict | None:
+        """The host's status.json; None when absent. `strict`: a store that cannot be read raises
+        (the step is tried again) rather than passing for a host that never reported."""
+        from sdcloud_agent.store import NotFound, StoreError
+
+        try:
+            return json.loads(self.store.get(status_key(self.run_id)))
+        except (NotFound, ValueError):
+            return None
+        except (StoreError, OSError):
+            if strict:
+                raise
+            return None

@@ -1,0 +1,207 @@
+"""What a run is asked to do: `sdcloud up` flags over an optional run file (YAML or TOML).
+
+Validation happens here, before anything is launched: every bad value is one UserError line.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ...durations import parse_duration, parse_seconds  # noqa: F401 - re-exported: callers import them from here
+from ...errors import UserError
+from ...names import match_name
+from ...providers import NAMES as PROVIDER_NAMES
+from ...offers.tiers import get_tier
+
+TRAINERS = ("builtin", "diffusers", "kohya", "command")
+
+
+@dataclass
+class RunSpec:
+    tier: str
+    provider: str = "local"
+    market: str = "spot"  # "spot" or "on-demand"
+    max_price: float | None = None  # USD per hour
+    region: str | None = None
+    deadline_hours: float | None = None
+    budget: float | None = None  # USD
+    name: str | None = None
+    dataset: str | None = None
+    trainer: str = "builtin"
+    # A mapping of flags (kept whole, keys and values) or an argv list (builtin, command).
+    trainer_args: Any = field(default_factory=list)
+    model: str | None = None  # None: tiny on local/ssh, the tier's base_model on paid providers
+    steps: int | None = None
+    checkpoint_every: int | None = None
+    simulate_preemption: float | None = None  # seconds after the first attempt's first step (local provider)
+    store: str | None = None  # bucket URL override, e.g. s3://bucket/prefix or file:///dir
+    max_failed_boots: int | None = None  # failed boots in a row that end the run (default 3)
+    # Seconds a host waits for the controller after its last phase before it ends itself (None:
+    # config.toml's [hosts] self_end_grace, else 10 minutes; docs/runs.md).
+    self_end_grace: float | None = None
+    # Where this run's hosts get outside things, over the region's profile and config.toml
+    # (sdcloud/runs/inputs/network.py): pip_index_url, hf_endpoint, torch_index_url, trainer_sources.
+    network: dict | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+FIELDS = {f.name for f in fields(RunSpec)}
+# Names a run file may use for the same fields as the flags.
+ALIASES = {"deadline": "deadline_hours", "max-price": "max_price", "simulate-preemption": "simulate_preemption",
+           "trainer-args": "trainer_args", "checkpoint-every": "checkpoint_every",
+           "max-failed-boots": "max_failed_boots", "self-end-grace": "self_end_grace"}
+
+
+def load_runfile(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"run file {path} does not exist")
+    text = p.read_text()
+    try:
+        if p.suffix in (".toml",):
+            data = tomllib.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as exc:  # a parse error of either format: one line
+        raise UserError(f"run file {path} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"run file {path} must hold a mapping of fields (tier, provider, steps, ...)")
+    if {"spot", "on-demand", "on_demand"} & set(data) and len({"spot", "on-demand", "on_demand", "market"} & set(data)) > 1:
+        raise UserError(f"run file {path}: spot, on-demand and market exclude each other: give one of them")
+    out = {}
+    for key, value in data.items():
+        name = ALIASES.get(key, key.replace("-", "_"))
+        if name == "spot":
+            name, value = "market", ("spot" if value else "on-demand")
+        elif name == "on_demand":
+            name, value = "market", ("on-demand" if value else "spot")
+        if name not in FIELDS:
+            raise UserError(f"run file {path}: unknown field {key!r}; known: {', '.join(sorted(FIELDS))}")
+        if name in ("dataset", "model") and isinstance(value, str) and "://" not in value:
+            # A relative path: from the directory the user is in, else from the run file's folder.
+            for base in (Path.cwd(), p.parent):
+                candidate = (base / value).expanduser()
+                if candidate.exists():
+                    value = str(candidate.resolve())
+                    break
+        out[name] = value
+    return out
+
+
+def _positive(value, what: str, integer: bool = False):
+    try:
+        number = int(value) if integer else float(value)
+        if integer and float(value) != int(value):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise UserError(f"{what} must be a positive {'whole ' if integer else ''}number, got {value!r}") from None
+    if not number > 0:
+        raise UserError(f"{what} must be a positive {'whole ' if integer else ''}number, got {value!r}")
+    return number
+
+
+def _simulates_reclaim(provider: str) -> bool:
+    """Whether the provider can announce a reclaim on its own host (capabilities.SimulatesReclaim)."""
+    import importlib
+
+    from ...providers.capabilities import SimulatesReclaim
+    from ...providers.traits import traits
+
+    return issubclass(importlib.import_module(traits(provider).adapter).PROVIDER_CLASS, SimulatesReclaim)
+
+
+def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
+    """Flags (non-None values in `overrides`) override the run file; the result is validated."""
+    data = load_runfile(runfile) if runfile else {}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    from .config_check import check_settings
+
+    check_settings()  # every section of config.toml, before the run exists (not only what this run reads)
+    if "tier" not in data:
+        raise UserError("--tier is required (or `tier:` in the run file); see: sdcloud tiers")
+    tier_obj = get_tier(str(data["tier"]))
+    if tier_obj.kind != "train":
+        raise UserError(f"tier {tier_obj.name} makes images, it does not train: run it with "
+                        f"sdcloud batch submit --tier {tier_obj.name} --model M --prompts FILE")
+    data["tier"] = tier_obj.name
+    data["provider"] = match_name(data.get("provider", "local"), PROVIDER_NAMES, "provider")
+    if data.get("region"):
+        from ...providers.traits import traits
+
+        if not traits(data["provider"]).default_region:  # a provider without regions (this machine, SSH hosts)
+            raise UserError(f"--region {data['region']}: the {data['provider']} provider has no regions; "
+                            "leave --region out (or [defaults] region in config.toml)")
+    if data.get("market", "spot") not in ("spot", "on-demand"):
+        raise UserError(f"market must be spot or on-demand, got {data['market']!r}")
+    data["trainer"] = match_name(data.get("trainer", "builtin"), TRAINERS, "trainer")
+    if data.get("max_price") is not None:
+        data["max_price"] = _positive(data["max_price"], "--max-price")
+    if data.get("budget") is not None:
+        data["budget"] = _positive(data["budget"], "--budget")
+    if data.get("deadline_hours") is not None:
+        data["deadline_hours"] = parse_duration(data["deadline_hours"])
+    if data.get("steps") is not None:
+        data["steps"] = _positive(data["steps"], "--steps", integer=True)
+    if data.get("checkpoint_every") is not None:
+        data["checkpoint_every"] = _positive(data["checkpoint_every"], "--checkpoint-every", integer=True)
+    if data.get("max_failed_boots") is not None:
+        data["max_failed_boots"] = _positive(data["max_failed_boots"], "max-failed-boots", integer=True)
+    if data.get("self_end_grace") is not None:
+        data["self_end_grace"] = parse_seconds(data["self_end_grace"], "--self-end-grace")
+    if data.get("simulate_preemption") is not None:
+        data["simulate_preemption"] = _positive(data["simulate_preemption"], "--simulate-preemption")
+        if not _simulates_reclaim(data.get("provider", "local")):
+            raise UserError("--simulate-preemption works with the local provider only")
+    if data.get("name") is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", str(data["name"])):
+        raise UserError(f"--name must be letters, digits, '.', '_' or '-' (at most 63), got {data['name']!r}")
+    if data.get("store") is not None:
+        from .preflight import check_store_url
+
+        # Before anything is created: an unusable URL used to leave a pending run behind.
+        data["store"] = check_store_url(str(data["store"]), data.get("provider", "local"))
+    if data.get("network") is not None:
+        from .network import check_run
+
+        data["network"] = check_run(data["network"])
+    dataset = data.get("dataset")
+    if dataset and "://" not in str(dataset) and not Path(str(dataset)).expanduser().exists():
+        raise UserError(f"dataset path {dataset} does not exist")
+    from .training import check_model_family, check_trainer_args, merge_trainer_args, resolve_model
+
+    tier = get_tier(str(data["tier"]))
+    # `--trainer-arg KEY=VALUE` pairs go over the run file's trainer_args; a mapping stays one.
+    data["trainer_args"] = merge_trainer_args(data.get("trainer_args"), data.pop("trainer_arg", None) or [])
+    data["model"] = resolve_model(data.get("model"), data.get("provider", "local"), tier)
+    check_model_family(data["model"], tier)
+    model = str(data["model"])
+    if "://" not in model and not model.startswith("cache:") and Path(model).expanduser().exists():
+        from sdcloud_agent.trainers.models import is_tiny
+
+        if not is_tiny(model):  # a local file or folder: absolute, as the controller (and upload) sees it
+            data["model"] = str(Path(model).expanduser().resolve())
+    if dataset and "://" not in str(dataset):
+        from .datasets import check_dataset
+
+        check_dataset(Path(str(dataset)).expanduser())
+        from ...providers.traits import traits
+
+        limit = traits(data["provider"]).object_key_bytes if data.get("provider") in PROVIDER_NAMES else None
+        if limit:  # the cloud's bucket refuses a longer key: refused here, before anything launches
+            from .datasets import check_keys
+
+            check_keys(Path(str(dataset)).expanduser(), limit, data.get("store"))
+    spec = RunSpec(**data)
+    check_trainer_args(spec, tier)
+    from .preflight import check_trainer_flags
+
+    # The trainer's own parser, here rather than on a host that boots to print its usage text.
+    check_trainer_flags(spec, tier, spec.steps or tier.job_size)
+    return spec
