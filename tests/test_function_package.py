@@ -42,6 +42,9 @@ out = {"python": list(sys.version_info[:2]),
        "lambda": unattended.handler({"sdcloud": "drive"}, None),
        "scf": sdcloud_driver.main_handler({"Type": "Timer", "TriggerName": "t", "Time": "", "Message": ""},
                                           {"time_limit_in_ms": 60000})}
+# A Lambda configured before the driver moved calls its handler by the old name (function_entry.LEGACY_HANDLER).
+from sdcloud.runs import unattended as legacy
+out["legacy"] = legacy.handler is unattended.handler and legacy.main_handler is unattended.main_handler
 import sdcloud.runs.driving.controller, sdcloud.runs.records.journal, sdcloud.runs.records.lease, sdcloud.runs.driving.hostboot
 import sdcloud.providers.aws.compute as aws_compute, sdcloud.providers.tencent.compute as tc_compute
 import sdcloud.providers.tencent.storage, sdcloud.costs.ledger, sdcloud.spot.policy, sdcloud.offers.tiers
@@ -175,6 +178,7 @@ def test_the_handler_runs_under_the_function_s_own_python(package, tmp_path, fn)
     # Nothing live: nothing driven (the report's other keys, such as the invocation's identity, aside).
     assert (out["lambda"]["driver"], out["lambda"]["runs"]) == ("aws-lambda", {})
     assert (out["scf"]["driver"], out["scf"]["runs"]) == ("tencent-scf", {})
+    assert out["legacy"] is True
     assert out["site"] == [] and out["outside"] == []
     assert out["agent_wheel"].startswith("sdcloud_agent-")
     # Events and TOML read as under 3.11 (where 3.10 needs sdcloud_py310's StrEnum and tomllib).

@@ -53,6 +53,15 @@ def main_handler(event, context):
     return unattended.main_handler(event, context)
 '''
 
+# Lambdas deployed before the cloud driver had its own package (sdcloud/driver/) were configured with
+# the handler `sdcloud.runs.unattended.handler`. The package keeps that name as an alias, so a
+# function whose code is updated before its configuration (or whose configuration update failed)
+# still finds its handler.
+LEGACY_HANDLER = "sdcloud/runs/unattended.py"
+LEGACY_HANDLER_TEXT = '''"""The cloud driver's entry under its name before it moved to sdcloud.driver.unattended."""
+from sdcloud.driver.unattended import handler, main_handler  # noqa: F401
+'''
+
 COMPAT_TEXT = '''"""Python 3.11's enum.StrEnum and tomllib for the control plane on SCF's Python 3.10.
 
 Imported by sdcloud_driver before the control plane, and only below 3.11 (sdcloud/infra/function_entry.py)."""

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..providers.traits import CloudFunction, every
-from .function_entry import COMPAT, COMPAT_TEXT, ENTRY, ENTRY_TEXT
+from .function_entry import COMPAT, COMPAT_TEXT, ENTRY, ENTRY_TEXT, LEGACY_HANDLER, LEGACY_HANDLER_TEXT
 
 NAME = "sdcloud"
 BASE_VERSION = "0.1.0"
@@ -296,7 +296,8 @@ def build(functions: Iterable[CloudFunction] | None = None) -> FunctionPackage:
     dists = _closure(DEPENDENCIES)
     for name in dists:
         files = files + _distribution_files(name)
-    files += [(ENTRY, ENTRY_TEXT.encode()), (COMPAT, COMPAT_TEXT.encode())]
+    files += [(ENTRY, ENTRY_TEXT.encode()), (COMPAT, COMPAT_TEXT.encode()),
+              (LEGACY_HANDLER, LEGACY_HANDLER_TEXT.encode())]
     by_path = dict(files)  # one copy of each path; sorted, so the bytes follow the content only
     left_out = _leave_out_binaries(by_path)
     _check_versions(by_path, dists, versions)
