@@ -7,7 +7,7 @@ with nothing cached in the bucket (what a host would pay on every boot without t
 
 SeaweedFS over HTTPS on loopback is the bucket, a local IMDSv2 fake gives the role credentials.
 
-The model phase for a repository shaped like SDXL base (tests/fake_hub.py, its files' published
+The model phase for a repository shaped like SDXL base (tests/support/fake_hub.py, its files' published
 sizes divided by --scale), served by a local hub through HF_ENDPOINT: bytes from the hub and
 seconds, cold (fetch what training needs, tar, upload) and warm (restore from the bucket), beside
 the full-repository download a host did before (snapshot_download with no filter).

@@ -414,7 +414,7 @@ WORDS: dict[Kind, Callable[[dict], str | None]] = {
                                    + _if(d, "current_price", " {}") + _if(d, "zone", " in {}")),
     Kind.PRICE_LOOKUP_FAILED: lambda d: f"the price could not be looked up ({d.get('code')})",
     Kind.HOST_STARTED: lambda d: f"host {d.get('instance')} started" + _if(d, "pid", " (pid {})"),
-    # The words keep the name "reclaim-notice": a reader finds it by that (tests/test_run_local.py).
+    # The words keep the name "reclaim-notice": a reader finds it by that (tests/e2e/test_run_local.py).
     Kind.RECLAIM_NOTICE: lambda d: (f"reclaim-notice for host {d.get('instance')}"
                                     + (f": taken back at {_clock(d['terminate_at'])}" if d.get("terminate_at") else "")
                                     + (" (simulated)" if d.get("simulated") else "") + "; the host saves and stops"),

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import os
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+from tests.support import ROOT
+from tests.support.server_seaweed import SeaweedS3, free_port
 
-from servers import SeaweedS3, free_port  # noqa: E402
-
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = ROOT.parent / "shared"
 
 # One compute thread per process (torch, numpy), for this process and every one a test starts: the
 # suite runs several workers, each with trainers and agents of its own, on a few cores, and torch's
@@ -21,6 +19,13 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 # from more). A value set outside wins.
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+
+# The repository root on the path of every process the tests start, as it is on pytest's (its rootdir):
+# a helper run as a script (`python tests/support/fake_oom_trainer.py` as an agent's trainer,
+# `python -m tests.support.authz_run`) imports `tests.support` as the tests do, with no path edits.
+_paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+if str(ROOT) not in _paths:
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *_paths])
 
 
 # -- parallel workers (pytest-xdist; docs/testing.md) ------------------------------------------------
@@ -80,12 +85,12 @@ def pytest_collection_modifyitems(config, items) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def authz_log():
     """SDCLOUD_AUTHZ_LOG=<dir>: every AWS API call this worker's tests make, with the principal that
-    makes it in production, one JSON line each (tests/authz_record.py; docs/testing.md)."""
+    makes it in production, one JSON line each (tests/support/authz_record.py; docs/testing.md)."""
     directory = os.environ.get("SDCLOUD_AUTHZ_LOG")
     if not directory:
         yield None
         return
-    from authz_record import authz_log as sink, install
+    from tests.support.authz_record import authz_log as sink, install
 
     with pytest.MonkeyPatch.context() as mp:
         install(sink(directory, os.environ.get("PYTEST_XDIST_WORKER", "main")), mp.setattr)
@@ -131,7 +136,7 @@ def clock(monkeypatch) -> Clock:
     To check that the whole suite passes at any hour, run it with every process's clock moved to
     23:59 UTC today (libfaketime; the clock keeps running, so the run crosses midnight): see
     docs/testing.md. SeaweedFS, which libfaketime cannot move, is then reached through
-    tests/clock_front.py (see `seaweed`).
+    tests/support/front_clock.py (see `seaweed`).
     """
     from sdcloud import clock as sdclock
 
@@ -144,7 +149,7 @@ def clock(monkeypatch) -> Clock:
 def seaweed() -> SeaweedS3:
     """One real S3 server (SeaweedFS `weed mini`) per session (per worker under pytest-xdist); tests
     use their own buckets. Under a clock moved by libfaketime (FAKETIME set), which cannot move weed's
-    (a Go program), the server is reached through tests/clock_front.py, which signs each request
+    (a Go program), the server is reached through tests/support/front_clock.py, which signs each request
     again at weed's time: weed refuses requests signed 15 minutes or more from its own time."""
     server = SeaweedS3().start()
     yield server
@@ -206,8 +211,8 @@ def _moto_reset(url: str) -> None:
 
 @pytest.fixture(scope="module")
 def cos_layer(seaweed):
-    """COS as it answers, at its own host names over HTTPS, in front of SeaweedFS (tests/cos_layer.py)."""
-    from cos_layer import CosLayer
+    """COS as it answers, at its own host names over HTTPS, in front of SeaweedFS (tests/support/front_cos.py)."""
+    from tests.support.front_cos import CosLayer
 
     with CosLayer(seaweed) as layer:
         yield layer
@@ -216,7 +221,7 @@ def cos_layer(seaweed):
 @pytest.fixture
 def cos_env(cos_layer, monkeypatch):
     """Tencent keys that the SeaweedFS behind the layer knows, and the way to the layer (HTTPS_PROXY, CA bundle)."""
-    from servers import TEST_KEYS
+    from tests.support.server_seaweed import TEST_KEYS
 
     for k, v in {**cos_layer.env, "TENCENTCLOUD_SECRET_ID": "sdcloud-test", "TENCENTCLOUD_SECRET_KEY": TEST_KEYS["sdcloud-test"],
                  "AWS_ACCESS_KEY_ID": "sdcloud-test", "AWS_SECRET_ACCESS_KEY": TEST_KEYS["sdcloud-test"]}.items():

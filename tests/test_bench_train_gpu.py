@@ -3,11 +3,12 @@ the real models (checked on the meta device: shapes only, no memory)."""
 
 from __future__ import annotations
 
+import runpy
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
+
 
 
 def test_without_cuda_it_says_so_and_exits_1():
@@ -21,12 +22,11 @@ def test_the_published_configs_build_full_size_unets():
     import torch
     from diffusers import UNet2DConditionModel
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    import train_gpu
+    train_gpu = runpy.run_path(str(ROOT / "bench" / "train_gpu.py"))  # its globals: a script, not a package
 
     with torch.device("meta"):
-        sd15 = UNet2DConditionModel(**train_gpu.SD15_UNET)
-        sdxl = UNet2DConditionModel(**train_gpu.SDXL_UNET)
+        sd15 = UNet2DConditionModel(**train_gpu["SD15_UNET"])
+        sdxl = UNet2DConditionModel(**train_gpu["SDXL_UNET"])
     # About 860 M and 2.57 G parameters: the published sizes of the SD 1.5 and SDXL UNets.
     assert 855e6 < sum(p.numel() for p in sd15.parameters()) < 865e6
     assert 2.55e9 < sum(p.numel() for p in sdxl.parameters()) < 2.58e9

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
 
 from botocore.config import Config
 
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+from tests.support import ROOT
+
+PYPROJECT = ROOT / "pyproject.toml"
 
 
 def _floor(name: str) -> tuple[int, ...] | None:

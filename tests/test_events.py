@@ -4,12 +4,12 @@ today's kinds, and every kind is recorded somewhere (a kind nobody records is a 
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from sdcloud import events
 from sdcloud.events import ALIASES, FIELDS, Kind
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
+
 
 
 def test_every_kind_has_its_fields_and_a_hyphenated_value():

@@ -26,9 +26,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from interpreters import python_for
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
+from tests.support.harness_interpreters import python_for
+
 
 
 def declared_minimum(pyproject: Path) -> tuple[int, int]:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
+
 
 # Lower ranks are lower in the house: a module may import its own rank or below, never above.
 RANKS = {

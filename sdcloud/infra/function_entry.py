@@ -5,7 +5,7 @@ SCF runs the function on its own Python runtime, `Python3.10` (the newest it off
 Environment", tencentcloud.com/document/product/583/40323), and loads `sdcloud_driver.main_handler`
 from the package root, which is on its PYTHONPATH (/var/user). The control plane is written for
 3.11, and what a step imports of it needs two names 3.10 does not have (measured by running the
-handler and every module a step reaches under a real 3.10: tests/test_function_package.py):
+handler and every module a step reaches under a real 3.10: tests/infra/test_function_package.py):
 `enum.StrEnum` (sdcloud.events.Kind, providers.traits.Hosts) and `tomllib` (config, tiers, billing
 rules). `sdcloud_py310` gives both, before anything of the control plane is imported, and only
 below 3.11: StrEnum as 3.11 defines it, and tomllib as `tomli`, the package from which 3.11's
@@ -17,7 +17,7 @@ from __future__ import annotations
 ENTRY = "sdcloud_driver.py"
 COMPAT = "sdcloud_py310.py"
 # What COMPAT gives 3.10: the only names of a newer Python the package's own code uses (checked with
-# vermin over the whole package at 3.10: tests/test_function_package.py).
+# vermin over the whole package at 3.10: tests/infra/test_function_package.py).
 COMPAT_NAMES = ("enum.StrEnum", "tomllib")
 
 ENTRY_TEXT = '''"""The sdcloud cloud driver's entry at the package root: SCF calls `sdcloud_driver.main_handler`

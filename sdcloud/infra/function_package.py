@@ -8,7 +8,7 @@ editable checkout or an installed wheel alike), deterministically like the agent
 follows the content only, so an unchanged control plane redeploys nothing.
 
 What goes in, and why only that (measured: `python -X importtime` of a step on each provider, and
-the static import walk in tests/test_function_package.py):
+the static import walk in tests/infra/test_function_package.py):
 - `sdcloud` and `sdcloud_agent` (the store, the agent's wheel a relaunch uploads), as the wheel
   `sdcloud-<version>-py3-none-any.whl` would install them, with its dist-info;
 - DEPENDENCIES and what they require (their Requires-Dist without extras): boto3 for the bucket and
@@ -102,7 +102,7 @@ class FunctionPackage:
     @property
     def inline_request_bytes(self) -> int:
         """The least a create request with this zip inline weighs: the zip base64-encoded (its other
-        fields add a few hundred bytes more; tests/test_stacks_driver.py serialises the real one)."""
+        fields add a few hundred bytes more; tests/stacks/test_stacks_driver.py serialises the real one)."""
         return 4 * ((self.zipped_bytes + 2) // 3)
 
     @property

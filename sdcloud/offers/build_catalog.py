@@ -14,7 +14,7 @@ It also recomputes the speed columns of sdcloud/data/gpus.csv from sdcloud/data/
 and the datasheet columns (build_gpus). Every row names its source and date per market; a figure computed from others is marked
 "derived" with the formula, one with no published figure "estimate" with its basis, a missing
 one "none". --check compares the result with the bundled files and exits 1 if they differ
-(tests/test_offers.py runs it).
+(tests/offers/test_offers.py runs it).
 """
 
 from __future__ import annotations

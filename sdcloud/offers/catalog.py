@@ -23,7 +23,7 @@ def _bundled_providers() -> tuple[str, ...]:
     """The providers with a bundled price catalog (sdcloud/data/catalog/<provider>.csv), by name.
 
     The files are the list: offers sit below providers in the house (offers cannot ask their
-    traits), and a provider's `catalog` trait says the same thing (tests/test_provider_capabilities.py
+    traits), and a provider's `catalog` trait says the same thing (tests/providers/test_provider_capabilities.py
     holds the two together).
     """
     folder = resources.files("sdcloud").joinpath("data/catalog")

@@ -3,7 +3,7 @@
 `base.Provider` is what every provider does (offers, launch, describe, terminate, find_tagged,
 price_history). What only some can do is one protocol here; callers ask
 `isinstance(provider, HasZones)` instead of probing attributes by name, so a typo is an import
-error rather than a silently skipped feature, and `tests/test_provider_capabilities.py` lists what
+error rather than a silently skipped feature, and `tests/providers/test_provider_capabilities.py` lists what
 each provider can do.
 """
 

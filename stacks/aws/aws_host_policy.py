@@ -1,6 +1,6 @@
 """The AWS host role's policy, readable without Pulumi: the stack attaches it to the host role
 (sdcloud_aws_stack.py) and the tests give an IAM user exactly this policy and run the agent's
-store against moto with that user's keys (tests/test_aws_host_policy.py), so that a call the
+store against moto with that user's keys (tests/stacks/test_aws_host_policy.py), so that a call the
 stack does not grant fails there as it would on AWS.
 
 What the host's store calls need (AWS's "Actions, resources, and condition keys for Amazon S3"):
@@ -9,7 +9,7 @@ destination, conditional PUTs with If-None-Match / If-Match, multipart create/up
 PutObjectTagging (the sdcloud-class tag that checkpoint and log uploads carry), DeleteObject
 (DELETE and DeleteObjects, per key), AbortMultipartUpload (a cancelled upload), and ListBucket
 (ListObjectsV2) held to the prefix. Nothing else: no host code lists parts, reads tags or calls EC2
-(tests/test_authz_aws.py takes each action out in turn and shows a recorded host call refused).
+(tests/stacks/test_authz_aws.py takes each action out in turn and shows a recorded host call refused).
 """
 
 from __future__ import annotations

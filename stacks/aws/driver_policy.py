@@ -1,7 +1,7 @@
 """The cloud driver's IAM policies on AWS: what the Lambda function may do, and what the scheduler may.
 
 Kept apart from the stack program (no Pulumi import), so that tests judge the API calls a
-controller step makes against exactly these documents (tests/test_stacks_driver.py).
+controller step makes against exactly these documents (tests/stacks/test_stacks_driver.py).
 
 The function takes controller steps (sdcloud/driver/unattended.py), so its role may do what a step
 does and nothing more:

@@ -1,7 +1,7 @@
 """The cloud driver's CAM policy on Tencent Cloud: what the SCF function may do, and nothing more.
 
 Kept apart from the stack program (no Pulumi import), so that tests judge the calls a controller
-step makes against exactly this document (tests/test_stacks_driver.py).
+step makes against exactly this document (tests/stacks/test_stacks_driver.py).
 
 The function takes controller steps (sdcloud/driver/unattended.py), so its role may do what a step does:
 - the run bucket, under the stack's prefix only (COS action names:

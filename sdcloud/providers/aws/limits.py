@@ -1,6 +1,6 @@
 """What AWS refuses, as data: the sizes and names its APIs accept for what sdcloud builds.
 
-Each figure cites the page it comes from. tests/test_limits.py holds every payload sdcloud builds
+Each figure cites the page it comes from. tests/providers/test_limits.py holds every payload sdcloud builds
 (the per-run user-data, the tags of a launch, the bucket's keys) to these figures at the largest
 size a real run produces, so a payload that grows past one fails a test here, not a user's launch.
 """
@@ -44,7 +44,7 @@ FUNCTION_UNZIPPED_BYTES = 250 * 1024 * 1024
 # ("Request must be smaller than 69905067 bytes for the CreateFunction operation"), the 50 MB zip
 # base64-encoded (ceil(52,428,800 x 4 / 3)). All environment variables together: at most 4 KB
 # ("Lambda quotas", as above). The cloud driver's stack checks its package against these
-# (sdcloud/infra/function_package.py, tests/test_stacks_driver.py).
+# (sdcloud/infra/function_package.py, tests/stacks/test_stacks_driver.py).
 FUNCTION_CREATE_REQUEST_BYTES = 69_905_067
 FUNCTION_ENVIRONMENT_BYTES = 4 * 1024
 # Lambda's Python runtimes and the day after which a new function can no longer be created with each

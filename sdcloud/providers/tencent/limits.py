@@ -1,6 +1,6 @@
 """What Tencent Cloud refuses, as data: the sizes and names its APIs accept for what sdcloud builds.
 
-Each figure cites the page it comes from. tests/test_limits.py holds every payload sdcloud builds
+Each figure cites the page it comes from. tests/providers/test_limits.py holds every payload sdcloud builds
 (the per-run user-data, the tags of a launch, the bucket's keys) to these figures at the largest
 size a real run produces, so a payload that grows past one fails a test here, not a user's launch.
 """

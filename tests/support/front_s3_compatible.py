@@ -1,0 +1,97 @@
+"""An S3-compatible store as many answer: HTTPS at a plain IP address, refusing trailer bodies.
+
+MinIO, Ceph, R2, B2 and COS do not all take botocore's `aws-chunked` uploads with a checksum
+trailer (no Content-Length). This front stands before SeaweedFS's plain port, at
+`https://127.0.0.1:<port>` (a self-signed certificate for the address, trusted via AWS_CA_BUNDLE),
+and answers such a request 411 MissingContentLength in S3's XML envelope, as COS does. Every other
+request goes on unchanged (its Host header too, so SeaweedFS checks the client's own signature).
+`front.refused` lists what it refused; `front.seen` every request line.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socketserver
+import ssl
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+
+from tests.support.server_seaweed import read_request_head, relay_response, self_signed_cert
+
+
+class TrailerRefusingFront:
+    def __init__(self, seaweed):
+        self.seaweed = seaweed
+        self.seen: list[str] = []
+        self.refused: list[str] = []
+        self.lock = threading.Lock()
+        cert, key = self_signed_cert(Path(tempfile.mkdtemp(prefix="sdcloud-front-")), ("127.0.0.1",))
+        self.ca_file = cert
+        self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.tls.load_cert_chain(cert, key)
+        front = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def setup(self):
+                self.request = front.tls.wrap_socket(self.request, server_side=True)
+                super().setup()
+
+            def handle(self):
+                try:
+                    front._requests(self.rfile, self.wfile)
+                except (ssl.SSLError, OSError, http.client.HTTPException):
+                    pass
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = f"https://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> "TrailerRefusingFront":
+        threading.Thread(target=self.server.serve_forever, name="s3-front", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @staticmethod
+    def refusal(method: str, headers: dict[str, str]) -> str | None:
+        if "aws-chunked" in headers.get("content-encoding", "").lower() or "x-amz-trailer" in headers:
+            return "a body with a checksum trailer (aws-chunked)"
+        if method in ("PUT", "POST") and "content-length" not in headers:
+            return "a body without Content-Length"
+        return None
+
+    def _requests(self, rfile, wfile) -> None:
+        upstream = http.client.HTTPConnection("127.0.0.1", self.seaweed.port, timeout=60)
+        try:
+            while True:
+                head = read_request_head(rfile)
+                if head is None:
+                    return
+                method, path, headers, lower = head
+                with self.lock:
+                    self.seen.append(f"{method} {path}")
+                why = self.refusal(method, lower)
+                if why is not None:
+                    with self.lock:
+                        self.refused.append(f"{method} {path}: {why}")
+                    body = (f"<?xml version='1.0' encoding='UTF-8'?>\n<Error><Code>MissingContentLength</Code>"
+                            f"<Message>You must provide the Content-Length HTTP header.</Message>"
+                            f"<RequestId>{uuid.uuid4().hex}</RequestId></Error>").encode()
+                    wfile.write(f"HTTP/1.1 411 Length Required\r\nContent-Type: application/xml\r\n"
+                                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+                    wfile.flush()
+                    return  # the body is not read: answer and close, as such stores do
+                if lower.get("expect", "").lower() == "100-continue":
+                    wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    wfile.flush()
+                length = int(lower.get("content-length") or 0)
+                body = rfile.read(length) if length else b""
+                fwd = {k: v for k, v in headers if k.lower() not in ("expect", "connection")}
+                upstream.request(method, path, body=body if length or method in ("PUT", "POST") else None, headers=fwd)
+                relay_response(upstream.getresponse(), method, wfile)
+        finally:
+            upstream.close()
