@@ -339,3 +339,31 @@ def test_only_the_agents_clouds_name_a_cloud_or_its_metadata():
     assert not bad, "ask sdcloud_agent.clouds instead:\n" + "\n".join(bad)
     # The check can fail: the clouds themselves hold both.
     assert _cloud_words(AGENT / "clouds" / "aws.py") and _cloud_words(AGENT / "clouds" / "__init__.py") == []
+
+
+# -- run kinds (issue 45): one answer to "is this a batch job?" --------------------------------------
+
+KIND_WORDS = ("train", "batch")
+
+
+def kind_word_compares(source: str, where: str) -> list[str]:
+    """Comparisons with the words "train" or "batch" (a run's or a tier's kind spelt out)."""
+    bad = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Compare):
+            for side in [n.left, *n.comparators]:
+                elts = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                if any(isinstance(e, ast.Constant) and e.value in KIND_WORDS for e in elts):
+                    bad.append(f"{where}:{n.lineno} compares with a kind's word (use offers.kinds.RunKind): "
+                               f"{ast.unparse(n)[:80]}")
+                    break
+    return bad
+
+
+def test_kinds_are_compared_as_members_not_words():
+    bad = []
+    for path in sorted((ROOT / "sdcloud").rglob("*.py")):
+        bad += kind_word_compares(path.read_text(), str(path.relative_to(ROOT)))
+    assert not bad, "\n".join(bad)
+    assert len(kind_word_compares('if r["spec"].get("kind") == "batch": pass\nx = k in ("train", "batch")\n'
+                                  'ok = RunKind.of(r) is RunKind.BATCH\n', "m.py")) == 2

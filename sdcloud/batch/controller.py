@@ -23,6 +23,7 @@ from ..errors import UserError
 from ..events import Kind, batch_ended
 from ..fleet.candidates import candidates as fleet_candidates
 from ..fleet.lifecycle import Fleet, Progress, Timing
+from ..offers.kinds import RunKind
 from ..offers.optimizer import job_hours
 from ..offers.tiers import get_tier
 from ..providers.base import LaunchSpec
@@ -41,7 +42,7 @@ class BatchController:
 
         self.state = state
         job = state.get_run(job_id)
-        if job is None or job["spec"].get("kind") != "batch":
+        if job is None or RunKind.of(job["spec"]) is not RunKind.BATCH:
             raise UserError(f"no batch job {job_id!r}; see: sdcloud batch list")
         self.job_id, self.spec = job["id"], job["spec"]
         self.tier = get_tier(self.spec["tier"])

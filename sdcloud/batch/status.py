@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from ..errors import UserError
+from ..offers.kinds import RunKind
 
 
 def on_this_machine(provider: str) -> bool:
@@ -33,7 +34,7 @@ def find_job(job_id: str) -> dict[str, Any]:
         from .journal import fetch
 
         run = fetch(state_store(), job_id)
-    if run is None or run["spec"].get("kind") != "batch":
+    if run is None or RunKind.of(run["spec"]) is not RunKind.BATCH:
         raise UserError(f"no batch job {job_id!r}; see: sdcloud batch list")
     return run
 
@@ -48,7 +49,7 @@ def job_store(job: dict):
 def list_jobs() -> list[dict[str, Any]]:
     return [{"job": r["id"], "name": r.get("name"), "tier": r["tier"], "state": r["state"],
              "images": r["total_steps"], "workers": r["spec"].get("workers")}
-            for r in state_store().list_runs() if r["spec"].get("kind") == "batch"]
+            for r in state_store().list_runs() if RunKind.of(r["spec"]) is RunKind.BATCH]
 
 
 def images_done(job: dict) -> int:

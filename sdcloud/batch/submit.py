@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import UserError
 from ..events import Kind
 from ..money import usd
+from ..offers.kinds import RunKind
 from ..providers.traits import has_stack, names, traits
 from .prompts import build_items, parse_prompts
 from .status import on_this_machine, state_store
@@ -160,7 +161,7 @@ def resolve_lora_run(run_id: str) -> LoraRun:
     from ..runs.records.store import StoreError
 
     run = state_store().get_run(run_id)  # an id or a name
-    if run is None or run["spec"].get("kind") == "batch":
+    if run is None or RunKind.of(run["spec"]) is RunKind.BATCH:
         what = "no training run with that id" if run_id.startswith("r-") else "neither a LoRA file nor a training run's name"
         raise UserError(f"--lora {run_id}: {what}; see: sdcloud status")
     if run["state"] != "succeeded":
@@ -206,8 +207,9 @@ def submit(opts: SubmitOptions, job_id: str | None = None, state: Any = None, co
     items = validate(opts)
     conf = conf or store_conf(opts.provider, opts.store)
     state = state or state_store()
-    from ..runs.records.store import open_run_store
     from sdcloud_agent.batch.worker import write_job
+
+    from ..runs.records.store import open_run_store
 
     if job_id is not None and state.get_run(job_id) is not None:
         return {"job": job_id, "existing": True}
@@ -222,7 +224,7 @@ def submit(opts: SubmitOptions, job_id: str | None = None, state: Any = None, co
         # job keeps the exact file its image keys name even if the run's artifacts are removed later.
         lora, lora_key = run_lora.identity, f"{job_prefix(job_id)}/lora/{RUN_LORA}"
         store.put_if_absent(lora_key, run_lora.store.get(run_lora.key))
-    spec = {"kind": "batch", "tier": opts.tier, "model": opts.model, "lora": lora, "lora_key": lora_key,
+    spec = {"kind": str(RunKind.BATCH), "tier": opts.tier, "model": opts.model, "lora": lora, "lora_key": lora_key,
             "workers": opts.workers,
             "market": opts.market, "max_price": opts.max_price, "deadline_hours": opts.deadline_hours,
             "budget": opts.budget, "provider": opts.provider, "store": conf, "prefix": job_prefix(job_id),

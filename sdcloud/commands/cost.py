@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..errors import UserError
+from ..offers.kinds import RunKind
 from ..render import emit_json, output_options, wide_option
 
 
@@ -63,14 +64,13 @@ def report(runs: tuple[str, ...], since: str | None, all_runs: bool, fmt: str, o
     path = _check_output(output)
     if fmt == "table" and path is not None:
         raise UserError("--output needs --format json, csv or html")
-    from ..runs.records.state import StateStore
-
     from ..batch.status import images_done
+    from ..runs.records.state import StateStore
 
     state = StateStore()
     chosen = select_runs(state, runs, seconds, all_runs or (not runs and seconds is None))
     # A batch job's images so far, from its bucket, as `batch status` counts them: the same figures.
-    images = {r["id"]: images_done(r) for r in chosen if (r.get("spec") or {}).get("kind") == "batch"}
+    images = {r["id"]: images_done(r) for r in chosen if RunKind.of(r.get("spec")) is RunKind.BATCH}
     rep = build_report(state, chosen, by=by, images=images)
     if fmt == "table":
         from ..costs.report import print_tables

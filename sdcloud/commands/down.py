@@ -17,8 +17,9 @@ from .common import complete_runs, find_run, state_store
 @click.option("--json", "as_json", is_flag=True)
 def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
     """Stop a run (or all runs): the host saves a checkpoint and every instance is terminated."""
+    from ..offers.kinds import RunKind
     from ..runs.driving.background import controller_alive
-    from ..runs.records.state import ACTIVE_RUN_STATES, BATCH, run_kind
+    from ..runs.records.state import ACTIVE_RUN_STATES, run_kind
     from ..verbs.stop import stop_anywhere
 
     if not run and not all_runs:
@@ -29,9 +30,10 @@ def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
         click.confirm(f"Stop {len(runs)} run(s): {', '.join(r['id'] for r in runs)}?", abort=True, err=True)
     done = []
     for r in runs:
-        if run_kind(r) == BATCH:
+        if run_kind(r) is RunKind.BATCH:
             # A batch job's stop is its cancel: final, its driver exits and starts no worker or host again.
-            from ..batch.jobs import cancel as cancel_job, end_hosts
+            from ..batch.jobs import cancel as cancel_job
+            from ..batch.jobs import end_hosts
 
             if r["state"] in ACTIVE_RUN_STATES:
                 cancel_job(r["id"], reason="cancelled by sdcloud down")
@@ -53,7 +55,6 @@ def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
 def _said(d: dict, run: dict) -> str:
     """What `down` did to one run, in one line."""
     from ..runs.records.state import ACTIVE_RUN_STATES
-
     from ..verbs.stop_words import ended_line
 
     if d.get("already_ended"):  # nothing was stopped now: what ended it, and how to continue it
@@ -61,9 +62,10 @@ def _said(d: dict, run: dict) -> str:
         return f"run {d['run']} had already ended: " + said.removeprefix(f"run {d['run']}: ")
     holder = d.get("stop_requested_of")
     if not holder:
-        from ..runs.records.state import BATCH, run_kind
+        from ..offers.kinds import RunKind
+        from ..runs.records.state import run_kind
 
-        if run_kind(run) == BATCH:  # a cancel is final: what it made stays
+        if run_kind(run) is RunKind.BATCH:  # a cancel is final: what it made stays
             return f"batch job {d['run']}: {d['state']}; the images it made stay: sdcloud batch pull {d['run']}"
         return ended_line(run) or f"run {d['run']}: {d['state']}"
     if d["state"] not in ACTIVE_RUN_STATES:

@@ -20,15 +20,14 @@ def pull(run: str, dest: str | None, force: bool, as_json: bool) -> None:
     DIR must be new, empty, or an earlier pull of the same run (then only what is missing is fetched);
     --force writes into any folder."""
     from ..errors import UserError
+    from ..offers.kinds import RunKind
     from ..runs.records.artifacts import pull as pull_artifacts
-    from ..runs.records.state import StateStore
-
-    from ..runs.records.state import BATCH, run_kind
+    from ..runs.records.state import StateStore, run_kind
 
     found = StateStore().get_run(run)
     if found is None:
         raise UserError(f"no run {run!r}; see: sdcloud status")
-    if run_kind(found) == BATCH:  # one command for both kinds: a batch job's pull is its images
+    if run_kind(found) is RunKind.BATCH:  # one command for both kinds: a batch job's pull is its images
         from ..batch import jobs
 
         res = jobs.pull(found["id"], dest, force=force)

@@ -17,8 +17,20 @@ import click
 
 from ..errors import UserError
 from ..render import emit_json, note, output_options
-from .common import (EXIT_INTERRUPTED, EXIT_NOT_SUCCEEDED, USD, USD_PER_HOUR, complete_providers, complete_regions,
-                     complete_runs, complete_tiers, find_run, market_of, market_options, state_store)
+from .common import (
+    EXIT_INTERRUPTED,
+    EXIT_NOT_SUCCEEDED,
+    USD,
+    USD_PER_HOUR,
+    complete_providers,
+    complete_regions,
+    complete_runs,
+    complete_tiers,
+    find_run,
+    market_of,
+    market_options,
+    state_store,
+)
 
 
 @dataclass(frozen=True)
@@ -340,8 +352,8 @@ def _hand_over(state, run_id: str, as_json: bool) -> None:
 
 def _resume(state, run: dict, fields: dict, runfile, detach: bool, as_json: bool) -> None:
     """Continue a stopped or failed run under its own id; the flags given override its stored spec where safe."""
-    from ..verbs.resume import prepare_resume
     from ..runs.inputs.spec import build_spec, load_runfile
+    from ..verbs.resume import prepare_resume
 
     given = dict(load_runfile(_local_path(runfile))) if runfile else {}
     given.update({k: v for k, v in fields.items() if v is not None})
@@ -366,12 +378,12 @@ def _resume(state, run: dict, fields: dict, runfile, detach: bool, as_json: bool
 def resume(run: str, budget: float | None, deadline: str | None, max_price: float | None, spot: bool | None,
            on_demand: bool | None, steps: str | None, detach: bool, as_json: bool) -> None:
     """Continue a stopped or failed run from its durable checkpoint, under its own run id."""
-    from ..runs.records.state import ACTIVE_RUN_STATES
-    from ..runs.records.state import BATCH, run_kind
+    from ..offers.kinds import RunKind
+    from ..runs.records.state import ACTIVE_RUN_STATES, run_kind
 
     state = state_store()
     found = find_run(state, run)
-    if run_kind(found) == BATCH:
+    if run_kind(found) is RunKind.BATCH:
         return _resume_batch(state, found, detach)
     found = _refresh(state, found)
     if found["state"] == "succeeded":

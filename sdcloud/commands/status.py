@@ -5,12 +5,13 @@ from __future__ import annotations
 import click
 
 from ..errors import UserError
+from ..offers.kinds import RunKind
 from ..render import echo, emit_json, output_options, table, wide_option
 from .common import complete_runs, find_run, state_store
 
 
 def render_summary(summ: dict) -> None:
-    what = "batch job" if summ.get("kind") == "batch" else "run"
+    what = "batch job" if RunKind.of(summ) is RunKind.BATCH else "run"
     title = f"{what} {summ['run']} ({summ['tier']}): {summ['state']}" + (f" ({summ['reason']})" if summ.get("reason") else "")
     if not summ["attempts"]:  # nothing launched (yet): no empty table
         echo(title)
@@ -21,7 +22,7 @@ def render_summary(summ: dict) -> None:
                 a["end_reason"] or "running")
                for a in summ["attempts"]], drop=["provider", "region", "hours", "#"])
     c = summ["cost"]
-    done = "images" if summ.get("kind") == "batch" else "step"
+    done = "images" if RunKind.of(summ) is RunKind.BATCH else "step"
     line = f"{done} {summ['step']}/{summ['total_steps']}; total ${c['total']:.4f}"
     if c.get("savings_pct") is not None:
         line += f"; on-demand would have cost ${c['ondemand_equivalent']:.4f} (saved {c['savings_pct']:.1f}%)"
@@ -45,14 +46,14 @@ def controller_note(run: dict, driver: dict | None = None) -> str | None:
     """For an unfinished run that no live controller drives: what to do about it (hosts may be billing).
     A run whose lease in its bucket another driver holds (`driver`, runs/summary.driver_of: another
     machine, a daemon, the cloud function) is driven: no note."""
+    from ..offers.kinds import RunKind
     from ..runs.driving.background import controller_alive
-    from ..runs.records.state import ACTIVE_RUN_STATES
-    from ..runs.records.state import BATCH, run_kind
+    from ..runs.records.state import ACTIVE_RUN_STATES, run_kind
 
     if run["state"] not in ACTIVE_RUN_STATES or controller_alive(run) or (driver or {}).get("live"):
         return None
     name = run.get("name") or run["id"]
-    if run_kind(run) == BATCH:
+    if run_kind(run) is RunKind.BATCH:
         return (f"no controller: nothing drives batch job {run['id']}, and its hosts may still be billing; "
                 f"drive it again with: sdcloud resume {name}; or cancel it with: sdcloud down {name}")
     return (f"no controller: nothing is watching run {run['id']}, and its host may still be billing; "
@@ -69,8 +70,8 @@ def controller_note(run: dict, driver: dict | None = None) -> str | None:
 def status(run: str | None, as_json: bool, store_url: str | None) -> None:
     """Show runs and batch jobs, or one's state, progress and attempts."""
     from ..runs.driving.background import controller_alive
-    from ..runs.records.summary import driver_of, summary
     from ..runs.records.state import ACTIVE_RUN_STATES
+    from ..runs.records.summary import driver_of, summary
 
     state = state_store()
     if store_url and not run:
@@ -128,10 +129,11 @@ def _host_state(run: dict) -> str | None:
     is stale), or that it ended itself and why; None when it says neither or cannot be read."""
     import json as _json
 
-    from ..runs.records.state import TRAIN, run_kind
+    from ..offers.kinds import RunKind
+    from ..runs.records.state import run_kind
     from ..runs.records.store_of import store_of
 
-    if run_kind(run) != TRAIN:
+    if run_kind(run) is not RunKind.TRAIN:
         return None
     try:
         doc = _json.loads(store_of(run).get(f"runs/{run['id']}/status.json"))

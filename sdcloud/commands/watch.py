@@ -9,8 +9,7 @@ import click
 from ..errors import UserError
 from ..events import Kind
 from ..render import output_options
-from .common import (EXIT_INTERRUPTED, EXIT_NO_CONTROLLER, EXIT_NOT_SUCCEEDED, complete_runs, find_run,
-                     state_store)
+from .common import EXIT_INTERRUPTED, EXIT_NO_CONTROLLER, EXIT_NOT_SUCCEEDED, complete_runs, find_run, state_store
 
 
 @click.command()
@@ -22,15 +21,16 @@ from .common import (EXIT_INTERRUPTED, EXIT_NO_CONTROLLER, EXIT_NOT_SUCCEEDED, c
 def watch(run: str, interval: float, take_over: bool) -> None:
     """Follow a run's progress until it ends; exit with the run's own exit code. Ctrl-C under --drive
     hands the run back to the cloud driver or a background controller; it does not stop it."""
+    from ..offers.kinds import RunKind
+    from ..runs.records.state import FINAL_RUN_STATES, run_kind
     from ..runs.records.summary import summary
     from ..verbs.progress_view import ProgressView
-    from ..runs.records.state import FINAL_RUN_STATES, TRAIN, run_kind
     from .status import controller_note, render_summary
 
     state = state_store()
     found = find_run(state, run)
     if take_over:
-        if run_kind(found) != TRAIN:
+        if run_kind(found) is not RunKind.TRAIN:
             raise UserError(f"{found['id']} is a batch job; --drive takes training runs")
         from ..runs.records.store_of import refresh, store_of
         from .run import drive

@@ -11,6 +11,7 @@ unknown, and the job claims no savings rather than "saved $-0.0184" against an o
 
 from __future__ import annotations
 
+from ..offers.kinds import RunKind
 from .ledger import DECIMALS, savings
 
 # A cheap image costs a fraction of a cent: six decimals, so a running job does not read $0.0000.
@@ -31,7 +32,7 @@ def in_job_terms(state, cost: dict, run: dict, images_done: int | None = None) -
     images = int(images_done if images_done is not None else (run.get("step") or 0))
     total = cost["total_usd"]
     out = dict(cost)
-    out.update(kind="batch", images_done=images, images=int(run.get("total_steps") or 0), cost_per_1k_steps=None,
+    out.update(kind=RunKind.BATCH, images_done=images, images=int(run.get("total_steps") or 0), cost_per_1k_steps=None,
                cost_per_image=round(total / images, IMAGE_DECIMALS) if images else None,
                cost_per_1k_images=round(total / images * 1000, DECIMALS) if images else None)
     if not ondemand_known(state, run["id"], cost["attempts"]):

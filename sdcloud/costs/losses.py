@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import Kind, parse
+from ..events import Kind
 from .ledger import DECIMALS
 
 CAUSES = ("data_wait", "throttling", "saves", "oom_restarts", "reclaims", "boots")
@@ -60,7 +60,7 @@ def run_losses(state: Any, cost: dict, now: float) -> dict:
     progress: dict[int, list[tuple[float, int]]] = {}
     ooms: list[tuple[float, dict]] = []
     for ev in state.events(cost["run"]):
-        kind, data, ts = parse(ev["kind"]), ev["data"] or {}, float(ev["time"])
+        kind, data, ts = ev["kind"], ev["data"] or {}, float(ev["time"])
         n = data.get("attempt")
         if kind is Kind.HEALTH and isinstance(n, int):
             for cause, key in MEASURED.items():

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 
 from .. import config
 from ..errors import UserError
+from ..offers.kinds import RunKind
 from .ledger import DECIMALS, run_cost, savings
 
 FORMATS = ("table", "json", "csv", "html")
@@ -43,7 +44,7 @@ def _day(ts: float) -> str:
 
 
 def _is_batch(run: dict) -> bool:
-    return isinstance(run.get("spec"), dict) and run["spec"].get("kind") == "batch"
+    return isinstance(run.get("spec"), dict) and RunKind.of(run["spec"]) is RunKind.BATCH
 
 
 def build_report(state, runs: list[dict], by: str | None = None, now: float | None = None,
@@ -173,7 +174,7 @@ def print_tables(report: dict) -> None:
         hidden.extend(n for n in names if n not in hidden)
 
     for r in report["runs"]:
-        batch = r.get("kind") == "batch"
+        batch = RunKind.of(r) is RunKind.BATCH
         title = f"{'job' if batch else 'run'} {r['run']}" + (f" ({r['name']})" if r["name"] else "") + f": {r['tier']}, {r['state']}"
         od_known = r["ondemand_usd"] is not None
         rows = [(a["n"], a["provider"], a["zone"], a["instance_type"], a["market"], fmt(a["hours"]), a["end_reason"] or "running",
@@ -200,7 +201,7 @@ def print_tables(report: dict) -> None:
         echo("no runs or batch jobs to report: nothing was spent (see: sdcloud status)")
         return
     over = "" if t.get("savings_over_runs", t["runs"]) == t["runs"] else f" (over the {t['savings_over_runs']} runs whose on-demand price is known)"
-    kinds = {"job" if r.get("kind") == "batch" else "run" for r in report["runs"]}
+    kinds = {"job" if RunKind.of(r) is RunKind.BATCH else "run" for r in report["runs"]}
     noun = "job" if kinds == {"job"} else "run"
     many = {"job": "jobs", "run": "runs"}[noun] if len(kinds) == 1 else "runs and jobs"
     echo((f"the one {noun}" if t["runs"] == 1 else f"all {t['runs']} {many}") + f": total ${fmt(t['total_usd'])}; on-demand ${fmt(t['ondemand_usd'])}; "
@@ -223,7 +224,7 @@ def _run_line(r: dict) -> str:
         if r["savings_pct"] is not None:
             line += f" ({r['savings_pct']:.1f}%)"
     line += f"; reclaims {r['reclaims']}, lost {fmt(r['lost_hours'])} h"
-    if r.get("kind") == "batch":
+    if RunKind.of(r) is RunKind.BATCH:
         line += f"; {r['images_done']}/{r['images']} images"
         if r["cost_per_image"] is not None:
             line += f", ${fmt_image(r['cost_per_image'])} per image, ${fmt(r['cost_per_1k_images'])} per 1k images"

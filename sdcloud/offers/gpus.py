@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import csv
 import io
-import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+
+import tomllib
+
+from .kinds import RunKind
 
 # How an inference figure was obtained (gpu_benchmarks.toml explains each).
 SPEED_BASES = ("measured", "scaled", "estimate")
@@ -85,7 +88,7 @@ def relative_speed(gpu: str, kind: str) -> float | None:
     perf = gpu_table().get(gpu)
     if perf is None:
         return None
-    return perf.train_rel if kind == "train" else perf.infer_rel
+    return perf.train_rel if kind == RunKind.TRAIN else perf.infer_rel
 
 
 def multi_gpu_speedup(count: int, kind: str) -> float:
@@ -97,7 +100,7 @@ def multi_gpu_speedup(count: int, kind: str) -> float:
     """
     if count <= 1:
         return 1.0
-    if kind == "batch":
+    if kind == RunKind.BATCH:
         return float(count)
     efficiency = 0.9 ** (count.bit_length() - 1)
     return count * efficiency

@@ -15,6 +15,7 @@ from .. import config
 from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, PROVIDERS, Catalog, CatalogRow
 from ..errors import UserError
 from .gpus import gpu_table, multi_gpu_speedup, relative_speed
+from .kinds import RunKind
 from .tiers import Tier
 
 MARKETS = ("spot", "on-demand")
@@ -117,7 +118,7 @@ class Estimate:
         perf = gpu_table().get(self.offer.row.gpu)
         if perf is None:
             return "unknown GPU"
-        kind = "train = inference, " if self.kind == "train" else ""
+        kind = "train = inference, " if self.kind == RunKind.TRAIN else ""
         return kind + perf.speed_source()
 
 

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
+import tomllib
+
 from .gpus import gpu_table
+from .kinds import RunKind
 
 
 @dataclass(frozen=True)
 class Tier:
     name: str
     description: str
-    kind: str  # "train" (job size in steps) or "batch" (job size in images)
+    kind: RunKind  # TRAIN: job size in steps; BATCH: job size in images
     min_vram_gb: float
     rec_vram_gb: float
     gpu_count: int
@@ -37,7 +39,7 @@ class Tier:
 
     @property
     def unit(self) -> str:
-        return "steps" if self.kind == "train" else "images"
+        return "steps" if self.kind is RunKind.TRAIN else "images"
 
     def as_dict(self) -> dict:
         return {
@@ -64,9 +66,10 @@ class Tier:
 
 
 def _tier(name: str, raw: dict) -> Tier:
-    kind = raw["kind"]
-    if kind not in ("train", "batch"):
-        raise ValueError(f"tier {name}: kind must be train or batch")
+    try:
+        kind = RunKind(raw["kind"])
+    except ValueError:
+        raise ValueError(f"tier {name}: kind must be train or batch") from None
     return Tier(
         name=name,
         description=raw["description"],
@@ -77,7 +80,7 @@ def _tier(name: str, raw: dict) -> Tier:
         vcpus=int(raw["vcpus"]),
         memory_gb=float(raw["memory_gb"]),
         nvme_gb=float(raw["nvme_gb"]),
-        job_size=int(raw["steps"] if kind == "train" else raw["images"]),
+        job_size=int(raw["steps"] if kind is RunKind.TRAIN else raw["images"]),
         resolution=int(raw["resolution"]),
         batch_size=int(raw["batch_size"]),
         ref_rate=float(raw["ref_rate"]),

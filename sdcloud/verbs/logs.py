@@ -89,13 +89,14 @@ def _log_sources(run: dict):
     """(key, name, bytes, a time for lines before the first stamped one) of every log the run has: its
     hosts' logs in the bucket, and for a batch job on this machine its pool's worker logs."""
     from .. import config
-    from ..runs.records.state import BATCH, run_kind
+    from ..offers.kinds import RunKind
+    from ..runs.records.state import run_kind
     from ..runs.records.store_of import store_of
 
     store = store_of(run)
     for info in store.list(f"runs/{run['id']}/logs/"):
         yield info.key, info.key.rsplit("/", 1)[-1], store.get(info.key), 0.0
-    if run_kind(run) == BATCH:
+    if run_kind(run) is RunKind.BATCH:
         folder = config.home() / "batch" / run["id"]
         for f in sorted(folder.glob("*.log")) if folder.is_dir() else []:
             yield str(f), f.name, f.read_bytes(), f.stat().st_ctime

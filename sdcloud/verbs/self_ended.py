@@ -19,11 +19,12 @@ def settle_self_ended(state: StateStore, run: dict) -> bool:
     cost stops there), the run succeeded when the host had finished, else stopped with its checkpoint
     kept. Done under the run's lease, as any driver acts; False when there was nothing to settle
     (or a driver holds the run: it settles it itself)."""
+    from ..offers.kinds import RunKind
     from ..runs.driving.background import controller_alive
-    from ..runs.records.state import ACTIVE_RUN_STATES, TRAIN, run_kind
+    from ..runs.records.state import ACTIVE_RUN_STATES, run_kind
     from ..runs.records.store_of import store_of
 
-    if run_kind(run) != TRAIN or run["state"] not in ACTIVE_RUN_STATES or controller_alive(run):
+    if run_kind(run) is not RunKind.TRAIN or run["state"] not in ACTIVE_RUN_STATES or controller_alive(run):
         return False
     try:
         doc = json.loads(store_of(run).get(status_key(run["id"])))

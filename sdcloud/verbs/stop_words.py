@@ -10,6 +10,8 @@ saves on that stop, which the agent cannot tell from a reclaim notice.
 
 from __future__ import annotations
 
+from ..offers.kinds import RunKind
+
 # (words in the recorded reason, what happened), first match wins.
 _CAUSES = (
     ("sdcloud down", "stopped by you (sdcloud down)"),
@@ -34,7 +36,7 @@ def ended_line(run: dict) -> str | None:
     """One line for a training run that stopped or failed: what happened and the command that
     continues it; None for a run that is not over or has succeeded, and for batch jobs (a cancel
     is final: docs/batch.md)."""
-    if run.get("kind") == "batch" or (run.get("spec") or {}).get("kind") == "batch":
+    if RunKind.of(run) is RunKind.BATCH:
         return None
     state = run.get("state")
     if state not in ("stopped", "failed"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ... import events
 from ...events import Kind
 from .owner import RunOwner
 
@@ -23,7 +22,7 @@ def budget_warnings(owner: RunOwner, spent: float) -> None:
     memo = owner.memo
     if memo.budget_warned is None:
         memo.budget_warned = {e["data"].get("pct") for e in owner.state.events(owner.run_id)
-                              if events.parse(e["kind"]) is Kind.BUDGET_WARNING}
+                              if e["kind"] is Kind.BUDGET_WARNING}
     for pct in warnings_due(spent, owner.spec.budget, memo.budget_warned):
         memo.budget_warned.add(pct)
         owner.event(Kind.BUDGET_WARNING, {"pct": pct, "budget": owner.spec.budget, "spent": round(spent, 4)})

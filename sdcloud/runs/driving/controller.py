@@ -30,15 +30,19 @@ from ...errors import UserError
 from ...events import Kind, run_ended
 from ...fleet.candidates import candidates as fleet_candidates
 from ...fleet.lifecycle import MAX_FAILED_LAUNCHES, Fleet, Progress, Timing
+from ...offers.kinds import RunKind
 from ...offers.optimizer import Offer, job_hours
 from ...offers.tiers import get_tier
 from ...providers import get_provider
 from ...providers.capabilities import Closable, RenewsHostCredentials
 from ...providers.traits import traits
 from ...spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
-from . import health_view, hostboot, oom_move, simulated_reclaim
 from ..inputs import staging as inputs
+from ..inputs.spec import RunSpec
 from ..records import stop_request as stop_requests
+from ..records.state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore, run_kind
+from ..records.summary import summary
+from . import health_view, hostboot, oom_move, simulated_reclaim
 from .agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
 from .agent_reports import report_agent_problems
 from .background import controller_alive, detach
@@ -46,9 +50,6 @@ from .budget_watch import budget_spent, budget_warnings
 from .host_status import HostStatus
 from .launching import LaunchInputs
 from .owner import Memo, steps_before
-from ..inputs.spec import RunSpec
-from ..records.state import ACTIVE_RUN_STATES, BATCH, FINAL_RUN_STATES, Attempt, StateStore, run_kind
-from ..records.summary import summary
 
 # Names that commands/ and the tests import from here (their homes are the modules above).
 __all__ = ["ACTIVE_RUN_STATES", "Controller", "Timing", "UNATTENDED_POLLS",
@@ -74,7 +75,7 @@ class Controller(LaunchInputs, HostStatus):
         run = state.get_run(run_id)
         if run is None:
             raise UserError(f"no run {run_id!r}; see: sdcloud status")
-        if run_kind(run) == BATCH:
+        if run_kind(run) is RunKind.BATCH:
             raise UserError(f"{run['id']} is a batch job, not a training run; see: sdcloud batch status {run['id']}")
         self.run_id = run["id"]
         self.spec = RunSpec(**run["spec"])

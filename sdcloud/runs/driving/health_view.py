@@ -63,7 +63,7 @@ def latest(state: Any, run_id: str) -> dict | None:
     Every field of FIELDS is present: null where the host did not sample it."""
     health, retries = None, 0
     for ev in state.events(run_id):
-        kind = events.parse(ev["kind"])
+        kind = ev["kind"]
         if kind is Kind.HEALTH:
             health = dict(ev["data"])
         elif kind is Kind.OOM_RETRY:

@@ -12,7 +12,6 @@ import os
 import time
 from typing import Any, Callable
 
-from ... import events
 from ...events import Kind
 from ..records.state import Attempt, StateStore
 
@@ -44,7 +43,7 @@ class HostStatus:
         se = (status or {}).get("self_end")
         if not isinstance(se, dict) or status.get("attempt") != cur.n:
             return None
-        if not any(events.parse(e["kind"]) is Kind.SELF_ENDED and e["data"].get("attempt") == cur.n
+        if not any(e["kind"] is Kind.SELF_ENDED and e["data"].get("attempt") == cur.n
                    for e in self.state.events(self.run_id)):
             self.event(Kind.SELF_ENDED, {"attempt": cur.n, "reason": se.get("reason"), "action": se.get("action"),
                                          "unattended": bool(se.get("unattended")), "at": se.get("at"),

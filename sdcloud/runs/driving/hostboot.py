@@ -212,7 +212,7 @@ def guarded(ctrl: RunOwner, step) -> bool:
 def check_unreported(ctrl: RunOwner) -> None:
     """End the run when the last MAX_UNREPORTED_ENDS attempts all vanished before they reported."""
     unreported = {e["data"].get("attempt") for e in ctrl.state.events(ctrl.run_id)
-                  if events.parse(e["kind"]) in events.HOST_GONE and e["data"].get("reported") is False}
+                  if e["kind"] in events.HOST_GONE and e["data"].get("reported") is False}
     n = 0
     for a in reversed([a for a in ctrl.attempts() if a.end_reason]):
         if a.n not in unreported:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ...events import HOST_GONE, Kind, parse
+from ...events import HOST_GONE, Kind
 
 if TYPE_CHECKING:
     from ...fleet.lifecycle import Fleet, Timing
@@ -64,10 +64,10 @@ class Memo:
         memo = cls()
         events = state.events(run_id)
         memo.seen_attempts = {int(e["data"]["attempt"]) for e in events
-                              if parse(e["kind"]) is Kind.RESUMED and str(e["data"].get("attempt", "")).isdigit()}
+                              if e["kind"] is Kind.RESUMED and str(e["data"].get("attempt", "")).isdigit()}
         # A simulated reclaim already announced is not announced again by a driver that restarts
         # within the notice; one whose driver died before announcing it is put on a new timer.
-        memo.reclaim_scheduled = any(parse(e["kind"]) is Kind.RECLAIM_NOTICE and e["data"].get("simulated")
+        memo.reclaim_scheduled = any(e["kind"] is Kind.RECLAIM_NOTICE and e["data"].get("simulated")
                                      for e in events)
         return memo
 
@@ -80,7 +80,7 @@ def steps_before(state: StateStore, run_id: str, n: int) -> int:
     seen = [int(c["last_step"]) for k, c in state.attempt_costs(run_id).items()
             if k < n and c.get("last_step") is not None]
     seen += [int(e["data"]["step"]) for e in state.events(run_id)
-             if parse(e["kind"]) in HOST_GONE and str(e["data"].get("step", "")).isdigit()
+             if e["kind"] in HOST_GONE and str(e["data"].get("step", "")).isdigit()
              and int(e["data"].get("attempt") or 0) < n]
     if seen:
         return max(seen)

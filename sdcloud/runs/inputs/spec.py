@@ -15,6 +15,7 @@ from ...durations import parse_duration, parse_seconds  # noqa: F401 - re-export
 from ...errors import UserError
 from ...names import match_name
 from ...providers import NAMES as PROVIDER_NAMES
+from ...offers.kinds import RunKind
 from ...offers.tiers import get_tier
 
 TRAINERS = ("builtin", "diffusers", "kohya", "command")
@@ -128,7 +129,7 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
     if "tier" not in data:
         raise UserError("--tier is required (or `tier:` in the run file); see: sdcloud tiers")
     tier_obj = get_tier(str(data["tier"]))
-    if tier_obj.kind != "train":
+    if tier_obj.kind is not RunKind.TRAIN:
         raise UserError(f"tier {tier_obj.name} makes images, it does not train: run it with "
                         f"sdcloud batch submit --tier {tier_obj.name} --model M --prompts FILE")
     data["tier"] = tier_obj.name

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from ... import config
-from ... import events as kinds
 from ...errors import UserError
 from ...events import Kind
 from ...providers.traits import Hosts, names, traits
@@ -48,7 +47,7 @@ def recorded(state: StateStore, run_id: str) -> tuple[dict | None, bool]:
     """(the latest record, whether the user resumed the run after it was made)."""
     last, resumed_after = None, False
     for e in state.events(run_id):
-        kind = kinds.parse(e["kind"])
+        kind = e["kind"]
         if kind is Kind.INPUTS_STAGED:
             last, resumed_after = e["data"], False
         elif kind is Kind.RESUME and last is not None:

@@ -123,7 +123,7 @@ class Journal:
 
     def _flush_events(self) -> None:
         events = self.state.events(self.run_id, after_id=self._event_id)
-        events = [e for e in events if kinds.parse(e["kind"]) is not Kind.JOURNAL_DEFERRED]
+        events = [e for e in events if e["kind"] is not Kind.JOURNAL_DEFERRED]
         if not events:
             return
         known = _known(self.state, self.store, self.run_id)

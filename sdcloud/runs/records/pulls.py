@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ... import events
 from ...errors import UserError
 from ...events import Kind
 
@@ -17,7 +16,7 @@ PULLED = Kind.PULLED
 
 
 def _pulled_into(state, run_id: str) -> set[str]:
-    return {str(ev["data"].get("dir")) for ev in state.events(run_id) if events.parse(ev["kind"]) is Kind.PULLED}
+    return {str(ev["data"].get("dir")) for ev in state.events(run_id) if ev["kind"] is Kind.PULLED}
 
 
 def check_destination(state, run_id: str, dest: Path, force: bool, what: str) -> None:

@@ -18,6 +18,8 @@ from typing import Any, Iterable, Iterator
 
 from ... import config
 from ...events import identity as event_identity
+from ...events import parse as parse_kind
+from ...offers.kinds import RunKind
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -131,8 +133,8 @@ ACTIVE_RUN_STATES = ("pending", "launching", "running", "recovering")
 FINAL_RUN_STATES = ("succeeded", "failed", "stopped", "cancelled")
 
 # The runs table is one honest union of two kinds: training runs and batch jobs (spec "kind": "batch").
-# Every command that lists or acts on rows asks this, never RunSpec(**spec) on a row of unknown kind.
-TRAIN, BATCH = "train", "batch"
+# Every command that lists or acts on rows asks run_kind (offers.kinds.RunKind), never RunSpec(**spec)
+# on a row of unknown kind.
 
 
 # The run row's fields a snapshot carries (controller_pid is this machine's own business).
@@ -145,9 +147,10 @@ def _insert(db: sqlite3.Connection, table: str, row: dict[str, Any]) -> None:
     db.execute(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", [row[c] for c in cols])
 
 
-def run_kind(run: dict) -> str:
-    spec = run.get("spec") if isinstance(run.get("spec"), dict) else {}
-    return BATCH if spec.get("kind") == BATCH else TRAIN
+def run_kind(run: dict) -> RunKind:
+    """A row's kind: its spec says (a row with no spec dict is a training run)."""
+    spec = run.get("spec")
+    return RunKind.of(spec if isinstance(spec, dict) else None)
 
 
 @dataclass
@@ -289,7 +292,9 @@ class StateStore:
 
     def events(self, run_id: str, after_id: int = 0) -> list[dict]:
         rows = self._db.execute("SELECT * FROM events WHERE run_id = ? AND id > ? ORDER BY id", (run_id, after_id)).fetchall()
-        return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
+        # Parsed here, once: every reader compares kinds with `is Kind.X` (an unknown kind, written
+        # by a newer sdcloud, stays its string).
+        return [{**dict(r), "kind": parse_kind(r["kind"]), "data": json.loads(r["data"])} for r in rows]
 
     # zone cooldowns: shared by every run, so that a restarted controller (or the next run) skips a
     # zone that was just reclaimed

@@ -65,11 +65,12 @@ def run_store_conf(spec: Any, infra: dict | None, run_id: str) -> dict:
 def store_of(run: dict):
     """The open store of `run` (a row of the runs table): a batch job's spec holds its store's config
     itself; a training run's comes from its spec and the stack's outputs saved on this machine."""
+    from ...offers.kinds import RunKind
     from ..inputs.spec import RunSpec
-    from .state import BATCH, StateStore, run_kind
+    from .state import StateStore, run_kind
     from .store import open_run_store
 
-    if run_kind(run) == BATCH:
+    if run_kind(run) is RunKind.BATCH:
         return open_run_store(run["spec"]["store"])
     spec = RunSpec(**run["spec"])
     return open_run_store(run_store_conf(spec, StateStore().infra(spec.provider, spec.region or ""), run["id"]))

@@ -5,12 +5,13 @@ from __future__ import annotations
 from ...costs import ledger as cost_ledger
 from ...errors import UserError
 from ...offers.catalog import load_catalog
+from ...offers.kinds import RunKind
 from ...offers.optimizer import rank
 from ...offers.tiers import get_tier
 from ...providers.traits import names
 from ..driving import health_view
 from ..inputs.spec import RunSpec
-from .state import ACTIVE_RUN_STATES, BATCH, StateStore, run_kind
+from .state import ACTIVE_RUN_STATES, StateStore, run_kind
 
 
 def summary(state: StateStore, run_id: str) -> dict:
@@ -35,7 +36,7 @@ def summary(state: StateStore, run_id: str) -> dict:
         # From the cost ledger: every item, open attempts priced up to now (sdcloud cost report has the detail).
         "cost": cost_ledger.summary_cost(state, run),
     }
-    if kind == BATCH:
+    if kind is RunKind.BATCH:
         out["workers"] = run["spec"].get("workers")
         return out
     # The host's latest health verdict and its out-of-memory retries (runs/driving/health_view.py).
