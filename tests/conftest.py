@@ -97,6 +97,20 @@ def authz_log():
         yield directory
 
 
+@pytest.fixture(scope="session")
+def sshd():
+    """A real OpenSSH server on 127.0.0.1 for the SSH provider (tests/support/server_sshd.py), one per
+    worker; the tests that need it skip, saying why, where openssh-server is not installed."""
+    from tests.support.server_sshd import Sshd
+
+    why = Sshd.missing()
+    if why:
+        pytest.skip(why)
+    server = Sshd().start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(autouse=True)
 def sdcloud_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "sdcloud-home"

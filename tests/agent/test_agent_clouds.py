@@ -5,8 +5,7 @@ alone in the user-data, carries its run's cloud's role-key fetch and nothing els
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -14,6 +13,7 @@ import pytest
 from sdcloud_agent import clouds, s3lite, selfend, userdata
 
 from tests.support.fake_host import AwsMetadataServer, TencentMetadataServer
+from tests.support.server_http import LoopbackServer
 
 # What each cloud module must give (clouds/__init__.py says what each one means).
 FOUR_THINGS = {
@@ -71,7 +71,7 @@ def test_each_clouds_watcher_reads_its_own_metadata_service():
     assert clouds.for_kind("aws").watcher().http.base == clouds.for_kind("aws").METADATA_BASE
 
 
-class _CamRole:
+class _CamRole(LoopbackServer):
     """The CVM metadata service's role endpoint (the keys Tencent serves to a CAM role)."""
 
     def __init__(self):
@@ -90,12 +90,9 @@ class _CamRole:
                 self.end_headers()
                 self.wfile.write((body or "").encode())
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_port}"
-
-    def stop(self):
-        self.httpd.shutdown()
+        self.bind(Handler)
+        self.start()
+        self.base_url = self.address()
 
 
 def _shipped_client(config: dict) -> dict:

@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import boto3
@@ -24,6 +23,7 @@ import pytest
 from tests.support import SUPPORT
 from tests.support.server_seaweed import wait_until
 from tests.support.harness_stacks import stack_module
+from tests.support.server_http import LoopbackServer
 
 
 
@@ -371,7 +371,7 @@ def test_aws_host_ends_itself_when_the_controller_is_gone(moto_server, monkeypat
     assert state.get_run(ctl.run_id)["state"] == outcome
 
 
-class TencentMetadata:
+class TencentMetadata(LoopbackServer):
     """The CVM metadata service per instance, at /<instance-id>/latest/meta-data/...: the instance's
     id and region and its CAM role's temporary keys (from the CVM fake, judged by its policy)."""
 
@@ -394,15 +394,11 @@ class TencentMetadata:
                 self.wfile.write(data)
 
         self.keys = keys
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.bind(H)
+        self.start()
 
     def url(self, iid: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/{iid}"
-
-    def stop(self):
-        self.httpd.shutdown()
+        return f"{self.address()}/{iid}"
         self.httpd.server_close()
 
 

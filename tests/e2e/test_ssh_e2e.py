@@ -12,7 +12,6 @@ import pytest
 
 from tests.support.server_seaweed import agent_processes as running_agents
 from tests.support.server_sshd import write_hosts
-from tests.providers.ssh.test_ssh_provider import sshd  # noqa: F401 - the session fixture
 
 pytestmark = pytest.mark.slow
 

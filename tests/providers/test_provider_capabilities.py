@@ -10,7 +10,6 @@ function exactly where there is a stack, and agree with what the rest of sdcloud
 from __future__ import annotations
 
 import importlib
-import sys
 
 import pytest
 
@@ -20,6 +19,7 @@ from sdcloud.providers.traits import (PACKAGES, Hosts, has_catalog, has_function
                                       traits)
 
 from tests.support import ROOT
+from tests.support.harness_stacks import stack_module
 
 PROTOCOLS = {
     "zones": caps.HasZones, "check_credentials": caps.ChecksCredentials, "renew_credentials": caps.RenewsHostCredentials,
@@ -115,8 +115,6 @@ def test_the_stacks_read_the_function_from_the_traits(name, monkeypatch):
     """The stack's policy module (readable without Pulumi) carries the traits' figures, not its own."""
     f = traits(name).function
     module = {"aws": "driver_policy", "tencent": "scf_policy"}[name]
-    monkeypatch.syspath_prepend(str(ROOT / "stacks" / traits(name).stack))
-    sys.modules.pop(module, None)
-    policy = importlib.import_module(module)
+    policy = stack_module(traits(name).stack, module)
     assert (policy.FUNCTION_TIMEOUT, policy.FUNCTION_MEMORY_MB, policy.FUNCTION_RUNTIME, policy.SCHEDULE_SECONDS) == (
         f.timeout_seconds, f.memory_mb, f.runtime, f.schedule_seconds)

@@ -15,15 +15,19 @@ import threading
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+
+from tests.support.server_http import LoopbackServer
 
 # ----------------------------------------------------------------------------------------------
 # Metadata servers
 # ----------------------------------------------------------------------------------------------
 
 
-class _MetadataServer:
+class _MetadataServer(LoopbackServer):
+    thread_name = "fake-metadata"
+
     def __init__(self):
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str]] = []
@@ -39,21 +43,11 @@ class _MetadataServer:
             def do_PUT(self):
                 server._handle(self, "PUT")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.bind(Handler)
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def start(self):
-        self.thread.start()
-        return self
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        return self.address()
 
     def _handle(self, h, method):
         with self.lock:

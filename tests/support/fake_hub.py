@@ -20,8 +20,10 @@ import json
 import re
 import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
+
+from tests.support.server_http import LoopbackServer
 
 GB, MB = 10**9, 10**6
 SHA = "a" * 40  # the repository's one commit
@@ -81,7 +83,9 @@ def sdxl_shaped(scale: int = 10_000) -> dict[str, bytes]:
     return out
 
 
-class FakeHub:
+class FakeHub(LoopbackServer):
+    thread_name = "fake-hub"
+
     def __init__(self, repos: dict[str, dict[str, bytes]], gated: dict[str, set[str]] | None = None,
                  tokens: set[str] | None = None):
         """`gated`: repo -> the tokens whose accounts accepted its licence; `tokens`: the tokens the hub
@@ -106,16 +110,8 @@ class FakeHub:
             def do_GET(self):
                 hub._serve(self, head=False)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self) -> "FakeHub":
-        threading.Thread(target=self.httpd.serve_forever, name="fake-hub", daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.bind(Handler)
+        self.endpoint = self.address()
 
     def bytes_fetched(self) -> int:
         with self.lock:

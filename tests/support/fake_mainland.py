@@ -21,15 +21,17 @@ import re
 import subprocess
 import threading
 from functools import partial
-from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from tests.support.server_http import LoopbackServer
 
 # Names a mainland host must not need: the hub, GitHub, torch's wheel site, the package index.
 OUTSIDE = ("huggingface.co", "github.com", "download.pytorch.org", "pypi.org")
 
 
-class RefusingProxy:
+class RefusingProxy(LoopbackServer):
     def __init__(self) -> None:
         self.hosts: list[str] = []
         lock = threading.Lock()
@@ -52,9 +54,9 @@ class RefusingProxy:
 
             do_CONNECT = do_GET = do_HEAD = do_POST = do_PUT = _refuse
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.bind(Handler)
+        self.url = self.address()
+        self.start()
 
     def env(self) -> dict[str, str]:
         """What a host in this network has in its environment."""
@@ -62,12 +64,10 @@ class RefusingProxy:
         out.update({k: "127.0.0.1,localhost" for k in ("NO_PROXY", "no_proxy")})
         return out
 
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    close = LoopbackServer.stop
 
 
-class StaticIndex:
+class StaticIndex(LoopbackServer):
     def __init__(self, folder: str | Path) -> None:
         self.requests: list[str] = []
         seen = self.requests
@@ -80,13 +80,11 @@ class StaticIndex:
                 seen.append(self.path)
                 super().do_GET()
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(folder)))
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/simple"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.bind(partial(Handler, directory=str(folder)))
+        self.url = self.address() + "/simple"
+        self.start()
 
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    close = LoopbackServer.stop
 
 
 def tiny_hub_repo(folder: Path) -> dict[str, bytes]:

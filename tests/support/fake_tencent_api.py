@@ -24,7 +24,10 @@ import uuid
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from typing import Callable
+
+from tests.support.server_http import LoopbackServer, QuietHandler
 
 API_VERSION = "2017-03-12"
 SECRET_ID = "AKIDfake0000000000000000000000000000"
@@ -597,20 +600,35 @@ def verify_tc3(handler: BaseHTTPRequestHandler, body: bytes, accounts: dict[str,
     return headers
 
 
-class _Handler(BaseHTTPRequestHandler):
+class TencentApiHandler(QuietHandler):
+    """What every Tencent API fake answers alike (CVM, SCF, billing): POST / with the action in
+    X-TC-Action; every answer HTTP 200 `application/json` in the `{"Response": ...}` envelope, with a
+    RequestId, an error as its Code and Message, and a bug in the fake as the real API's InternalError."""
+
+    def body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def answer(self, call: Callable[[], dict]) -> None:
+        request_id = str(uuid.uuid4())
+        try:
+            payload = {"Response": {**call(), "RequestId": request_id}}
+        except ApiError as exc:
+            payload = {"Response": {"Error": {"Code": exc.code, "Message": exc.message}, "RequestId": request_id}}
+        except Exception as exc:  # a bug in the fake: answer like the real API's InternalError
+            payload = {"Response": {"Error": {"Code": "InternalError", "Message": repr(exc)}, "RequestId": request_id}}
+        self.send_json(payload)
+
+
+def json_params(body: bytes) -> dict:
+    try:
+        return json.loads(body or b"{}")
+    except ValueError:
+        raise ApiError("InvalidParameter", "the body is not JSON") from None
+
+
+class _Handler(TencentApiHandler):
     server_version = "fake-cvm/1"
     fake: FakeCVM  # set on the subclass
-
-    def log_message(self, fmt, *args):  # quiet
-        pass
-
-    def _send(self, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def _verify(self, body: bytes) -> dict[str, str]:
         accounts = {**self.fake.accounts, **{k: v["key"] for k, v in self.fake.role_keys.items()}}
@@ -620,15 +638,15 @@ class _Handler(BaseHTTPRequestHandler):
         return headers
 
     def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        request_id = str(uuid.uuid4())
+        body = self.body()
         if self.path == "/_control":
             try:
-                self._send(self.fake.control(json.loads(body or b"{}")))
+                self.send_json(self.fake.control(json.loads(body or b"{}")))
             except (ApiError, KeyError, ValueError) as exc:
-                self._send({"error": str(exc)})
+                self.send_json({"error": str(exc)})
             return
-        try:
+
+        def call() -> dict:
             headers = self._verify(body)
             if self.headers.get("X-TC-Version") != API_VERSION:
                 raise ApiError("InvalidParameter", f"X-TC-Version must be {API_VERSION}")
@@ -636,49 +654,26 @@ class _Handler(BaseHTTPRequestHandler):
             region = self.headers.get("X-TC-Region", "")
             if not region:
                 raise ApiError("MissingParameter", "X-TC-Region is required")
-            try:
-                params = json.loads(body or b"{}")
-            except ValueError:
-                raise ApiError("InvalidParameter", "the body is not JSON") from None
+            params = json_params(body)
             secret_id = _AUTH_RE.match(headers.get("authorization", "")).group(1)
             caller = self.fake.authorize(secret_id, headers.get("x-tc-token", ""), action, region, params)
-            result = self.fake.handle(action, region, params, caller)
-            self._send({"Response": {**result, "RequestId": request_id}})
-        except ApiError as exc:
-            self._send({"Response": {"Error": {"Code": exc.code, "Message": exc.message}, "RequestId": request_id}})
-        except Exception as exc:  # a bug in the fake: answer like the real API's InternalError
-            self._send({"Response": {"Error": {"Code": "InternalError", "Message": repr(exc)}, "RequestId": request_id}})
+            return self.fake.handle(action, region, params, caller)
+
+        self.answer(call)
 
 
-class FakeServer:
+class FakeServer(LoopbackServer):
     """The fake on 127.0.0.1 in a thread: `with FakeServer() as srv: srv.endpoint, srv.cvm`."""
+
+    thread_name = "fake-cvm"
 
     def __init__(self, port: int = 0, secret_id: str = SECRET_ID, secret_key: str = SECRET_KEY):
         self.cvm = FakeCVM(secret_id, secret_key)
-        handler = type("Handler", (_Handler,), {"fake": self.cvm})
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.thread: threading.Thread | None = None
+        self.bind(type("Handler", (_Handler,), {"fake": self.cvm}), port=port)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> "FakeServer":
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="fake-cvm", daemon=True)
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def __enter__(self) -> "FakeServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        return self.address()
 
 
 # -- SCF (2018-04-16): the timer triggers of the cloud driver's function --------------------------------
@@ -816,57 +811,37 @@ class FakeSCF:
         return {"TotalCount": len(triggers), "Triggers": [dict(t) for t in triggers[offset:offset + limit]]}
 
 
-class _ScfHandler(BaseHTTPRequestHandler):
+class _ScfHandler(TencentApiHandler):
     server_version = "fake-scf/1"
     fake: FakeSCF  # set on the subclass
 
-    def log_message(self, fmt, *args):  # quiet
-        pass
-
     def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        request_id = str(uuid.uuid4())
-        try:
+        body = self.body()
+
+        def call() -> dict:
             headers = verify_tc3(self, body, self.fake.accounts, "scf")
             if headers.get("content-type", "").split(";")[0].strip() != "application/json":
                 raise ApiError("InvalidParameter", "Content-Type must be application/json")
             if self.headers.get("X-TC-Version") != SCF_VERSION:
                 raise ApiError("InvalidParameter", f"X-TC-Version must be {SCF_VERSION}")
-            try:
-                params = json.loads(body or b"{}")
-            except ValueError:
-                raise ApiError("InvalidParameter", "the body is not JSON") from None
-            result = self.fake.handle(self.headers.get("X-TC-Action", ""), self.headers.get("X-TC-Region", ""), params)
-            payload = {"Response": {**result, "RequestId": request_id}}
-        except ApiError as exc:
-            payload = {"Response": {"Error": {"Code": exc.code, "Message": exc.message}, "RequestId": request_id}}
-        data = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            return self.fake.handle(self.headers.get("X-TC-Action", ""), self.headers.get("X-TC-Region", ""),
+                                    json_params(body))
+
+        self.answer(call)
 
 
-class ScfServer:
+class ScfServer(LoopbackServer):
     """The SCF fake on 127.0.0.1 in a thread: `with ScfServer() as srv: srv.endpoint, srv.scf`."""
+
+    thread_name = "fake-scf"
 
     def __init__(self, port: int = 0):
         self.scf = FakeSCF()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), type("ScfHandler", (_ScfHandler,), {"fake": self.scf}))
-        self.httpd.daemon_threads = True
+        self.bind(type("ScfHandler", (_ScfHandler,), {"fake": self.scf}), port=port)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self) -> "ScfServer":
-        threading.Thread(target=self.httpd.serve_forever, name="fake-scf", daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        return self.address()
 
 
 def main(argv: list[str] | None = None) -> None:

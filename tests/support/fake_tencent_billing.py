@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tests.support.fake_tencent_api import SECRET_ID, SECRET_KEY, ApiError, verify_tc3
+from tests.support.fake_tencent_api import SECRET_ID, SECRET_KEY, ApiError, TencentApiHandler, verify_tc3
+from tests.support.server_http import LoopbackServer
 
 API_VERSION = "2018-07-09"
 SERVICE = "billing"
@@ -89,57 +88,33 @@ class FakeBilling:
                 "Tags": [{"TagKey": k, "TagValue": v} for k, v in ln.tags.items()]}
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(TencentApiHandler):
     fake: FakeBilling
 
-    def log_message(self, fmt, *args):
-        pass
-
-    def _send(self, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _verify(self, body: bytes) -> None:
-        verify_tc3(self, body, self.fake.accounts, SERVICE)
-
     def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        request_id = str(uuid.uuid4())
-        try:
-            self._verify(body)
+        body = self.body()
+
+        def call() -> dict:
+            verify_tc3(self, body, self.fake.accounts, SERVICE)
             if self.headers.get("X-TC-Version") != API_VERSION:
                 raise ApiError("InvalidParameter", f"X-TC-Version must be {API_VERSION}")
-            result = self.fake.handle(self.headers.get("X-TC-Action", ""), json.loads(body or b"{}"))
-            self._send({"Response": {**result, "RequestId": request_id}})
-        except ApiError as exc:
-            self._send({"Response": {"Error": {"Code": exc.code, "Message": exc.message}, "RequestId": request_id}})
-        except Exception as exc:  # a bug in the fake: answer like the real API's InternalError
-            self._send({"Response": {"Error": {"Code": "InternalError", "Message": repr(exc)}, "RequestId": request_id}})
+            return self.fake.handle(self.headers.get("X-TC-Action", ""), json.loads(body or b"{}"))
+
+        self.answer(call)
 
 
-class BillingServer:
+class BillingServer(LoopbackServer):
     """`with BillingServer() as srv: srv.endpoint, srv.billing`."""
+
+    thread_name = "fake-billing"
 
     def __init__(self):
         self.billing = FakeBilling()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_Handler,), {"fake": self.billing}))
-        self.httpd.daemon_threads = True
+        self.bind(type("H", (_Handler,), {"fake": self.billing}))
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self) -> "BillingServer":
-        threading.Thread(target=self.httpd.serve_forever, name="fake-billing", daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        return self.address()
 
 
 __all__ = ["BillingServer", "FakeBilling", "datetime", "timezone"]

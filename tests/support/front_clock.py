@@ -23,12 +23,11 @@ import hashlib
 import hmac
 import http.client
 import re
-import socketserver
 import ssl
-import threading
 import urllib.parse
 
 from tests.support.server_seaweed import TEST_KEYS, read_request_head, relay_response
+from tests.support.server_http import LoopbackServer, stream_handler
 
 AUTH = re.compile(r"AWS4-HMAC-SHA256\s+Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request,\s*"
                   r"SignedHeaders=([^,]+),\s*Signature=([0-9a-f]+)")
@@ -129,30 +128,15 @@ class Front:
         if cert:
             tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             tls.load_cert_chain(cert, key)
-        front = self
-
-        def handler(wrap):
-            class Handler(socketserver.StreamRequestHandler):
-                def setup(self):
-                    if wrap is not None:
-                        self.request = wrap.wrap_socket(self.request, server_side=True)
-                    super().setup()
-
-                def handle(self):
-                    try:
-                        front.serve(self.rfile, self.wfile)
-                    except (ssl.SSLError, OSError, http.client.HTTPException, ValueError):
-                        pass
-            return Handler
-
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self.servers = [socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler(w)) for w in (tls, None)]
-        for s in self.servers:
-            s.daemon_threads = True
+        # Two listeners on one relay: HTTPS with the fixture's certificate, and plain HTTP.
+        self.servers = [LoopbackServer() for _ in (tls, None)]
+        for server, wrap in zip(self.servers, (tls, None)):
+            server.thread_name = "clock-front"
+            server.bind(stream_handler(self.serve, wrap), stream=True)
 
     @property
     def ports(self) -> tuple[int, int]:
-        return self.servers[0].server_address[1], self.servers[1].server_address[1]
+        return self.servers[0].port, self.servers[1].port
 
     def serve(self, rfile, wfile) -> None:
         upstream = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=300)
@@ -179,11 +163,10 @@ class Front:
             upstream.close()
 
     def serve_forever(self) -> None:
-        threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in self.servers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        for server in self.servers:
+            server.start()
+        for server in self.servers:
+            server.thread.join()
 
 
 def main() -> None:

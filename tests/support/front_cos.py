@@ -55,7 +55,8 @@ from urllib.parse import parse_qs, urlsplit
 from xml.sax.saxutils import escape
 
 from tests.support import authz_cam
-from tests.support.server_seaweed import TEST_KEYS, read_request_head, self_signed_cert
+from tests.support.server_seaweed import TEST_KEYS, read_request_head
+from tests.support.server_http import LoopbackServer, tls_context
 
 REGIONS = ("ap-guangzhou", "ap-shanghai", "ap-beijing", "ap-singapore")
 COS_BUCKET_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-[0-9]{5,12}$")
@@ -108,7 +109,9 @@ def _error(code: str, message: str, resource: str) -> bytes:
             f"<Resource>{resource}</Resource>\n<RequestId>{rid}</RequestId>\n<TraceId>{rid}</TraceId>\n</Error>").encode()
 
 
-class CosLayer:
+class CosLayer(LoopbackServer):
+    thread_name = "cos-layer"
+
     """`with CosLayer(seaweed) as cos:` then `cos.env` (HTTPS_PROXY, NO_PROXY, AWS_CA_BUNDLE) and
     `cos.endpoint(region)` for the client; `cos.seen` lists every request."""
 
@@ -121,24 +124,19 @@ class CosLayer:
         self._key_locks: dict[str, threading.Lock] = {}
         self.workdir = Path(tempfile.mkdtemp(prefix="sdcloud-cos-"))
         names = tuple(n for d in cos_domains(regions) for n in (d, f"*.{d}"))
-        cert, key = self_signed_cert(self.workdir / "tls", names)
-        self.ca_file = cert
-        self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.tls.load_cert_chain(cert, key)
+        self.tls, self.ca_file = tls_context(self.workdir / "tls", names)
         layer = self
 
         class Handler(socketserver.StreamRequestHandler):
             def handle(self):
                 layer._serve(self.connection)
 
-        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
+        self.bind(Handler, stream=True)
 
     # -- the client's side ------------------------------------------------------------------------
     @property
     def proxy(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.address()
 
     @staticmethod
     def endpoint(region: str) -> str:
@@ -157,20 +155,6 @@ class CosLayer:
     def refusals(self) -> list[str]:
         with self.lock:
             return [s.refused for s in self.seen if s.refused]
-
-    def start(self) -> "CosLayer":
-        threading.Thread(target=self.server.serve_forever, name="cos-layer", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def __enter__(self) -> "CosLayer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     # -- the proxy ----------------------------------------------------------------------------------
     def _serve(self, conn: socket.socket) -> None:

@@ -22,12 +22,13 @@ from __future__ import annotations
 import collections
 import http.client
 import random
-import socketserver
 import threading
 import time
 import uuid
 from typing import Callable
+
 from tests.support.server_seaweed import read_request_head
+from tests.support.server_http import LoopbackServer, stream_handler
 
 Refusal = Callable[[str, str, dict], "tuple[int, str] | None"]
 KINDS = ("slowdown", "reset", "truncate", "stall", "late_500")
@@ -45,7 +46,9 @@ MESSAGES = {"AccessDenied": "Access Denied", "InvalidAccessKeyId":
 REASONS = {403: "Forbidden", 500: "Internal Server Error", 503: "Slow Down"}
 
 
-class FaultFront:
+class FaultFront(LoopbackServer):
+    thread_name = "fault-front"
+
     def __init__(self, seaweed, *, seed: int = 1, stall_seconds: float = 1.0, refuse: Refusal | None = None,
                  **rates: float):
         unknown = set(rates) - set(KINDS)
@@ -61,26 +64,8 @@ class FaultFront:
         self.seen: list[str] = []
         self.lock = threading.Lock()
         self.enabled = True
-        front = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self):
-                try:
-                    front._requests(self.rfile, self.wfile)
-                except (OSError, http.client.HTTPException, ValueError):
-                    pass
-
-        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self) -> "FaultFront":
-        threading.Thread(target=self.server.serve_forever, name="fault-front", daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.bind(stream_handler(self._requests), stream=True)
+        self.endpoint = self.address()
 
     def _draw(self, method: str) -> str | None:
         with self.lock:

@@ -11,50 +11,26 @@ request goes on unchanged (its Host header too, so SeaweedFS checks the client's
 from __future__ import annotations
 
 import http.client
-import socketserver
-import ssl
 import tempfile
 import threading
 import uuid
 from pathlib import Path
 
-from tests.support.server_seaweed import read_request_head, relay_response, self_signed_cert
+from tests.support.server_seaweed import read_request_head, relay_response
+from tests.support.server_http import LoopbackServer, stream_handler, tls_context
 
 
-class TrailerRefusingFront:
+class TrailerRefusingFront(LoopbackServer):
+    thread_name = "s3-front"
+
     def __init__(self, seaweed):
         self.seaweed = seaweed
         self.seen: list[str] = []
         self.refused: list[str] = []
         self.lock = threading.Lock()
-        cert, key = self_signed_cert(Path(tempfile.mkdtemp(prefix="sdcloud-front-")), ("127.0.0.1",))
-        self.ca_file = cert
-        self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.tls.load_cert_chain(cert, key)
-        front = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            def setup(self):
-                self.request = front.tls.wrap_socket(self.request, server_side=True)
-                super().setup()
-
-            def handle(self):
-                try:
-                    front._requests(self.rfile, self.wfile)
-                except (ssl.SSLError, OSError, http.client.HTTPException):
-                    pass
-
-        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.endpoint = f"https://127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self) -> "TrailerRefusingFront":
-        threading.Thread(target=self.server.serve_forever, name="s3-front", daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.tls, self.ca_file = tls_context(Path(tempfile.mkdtemp(prefix="sdcloud-front-")), ("127.0.0.1",))
+        self.bind(stream_handler(self._requests, self.tls), stream=True)
+        self.endpoint = self.address("https")
 
     @staticmethod
     def refusal(method: str, headers: dict[str, str]) -> str | None:

@@ -18,6 +18,7 @@ from sdcloud.providers.aws.session import CLIENT_CONFIG, Retry
 from sdcloud.providers.aws.catalog import gpu_model, instance_facts, parse_price_list, refresh, refresh_region
 
 from tests.support import DATA
+from tests.support.server_http import LoopbackServer
 
 REGION = "us-east-1"
 
@@ -213,7 +214,6 @@ def test_instance_facts_skip_non_nvidia_and_arm():
 # --- `catalog refresh --provider aws --public`: the bulk price list and advisor data, no credentials ---
 
 import http.server
-import threading
 
 PUBLIC = DATA / "public_prices"
 
@@ -236,15 +236,10 @@ def public_server(tmp_path):
         def log_message(self, *args):
             hits.append(self.path)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        yield base, hits
-    finally:
-        server.shutdown()
-        server.server_close()
+    server = LoopbackServer()
+    server.bind(Handler)
+    with server:
+        yield server.address(), hits
 
 
 def test_public_refresh_reads_the_price_list_and_advisor_without_credentials(public_server, monkeypatch, capsys):

@@ -19,7 +19,6 @@ import pytest
 from sdcloud.providers.ssh.credentials import StoreCredentials, scoped_policy
 
 from tests.support.server_sshd import write_hosts
-from tests.providers.ssh.test_ssh_provider import sshd  # noqa: F401 - the session fixture
 
 pytestmark = pytest.mark.slow
 

@@ -20,17 +20,7 @@ from sdcloud.offers.optimizer import Offer
 from sdcloud.providers.base import RUNNING, TAG_TOKEN, TERMINATED, CapacityError, LaunchSpec
 from sdcloud.providers.ssh.provider import SshProvider, load_hosts
 from sdcloud.offers.tiers import get_tier
-from tests.support.server_sshd import Sshd, free_port, write_hosts
-
-
-@pytest.fixture(scope="session")
-def sshd():
-    why = Sshd.missing()
-    if why:
-        pytest.skip(why)
-    server = Sshd().start()
-    yield server
-    server.stop()
+from tests.support.server_sshd import free_port, write_hosts
 
 
 @pytest.fixture

@@ -4,9 +4,8 @@ the metadata service (a local one here) and refreshed, against a real S3 server 
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import boto3
 import pytest
@@ -19,9 +18,10 @@ from sdcloud_agent.store import open_store
 from tests.support.front_cos import CosLayer
 from tests.support.server_seaweed import SeaweedS3
 from tests.support.harness_stacks import stack_module
+from tests.support.server_http import LoopbackServer
 
 
-class RoleMetadata:
+class RoleMetadata(LoopbackServer):
     def __init__(self, expires_in: float):
         self.hits = 0
         self.expires_in = expires_in
@@ -48,9 +48,9 @@ class RoleMetadata:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.bind(Handler)
+        self.start()
+        self.url = self.address()
 
 
 @pytest.fixture(scope="module")

@@ -132,8 +132,9 @@ def test_profile_file_credentials(fake, monkeypatch, tmp_path):
 
 def test_cvm_role_credentials(fake, monkeypatch):
     """On a CVM host with a CAM role, temporary keys come from the metadata service."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.support.server_http import LoopbackServer
 
     monkeypatch.delenv("TENCENTCLOUD_SECRET_ID")
     monkeypatch.delenv("TENCENTCLOUD_SECRET_KEY")
@@ -152,14 +153,11 @@ def test_cvm_role_credentials(fake, monkeypatch):
             self.end_headers()
             self.wfile.write(body or b"")
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Metadata)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        monkeypatch.setattr("sdcloud.providers.tencent.session.METADATA_URL", f"http://127.0.0.1:{httpd.server_address[1]}/latest/meta-data/")
+    metadata = LoopbackServer()
+    metadata.bind(Metadata)
+    with metadata:
+        monkeypatch.setattr("sdcloud.providers.tencent.session.METADATA_URL", f"{metadata.address()}/latest/meta-data/")
         assert provider().find_tagged(regions=[REGION]) == []
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 @pytest.mark.parametrize("value", ["127.0.0.1:9000", "ftp://host", "http://host/path", "http://"])
