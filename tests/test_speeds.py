@@ -20,7 +20,8 @@ from sdcloud.offers.rates import gpu_rate
 from sdcloud.offers.tiers import get_tier
 from sdcloud.runs.state import StateStore
 from sdcloud.speeds import records
-from sdcloud.speeds.book import Book, load_book, user_book
+from sdcloud.runs.lessons import user_book
+from sdcloud.speeds.book import Book, load_book
 from sdcloud.speeds.observe import learn, steady_rate
 
 

@@ -64,7 +64,7 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
         raise UserError(f"--limit must be 0 (all) or more, got {limit}")
     max_age_days()  # a bad setting is refused before anything is printed
     catalog = load_catalog()
-    from ..speeds.book import user_book
+    from ..runs.lessons import user_book
 
     book = user_book()  # rates recorded (sdcloud speeds add) and observed by runs take the catalog's place
     ranked = rank(tier, catalog, market=market, max_price=max_price, provider=provider, region=region, job_size=steps,

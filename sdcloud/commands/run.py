@@ -80,7 +80,7 @@ def _check_estimates(spec, tier, total_steps: int) -> None:
     market = None if spec.market == "spot" else "on-demand"
     from ..runs.training import gpus_used
 
-    from ..speeds.book import user_book
+    from ..runs.lessons import user_book
 
     # The rates recorded and observed here take the catalog's place, as they do in `offers`.
     ranked = rank(tier, catalog, market=market, max_price=spec.max_price, provider=spec.provider,

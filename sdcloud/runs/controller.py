@@ -36,7 +36,7 @@ from ..providers import get_provider
 from ..providers.capabilities import Closable, RenewsHostCredentials
 from ..providers.traits import traits
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
-from . import health_view, hostboot, inputs, oom_move, simulated_reclaim
+from . import health_view, hostboot, inputs, lessons, oom_move, simulated_reclaim
 from . import stop_request as stop_requests
 from .agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
 from .agent_reports import report_agent_problems
@@ -111,7 +111,7 @@ class Controller(LaunchInputs, HostStatus):
 
         offers = fleet_candidates(_Named(self.provider, self.spec.provider), self.tier, self.spec.market,
                                   max_price=self.spec.max_price, region=self.spec.region, job_size=self.total_steps,
-                                  events=self.event, gpus_used=gpus_used(self.spec), book=self.rate_book)
+                                  events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self))
         self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
                            self.event, self.timing, spec_market=self.spec.market, max_price=self.spec.max_price)
 
@@ -127,17 +127,8 @@ class Controller(LaunchInputs, HostStatus):
 
     def _job_hours(self) -> float:
         rows = [o.row for o in self.candidates if o.row.ondemand_price is not None]
-        hours = [h for h in (job_hours(self.tier, r, self.total_steps, book=self.rate_book) for r in rows) if h]
+        hours = [h for h in (job_hours(self.tier, r, self.total_steps, book=lessons.run_book(self)) for r in rows) if h]
         return min(hours) if hours else 1.0
-
-    @property
-    def rate_book(self):
-        """The rates this machine recorded and observed for the run's trainer (sdcloud speeds), read once."""
-        if getattr(self, "_rate_book", None) is None:
-            from ..speeds.book import load_book
-
-            self._rate_book = load_book(self.state, self.spec.trainer)
-        return self._rate_book
 
     # cost
     def attempts(self) -> list[Attempt]:
@@ -157,10 +148,7 @@ class Controller(LaunchInputs, HostStatus):
         planned = Progress(elapsed_hours=(time.time() - run["created"]) / 3600.0, done_hours=done, job_hours=c,
                            deadline_hours=self.spec.deadline_hours)
         # Once an attempt is warm, the work left is what its measured rate says (speeds/replan.py).
-        from ..speeds.replan import measured_rate, replanned
-
-        measured = measured_rate(self.state, self.run_id)
-        return replanned(planned, measured[1] if measured else None, int(run["step"]), self.total_steps)
+        return lessons.replan(self.state, self.run_id, planned, int(run["step"]), self.total_steps)
 
     def decide(self, running: Attempt | None) -> tuple[str, Offer | None]:
         # The spot launches refused in a row count toward the policy's "spot is gone" rule.
@@ -384,25 +372,7 @@ class Controller(LaunchInputs, HostStatus):
         cost_ledger.closed(self.state, self.run_id, cur.n, self.provider, self.store, events=self.event,
                            heartbeat_s=traits(self.spec.provider).host.heartbeat_seconds,
                            poll_s=self.timing.poll_seconds)
-        self._learn(cur)
-
-    def _learn(self, cur: Attempt) -> None:
-        """Keep what the attempt measured (sdcloud speeds): its steady rate, start-up and reclaim."""
-        from ..speeds.observe import learn
-        from .training import gpus_used, resolve_model
-
-        try:
-            ended = next((a for a in self.attempts() if a.n == cur.n), cur)
-            row = next((o.row for o in self.candidates if o.row.instance_type == cur.instance_type), None)
-            used = gpus_used(self.spec)
-            count = row.gpu_count if row is not None and used is None else (used or 1)
-            # The tier's own model: '' (its figures rank offers); another (the tiny test model) is kept apart.
-            model = resolve_model(self.spec.model, self.spec.provider, self.tier)
-            recipe = "" if model == self.tier.base_model else model
-            learn(self.state, self.run_id, ended, tier=self.tier.name, gpu=row.gpu if row is not None else "",
-                  gpu_count=count, trainer=self.spec.trainer, recipe=recipe, store=self.store)
-        except Exception:  # noqa: BLE001 - a figure not kept never stops a run (the ledger keeps the raw figures)
-            pass
+        lessons.learn_attempt(self, cur)  # its steady rate, start-up and reclaim (sdcloud speeds)
 
     def _price_sample(self, cur: Attempt) -> list:
         """The current spot price of the attempt's own type and zone (Tencent: its one quote)."""

@@ -211,7 +211,7 @@ def check_own_hosts(spec: Any, tier: Tier, total_steps: int, offers: list) -> No
                                                f"on the local provider)")
         else:
             from ..offers.optimizer import job_hours
-            from ..speeds.book import user_book
+            from .lessons import user_book
             from .training import gpus_used
 
             book = user_book(spec.trainer)  # the figures `offers` ranks by

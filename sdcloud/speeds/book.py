@@ -72,18 +72,3 @@ class Book:
 
 def load_book(state, trainer: str | None = None) -> Book:
     return Book(rows(state), trainer)
-
-
-def user_book(trainer: str | None = None) -> Book:
-    """This machine's figures ($SDCLOUD_HOME/state.db); none where there is no state store yet (none is made)."""
-    from .. import config
-
-    if not (config.home() / "state.db").exists():
-        return Book([], trainer)
-    from ..runs.state import StateStore
-
-    state = StateStore()
-    try:
-        return load_book(state, trainer)
-    finally:
-        state.close()

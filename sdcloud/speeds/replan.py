@@ -10,9 +10,12 @@ for the hosts to come (they are of the same offers), so a run just reclaimed sti
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TypeVar
 
-from ..fleet.lifecycle import Progress
 from .observe import steady_rate
+
+# A fleet Progress (sdcloud/fleet/lifecycle.py): anything with done_hours and job_hours fields.
+P = TypeVar("P")
 
 
 def measured_rate(state, run_id: str) -> tuple[int, float] | None:
@@ -25,7 +28,7 @@ def measured_rate(state, run_id: str) -> tuple[int, float] | None:
     return None
 
 
-def replanned(progress: Progress, rate: float | None, step: int, total_steps: int) -> Progress:
+def replanned(progress: P, rate: float | None, step: int, total_steps: int) -> P:
     """`progress` with the work left at `rate` steps/s (None: as planned).
 
     The policy's units stay hours: what is done keeps its planned hours, and the job's hours become
@@ -33,4 +36,4 @@ def replanned(progress: Progress, rate: float | None, step: int, total_steps: in
     if not rate or rate <= 0 or total_steps <= 0:
         return progress
     left = max(0, total_steps - step) / rate / 3600.0
-    return replace(progress, job_hours=progress.done_hours + left)
+    return replace(progress, job_hours=progress.done_hours + left)  # type: ignore[type-var, attr-defined]
