@@ -332,3 +332,16 @@ def test_a_finished_local_run_lists_its_measured_rate(sdcloud_home):
     exported = json.loads(subprocess.run([sys.executable, "-m", "sdcloud.cli", "speeds", "export"], capture_output=True,
                                          text=True, timeout=120, env=env).stdout)
     assert {r["run_id"] for r in exported["rows"]} == {run}
+
+
+def test_speeds_lists_one_gpu_or_tier_and_knows_gpus_runs_were_seen_on(capsys, sdcloud_home):
+    state = StateStore()
+    observe(state, "r-1", 1, 3.0, gpu="CPU", provider="local", instance_type="this-machine", tier="sd15-lora",
+            recipe="tiny")
+    observe(state, "r-2", 1, 1.2)
+    code, out, _ = run_cli(capsys, "speeds", "--json", "--gpu", "cpu")
+    assert code == 0 and [s["gpu"] for s in json.loads(out)] == ["CPU"]
+    code, out, _ = run_cli(capsys, "speeds", "--json", "--tier", "sdxl-lora")
+    assert code == 0 and [(s["gpu"], s["runs"]) for s in json.loads(out)] == [("L40S", 1)]
+    code, _, err = run_cli(capsys, "speeds", "--gpu", "Z80")
+    assert code == 2 and "unknown GPU 'Z80'" in err

@@ -83,9 +83,14 @@ def speeds(action: str, **given) -> None:
 def _list(gpu: str | None, tier_name: str | None, as_json: bool) -> None:
     from ..speeds.listing import summaries
 
-    gpu, tier_name = (_gpu(gpu) if gpu else None), (_tier(tier_name) if tier_name else None)
-    found = [s for s in summaries(state_store()) if (gpu is None or s["gpu"] == gpu)
-             and (tier_name is None or s["tier"] == tier_name)]
+    from ..names import match_name
+    from ..offers.gpus import gpu_table
+
+    every = summaries(state_store())
+    # A GPU of the table, or one a run was seen on (a local run's "CPU", an SSH box's card).
+    gpu = match_name(gpu, list(gpu_table()) + sorted({s["gpu"] for s in every} - set(gpu_table())), "GPU") if gpu else None
+    tier_name = _tier(tier_name) if tier_name else None
+    found = [s for s in every if (gpu is None or s["gpu"] == gpu) and (tier_name is None or s["tier"] == tier_name)]
     if as_json:
         emit_json(found)
         return
