@@ -81,6 +81,7 @@ def main() -> int:
     ap.add_argument("--family", default="sd15,sdxl")
     ap.add_argument("--images", type=int, default=16)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--record", action="store_true", help="Record each figure with sdcloud speeds add.")
     args = ap.parse_args()
     import torch
 
@@ -113,6 +114,10 @@ def main() -> int:
         del gen
         torch.cuda.empty_cache()
     print(f"batch_gpu gpu={gpu.replace(' ', '_')} " + " ".join(f"{k}_ips={v:.3f}" for k, v in figures.items()))
+    import speed_lines
+
+    for family, ips in figures.items():  # the batch tiers are 30 sampling steps at the family's size
+        speed_lines.emit(gpu, f"batch-{family}", ips, "bench/batch_gpu.py (30 steps)", args.record)
     return 0
 
 

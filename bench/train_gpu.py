@@ -12,6 +12,9 @@ compute capability >= 8 else fp16 with a scaler. One line per recipe:
   train_gpu tier=<t> recipe=<ckpt,optimizer,batch x accum> peak_vram_gb=<x> it_per_s=<y>
             floor_gb=<tier min_vram_gb> floor_source="<what the floor cites>"
 
+and for each tier, the recipe the builtin trainer would choose on this GPU as the line that records
+it (`speeds: sdcloud speeds add --gpu G --tier T --rate R ...`; with --record it is recorded here).
+
 Without a CUDA GPU it prints why and exits 1.
 """
 
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiers", default="sd15-lora,sdxl-lora,sd15-dreambooth,sdxl-dreambooth")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--record", action="store_true", help="Record each tier's figure with sdcloud speeds add.")
     a = p.parse_args(argv)
     try:
         import torch
@@ -133,11 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(0)
     cap = ".".join(map(str, torch.cuda.get_device_capability(0)))
     print(f"train_gpu gpu={name!r} capability={cap} usable_gb={recipes.usable_vram_gb(torch, 0):.1f}")
+    import speed_lines
+
     all_tiers = tiers()
+    usable = recipes.usable_vram_gb(torch, 0)
     for tname in a.tiers.split(","):
         tier = all_tiers[tname]
         fam = "sd15" if tier["family"] == "sd2" else tier["family"]
+        chosen = recipes.choose(tier["family"], tier["mode"], tier["resolution"], usable)
         for _need, recipe in recipes.TABLE[(fam, tier["mode"])]:
+            rate = 0.0
             try:
                 peak, rate = run_recipe(torch, tier, recipe, a.steps, a.warmup)
                 got = f"peak_vram_gb={peak:.2f} it_per_s={rate:.3f}"
@@ -149,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
             src = tier.get("sources", {}).get("min_vram_gb", "")
             print(f"train_gpu tier={tname} recipe={recipe.describe().replace(' ', '_')} {got} "
                   f"floor_gb={tier['min_vram_gb']} floor_source={src!r}", flush=True)
+            if recipe == chosen and rate > 0:  # the recipe the builtin trainer runs here: the tier's figure
+                speed_lines.emit(name, tname, rate, f"bench/train_gpu.py ({recipe.describe()}, step only)",
+                                 a.record, trainer="builtin")
     return 0
 
 

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "tiers": ("offers", "tiers", "List the workload tiers and what each needs."),
     "offers": ("offers", "offers", "Rank GPU offers by the expected cost to finish a job."),
     "catalog": ("catalog", "catalog", "Refresh or show the GPU offer catalog."),
+    "speeds": ("speeds", "speeds", "List, record or forget the rates runs measured, beside the catalog's."),
     "cost": ("cost", "cost", "Cost reports per run (table, JSON, CSV, HTML) and reconciliation with the bill."),
     "gc": ("gc", "gc", "Find and terminate hosts that sdcloud launched and no run owns."),
     "infra": ("infra", "infra", "Create, preview, destroy or show the cloud stacks (Pulumi)."),

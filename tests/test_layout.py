@@ -14,7 +14,7 @@ from tests.support import ROOT
 RANKS = {
     "config": 0, "durations": 0, "errors": 0, "render": 0, "names": 0, "clock": 0, "events": 0, "money": 0, "__init__": 0, "__main__": 0,
     "offers": 1, "spot": 1,
-    "providers": 2,
+    "providers": 2, "speeds": 2,
     "fleet": 3,
     "runs": 4, "batch": 4, "costs": 4, "infra": 4,
     # the cloud driver's entry takes both runs' and batch jobs' steps; the user's verbs call the runs

@@ -125,8 +125,11 @@ def workers_for_deadline(opts: SubmitOptions, images: int, items: int) -> int:
     from ..offers.tiers import get_tier
 
     market = None if opts.market == "spot" else "on-demand"
+    from ..runs.driving.lessons import user_book
+
+    # The rates recorded here (bench/batch_gpu.py --record, sdcloud speeds add) take the catalog's place.
     ranked = rank(get_tier(opts.tier), load_catalog([opts.provider]), market=market, max_price=opts.max_price,
-                  provider=opts.provider, job_size=images)
+                  provider=opts.provider, job_size=images, book=user_book())
     if not ranked:
         raise UserError(f"no {opts.provider} offer fits tier {opts.tier}")
     work = max(0.0, ranked[0].est_hours - SETUP_HOURS)  # one host, the whole job

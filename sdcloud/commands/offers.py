@@ -46,7 +46,7 @@ def _short_notes(est) -> str:
 @click.option("--region", metavar="REGION", shell_complete=complete_regions, help="One region, e.g. us-east-1 or ap-guangzhou.")
 @click.option("--steps", type=int, metavar="N", help="Job size in steps (images for batch tiers) instead of the tier's reference job.")
 @click.option("--limit", type=int, default=15, show_default=True, metavar="N", help="Rows to show (0 = all).")
-@click.option("--explain", is_flag=True, help="Show why each row ranks where it does: price source and age, speed source, band, overhead.")
+@click.option("--explain", is_flag=True, help="Show why each row ranks where it does: price source and age, rate and its source, band, overhead.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list ranked by est_cost.")
 def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price: float | None, provider: str | None,
            region: str | None, steps: int | None, limit: int, explain: bool, as_json: bool) -> None:
@@ -64,7 +64,11 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
         raise UserError(f"--limit must be 0 (all) or more, got {limit}")
     max_age_days()  # a bad setting is refused before anything is printed
     catalog = load_catalog()
-    ranked = rank(tier, catalog, market=market, max_price=max_price, provider=provider, region=region, job_size=steps)
+    from ..runs.driving.lessons import user_book
+
+    book = user_book()  # rates recorded (sdcloud speeds add) and observed by runs take the catalog's place
+    ranked = rank(tier, catalog, market=market, max_price=max_price, provider=provider, region=region, job_size=steps,
+                  book=book)
     if provider:
         sources = [s for s in catalog.sources if s.provider == provider]
     else:
@@ -74,6 +78,8 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
     warning = stale_warning(sources)
     if warning:
         note(warning, wrap=True)
+    for line in book.catalog_gaps(tier, [e.offer.row.gpu for e in ranked]):
+        note(line, wrap=True)
     shown = ranked[:limit] if limit else ranked
     if as_json:
         emit_json([e.as_dict() for e in shown])
@@ -134,16 +140,17 @@ def _explain(tier, job: int, shown, total: int) -> None:
         reclaim = "" if band is None else f" ({BAND_RECLAIMS_PER_HOUR[band]:g}/h)"
         rows.append((i + 1, f"{r.provider} {r.region} {r.instance_type}", e.offer.market, f"{d['price_per_hour_usd']:.4f}",
                      f"{d['price_basis']}, {_age(d['price_age_days'])}", d["price_source"],
-                     f"{d['speed_rel']:g}x{r.gpu_count} {r.gpu}", d["speed_source"], d["interruption"] + reclaim,
+                     f"{d['rate']:.3g} {d['rate_unit']} ({d['speed_rel']:g}x A10G)", d["rate_source"],
+                     d["interruption"] + reclaim,
                      f"{e.overhead:.3f}", f"{e.est_hours:.2f}", f"{e.est_cost:.2f}"))
-    columns = ["#", "offer", "market", "$/h", "price basis, age", "price source", "speed (A10G=1)", "speed source",
+    columns = ["#", "offer", "market", "$/h", "price basis, age", "price source", "rate", "rate source",
                "interruption", "overhead", "est h", "est $"]
     title = f"{tier.name}: {job} {tier.unit}, why each offer ranks where it does"
-    formula = (f"{total} offers fit; est h = ({SETUP_HOURS:g} h setup + job / (tier rate x speed x GPUs)) x overhead; "
+    formula = (f"{total} offers fit; est h = ({SETUP_HOURS:g} h setup + job / rate) x overhead; "
                f"overhead = 1 + reclaims/h x ({RESTART_HOURS:g} h restart + {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2); "
                "docs/offers.md explains each column")
     # Cells wrap at spaces only: an offer's provider, region and type each stay whole.
-    wrap = ["offer", "price source", "speed source"]
+    wrap = ["offer", "price source", "rate source"]
     cells = [[str(v) for v in row] for row in rows]
     present = [i for i, _ in enumerate(columns) if any(c[i] for c in cells)]
     if render.fit_columns(columns, cells, render.console().width, wrap=wrap, wide=render.WIDE) == present:
@@ -152,6 +159,6 @@ def _explain(tier, job: int, shown, total: int) -> None:
     table(title, ["#", "offer", "market", "$/h", "est h", "est $"],
           [(r[0], r[1], r[2], r[3], r[10], r[11]) for r in rows], wrap=["offer"], drop=["market", "est h"])
     for r in rows:
-        render.echo(f"{r[0]}. {r[1]} ({r[2]}): price {r[3]} $/h, {r[4]}, from {r[5]}; speed {r[6]} (A10G = 1), "
+        render.echo(f"{r[0]}. {r[1]} ({r[2]}): price {r[3]} $/h, {r[4]}, from {r[5]}; speed {r[6]} on the host, "
                     f"from {r[7]}; interruption {r[8]}; overhead {r[9]}; est {r[10]} h, ${r[11]}")
     render.echo(formula)

@@ -92,8 +92,11 @@ def _check_estimates(spec, tier, total_steps: int) -> None:
     market = None if spec.market == "spot" else "on-demand"
     from ..runs.inputs.training import gpus_used
 
+    from ..runs.driving.lessons import user_book
+
+    # The rates recorded and observed here take the catalog's place, as they do in `offers`.
     ranked = rank(tier, catalog, market=market, max_price=spec.max_price, provider=spec.provider,
-                  region=spec.region, job_size=total_steps, gpus_used=gpus_used(spec))
+                  region=spec.region, job_size=total_steps, gpus_used=gpus_used(spec), book=user_book(spec.trainer))
     if not ranked:
         raise UserError(f"no {spec.provider} offer fits tier {tier.name}")
     if spec.deadline_hours is not None:

@@ -32,7 +32,7 @@ class GpuPerf:
     infer_basis: str = "estimate"
     benchmark: str = ""
     from_gpu: str = ""
-    train_basis: str = "scaled from inference"
+    train_basis: str = "compute part of a training step (overhead: train_rates.toml)"
     fp16_tflops: float = 0.0
     mem_bw_gbs: float = 0.0
     usable_mib_source: str = ""
@@ -84,7 +84,8 @@ def benchmarks() -> dict:
 
 
 def relative_speed(gpu: str, kind: str) -> float | None:
-    """Throughput of one `gpu` relative to an A10G for a "train" or "batch" job; None if unknown."""
+    """Compute speed of one `gpu` relative to an A10G; None if unknown. A training job's rate is not
+    this figure times the reference rate: offers/rates.py adds the per-step overhead."""
     perf = gpu_table().get(gpu)
     if perf is None:
         return None

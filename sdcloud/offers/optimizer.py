@@ -1,6 +1,9 @@
 """Rank GPU offers by the expected cost to finish a job, not by the price per hour.
 
-    hours    = setup + job size / (tier reference rate x GPU speed x multi-GPU speed-up)
+    hours    = setup + job size / rate
+    rate     = what the user recorded or runs observed on that GPU (sdcloud speeds), else the catalog's:
+               training: the training model (offers/rates.py), batch: reference rate x GPU speed;
+               times the multi-GPU speed-up
     overhead = 1 + reclaims per hour x (restart hours + checkpoint interval / 2)   (spot only)
     est_cost = price per hour (USD) x hours x overhead
 
@@ -14,8 +17,8 @@ from dataclasses import dataclass, field
 from .. import config
 from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, PROVIDERS, Catalog, CatalogRow
 from ..errors import UserError
-from .gpus import gpu_table, multi_gpu_speedup, relative_speed
 from .kinds import RunKind
+from .rates import Rate, RateBook, host_rate
 from .tiers import Tier
 
 MARKETS = ("spot", "on-demand")
@@ -70,6 +73,8 @@ class Estimate:
     overhead: float
     warnings: tuple[str, ...] = field(default=())
     kind: str = ""  # the tier's kind, "train" or "batch": which speed figure was used
+    rate: Rate | None = None  # steps/s or images/s on this host, before overheads, and its source
+    ref_rate: float = 0.0  # the tier's rate on one A10G: speed_rel is rate / ref_rate
 
     def as_dict(self) -> dict:
         o, r = self.offer, self.offer.row
@@ -108,18 +113,17 @@ class Estimate:
             "price_date": r.market_date(o.market) or None,
             "price_age_days": r.price_age_days(o.market),
             "price_source": r.market_source(o.market),
-            "speed_rel": relative_speed(r.gpu, self.kind) if self.kind else None,
+            "speed_rel": round(self.rate.value / self.ref_rate, 3) if self.rate and self.ref_rate else None,
             "speed_source": self.speed_source,
+            "rate": round(self.rate.value, 4) if self.rate else None,
+            "rate_unit": ("steps/s" if self.kind == RunKind.TRAIN else "images/s") if self.kind else None,
+            "rate_source": self.rate.source if self.rate else None,
             "warnings": list(self.warnings),
         }
 
     @property
     def speed_source(self) -> str:
-        perf = gpu_table().get(self.offer.row.gpu)
-        if perf is None:
-            return "unknown GPU"
-        kind = "train = inference, " if self.kind == RunKind.TRAIN else ""
-        return kind + perf.speed_source()
+        return self.rate.source if self.rate else "unknown GPU"
 
 
 def spot_overhead(band: int | None) -> float:
@@ -128,25 +132,30 @@ def spot_overhead(band: int | None) -> float:
     return 1.0 + BAND_RECLAIMS_PER_HOUR[band] * (RESTART_HOURS + CHECKPOINT_INTERVAL_HOURS / 2)
 
 
-def job_hours(tier: Tier, row: CatalogRow, job_size: int | None = None,
-              gpus_used: int | None = None) -> float | None:
-    """Hours of compute for the job on one host of `row`, without reclaims; None if the GPU is unknown.
+def offer_rate(tier: Tier, row: CatalogRow, gpus_used: int | None = None, book: RateBook | None = None) -> Rate | None:
+    """The rate of one host of `row` for the tier (the book's figure where it has one); None if the GPU is unknown.
 
     `gpus_used`: how many of the host's GPUs the trainer drives (None: all of them). A trainer on
     one GPU of an 8-GPU host is no faster than on a 1-GPU host, however the host is priced."""
-    rel = relative_speed(row.gpu, tier.kind)
-    if rel is None:
-        return None
     used = row.gpu_count if gpus_used is None else max(1, min(gpus_used, row.gpu_count))
-    rate = tier.ref_rate * rel * multi_gpu_speedup(used, tier.kind)
-    return SETUP_HOURS + (job_size or tier.job_size) / rate / 3600.0
+    return host_rate(tier, row.provider, row.instance_type, row.gpu, used, book)
+
+
+def job_hours(tier: Tier, row: CatalogRow, job_size: int | None = None,
+              gpus_used: int | None = None, book: RateBook | None = None) -> float | None:
+    """Hours of compute for the job on one host of `row`, without reclaims; None if the GPU is unknown."""
+    rate = offer_rate(tier, row, gpus_used, book)
+    if rate is None:
+        return None
+    return SETUP_HOURS + (job_size or tier.job_size) / rate.value / 3600.0
 
 
 def estimate(tier: Tier, offer: Offer, job_size: int | None = None,
-             gpus_used: int | None = None) -> Estimate | None:
-    hours = job_hours(tier, offer.row, job_size, gpus_used)
-    if hours is None:
+             gpus_used: int | None = None, book: RateBook | None = None) -> Estimate | None:
+    rate = offer_rate(tier, offer.row, gpus_used, book)
+    if rate is None:
         return None
+    hours = SETUP_HOURS + (job_size or tier.job_size) / rate.value / 3600.0
     overhead = spot_overhead(offer.band)
     warnings = []
     r = offer.row
@@ -160,7 +169,8 @@ def estimate(tier: Tier, offer: Offer, job_size: int | None = None,
         warnings.append("no local NVMe: data and checkpoints on network disk")
     elif 0 < r.nvme_gb < tier.nvme_gb:
         warnings.append(f"{r.nvme_gb:g} GB NVMe is below the {tier.nvme_gb:g} GB the tier wants")
-    return Estimate(offer, hours * overhead, offer.price_per_hour_usd * hours * overhead, overhead, tuple(warnings), tier.kind)
+    return Estimate(offer, hours * overhead, offer.price_per_hour_usd * hours * overhead, overhead, tuple(warnings), tier.kind,
+                    rate, tier.ref_rate)
 
 
 def fits(tier: Tier, row: CatalogRow) -> bool:
@@ -185,10 +195,12 @@ def rank(
     region: str | None = None,
     job_size: int | None = None,
     gpus_used: int | None = None,
+    book: RateBook | None = None,
 ) -> list[Estimate]:
     """Offers that meet the tier, cheapest expected cost to finish first.
 
-    `max_price` is USD per hour; `gpus_used` how many GPUs of a host the trainer drives (None: all).
+    `max_price` is USD per hour; `gpus_used` how many GPUs of a host the trainer drives (None: all);
+    `book`: recorded and observed rates that take the catalog's place (sdcloud.speeds.book.user_book()).
     Raises UserError for a filter that nothing matches.
     """
     if market is not None and market not in MARKETS:
@@ -214,7 +226,7 @@ def rank(
         for m in markets:
             if (row.spot_price if m == "spot" else row.ondemand_price) is None:
                 continue
-            est = estimate(tier, Offer(row, m), job_size, gpus_used)
+            est = estimate(tier, Offer(row, m), job_size, gpus_used, book)
             if est is not None:
                 candidates.append(est)
     if max_price is not None:

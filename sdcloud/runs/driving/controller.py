@@ -42,7 +42,7 @@ from ..inputs.spec import RunSpec
 from ..records import stop_request as stop_requests
 from ..records.state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore, run_kind
 from ..records.summary import summary
-from . import health_view, hostboot, oom_move, simulated_reclaim
+from . import health_view, hostboot, lessons, oom_move, simulated_reclaim
 from .agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
 from .agent_reports import report_agent_problems
 from .background import controller_alive, detach
@@ -112,7 +112,7 @@ class Controller(LaunchInputs, HostStatus):
 
         offers = fleet_candidates(_Named(self.provider, self.spec.provider), self.tier, self.spec.market,
                                   max_price=self.spec.max_price, region=self.spec.region, job_size=self.total_steps,
-                                  events=self.event, gpus_used=gpus_used(self.spec))
+                                  events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self))
         self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
                            self.event, self.timing, spec_market=self.spec.market, max_price=self.spec.max_price)
 
@@ -128,7 +128,7 @@ class Controller(LaunchInputs, HostStatus):
 
     def _job_hours(self) -> float:
         rows = [o.row for o in self.candidates if o.row.ondemand_price is not None]
-        hours = [h for h in (job_hours(self.tier, r, self.total_steps) for r in rows) if h]
+        hours = [h for h in (job_hours(self.tier, r, self.total_steps, book=lessons.run_book(self)) for r in rows) if h]
         return min(hours) if hours else 1.0
 
     # cost
@@ -146,8 +146,10 @@ class Controller(LaunchInputs, HostStatus):
         run = self.state.get_run(self.run_id)
         c = self._job_hours()
         done = c * (run["step"] / self.total_steps if self.total_steps else 0.0)
-        return Progress(elapsed_hours=(time.time() - run["created"]) / 3600.0, done_hours=done, job_hours=c,
-                        deadline_hours=self.spec.deadline_hours)
+        planned = Progress(elapsed_hours=(time.time() - run["created"]) / 3600.0, done_hours=done, job_hours=c,
+                           deadline_hours=self.spec.deadline_hours)
+        # Once an attempt is warm, the work left is what its measured rate says (speeds/replan.py).
+        return lessons.replan(self.state, self.run_id, planned, int(run["step"]), self.total_steps)
 
     def decide(self, running: Attempt | None) -> tuple[str, Offer | None]:
         # The spot launches refused in a row count toward the policy's "spot is gone" rule.
@@ -371,6 +373,7 @@ class Controller(LaunchInputs, HostStatus):
         cost_ledger.closed(self.state, self.run_id, cur.n, self.provider, self.store, events=self.event,
                            heartbeat_s=traits(self.spec.provider).host.heartbeat_seconds,
                            poll_s=self.timing.poll_seconds)
+        lessons.learn_attempt(self, cur)  # its steady rate, start-up and reclaim (sdcloud speeds)
 
     def _price_sample(self, cur: Attempt) -> list:
         """The current spot price of the attempt's own type and zone (Tencent: its one quote)."""

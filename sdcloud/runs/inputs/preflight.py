@@ -211,10 +211,12 @@ def check_own_hosts(spec: Any, tier: Tier, total_steps: int, offers: list) -> No
                                                f"on the local provider)")
         else:
             from ...offers.optimizer import job_hours
+            from ..driving.lessons import user_book
             from .training import gpus_used
 
+            book = user_book(spec.trainer)  # the figures `offers` ranks by
             for offer in offers:
-                hours = job_hours(tier, offer.row, total_steps, gpus_used(spec))
+                hours = job_hours(tier, offer.row, total_steps, gpus_used(spec), book)
                 if hours is not None and (best is None or hours < best[0]):
                     best = (hours, f"{total_steps} steps on {offer.row.instance_type} ({offer.row.gpu})")
         if best is not None and spec.deadline_hours < best[0]:

@@ -118,6 +118,32 @@ CREATE TABLE IF NOT EXISTS billed (
     fetched REAL NOT NULL,
     PRIMARY KEY (run_id, provider)
 );
+-- Rates and start-up times a user recorded (sdcloud speeds add) or an attempt observed (sdcloud/speeds).
+-- A table of its own, created where missing: a state.db from before it opens as it was, with none.
+CREATE TABLE IF NOT EXISTS speeds (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    origin TEXT NOT NULL,           -- recorded or observed
+    provider TEXT NOT NULL DEFAULT '',       -- '' : any provider
+    instance_type TEXT NOT NULL DEFAULT '',  -- '' : any host of the GPU
+    gpu TEXT NOT NULL,
+    gpu_count INTEGER NOT NULL DEFAULT 1,    -- GPUs the trainer drove
+    tier TEXT NOT NULL,
+    trainer TEXT NOT NULL DEFAULT '',        -- '' : any trainer
+    recipe TEXT NOT NULL DEFAULT '',         -- '' : the tier's own model; else the model that ran
+    zone TEXT NOT NULL DEFAULT '',
+    market TEXT NOT NULL DEFAULT '',
+    rate REAL,                      -- steady steps/s (images/s) after warm-up
+    first_step_s REAL,              -- launch to the first step
+    phases TEXT,                    -- JSON: the host's boot phases and their seconds
+    restart_s REAL,                 -- after a reclaim: launch to the first step again
+    hours REAL,                     -- the attempt's hours (reclaims per hour in its zone)
+    reclaimed INTEGER NOT NULL DEFAULT 0,
+    run_id TEXT,
+    n INTEGER,
+    note TEXT NOT NULL DEFAULT '',
+    time REAL NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS speeds_attempt ON speeds (run_id, n);
 CREATE TABLE IF NOT EXISTS infra (
     provider TEXT NOT NULL,
     region TEXT NOT NULL,
