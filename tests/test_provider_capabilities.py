@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sdcloud.providers import capabilities as caps
+from sdcloud.providers import loader
 from sdcloud.providers import get_provider
 from sdcloud.providers.traits import (PACKAGES, Hosts, has_catalog, has_function, has_stack, is_cloud, names,
                                       traits)
@@ -71,9 +72,9 @@ def test_the_names_are_the_packages_and_each_declares_itself():
     for name in names():
         t = traits(name)
         assert t.name == name
-        adapter = importlib.import_module(t.adapter)
-        assert adapter.__name__.startswith(f"sdcloud.providers.{name}.")
-        assert adapter.PROVIDER_CLASS.name == name
+        cls = loader.provider_class(name)
+        assert cls.__module__.startswith(f"sdcloud.providers.{name}.")
+        assert cls.name == name
         assert t.timing.poll_seconds > 0 and t.timing.boot_timeout > 0 and t.timing.heartbeat_timeout > 0
 
 
@@ -95,10 +96,10 @@ def test_a_cloud_function_exactly_where_there_is_a_stack():
 def test_the_traits_agree_with_what_sdcloud_derives_from_them():
     from sdcloud.costs.driver import functions
     from sdcloud.infra import automation
-    from sdcloud.offers.catalog import PROVIDERS
+    from sdcloud.offers.catalog import providers
 
-    # The bundled catalogs are the providers with a catalog (offers sit below providers and read the files).
-    assert PROVIDERS == names(where=has_catalog)
+    # The bundled catalogs are the providers with a catalog (offers sit below providers and are told where they lie).
+    assert providers() == names(where=has_catalog)
     assert automation.PROVIDERS == names(where=has_stack)
     assert automation.DRIVER_PROVIDERS == names(where=has_function)
     assert set(functions()) == {traits(n).function.name for n in names(where=has_function)}
@@ -107,7 +108,7 @@ def test_the_traits_agree_with_what_sdcloud_derives_from_them():
         assert (t.hosts is Hosts.CLOUD) != t.billing.free, name  # clouds bill, the rest is free unless priced
         assert (t.spot_prices is None) == (not t.is_cloud), name
         if t.bill is not None:
-            assert isinstance(importlib.import_module(t.bill), caps.ReconcilesBill), name
+            assert isinstance(loader.bill_reader(name), caps.ReconcilesBill), name
 
 
 @pytest.mark.parametrize("name", names(where=has_function))

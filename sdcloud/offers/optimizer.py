@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import config
-from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, PROVIDERS, Catalog, CatalogRow
+from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, Catalog, CatalogRow, providers
 from ..errors import UserError
 from .gpus import gpu_table, multi_gpu_speedup, relative_speed
 from .tiers import Tier
@@ -198,7 +198,7 @@ def rank(
         raise UserError(f"--steps must be a positive whole number, got {job_size}")
     rows = catalog.rows
     if provider is not None:
-        known = sorted({r.provider for r in rows} | set(PROVIDERS))
+        known = sorted({r.provider for r in rows} | set(providers()))
         if provider not in known:
             raise UserError(f"unknown provider {provider!r}; valid: {', '.join(known)}")
         rows = [r for r in rows if r.provider == provider]
