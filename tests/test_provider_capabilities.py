@@ -89,7 +89,8 @@ def test_a_cloud_function_exactly_where_there_is_a_stack():
         # The margin fits in the timeout, and the timeout in the schedule's period (no overlap).
         assert 0 < f.safety_seconds < f.timeout_seconds < f.schedule_seconds, name
         assert f.memory_mb > 0
-        assert (ROOT / "stacks" / t.stack / "Pulumi.yaml").is_file(), name
+        assert (ROOT / "stacks" / t.stack.folder / "Pulumi.yaml").is_file(), name
+        assert (ROOT / "stacks" / t.stack.folder / f"{t.stack.module}.py").is_file(), name
     assert names(where=has_stack) == names(where=has_function) == names(where=is_cloud)
 
 
@@ -116,7 +117,7 @@ def test_the_stacks_read_the_function_from_the_traits(name, monkeypatch):
     """The stack's policy module (readable without Pulumi) carries the traits' figures, not its own."""
     f = traits(name).function
     module = {"aws": "driver_policy", "tencent": "scf_policy"}[name]
-    monkeypatch.syspath_prepend(str(ROOT / "stacks" / traits(name).stack))
+    monkeypatch.syspath_prepend(str(ROOT / "stacks" / traits(name).stack.folder))
     sys.modules.pop(module, None)
     policy = importlib.import_module(module)
     assert (policy.FUNCTION_TIMEOUT, policy.FUNCTION_MEMORY_MB, policy.FUNCTION_RUNTIME, policy.SCHEDULE_SECONDS) == (

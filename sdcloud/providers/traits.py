@@ -123,6 +123,17 @@ class NetworkProfile:
 
 
 @dataclass(frozen=True)
+class Stack:
+    """The provider's Pulumi stack: the program under stacks/<folder>/ that infra/automation.py runs inline."""
+    folder: str  # under stacks/ ("aws"): a copy of the provider's folder keeps the original's stack
+    module: str  # the program's module in that folder (its build(), load_config() and StackConfig)
+    region_key: str  # the Pulumi config key that holds the region ("aws:region")
+    plugin: str  # the Pulumi resource plugin the program needs ("aws")
+    distribution: str  # the Python distribution of the plugin's SDK: its version names the plugin's ("pulumi-aws")
+    plugin_server: str | None = None  # where the plugin is downloaded from; None: Pulumi's own registry
+
+
+@dataclass(frozen=True)
 class PriceCatalog:
     """A provider's price catalog: the bundled file `offers` ranks and how it is refreshed. Paths are
     relative to the provider's own folder and package, so a copy of the folder brings its catalog."""
@@ -162,7 +173,7 @@ class ProviderTraits:
     billing: Billing
     default_region: str = ""
     # The Pulumi stack under stacks/ (None: this provider needs no infrastructure).
-    stack: str | None = None
+    stack: Stack | None = None
     # The bucket dialects a run's store may use on this provider ("s3", "cos"); () = none is needed.
     stores: tuple[str, ...] = ()
     # Where past spot prices come from: "history" (the cloud's price history API), "samples" (the

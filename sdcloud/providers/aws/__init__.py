@@ -1,7 +1,7 @@
 """AWS: EC2 compute (compute.py), the price-list and spot-price catalog refresh (catalog.py), shared session helpers
 (session.py), the bill from Cost Explorer (billing.py)."""
 
-from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, PriceCatalog, ProviderTraits, Timing, name_of
+from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, PriceCatalog, ProviderTraits, Stack, Timing, name_of
 from . import limits
 
 TRAITS = ProviderTraits(
@@ -17,7 +17,8 @@ TRAITS = ProviderTraits(
     billing=Billing(currency="USD", minimum_seconds=60.0, free_spot_interrupt_seconds=3600.0),
     default_region="us-east-1",
     region_env="AWS_DEFAULT_REGION",
-    stack="aws",
+    stack=Stack(folder="aws", module="sdcloud_aws_stack", region_key="aws:region", plugin="aws",
+                distribution="pulumi-aws"),
     stores=("s3",),
     spot_prices="history",
     # catalog.csv here; refreshed from the APIs (compute.refresh_catalog) or the public price list.

@@ -1,7 +1,7 @@
 """Tencent Cloud: credentials, signing and retries (session.py), the catalog refresh (catalog.py), CVM compute
 (compute.py), the bill (billing.py), COS through its S3 endpoint (storage.py)."""
 
-from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, PriceCatalog, ProviderTraits, Timing, name_of
+from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, PriceCatalog, ProviderTraits, Stack, Timing, name_of
 from . import limits
 from .network import PROFILES
 
@@ -16,7 +16,10 @@ TRAITS = ProviderTraits(
     # The mainland site quotes in CNY; an international account's currency is detected (site.py).
     billing=Billing(currency="CNY"),
     default_region="ap-guangzhou",
-    stack="tencent",
+    # Its plugin is published on GitHub by Tencent, not on Pulumi's registry.
+    stack=Stack(folder="tencent", module="sdcloud_tencent_stack", region_key="tencentcloud:region",
+                plugin="tencentcloud", distribution="tencentcloud-iac-pulumi",
+                plugin_server="github://api.github.com/tencentcloudstack"),
     stores=("cos", "s3"),
     # Tencent has no spot price history API: the controller samples the quote while a host runs.
     spot_prices="samples",
