@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from interpreters import python_for
-from sdcloud.infra import function_entry
+from sdcloud.providers.tencent import function as function_entry
 from sdcloud.infra import function_package as fp
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,8 @@ import os
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import date, datetime, timezone
 from importlib import resources
-from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import Any
 
 from .. import clock, config
 from ..errors import UserError
@@ -24,6 +24,9 @@ from .gpus import gpu_table
 # Offers sit below providers in the house and cannot ask their traits: each provider with a catalog
 # tells this module where its bundled file lies and what refreshes it when its traits are read
 # (providers/traits.py). A shipped provider's file is found in its folder even before that.
+# A file as importlib.resources gives it (a Traversable: importlib.resources.abc is Python 3.11's, and
+# the cloud function's package runs this module on 3.10 too).
+Traversable = Any
 _BUNDLED: dict[str, Traversable] = {}
 _HINTS: dict[str, str] = {}
 BUNDLED_FILE = "catalog.csv"

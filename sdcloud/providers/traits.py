@@ -99,6 +99,10 @@ class CloudFunction:
     # The stack uploads the package to the run bucket and creates the function from there: the
     # create request could not carry it inline (Tencent Cloud API 3.0 takes at most 10 MB a POST).
     code_from_bucket: bool = False
+    # The module (relative to the provider's package) that says how the platform calls the function:
+    # matches(event), time_left(context, started), request_id(context), HANDLER, ENTRY_FILES and
+    # REQUIREMENTS (providers/functions.py reads it for the driver and its package).
+    entry: str = ".function"
 
     @property
     def memory_gb(self) -> float:
