@@ -178,7 +178,7 @@ class ProviderTraits:
     default_region: str = ""
     # The Pulumi stack under stacks/ (None: this provider needs no infrastructure).
     stack: Stack | None = None
-    # The bucket dialects a run's store may use on this provider ("s3", "cos"); () = none is needed.
+    # The bucket dialects a run's store may use on this provider (sdcloud_agent.store.dialects); () = none is needed.
     stores: tuple[str, ...] = ()
     # Where past spot prices come from: "history" (the cloud's price history API), "samples" (the
     # controller samples the quote while the host runs), None (no spot market).

@@ -81,8 +81,10 @@ def _dialect_of(url: str | None) -> Any:
 
     from ..providers.traits import every
 
+    from sdcloud_agent.store import dialects
+
     scheme = urlparse(url or "").scheme
-    if scheme in ("", "s3", "file"):
+    if scheme == "" or scheme in dialects.GENERIC:
         return None
     return next((t for t in every() if scheme in t.stores and t.run_store), None)
 

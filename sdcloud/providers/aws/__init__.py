@@ -1,6 +1,8 @@
 """AWS: EC2 compute (compute.py), the price-list and spot-price catalog refresh (catalog.py), shared session helpers
 (session.py), the bill from Cost Explorer (billing.py)."""
 
+from sdcloud_agent.store import dialects
+
 from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, PriceCatalog, ProviderTraits, Stack, Timing, name_of
 from . import limits
 
@@ -19,7 +21,7 @@ TRAITS = ProviderTraits(
     region_env="AWS_DEFAULT_REGION",
     stack=Stack(folder="aws", module="sdcloud_aws_stack", region_key="aws:region", plugin="aws",
                 distribution="pulumi-aws"),
-    stores=("s3",),
+    stores=(dialects.S3,),
     spot_prices="history",
     # catalog.csv here; refreshed from the APIs (compute.refresh_catalog) or the public price list.
     catalog=PriceCatalog(build=".catalog_build", refresh=".compute", public=".public_prices",

@@ -1,6 +1,8 @@
 """Tencent Cloud: credentials, signing and retries (session.py), the catalog refresh (catalog.py), CVM compute
 (compute.py), the bill (billing.py), COS through its S3 endpoint (storage.py)."""
 
+from sdcloud_agent.store import dialects
+
 from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, PriceCatalog, ProviderTraits, Stack, Timing, name_of
 from . import limits
 from .network import PROFILES
@@ -20,7 +22,7 @@ TRAITS = ProviderTraits(
     stack=Stack(folder="tencent", module="sdcloud_tencent_stack", region_key="tencentcloud:region",
                 plugin="tencentcloud", distribution="tencentcloud-iac-pulumi",
                 plugin_server="github://api.github.com/tencentcloudstack"),
-    stores=("cos", "s3"),
+    stores=(dialects.COS, dialects.S3),
     # Tencent has no spot price history API: the controller samples the quote while a host runs.
     spot_prices="samples",
     catalog=PriceCatalog(build=".catalog_build", refresh=".catalog"),  # catalog.csv here
