@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .store import ObjectStore, open_store, retry
+from .store import ObjectStore, dialects, open_store, retry
 
 log = logging.getLogger("sdcloud_agent.staging")
 
@@ -29,7 +29,7 @@ class StageResult:
 
 
 def is_remote(spec: str) -> bool:
-    return urlparse(spec).scheme in ("s3", "cos", "file")
+    return dialects.is_remote(urlparse(spec).scheme)
 
 
 def stage(spec: str, dest: Path, store_opts: dict | None = None, workers: int = 16,

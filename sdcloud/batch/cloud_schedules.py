@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..providers.capabilities import SchedulesBatch
-from ..providers.traits import ProviderTraits, names, traits
+from ..providers.traits import ProviderTraits, names
 from .schedule_keys import FIRE, last_job_key, prompts_key, schedule_key
 
 PREFIX = "sdcloud-batch-"
@@ -43,11 +43,9 @@ def default_tz(provider: str) -> str:
 
 
 def module_for(provider: str) -> SchedulesBatch:
-    import importlib
+    from ..providers.loader import schedules
 
-    module = importlib.import_module(traits(provider).schedules or "")
-    assert isinstance(module, SchedulesBatch), provider
-    return module
+    return schedules(provider)
 
 
 def _infra(provider: str) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from collections import defaultdict
 
 import click
@@ -20,13 +19,10 @@ def catalog() -> None:
 
 
 def _refresher(provider: str):
-    """The provider module's refresh_catalog(regions) -> (path, rows, errors), imported only now."""
-    from ..providers import MODULES
+    """The provider's refresh_catalog(regions) -> (path, rows, errors), imported only now."""
+    from ..providers.loader import catalog_refresh
 
-    if provider not in MODULES:
-        raise UserError(f"catalog refresh for {provider} is not available in this version of sdcloud")
-    module = importlib.import_module(MODULES[provider])
-    fn = getattr(module, "refresh_catalog", None)
+    fn = catalog_refresh(provider)
     if fn is None:
         raise UserError(f"catalog refresh for {provider} is not available in this version of sdcloud")
     return fn
@@ -46,8 +42,10 @@ def refresh(provider: str, regions: tuple[str, ...], public: bool, as_json: bool
         if not traits(provider).public_price_list:
             public = " or ".join(names(where=lambda t: t.public_price_list))
             raise UserError(f"--public is for --provider {public} ({provider} publishes no machine-readable price list)")
-        from ..offers.public_prices import refresh_public
+        from ..providers.loader import public_prices
 
+        refresh_public = public_prices(provider)
+        assert refresh_public is not None  # public_price_list says it has one
         path, rows, errors = refresh_public(list(regions) or None)
     else:
         path, rows, errors = _refresher(provider)(list(regions) or None)

@@ -35,9 +35,9 @@ def complete_tiers(ctx, param, incomplete: str):
 
 
 def complete_providers(ctx, param, incomplete: str):
-    from ..providers import NAMES
+    from ..providers.traits import names
 
-    return [p for p in NAMES if p.startswith(incomplete.lower())]
+    return [p for p in names() if p.startswith(incomplete.lower())]
 
 
 def complete_regions(ctx, param, incomplete: str):
@@ -98,8 +98,25 @@ USD = Usd()
 USD_PER_HOUR = Usd(per_hour=True)
 
 
+class _ProviderChoice(click.Choice):
+    """A click.Choice whose choices are the providers registered when it is asked, not when the
+    command was declared: a provider registered later (a copy of a folder) is a choice too."""
+
+    def __init__(self, where=None) -> None:
+        self._where = where
+        super().__init__(())
+
+    @property  # type: ignore[override]
+    def choices(self):
+        from ..providers.traits import names
+
+        return names(where=self._where)
+
+    @choices.setter
+    def choices(self, value) -> None:  # click.Choice.__init__ sets it; the registry answers instead
+        pass
+
+
 def provider_choice(where=None) -> click.Choice:
     """The --provider choices: the providers' own declarations (sdcloud.providers.traits.names)."""
-    from ..providers.traits import names
-
-    return click.Choice(names(where=where))
+    return _ProviderChoice(where)

@@ -11,13 +11,13 @@ adds the estimated bucket, request and egress items to the billed amount.
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any
 
 from .. import config
+from ..providers import loader
 from ..providers.capabilities import Bill, ReconcilesBill
-from ..providers.traits import names, traits
+from ..providers.traits import names
 from .ledger import DECIMALS, run_cost
 
 BILLED_ITEMS = ("compute", "disk")
@@ -29,9 +29,7 @@ def _has_bill(t) -> bool:
 
 def bill_reader(provider: str) -> ReconcilesBill:
     """The provider's bill reader (its `providers/<name>/` billing module), imported only now."""
-    module = importlib.import_module(traits(provider).bill or "")
-    assert isinstance(module, ReconcilesBill), f"{module.__name__} does not read a bill"
-    return module
+    return loader.bill_reader(provider)
 
 
 def reconcile(state, since_seconds: float | None = 30 * 86400, threshold_pct: float = 10.0, now: float | None = None,

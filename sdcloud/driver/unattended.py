@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..events import Kind
+from ..providers import functions
 from ..providers.traits import every
 
-DEFAULT_INVOCATION_SECONDS = 60.0
 # At most this long driving per invocation (SDCLOUD_DRIVER_SECONDS overrides): a host saves on its
 # own at a reclaim notice, so a step every schedule tick (5 minutes) loses no work, and a short
 # invocation keeps a month of a live run inside the functions' free tiers (docs/runs.md).
@@ -51,18 +51,13 @@ def safety_seconds(driver: str) -> float:
 
 
 def _driver_name(event: dict) -> str:
-    if isinstance(event, dict) and event.get("Type") == "Timer":
-        return "tencent-scf"
-    return "aws-lambda"
+    """The function the event came to (its platform claims it: providers/functions.py)."""
+    return functions.called(event).name
 
 
-def _time_left(context: Any, started: float) -> Callable[[], float]:
-    """Seconds the invocation has left, from the context each platform passes."""
-    if context is not None and hasattr(context, "get_remaining_time_in_millis"):
-        return lambda: context.get_remaining_time_in_millis() / 1000.0
-    limit_ms = context.get("time_limit_in_ms") if isinstance(context, dict) else None
-    limit = float(limit_ms) / 1000.0 if limit_ms else DEFAULT_INVOCATION_SECONDS
-    return lambda: limit - (time.monotonic() - started)
+def _time_left(context: Any, started: float, event: Any = None) -> Callable[[], float]:
+    """Seconds the invocation has left, from the context its platform passes."""
+    return functions.time_left(event, context, started)
 
 
 def _store_conf() -> dict:
@@ -202,11 +197,9 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: " + ((str(exc).strip().splitlines() or [""])[0])[:300]
 
 
-def _request_id(context: Any) -> str | None:
-    """The platform's id of this invocation: Lambda's `aws_request_id`, SCF's `request_id`."""
-    if isinstance(context, dict):
-        return context.get("request_id") or None
-    return getattr(context, "aws_request_id", None)
+def _request_id(context: Any, event: Any = None) -> str | None:
+    """The platform's id of this invocation (each platform reads its own context)."""
+    return functions.request_id(event, context)
 
 
 def handler(event: dict, context: Any = None) -> dict:
@@ -219,11 +212,11 @@ def handler(event: dict, context: Any = None) -> dict:
     try:
         from .batch_jobs import drive_guarded as drive_batch
 
-        batch = drive_batch(event, _store_conf, _driver_name(event), _time_left(context, started))
+        batch = drive_batch(event, _store_conf, _driver_name(event), _time_left(context, started, event))
     except Exception as exc:  # noqa: BLE001 - even a batch module that cannot load leaves the runs their steps
         batch = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-    report = drive_lapsed(_store_conf(), invocation_id(_driver_name(event), _request_id(context)),
-                          _time_left(context, started))
+    report = drive_lapsed(_store_conf(), invocation_id(_driver_name(event), _request_id(context, event)),
+                          _time_left(context, started, event))
     return {**report, "batch": batch} if batch else report
 
 

@@ -34,17 +34,12 @@ from typing import Any, Callable, Iterator
 
 from .. import config
 from ..errors import UserError
-from ..providers.traits import has_function, has_stack, names
+from ..providers.traits import Stack, has_function, has_stack, names, traits
 
 # The providers with a stack under stacks/ (traits(name).stack).
 PROVIDERS = names(where=has_stack)
 INSTALL_HINT = ("the pulumi CLI is not installed (sdcloud infra needs it): install it with "
                 "`curl -fsSL https://get.pulumi.com | sh`, or see https://www.pulumi.com/docs/install/")
-# provider -> (stack module in stacks/<provider>/, region config key, provider plugin, python distribution)
-_STACKS = {
-    "aws": ("sdcloud_aws_stack", "aws:region", "aws", "pulumi-aws"),
-    "tencent": ("sdcloud_tencent_stack", "tencentcloud:region", "tencentcloud", "tencentcloud-iac-pulumi"),
-}
 _REGION = re.compile(r"^[a-z]{2,}(-[a-z0-9]+)+$")
 
 Echo = Callable[[str], Any]
@@ -140,8 +135,9 @@ def _public_key(value: str | None) -> str:
 
 
 def check_target(provider: str, region: str) -> None:
-    if provider not in PROVIDERS:
-        raise UserError(f"unknown provider {provider!r}: sdcloud infra knows {', '.join(PROVIDERS)}")
+    known = names(where=has_stack)  # asked now: a provider registered since import counts
+    if provider not in known:
+        raise UserError(f"unknown provider {provider!r}: sdcloud infra knows {', '.join(known)}")
     if not region or not _REGION.match(region):
         raise UserError(f"--region must be a region name such as us-east-1 or ap-guangzhou, got {region!r}")
 
@@ -185,12 +181,21 @@ def passphrase_file() -> Path:
     return path
 
 
+def _stack_of(provider: str) -> Stack:
+    """The provider's stack as its traits describe it (folder, program, region key, plugin)."""
+    stack = traits(provider).stack
+    if stack is None:
+        raise UserError(f"{provider} needs no infrastructure: sdcloud infra knows {', '.join(names(where=has_stack))}")
+    return stack
+
+
 def load_stack_module(provider: str) -> ModuleType:
-    """Import stacks/<provider>/<module>.py by path (the stacks are not part of the installed package)."""
-    module_name, *_ = _STACKS[provider]
+    """Import stacks/<folder>/<module>.py by path (the stacks are not part of the installed package)."""
+    stack = _stack_of(provider)
+    module_name = stack.module
     if module_name in sys.modules:
         return sys.modules[module_name]
-    path = stacks_dir() / provider / f"{module_name}.py"
+    path = stacks_dir() / stack.folder / f"{module_name}.py"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise UserError(f"cannot load the {provider} stack from {path}")
@@ -296,19 +301,20 @@ def driver_package() -> Path:
 
 def _configure(stack: Any, provider: str, region: str, options: InfraOptions) -> None:
     auto = _auto()
-    _, region_key, plugin, dist = _STACKS[provider]
-    values = {region_key: auto.ConfigValue(region)}
+    stack_of = _stack_of(provider)
+    plugin = stack_of.plugin
+    values = {stack_of.region_key: auto.ConfigValue(region)}
     for key, value in options.stack_config().items():
         values[key] = auto.ConfigValue(value, secret=False)
-    if provider in DRIVER_PROVIDERS and "driverPackage" not in options.extra:
+    if provider in names(where=has_function) and "driverPackage" not in options.extra:
         # The cloud driver runs this control plane's own code: its package is built from it here.
         values["sdcloud:driverPackage"] = auto.ConfigValue(str(driver_package()), secret=False)
     stack.set_all_config(values)
     # Install the provider plugin this SDK version expects (the engine would fetch it too, later and quieter).
-    version = "v" + metadata.version(dist).lstrip("v")
+    version = "v" + metadata.version(stack_of.distribution).lstrip("v")
     try:
-        if plugin == "tencentcloud":
-            stack.workspace.install_plugin_from_server(plugin, version, "github://api.github.com/tencentcloudstack")
+        if stack_of.plugin_server:
+            stack.workspace.install_plugin_from_server(plugin, version, stack_of.plugin_server)
         else:
             stack.workspace.install_plugin(plugin, version)
     except auto.CommandError as exc:

@@ -12,12 +12,14 @@ the static import walk in tests/infra/test_function_package.py):
 - `sdcloud` and `sdcloud_agent` (the store, the agent's wheel a relaunch uploads), as the wheel
   `sdcloud-<version>-py3-none-any.whl` would install them, with its dist-info;
 - DEPENDENCIES and what they require (their Requires-Dist without extras): boto3 for the bucket and
-  EC2, tenacity for the providers' retries, the Tencent Cloud SDK's common and CVM packages for
-  the Tencent provider, PyYAML for run specs, tomli for SCF's Python 3.10. The handler's import
+  EC2, tenacity for the providers' retries, PyYAML for run specs, then each cloud's own
+  (its function.py REQUIREMENTS: the Tencent Cloud SDK's common and CVM packages for the Tencent
+  provider, tomli for SCF's Python 3.10). The handler's import
   closure reaches nothing else: torch, diffusers, numpy, matplotlib, paramiko, rich and click are
   imported lazily, by the trainers, reports, SSH provider and CLI, none of which a step calls.
   awscrt is left out too: without it the transfer module falls back to s3transfer;
-- at the root, the entry SCF loads and the two 3.11 names SCF's Python 3.10 lacks (function_entry.py).
+- at the root, each platform's ENTRY_FILES: the entry SCF loads and the two 3.11 names SCF's
+  Python 3.10 lacks (providers/tencent/function.py).
 
 For which Python: every provider's cloud function names its runtime in its traits (Lambda
 `python3.13`, SCF `Python3.10`), and one package serves both, so it is built for each of those
@@ -47,19 +49,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..providers import functions as platforms
 from ..providers.traits import CloudFunction, every
-from .function_entry import COMPAT, COMPAT_TEXT, ENTRY, ENTRY_TEXT, LEGACY_HANDLER, LEGACY_HANDLER_TEXT
 
 NAME = "sdcloud"
 BASE_VERSION = "0.1.0"
-# The package's Python: 3.10 with the two names function_entry.py gives it (SCF), 3.11 and newer as is.
+# The package's Python: 3.10 with the two names SCF's entry files give it, 3.11 and newer as is.
 REQUIRES_PYTHON = ">=3.10"
-# The handler's third-party imports on a step (see the module docstring); their own requirements follow.
-DEPENDENCIES = ("boto3>=1.36", "tenacity>=8.2", "tencentcloud-sdk-python-common>=3.0.1000",
-                "tencentcloud-sdk-python-cvm>=3.0.1000", "pyyaml>=6", "tomli>=2")
-# The entry points each platform calls.
-LAMBDA_HANDLER = "sdcloud.driver.unattended.handler"
-SCF_HANDLER = "sdcloud_driver.main_handler"
+# The handler's third-party imports on a step (see the module docstring), the control plane's own and
+# then each cloud's; their own requirements follow.
+DEPENDENCIES = tuple(dict.fromkeys(("boto3>=1.36", "tenacity>=8.2", "pyyaml>=6", *platforms.requirements())))
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 # Package data the function never reads: the Pulumi programs (the function deploys nothing).
@@ -148,9 +147,11 @@ def _skip(rel: str) -> bool:
 
 
 def _package_files(module_name: str) -> list[tuple[str, bytes]]:
-    import importlib
+    import importlib.util
 
-    root = Path(importlib.import_module(module_name).__file__).resolve().parent
+    spec = importlib.util.find_spec(module_name)
+    assert spec is not None and spec.origin is not None, module_name
+    root = Path(spec.origin).resolve().parent
     out = []
     for p in sorted(root.rglob("*")):
         rel = f"{module_name}/{p.relative_to(root).as_posix()}"
@@ -296,8 +297,7 @@ def build(functions: Iterable[CloudFunction] | None = None) -> FunctionPackage:
     dists = _closure(DEPENDENCIES)
     for name in dists:
         files = files + _distribution_files(name)
-    files += [(ENTRY, ENTRY_TEXT.encode()), (COMPAT, COMPAT_TEXT.encode()),
-              (LEGACY_HANDLER, LEGACY_HANDLER_TEXT.encode())]
+    files += [(name, text.encode()) for name, text in platforms.entry_files().items()]
     by_path = dict(files)  # one copy of each path; sorted, so the bytes follow the content only
     left_out = _leave_out_binaries(by_path)
     _check_versions(by_path, dists, versions)

@@ -1,7 +1,8 @@
 """The GPU offer catalog: instance facts and prices per provider, region and zone.
 
-The bundled snapshot lives in sdcloud/data/catalog/<provider>.csv. `sdcloud catalog refresh`
-writes $SDCLOUD_HOME/catalog/<provider>.json, which replaces the bundled rows of that provider.
+The bundled snapshot lives in the provider's own folder (sdcloud/providers/<provider>/catalog.csv).
+`sdcloud catalog refresh` writes $SDCLOUD_HOME/catalog/<provider>.json, which replaces the bundled
+rows of that provider.
 """
 
 from __future__ import annotations
@@ -14,23 +15,52 @@ from dataclasses import asdict, dataclass, fields, replace
 from datetime import date, datetime, timezone
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from .. import clock, config
 from ..errors import UserError
 from .gpus import gpu_table
 
-def _bundled_providers() -> tuple[str, ...]:
-    """The providers with a bundled price catalog (sdcloud/data/catalog/<provider>.csv), by name.
+# Offers sit below providers in the house and cannot ask their traits: each provider with a catalog
+# tells this module where its bundled file lies and what refreshes it when its traits are read
+# (providers/traits.py). A shipped provider's file is found in its folder even before that.
+# A file as importlib.resources gives it (a Traversable: importlib.resources.abc is Python 3.11's, and
+# the cloud function's package runs this module on 3.10 too).
+Traversable = Any
+_BUNDLED: dict[str, Traversable] = {}
+_HINTS: dict[str, str] = {}
+BUNDLED_FILE = "catalog.csv"
 
-    The files are the list: offers sit below providers in the house (offers cannot ask their
-    traits), and a provider's `catalog` trait says the same thing (tests/providers/test_provider_capabilities.py
-    holds the two together).
-    """
-    folder = resources.files("sdcloud").joinpath("data/catalog")
-    return tuple(sorted(p.name[:-len(".csv")] for p in folder.iterdir() if p.name.endswith(".csv")))
+
+def tell_bundled(provider: str, path: Traversable, refresh_hint: str) -> None:
+    """Where `provider`'s bundled catalog lies, and the command that refreshes it (said in warnings)."""
+    _BUNDLED[provider] = path
+    _HINTS[provider] = refresh_hint
 
 
-PROVIDERS = _bundled_providers()
+def forget_bundled(provider: str) -> None:
+    _BUNDLED.pop(provider, None)
+    _HINTS.pop(provider, None)
+
+
+def _shipped() -> dict[str, Traversable]:
+    """The shipped providers' catalogs: the `catalog.csv` in each folder of sdcloud/providers/."""
+    folder = resources.files("sdcloud").joinpath("providers")
+    return {p.name: p.joinpath(BUNDLED_FILE) for p in folder.iterdir() if p.is_dir() and p.joinpath(BUNDLED_FILE).is_file()}
+
+
+def providers() -> tuple[str, ...]:
+    """The providers with a bundled price catalog, by name: the shipped ones, then those told since."""
+    return tuple(sorted(_shipped())) + tuple(sorted(set(_BUNDLED) - set(_shipped())))
+
+
+def bundled_path(provider: str) -> Traversable:
+    found = _BUNDLED.get(provider) or _shipped().get(provider)
+    if found is None:
+        raise KeyError(f"no bundled catalog for provider {provider!r}")
+    return found
+
+
 # How a price was obtained (docs/offers.md, "Where every number comes from"):
 #   listed   a published list price, read as published (AWS Price List, Tencent's price overview)
 #   quoted   a spot price quoted by the provider's API for one zone (describe_spot_price_history)
@@ -189,11 +219,6 @@ DEFAULT_MAX_AGE_DAYS = 7.0
 # pairs, 60.4%), rounded down. [<provider>] spot_discount in config.toml or
 # SDCLOUD_<PROVIDER>_SPOT_DISCOUNT ([tencent] spot_discount, SDCLOUD_TENCENT_SPOT_DISCOUNT).
 DEFAULT_SPOT_DISCOUNT = 0.60
-DEFAULT_TENCENT_SPOT_DISCOUNT = DEFAULT_SPOT_DISCOUNT  # the name build_catalog.py's Tencent rows use
-REFRESH_HINT = {
-    "aws": "`sdcloud catalog refresh --provider aws --public` (no credentials) or without --public (per-zone spot, credentials)",
-    "tencent": "`sdcloud catalog refresh --provider tencent`",
-}
 
 
 def _setting(env: str, section: str, key: str, default: float, low: float, high: float | None = None) -> float:
@@ -239,7 +264,7 @@ def stale_warning(sources: list[CatalogSource], now: datetime | None = None) -> 
             old.append((s, f"has prices from {stamp.date().isoformat()} ({days:.0f} days old)"))
     if not old:
         return None
-    parts = "; ".join(f"{s.provider} {s.origin} catalog {why}, refresh: {REFRESH_HINT.get(s.provider, f'`sdcloud catalog refresh --provider {s.provider}`')}"
+    parts = "; ".join(f"{s.provider} {s.origin} catalog {why}, refresh: {_HINTS.get(s.provider, f'`sdcloud catalog refresh --provider {s.provider}`')}"
                       for s, why in old)
     return f"warning: prices older than {limit:g} days: {parts}"
 
@@ -266,8 +291,10 @@ def _apply_spot_assumption(rows: list[CatalogRow]) -> list[CatalogRow]:
 
 
 def bundled_rows(provider: str) -> list[CatalogRow]:
-    text = resources.files("sdcloud").joinpath(f"data/catalog/{provider}.csv").read_text()
-    return _apply_spot_assumption([row_from_mapping(r) for r in csv.DictReader(io.StringIO(text))])
+    """The provider's bundled rows, under its own name (a copy of a provider's folder ranks as itself)."""
+    text = bundled_path(provider).read_text()
+    rows = [replace(row_from_mapping(r), provider=provider) for r in csv.DictReader(io.StringIO(text))]
+    return _apply_spot_assumption(rows)
 
 
 def _parse_time(text: str) -> datetime:
@@ -290,13 +317,21 @@ def load_provider(provider: str) -> tuple[list[CatalogRow], CatalogSource]:
     rows = bundled_rows(provider)
     dated = [r.snapshot_date for r in rows if r.snapshot_date]
     as_of = _parse_time(max(dated)) if dated else None
-    return rows, CatalogSource(provider, "bundled", as_of, f"sdcloud/data/catalog/{provider}.csv", _oldest_price(rows))
+    return rows, CatalogSource(provider, "bundled", as_of, _shown(bundled_path(provider)), _oldest_price(rows))
 
 
-def load_catalog(providers: tuple[str, ...] | list[str] = PROVIDERS) -> Catalog:
+def _shown(path: Traversable) -> str:
+    """The bundled file as `catalog show` names it: relative to the sdcloud package where it lies in it."""
+    text = str(path)
+    root = str(resources.files("sdcloud"))
+    return "sdcloud" + text[len(root):] if text.startswith(root) else text
+
+
+def load_catalog(which: tuple[str, ...] | list[str] | None = None) -> Catalog:
+    """The rows of `which` providers' catalogs (all with a catalog without it) and where each came from."""
     rows: list[CatalogRow] = []
     sources: list[CatalogSource] = []
-    for provider in providers:
+    for provider in providers() if which is None else which:
         prov_rows, source = load_provider(provider)
         rows.extend(prov_rows)
         sources.append(source)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import config
-from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, PROVIDERS, Catalog, CatalogRow
+from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, Catalog, CatalogRow, providers
 from ..errors import UserError
 from .kinds import RunKind
 from .rates import Rate, RateBook, host_rate
@@ -211,7 +211,7 @@ def rank(
         raise UserError(f"--steps must be a positive whole number, got {job_size}")
     rows = catalog.rows
     if provider is not None:
-        known = sorted({r.provider for r in rows} | set(PROVIDERS))
+        known = sorted({r.provider for r in rows} | set(providers()))
         if provider not in known:
             raise UserError(f"unknown provider {provider!r}; valid: {', '.join(known)}")
         rows = [r for r in rows if r.provider == provider]

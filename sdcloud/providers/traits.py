@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
 
-# Every provider's package, in the order the CLI lists them.
+# Every provider's package, in the order the CLI lists them. A provider's name is its package's name
+# under sdcloud.providers; one more is registered with `register(name)`.
 PACKAGES = ("aws", "tencent", "local", "ssh")
+_registered: list[str] = []
 
 
 class Hosts(StrEnum):
@@ -97,6 +99,10 @@ class CloudFunction:
     # The stack uploads the package to the run bucket and creates the function from there: the
     # create request could not carry it inline (Tencent Cloud API 3.0 takes at most 10 MB a POST).
     code_from_bucket: bool = False
+    # The module (relative to the provider's package) that says how the platform calls the function:
+    # matches(event), time_left(context, started), request_id(context), HANDLER, ENTRY_FILES and
+    # REQUIREMENTS (providers/functions.py reads it for the driver and its package).
+    entry: str = ".function"
 
     @property
     def memory_gb(self) -> float:
@@ -121,6 +127,36 @@ class NetworkProfile:
 
 
 @dataclass(frozen=True)
+class Stack:
+    """The provider's Pulumi stack: the program under stacks/<folder>/ that infra/automation.py runs inline."""
+    folder: str  # under stacks/ ("aws"): a copy of the provider's folder keeps the original's stack
+    module: str  # the program's module in that folder (its build(), load_config() and StackConfig)
+    region_key: str  # the Pulumi config key that holds the region ("aws:region")
+    plugin: str  # the Pulumi resource plugin the program needs ("aws")
+    distribution: str  # the Python distribution of the plugin's SDK: its version names the plugin's ("pulumi-aws")
+    plugin_server: str | None = None  # where the plugin is downloaded from; None: Pulumi's own registry
+
+
+@dataclass(frozen=True)
+class PriceCatalog:
+    """A provider's price catalog: the bundled file `offers` ranks and how it is refreshed. Paths are
+    relative to the provider's own folder and package, so a copy of the folder brings its catalog."""
+    bundled: str = "catalog.csv"  # the bundled snapshot, a file in the provider's folder
+    refresh: str | None = ".catalog"  # the module whose refresh_catalog(regions) `catalog refresh` runs
+    # The module whose refresh_public(regions) reads the prices the cloud publishes for anyone
+    # (`catalog refresh --public`, no credentials); None: it publishes no machine-readable list.
+    public: str | None = None
+    # What the staleness warning tells the user to run ({name}: the provider's name); "" the plain refresh.
+    hint: str = ""
+    # The module whose build(shared) rebuilds the bundled rows from public figures
+    # (`python -m sdcloud.providers.build_catalogs`); None: the bundled file is kept by hand.
+    build: str | None = None
+
+    def refresh_hint(self, name: str) -> str:
+        return self.hint.format(name=name) if self.hint else f"`sdcloud catalog refresh --provider {name}`"
+
+
+@dataclass(frozen=True)
 class Setting:
     """A config.toml setting of a provider, with its built-in default: `sdcloud config show` lists it."""
     section: str  # the config.toml table ("local")
@@ -131,6 +167,8 @@ class Setting:
 
 @dataclass(frozen=True)
 class ProviderTraits:
+    # Its package's name (`name_of(__name__)` in its __init__.py): a copy of the folder is another provider.
+    # Every module path below is relative to that package (".compute"), loaded by providers/loader.py.
     name: str
     hosts: Hosts
     adapter: str  # the module whose PROVIDER_CLASS is the Provider (imported only when used)
@@ -139,14 +177,14 @@ class ProviderTraits:
     billing: Billing
     default_region: str = ""
     # The Pulumi stack under stacks/ (None: this provider needs no infrastructure).
-    stack: str | None = None
-    # The bucket dialects a run's store may use on this provider ("s3", "cos"); () = none is needed.
+    stack: Stack | None = None
+    # The bucket dialects a run's store may use on this provider (sdcloud_agent.store.dialects); () = none is needed.
     stores: tuple[str, ...] = ()
     # Where past spot prices come from: "history" (the cloud's price history API), "samples" (the
     # controller samples the quote while the host runs), None (no spot market).
     spot_prices: str | None = None
-    # A bundled price catalog in sdcloud/data/catalog/<name>.csv that `offers` ranks.
-    catalog: bool = False
+    # A bundled price catalog that `offers` ranks, and its refresh (None: no catalog).
+    catalog: PriceCatalog | None = None
     function: CloudFunction | None = None
     # Environment variable that overrides `default_region` (AWS_DEFAULT_REGION), if any.
     region_env: str | None = None
@@ -155,9 +193,6 @@ class ProviderTraits:
     # The module whose CONFIG_KEYS ({key: check(value, what)}) names and checks the keys of its own
     # section beyond `settings` and the spot discount (sdcloud/runs/inputs/config_check.py); None: no others.
     config_keys: str | None = None
-    # Its prices are published for anyone to read: `catalog refresh --public` reads them without
-    # credentials (offers/public_prices.py).
-    public_price_list: bool = False
     # Settings of those sections that have a built-in default (`config show` shows the default when unset).
     settings: tuple[Setting, ...] = ()
     # The NVIDIA driver series its per-run user-data installs when the stack names none (the image
@@ -188,13 +223,67 @@ class ProviderTraits:
     def free(self) -> bool:
         return self.billing.free
 
+    @property
+    def public_price_list(self) -> bool:
+        """Its prices are published for anyone to read: `catalog refresh --public` needs no credentials."""
+        return self.catalog is not None and self.catalog.public is not None
+
+
+def name_of(module: str) -> str:
+    """The provider a module of `sdcloud.providers.<name>` belongs to: its folder's name, so that a
+    copy of the folder registered under another name calls itself by that name."""
+    prefix = f"{__package__}."
+    if not module.startswith(prefix):
+        raise ValueError(f"{module} is not in a provider's package")
+    return module.removeprefix(prefix).split(".", 1)[0]
+
+
+def package_of(name: str) -> str:
+    """The package provider `name` is (module paths in its traits are relative to it)."""
+    return f"{__package__}.{name}"
+
+
+def packages() -> tuple[str, ...]:
+    """Every registered provider: the shipped PACKAGES, then those registered since, in that order."""
+    return (*PACKAGES, *_registered)
+
+
+def register(name: str) -> None:
+    """Register the provider whose package is `sdcloud.providers.<name>` (one that PACKAGES does not
+    list: a folder added beside the shipped ones, or found on `sdcloud.providers.__path__`)."""
+    if name not in packages():
+        _registered.append(name)
+        traits.cache_clear()
+    traits(name)  # read now: what it tells the layers below (its catalog) is known from here on
+
+
+def unregister(name: str) -> None:
+    """Forget a provider `register` added (the shipped ones stay)."""
+    if name in _registered:
+        from ..offers.catalog import forget_bundled
+
+        _registered.remove(name)
+        traits.cache_clear()
+        forget_bundled(name)
+
 
 @cache
 def traits(name: str) -> ProviderTraits:
     """The traits of provider `name` (an exact name; match user input with `names.match_name` first)."""
-    if name not in PACKAGES:
+    if name not in packages():
         raise KeyError(name)
-    return importlib.import_module(f"sdcloud.providers.{name}").TRAITS
+    declared = importlib.import_module(package_of(name)).TRAITS
+    if declared.name != name:
+        raise ValueError(f"{package_of(name)} declares itself {declared.name!r}: name it with name_of(__name__)")
+    if declared.catalog is not None:
+        # Offers sit below providers: they are told where the bundled file lies (in the provider's folder).
+        from importlib import resources
+
+        from ..offers.catalog import tell_bundled
+
+        tell_bundled(name, resources.files(package_of(name)).joinpath(declared.catalog.bundled),
+                     declared.catalog.refresh_hint(name))
+    return declared
 
 
 def default_region(name: str) -> str:
@@ -205,11 +294,11 @@ def default_region(name: str) -> str:
 
 
 def every() -> list[ProviderTraits]:
-    return [traits(n) for n in PACKAGES]
+    return [traits(n) for n in packages()]
 
 
 def names(where: Callable[[ProviderTraits], bool] | None = None) -> tuple[str, ...]:
-    """The providers whose traits satisfy `where` (all of them without it), in PACKAGES order."""
+    """The providers whose traits satisfy `where` (all of them without it), in registration order."""
     return tuple(t.name for t in every() if where is None or where(t))
 
 
@@ -227,4 +316,4 @@ def has_function(t: ProviderTraits) -> bool:
 
 
 def has_catalog(t: ProviderTraits) -> bool:
-    return t.catalog
+    return t.catalog is not None

@@ -29,9 +29,11 @@ from pathlib import Path
 
 try:
     from sdcloud.providers.aws import TRAITS
+    from sdcloud.providers.aws.function import HANDLER
 except ImportError:  # `pulumi up` from a checkout where sdcloud is not installed: the package beside stacks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from sdcloud.providers.aws import TRAITS
+    from sdcloud.providers.aws.function import HANDLER
 
 RUN_TAG = "sdcloud:run"  # sdcloud/providers/base.py TAG_RUN: every instance a run launches carries it
 # The resource types the host template's tag specifications tag at every launch (the stack reads
@@ -48,7 +50,7 @@ SCHEDULE_RATE = f"rate({SCHEDULE_SECONDS // 60} minutes)"
 FUNCTION_TIMEOUT = FUNCTION.timeout_seconds
 FUNCTION_MEMORY_MB = FUNCTION.memory_mb
 FUNCTION_RUNTIME = FUNCTION.runtime
-FUNCTION_HANDLER = "sdcloud.driver.unattended.handler"  # sdcloud/infra/function_package.py LAMBDA_HANDLER
+FUNCTION_HANDLER = HANDLER  # the platform's own word for it (sdcloud/providers/aws/function.py)
 SCHEDULE_INPUT = {"sdcloud": "drive"}
 AMI_PARAMETERS = "parameter/aws/service/deeplearning/*"
 

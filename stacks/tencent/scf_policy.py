@@ -22,14 +22,16 @@ from pathlib import Path
 
 try:
     from sdcloud.providers.tencent import TRAITS
+    from sdcloud.providers.tencent.function import HANDLER
 except ImportError:  # `pulumi up` from a checkout where sdcloud is not installed: the package beside stacks/
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from sdcloud.providers.tencent import TRAITS
+    from sdcloud.providers.tencent.function import HANDLER
 
 # The function's figures are the provider's own (sdcloud/providers/tencent/__init__.py TRAITS.function):
 # the handler's margin and the cost report read the same copy. The timeout is below the timer's
 # period: invocations never overlap. The runtime is SCF's Python3.10; the package carries the two
-# 3.11 names the control plane uses (sdcloud/infra/function_entry.py, docs/stacks.md).
+# 3.11 names the control plane uses (sdcloud/providers/tencent/function.py, docs/stacks.md).
 FUNCTION = TRAITS.function
 assert FUNCTION is not None
 SCHEDULE_SECONDS = FUNCTION.schedule_seconds
@@ -39,7 +41,7 @@ TIMER_CRON = f"0 */{SCHEDULE_SECONDS // 60} * * * * *"
 FUNCTION_TIMEOUT = FUNCTION.timeout_seconds
 FUNCTION_MEMORY_MB = FUNCTION.memory_mb
 FUNCTION_RUNTIME = FUNCTION.runtime
-FUNCTION_HANDLER = "sdcloud_driver.main_handler"  # sdcloud/infra/function_package.py SCF_HANDLER
+FUNCTION_HANDLER = HANDLER  # the entry SCF loads (sdcloud/providers/tencent/function.py)
 # Where the stack puts the function's package in its bucket: outside the run prefix, so that no
 # role of the stack's may write it (the function's code is not the function's to change).
 CODE_FOLDER = "sdcloud-driver-code"

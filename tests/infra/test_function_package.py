@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from sdcloud.infra import function_entry
+from sdcloud.providers.tencent import function as function_entry
 from sdcloud.infra import function_package as fp
 
 from tests.support.harness_interpreters import python_for
@@ -43,7 +43,7 @@ out = {"python": list(sys.version_info[:2]),
        "lambda": unattended.handler({"sdcloud": "drive"}, None),
        "scf": sdcloud_driver.main_handler({"Type": "Timer", "TriggerName": "t", "Time": "", "Message": ""},
                                           {"time_limit_in_ms": 60000})}
-# A Lambda configured before the driver moved calls its handler by the old name (function_entry.LEGACY_HANDLER).
+# A Lambda configured before the driver moved calls its handler by the old name (providers/aws/function.py LEGACY_HANDLER).
 from sdcloud.runs import unattended as legacy
 out["legacy"] = legacy.handler is unattended.handler and legacy.main_handler is unattended.main_handler
 import sdcloud.runs.driving.controller, sdcloud.runs.records.journal, sdcloud.runs.records.lease, sdcloud.runs.driving.hostboot

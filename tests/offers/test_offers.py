@@ -208,7 +208,7 @@ def _shared_prices():
 
 
 def test_bundled_catalog_is_the_build_output():
-    from sdcloud.offers.build_catalog import build_all, bundled_path
+    from sdcloud.providers.build_catalogs import build_all, bundled_path
     shared = _shared_prices().parent
     built = build_all(shared)
     for provider, text in built.items():
@@ -217,16 +217,17 @@ def test_bundled_catalog_is_the_build_output():
 
 def test_build_check_mode_fails_on_a_stale_file(tmp_path, monkeypatch):
     import shutil
-    from sdcloud.offers import build_catalog
+    from sdcloud.providers import build_catalogs as build_catalog
     shared = _shared_prices().parent
     fake_repo = tmp_path / "repo"
-    (fake_repo / "sdcloud" / "data" / "catalog").mkdir(parents=True)
-    for p in ("aws", "tencent"):
-        shutil.copy(build_catalog.bundled_path(p), fake_repo / "sdcloud" / "data" / "catalog" / f"{p}.csv")
+    (fake_repo / "sdcloud" / "data").mkdir(parents=True)
+    for p in build_catalog.built():
+        (fake_repo / "sdcloud" / "providers" / p).mkdir(parents=True)
+        shutil.copy(build_catalog.bundled_path(p), fake_repo / "sdcloud" / "providers" / p / "catalog.csv")
     shutil.copy(build_catalog.REPO / build_catalog.GPUS_PATH, fake_repo / build_catalog.GPUS_PATH)
     monkeypatch.setattr(build_catalog, "REPO", fake_repo)
     assert build_catalog.main(["--shared", str(shared), "--check"]) == 0
-    stale = fake_repo / "sdcloud" / "data" / "catalog" / "aws.csv"
+    stale = fake_repo / "sdcloud" / "providers" / "aws" / "catalog.csv"
     good = stale.read_text()
     stale.write_text(good.replace("55.04", "98.32"))
     assert build_catalog.main(["--shared", str(shared), "--check"]) == 1

@@ -9,11 +9,11 @@ function exactly where there is a stack, and agree with what the rest of sdcloud
 
 from __future__ import annotations
 
-import importlib
 
 import pytest
 
 from sdcloud.providers import capabilities as caps
+from sdcloud.providers import loader
 from sdcloud.providers import get_provider
 from sdcloud.providers.traits import (PACKAGES, Hosts, has_catalog, has_function, has_stack, is_cloud, names,
                                       traits)
@@ -71,9 +71,9 @@ def test_the_names_are_the_packages_and_each_declares_itself():
     for name in names():
         t = traits(name)
         assert t.name == name
-        adapter = importlib.import_module(t.adapter)
-        assert adapter.__name__.startswith(f"sdcloud.providers.{name}.")
-        assert adapter.PROVIDER_CLASS.name == name
+        cls = loader.provider_class(name)
+        assert cls.__module__.startswith(f"sdcloud.providers.{name}.")
+        assert cls.name == name
         assert t.timing.poll_seconds > 0 and t.timing.boot_timeout > 0 and t.timing.heartbeat_timeout > 0
 
 
@@ -88,17 +88,18 @@ def test_a_cloud_function_exactly_where_there_is_a_stack():
         # The margin fits in the timeout, and the timeout in the schedule's period (no overlap).
         assert 0 < f.safety_seconds < f.timeout_seconds < f.schedule_seconds, name
         assert f.memory_mb > 0
-        assert (ROOT / "stacks" / t.stack / "Pulumi.yaml").is_file(), name
+        assert (ROOT / "stacks" / t.stack.folder / "Pulumi.yaml").is_file(), name
+        assert (ROOT / "stacks" / t.stack.folder / f"{t.stack.module}.py").is_file(), name
     assert names(where=has_stack) == names(where=has_function) == names(where=is_cloud)
 
 
 def test_the_traits_agree_with_what_sdcloud_derives_from_them():
     from sdcloud.costs.driver import functions
     from sdcloud.infra import automation
-    from sdcloud.offers.catalog import PROVIDERS
+    from sdcloud.offers.catalog import providers
 
-    # The bundled catalogs are the providers with a catalog (offers sit below providers and read the files).
-    assert PROVIDERS == names(where=has_catalog)
+    # The bundled catalogs are the providers with a catalog (offers sit below providers and are told where they lie).
+    assert providers() == names(where=has_catalog)
     assert automation.PROVIDERS == names(where=has_stack)
     assert automation.DRIVER_PROVIDERS == names(where=has_function)
     assert set(functions()) == {traits(n).function.name for n in names(where=has_function)}
@@ -107,7 +108,7 @@ def test_the_traits_agree_with_what_sdcloud_derives_from_them():
         assert (t.hosts is Hosts.CLOUD) != t.billing.free, name  # clouds bill, the rest is free unless priced
         assert (t.spot_prices is None) == (not t.is_cloud), name
         if t.bill is not None:
-            assert isinstance(importlib.import_module(t.bill), caps.ReconcilesBill), name
+            assert isinstance(loader.bill_reader(name), caps.ReconcilesBill), name
 
 
 @pytest.mark.parametrize("name", names(where=has_function))
@@ -115,6 +116,6 @@ def test_the_stacks_read_the_function_from_the_traits(name, monkeypatch):
     """The stack's policy module (readable without Pulumi) carries the traits' figures, not its own."""
     f = traits(name).function
     module = {"aws": "driver_policy", "tencent": "scf_policy"}[name]
-    policy = stack_module(traits(name).stack, module)
+    policy = stack_module(traits(name).stack.folder, module)
     assert (policy.FUNCTION_TIMEOUT, policy.FUNCTION_MEMORY_MB, policy.FUNCTION_RUNTIME, policy.SCHEDULE_SECONDS) == (
         f.timeout_seconds, f.memory_mb, f.runtime, f.schedule_seconds)

@@ -111,9 +111,9 @@ def test_the_function_runs_the_handler_within_the_schedules_rate(aws_built):
     # The provider's runtime (traits), a current one: the package is built and tested for its Python.
     assert fn["runtime"] == TRAITS["aws"].function.runtime == "python3.13"
     assert fn["handler"] == "sdcloud.driver.unattended.handler"
-    from sdcloud.infra.function_package import LAMBDA_HANDLER
+    from sdcloud.providers.functions import handler
 
-    assert fn["handler"] == LAMBDA_HANDLER
+    assert fn["handler"] == handler("aws")
     assert 60 <= fn["timeout"] < driver_policy.SCHEDULE_SECONDS
     assert fn["environment"]["variables"]["SDCLOUD_STORE"] == f"s3://{BUCKET}/{PREFIX}"
     assert fn["role"].endswith("role/driver-role")
@@ -340,13 +340,13 @@ def _of(resources, suffix: str) -> list[tuple[str, dict]]:
 
 
 def test_scf_function_and_timer(tencent_built):
-    from sdcloud.infra import function_package as fp
+    from sdcloud.providers.functions import handler
 
     resources, out = tencent_built
     [(_, fn)] = _of(resources, "scf/function:Function")
     # SCF's own Python runtime (traits): the package is built for it and its entry tested under it.
     assert fn["runtime"] == TRAITS["tencent"].function.runtime == "Python3.10"
-    assert fn["handler"] == fp.SCF_HANDLER
+    assert fn["handler"] == handler("tencent") == "sdcloud_driver.main_handler"
     assert 60 <= fn["timeout"] < 300 and fn["memSize"] == 512
     env = fn["environment"]
     assert env["SDCLOUD_STORE"] == f"s3://sdcloud-test-{APP_ID}/{PREFIX}"

@@ -5,7 +5,8 @@ small: keys are relative to the store's root (`s3://bucket/prefix` or `file:///d
 write is atomic (S3 PUT/complete-multipart are; the local store writes a temp file and renames).
 
 The package's modules: base.py (errors, ObjectInfo, the protocol, lifecycle tags), faults.py
-(which errors are transient, retries), local.py (a directory), s3.py (S3 and COS through boto3);
+(which errors are transient, retries), local.py (a directory), s3.py (S3 and COS through boto3),
+dialects.py (the URL schemes, shared with the control plane's checks);
 everything is importable from `sdcloud_agent.store` as before.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from . import dialects
 from .base import (CLASS_TAG, DEFAULT_PART_SIZE, DEFAULT_WORKERS, MiB, Cancelled, NotFound, ObjectInfo,
                    ObjectStore, StoreError, lifecycle_class, sha256_file)
 from .faults import (DEFAULT_RETRY, PERMANENT_CAUSES, RECURRING_CAUSES, TRANSIENT_CODES, RetryPolicy,
@@ -40,13 +42,13 @@ def open_store(spec: str | dict, **overrides: Any) -> LocalStore | S3Store:
         url = spec
     opts.update({k: v for k, v in overrides.items() if v is not None})
     parsed = urlparse(url)
-    if parsed.scheme in ("s3", "cos"):
+    if dialects.is_bucket(parsed.scheme):
         if not parsed.netloc:
             raise ValueError(f"store URL {url!r} has no bucket")
         allowed = {"endpoint_url", "region", "addressing_style", "part_size", "workers", "client", "credentials",
                    "engine", "target_gbps", "restore_workers", "range_size", "retry_policy", "read_timeout"}
         return S3Store(parsed.netloc, parsed.path, **{k: v for k, v in opts.items() if k in allowed})
-    if parsed.scheme == "file":
+    if parsed.scheme == dialects.FILE:
         return LocalStore(unquote(parsed.netloc + parsed.path))
     if parsed.scheme == "":
         return LocalStore(Path(url).expanduser().resolve())

@@ -1,13 +1,15 @@
 """AWS: EC2 compute (compute.py), the price-list and spot-price catalog refresh (catalog.py), shared session helpers
 (session.py), the bill from Cost Explorer (billing.py)."""
 
-from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, ProviderTraits, Timing
+from sdcloud_agent.store import dialects
+
+from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, PriceCatalog, ProviderTraits, Stack, Timing, name_of
 from . import limits
 
 TRAITS = ProviderTraits(
-    name="aws",
+    name=name_of(__name__),
     hosts=Hosts.CLOUD,
-    adapter="sdcloud.providers.aws.compute",
+    adapter=".compute",
     # The spot interruption notice: two minutes (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html).
     timing=Timing(poll_seconds=5.0, boot_timeout=1800.0, heartbeat_timeout=600.0, cooldown_seconds=1800.0,
                   reclaim_notice_seconds=120.0),
@@ -17,14 +19,17 @@ TRAITS = ProviderTraits(
     billing=Billing(currency="USD", minimum_seconds=60.0, free_spot_interrupt_seconds=3600.0),
     default_region="us-east-1",
     region_env="AWS_DEFAULT_REGION",
-    stack="aws",
-    stores=("s3",),
+    stack=Stack(folder="aws", module="sdcloud_aws_stack", region_key="aws:region", plugin="aws",
+                distribution="pulumi-aws"),
+    stores=(dialects.S3,),
     spot_prices="history",
-    catalog=True,
-    public_price_list=True,
+    # catalog.csv here; refreshed from the APIs (compute.refresh_catalog) or the public price list.
+    catalog=PriceCatalog(build=".catalog_build", refresh=".compute", public=".public_prices",
+                         hint="`sdcloud catalog refresh --provider {name} --public` (no credentials) or without "
+                              "--public (per-zone spot, credentials)"),
     object_key_bytes=limits.OBJECT_KEY_BYTES,  # the bucket's key limit (limits.py)
-    bill="sdcloud.providers.aws.billing",  # `sdcloud cost reconcile` (billing.py)
-    schedules="sdcloud.providers.aws.schedules",  # `sdcloud batch schedule add --provider aws` (schedules.py)
+    bill=".billing",  # `sdcloud cost reconcile` (billing.py)
+    schedules=".schedules",  # `sdcloud batch schedule add --provider aws` (schedules.py)
     function=CloudFunction(
         # python3.13: the newest runtime whose dates are published (new functions until 2029-07-31, limits.py).
         name="aws-lambda", runtime="python3.13", timeout_seconds=240, memory_mb=512, safety_seconds=30.0,

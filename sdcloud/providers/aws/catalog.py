@@ -28,7 +28,7 @@ from ...offers.catalog import CatalogRow, bundled_rows, load_provider, write_ref
 from ...errors import UserError
 from ...offers.gpus import gpu_table
 from ..base import ProviderError
-from .session import CLIENT_CONFIG, Retry, check_region, error_code, error_message, new_session
+from .session import CLIENT_CONFIG, NAME, Retry, check_region, error_code, error_message, new_session
 
 PRICING_REGION = "us-east-1"  # the Price List API answers in us-east-1 (also eu-central-1, ap-south-1)
 # Families with NVIDIA GPUs that the Deep Learning AMI (x86_64) supports.
@@ -203,7 +203,7 @@ def refresh_region(region: str, ec2, pricing, retry: Retry, previous: list[Catal
         spot_src = ""
         if spot is None and old is not None and old.spot_price is not None:
             region_spot, spot_src = old.spot_price, "; spot: bundled estimate"
-        common = dict(provider="aws", region=region, instance_type=itype, gpu=f.gpu, gpu_count=f.gpu_count,
+        common = dict(provider=NAME, region=region, instance_type=itype, gpu=f.gpu, gpu_count=f.gpu_count,
                       vram_gb=f.vram_gb, vcpus=f.vcpus, memory_gb=f.memory_gb, nvme_gb=f.nvme_gb, currency="USD",
                       interruption_band=band, snapshot_date=today)
         if od_price is not None or region_spot is not None:
@@ -232,8 +232,8 @@ def refresh(regions: list[str] | None = None, *, session=None, retry: Retry | No
 
     Rows of regions not refreshed stay as they were. Returns (path, rows written, errors).
     """
-    base = bundled_rows("aws")
-    current, _ = load_provider("aws")
+    base = bundled_rows(NAME)
+    current, _ = load_provider(NAME)
     regions = sorted({check_region(r) for r in regions}) if regions else sorted({r.region for r in base})
     session = session or new_session(regions[0])
     retry = retry or Retry()
@@ -258,6 +258,6 @@ def refresh(regions: list[str] | None = None, *, session=None, retry: Retry | No
     for r in regions:
         rows.extend(results[r][0])
     rows.sort(key=lambda x: (x.region, x.instance_type, x.zone))
-    path = write_refreshed("aws", rows, errors)
+    path = write_refreshed(NAME, rows, errors)
     return path, rows, errors
 

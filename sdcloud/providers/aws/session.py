@@ -19,8 +19,9 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_at
 from ...errors import UserError
 from ...events import Kind
 from ..base import CredentialsError, EventSink, ProviderError, no_events
+from ..traits import name_of
 
-NAME = "aws"
+NAME = name_of(__name__)  # "aws", or the name a copy of this folder is registered under
 
 THROTTLE_CODES = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException", "RequestThrottled",
                             "RequestThrottledException", "TooManyRequestsException", "SlowDown",

@@ -25,7 +25,10 @@ from ...errors import UserError
 from ...events import Kind
 from ...offers.optimizer import Offer
 from ..base import (FAILED, PENDING, RUNNING, TAG_TOKEN, TERMINATED, EventSink, Instance, LaunchSpec, no_events)
+from ..traits import name_of
 from .metadata import MetadataServer
+
+NAME = name_of(__name__)  # "local", or the name a copy of this folder is registered under
 
 # Seconds between the simulated reclaim notice and the kill. AWS gives 120 s, Tencent about the
 # same; a local demo does not need to wait that long for a tiny model to save.
@@ -62,17 +65,17 @@ def _alive(pid: int) -> bool:
 
 
 class LocalProvider:
-    name = "local"
+    name = NAME
 
     def __init__(self, price_per_hour: float | None = None, notice_seconds: float | None = None,
                  python: str | None = None, **_: object):
-        conf = config.settings().get("local", {})
+        conf = config.settings().get(NAME, {})
         self.price_per_hour = float(price_per_hour if price_per_hour is not None else conf.get("price_per_hour", 0.0))
         if self.price_per_hour < 0:
             raise UserError(f"local price_per_hour must be 0 or more, got {self.price_per_hour}")
         self.notice_seconds = float(notice_seconds if notice_seconds is not None else conf.get("notice_seconds", DEFAULT_NOTICE_SECONDS))
         self.python = python or sys.executable
-        self.dir = config.home() / "local"
+        self.dir = config.home() / NAME
         (self.dir / "instances").mkdir(parents=True, exist_ok=True)
         self._children: dict[int, subprocess.Popen] = {}
         self._metadata: dict[str, MetadataServer] = {}
@@ -81,7 +84,7 @@ class LocalProvider:
     # offers
     def offers(self, tier=None, market: str | None = None, regions: list[str] | None = None) -> list[Offer]:
         gpu, count, vram = _local_gpu()
-        row = CatalogRow(provider="local", region="local", zone="local", instance_type="this-machine", gpu=gpu,
+        row = CatalogRow(provider=NAME, region="local", zone="local", instance_type="this-machine", gpu=gpu,
                          gpu_count=max(count, 1), vram_gb=vram, vcpus=os.cpu_count() or 1, memory_gb=_memory_gb(),
                          nvme_gb=0, ondemand_price=self.price_per_hour, spot_price=self.price_per_hour, currency="USD",
                          interruption_band=None, snapshot_date=clock.utc_now().date().isoformat(),
@@ -119,7 +122,7 @@ class LocalProvider:
         return RUNNING if _alive(rec["pid"]) else TERMINATED
 
     def _instance(self, rec: dict) -> Instance:
-        return Instance(provider="local", id=rec["id"], region="local", zone="local", instance_type="this-machine",
+        return Instance(provider=NAME, id=rec["id"], region="local", zone="local", instance_type="this-machine",
                         market=rec["market"], state=self._state(rec), price_per_hour=rec["price_per_hour"],
                         public_ip="127.0.0.1", private_ip="127.0.0.1",
                         launched_at=datetime.fromtimestamp(rec["created"], timezone.utc), tags=rec["tags"])

@@ -35,6 +35,9 @@ from .connection import (  # noqa: F401
     CONNECT_TIMEOUT, PASSPHRASE_ENV, HostUnreachable, SshConnections, _helper_command, _helper_source,
 )
 from .hosts import SshHost, hosts_path, load_hosts  # noqa: F401
+from ..traits import name_of
+
+NAME = name_of(__name__)  # "ssh", or the name a copy of this folder is registered under
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ def agent_zip() -> bytes:
 
 
 class SshProvider(SshConnections):
-    name = "ssh"
+    name = NAME
 
     def __init__(self, hosts_file: str | os.PathLike | None = None, agent_argv: list[str] | None = None,
                  known_hosts: str | os.PathLike | None = None, **_: object):
@@ -69,7 +72,7 @@ class SshProvider(SshConnections):
 
     # instances
     def _instance(self, h: SshHost, rec: dict) -> Instance:
-        inst = Instance(provider="ssh", id=f"{h.name}:{rec['pid']}", region="ssh", zone=h.name, instance_type=h.name,
+        inst = Instance(provider=NAME, id=f"{h.name}:{rec['pid']}", region="ssh", zone=h.name, instance_type=h.name,
                         market=rec.get("market", "on-demand"), state=RUNNING if rec.get("alive") else TERMINATED,
                         price_per_hour=rec.get("price_per_hour", h.price_per_hour), public_ip=h.host,
                         launched_at=datetime.fromtimestamp(rec["created"], timezone.utc) if rec.get("created") else None,
@@ -104,7 +107,7 @@ class SshProvider(SshConnections):
             raise UserError(f"no ssh host has the {need:g} GB of GPU memory tier {tier.name} needs ({have}); "
                             f"see {self.hosts_file}")
         today = clock.utc_now().date().isoformat()
-        return [Offer(CatalogRow(provider="ssh", region="ssh", zone=h.name, instance_type=h.name, gpu=h.gpu,
+        return [Offer(CatalogRow(provider=NAME, region="ssh", zone=h.name, instance_type=h.name, gpu=h.gpu,
                                  gpu_count=h.gpu_count, vram_gb=h.vram_gb, vcpus=0, memory_gb=0.0, nvme_gb=0.0,
                                  ondemand_price=h.price_per_hour, spot_price=h.price_per_hour, currency="USD",
                                  interruption_band=None, snapshot_date=today, ondemand_estimate=False,
@@ -223,7 +226,7 @@ class SshProvider(SshConnections):
                 for pid in pids:
                     seen = self._seen.get(f"{name}:{pid}")
                     if seen is None or seen.live:
-                        out.append(seen or Instance(provider="ssh", id=f"{name}:{pid}", region="ssh", zone=name,
+                        out.append(seen or Instance(provider=NAME, id=f"{name}:{pid}", region="ssh", zone=name,
                                                     instance_type=name, market="on-demand", state=PENDING,
                                                     public_ip=h.host))
                 continue

@@ -1,27 +1,34 @@
 """Tencent Cloud: credentials, signing and retries (session.py), the catalog refresh (catalog.py), CVM compute
 (compute.py), the bill (billing.py), COS through its S3 endpoint (storage.py)."""
 
-from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, ProviderTraits, Timing
+from sdcloud_agent.store import dialects
+
+from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, PriceCatalog, ProviderTraits, Stack, Timing, name_of
 from . import limits
 from .network import PROFILES
 
+NAME = name_of(__name__)
+
 TRAITS = ProviderTraits(
-    name="tencent",
+    name=NAME,
     hosts=Hosts.CLOUD,
-    adapter="sdcloud.providers.tencent.compute",
+    adapter=".compute",
     timing=Timing(poll_seconds=5.0, boot_timeout=1800.0, heartbeat_timeout=600.0, cooldown_seconds=1800.0),
     host=HostTraits(nvme=True, gpu_required=True, metadata="tencent", heartbeat_seconds=10, poll_seconds=5),
     # The mainland site quotes in CNY; an international account's currency is detected (site.py).
     billing=Billing(currency="CNY"),
     default_region="ap-guangzhou",
-    stack="tencent",
-    stores=("cos", "s3"),
+    # Its plugin is published on GitHub by Tencent, not on Pulumi's registry.
+    stack=Stack(folder="tencent", module="sdcloud_tencent_stack", region_key="tencentcloud:region",
+                plugin="tencentcloud", distribution="tencentcloud-iac-pulumi",
+                plugin_server="github://api.github.com/tencentcloudstack"),
+    stores=(dialects.COS, dialects.S3),
     # Tencent has no spot price history API: the controller samples the quote while a host runs.
     spot_prices="samples",
-    catalog=True,
+    catalog=PriceCatalog(build=".catalog_build", refresh=".catalog"),  # catalog.csv here
     object_key_bytes=limits.OBJECT_KEY_BYTES,  # the bucket's key limit (limits.py)
-    bill="sdcloud.providers.tencent.billing",  # `sdcloud cost reconcile` (billing.py)
-    schedules="sdcloud.providers.tencent.schedules",  # `sdcloud batch schedule add --provider tencent` (schedules.py)
+    bill=".billing",  # `sdcloud cost reconcile` (billing.py)
+    schedules=".schedules",  # `sdcloud batch schedule add --provider tencent` (schedules.py)
     # SCF's per-GB-second and per-invocation prices could not be read into a citable figure: unpriced.
     # Python3.10, SCF's newest Python: the package carries the two 3.11 names the control plane uses
     # (sdcloud/infra/function_package.py; docs/stacks.md says why not a Custom Runtime).
@@ -34,10 +41,10 @@ TRAITS = ProviderTraits(
                                environment_bytes=limits.FUNCTION_ENVIRONMENT_BYTES),
         code_from_bucket=True,
     ),
-    config_sections=("tencent",),
-    config_keys="sdcloud.providers.tencent.site",  # [tencent] site
+    config_sections=(NAME,),  # [tencent], named after the provider
+    config_keys=".site",  # [tencent] site
     # The per-run user-data replaces the stack's template, driver install included (the stack's default series).
     host_driver="535-server",
     network_profiles=PROFILES,  # mainland China's mirrors (network.py)
-    run_store="sdcloud.providers.tencent.run_store",  # COS: the host signs with its CVM role
+    run_store=".run_store",  # COS: the host signs with its CVM role
 )

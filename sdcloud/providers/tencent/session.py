@@ -19,8 +19,9 @@ from ...errors import UserError
 from ...events import Kind
 from . import errors as codes
 from ..base import CredentialsError, EventSink, ProviderError, no_events
+from ..traits import name_of
 
-NAME = "tencent"
+NAME = name_of(__name__)  # "tencent", or the name a copy of this folder is registered under
 API_VERSION = "2017-03-12"
 ENDPOINT_ENV = "SDCLOUD_TENCENT_ENDPOINT"
 # The CVM metadata service hands out CAM role credentials on a CVM host.

@@ -21,6 +21,9 @@ from typing import Any, Callable
 
 from ... import config
 from ...errors import UserError
+from ..traits import name_of
+
+NAME = name_of(__name__)  # "tencent", or the name a copy of this folder is registered under
 
 SITE_ENV = "SDCLOUD_TENCENT_SITE"
 CURRENCY_ENV = "SDCLOUD_TENCENT_CURRENCY"
@@ -51,7 +54,7 @@ def configured_currency() -> str | None:
         if currency.upper() not in ("CNY", "USD"):
             raise UserError(f"{CURRENCY_ENV} must be CNY or USD, got {currency!r}")
         return currency.upper()
-    conf = config.settings().get("tencent") or {}
+    conf = config.settings().get(NAME) or {}
     if "site" in conf:
         site = str(conf["site"]).lower()
         if site not in SITES:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from sdcloud_agent.store import dialects
+
 from ...errors import UserError
 
 # <name>-<appid>: the name is lower-case letters, digits and hyphens, neither starting nor ending
@@ -69,7 +71,7 @@ def bucket_host(bucket: str, region: str) -> str:
 def parse_url(url: str) -> tuple[str, str]:
     """(bucket, prefix) from `cos://bucket/prefix` or `s3://bucket/prefix`."""
     parsed = urlparse(url or "")
-    if parsed.scheme not in ("cos", "s3") or not parsed.netloc:
+    if not dialects.is_bucket(parsed.scheme) or not parsed.netloc:
         raise UserError(f"COS location {url!r} must look like cos://<name>-<appid>/prefix")
     return parsed.netloc, parsed.path.strip("/")
 

@@ -126,8 +126,7 @@ def known_keys() -> dict[str, dict[str, Check]]:
     """Every section sdcloud reads and its keys: the fixed ones, and each provider's own (its
     numeric settings, the spot discount of a provider with a price catalog, and what its
     `config_keys` module checks)."""
-    import importlib
-
+    from ...providers.loader import config_keys
     from ...providers.traits import every
 
     out = {k: dict(v) for k, v in KEYS.items()}
@@ -139,8 +138,7 @@ def known_keys() -> dict[str, dict[str, Check]]:
         if t.catalog:
             out.setdefault(t.name, {})["spot_discount"] = _number(0, 1)
         if t.config_keys:
-            module = importlib.import_module(t.config_keys)
-            out.setdefault(t.name, {}).update(module.CONFIG_KEYS)
+            out.setdefault(t.name, {}).update(config_keys(t.name))
     return out
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from sdcloud_agent.store import dialects
+
 from ...errors import UserError
 from ...offers.tiers import Tier
 from ...providers.traits import is_cloud, names, traits
@@ -29,22 +31,22 @@ _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 def check_store_url(url: str, provider: str = "local", flag: str = "--store") -> str:
     """The store URL, checked (and a plain local path made a file:// URL); UserError otherwise."""
     text = str(url).strip()
-    forms = "s3://BUCKET/PREFIX, cos://BUCKET/PREFIX or file:///DIR"
+    forms = dialects.forms()
     parsed = urlparse(text)
-    if parsed.scheme in ("s3", "cos"):
+    if dialects.is_bucket(parsed.scheme):
         if not parsed.netloc:
             raise UserError(f"{flag} {text}: no bucket; use {forms}")
         if not _BUCKET.match(parsed.netloc):
             raise UserError(f"{flag} {text}: {parsed.netloc!r} is not a bucket name "
                             "(3-63 lowercase letters, digits, '.' and '-')")
         return text
-    if parsed.scheme == "file":
+    if parsed.scheme == dialects.FILE:
         if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
             raise UserError(f"{flag} {text}: a file URL needs an absolute path, e.g. file:///srv/sdcloud "
                             "(file://x/y names the folder x/y relative to wherever the host runs)")
         if provider in names(where=is_cloud):
             raise UserError(f"{flag} {text}: a {provider} host cannot reach a folder on this machine; "
-                            "use s3://BUCKET/PREFIX" + (" or cos://BUCKET/PREFIX" if "cos" in traits(provider).stores else ""))
+                            f"use {dialects.forms(traits(provider).stores, folder=False)}")
         return text
     if parsed.scheme == "" and text:
         if provider in names(where=is_cloud):

@@ -14,7 +14,7 @@ from typing import Any
 from ...durations import parse_duration, parse_seconds  # noqa: F401 - re-exported: callers import them from here
 from ...errors import UserError
 from ...names import match_name
-from ...providers import NAMES as PROVIDER_NAMES
+from ...providers.traits import names as provider_names
 from ...offers.kinds import RunKind
 from ...offers.tiers import get_tier
 
@@ -111,12 +111,10 @@ def _positive(value, what: str, integer: bool = False):
 
 def _simulates_reclaim(provider: str) -> bool:
     """Whether the provider can announce a reclaim on its own host (capabilities.SimulatesReclaim)."""
-    import importlib
-
     from ...providers.capabilities import SimulatesReclaim
-    from ...providers.traits import traits
+    from ...providers.loader import provider_class
 
-    return issubclass(importlib.import_module(traits(provider).adapter).PROVIDER_CLASS, SimulatesReclaim)
+    return issubclass(provider_class(provider), SimulatesReclaim)
 
 
 def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
@@ -133,7 +131,7 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
         raise UserError(f"tier {tier_obj.name} makes images, it does not train: run it with "
                         f"sdcloud batch submit --tier {tier_obj.name} --model M --prompts FILE")
     data["tier"] = tier_obj.name
-    data["provider"] = match_name(data.get("provider", "local"), PROVIDER_NAMES, "provider")
+    data["provider"] = match_name(data.get("provider", "local"), provider_names(), "provider")
     if data.get("region"):
         from ...providers.traits import traits
 
@@ -194,7 +192,7 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
         check_dataset(Path(str(dataset)).expanduser())
         from ...providers.traits import traits
 
-        limit = traits(data["provider"]).object_key_bytes if data.get("provider") in PROVIDER_NAMES else None
+        limit = traits(data["provider"]).object_key_bytes if data.get("provider") in provider_names() else None
         if limit:  # the cloud's bucket refuses a longer key: refused here, before anything launches
             from .datasets import check_keys
 

@@ -4,15 +4,14 @@ Tencent's COS, where the host uses its CAM role and this machine the user's keys
 
 from __future__ import annotations
 
-import importlib
 import os
-from types import ModuleType
 
 from sdcloud_agent.store import NotFound, ObjectInfo, ObjectStore, StoreError, open_store
 
 from ... import config
 from ...errors import UserError
-from ...providers.traits import every, names, traits
+from ...providers.loader import run_store
+from ...providers.traits import every, names
 
 __all__ = ["NotFound", "ObjectInfo", "ObjectStore", "StoreError", "open_store", "open_run_store", "store_config"]
 
@@ -38,7 +37,7 @@ def store_config(provider: str, store: str | None, region: str | None, infra: di
         for key in ("endpoint_url", "region", "addressing_style"):
             if infra.get(key):
                 conf[key] = infra[key]
-        dialect = _dialect(traits(provider).run_store) if provider in names() else None
+        dialect = run_store(provider) if provider in names() else None
         if dialect is not None:
             conf = dialect.run_store_config(conf, infra, region)
         return conf
@@ -49,12 +48,8 @@ def store_config(provider: str, store: str | None, region: str | None, infra: di
 def open_run_store(conf: dict) -> ObjectStore:
     """The store of a run's agent config, opened with this machine's credentials."""
     for t in every():
-        dialect = _dialect(t.run_store)
+        dialect = run_store(t.name)
         if dialect is not None and conf.get("credentials") == dialect.CREDENTIALS:
             return dialect.open_run_store(conf)
     return open_store(conf)
 
-
-def _dialect(module: str | None) -> ModuleType | None:
-    """A provider's bucket dialect (providers/<name>/run_store.py), imported only when declared."""
-    return importlib.import_module(module) if module else None

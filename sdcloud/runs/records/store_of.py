@@ -82,8 +82,10 @@ def _dialect_of(url: str | None) -> Any:
 
     from ...providers.traits import every
 
+    from sdcloud_agent.store import dialects
+
     scheme = urlparse(url or "").scheme
-    if scheme in ("", "s3", "file"):
+    if scheme == "" or scheme in dialects.GENERIC:
         return None
     return next((t for t in every() if scheme in t.stores and t.run_store), None)
 
@@ -95,7 +97,7 @@ def _dialect_url(url: str | None) -> bool:
 def url_conf(url: str, region: str | None = None) -> dict:
     """The store config of a bucket URL the user typed: a scheme that is a provider's own bucket
     dialect (`cos://`) in that dialect, opened with this machine's keys for that cloud."""
-    import importlib
+    from ..providers.loader import run_store
 
     from ..inputs.preflight import check_store_url
     from .store import store_config
@@ -105,7 +107,9 @@ def url_conf(url: str, region: str | None = None) -> dict:
     if t is None:
         return store_config("local", url, None, None)
     region = region or (os.environ.get(t.region_env) if t.region_env else None) or t.default_region
-    return importlib.import_module(t.run_store).run_store_config({"url": url}, {}, region)
+    dialect = run_store(t.name)
+    assert dialect is not None  # _dialect_of found a provider that declares one
+    return dialect.run_store_config({"url": url}, {}, region)
 
 
 def open_checked(conf: dict):

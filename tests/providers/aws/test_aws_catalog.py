@@ -285,7 +285,7 @@ def test_public_refresh_failures_are_one_line(public_server, monkeypatch, capsys
 
 
 def test_bulk_price_list_reader_keeps_only_linux_shared_hourly_rows():
-    from sdcloud.offers.public_prices import parse_bulk_price_list
+    from sdcloud.providers.aws.public_prices import parse_bulk_price_list
     prices, published = parse_bulk_price_list(PUBLIC / "eu-west-1" / "index.json")
     assert published == "2026-02-09"
     # Windows 1.307, dedicated 1.235, SQL Web 1.2 and the 1-year reserved 0.707 are all skipped.

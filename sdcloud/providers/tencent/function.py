@@ -1,5 +1,12 @@
-"""The files the cloud driver's package carries at its root, beside the control plane: the entry SCF
-loads, and the two names of Python 3.11 that SCF's Python 3.10 lacks.
+"""How Tencent SCF calls the cloud driver (TRAITS.function.entry): which events are its, the time an
+invocation has left, its request id, the entry SCF loads and what the package needs for it.
+
+SCF invokes `main_handler(event, context)` with a timer trigger's event `{"Type": "Timer",
+"TriggerName": ..., "Time": ..., "Message": ...}` and a dict context whose `time_limit_in_ms`
+bounds the invocation and whose `request_id` names it.
+
+The files the package carries at its root, beside the control plane: the entry SCF loads, and the
+two names of Python 3.11 that SCF's Python 3.10 lacks.
 
 SCF runs the function on its own Python runtime, `Python3.10` (the newest it offers: "Runtime
 Environment", tencentcloud.com/document/product/583/40323), and loads `sdcloud_driver.main_handler`
@@ -14,6 +21,13 @@ tomllib was made (same API), which the package carries. Lambda's python3.13 neve
 
 from __future__ import annotations
 
+import time
+from typing import Any, Callable
+
+# The entry SCF calls, as the stack names it (stacks/tencent/scf_policy.py FUNCTION_HANDLER).
+HANDLER = "sdcloud_driver.main_handler"
+# An invocation whose context does not say its limit is given this long.
+DEFAULT_INVOCATION_SECONDS = 60.0
 ENTRY = "sdcloud_driver.py"
 COMPAT = "sdcloud_py310.py"
 # What COMPAT gives 3.10: the only names of a newer Python the package's own code uses (checked with
@@ -53,18 +67,9 @@ def main_handler(event, context):
     return unattended.main_handler(event, context)
 '''
 
-# Lambdas deployed before the cloud driver had its own package (sdcloud/driver/) were configured with
-# the handler `sdcloud.runs.unattended.handler`. The package keeps that name as an alias, so a
-# function whose code is updated before its configuration (or whose configuration update failed)
-# still finds its handler.
-LEGACY_HANDLER = "sdcloud/runs/unattended.py"
-LEGACY_HANDLER_TEXT = '''"""The cloud driver's entry under its name before it moved to sdcloud.driver.unattended."""
-from sdcloud.driver.unattended import handler, main_handler  # noqa: F401
-'''
-
 COMPAT_TEXT = '''"""Python 3.11's enum.StrEnum and tomllib for the control plane on SCF's Python 3.10.
 
-Imported by sdcloud_driver before the control plane, and only below 3.11 (sdcloud/infra/function_entry.py)."""
+Imported by sdcloud_driver before the control plane, and only below 3.11 (sdcloud/providers/tencent/function.py)."""
 import enum
 import sys
 
@@ -87,3 +92,31 @@ except ImportError:
 
     sys.modules["tomllib"] = tomli
 '''
+
+# Files at the package's root beside the control plane (sdcloud/infra/function_package.py).
+ENTRY_FILES = {ENTRY: ENTRY_TEXT, COMPAT: COMPAT_TEXT}
+# Distributions the package carries for this cloud: the SDK's common and CVM packages for the
+# provider, tomli for COMPAT's tomllib on SCF's Python 3.10.
+REQUIREMENTS = ("tencentcloud-sdk-python-common>=3.0.1000", "tencentcloud-sdk-python-cvm>=3.0.1000", "tomli>=2")
+
+
+def matches(event: Any) -> bool:
+    """An event SCF hands over: a timer trigger's."""
+    return isinstance(event, dict) and event.get("Type") == "Timer"
+
+
+def time_left(context: Any, started: float) -> Callable[[], float] | None:
+    """Seconds the invocation has left, from SCF's dict context (its `time_limit_in_ms`, else a
+    default counted from `started`); None for a context of another shape."""
+    if not isinstance(context, dict):
+        return None
+    limit_ms = context.get("time_limit_in_ms")
+    limit = float(limit_ms) / 1000.0 if limit_ms else DEFAULT_INVOCATION_SECONDS
+    return lambda: limit - (time.monotonic() - started)
+
+
+def request_id(context: Any) -> str | None:
+    """SCF's id of this invocation (the dict context's `request_id`); None for a context of another shape."""
+    if not isinstance(context, dict):
+        return None
+    return context.get("request_id") or None

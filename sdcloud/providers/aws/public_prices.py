@@ -1,4 +1,4 @@
-"""`sdcloud catalog refresh --provider aws --public`: what AWS publishes, read without credentials.
+"""`sdcloud catalog refresh --provider aws --public` (the catalog trait's `public`): what AWS publishes, read without credentials.
 
   on-demand  the AWS bulk price list, one JSON offer file per region
              (https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonEC2/current/<region>/index.json):
@@ -27,9 +27,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .. import clock
-from ..errors import UserError
-from .catalog import CatalogRow, load_provider, write_refreshed
+from ... import clock
+from ...errors import UserError
+from ...offers.catalog import CatalogRow, load_provider, write_refreshed
+from .session import NAME
 
 PRICE_LIST_URL = "https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonEC2/current/{region}/index.json"
 ADVISOR_URL = "https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json"
@@ -120,7 +121,7 @@ def refresh_public(regions: list[str] | None = None, *, price_list_url: str | No
     advisor_url = advisor_url or os.environ.get("SDCLOUD_SPOT_ADVISOR_URL") or ADVISOR_URL
     now = now or clock.utc_now()
     today = now.date().isoformat()
-    rows, _ = load_provider("aws")
+    rows, _ = load_provider(NAME)
     known = sorted({r.region for r in rows})
     if regions:
         unknown = sorted(set(regions) - set(known))
@@ -175,5 +176,5 @@ def refresh_public(regions: list[str] | None = None, *, price_list_url: str | No
         out.append(r)
     for region, types in sorted(missing.items()):
         errors.append(f"{region}: not in the price list, on-demand kept as it was: {', '.join(sorted(types))}")
-    path = write_refreshed("aws", out, errors, fetched_at=now)
+    path = write_refreshed(NAME, out, errors, fetched_at=now)
     return path, out, errors

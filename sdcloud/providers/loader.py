@@ -1,0 +1,104 @@
+"""The modules a provider's traits name, loaded in one place and typed by what they give.
+
+A trait such as `adapter=".compute"` or `bill=".billing"` is a module path relative to the provider's
+own package, so that a copy of the folder registered under another name loads its own modules, not
+the original's. Everything outside `providers/` asks this loader for what it needs (the Provider
+class, the bill reader, the cloud scheduler, the bucket dialect, the config keys, the catalog
+refresh) and gets a typed answer, never a module path to import itself (tests/test_layout.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
+
+from .capabilities import ReconcilesBill, SchedulesBatch
+from .traits import package_of, traits
+
+
+@runtime_checkable
+class RunStoreDialect(Protocol):
+    """How this machine reaches a bucket of the provider's own dialect (providers/<name>/run_store.py)."""
+
+    CREDENTIALS: str  # the store config's `credentials` value that names this dialect
+
+    def run_store_config(self, conf: dict, infra: dict, region: str | None) -> dict: ...
+
+    def open_run_store(self, conf: dict) -> Any: ...
+
+
+# refresh_catalog(regions) -> (path written, rows, problems), the refresh `sdcloud catalog refresh` runs.
+CatalogRefresh = Callable[[list[str] | None], tuple[Path, list, list[str]]]
+
+
+def module(name: str, path: str) -> ModuleType:
+    """The module `path` of provider `name`: relative to its package (".compute"), imported only now."""
+    return importlib.import_module(path, package=package_of(name))
+
+
+def provider_class(name: str) -> type:
+    """The class of provider `name`'s adapter (its `adapter` module's PROVIDER_CLASS)."""
+    return module(name, traits(name).adapter).PROVIDER_CLASS
+
+
+def bill_reader(name: str) -> ReconcilesBill:
+    """The provider's bill reader (capabilities.ReconcilesBill); KeyError where it declares none."""
+    path = traits(name).bill
+    if path is None:
+        raise KeyError(f"{name} declares no bill")
+    found = module(name, path)
+    assert isinstance(found, ReconcilesBill), f"{found.__name__} does not read a bill"
+    return found
+
+
+def schedules(name: str) -> SchedulesBatch:
+    """The provider's cloud scheduler (capabilities.SchedulesBatch); KeyError where it declares none."""
+    path = traits(name).schedules
+    if path is None:
+        raise KeyError(f"{name} declares no cloud schedules")
+    found = module(name, path)
+    assert isinstance(found, SchedulesBatch), f"{found.__name__} does not schedule batch jobs"
+    return found
+
+
+def run_store(name: str) -> RunStoreDialect | None:
+    """How this machine opens a bucket of the provider's own dialect; None: the generic S3 store does."""
+    path = traits(name).run_store
+    if path is None:
+        return None
+    found = module(name, path)
+    assert isinstance(found, RunStoreDialect), f"{found.__name__} is not a bucket dialect"
+    return found
+
+
+def config_keys(name: str) -> dict[str, Callable[[Any, str], Any]]:
+    """The keys of the provider's own config.toml section its `config_keys` module checks ({} if none)."""
+    path = traits(name).config_keys
+    return dict(module(name, path).CONFIG_KEYS) if path else {}
+
+
+def catalog_refresh(name: str) -> CatalogRefresh | None:
+    """The provider's catalog refresh (its catalog's `refresh` module's refresh_catalog); None: it has none."""
+    catalog = traits(name).catalog
+    if catalog is None or catalog.refresh is None:
+        return None
+    return module(name, catalog.refresh).refresh_catalog
+
+
+def public_prices(name: str) -> CatalogRefresh | None:
+    """The refresh from the prices the provider publishes for anyone (no credentials); None: none published."""
+    catalog = traits(name).catalog
+    if catalog is None or catalog.public is None:
+        return None
+    return module(name, catalog.public).refresh_public
+
+
+def catalog_build(name: str) -> Callable[[Path], list]:
+    """The build(shared) that rebuilds the provider's bundled catalog rows from the shared reference data."""
+    catalog = traits(name).catalog
+    if catalog is None or catalog.build is None:
+        raise KeyError(f"{name} declares no catalog build")
+    return module(name, catalog.build).build
