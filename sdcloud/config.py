@@ -125,25 +125,23 @@ def _flag(value: object, what: str) -> bool:
     raise UserError(f"config.toml {what} must be true or false, got {value!r}")
 
 
-LOCAL_KEYS = ("price_per_hour", "notice_seconds")
-
-
-def local() -> dict[str, float]:
-    """[local] in config.toml, the keys that are set: what this machine costs in USD per hour (for
-    costs and the cost report) and the seconds of the simulated reclaim notice."""
-    raw = settings().get("local", {})
+def numbers(section: str, keys: tuple[str, ...] | list[str]) -> dict[str, float]:
+    """The keys of a provider's section of config.toml that are set, each a number of 0 or more
+    (the local provider's [local]: what this machine costs in USD per hour, for costs and the cost
+    report, and the seconds of the simulated reclaim notice)."""
+    raw = settings().get(section, {})
     if not isinstance(raw, dict):
-        raise UserError(f"{home() / 'config.toml'}: [local] must be a table")
+        raise UserError(f"{home() / 'config.toml'}: [{section}] must be a table")
     out = {}
-    for key in LOCAL_KEYS:
+    for key in keys:
         if key in raw:
             value = raw[key]
             try:
                 out[key] = float(value)
             except (TypeError, ValueError):
-                raise UserError(f"config.toml [local] {key} must be a number, got {value!r}") from None
+                raise UserError(f"config.toml [{section}] {key} must be a number, got {value!r}") from None
             if out[key] < 0:
-                raise UserError(f"config.toml [local] {key} must be 0 or more, got {value!r}")
+                raise UserError(f"config.toml [{section}] {key} must be 0 or more, got {value!r}")
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from .. import config
 from ..errors import UserError
 from ..events import Kind
+from ..providers.traits import traits
 from .status import cancel_marked, find_job, job_over, on_this_machine, progress, state_store, verify_job
 
 # A local pool gives up when this many workers per slot have died without finishing the job.
@@ -34,7 +35,8 @@ def _worker_attempt_started(state, job: dict, pid: int) -> None:
     """A local worker process is the pool's host: an attempt of the job at the [local] price_per_hour,
     as a local training run's host is one, so that `batch status` and the cost report count and price it."""
     n = max((a.n for a in state.attempts(job["id"])), default=0) + 1
-    price = config.local().get("price_per_hour", 0.0)
+    provider = traits(job["spec"]["provider"])
+    price = config.numbers(provider.name, [s.key for s in provider.settings]).get("price_per_hour", 0.0)
     state.add_attempt(job["id"], n, job["spec"]["provider"], f"{job['id']}-w{n}", region="local", zone="local",
                       instance_type="this-machine", market=job["spec"].get("market") or "on-demand",
                       price=price, currency="USD", instance_id=f"pid-{pid}")

@@ -37,8 +37,10 @@ def show(as_json: bool) -> None:
     rows.append(("currency.cny_per_usd", f"{rate:g}", source))
     from ..providers.traits import every
 
-    cfg.local()  # [local] read and checked: a bad number is one line, exit 2
-    # The providers' own settings (this machine's price and reclaim notice), with their built-in defaults.
+    # The providers' own settings (this machine's price and reclaim notice), with their built-in defaults,
+    # read and checked first: a bad number is one line, exit 2.
+    for t in every():
+        cfg.numbers(t.name, [s.key for s in t.settings if s.section == t.name])
     declared = [s for t in every() for s in t.settings]
     for s in declared:
         given = settings.get(s.section, {})

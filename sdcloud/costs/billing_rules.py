@@ -14,12 +14,10 @@ The rules themselves are data in each `providers/<name>/__init__.py`; this modul
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import resources
 
-from ..providers.traits import traits
+from ..providers import loader
+from ..providers.traits import names, traits
 from .pricing import time_weighted_price, utc
 
 HOURS_PER_MONTH = 730.0
@@ -33,19 +31,18 @@ class Charge:
     detail: dict = field(default_factory=dict)
 
 
-@lru_cache(maxsize=1)
-def storage_prices() -> dict:
-    """sdcloud/data/storage_prices.toml: disks, bucket, requests, egress per provider."""
-    with resources.files("sdcloud").joinpath("data/storage_prices.toml").open("rb") as f:
-        return tomllib.load(f)
+def storage_prices(provider: str) -> dict:
+    """The provider's list prices for disks, bucket, requests and egress (its folder's file, named by
+    TRAITS.billing.storage_prices); {} for a provider that charges none of them, or none sdcloud knows."""
+    return loader.storage_prices(provider) if provider in names() else {}
 
 
 def storage_price(provider: str, key: str) -> float:
-    return float(storage_prices().get(provider, storage_prices()["local"]).get(key, 0.0))
+    return float(storage_prices(provider).get(key, 0.0))
 
 
 def native_currency(provider: str) -> str:
-    return str(storage_prices().get(provider, {}).get("currency", "USD"))
+    return str(storage_prices(provider).get("currency", "USD"))
 
 
 def mean_price(points: list[tuple[float, float]], start: float, end: float) -> float | None:

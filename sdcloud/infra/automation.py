@@ -157,7 +157,7 @@ def pulumi_root() -> str | None:
 def stacks_dir() -> Path:
     # Package data of the sdcloud wheel (in a checkout, a link to the top-level stacks/).
     path = Path(os.environ.get("SDCLOUD_STACKS_DIR") or Path(__file__).resolve().parent / "stacks")
-    if not (path / "aws").is_dir():
+    if not (path / "stack_common.py").is_file():  # what every stack shares: the folder is the stacks'
         raise UserError(f"the Pulumi stacks are not at {path}: set SDCLOUD_STACKS_DIR to the stacks/ folder of sdcloud")
     return path
 

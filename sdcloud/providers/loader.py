@@ -10,6 +10,9 @@ refresh) and gets a typed answer, never a module path to import itself (tests/te
 from __future__ import annotations
 
 import importlib
+import tomllib
+from functools import cache
+from importlib import resources
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -102,3 +105,14 @@ def catalog_build(name: str) -> Callable[[Path], list]:
     if catalog is None or catalog.build is None:
         raise KeyError(f"{name} declares no catalog build")
     return module(name, catalog.build).build
+
+
+@cache
+def storage_prices(name: str) -> dict:
+    """The provider's list prices for disks, bucket, requests and egress (its `billing.storage_prices`
+    file, in its folder); {} where it declares none."""
+    path = traits(name).billing.storage_prices
+    if path is None:
+        return {}
+    with resources.files(package_of(name)).joinpath(path).open("rb") as f:
+        return tomllib.load(f)

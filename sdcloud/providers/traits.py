@@ -64,6 +64,9 @@ class Billing:
     # AWS does not charge a spot instance it interrupts in its first hour.
     free_spot_interrupt_seconds: float = 0.0
     free: bool = False  # no bill at all unless the user gave an hourly price (own boxes, this machine)
+    # The list prices of its disks, bucket, requests and egress: a TOML file in the provider's folder
+    # (costs/billing_rules.py); None: nothing beside the host is charged.
+    storage_prices: str | None = None
 
 
 @dataclass(frozen=True)

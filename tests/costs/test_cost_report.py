@@ -23,7 +23,7 @@ T0 = datetime(2026, 11, 2, 0, 0, tzinfo=timezone.utc).timestamp()
 GIB = 2**30
 OD = 1.006  # g5.xlarge us-east-1 on-demand list, $/h (the figure the offer carries)
 DISK_GB = 200
-# storage_prices.toml [aws]
+# sdcloud/providers/aws/storage_prices.toml
 GP3, S3GB, PUT, GET = 0.08, 0.023, 0.005, 0.0004
 
 

@@ -16,7 +16,8 @@ TRAITS = ProviderTraits(
     host=HostTraits(nvme=True, gpu_required=True, metadata="aws", heartbeat_seconds=10, poll_seconds=5),
     # EC2 bills per second with a 60 s minimum, and not at all for a spot instance it interrupts in
     # its first hour (https://aws.amazon.com/ec2/pricing/, "Per Second Billing"; Spot interruption FAQ).
-    billing=Billing(currency="USD", minimum_seconds=60.0, free_spot_interrupt_seconds=3600.0),
+    billing=Billing(currency="USD", minimum_seconds=60.0, free_spot_interrupt_seconds=3600.0,
+                    storage_prices="storage_prices.toml"),  # EBS, S3, egress (storage_prices.toml)
     default_region="us-east-1",
     region_env="AWS_DEFAULT_REGION",
     stack=Stack(folder="aws", module="sdcloud_aws_stack", region_key="aws:region", plugin="aws",

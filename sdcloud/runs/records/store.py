@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from sdcloud_agent.store import NotFound, ObjectInfo, ObjectStore, StoreError, open_store
+from sdcloud_agent.store import NotFound, ObjectInfo, ObjectStore, StoreError, dialects, open_store
 
 from ... import config
 from ...errors import UserError
@@ -33,7 +33,7 @@ def store_config(provider: str, store: str | None, region: str | None, infra: di
     if provider in names(where=lambda t: not t.is_cloud):
         return {"url": (config.home() / "bucket").resolve().as_uri()}
     if infra and infra.get("bucket"):
-        conf = {"url": f"s3://{infra['bucket']}/{infra.get('prefix', 'sdcloud')}"}
+        conf = {"url": f"{dialects.S3}://{infra['bucket']}/{infra.get('prefix', 'sdcloud')}"}
         for key in ("endpoint_url", "region", "addressing_style"):
             if infra.get(key):
                 conf[key] = infra[key]
@@ -42,7 +42,7 @@ def store_config(provider: str, store: str | None, region: str | None, infra: di
             conf = dialect.run_store_config(conf, infra, region)
         return conf
     raise UserError(f"no bucket for provider {provider}: run `sdcloud infra up --provider {provider}` "
-                    "or pass --store s3://BUCKET/PREFIX")
+                    f"or pass --store {dialects.forms((dialects.S3,), folder=False)}")
 
 
 def open_run_store(conf: dict) -> ObjectStore:
