@@ -328,7 +328,7 @@ def test_aws_host_ends_itself_when_the_controller_is_gone(moto_server, monkeypat
     ctl, state = _controller(spec, provider, steps)
     with SelfEndingHosts(listing, tmp_path / "hosts", env,
                          lambda iid: {"SDCLOUD_SHUTDOWN_COMMAND": f"{_aws_shim(tmp_path, iid)} -h now"}) as hosts:
-        ctl.heartbeat()
+        ctl.host.heartbeat()
         ctl._start_attempt()  # the controller launches ... and is never run again (SIGKILLed)
         [att] = state.attempts(ctl.run_id)
         assert ec2.describe_instance_attribute(InstanceId=att.instance_id, Attribute="instanceInitiatedShutdownBehavior")[
@@ -336,9 +336,9 @@ def test_aws_host_ends_itself_when_the_controller_is_gone(moto_server, monkeypat
         if killed_at == "training":
             # The controller drives until the host trains, then is SIGKILLed (it simply takes no more steps).
             def training() -> bool:
-                ctl.heartbeat()
+                ctl.host.heartbeat()
                 ctl._watch(state.attempts(ctl.run_id)[0])
-                st = ctl.read_status() or {}
+                st = ctl.host.read_status() or {}
                 return st.get("phase") == "training" and st.get("attempt") == 1
             wait_until(training, timeout=240, every=0.5)
 
@@ -351,7 +351,7 @@ def test_aws_host_ends_itself_when_the_controller_is_gone(moto_server, monkeypat
         wait_until(lambda: live() == [], timeout=30)
         assert (tmp_path / "shutdowns.log").read_text().split() == [att.instance_id, "-h", "now"]
         wait_until(lambda: hosts.alive() == [], timeout=30)
-    status = ctl.read_status()
+    status = ctl.host.read_status()
     assert status["phase"] == outcome, status
     se = status["self_end"]
     assert se["reason"] == outcome and se["action"] == "os-shutdown"
@@ -441,7 +441,7 @@ def test_tencent_host_terminates_itself_with_its_role(monkeypatch, tmp_path, s3_
             with SelfEndingHosts(listing, tmp_path / "hosts", agent_env,
                                  lambda iid: {"SDCLOUD_TENCENT_METADATA_URL": meta.url(iid),
                                               "SDCLOUD_TENCENT_ENDPOINT": srv.endpoint}) as hosts:
-                ctl.heartbeat()
+                ctl.host.heartbeat()
                 ctl._start_attempt()  # and never again: the controller is gone
                 [att] = state.attempts(ctl.run_id)
                 wait_until(lambda: any(c["action"] == "TerminateInstances" for c in cvm.calls), timeout=240)
@@ -452,7 +452,7 @@ def test_tencent_host_terminates_itself_with_its_role(monkeypatch, tmp_path, s3_
             meta.stop()
         [call] = [c for c in cvm.calls if c["action"] == "TerminateInstances"]
         assert call["caller"] == "role:sdcloud-e2e-host" and call["params"]["InstanceIds"] == [att.instance_id]
-        status = ctl.read_status()
+        status = ctl.host.read_status()
         assert status["phase"] == "succeeded" and status["self_end"]["action"] == "terminate-instances"
         assert "error" not in status["self_end"]
 
@@ -533,7 +533,7 @@ def test_a_capped_host_stops_the_run_and_is_not_relaunched(tmp_path, monkeypatch
     assert att.end_reason == "lifetime-cap" and att.end == pytest.approx(at)
     kinds = [e["kind"] for e in state.events(run_id)]
     assert kinds.count("self-ended") == 1 and "launching" not in kinds
-    ctl.heartbeat()
+    ctl.host.heartbeat()
     assert json.loads(ctl.store.get(f"runs/{run_id}/controller.json"))["time"] == pytest.approx(time.time(), abs=5)
 
 

@@ -284,8 +284,8 @@ def test_a_store_that_cannot_be_read_is_a_fault_to_wait_out(tmp_path, sdcloud_ho
         raise StoreError("GET runs/r-fault001/status.json failed after 6 attempts: ResponseStreamingError") from err
     ctl.store.get = broken
     with pytest.raises(StoreError):
-        ctl.read_status(strict=True)
-    assert ctl.read_status() is None
+        ctl.host.read_status(strict=True)
+    assert ctl.host.read_status() is None
     for t in (1000.0, 1005.0, 1030.0, 1061.0):
         hostboot.store_unreachable(ctl, err, now=t)
     hostboot.store_reachable(ctl, now=1070.0)

@@ -49,7 +49,7 @@ def _write_images(folder, n: int) -> None:
 
 
 def _status_step(ctl, attempt: int) -> int:
-    st = ctl.read_status()
+    st = ctl.host.read_status()
     return st.get("step") or 0 if st and st.get("attempt") == attempt else 0
 
 

@@ -107,16 +107,16 @@ def test_fleet_keeps_n_hosts_alive_and_replaces_a_reclaimed_one_elsewhere(sdclou
                   lambda k, d: events.append((k, d)), Timing(poll_seconds=1, boot_timeout=60, heartbeat_timeout=60),
                   spec_market="spot")
     progress = Progress(elapsed_hours=0.0, done_hours=0.0, job_hours=1.0, deadline_hours=None)
-    fleet.keep_alive(3, progress, ctl.launch_spec)
+    fleet.keep_alive(3, progress, ctl.launching.launch_spec)
     assert len(cloud.live()) == 3 and len(fleet.open_attempts()) == 3
-    fleet.keep_alive(3, progress, ctl.launch_spec)  # already 3: launches nothing
+    fleet.keep_alive(3, progress, ctl.launching.launch_spec)  # already 3: launches nothing
     assert len(cloud.instances) == 3
     victim = fleet.open_attempts()[0]
     cloud.reclaim(victim.instance_id)
     now = __import__("time").time()
     outcomes = [fleet.check(a, "training", now) for a in fleet.open_attempts()]
     assert sorted(outcomes) == ["ok", "ok", "preempted"]
-    fleet.keep_alive(3, progress, ctl.launch_spec)
+    fleet.keep_alive(3, progress, ctl.launching.launch_spec)
     live = cloud.live()
     assert len(live) == 3
     replacement = max(live, key=lambda i: i.id)

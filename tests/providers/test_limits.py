@@ -106,11 +106,12 @@ def key_problems(provider: str, key: str) -> list[str]:
     return out
 
 
-class _Launch(LaunchInputs):
-    """The controller's launch side with a run of its own, and nothing else of the controller."""
+class _Run:
+    """What the controller's launch side reads of the controller (LaunchOwner), with a run of its
+    own, and nothing else of the controller."""
 
     def __init__(self, spec, run_id, store, store_conf, infra, state):
-        self.spec, self.run_id, self.store, self.store_conf, self._infra, self.state = (
+        self.spec, self.run_id, self.store, self.store_conf, self.infra, self.state = (
             spec, run_id, store, store_conf, infra, state)
         self.total_steps, self.memo, self.events, self._inputs = 100_000, Memo(), [], None
         self.timing = traits(spec.provider).timing
@@ -129,8 +130,12 @@ class _Launch(LaunchInputs):
     def cost_so_far(self) -> float:
         return 123.4567
 
-    def _job_hours(self) -> float:
+    def expected_job_hours(self) -> float:
         return 9999.999
+
+
+def _launch(*args) -> LaunchInputs:
+    return LaunchInputs(_Run(*args))
 
 
 FAMILY_KEYS = {"sd15": "cond_stage_model.transformer.x.weight", "sdxl": "conditioner.embedders.1.x.weight",
@@ -172,7 +177,7 @@ def largest_launch(provider: str, tier: str, trainer: str, tmp_path: Path, home:
     state = StateStore(home / "state.db")
     run_id = new_run_id()
     state.create_run(run_id, tier, {}, 100_000)
-    launch = _Launch(spec, run_id, LocalStore(tmp_path / "bucket"), store_conf, infra, state)
+    launch = _launch(spec, run_id, LocalStore(tmp_path / "bucket"), store_conf, infra, state)
     return launch.launch_spec(999)
 
 

@@ -65,11 +65,11 @@ def test_a_local_folder_is_uploaded_once_by_content_and_restored_on_a_fresh_host
 
     url, store = bucket
     ctl, events = _controller(url, str(tiny_folder), "r-model001")
-    agent = ctl.launch_spec(1).agent_config
+    agent = ctl.launching.launch_spec(1).agent_config
     ref = agent["model"]
     assert ref.startswith("cache:cache/models/local-") and ref.endswith(".tar") and "#" not in ref
     key = ref[len("cache:"):]
-    assert ctl.launch_spec(2).agent_config["model"] == ref  # once per controller
+    assert ctl.launching.launch_spec(2).agent_config["model"] == ref  # once per controller
     (up,) = _uploads(events)
     assert up["cached"] is False and up["key"] == key and up["mb"] > 0 and up["files"] > 3
     assert store.head(key) is not None and not [o for o in store.list("cache/") if o.key.endswith(".part")]
@@ -79,14 +79,14 @@ def test_a_local_folder_is_uploaded_once_by_content_and_restored_on_a_fresh_host
         m.setattr(ctl_models, "content_hash", lambda files: pytest.fail("hashed again"))
         m.setattr(type(store), "put_file", lambda *a, **k: pytest.fail("uploaded again"))
         ctl2, events2 = _controller(url, str(tiny_folder), "r-model002")
-        assert ctl2.model_for_host() == ref
+        assert ctl2.launching.model_for_host() == ref
     (up2,) = _uploads(events2)
     assert up2["cached"] is True and up2["sent"] == 0
 
     # The same bytes under another name are the same cache entry.
     copy = shutil.copytree(tiny_folder, tmp_path / "elsewhere" / "renamed")
     ctl3, events3 = _controller(url, str(copy), "r-model003")
-    assert ctl3.model_for_host() == ref and _uploads(events3)[0]["cached"] is True
+    assert ctl3.launching.model_for_host() == ref and _uploads(events3)[0]["cached"] is True
 
     # The agent on a fresh disk restores it; a diffusers folder stays a folder.
     path, how = models.stage(ref, store, tmp_path / "host1")
@@ -106,7 +106,7 @@ def test_a_single_file_stays_a_file(bucket, tmp_path):
     (tmp_path / "laptop").mkdir()
     ckpt = _single_file(tmp_path / "laptop" / "v1.safetensors")
     ctl, events = _controller(url, str(ckpt), "r-model004")
-    ref = ctl.model_for_host()
+    ref = ctl.launching.model_for_host()
     assert ref.startswith("cache:cache/models/local-") and ref.endswith(".tar#v1.safetensors")
     assert _uploads(events)[0]["files"] == 1
     path, how = models.stage(ref, store, tmp_path / "host")

@@ -123,7 +123,7 @@ def test_the_token_travels_in_the_bucket_and_nowhere_else(tmp_path, sdcloud_home
     state.create_run("r-gated02", "sd35m-lora", spec, 10)
     events: list = []
     ctl = Controller(state, "r-gated02", provider=CloudDouble(), emit=lambda k, d: events.append((k, d)))
-    launch = ctl.launch_spec(1)
+    launch = ctl.launching.launch_spec(1)
     store = open_store({"url": url})
     assert store.get("runs/r-gated02/secrets/hf-token").decode() == ACCEPTED
     assert launch.agent_config["model"] == REPO

@@ -296,7 +296,7 @@ def test_on_aws_the_cloud_driver_carries_a_reclaim_after_the_laptop_is_gone(moto
         ctl.reconcile()
 
         def trained() -> int:
-            st = ctl.read_status()
+            st = ctl.host.read_status()
             return int(st.get("step") or 0) if st and st.get("attempt") == 1 else 0
 
         until = time.time() + 600

@@ -8,10 +8,9 @@ transition is written to the state store before its side effect, so a controller
 point and started again (`sdcloud up --name NAME`, or a detached controller) reconciles and
 carries on; the host agent resumes from the newest complete checkpoint.
 
-Its helpers act through the owner contract (runs/driving/owner.py): hostboot.py (boot failures, store
-faults), oom_move.py, health_view.py and agent_reports.py. What a host is told is
-agent_config.py; the summary is runs/records/summary.py and the background process background.py
-(their names are importable from here too). A resume is a verb (verbs/resume.py).
+It holds its helpers, not mixes them in: `launching` (what a launch carries), `host` (status.json,
+self-ends, the heartbeat), each reading it through a small protocol; hostboot, oom_move, health_view
+and agent_reports act through the owner contract (owner.py). A host is told agent_config.py.
 """
 
 from __future__ import annotations
@@ -52,9 +51,8 @@ from .launching import LaunchInputs
 from .owner import Memo, steps_before
 
 # Names that commands/ and the tests import from here (their homes are the modules above).
-__all__ = ["ACTIVE_RUN_STATES", "Controller", "Timing", "UNATTENDED_POLLS",
-           "agent_config", "budget_spent", "controller_alive", "detach", "main", "new_run_id",
-           "self_end_grace", "store_url", "summary"]
+__all__ = ["ACTIVE_RUN_STATES", "Controller", "Timing", "UNATTENDED_POLLS", "agent_config", "budget_spent",
+           "controller_alive", "detach", "main", "new_run_id", "self_end_grace", "store_url", "summary"]
 
 
 def new_run_id() -> str:
@@ -68,7 +66,8 @@ def store_url(spec: RunSpec, infra: dict | None) -> dict:
     return store_config(spec.provider, spec.store, spec.region, infra)
 
 
-class Controller(LaunchInputs, HostStatus):
+class Controller:
+    """A training run's driver; it holds `launching` (launching.py) and `host` (host_status.py)."""
     def __init__(self, state: StateStore, run_id: str, provider=None, emit: Callable[[Kind, dict], None] | None = None,
                  timing: Timing | None = None, driver: str | None = None):
         self.state = state
@@ -108,6 +107,8 @@ class Controller(LaunchInputs, HostStatus):
         # Exactly one driver acts on the run at a time (the laptop, its daemon, the cloud function).
         self.lease = DriverLease(self.store, self.run_id, self.timing.poll_seconds, driver)
         self.journal.lease = self.lease  # a driver that lost the run writes no more of it to the bucket
+        self.launching = LaunchInputs(self)
+        self.host = HostStatus(self)
         from ..inputs.training import gpus_used
 
         offers = fleet_candidates(_Named(self.provider, self.spec.provider), self.tier, self.spec.market,
@@ -126,7 +127,11 @@ class Controller(LaunchInputs, HostStatus):
         self.state.event(self.run_id, kind, data)
         self.emit(kind, data)
 
-    def _job_hours(self) -> float:
+    @property
+    def infra(self) -> dict:  # the stack's outputs for the run's provider and region ({} without one)
+        return self._infra
+
+    def expected_job_hours(self) -> float:
         rows = [o.row for o in self.candidates if o.row.ondemand_price is not None]
         hours = [h for h in (job_hours(self.tier, r, self.total_steps, book=lessons.run_book(self)) for r in rows) if h]
         return min(hours) if hours else 1.0
@@ -144,7 +149,7 @@ class Controller(LaunchInputs, HostStatus):
     # the policy
     def progress(self) -> Progress:
         run = self.state.get_run(self.run_id)
-        c = self._job_hours()
+        c = self.expected_job_hours()
         done = c * (run["step"] / self.total_steps if self.total_steps else 0.0)
         planned = Progress(elapsed_hours=(time.time() - run["created"]) / 3600.0, done_hours=done, job_hours=c,
                            deadline_hours=self.spec.deadline_hours)
@@ -222,7 +227,7 @@ class Controller(LaunchInputs, HostStatus):
             if asked is not None:
                 stop_requests.clear(self.store, self.run_id)
             return True
-        self.heartbeat()
+        self.host.heartbeat()
         cur = self.current()
         if cur is None:
             self._start_attempt()
@@ -264,7 +269,7 @@ class Controller(LaunchInputs, HostStatus):
         self.state.update_run(self.run_id, state="launching")
         self.memo.launch_offer = offer  # its price bounds the host's lifetime cap (agent config's self_end)
         try:
-            inst = self.fleet.launch(kind, offer, self.launch_spec)
+            inst = self.fleet.launch(kind, offer, self.launching.launch_spec)
         except UserError as exc:
             self.end_run("failed", str(exc))
             raise
@@ -282,7 +287,7 @@ class Controller(LaunchInputs, HostStatus):
                             zone=inst.zone or offer.row.zone)
 
     def _watch(self, cur: Attempt) -> None:
-        status = self.read_status(strict=True)
+        status = self.host.read_status(strict=True)
         if status and status.get("attempt") != cur.n:
             status = None
         if status is None:  # a store that refused the host's writes: the host's own copy, where readable
@@ -366,7 +371,7 @@ class Controller(LaunchInputs, HostStatus):
 
     def _closed(self, cur: Attempt, end: float) -> None:
         """Price every item of an ended attempt (AWS spot from its zone's own price history) into the ledger."""
-        ended_at = self.note_self_end(cur, self.read_status())
+        ended_at = self.host.note_self_end(cur, self.host.read_status())
         if ended_at is not None and ended_at < end:
             # The host ended itself: its billing stopped then, not when the controller noticed.
             self.state.update_attempt(self.run_id, cur.n, end=max(ended_at, cur.start or ended_at))
@@ -412,7 +417,6 @@ class Controller(LaunchInputs, HostStatus):
     def sweep_strays(self) -> None:
         """Terminate instances of this run that no open attempt owns (zero leaked instances)."""
         self.fleet.sweep_strays(keep_open=self.state.get_run(self.run_id)["state"] in ACTIVE_RUN_STATES)
-
 
 
 class _Named:

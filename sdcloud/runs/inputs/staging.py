@@ -133,7 +133,7 @@ def _stage(ctl: Any, drive: str | None) -> dict:
 
         put_for_host(ctl.store, run_id)  # a gated model's token, for the host's fetch only (never recorded)
     settings = _without_secrets({s: config.settings().get(s) or {} for s in sections(spec.provider)})
-    region = (ctl._infra or {}).get("region") or ctl.store_conf.get("region")
+    region = (ctl.infra or {}).get("region") or ctl.store_conf.get("region")
     net = host_network(region, spec.provider, spec.network)
     carried = None
     if traits(spec.provider).is_cloud and net.get("trainer_sources") == "bucket":
