@@ -98,6 +98,18 @@ def authz_log():
 
 
 @pytest.fixture(scope="session")
+def lock_wheels() -> Path:
+    """The host lock's wheels that this machine's environment does not hold at the pinned version,
+    fetched by the suite itself into its cache (~/.cache/sdcloud-tests/lock-wheels, or
+    $SDCLOUD_LOCK_WHEELS), once for all workers (a file lock): the mainland first boot's package
+    mirror serves exactly the lock (tests/support/fake_mainland.py: lock_index), and the README's
+    test command must pass with nothing fetched beforehand."""
+    from tests.support.fake_mainland import fetch_lock_wheels
+
+    return fetch_lock_wheels()
+
+
+@pytest.fixture(scope="session")
 def sshd():
     """A real OpenSSH server on 127.0.0.1 for the SSH provider (tests/support/server_sshd.py), one per
     worker; the tests that need it skip, saying why, where openssh-server is not installed."""
