@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,6 +29,35 @@ if str(ROOT) not in _paths:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *_paths])
 
 
+# -- at another hour (.ci/at-hour; docs/testing.md) --------------------------------------------------
+
+def _faketime_offset() -> float | None:
+    """The offset .ci/at-hour moves the clock by (FAKETIME="+Ns"), when it runs the suite."""
+    if not os.environ.get("SDCLOUD_FAKETIME_LIB"):
+        return None
+    match = re.fullmatch(r"\+?(-?\d+(?:\.\d+)?)s", os.environ.get("FAKETIME", ""))
+    if match is None:
+        raise pytest.UsageError(f"SDCLOUD_FAKETIME_LIB is set but FAKETIME={os.environ.get('FAKETIME')!r} is not an offset "
+                                f"like +3600s (.ci/at-hour sets both)")
+    return float(match.group(1))
+
+
+def _at_another_hour(offset: float) -> None:
+    """libfaketime goes into the processes the tests start, never into pytest's own: this process is
+    already running, so LD_PRELOAD in its environment reaches only its children. Its own clock moves
+    in Python by the same offset (time.time, and sdcloud's calendar clock), so that what it stamps
+    and what the agents it starts stamp agree."""
+    import time as _time
+
+    from sdcloud import clock as sdclock
+
+    os.environ["LD_PRELOAD"] = " ".join(filter(None, [os.environ["SDCLOUD_FAKETIME_LIB"], os.environ.get("LD_PRELOAD")]))
+    real_time, real_time_ns = _time.time, _time.time_ns
+    _time.time = lambda: real_time() + offset
+    _time.time_ns = lambda: real_time_ns() + int(offset * 1e9)
+    sdclock.utc_now = lambda: datetime.fromtimestamp(_time.time(), timezone.utc)
+
+
 # -- parallel workers (pytest-xdist; docs/testing.md) ------------------------------------------------
 
 @pytest.hookimpl(optionalhook=True)
@@ -48,6 +78,11 @@ def pytest_configure_node(node) -> None:
 
 
 def pytest_configure(config) -> None:
+    # At another hour: in each worker, or in this process when it runs the tests itself (-n 0); never
+    # in a controller before it starts its workers, which would inherit LD_PRELOAD.
+    offset = _faketime_offset()
+    if offset is not None and (hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)):
+        _at_another_hour(offset)
     # An xdist worker starts with COLUMNS=80 and LINES=24 in its environment (readline, initialised
     # in a process without a terminal, exports them), which the tests' processes inherit: a warning
     # that a pipe keeps on one line would wrap at 80. Workers take the controller's values instead.
@@ -95,6 +130,18 @@ def authz_log():
     with pytest.MonkeyPatch.context() as mp:
         install(sink(directory, os.environ.get("PYTEST_XDIST_WORKER", "main")), mp.setattr)
         yield directory
+
+
+@pytest.fixture(scope="session")
+def lock_wheels() -> Path:
+    """The host lock's wheels that this machine's environment does not hold at the pinned version,
+    fetched by the suite itself into its cache (~/.cache/sdcloud-tests/lock-wheels, or
+    $SDCLOUD_LOCK_WHEELS), once for all workers (a file lock): the mainland first boot's package
+    mirror serves exactly the lock (tests/support/fake_mainland.py: lock_index), and the README's
+    test command must pass with nothing fetched beforehand."""
+    from tests.support.fake_mainland import fetch_lock_wheels
+
+    return fetch_lock_wheels()
 
 
 @pytest.fixture(scope="session")

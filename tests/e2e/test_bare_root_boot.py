@@ -78,7 +78,8 @@ def _wait_status(store, run_id, attempt, phases, timeout):
 
 
 @pytest.mark.timeout(1500)  # about 4 minutes on an idle 2-core machine; a pip install of torch and the lock
-def test_a_mainland_host_boots_from_the_mirrors_and_the_bucket_alone_then_restores(tmp_path, seaweed, s3_env, capsys):
+def test_a_mainland_host_boots_from_the_mirrors_and_the_bucket_alone_then_restores(tmp_path, seaweed, s3_env, capsys,
+                                                                                   lock_wheels):
     """The first host of a new bucket in a mainland network, then the next run's host.
 
     The hosts' outbound requests go through a proxy that refuses every name (the hub, GitHub,

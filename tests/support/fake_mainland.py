@@ -19,10 +19,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import threading
 from functools import partial
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler
 from pathlib import Path
+from typing import Callable
 from urllib.parse import urlsplit
 
 from tests.support.server_http import LoopbackServer
@@ -149,10 +151,78 @@ def _repack(dist, dest: Path) -> Path:
     return whl
 
 
-# The lock's own wheels, fetched before the suite runs (.ci/run; by hand: `python3 -m pip download
-# --no-deps -d ~/.cache/sdcloud-tests/lock-wheels -r bootstrap/sdcloud_agent/data/env-lock.txt`), for
-# when this checkout's environment has drifted from the lock (a newer release on PyPI since).
+# The lock's own wheels, for when this checkout's environment has drifted from the lock (a newer
+# release on PyPI since): the suite fetches the ones it lacks itself, once, into this cache
+# (`fetch_lock_wheels`, through the session fixture `lock_wheels`); SDCLOUD_LOCK_WHEELS moves it.
 LOCK_WHEELS = Path(os.environ.get("SDCLOUD_LOCK_WHEELS") or Path.home() / ".cache/sdcloud-tests/lock-wheels")
+
+
+def _lock_pins(build: str = "cpu") -> list[tuple[str, str]]:
+    """(name, version) of the lock's own lines (torch, pinned apart, comes from pip's find-links or
+    this environment)."""
+    from sdcloud_agent import boot
+
+    out = []
+    for line in boot.lock_text(build).splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and "==" in line:
+            name, version = line.split("==", 1)
+            out.append((name.strip(), version.strip()))
+    return out
+
+
+def _wheel_of(folder: Path, name: str, version: str) -> Path | None:
+    for whl in folder.glob("*.whl") if folder.is_dir() else ():
+        parts = whl.name.split("-")
+        if _normal(parts[0]) == _normal(name) and parts[1].split("+")[0] == version.split("+")[0]:
+            return whl
+    return None
+
+
+def _installed_as_pinned(name: str, version: str) -> bool:
+    from importlib import metadata
+
+    try:
+        return metadata.distribution(name).version.split("+")[0] == version.split("+")[0]
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def _find_links() -> list[Path]:
+    return [Path(p) for p in os.environ.get("PIP_FIND_LINKS", "").split() if p]
+
+
+def missing_lock_wheels(folder: Path, build: str = "cpu") -> list[str]:
+    """The lock's pins that `lock_index` could not serve: no wheel in `folder` or pip's find-links,
+    and not installed here at the pinned version (which it repacks)."""
+    return [f"{n}=={v}" for n, v in _lock_pins(build)
+            if all(_wheel_of(d, n, v) is None for d in [folder, *_find_links()]) and not _installed_as_pinned(n, v)]
+
+
+def pip_download(pins: list[str], folder: Path) -> None:
+    """The registry's wheels for `pins`, without their dependencies (the lock pins those too)."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+                    "-d", str(folder), *pins], check=True, timeout=1800)
+
+
+def fetch_lock_wheels(folder: Path = LOCK_WHEELS, build: str = "cpu",
+                      download: Callable[[list[str], Path], None] = pip_download) -> Path:
+    """Fills `folder` with the lock's wheels this machine lacks, once for all the suite's workers:
+    under an exclusive file lock the first worker downloads what is missing, and the next finds
+    nothing missing and downloads nothing. A machine whose environment is the lock's downloads
+    nothing at all. A failed download is left for `lock_index` to name."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".fetching", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        missing = missing_lock_wheels(folder, build)
+        if missing:
+            try:
+                download(missing, folder)
+            except (subprocess.SubprocessError, OSError) as exc:
+                print(f"could not fetch the lock's wheels into {folder}: {exc}", file=sys.stderr)
+    return folder
 
 
 def lock_index(folder: Path, build: str = "cpu") -> Path:
@@ -164,7 +234,7 @@ def lock_index(folder: Path, build: str = "cpu") -> Path:
 
     files = folder / "files"
     files.mkdir(parents=True, exist_ok=True)
-    links = [LOCK_WHEELS] + [Path(p) for p in os.environ.get("PIP_FIND_LINKS", "").split() if p]
+    links = [LOCK_WHEELS, *_find_links()]
     wheels = [w for d in links if d.is_dir() for w in d.glob("*.whl")]
     wrong = []
     for name, version in _lock_requirements(build):
@@ -189,7 +259,7 @@ def lock_index(folder: Path, build: str = "cpu") -> Path:
         (page / "index.html").write_text(f'<!DOCTYPE html>\n<a href="../../files/{whl.name}">{whl.name}</a>\n')
     if wrong:
         raise RuntimeError("the host's lock is neither in " + str(LOCK_WHEELS) + " nor installed here as pinned: "
-                           + ", ".join(wrong) + " (fetch them as LOCK_WHEELS says)")
+                           + ", ".join(wrong) + " (the `lock_wheels` fixture fetches them: could it reach the index?)")
     # What the pinned packages require and the lock leaves unpinned (torch's setuptools): pip takes
     # it from the mirror as well, so the index holds this environment's.
     for extra in unpinned_requirements(build):

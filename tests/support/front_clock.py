@@ -22,12 +22,13 @@ import datetime
 import hashlib
 import hmac
 import http.client
+from contextlib import closing
 import re
 import ssl
 import urllib.parse
 
-from tests.support.server_seaweed import TEST_KEYS, read_request_head, relay_response
-from tests.support.server_http import LoopbackServer, stream_handler
+from tests.support.server_seaweed import TEST_KEYS, relay_response
+from tests.support.server_http import requests_from, LoopbackServer, stream_handler
 
 AUTH = re.compile(r"AWS4-HMAC-SHA256\s+Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request,\s*"
                   r"SignedHeaders=([^,]+),\s*Signature=([0-9a-f]+)")
@@ -139,13 +140,8 @@ class Front:
         return self.servers[0].port, self.servers[1].port
 
     def serve(self, rfile, wfile) -> None:
-        upstream = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=300)
-        try:
-            while True:
-                head = read_request_head(rfile)
-                if head is None:
-                    return
-                method, target, headers, lower = head
+        with closing(http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=300)) as upstream:
+            for method, target, headers, lower in requests_from(rfile):
                 if lower.get("expect", "").lower() == "100-continue":
                     wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     wfile.flush()
@@ -159,8 +155,6 @@ class Front:
                 send_body = body if body or method in ("PUT", "POST") else None
                 upstream.request(method, target, body=send_body, headers=fwd)
                 relay_response(upstream.getresponse(), method, wfile)
-        finally:
-            upstream.close()
 
     def serve_forever(self) -> None:
         for server in self.servers:

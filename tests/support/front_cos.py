@@ -41,6 +41,7 @@ Create-only writes, as COS does them (not as S3 does):
 from __future__ import annotations
 
 import http.client
+from contextlib import closing
 import re
 import socket
 import socketserver
@@ -55,8 +56,8 @@ from urllib.parse import parse_qs, urlsplit
 from xml.sax.saxutils import escape
 
 from tests.support import authz_cam
-from tests.support.server_seaweed import TEST_KEYS, read_request_head
-from tests.support.server_http import LoopbackServer, tls_context
+from tests.support.server_seaweed import TEST_KEYS
+from tests.support.server_http import requests_from, LoopbackServer, tls_context
 
 REGIONS = ("ap-guangzhou", "ap-shanghai", "ap-beijing", "ap-singapore")
 COS_BUCKET_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-[0-9]{5,12}$")
@@ -185,13 +186,8 @@ class CosLayer(LoopbackServer):
 
     def _requests(self, tls: ssl.SSLSocket) -> None:
         rfile, wfile = tls.makefile("rb"), tls.makefile("wb")
-        upstream = http.client.HTTPConnection("127.0.0.1", self.seaweed.port, timeout=60)
-        try:
-            while True:
-                head = read_request_head(rfile)
-                if head is None:
-                    return
-                method, path, headers, lower = head
+        with closing(http.client.HTTPConnection("127.0.0.1", self.seaweed.port, timeout=60)) as upstream:
+            for method, path, headers, lower in requests_from(rfile):
                 seen = Seen(method, lower.get("host", ""), path, lower)
                 with self.lock:
                     self.seen.append(seen)
@@ -251,8 +247,6 @@ class CosLayer(LoopbackServer):
                 out.append("\r\n")
                 wfile.write("".join(out).encode("latin-1") + (data if method != "HEAD" else b""))
                 wfile.flush()
-        finally:
-            upstream.close()
 
     def policy_for(self, headers: dict[str, str], path: str) -> str | None:
         """The CAM policy of the request's signing key, or None (an unrestricted key)."""

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import collections
 import http.client
+from contextlib import closing
 import random
 import threading
 import time
 import uuid
 from typing import Callable
 
-from tests.support.server_seaweed import read_request_head
-from tests.support.server_http import LoopbackServer, stream_handler
+from tests.support.server_http import requests_from, LoopbackServer, stream_handler
 
 Refusal = Callable[[str, str, dict], "tuple[int, str] | None"]
 KINDS = ("slowdown", "reset", "truncate", "stall", "late_500")
@@ -91,13 +91,8 @@ class FaultFront(LoopbackServer):
         wfile.flush()
 
     def _requests(self, rfile, wfile) -> None:
-        upstream = http.client.HTTPConnection("127.0.0.1", self.seaweed.port, timeout=60)
-        try:
-            while True:
-                head = read_request_head(rfile)
-                if head is None:
-                    return
-                method, path, headers, lower = head
+        with closing(http.client.HTTPConnection("127.0.0.1", self.seaweed.port, timeout=60)) as upstream:
+            for method, path, headers, lower in requests_from(rfile):
                 with self.lock:
                     self.seen.append(f"{method} {path}")
                 if lower.get("expect", "").lower() == "100-continue":
@@ -141,8 +136,6 @@ class FaultFront(LoopbackServer):
                     return  # the rest never comes
                 wfile.write("".join(out).encode("latin-1") + payload)
                 wfile.flush()
-        finally:
-            upstream.close()
 
 
 def refuse_writes(code: str = "AccessDenied") -> Refusal:

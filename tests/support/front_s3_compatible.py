@@ -11,13 +11,14 @@ request goes on unchanged (its Host header too, so SeaweedFS checks the client's
 from __future__ import annotations
 
 import http.client
+from contextlib import closing
 import tempfile
 import threading
 import uuid
 from pathlib import Path
 
-from tests.support.server_seaweed import read_request_head, relay_response
-from tests.support.server_http import LoopbackServer, stream_handler, tls_context
+from tests.support.server_seaweed import relay_response
+from tests.support.server_http import requests_from, LoopbackServer, stream_handler, tls_context
 
 
 class TrailerRefusingFront(LoopbackServer):
@@ -41,13 +42,8 @@ class TrailerRefusingFront(LoopbackServer):
         return None
 
     def _requests(self, rfile, wfile) -> None:
-        upstream = http.client.HTTPConnection("127.0.0.1", self.seaweed.port, timeout=60)
-        try:
-            while True:
-                head = read_request_head(rfile)
-                if head is None:
-                    return
-                method, path, headers, lower = head
+        with closing(http.client.HTTPConnection("127.0.0.1", self.seaweed.port, timeout=60)) as upstream:
+            for method, path, headers, lower in requests_from(rfile):
                 with self.lock:
                     self.seen.append(f"{method} {path}")
                 why = self.refusal(method, lower)
@@ -69,5 +65,3 @@ class TrailerRefusingFront(LoopbackServer):
                 fwd = {k: v for k, v in headers if k.lower() not in ("expect", "connection")}
                 upstream.request(method, path, body=body if length or method in ("PUT", "POST") else None, headers=fwd)
                 relay_response(upstream.getresponse(), method, wfile)
-        finally:
-            upstream.close()

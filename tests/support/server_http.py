@@ -20,9 +20,9 @@ import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from tests.support.server_seaweed import self_signed_cert
+from tests.support.server_seaweed import read_request_head, self_signed_cert
 
 # What a client that hangs up, or a relay cut short, raises in a front's handler thread: not the
 # front's failure, and a traceback per connection would bury the test's own output.
@@ -113,3 +113,13 @@ class QuietHandler(BaseHTTPRequestHandler):
     def send_json(self, payload: object, status: int = 200) -> None:
         # Exactly `application/json`: the Tencent SDK ignores an error body of any other type.
         self.send_body(status, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+
+
+def requests_from(rfile) -> Iterator[tuple[str, str, list[tuple[str, str]], dict[str, str]]]:
+    """A front's requests on one connection, each head as `read_request_head` gives it, until the
+    client closes the connection."""
+    while True:
+        head = read_request_head(rfile)
+        if head is None:
+            return
+        yield head

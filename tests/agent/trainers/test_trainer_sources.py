@@ -28,7 +28,6 @@ from sdcloud_agent.trainers.kohya import KohyaTrainer
 
 from tests.support import SUPPORT
 
-TESTS = Path(__file__).parent
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
 
