@@ -326,8 +326,6 @@ CLOUD_WORDS = frozenset({*PROVIDER_NAMES, "s3", "cos", "lambda", "scf", "ec2", "
 IMPORT_MODULE_ALLOWED = {
     "sdcloud/providers/": "the providers' loader (providers/loader.py) and their registry (traits.py)",
     "sdcloud/cli.py": "the CLI loads each command's module when it is run (`sdcloud --help` imports no SDK)",
-    "sdcloud/runs/unattended.py": "BATCH_STEPS: runs cannot import batch, which imports runs; it goes when the "
-                                  "cloud driver's entry moves to its own package above both (issue 45)",
 }
 # A cloud word that is something else where it stands, by (module, word), and what it is there.
 CLOUD_WORDS_ALLOWED = {

@@ -91,26 +91,22 @@ class Controller:
         self.memo = Memo.read_back(state, self.run_id)  # the resumes already announced
         self._stop_reason: str | None = None
         self._infra = state.infra(self.spec.provider, self.spec.region or "") or {}
+        from ..inputs.training import gpus_used
+        from ..records.journal import Journal
+        from ..records.lease import DriverLease
+        from ..records.store import open_run_store
         from ..records.store_of import run_store_conf
 
         # The spec's and stack's bucket, or the URL this machine reached the run by (status --store).
         self.store_conf = run_store_conf(self.spec, self._infra, self.run_id)
-        from ..records.store import open_run_store
-
         self.store = open_run_store(self.store_conf)
-        from ..records.journal import Journal
-
         # The run's history in its bucket, after every step: any machine rebuilds state.db from it.
         self.journal = Journal(state, self.store, self.run_id)
-        from ..records.lease import DriverLease
-
         # Exactly one driver acts on the run at a time (the laptop, its daemon, the cloud function).
         self.lease = DriverLease(self.store, self.run_id, self.timing.poll_seconds, driver)
         self.journal.lease = self.lease  # a driver that lost the run writes no more of it to the bucket
         self.launching = LaunchInputs(self)
         self.host = HostStatus(self)
-        from ..inputs.training import gpus_used
-
         offers = fleet_candidates(_Named(self.provider, self.spec.provider), self.tier, self.spec.market,
                                   max_price=self.spec.max_price, region=self.spec.region, job_size=self.total_steps,
                                   events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self))
