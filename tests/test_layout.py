@@ -489,3 +489,16 @@ def test_kinds_are_compared_as_members_not_words():
     assert not bad, "\n".join(bad)
     assert len(kind_word_compares('if r["spec"].get("kind") == "batch": pass\nx = k in ("train", "batch")\n'
                                   'ok = RunKind.of(r) is RunKind.BATCH\n', "m.py")) == 2
+
+
+def test_docs_architecture_names_every_module():
+    """A newcomer finds every module in docs/architecture.md: by its file name, or by its name as a
+    word in its folder's entry ("builtin/ (sdcloud's trainer: protocol, arguments, ...)")."""
+    import re
+
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    missing = [str(p.relative_to(ROOT)) for base in ("sdcloud", "bootstrap/sdcloud_agent")
+               for p in sorted((ROOT / base).rglob("*.py"))
+               if p.name != "__init__.py" and "stacks" not in p.relative_to(ROOT / base).parts
+               and p.name not in doc and not re.search(rf"\b{re.escape(p.stem)}\b", doc)]
+    assert not missing, f"name these in docs/architecture.md: {missing}"
