@@ -395,8 +395,9 @@ def _refresh(state, run: dict) -> dict:
     from ..runs.store import StoreError
     from ..runs.store_of import refresh, store_of
 
+    store = store_of(run)  # a bucket this machine has no keys for: one line, exit 2 (nothing resumes without it)
     try:
-        refresh(state, store_of(run), run["id"])
+        refresh(state, store, run["id"])
     except (UserError, StoreError, OSError) as exc:
         note(f"could not read run {run['id']}'s journal in its bucket ({str(exc).splitlines()[0][:200]}); "
              "going by this machine's copy")
