@@ -307,7 +307,10 @@ def schedule_add(cron: str, tz: str | None, **kw) -> None:
     jobs.validate(opts)
     if kw["provider"] in cloud_schedules.cloud_providers():
         res = cloud_schedules.add(cron, tz, opts)
-        note(f"{res['id']}: {res['kind']} {res['name']} on {res['provider']}, {res['expression']} in {res['tz']}")
+        note(f"{res['id']}: {res['kind']} {res['name']} on {res['provider']}, {res['expression']} for {res['cron']} "
+             f"in {res['tz']}")
+        if res.get("warning"):
+            note(f"warning: {res['warning']}", wrap=True)
         click.echo(res["id"])
         return
     sid = schedules.Schedules().add(cron, tz, kw | {"prompts": str(Path(kw["prompts"]).expanduser().resolve())})

@@ -13,7 +13,9 @@ the static import walk in tests/test_function_package.py):
   `sdcloud-<version>-py3-none-any.whl` would install them, with its dist-info;
 - DEPENDENCIES and what they require (their Requires-Dist without extras): boto3 for the bucket and
   EC2, tenacity for the providers' retries, the Tencent Cloud SDK's common and CVM packages for
-  the Tencent provider, PyYAML for run specs, tomli for SCF's Python 3.10. The handler's import
+  the Tencent provider, PyYAML for run specs, tomli for SCF's Python 3.10, tzdata for a schedule's
+  fire (zoneinfo reads the system's zone files first, and a function's image need not have them:
+  without tzdata a fire in Europe/Berlin would fail with ZoneInfoNotFoundError). The handler's import
   closure reaches nothing else: torch, diffusers, numpy, matplotlib, paramiko, rich and click are
   imported lazily, by the trainers, reports, SSH provider and CLI, none of which a step calls.
   awscrt is left out too: without it the transfer module falls back to s3transfer;
@@ -56,7 +58,7 @@ BASE_VERSION = "0.1.0"
 REQUIRES_PYTHON = ">=3.10"
 # The handler's third-party imports on a step (see the module docstring); their own requirements follow.
 DEPENDENCIES = ("boto3>=1.36", "tenacity>=8.2", "tencentcloud-sdk-python-common>=3.0.1000",
-                "tencentcloud-sdk-python-cvm>=3.0.1000", "pyyaml>=6", "tomli>=2")
+                "tencentcloud-sdk-python-cvm>=3.0.1000", "pyyaml>=6", "tomli>=2", "tzdata>=2024.1")
 # The entry points each platform calls.
 LAMBDA_HANDLER = "sdcloud.runs.unattended.handler"
 SCF_HANDLER = "sdcloud_driver.main_handler"

@@ -52,8 +52,14 @@ def safety_seconds(driver: str) -> float:
     return own[0] if own else max(f.safety_seconds for f in functions)
 
 
+def scf_timer(event: object) -> bool:
+    """An SCF timer's event: its `Type` is `Timer` in some of Tencent's documents and `timer` in others
+    (and `timer` is the trigger's type in the API), so any case is taken."""
+    return isinstance(event, dict) and str(event.get("Type", "")).lower() == "timer"
+
+
 def _driver_name(event: dict) -> str:
-    if isinstance(event, dict) and event.get("Type") == "Timer":
+    if scf_timer(event):
         return "tencent-scf"
     return "aws-lambda"
 
