@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 
 from .. import config
 from ..errors import UserError
-from ..providers.traits import has_function, has_stack, names
+from ..providers.traits import has_function, has_stack, names, traits
 
 # The providers with a stack under stacks/ (traits(name).stack).
 PROVIDERS = names(where=has_stack)
@@ -354,7 +354,18 @@ def _prepare(provider: str, region: str, options: InfraOptions | None) -> tuple[
     pulumi_root()
     opts = (options or InfraOptions()).resolved()
     _validate(provider, opts)
+    _account_check(provider, region, opts)
     return _stack(provider, region), opts
+
+
+def _account_check(provider: str, region: str, options: InfraOptions) -> None:
+    """What the account must have for the stack (the provider's traits.infra_check), before anything
+    is deployed: one line. Only where the cloud driver is deployed (`extra` driverPackage="" leaves it out)."""
+    import importlib
+
+    module = traits(provider).infra_check
+    if module and provider in DRIVER_PROVIDERS and options.extra.get("driverPackage", None) != "":
+        importlib.import_module(module).check(region)
 
 
 def up(provider: str, region: str, options: InfraOptions | None = None, on_output: Echo | None = None) -> dict:
