@@ -233,8 +233,9 @@ def cancel(job: str, as_json: bool) -> None:
     from ..batch import jobs
 
     before = jobs.find_job(job)["state"]
+    live = jobs.open_hosts(job)  # counted before the cancel: its driver may end them at once
     res = jobs.cancel(job)
-    res["hosts_ended"] = jobs.end_hosts(res["job"])
+    res["hosts_ended"] = jobs.end_hosts(res["job"], open_before=live)
     if as_json:
         emit_json(res)
         return
