@@ -11,10 +11,10 @@ from .common import complete_runs, find_run, state_store
 
 @click.command()
 @output_options
-@click.argument("run", required=False, metavar="RUN", shell_complete=complete_runs)
+@click.argument("run", required=False, metavar="[RUN]", shell_complete=complete_runs)
 @click.option("--all", "all_runs", is_flag=True, help="Every unfinished run.")
 @click.option("--yes", is_flag=True, help="Do not ask before stopping every run (--all).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: each run and its state after the stop.")
 def down(run: str | None, all_runs: bool, yes: bool, as_json: bool) -> None:
     """Stop a run (or all runs): the host saves a checkpoint and every instance is terminated."""
     from ..runs.state import ACTIVE_RUN_STATES

@@ -221,7 +221,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
               help="A flag for the trainer (repeatable), e.g. --trainer-arg instance_prompt='a photo of sks dog'.")
 @click.option("--steps", metavar="N", help="Training steps (default: the tier's reference job).")
 @click.option("--checkpoint-every", metavar="N", help="Save a checkpoint every N steps.")
-@click.option("--store", metavar="URL", help="Bucket URL for checkpoints instead of the stack's (s3://BUCKET/PREFIX or file:///DIR).")
+@click.option("--store", metavar="URL", help="Bucket URL for checkpoints instead of the stack's (s3://BUCKET/PREFIX, cos://BUCKET-APPID/PREFIX or file:///DIR).")
 @click.option("--simulate-preemption", metavar="SECONDS", help="Local provider: announce a reclaim this many seconds after the first attempt starts training.")
 @click.option("--self-end-grace", metavar="DURATION",
               help="How long a finished host waits for this controller before it ends itself (default 10m; 0: at once).")
