@@ -159,3 +159,23 @@ def self_end_grace() -> float:
     from .durations import parse_seconds
 
     return parse_seconds(raw["self_end_grace"], "config.toml [hosts] self_end_grace")
+
+
+# A setting whose name holds one of these words, or whose value starts like a known credential, is a
+# secret: shown masked (config show), never written to state, journal, log or report.
+SECRET_KEY_WORDS = ("token", "secret", "password", "access_key", "credential", "private_key")
+SECRET_VALUE_PREFIXES = ("hf_", "AKIA", "ASIA", "-----BEGIN")
+
+
+def looks_secret(key: str, value: object) -> bool:
+    return any(w in key.lower() for w in SECRET_KEY_WORDS) or (
+        isinstance(value, str) and value.startswith(SECRET_VALUE_PREFIXES))
+
+
+def masked(value: object) -> str:
+    """A secret as it may be shown: its kind prefix (`hf_`) and its last four characters, enough for
+    the user to tell which token is in effect, e.g. `hf_…abcd`; a short one shows nothing of itself."""
+    text = str(value)
+    prefix = next((p for p in ("hf_", "AKIA", "ASIA") if text.startswith(p)), "")
+    rest = text[len(prefix):]
+    return f"{prefix}…{rest[-4:]}" if len(rest) >= 12 else f"{prefix}…"

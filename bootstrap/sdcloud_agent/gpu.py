@@ -122,6 +122,11 @@ def utilisation(run: Callable = subprocess.run) -> float | None:
 # runs newer 12.x builds (NVIDIA's minor version compatibility), so a 12.0-12.5 driver (Tencent's
 # 525/535 images) still gets cu126. Check this list against the index when the pin changes.
 TORCH_CUDA_BUILDS = (((12, 6), "cu126"), ((13, 0), "cu130"))
+# The lowest compute capability each build carries kernels for (the same matrix, release 2.11 on:
+# CUDA 12.6.3 builds Maxwell 5.0, Pascal 6.0, Volta 7.0 up to Hopper; CUDA 12.8 and 13.0 start at
+# Turing 7.5, as CUDA 13 itself cannot target older GPUs). So a V100 (7.0: AWS p3, Tencent GN10Xp)
+# takes cu126 even under a CUDA 13 driver: cu130 would install and then find no kernel to run.
+BUILD_MIN_CAPABILITY = {"cu126": 5.0, "cu130": 7.5}
 TORCH_INDEX = "https://download.pytorch.org/whl/"
 
 
@@ -137,19 +142,24 @@ def driver_cuda(nvidia_smi_text: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def torch_build(cuda: tuple[int, int] | None) -> str:
-    """The wheel index tag for this driver: `cu126`, `cu130`, or `cpu` without a GPU. Raises ValueError
-    for a driver too old for every build."""
+def torch_build(cuda: tuple[int, int] | None, capability: float | None = None) -> str:
+    """The wheel index tag for this driver and GPU: `cu126`, `cu130`, or `cpu` without a GPU: the
+    newest build the driver runs that has kernels for the GPU's compute capability (None: unknown,
+    any). Raises ValueError for a driver too old for every build, or a GPU no build has kernels for."""
     if cuda is None:
         return "cpu"
-    fitting = [tag for version, tag in TORCH_CUDA_BUILDS if version <= cuda]
+    builds = [(v, tag) for v, tag in TORCH_CUDA_BUILDS if capability is None or capability >= BUILD_MIN_CAPABILITY[tag]]
+    if not builds:
+        raise ValueError(f"no torch build of {', '.join(t for _, t in TORCH_CUDA_BUILDS)} has kernels for a GPU "
+                         f"of compute capability {capability:g}: use a newer GPU")
+    fitting = [tag for version, tag in builds if version <= cuda]
     if fitting:
         return fitting[-1]
-    same_major = [tag for version, tag in TORCH_CUDA_BUILDS if version[0] == cuda[0]]
+    same_major = [tag for version, tag in builds if version[0] == cuda[0]]
     if same_major:
         return same_major[0]
     raise ValueError(f"the NVIDIA driver supports CUDA {cuda[0]}.{cuda[1]}, older than every torch build "
-                     f"({', '.join(t for _, t in TORCH_CUDA_BUILDS)}); use an image with a newer driver")
+                     f"for this GPU ({', '.join(t for _, t in builds)}); use an image with a newer driver")
 
 
 def host_torch_build(run: Callable = subprocess.run) -> str:
@@ -159,4 +169,15 @@ def host_torch_build(run: Callable = subprocess.run) -> str:
         out = run(["nvidia-smi"], capture_output=True, text=True, timeout=60).stdout
     except (subprocess.SubprocessError, OSError):
         return "cpu"
-    return torch_build(driver_cuda(out))
+    return torch_build(driver_cuda(out), lowest_capability(run))
+
+
+def lowest_capability(run: Callable = subprocess.run) -> float | None:
+    """The lowest compute capability among the host's GPUs (the build must run on each), or None."""
+    try:
+        out = run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                  text=True, timeout=30).stdout
+        caps = [float(x) for x in out.split()]
+    except (subprocess.SubprocessError, OSError, ValueError):
+        return None
+    return min(caps) if caps else None

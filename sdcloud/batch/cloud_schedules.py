@@ -103,8 +103,9 @@ def add(cron: str, tz: str, opts: Any) -> dict:
     except Exception:
         store.delete([schedule_key(sid), prompts_key(sid)])  # nothing left behind for a schedule not made
         raise
+    warning = f"{module.ZONE_NOTE}; {cron} in {tz} is {expression} there" if module.ZONE_NOTE else None
     return {"id": sid, "provider": opts.provider, "kind": module.KIND, "name": name, "expression": expression,
-            "tz": tz, "cron": cron}
+            "tz": tz, "cron": cron, "warning": warning}
 
 
 def listed() -> list[dict]:

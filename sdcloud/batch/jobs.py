@@ -26,7 +26,7 @@ from .submit import (BATCH_TIERS, SubmitOptions, job_prefix, lora_identity, stor
 
 # The names callers and tests import from here, wherever they live now.
 __all__ = ["BATCH_TIERS", "SubmitOptions", "cancel", "detach", "end_hosts", "find_job", "job_over", "job_prefix",
-           "job_store", "list_jobs", "lora_identity", "progress", "pull", "run_job", "run_local", "store_conf", "submit",
+           "job_store", "list_jobs", "lora_identity", "open_hosts", "progress", "pull", "run_job", "run_local", "store_conf", "submit",
            "validate", "verify_job"]
 
 
@@ -64,14 +64,23 @@ def cancel(job_id: str, reason: str = "cancelled by sdcloud batch cancel") -> di
 DRIVER_STOP_SECONDS = 30.0
 
 
-def end_hosts(job_id: str, wait_s: float | None = None) -> int:
+def open_hosts(job_id: str) -> set[int]:
+    """The job's hosts (attempt numbers) not ended yet, as this machine's state has them."""
+    return {a.n for a in state_store().attempts(find_job(job_id)["id"]) if a.state != "ended"}
+
+
+def end_hosts(job_id: str, wait_s: float | None = None, open_before: set[int] | None = None) -> int:
     """After a cancel: give a live driver `wait_s` to stop, then SIGTERM it; end whatever hosts are
-    still open here (local worker processes, cloud instances through the fleet). Returns how many."""
+    still open here (local worker processes, cloud instances through the fleet). Returns how many of
+    the hosts open before (`open_before`: before the cancel, else now) are ended now, whoever ended
+    them: a live driver ends its own workers on the cancel, and those count too (a count of only the
+    ones left for this function said "0 hosts ended" for a job with two live workers)."""
     import signal
 
     from ..runs.driving.background import controller_alive
 
     state = state_store()
+    before = set(open_before or ()) | {a.n for a in state.attempts(job_id) if a.state != "ended"}
     row = state.get_run(job_id)
     if controller_alive(row):
         until = time.time() + (DRIVER_STOP_SECONDS if wait_s is None else wait_s)
@@ -88,7 +97,7 @@ def end_hosts(job_id: str, wait_s: float | None = None) -> int:
                 time.sleep(0.2)
     open_ = [a for a in state.attempts(job_id) if a.state != "ended"]
     if not open_:
-        return 0
+        return _ended_of(state, job_id, before)
     # What ended the hosts, as the cost report's "ended by" says it.
     reason = "cancelled" if row["state"] == "cancelled" else "stopped"
     if on_this_machine(row["spec"].get("provider", "local")):
@@ -106,7 +115,11 @@ def end_hosts(job_id: str, wait_s: float | None = None) -> int:
         ctl = BatchController(state, job_id)
         for cur in ctl.fleet.open_attempts():
             ctl.fleet.end(cur, reason)
-    return len(open_)
+    return _ended_of(state, job_id, before)
+
+
+def _ended_of(state: Any, job_id: str, hosts: set[int]) -> int:
+    return sum(1 for a in state.attempts(job_id) if a.n in hosts and a.state == "ended")
 
 
 

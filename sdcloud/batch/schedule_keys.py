@@ -32,7 +32,8 @@ def fire_of(event: Any) -> dict | None:
         return None
     body: Any = event
     when = event.get("time")
-    if event.get("Type") == "Timer":  # SCF: the trigger's custom argument arrives as Message
+    # SCF: the trigger's custom argument arrives as Message. `Timer` or `timer`: Tencent's documents show both.
+    if str(event.get("Type", "")).lower() == "timer":
         try:
             body = json.loads(event.get("Message") or "{}")
         except ValueError:

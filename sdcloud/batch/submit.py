@@ -86,7 +86,7 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
         _check_family(opts.model, opts.tier)
     # --lora: a run id (r-...), else a file, else a run's name (what `sdcloud status` shows).
     is_file = bool(opts.lora) and not opts.lora.startswith("r-") and Path(opts.lora).expanduser().is_file()
-    lora_run = resolve_lora_run(opts.lora) if opts.lora and not is_file else None
+    lora_run = resolve_lora_run(opts.lora, opts.tier) if opts.lora and not is_file else None
     prompts = parse_prompts(opts.prompts, BATCH_TIERS[opts.tier], opts.images_per_prompt, model=opts.model,
                             settings={"width": opts.width, "height": opts.height, "steps": opts.steps})
     opts.prompt_list = prompts  # the submit line states their settings (commands/batch.py)
@@ -153,7 +153,23 @@ class LoraRun:
     identity: str       # what the image keys record: r-...@sha256:<16 hex of the file>
 
 
-def resolve_lora_run(run_id: str) -> LoraRun:
+def _check_lora_family(run: dict, lora: str, tier: str) -> None:
+    """A run's LoRA is of the family its tier trains (the tier's model family was checked at `up`):
+    another family than the batch tier renders with would load into no layer of its model, and the
+    images would come out as if without it, with `verify` saying ok."""
+    from ..offers.tiers import all_tiers, get_tier
+
+    if run.get("tier") not in all_tiers():
+        return  # a tier this version does not know: nothing to compare
+    family = get_tier(run["tier"]).family
+    want = BATCH_TIERS[tier]
+    if family != want and not (want == "sd15" and family == "sd2"):
+        fitting = next((t for t, f in BATCH_TIERS.items() if f == family), None)
+        raise UserError(f"--lora {lora}: run {run['id']} trained an {family} LoRA (tier {run['tier']}), but {tier} "
+                        f"renders with {want}" + (f"; use --tier {fitting}" if fitting else "; use a LoRA of that family"))
+
+
+def resolve_lora_run(run_id: str, tier: str | None = None) -> LoraRun:
     """`--lora r-...` or `--lora NAME`: that training run, succeeded, and its LoRA artifact in the run's bucket.
 
     Resolved here, at submit, not on the hosts: only this machine knows the run's state and its
@@ -169,6 +185,8 @@ def resolve_lora_run(run_id: str) -> LoraRun:
         raise UserError(f"--lora {run_id}: {what}; see: sdcloud status")
     if run["state"] != "succeeded":
         raise UserError(f"--lora {run_id}: the run is {run['state']}, not succeeded; its LoRA is not final")
+    if tier is not None:
+        _check_lora_family(run, run_id, tier)
     store, _url = artifacts._store_and_url(run)
     key = f"runs/{run['id']}/artifacts/{RUN_LORA}"
     try:

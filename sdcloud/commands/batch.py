@@ -11,10 +11,14 @@ import click
 from ..render import emit_json, note, output_options, table, wide_option
 from .common import USD, USD_PER_HOUR
 
+# Every batch tier, for the help texts (batch/submit.py BATCH_TIERS holds their families; a test keeps
+# the two the same without importing the batch domain to render --help).
+BATCH_TIER_NAMES = ("batch-sd15", "batch-sdxl", "batch-sd35")
+
 
 def submit_options(f):
     opts = [
-        click.option("--tier", required=True, metavar="TIER", help="batch-sd15 or batch-sdxl"),
+        click.option("--tier", required=True, metavar="TIER", help=", ".join(BATCH_TIER_NAMES)),
         click.option("--model", required=True, metavar="MODEL", help="base model (a hub id or a local folder on the host)"),
         click.option("--lora", default=None, metavar="RUN|FILE", help="a training run (its id or name, see sdcloud status) or a LoRA file"),
         click.option("--prompts", "prompts", required=True, type=click.Path(dir_okay=False), metavar="FILE",
@@ -33,7 +37,8 @@ def submit_options(f):
         click.option("--provider", default="local", show_default=True, metavar="PROVIDER",
                      help="local, ssh, aws or tencent"),
         click.option("--name", default=None, metavar="NAME", help="a name to use instead of the job id"),
-        click.option("--store", default=None, metavar="URL", help="s3://BUCKET/PREFIX (default: the provider's run bucket)"),
+        click.option("--store", default=None, metavar="URL",
+                     help="s3://BUCKET/PREFIX, cos://BUCKET-APPID/PREFIX or file:///DIR (default: the provider's run bucket)"),
         click.option("--max-failed-boots", type=int, default=None, metavar="N",
                      help="failed host boots in a row that end the job (default 3)"),
         click.option("--generator", type=click.Choice(["diffusers", "fake"]), default="diffusers", hidden=True),
@@ -119,7 +124,7 @@ def batch() -> None:
 @output_options
 @submit_options
 @click.option("--detach", is_flag=True, help="return at once; the job runs in the background")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the job id and what was submitted.")
 def submit(detach: bool, as_json: bool, **kw) -> None:
     """Validate the prompts, write the work items and start the workers; prints the job id."""
     from ..batch import jobs
@@ -150,7 +155,7 @@ def submit(detach: bool, as_json: bool, **kw) -> None:
 @batch.command("list")
 @output_options
 @wide_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: one object per job.")
 def list_(as_json: bool) -> None:
     """List batch jobs."""
     from ..batch import jobs
@@ -168,7 +173,7 @@ def list_(as_json: bool) -> None:
 @output_options
 @wide_option
 @click.argument("job")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the job's progress and cost.")
 def status(job: str, as_json: bool) -> None:
     """Images done, images/s, ETA and cost so far."""
     from ..batch import jobs
@@ -227,14 +232,15 @@ def watch(job: str, interval: float) -> None:
 @batch.command()
 @output_options
 @click.argument("job")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the job's state and the hosts ended.")
 def cancel(job: str, as_json: bool) -> None:
     """Stop a job for good: workers stop claiming, hosts stop; the images made stay in its bucket."""
     from ..batch import jobs
 
     before = jobs.find_job(job)["state"]
+    live = jobs.open_hosts(job)  # counted before the cancel: its driver may end them at once
     res = jobs.cancel(job)
-    res["hosts_ended"] = jobs.end_hosts(res["job"])
+    res["hosts_ended"] = jobs.end_hosts(res["job"], open_before=live)
     if as_json:
         emit_json(res)
         return
@@ -251,7 +257,7 @@ def cancel(job: str, as_json: bool) -> None:
 @click.argument("job")
 @click.argument("dest", required=False)
 @click.option("--force", is_flag=True, help="Write into a folder that holds other files (same names are replaced).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the images fetched and where.")
 def pull(job: str, dest: str | None, force: bool, as_json: bool) -> None:
     """Download the images, index.jsonl and the gallery (index.html) into DIR (default: ./JOB).
 
@@ -265,7 +271,7 @@ def pull(job: str, dest: str | None, force: bool, as_json: bool) -> None:
 @batch.command()
 @output_options
 @click.argument("job")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the verdict and its counts.")
 def verify(job: str, as_json: bool) -> None:
     """Check that every item's images exist exactly once and match the index.
 
@@ -307,7 +313,10 @@ def schedule_add(cron: str, tz: str | None, **kw) -> None:
     jobs.validate(opts)
     if kw["provider"] in cloud_schedules.cloud_providers():
         res = cloud_schedules.add(cron, tz, opts)
-        note(f"{res['id']}: {res['kind']} {res['name']} on {res['provider']}, {res['expression']} in {res['tz']}")
+        note(f"{res['id']}: {res['kind']} {res['name']} on {res['provider']}, {res['expression']} for {res['cron']} "
+             f"in {res['tz']}")
+        if res.get("warning"):
+            note(f"warning: {res['warning']}", wrap=True)
         click.echo(res["id"])
         return
     sid = schedules.Schedules().add(cron, tz, kw | {"prompts": str(Path(kw["prompts"]).expanduser().resolve())})
@@ -317,7 +326,7 @@ def schedule_add(cron: str, tz: str | None, **kw) -> None:
 @schedule.command("list")
 @output_options
 @wide_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: one object per schedule.")
 def schedule_list(as_json: bool) -> None:
     """This machine's schedules, and those on the clouds whose stacks it knows."""
     from ..batch import cloud_schedules, schedules

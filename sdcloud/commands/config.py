@@ -9,6 +9,17 @@ import click
 from ..render import emit_json, output_options, table, wide_option
 
 
+def _unsecret(name: str, value: object) -> object:
+    """The value with every secret in it masked (a table such as [infra.extra] may hold one)."""
+    from .. import config as cfg
+
+    if isinstance(value, dict):
+        return {k: _unsecret(f"{name}.{k}", v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unsecret(name, v) for v in value]
+    return cfg.masked(value) if cfg.looks_secret(name, value) else value
+
+
 @click.group()
 def config() -> None:
     """Show the settings in effect ($SDCLOUD_HOME/config.toml and the environment)."""
@@ -47,13 +58,21 @@ def show(as_json: bool) -> None:
         value = float(given[s.key]) if s.key in given else s.default
         rows.append((f"{s.section}.{s.key}", f"{value:g}{s.unit}",
                      f"config.toml [{s.section}]" if s.key in given else "built-in default"))
-    # Every other setting in config.toml, as written, so that nothing set there is left out.
+    # The Hugging Face token in effect (a gated model's download), masked: which one, never itself.
+    from ..runs.inputs.hub_access import ENV_VARS, token
+
+    hf = token()
+    hf_source = next((v for v in ENV_VARS if os.environ.get(v, "").strip()), None) or (
+        "config.toml [huggingface]" if hf else "not set")
+    rows.append(("huggingface.token", cfg.masked(hf) if hf else "", hf_source))
+    # Every other setting in config.toml, as written, so that nothing set there is left out; a secret masked.
     shown = {name for name, _, _ in rows}
     for section, table_ in settings.items():
         for key, value in (table_.items() if isinstance(table_, dict) else [("", table_)]):
             name = f"{section}.{key}" if key else section
             if name not in shown and section != "defaults" and section not in {s.section for s in declared}:
-                rows.append((name, str(value), f"config.toml [{section}]" if key else "config.toml"))
+                text = str(_unsecret(name, value))
+                rows.append((name, text, f"config.toml [{section}]" if key else "config.toml"))
     if as_json:
         emit_json({name: {"value": value, "source": source} for name, value, source in rows})
         return

@@ -6,14 +6,15 @@ from pathlib import Path
 
 import click
 
-from ..render import emit_json
+from ..render import emit_json, output_options
 
 
 @click.command()
-@click.argument("run")
-@click.argument("dest", required=False)
+@output_options
+@click.argument("run", metavar="RUN")
+@click.argument("dest", required=False, metavar="[DIR]")
 @click.option("--force", is_flag=True, help="Write into a folder that holds other files (same names are replaced).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the files fetched and where.")
 def pull(run: str, dest: str | None, force: bool, as_json: bool) -> None:
     """Download a run's artifacts (the LoRA files, README) into DIR (default: ./RUN).
 

@@ -236,7 +236,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
               help="A flag for the trainer (repeatable), e.g. --trainer-arg instance_prompt='a photo of sks dog'.")
 @click.option("--steps", metavar="N", help="Training steps (default: the tier's reference job).")
 @click.option("--checkpoint-every", metavar="N", help="Save a checkpoint every N steps.")
-@click.option("--store", metavar="URL", help="Bucket URL for checkpoints instead of the stack's (s3://BUCKET/PREFIX or file:///DIR).")
+@click.option("--store", metavar="URL", help="Bucket URL for checkpoints instead of the stack's (s3://BUCKET/PREFIX, cos://BUCKET-APPID/PREFIX or file:///DIR).")
 @click.option("--simulate-preemption", metavar="SECONDS", help="Local provider: announce a reclaim this many seconds after the first attempt starts training.")
 @click.option("--self-end-grace", metavar="DURATION",
               help="How long a finished host waits for this controller before it ends itself (default 10m; 0: at once).")
@@ -273,13 +273,10 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
         if fields.get(key) is None and key not in in_file:
             fields[key] = value
     spec = build_spec(_local_path(opts.runfile), fields)
-    if unattended:
-        from ..providers.traits import traits
+    if unattended:  # before anything is asked, created or recorded: the driver must be deployed already
+        from ..verbs.handover import check_cloud_driver
 
-        if traits(spec.provider).function is None:  # before anything is asked or recorded
-            from ..verbs.handover import check_cloud_driver
-
-            check_cloud_driver(spec, None)
+        check_cloud_driver(spec, _cached_infra(state, spec))
     existing = state.get_run(spec.name) if spec.name else None
     if existing and existing["state"] in ("stopped", "failed"):
         _resume(state, existing, fields, opts.runfile, opts.detach, opts.as_json)
@@ -295,6 +292,17 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
     if unattended:
         return _hand_over(state, run_id, opts.as_json)
     drive(state, run_id, opts.detach, opts.as_json)
+
+
+def _cached_infra(state, spec) -> dict | None:
+    """The stack outputs this machine has for the run's provider and region (None: none deployed from
+    here, or a provider without a cloud driver, which check_cloud_driver names first)."""
+    from ..providers.traits import default_region, traits
+
+    if traits(spec.provider).function is None:
+        return None
+    return state.infra(spec.provider, spec.region or "") or state.infra(
+        spec.provider, spec.region or default_region(spec.provider))
 
 
 def _new_run(state, spec, yes: bool, unattended: bool = False) -> str:
@@ -320,7 +328,7 @@ def _new_run(state, spec, yes: bool, unattended: bool = False) -> str:
         check_own_hosts(spec, tier_obj, total, prov.offers(tier_obj, spec.market))
     # Only once the input is known good: a refused run prints its one line and nothing else.
     _warn_if_prices_old(spec.provider)
-    if kind.stack is not None and not spec.store:
+    if kind.stack is not None and not spec.store and not unattended:  # unattended: the deployed stack, checked
         from ..infra.automation import ensure_infra
 
         outputs = ensure_infra(spec.provider, spec.region or default_region(spec.provider),
@@ -329,7 +337,10 @@ def _new_run(state, spec, yes: bool, unattended: bool = False) -> str:
     if unattended:
         from ..verbs.handover import check_cloud_driver
 
-        check_cloud_driver(spec, state.infra(spec.provider, spec.region or ""))
+        infra = _cached_infra(state, spec)
+        check_cloud_driver(spec, infra)
+        if infra is not None:  # where the controller looks for it, as ensure_infra's outputs are kept
+            state.save_infra(spec.provider, spec.region or "", infra)
     if kind.is_cloud and not yes:
         if not sys.stdin.isatty():
             raise UserError("launching paid cloud hosts needs confirmation: add --yes")
@@ -410,8 +421,9 @@ def _refresh(state, run: dict) -> dict:
     from ..runs.records.store import StoreError
     from ..runs.records.store_of import refresh, store_of
 
+    store = store_of(run)  # a bucket this machine has no keys for: one line, exit 2 (nothing resumes without it)
     try:
-        refresh(state, store_of(run), run["id"])
+        refresh(state, store, run["id"])
     except (UserError, StoreError, OSError) as exc:
         note(f"could not read run {run['id']}'s journal in its bucket ({str(exc).splitlines()[0][:200]}); "
              "going by this machine's copy")

@@ -63,8 +63,8 @@ def controller_note(run: dict, driver: dict | None = None) -> str | None:
 @click.command()
 @output_options
 @wide_option
-@click.argument("run", required=False, metavar="RUN", shell_complete=complete_runs)
-@click.option("--json", "as_json", is_flag=True)
+@click.argument("run", required=False, metavar="[RUN]", shell_complete=complete_runs)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (a list of runs, or the one run).")
 @click.option("--store", "store_url", metavar="URL",
               help="Read RUN's history from its bucket (s3://BUCKET/PREFIX, cos://..., file:///DIR): from any machine.")
 def status(run: str | None, as_json: bool, store_url: str | None) -> None:

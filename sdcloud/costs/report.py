@@ -215,12 +215,14 @@ def print_tables(report: dict) -> None:
 def _run_line(r: dict) -> str:
     """A run's (or batch job's) totals under its table: what it cost, what on-demand would have,
     the savings, and the cost per unit of its work (1k steps, or an image and 1k images)."""
+    # A billed total beside the estimate it replaces; an estimated total once ("(estimate); estimate" was doubled).
+    total = f"total ${fmt(r['total_usd'])} ({r['total_source']})"
+    if r["total_source"] != "estimate":
+        total += f"; estimate ${fmt(r['estimate_usd'])}"
     if r["ondemand_usd"] is None:
-        line = (f"total ${fmt(r['total_usd'])} ({r['total_source']}); estimate ${fmt(r['estimate_usd'])}; "
-                "on-demand unknown (no on-demand price was recorded for its hosts), so no savings claimed")
+        line = f"{total}; on-demand unknown (no on-demand price was recorded for its hosts), so no savings claimed"
     else:
-        line = (f"total ${fmt(r['total_usd'])} ({r['total_source']}); estimate ${fmt(r['estimate_usd'])}; "
-                f"on-demand ${fmt(r['ondemand_usd'])}; saved ${fmt(r['savings_usd'])}")
+        line = f"{total}; on-demand ${fmt(r['ondemand_usd'])}; saved ${fmt(r['savings_usd'])}"
         if r["savings_pct"] is not None:
             line += f" ({r['savings_pct']:.1f}%)"
     line += f"; reclaims {r['reclaims']}, lost {fmt(r['lost_hours'])} h"

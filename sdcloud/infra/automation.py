@@ -360,7 +360,18 @@ def _prepare(provider: str, region: str, options: InfraOptions | None) -> tuple[
     pulumi_root()
     opts = (options or InfraOptions()).resolved()
     _validate(provider, opts)
+    _account_check(provider, region, opts)
     return _stack(provider, region), opts
+
+
+def _account_check(provider: str, region: str, options: InfraOptions) -> None:
+    """What the account must have for the stack (the provider's traits.infra_check), before anything
+    is deployed: one line. Only where the cloud driver is deployed (`extra` driverPackage="" leaves it out)."""
+    from ..providers.loader import infra_check
+
+    check = infra_check(provider)
+    if check is not None and provider in DRIVER_PROVIDERS and options.extra.get("driverPackage", None) != "":
+        check(region)
 
 
 def up(provider: str, region: str, options: InfraOptions | None = None, on_output: Echo | None = None) -> dict:

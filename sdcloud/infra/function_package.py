@@ -12,8 +12,10 @@ the static import walk in tests/infra/test_function_package.py):
 - `sdcloud` and `sdcloud_agent` (the store, the agent's wheel a relaunch uploads), as the wheel
   `sdcloud-<version>-py3-none-any.whl` would install them, with its dist-info;
 - DEPENDENCIES and what they require (their Requires-Dist without extras): boto3 for the bucket and
-  EC2, tenacity for the providers' retries, PyYAML for run specs, then each cloud's own
-  (its function.py REQUIREMENTS: the Tencent Cloud SDK's common and CVM packages for the Tencent
+  EC2, tenacity for the providers' retries, PyYAML for run specs, tzdata for a schedule's fire
+  (zoneinfo reads the system's zone files first, and a function's image need not have them: without
+  tzdata a fire in Europe/Berlin would fail with ZoneInfoNotFoundError), then each cloud's own (its
+  function.py REQUIREMENTS: the Tencent Cloud SDK's common and CVM packages for the Tencent
   provider, tomli for SCF's Python 3.10). The handler's import
   closure reaches nothing else: torch, diffusers, numpy, matplotlib, paramiko, rich and click are
   imported lazily, by the trainers, reports, SSH provider and CLI, none of which a step calls.
@@ -58,7 +60,8 @@ BASE_VERSION = "0.1.0"
 REQUIRES_PYTHON = ">=3.10"
 # The handler's third-party imports on a step (see the module docstring), the control plane's own and
 # then each cloud's; their own requirements follow.
-DEPENDENCIES = tuple(dict.fromkeys(("boto3>=1.36", "tenacity>=8.2", "pyyaml>=6", *platforms.requirements())))
+DEPENDENCIES = tuple(dict.fromkeys(("boto3>=1.36", "tenacity>=8.2", "pyyaml>=6", "tzdata>=2024.1",
+                                    *platforms.requirements())))
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 # Package data the function never reads: the Pulumi programs (the function deploys nothing).

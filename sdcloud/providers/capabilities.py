@@ -114,6 +114,7 @@ class SchedulesBatch(Protocol):
 
     KIND: str  # what the cloud calls the thing made ("EventBridge Scheduler schedule", "SCF timer trigger")
     DEFAULT_TZ: str  # the zone of a schedule given no --tz
+    ZONE_NOTE: str | None  # said at `schedule add` where the zone the cloud's cron runs in is assumed
 
     def expression(self, cron: str, tz: str) -> str: ...
 

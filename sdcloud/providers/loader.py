@@ -67,6 +67,13 @@ def schedules(name: str) -> SchedulesBatch:
     return found
 
 
+def infra_check(name: str) -> Callable[[str], None] | None:
+    """What the account must have before the provider's stack deploys (`check(region)`, raising a
+    UserError that says what to create); None where it declares no check."""
+    path = traits(name).infra_check
+    return module(name, path).check if path else None
+
+
 def run_store(name: str) -> RunStoreDialect | None:
     """How this machine opens a bucket of the provider's own dialect; None: the generic S3 store does."""
     path = traits(name).run_store

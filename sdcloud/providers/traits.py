@@ -214,6 +214,9 @@ class ProviderTraits:
     # The module that puts a batch schedule on the cloud's own scheduler, invoking the cloud driver
     # (capabilities.SchedulesBatch, `sdcloud batch schedule add --provider`); None: the laptop's timer only.
     schedules: str | None = None
+    # The module whose `check(region)` says, before the stack deploys, what the account lacks that the
+    # deployment needs (a service role), in one line (`sdcloud infra up`); None: nothing to check.
+    infra_check: str | None = None
     # The longest object key its bucket takes, in bytes of UTF-8 (providers/<name>/limits.py): a
     # dataset file whose key would be longer is refused before launch (runs/inputs/datasets.py); None: no limit.
     object_key_bytes: int | None = None

@@ -23,9 +23,12 @@ def check_cloud_driver(spec: Any, infra: dict | None) -> None:
         with_one = ", ".join(names(where=lambda t: t.function is not None)) or "none"
         raise UserError(f"--unattended: provider {spec.provider} has no cloud driver (providers with one: {with_one}); "
                         f"drive the run from here, or in the background with --detach")
-    if not infra or not infra.get(DRIVER_OUTPUT):
+    if not infra:  # `up` would create the stack first; an unattended run needs the one with a driver
+        raise UserError(f"--unattended: no {spec.provider} stack is deployed from this machine, and the cloud "
+                        f"driver is part of it: run `sdcloud infra up --provider {spec.provider}` first")
+    if not infra.get(DRIVER_OUTPUT):
         raise UserError(f"--unattended: the {spec.provider} stack has no cloud driver deployed; "
-                        f"deploy it with: sdcloud infra up --provider {spec.provider}")
+                        f"run `sdcloud infra up --provider {spec.provider}` first")
     if spec.store:
         from ..runs.records.store import store_config
 

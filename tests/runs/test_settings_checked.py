@@ -26,6 +26,7 @@ BAD_VALUES = [
     ("infra", 'ssh_cidr = "everyone"', "address range"),
     ("infra", "prefix = 7", "string"),
     ("infra", "extra = 3", "table"),
+    ("huggingface", "token = 7", "string"),
     ("aws", "spot_discount = 1.5", "up to (not including) 1"),
     ("tencent", 'site = "mars"', "china or international"),
     ("tencent", "spot_discount = -0.1", "from 0"),

@@ -14,8 +14,11 @@ Condition operators", https://docs.aws.amazon.com/IAM/latest/UserGuide/reference
 - Action and NotAction match case-insensitively with `*` and `?`; Resource matches case-sensitively;
 - every condition operator of a statement must hold, every key of an operator must hold, and a key
   holds when any of the policy's values matches (OR);
-- a key the request does not carry fails every operator but `Null` (true when absent) and the
-  `...IfExists` forms; `ForAnyValue:` / `ForAllValues:` take multi-valued keys (aws:TagKeys);
+- a key the request does not carry fails every operator but `Null` (true when absent), the
+  `...IfExists` forms and the negated ones (StringNotEquals, StringNotLike, ArnNotLike, ...: "If the
+  policy condition requires that the key is not matched ... and the right key is not present, the
+  condition is true", the operators page's "Important" note); `ForAnyValue:` / `ForAllValues:` take
+  multi-valued keys (aws:TagKeys): absent, ForAllValues holds and ForAnyValue does not, negated or not;
 - operators: String(Not)Equals(IgnoreCase), String(Not)Like, Arn(Not)Equals, Arn(Not)Like, Null, Bool.
 An operator it does not know fails the statement: it grants nothing rather than everything.
 """
@@ -70,7 +73,7 @@ def _key_holds(operator: str, wanted, context: dict, key: str) -> bool:
     if_exists = op.endswith("IfExists")
     op = op.removesuffix("IfExists")
     if present is None:
-        return if_exists or (qualifier == "ForAllValues")
+        return if_exists or qualifier == "ForAllValues" or (not qualifier and op in _NEGATED)
     haves = [str(h) for h in _listed(context[present])]
     negated = op in _NEGATED
     test = _STRING_OPS.get(_NEGATED.get(op, op))

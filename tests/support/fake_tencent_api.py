@@ -690,7 +690,12 @@ _SCF_FIELDS = {
     "DeleteTrigger": {"FunctionName", "TriggerName", "Type", "Namespace", "TriggerDesc", "Qualifier"},
     "ListTriggers": {"FunctionName", "Namespace", "Offset", "Limit", "OrderBy", "Order", "Filters"},
     "UpdateTriggerStatus": {"Enable", "FunctionName", "TriggerName", "Type", "Qualifier", "Namespace", "TriggerDesc"},
+    "CreateFunction": {"FunctionName", "Code", "Handler", "Description", "MemorySize", "Timeout", "Environment",
+                       "Runtime", "Namespace", "Role", "Tags", "Type", "CodeSource"},
 }
+# CAM (2019-01-16), on the same server: the account's roles, for SCF's service role (SCF_QcsRole).
+CAM_VERSION = "2019-01-16"
+SCF_SERVICE_ROLE = "SCF_QcsRole"
 _MONTHS = "JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split()
 _DAYS = "SUN MON TUE WED THU FRI SAT".split()
 # (low, high, names, special characters) per field of SCF's seven-field cron.
@@ -730,6 +735,9 @@ class FakeSCF:
     def __init__(self, secret_id: str = SECRET_ID, secret_key: str = SECRET_KEY):
         self.accounts = {secret_id: secret_key}
         self.functions: dict[tuple[str, str, str], list[dict]] = {}  # (region, namespace, name) -> triggers
+        # The account's CAM roles: an account has SCF_QcsRole once SCF's service was authorized in the
+        # console; a fresh one has none (`roles.discard(SCF_SERVICE_ROLE)` in a test).
+        self.roles: set[str] = {SCF_SERVICE_ROLE}
         self.calls: list[dict] = []
         self.lock = threading.Lock()
 
@@ -777,6 +785,26 @@ class FakeSCF:
         triggers.append(info)
         return {"TriggerInfo": dict(info)}
 
+    def do_CreateFunction(self, region: str, params: dict) -> dict:
+        """A function's code from COS (Code.CosBucketName) is read through SCF's service role: without
+        SCF_QcsRole in the account SCF cannot fetch it, and the function is not made."""
+        code = params.get("Code") or {}
+        if code.get("CosBucketName") and SCF_SERVICE_ROLE not in self.roles:
+            raise ApiError("FailedOperation.CreateFunction",
+                           f"SCF cannot read the code from COS: the account has no {SCF_SERVICE_ROLE}")
+        self.add_function(str(params.get("FunctionName") or ""), region, params.get("Namespace") or "default")
+        return {}
+
+    def cam(self, action: str, params: dict) -> dict:
+        with self.lock:
+            self.calls.append({"action": action, "service": "cam", "params": params})
+            if action != "GetRole":
+                raise ApiError("InvalidAction", f"action {action} is not supported by the fake")
+            name = params.get("RoleName")
+            if name not in self.roles:
+                raise ApiError("ResourceNotFound.RoleNotExist", f"role {name} does not exist")
+            return {"RoleInfo": {"RoleName": name, "RoleType": "system"}}
+
     def do_DeleteTrigger(self, region: str, params: dict) -> dict:
         triggers = self._triggers(region, params)
         for t in triggers:
@@ -817,15 +845,18 @@ class _ScfHandler(TencentApiHandler):
 
     def do_POST(self) -> None:
         body = self.body()
+        service = "cam" if self.headers.get("X-TC-Version") == CAM_VERSION else "scf"
 
         def call() -> dict:
-            headers = verify_tc3(self, body, self.fake.accounts, "scf")
+            headers = verify_tc3(self, body, self.fake.accounts, service)
             if headers.get("content-type", "").split(";")[0].strip() != "application/json":
                 raise ApiError("InvalidParameter", "Content-Type must be application/json")
-            if self.headers.get("X-TC-Version") != SCF_VERSION:
+            if service == "scf" and self.headers.get("X-TC-Version") != SCF_VERSION:
                 raise ApiError("InvalidParameter", f"X-TC-Version must be {SCF_VERSION}")
-            return self.fake.handle(self.headers.get("X-TC-Action", ""), self.headers.get("X-TC-Region", ""),
-                                    json_params(body))
+            action = self.headers.get("X-TC-Action", "")
+            if service == "cam":
+                return self.fake.cam(action, json_params(body))
+            return self.fake.handle(action, self.headers.get("X-TC-Region", ""), json_params(body))
 
         self.answer(call)
 

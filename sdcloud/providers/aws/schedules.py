@@ -20,6 +20,7 @@ from ...errors import UserError
 
 KIND = "EventBridge Scheduler schedule"
 DEFAULT_TZ = "UTC"  # any zone works: Scheduler keeps its own (ScheduleExpressionTimezone)
+ZONE_NOTE = None  # the zone is the schedule's own, nothing assumed
 PREFIX = "sdcloud-batch-"
 SCHEDULED_TIME = "<aws.scheduler.scheduled-time>"
 

@@ -28,6 +28,7 @@ TRAITS = ProviderTraits(
     catalog=PriceCatalog(build=".catalog_build", refresh=".catalog"),  # catalog.csv here
     object_key_bytes=limits.OBJECT_KEY_BYTES,  # the bucket's key limit (limits.py)
     bill=".billing",  # `sdcloud cost reconcile` (billing.py)
+    infra_check=".service_role",  # SCF_QcsRole before `infra up` (service_role.py)
     schedules=".schedules",  # `sdcloud batch schedule add --provider tencent` (schedules.py)
     # SCF's per-GB-second and per-invocation prices could not be read into a citable figure: unpriced.
     # Python3.10, SCF's newest Python: the package carries the two 3.11 names the control plane uses

@@ -101,8 +101,9 @@ REQUIREMENTS = ("tencentcloud-sdk-python-common>=3.0.1000", "tencentcloud-sdk-py
 
 
 def matches(event: Any) -> bool:
-    """An event SCF hands over: a timer trigger's."""
-    return isinstance(event, dict) and event.get("Type") == "Timer"
+    """An event SCF hands over: a timer trigger's. Its `Type` is `Timer` in some of Tencent's documents
+    and `timer` in others (and `timer` is the trigger's type in the API), so any case is taken."""
+    return isinstance(event, dict) and str(event.get("Type", "")).lower() == "timer"
 
 
 def time_left(context: Any, started: float) -> Callable[[], float] | None:

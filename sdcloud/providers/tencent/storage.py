@@ -91,12 +91,17 @@ def store_config(bucket: str, prefix: str = "", region: str = "", endpoint_url: 
             "addressing_style": "virtual"}
 
 
+KEY_VARS = ("TENCENTCLOUD_SECRET_ID", "TENCENTCLOUD_SECRET_KEY")
+
+
 def client(region: str, endpoint_url: str | None = None, secret_id: str | None = None,
-           secret_key: str | None = None, session_token: str | None = None) -> Any:
+           secret_key: str | None = None, session_token: str | None = None, where: str = "COS") -> Any:
     """A boto3 S3 client for COS: SigV4, virtual-hosted addressing, Tencent credentials when set.
 
     Credentials: the arguments, else TENCENTCLOUD_SECRET_ID/KEY (COS takes them as S3 keys),
-    else boto3's own chain (AWS_ACCESS_KEY_ID, ...).
+    else boto3's own chain (AWS_ACCESS_KEY_ID, ...). With none of them, one line naming the keys
+    that are missing (`where`: the bucket), before any request: botocore would only fail at the
+    first request, with a NoCredentialsError traceback, in the middle of a `down` or a `resume`.
     """
     import boto3
     from botocore.config import Config
@@ -114,7 +119,12 @@ def client(region: str, endpoint_url: str | None = None, secret_id: str | None =
     # Content-MD5 on DeleteObjects.
     cfg = Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60,
                  **cos.config_options())
-    client = boto3.client("s3", region_name=region, endpoint_url=endpoint_url or endpoint(region), config=cfg, **keys)
+    session = boto3.Session()
+    if not keys and session.get_credentials() is None:  # resolved once here; the client reuses it
+        missing = " and ".join(v for v in KEY_VARS if not os.environ.get(v)) or " and ".join(KEY_VARS)
+        raise UserError(f"cannot read {where}: no Tencent Cloud keys on this machine; set {missing} "
+                        "(COS takes them as its S3 keys)")
+    client = session.client("s3", region_name=region, endpoint_url=endpoint_url or endpoint(region), config=cfg, **keys)
     return cos.adapt_client(client)
 
 
@@ -123,4 +133,4 @@ def open_store(bucket: str, prefix: str = "", region: str = "", endpoint_url: st
     from sdcloud_agent.store import open_store as _open
 
     conf = store_config(bucket, prefix, region, endpoint_url)
-    return _open(conf, client=client(region, conf["endpoint_url"]), **kw)
+    return _open(conf, client=client(region, conf["endpoint_url"], where=f"cos://{bucket}/{prefix}".rstrip("/")), **kw)

@@ -40,6 +40,11 @@ def _text(value: object, what: str) -> None:
         raise UserError(f"{what} must be a string (in quotes), got {value!r}")
 
 
+def _secret_text(value: object, what: str) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise UserError(f"{what} must be a string (in quotes), e.g. token = \"hf_...\"")  # the value never shown
+
+
 def _boolean(value: object, what: str) -> None:
     if not isinstance(value, bool) and str(value).lower() not in ("true", "false", "1", "0", "yes", "no"):
         raise UserError(f"{what} must be true or false, got {value!r}")
@@ -119,6 +124,8 @@ KEYS: dict[str, dict[str, Check]] = {
     "infra": {"prefix": _text, "ssh_cidr": _cidr, "public_key": _text, "root_volume_gb": _number(0, low_open=True, whole=True),
               "owner_tag": _text, "checkpoint_expire_days": _number(0, whole=True), "agent_source": _text,
               "extra": _table},
+    # a gated model's token (docs/training.md); HF_TOKEN in the environment goes over it (runs/hub_access.py)
+    "huggingface": {"token": _secret_text},
 }
 
 

@@ -1,0 +1,52 @@
+"""Help texts that say what the code does (issue 46): every `--json` says what it prints, an optional
+argument is shown in brackets, every command has -q/-v, the batch commands name every batch tier,
+and each `--store` names every bucket scheme a run takes (cos:// included)."""
+
+from __future__ import annotations
+
+import click
+
+from tests.cli.test_cli_conventions import _every_command
+
+
+def test_every_json_flag_has_help():
+    missing = [" ".join(path) for path, cmd, _ in _every_command()
+               for p in cmd.params if isinstance(p, click.Option) and "--json" in p.opts and not p.help]
+    assert missing == [], missing
+
+
+def test_an_optional_argument_is_shown_in_brackets():
+    shown = [f"{' '.join(path)} {p.make_metavar(ctx)}" for path, cmd, ctx in _every_command()
+             for p in cmd.params if isinstance(p, click.Argument) and not p.required and p.nargs == 1
+             and not p.make_metavar(ctx).startswith("[")]
+    assert shown == [], shown
+
+
+def test_every_command_takes_quiet_and_verbose():
+    lacking = [" ".join(path) for path, cmd, _ in _every_command()
+               if not isinstance(cmd, click.Group) and not {"-q", "-v"} <= {o for p in cmd.params for o in p.opts}]
+    assert lacking == [], lacking
+
+
+def _option(path: list[str], name: str) -> click.Option:
+    for p_, cmd, _ in _every_command():
+        if p_ == path:
+            return next(p for p in cmd.params if isinstance(p, click.Option) and name in p.opts)
+    raise AssertionError(path)
+
+
+def test_the_batch_commands_name_every_batch_tier():
+    from sdcloud.batch.submit import BATCH_TIERS
+    from sdcloud.commands.batch import BATCH_TIER_NAMES
+
+    assert tuple(BATCH_TIERS) == BATCH_TIER_NAMES
+    for path in (["sdcloud", "batch", "submit"], ["sdcloud", "batch", "schedule", "add"]):
+        text = _option(path, "--tier").help
+        assert all(t in text for t in BATCH_TIERS), (path, text)
+
+
+def test_every_store_option_names_cos():
+    found = [(path, p.help) for path, cmd, _ in _every_command() for p in cmd.params
+             if isinstance(p, click.Option) and "--store" in p.opts]
+    assert len(found) >= 3
+    assert [path for path, text in found if "cos://" not in (text or "")] == []
