@@ -45,15 +45,6 @@ def figure_gpu(figure: dict) -> str:
     return str(figure.get("as_gpu") or figure["gpu"])
 
 
-def describe_figure(name: str) -> str:
-    """One short line: the figure, its basis and where it is from."""
-    f = rate_data()["figures"][name]
-    where = f"{f['gpu']}" + (f" as {f['as_gpu']}" if f.get("as_gpu") else "")
-    if f["basis"] == "measured":
-        return f"measured {f['rate']:g}/s on {where}, {f['date']}"
-    return f"published {f['rate']:g}/s on {where} ({str(f['source']).split(',')[0]})"
-
-
 def _share_from(tier: Tier, figure: dict) -> float:
     """The overhead share that makes the model give `figure` exactly on its GPU."""
     rel = gpu_table()[figure_gpu(figure)].infer_rel

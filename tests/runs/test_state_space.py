@@ -284,7 +284,8 @@ def test_a_state_file_that_is_not_a_database_is_said_in_one_line_by_every_comman
     sdcloud_home.mkdir(parents=True, exist_ok=True)
     (sdcloud_home / "state.db").write_bytes(damage)
     for args in (["status"], ["status", "r-00000000"], ["logs", "r-00000000"], ["cost", "report"], ["batch", "list"],
-                 ["down", "--all", "--yes"], ["gc", "--provider", "local", "--yes"],
+                 ["down", "--all", "--yes"], ["gc", "--provider", "local", "--yes"], ["speeds"],
+                 ["speeds", "add", "--gpu", "L40S", "--tier", "sdxl-lora", "--rate", "1"], ["offers", "--tier", "sd15-lora"],
                  ["up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "2", "--yes"]):
         rc, out, err = call(capsys, *args)
         assert rc == 2 and len(err.strip().splitlines()) == 1, (args, rc, err)

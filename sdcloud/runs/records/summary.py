@@ -45,7 +45,11 @@ def summary(state: StateStore, run_id: str) -> dict:
     if spec.provider in names(where=lambda t: not t.is_cloud):
         # A run on this machine or the user's boxes: what the best cloud offer would have cost.
         try:
-            best = rank(get_tier(spec.tier), load_catalog(), market="spot", job_size=run["total_steps"])[0]
+            from ..speeds.book import load_book
+
+            # Ranked as `offers` ranks: the rates recorded and observed here first.
+            best = rank(get_tier(spec.tier), load_catalog(), market="spot", job_size=run["total_steps"],
+                        book=load_book(state, spec.trainer))[0]
             out["best_cloud_offer"] = {k: best.as_dict()[k] for k in ("provider", "region", "instance_type", "gpu", "market",
                                                                        "price_per_hour_usd", "est_hours", "est_cost")}
         except (IndexError, UserError):
