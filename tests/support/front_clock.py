@@ -22,13 +22,13 @@ import datetime
 import hashlib
 import hmac
 import http.client
-from contextlib import closing
 import re
 import ssl
 import urllib.parse
+from contextlib import closing
 
 from tests.support.server_seaweed import TEST_KEYS, relay_response
-from tests.support.server_http import requests_from, LoopbackServer, stream_handler
+from tests.support.server_http import LoopbackServer, requests_from, stream_handler
 
 AUTH = re.compile(r"AWS4-HMAC-SHA256\s+Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request,\s*"
                   r"SignedHeaders=([^,]+),\s*Signature=([0-9a-f]+)")

@@ -41,7 +41,6 @@ Create-only writes, as COS does them (not as S3 does):
 from __future__ import annotations
 
 import http.client
-from contextlib import closing
 import re
 import socket
 import socketserver
@@ -49,6 +48,7 @@ import ssl
 import tempfile
 import threading
 import uuid
+from contextlib import closing
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -57,7 +57,7 @@ from xml.sax.saxutils import escape
 
 from tests.support import authz_cam
 from tests.support.server_seaweed import TEST_KEYS
-from tests.support.server_http import requests_from, LoopbackServer, tls_context
+from tests.support.server_http import LoopbackServer, requests_from, tls_context
 
 REGIONS = ("ap-guangzhou", "ap-shanghai", "ap-beijing", "ap-singapore")
 COS_BUCKET_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-[0-9]{5,12}$")

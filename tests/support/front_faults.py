@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import collections
 import http.client
-from contextlib import closing
 import random
 import threading
 import time
 import uuid
+from contextlib import closing
 from typing import Callable
 
-from tests.support.server_http import requests_from, LoopbackServer, stream_handler
+from tests.support.server_http import LoopbackServer, requests_from, stream_handler
 
 Refusal = Callable[[str, str, dict], "tuple[int, str] | None"]
 KINDS = ("slowdown", "reset", "truncate", "stall", "late_500")

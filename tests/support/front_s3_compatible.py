@@ -11,14 +11,14 @@ request goes on unchanged (its Host header too, so SeaweedFS checks the client's
 from __future__ import annotations
 
 import http.client
-from contextlib import closing
 import tempfile
 import threading
 import uuid
+from contextlib import closing
 from pathlib import Path
 
 from tests.support.server_seaweed import relay_response
-from tests.support.server_http import requests_from, LoopbackServer, stream_handler, tls_context
+from tests.support.server_http import LoopbackServer, requests_from, stream_handler, tls_context
 
 
 class TrailerRefusingFront(LoopbackServer):
