@@ -96,8 +96,9 @@ def _ssh(request, tmp_path) -> Driven:
 
     sshd = request.getfixturevalue("sshd")
     home = request.getfixturevalue("sdcloud_home")
-    write_hosts(home / "ssh-hosts.toml", [sshd.host_entry("box", tmp_path / "host-workdir", python=sys.executable,
-                                                          price_per_hour=0.25)])
+    # Two boxes behind the one server: a box runs one host at a time, and the contract launches two.
+    write_hosts(home / "ssh-hosts.toml", [sshd.host_entry(box, tmp_path / f"{box}-workdir", python=sys.executable,
+                                                          price_per_hour=0.25) for box in ("box-a", "box-b")])
     provider = get_provider("ssh")
     return Driven(provider, provider.offers(get_tier("sd15-lora"), "on-demand")[0],
                   lambda run, attempt: _agent_spec(tmp_path, run, attempt), lambda: 0.1)
