@@ -45,7 +45,7 @@ def summary(state: StateStore, run_id: str) -> dict:
     if spec.provider in names(where=lambda t: not t.is_cloud):
         # A run on this machine or the user's boxes: what the best cloud offer would have cost.
         try:
-            from ..speeds.book import load_book
+            from ...speeds.book import load_book
 
             # Ranked as `offers` ranks: the rates recorded and observed here first.
             best = rank(get_tier(spec.tier), load_catalog(), market="spot", job_size=run["total_steps"],
