@@ -502,3 +502,25 @@ def test_docs_architecture_names_every_module():
                if p.name != "__init__.py" and "stacks" not in p.relative_to(ROOT / base).parts
                and p.name not in doc and not re.search(rf"\b{re.escape(p.stem)}\b", doc)]
     assert not missing, f"name these in docs/architecture.md: {missing}"
+
+
+def test_every_import_of_sdcloud_names_a_module_that_exists():
+    """An import left pointing at a module's old home fails only when its (often lazy) line runs:
+    every `from ..x import y` and `import sdcloud.x`, resolved, names a module or package here."""
+    mods = sdcloud_modules()
+    bad = []
+    for mod, path in mods.items():
+        here = mod.split(".")
+        package = here if path.name == "__init__.py" else here[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                target = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else [])) \
+                    if node.level else (node.module or "")
+                found = [target]
+            elif isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            else:
+                continue
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno} {t}" for t in found
+                    if (t == "sdcloud" or t.startswith("sdcloud.")) and t not in mods]
+    assert not bad, "imports of modules that do not exist:\n" + "\n".join(bad)
