@@ -47,24 +47,24 @@ def provider_class(name: str) -> type:
     return module(name, traits(name).adapter).PROVIDER_CLASS
 
 
+def _declared(name: str, path: str | None, power: type, what: str) -> Any:
+    """The module a trait names, checked against the capability protocol it must meet; KeyError where
+    the provider declares none."""
+    if path is None:
+        raise KeyError(f"{name} declares no {what}")
+    found = module(name, path)
+    assert isinstance(found, power), f"{found.__name__} is not a {what}"
+    return found
+
+
 def bill_reader(name: str) -> ReconcilesBill:
     """The provider's bill reader (capabilities.ReconcilesBill); KeyError where it declares none."""
-    path = traits(name).bill
-    if path is None:
-        raise KeyError(f"{name} declares no bill")
-    found = module(name, path)
-    assert isinstance(found, ReconcilesBill), f"{found.__name__} does not read a bill"
-    return found
+    return _declared(name, traits(name).bill, ReconcilesBill, "bill reader")
 
 
 def schedules(name: str) -> SchedulesBatch:
     """The provider's cloud scheduler (capabilities.SchedulesBatch); KeyError where it declares none."""
-    path = traits(name).schedules
-    if path is None:
-        raise KeyError(f"{name} declares no cloud schedules")
-    found = module(name, path)
-    assert isinstance(found, SchedulesBatch), f"{found.__name__} does not schedule batch jobs"
-    return found
+    return _declared(name, traits(name).schedules, SchedulesBatch, "cloud scheduler")
 
 
 def infra_check(name: str) -> Callable[[str], None] | None:

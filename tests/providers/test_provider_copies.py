@@ -157,16 +157,9 @@ def test_the_aws_copy_gcs_its_strays_against_moto(copy_of, moto_server, monkeypa
 
 @pytest.fixture
 def tencent_fake_server(monkeypatch, tmp_path):
-    from tests.support import fake_tencent_api as tencent_fake
-    from tests.support.fake_tencent_api import SECRET_ID, SECRET_KEY, FakeServer
+    from tests.support.fake_tencent_api import serving
 
-    monkeypatch.setattr(tencent_fake, "PENDING_S", 0.1)
-    monkeypatch.setattr(tencent_fake, "TERMINATING_S", 0.2)
-    monkeypatch.setenv("TENCENTCLOUD_SECRET_ID", SECRET_ID)
-    monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", SECRET_KEY)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no developer profile file
-    with FakeServer() as srv:
-        monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", srv.endpoint)
+    with serving(monkeypatch, tmp_path) as srv:
         yield srv
 
 

@@ -18,10 +18,13 @@ import hmac
 import json
 import re
 import secrets
+import sys
 import threading
 import time
 import uuid
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler
@@ -893,3 +896,17 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@contextmanager
+def serving(monkeypatch, tmp_path, pending_s: float = 0.1, terminating_s: float = 0.2) -> Iterator[FakeServer]:
+    """The fake on loopback as a Tencent provider's tests see it: the test account's keys, no
+    developer profile file, the endpoint override, instances that start and end in a blink."""
+    monkeypatch.setattr(sys.modules[__name__], "PENDING_S", pending_s)
+    monkeypatch.setattr(sys.modules[__name__], "TERMINATING_S", terminating_s)
+    monkeypatch.setenv("TENCENTCLOUD_SECRET_ID", SECRET_ID)
+    monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", SECRET_KEY)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no developer profile file
+    with FakeServer() as srv:
+        monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", srv.endpoint)
+        yield srv

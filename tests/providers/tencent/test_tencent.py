@@ -24,7 +24,7 @@ from sdcloud.providers.base import LaunchSpec
 from tests.support import ROOT, SUPPORT
 from tests.support import fake_tencent_api
 from tests.support.server_seaweed import free_port
-from tests.support.fake_tencent_api import SECRET_ID, SECRET_KEY, FakeServer
+from tests.support.fake_tencent_api import SECRET_ID, SECRET_KEY
 
 REGION = "ap-guangzhou"
 INFRA = {"image_id": "img-fake0001", "launch_template_id": "lt-fake0001", "vpc_id": "vpc-fake",
@@ -42,14 +42,8 @@ TEMPLATE = {"ImageId": "img-fake0001", "SystemDisk": {"DiskType": "CLOUD_BSSD", 
 
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
-    monkeypatch.setattr(fake_tencent_api, "PENDING_S", 0.1)
-    monkeypatch.setattr(fake_tencent_api, "TERMINATING_S", 0.2)
-    monkeypatch.setenv("TENCENTCLOUD_SECRET_ID", SECRET_ID)
-    monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", SECRET_KEY)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no developer profile file
     monkeypatch.setattr("sdcloud.providers.tencent.session.METADATA_URL", "http://127.0.0.1:9/")  # no metadata service, no network
-    with FakeServer() as srv:
-        monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", srv.endpoint)
+    with fake_tencent_api.serving(monkeypatch, tmp_path) as srv:
         for template_id in ("lt-fake0001", "lt-gz3", "lt-gz4"):
             srv.cvm.add_launch_template(template_id, TEMPLATE)
         yield srv

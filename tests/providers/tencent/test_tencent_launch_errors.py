@@ -20,7 +20,6 @@ from sdcloud.runs.driving.controller import Controller, Timing, new_run_id
 from sdcloud.runs.records.state import StateStore
 
 from tests.support import fake_tencent_api
-from tests.support.fake_tencent_api import SECRET_ID, SECRET_KEY, FakeServer
 
 REGION = "ap-guangzhou"
 INFRA = {"image_id": "img-fake0001", "vpc_id": "vpc-fake", "security_group_id": "sg-fake", "cam_role_name": "sdcloud-host",
@@ -29,14 +28,8 @@ INFRA = {"image_id": "img-fake0001", "vpc_id": "vpc-fake", "security_group_id": 
 
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
-    monkeypatch.setattr(fake_tencent_api, "PENDING_S", 0.05)
-    monkeypatch.setattr(fake_tencent_api, "TERMINATING_S", 0.1)
-    monkeypatch.setenv("TENCENTCLOUD_SECRET_ID", SECRET_ID)
-    monkeypatch.setenv("TENCENTCLOUD_SECRET_KEY", SECRET_KEY)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setattr("sdcloud.providers.tencent.session.METADATA_URL", "http://127.0.0.1:9/")
-    with FakeServer() as srv:
-        monkeypatch.setenv("SDCLOUD_TENCENT_ENDPOINT", srv.endpoint)
+    with fake_tencent_api.serving(monkeypatch, tmp_path, pending_s=0.05, terminating_s=0.1) as srv:
         yield srv
 
 
