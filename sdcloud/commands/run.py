@@ -272,11 +272,10 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
     for key, value in defaults.items():  # [defaults] in config.toml: below the run file and the flags
         if fields.get(key) is None and key not in in_file:
             fields[key] = value
-    spec = build_spec(_local_path(opts.runfile), fields)
+    plan = build_spec(_local_path(opts.runfile), fields)
+    spec = plan.spec
     if unattended:
-        from ..providers.traits import traits
-
-        if traits(spec.provider).function is None:  # before anything is asked or recorded
+        if plan.traits.function is None:  # before anything is asked or recorded
             from ..verbs.handover import check_cloud_driver
 
             check_cloud_driver(spec, None)
@@ -291,23 +290,21 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
         run_id = existing["id"]
         note(f"picking up unfinished run {run_id} ({spec.name})")
     else:
-        run_id = _new_run(state, spec, opts.yes, unattended)
+        run_id = _new_run(state, plan, opts.yes, unattended)
     if unattended:
         return _hand_over(state, run_id, opts.as_json)
     drive(state, run_id, opts.detach, opts.as_json)
 
 
-def _new_run(state, spec, yes: bool, unattended: bool = False) -> str:
+def _new_run(state, plan, yes: bool, unattended: bool = False) -> str:
     """Check what can be checked before anything is paid for, make sure the stack exists, ask, and
-    record the run; its id."""
-    from ..offers.tiers import get_tier
+    record the run (runs/inputs/spec.py's RunPlan: its tier and traits resolved already); its id."""
     from ..providers import get_provider
     from ..providers.capabilities import ChecksCredentials
-    from ..providers.traits import default_region, traits
+    from ..providers.traits import default_region
     from ..runs.driving.controller import new_run_id
 
-    kind = traits(spec.provider)
-    tier_obj = get_tier(spec.tier)
+    spec, kind, tier_obj = plan.spec, plan.traits, plan.tier
     total = spec.steps or tier_obj.job_size
     _check_estimates(spec, tier_obj, total)
     prov = get_provider(spec.provider)
