@@ -491,6 +491,39 @@ def test_kinds_are_compared_as_members_not_words():
                                   'ok = RunKind.of(r) is RunKind.BATCH\n', "m.py")) == 2
 
 
+# -- USD amounts (issue 45): money.usd is the one check of a budget or a max price ---------------------
+
+USD_AMOUNTS = ("budget", "max_price")
+
+
+def _usd_amount(node: ast.AST) -> bool:
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return name is not None and name.endswith(USD_AMOUNTS)
+
+
+def usd_amount_checks(source: str, where: str) -> list[str]:
+    """Comparisons of a budget or a max price (a name, or an attribute, ending so) with 0: a positive
+    check of a USD amount, which is money.usd's alone."""
+    bad = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Compare):
+            sides = [n.left, *n.comparators]
+            if any(_usd_amount(x) for x in sides) and any(isinstance(x, ast.Constant) and x.value == 0 for x in sides):
+                bad.append(f"{where}:{n.lineno} checks a USD amount itself (call sdcloud.money.usd): {ast.unparse(n)[:80]}")
+    return bad
+
+
+def test_only_money_usd_checks_a_usd_amount():
+    bad = []
+    for path in sorted((ROOT / "sdcloud").rglob("*.py")):
+        if path != ROOT / "sdcloud" / "money.py":
+            bad += usd_amount_checks(path.read_text(), str(path.relative_to(ROOT)))
+    assert not bad, "\n".join(bad)
+    assert len(usd_amount_checks("if max_price is not None and not max_price > 0: pass\n"
+                                 "if spec.budget <= 0.0: pass\nok = opts.max_price is None or spent < budget\n"
+                                 "fine = price > 0\n", "m.py")) == 2
+
+
 def test_docs_architecture_names_every_module():
     """A newcomer finds every module in docs/architecture.md: by its file name, or by its name as a
     word in its folder's entry ("builtin/ (sdcloud's trainer: protocol, arguments, ...)")."""

@@ -121,6 +121,9 @@ class BatchController:
     def end_attempt(self, cur: Any, reason: str) -> None:
         self.fleet.end(cur, reason)
 
+    def set_state(self, state: str) -> None:
+        self.state.update_run(self.job_id, state=state)
+
     def end_run(self, state: str, reason: str | None) -> None:
         """The job ends (N failed boots in a row): step() then stops every host."""
         self.state.update_run(self.job_id, state=state, reason=reason)

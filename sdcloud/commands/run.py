@@ -272,7 +272,8 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
     for key, value in defaults.items():  # [defaults] in config.toml: below the run file and the flags
         if fields.get(key) is None and key not in in_file:
             fields[key] = value
-    spec = build_spec(_local_path(opts.runfile), fields)
+    plan = build_spec(_local_path(opts.runfile), fields)
+    spec = plan.spec
     if unattended:  # before anything is asked, created or recorded: the driver must be deployed already
         from ..verbs.handover import check_cloud_driver
 
@@ -288,7 +289,7 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
         run_id = existing["id"]
         note(f"picking up unfinished run {run_id} ({spec.name})")
     else:
-        run_id = _new_run(state, spec, opts.yes, unattended)
+        run_id = _new_run(state, plan, opts.yes, unattended)
     if unattended:
         return _hand_over(state, run_id, opts.as_json)
     drive(state, run_id, opts.detach, opts.as_json)
@@ -305,17 +306,15 @@ def _cached_infra(state, spec) -> dict | None:
         spec.provider, spec.region or default_region(spec.provider))
 
 
-def _new_run(state, spec, yes: bool, unattended: bool = False) -> str:
+def _new_run(state, plan, yes: bool, unattended: bool = False) -> str:
     """Check what can be checked before anything is paid for, make sure the stack exists, ask, and
-    record the run; its id."""
-    from ..offers.tiers import get_tier
+    record the run (runs/inputs/spec.py's RunPlan: its tier and traits resolved already); its id."""
     from ..providers import get_provider
     from ..providers.capabilities import ChecksCredentials
-    from ..providers.traits import default_region, traits
+    from ..providers.traits import default_region
     from ..runs.driving.controller import new_run_id
 
-    kind = traits(spec.provider)
-    tier_obj = get_tier(spec.tier)
+    spec, kind, tier_obj = plan.spec, plan.traits, plan.tier
     total = spec.steps or tier_obj.job_size
     _check_estimates(spec, tier_obj, total)
     prov = get_provider(spec.provider)

@@ -38,7 +38,6 @@ def predict(ranked: list, market: str, deadline_hours: float | None, disk_gb: fl
 
 
 def warnings_due(spent: float, budget: float, logged: set[int]) -> list[int]:
-    """The warning thresholds (percent) that `spent` has crossed and that were not logged yet."""
-    if budget <= 0:
-        return []
+    """The warning thresholds (percent) that `spent` has crossed and that were not logged yet
+    (`budget` is positive: money.usd checked it when the run was made)."""
     return [pct for pct in WARN_AT if pct not in logged and spent >= budget * pct / 100.0]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from .. import config
 from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, Catalog, CatalogRow, providers
 from ..errors import UserError
+from ..money import usd
 from .kinds import RunKind
 from .rates import Rate, RateBook, host_rate
 from .tiers import Tier
@@ -205,8 +206,8 @@ def rank(
     """
     if market is not None and market not in MARKETS:
         raise UserError(f"unknown market {market!r}; valid: {', '.join(MARKETS)}")
-    if max_price is not None and not max_price > 0:
-        raise UserError(f"--max-price must be a positive number of USD per hour, got {max_price}")
+    if max_price is not None:  # what the flag's click type checked already; code that calls rank, here
+        max_price = usd(max_price, "--max-price", per_hour=True)
     if job_size is not None and job_size <= 0:
         raise UserError(f"--steps must be a positive whole number, got {job_size}")
     rows = catalog.rows

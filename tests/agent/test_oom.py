@@ -238,6 +238,9 @@ class _Ctrl:
         self.memo = Memo()
         self.state = SimpleNamespace(update_run=lambda rid, **f: self.events.append(("update_run", f)))
 
+    def set_state(self, state):
+        self.state.update_run(self.run_id, state=state)
+
     def event(self, kind, data):
         self.events.append((kind, data))
 

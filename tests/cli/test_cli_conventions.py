@@ -89,7 +89,7 @@ def test_names_are_case_insensitive_with_did_you_mean(capsys, sdcloud_home):
     assert rc == 2 and "did you mean local" in err
     from sdcloud.runs.inputs.spec import build_spec
 
-    assert build_spec(None, {"tier": "SD15-LORA", "provider": "Local"}).provider == "local"
+    assert build_spec(None, {"tier": "SD15-LORA", "provider": "Local"}).spec.provider == "local"
 
 
 def test_budget_eaten_by_the_shell_gets_a_hint(capsys, sdcloud_home):

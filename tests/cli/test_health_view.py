@@ -177,6 +177,9 @@ def test_a_throttled_cloud_host_is_moved_and_a_local_one_says_why_not(tmp_path):
             self.ended, self.run_id = [], "r"
             self.state = SimpleNamespace(update_run=lambda rid, **f: self.events.append(("update_run", f)))
 
+        def set_state(self, state):
+            self.state.update_run(self.run_id, state=state)
+
         def end_attempt(self, cur, reason):
             self.ended.append(reason)
 

@@ -76,7 +76,7 @@ def test_runfile_fields_and_flag_override(tmp_path):
 
     rf = tmp_path / "run.yaml"
     rf.write_text("tier: sdxl-lora\nprovider: local\nsteps: 30\ndeadline: 2h\nspot: false\n")
-    spec = build_spec(str(rf), {"steps": 12})
+    spec = build_spec(str(rf), {"steps": 12}).spec
     assert spec.tier == "sdxl-lora" and spec.steps == 12 and spec.deadline_hours == 2.0 and spec.market == "on-demand"
     tf = tmp_path / "run.toml"
     tf.write_text('tier = "sd15-lora"\nbudget = 3.5\nbogus = 1\n')

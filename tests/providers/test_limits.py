@@ -28,6 +28,7 @@ from sdcloud.providers.traits import is_cloud, names, traits
 from sdcloud.runs.driving.controller import new_run_id
 from sdcloud.runs.driving.launching import LaunchInputs
 from sdcloud.runs.driving.owner import Memo
+from sdcloud.runs.driving.run_row import RunRow
 from sdcloud.runs.inputs.spec import build_spec
 from sdcloud.runs.records.state import StateStore
 from sdcloud.runs.records.store import store_config
@@ -110,11 +111,12 @@ class _Run:
     """What the controller's launch side reads of the controller (LaunchOwner), with a run of its
     own, and nothing else of the controller."""
 
-    def __init__(self, spec, run_id, store, store_conf, infra, state):
-        self.spec, self.run_id, self.store, self.store_conf, self.infra, self.state = (
-            spec, run_id, store, store_conf, infra, state)
+    def __init__(self, plan, run_id, store, store_conf, infra, state):
+        self.plan, self.spec, self.run_id, self.store, self.store_conf, self.infra, self.state = (
+            plan, plan.spec, run_id, store, store_conf, infra, state)
         self.total_steps, self.memo, self.events, self._inputs = 100_000, Memo(), [], None
-        self.timing = traits(spec.provider).timing
+        self.timing = traits(plan.spec.provider).timing
+        self.row = RunRow(state, run_id)
 
     def event(self, kind, data=None):
         self.events.append((kind, data))
@@ -171,13 +173,13 @@ def largest_launch(provider: str, tier: str, trainer: str, tmp_path: Path, home:
     run.write_text(f"tier: {tier}\nprovider: {provider}\nregion: {region}\ntrainer: {trainer}\n"
                    f"dataset: {ds}\nmodel: {model}\nbudget: 99999.99\ndeadline: 999\n"
                    + (f"trainer-args:\n{args}" if args else ""))
-    spec = build_spec(str(run), {})
+    plan = build_spec(str(run), {})
     infra = {"bucket": bucket, "prefix": "sdcloud", "region": region}
     store_conf = store_config(provider, None, region, infra)
     state = StateStore(home / "state.db")
     run_id = new_run_id()
     state.create_run(run_id, tier, {}, 100_000)
-    launch = _launch(spec, run_id, LocalStore(tmp_path / "bucket"), store_conf, infra, state)
+    launch = _launch(plan, run_id, LocalStore(tmp_path / "bucket"), store_conf, infra, state)
     return launch.launch_spec(999)
 
 
@@ -394,7 +396,7 @@ def test_a_dataset_path_longer_than_the_buckets_keys_is_refused_before_launch(sd
     assert StateStore().list_runs() == []  # nothing recorded
     # The same dataset fits S3's keys.
     run.write_text(f"tier: sd15-lora\nprovider: aws\nregion: us-east-1\ndataset: {ds}\n")
-    assert build_spec(str(run), {}).dataset == str(ds)
+    assert build_spec(str(run), {}).spec.dataset == str(ds)
 
 
 @pytest.mark.parametrize("provider", [p for p in CLOUDS if traits(p).function is not None])

@@ -70,7 +70,7 @@ def test_builtin_flags_the_parser_takes_pass(sdcloud_home):
     from sdcloud.runs.inputs.spec import build_spec
 
     spec = build_spec(None, {"tier": "sd15-lora", "model": "tiny", "steps": 3,
-                             "trainer_arg": ["lr=0.001", "rank=8", "no-buckets", "seed=3", "lr-sched=cosine"]})
+                             "trainer_arg": ["lr=0.001", "rank=8", "no-buckets", "seed=3", "lr-sched=cosine"]}).spec
     assert spec.trainer_args["lr"] == "0.001" and spec.trainer_args["no-buckets"] is True
 
 
@@ -218,7 +218,7 @@ def test_a_free_host_takes_any_budget(sdcloud_home, cpu_only):
     from sdcloud.runs.inputs.preflight import check_own_hosts
     from sdcloud.runs.inputs.spec import build_spec
 
-    spec = build_spec(None, {"tier": "sd15-lora", "model": "tiny", "steps": 3, "budget": "0.00001"})
+    spec = build_spec(None, {"tier": "sd15-lora", "model": "tiny", "steps": 3, "budget": "0.00001"}).spec
     tier = get_tier("sd15-lora")
     check_own_hosts(spec, tier, 3, get_provider("local").offers(tier, "spot"))  # price 0: nothing to refuse
 
@@ -238,14 +238,14 @@ def test_a_deadline_that_fits_passes(sdcloud_home, cpu_only):
 
     tier = get_tier("sd15-lora")
     offers = get_provider("local").offers(tier, "spot")
-    spec = build_spec(None, {"tier": "sd15-lora", "model": "tiny", "steps": 30, "deadline_hours": "1m"})
+    spec = build_spec(None, {"tier": "sd15-lora", "model": "tiny", "steps": 30, "deadline_hours": "1m"}).spec
     check_own_hosts(spec, tier, 30, offers)  # 30 s of paced steps within a minute
     spec = build_spec(None, {"tier": "sd15-lora", "model": "tiny", "steps": 300, "deadline_hours": "1m",
-                             "trainer_arg": ["min-step-seconds=0"]})
+                             "trainer_arg": ["min-step-seconds=0"]}).spec
     check_own_hosts(spec, tier, 300, offers)  # unpaced: no estimate to hold it to
     with pytest.raises(UserError, match="4.0 min for 120 steps at 2 s a step"):
         check_own_hosts(build_spec(None, {"tier": "sd15-lora", "model": "tiny", "steps": 120, "deadline_hours": "3m",
-                                          "trainer_arg": ["min-step-seconds=2"]}), tier, 120, offers)
+                                          "trainer_arg": ["min-step-seconds=2"]}).spec, tier, 120, offers)
 
 
 def test_an_ssh_host_with_a_known_gpu_is_held_to_the_optimizers_estimate(sdcloud_home, cpu_only):
@@ -262,7 +262,7 @@ def test_an_ssh_host_with_a_known_gpu_is_held_to_the_optimizers_estimate(sdcloud
                               instance_type="box1", gpu_count=1)
     offers = [Offer(row, "on-demand")]
     spec = build_spec(None, {"tier": "sd15-lora", "provider": "ssh", "model": "org/some-sd15", "steps": 1500,
-                             "deadline_hours": "10m"})
+                             "deadline_hours": "10m"}).spec
     hours = job_hours(tier, row, 1500, 1)
     assert hours > 10 / 60
     with pytest.raises(UserError, match=r"10.0 min is shorter than the estimate on the fastest offer: .* for 1500 steps on box1 \(T4\)"):
@@ -351,7 +351,7 @@ def test_an_off_switch_reaches_the_builtin_trainer_as_its_no_flag(sdcloud_home):
     from sdcloud_agent.trainers.builtin_adapter import NEGATABLE
 
     spec = build_spec(None, {"tier": "sdxl-lora", "model": "tiny-sdxl", "steps": 3,
-                             "trainer_arg": ["buckets=false", "gradient_checkpointing=false"]})
+                             "trainer_arg": ["buckets=false", "gradient_checkpointing=false"]}).spec
     argv = _builtin_argv(spec, get_tier("sdxl-lora"), 3)
     assert "--no-buckets" in argv and "--no-gradient-checkpointing" in argv
     import argparse

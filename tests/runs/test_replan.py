@@ -94,11 +94,13 @@ def test_the_newest_warm_attempt_gives_the_measured_rate(sdcloud_home):
 
 
 def test_the_controllers_progress_is_replanned_on_the_measured_rate(sdcloud_home):
+    from sdcloud.runs.driving.run_row import RunRow
+
     state = StateStore()
     state.create_run("r-1", "sdxl-lora", {"tier": "sdxl-lora"}, 3000)
     state.update_run("r-1", step=600)
     fake = SimpleNamespace(state=state, run_id="r-1", total_steps=3000, spec=SimpleNamespace(deadline_hours=5.0),
-                           expected_job_hours=lambda: 1.0)
+                           expected_job_hours=lambda: 1.0, row=RunRow(state, "r-1"))
     before = Controller.progress(fake)
     assert before.job_hours == 1.0 and before.done_hours == pytest.approx(0.2)
     state.set_attempt_costs("r-1", 1, first_step_at=10.0, start_step=1, last_step=600, last_step_at=1210.0, it_per_s=0.25)

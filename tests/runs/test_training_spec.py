@@ -70,7 +70,7 @@ def test_builtin_gets_the_tier_family_mode_resolution_and_batch(sdcloud_home):
     assert sd2_args[sd2_args.index("--family") + 1] == "sd15,sd2"
     assert "resolution" not in args and args["validation-prompt"] == "a dog"
     real = build_spec(None, {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1"})
-    assert real.model == "stable-diffusion-v1-5/stable-diffusion-v1-5"
+    assert real.spec.model == "stable-diffusion-v1-5/stable-diffusion-v1-5"
     args = agent_config(real, "r2", 1, 10, {"url": "file:///tmp/x"})["trainer_args"]
     assert "--resolution" in args and args[args.index("--resolution") + 1] == "512"
     assert args[args.index("--batch-size") + 1] == "2"
@@ -166,10 +166,10 @@ def test_a_one_gpu_trainer_is_not_estimated_as_if_it_used_every_gpu(sdcloud_home
     # One GPU's speed at the whole host's price; 1-GPU hosts are estimated as before.
     assert all(one[k].est_hours > every[k].est_hours for k in multi)
     assert all(one[k].est_hours == every[k].est_hours for k in single)
-    builtin = build_spec(None, {"tier": "sdxl-lora", "provider": "aws", "region": "us-east-1"})
+    builtin = build_spec(None, {"tier": "sdxl-lora", "provider": "aws", "region": "us-east-1"}).spec
     assert gpus_used(builtin) is None  # one process per GPU
     kohya = build_spec(None, {"tier": "sdxl-lora", "provider": "aws", "region": "us-east-1", "trainer": "kohya",
-                              "dataset": None, "trainer_arg": ["dataset_config=/d.toml"]})
+                              "dataset": None, "trainer_arg": ["dataset_config=/d.toml"]}).spec
     assert gpus_used(kohya) == 1
     kohya.trainer_args["launcher"] = ["accelerate", "launch", "--num_processes", "4"]
     assert gpus_used(kohya) == 4

@@ -25,6 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ...offers.catalog import CatalogRow, load_provider
 from ...errors import UserError
+from ...money import usd
 from ...events import Kind
 from ...offers.optimizer import Offer, fits
 from ..base import (
@@ -224,8 +225,8 @@ class AwsProvider:
                events: EventSink = no_events) -> Instance:
         if market not in ("spot", "on-demand"):
             raise UserError(f"unknown market {market!r}; valid: spot, on-demand")
-        if max_price is not None and not max_price > 0:
-            raise UserError(f"max price must be a positive number of USD per hour, got {max_price}")
+        if max_price is not None:
+            max_price = usd(max_price, "max price", per_hour=True)
         row = offer.row
         region = check_region(row.region)
         infra = spec.infra or {}

@@ -1,8 +1,8 @@
 """What a run's host agent is told for one attempt: the agent config (sdcloud_agent's config.json).
 
-The run's spec and its tier give what to train and how often to save; the provider's declared host
-traits (`traits(name).host`) give what the machine is: local NVMe to prepare, a GPU required, which
-reclaim notice to watch, how often to beat and poll. `self_end` is how a host ends itself when
+The run's plan (runs/inputs/spec.py's RunPlan: the spec and its tier, resolved once) gives what to
+train and how often to save; the provider's declared host traits (the plan's `traits.host`) give
+what the machine is: local NVMe to prepare, a GPU required, which reclaim notice to watch, how often to beat and poll. `self_end` is how a host ends itself when
 nobody drives the run (sdcloud_agent/selfend.py). No secrets: credentials come from the instance
 role or the environment.
 """
@@ -13,9 +13,7 @@ import time
 from typing import Any
 
 from ... import config
-from ...offers.tiers import get_tier
-from ...providers.traits import traits
-from ..inputs.spec import RunSpec
+from ..inputs.spec import RunPlan, RunSpec
 
 # Polls without the controller's heartbeat after which a host counts the run as unattended.
 UNATTENDED_POLLS = 4
@@ -28,22 +26,21 @@ def self_end_grace(spec: RunSpec) -> float:
     return config.self_end_grace()
 
 
-def _trainer_args(spec: RunSpec) -> Any:
+def _trainer_args(plan: RunPlan) -> Any:
     # The tier's flags for the trainer under the user's; a mapping stays a mapping (runs/inputs/training.py).
     from ..inputs.training import trainer_args_for
 
-    return trainer_args_for(spec, get_tier(spec.tier))
+    return trainer_args_for(plan.spec, plan.tier)
 
 
-def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, store_conf: dict,
+def agent_config(plan: RunPlan, run_id: str, attempt: int, total_steps: int, store_conf: dict,
                  reclaim_mean_hours: float | None = None) -> dict:
     """The agent's config for one attempt (no secrets: credentials come from the instance role or env).
     `reclaim_mean_hours`: the spot zone's mean time between reclaims (spot/checkpoint_spacing.py), sent
     with the provider's notice so that the host can space its checkpoints by the risk."""
     from ..inputs.training import resolution_from_model
 
-    tier = get_tier(spec.tier)
-    host = traits(spec.provider).host
+    spec, tier, host = plan.spec, plan.tier, plan.traits.host
     return {
         "run_id": run_id,
         "attempt": attempt,
@@ -51,7 +48,7 @@ def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, sto
         "min_vram_gb": tier.min_vram_gb,
         "rec_vram_gb": tier.rec_vram_gb,
         "trainer": spec.trainer,
-        "trainer_args": _trainer_args(spec),
+        "trainer_args": _trainer_args(plan),
         # The host settles the resolution from the model's config when the user did not give one.
         "resolution_from_model": resolution_from_model(spec),
         "model": spec.model,
@@ -68,7 +65,7 @@ def agent_config(spec: RunSpec, run_id: str, attempt: int, total_steps: int, sto
         "poll_seconds": host.poll_seconds,
         # The run's own mirrors; the host's region and config.toml add theirs at launch (hostboot.py).
         **({"network": dict(spec.network)} if spec.network else {}),
-        **({"reclaim_notice_seconds": traits(spec.provider).timing.reclaim_notice_seconds,
+        **({"reclaim_notice_seconds": plan.traits.timing.reclaim_notice_seconds,
             "reclaim_mean_seconds": round(reclaim_mean_hours * 3600)}
            if reclaim_mean_hours is not None and spec.market == "spot" else {}),
     }

@@ -9,7 +9,8 @@ point and started again (`sdcloud up --name NAME`, or a detached controller) rec
 carries on; the host agent resumes from the newest complete checkpoint.
 
 It holds its helpers, not mixes them in: `launching` (what a launch carries), `host` (status.json,
-self-ends, the heartbeat), each reading it through a small protocol; hostboot, oom_move, health_view
+self-ends, the heartbeat), `row` (the run's row, read once a step: run_row.py), each reading it
+through a small protocol; hostboot, oom_move, health_view
 and agent_reports act through the owner contract (owner.py). A host is told agent_config.py.
 """
 
@@ -31,13 +32,11 @@ from ...fleet.candidates import candidates as fleet_candidates
 from ...fleet.lifecycle import MAX_FAILED_LAUNCHES, Fleet, Progress, Timing
 from ...offers.kinds import RunKind
 from ...offers.optimizer import Offer, job_hours
-from ...offers.tiers import get_tier
 from ...providers import get_provider
 from ...providers.capabilities import Closable, RenewsHostCredentials
-from ...providers.traits import traits
 from ...spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
 from ..inputs import staging as inputs
-from ..inputs.spec import RunSpec
+from ..inputs.spec import RunPlan, RunSpec
 from ..records import stop_request as stop_requests
 from ..records.state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore, run_kind
 from ..records.summary import summary
@@ -49,6 +48,7 @@ from .budget_watch import budget_spent, budget_warnings
 from .host_status import HostStatus
 from .launching import LaunchInputs
 from .owner import Memo, steps_before
+from .run_row import RunRow
 
 # Names that commands/ and the tests import from here (their homes are the modules above).
 __all__ = ["ACTIVE_RUN_STATES", "Controller", "Timing", "UNATTENDED_POLLS", "agent_config", "budget_spent",
@@ -77,8 +77,8 @@ class Controller:
         if run_kind(run) is RunKind.BATCH:
             raise UserError(f"{run['id']} is a batch job, not a training run; see: sdcloud batch status {run['id']}")
         self.run_id = run["id"]
-        self.spec = RunSpec(**run["spec"])
-        self.tier = get_tier(self.spec.tier)
+        self.plan = RunPlan.of_run(run)  # its Tier and its provider's traits, resolved once and carried
+        self.spec, self.tier, self.row = self.plan.spec, self.plan.tier, RunRow(state, self.run_id)
         self.total_steps = run["total_steps"]
         # The config.toml sections the run recorded when it was made (runs/inputs/staging.py): a driver
         # elsewhere (the cloud function's empty home) acts under the run's settings, not its own.
@@ -107,11 +107,11 @@ class Controller:
         self.journal.lease = self.lease  # a driver that lost the run writes no more of it to the bucket
         self.launching = LaunchInputs(self)
         self.host = HostStatus(self)
-        offers = fleet_candidates(_Named(self.provider, self.spec.provider), self.tier, self.spec.market,
-                                  max_price=self.spec.max_price, region=self.spec.region, job_size=self.total_steps,
+        offers = fleet_candidates(self.provider, self.tier, self.spec.market, name=self.spec.provider,
+                                  max_price=self.plan.max_price, region=self.spec.region, job_size=self.total_steps,
                                   events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self))
         self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
-                           self.event, self.timing, spec_market=self.spec.market, max_price=self.spec.max_price)
+                           self.event, self.timing, spec_market=self.spec.market, max_price=self.plan.max_price)
 
     @property
     def candidates(self) -> list[Offer]:
@@ -137,14 +137,17 @@ class Controller:
         return self.state.attempts(self.run_id)
 
     def cost_so_far(self) -> float:
-        return cost_ledger.live_cost_usd(self.state, self.state.get_run(self.run_id))
+        return cost_ledger.live_cost_usd(self.state, self.row.get())
+
+    def set_state(self, state: str) -> None:  # the owner contract's write of the run's state
+        self.row.update(state=state)
 
     def current(self) -> Attempt | None:
         return self.fleet.current()
 
     # the policy
     def progress(self) -> Progress:
-        run = self.state.get_run(self.run_id)
+        run = self.row.get()
         c = self.expected_job_hours()
         done = c * (run["step"] / self.total_steps if self.total_steps else 0.0)
         planned = Progress(elapsed_hours=(time.time() - run["created"]) / 3600.0, done_hours=done, job_hours=c,
@@ -189,7 +192,7 @@ class Controller:
         self.lease.acquire_or_refuse(take_over)
         if take_over:
             self.event(Kind.DRIVER_TOOK_OVER, {"driver": self.lease.driver})
-        self.state.update_run(self.run_id, controller_pid=os.getpid())
+        self.row.update(controller_pid=os.getpid())
         self.reconcile()
         while not self.guarded_step():
             time.sleep(self.timing.poll_seconds)
@@ -204,11 +207,10 @@ class Controller:
         """One controller step over the run's state: renew the lease, read, let the policy decide, act
         once, write back (state.db and the bucket's journal). True when this driver is done with the
         run: it ended, it was stopped, or another driver holds the lease now (then it acts no more)."""
-        with config.run_settings(self.run_settings):
-            return self._step()
+        with config.run_settings(self.run_settings), self.row.step() as run:
+            return self._step(run)
 
-    def _step(self) -> bool:
-        run = self.state.get_run(self.run_id)
+    def _step(self, run: dict) -> bool:
         if run["state"] in FINAL_RUN_STATES:
             return True
         if not self.lease.renew():
@@ -247,7 +249,7 @@ class Controller:
         """After the last step: strays swept and the lease handed back, if this driver still holds it."""
         if self.lease.held:
             self.sweep_strays()
-        self.state.update_run(self.run_id, controller_pid=None)
+        self.row.update(controller_pid=None)
         self.journal.flush()
         self.lease.release()
 
@@ -257,12 +259,12 @@ class Controller:
             self.end_run("stopped", f"budget ${budget:g} spent")
             return
         kind, offer = self.decide(None)
-        if self.state.get_run(self.run_id)["state"] in FINAL_RUN_STATES:
+        if self.row.fresh()["state"] in FINAL_RUN_STATES:
             return  # stopped by `down` (from another process) while this step decided: launch nothing
         if kind == WAIT or offer is None:
-            self.state.update_run(self.run_id, state="recovering")
+            self.row.update(state="recovering")
             return
-        self.state.update_run(self.run_id, state="launching")
+        self.row.update(state="launching")
         self.memo.launch_offer = offer  # its price bounds the host's lifetime cap (agent config's self_end)
         try:
             inst = self.fleet.launch(kind, offer, self.launching.launch_spec)
@@ -277,7 +279,7 @@ class Controller:
                 self.event(Kind.SPOT_UNAVAILABLE, {"failed_launches": self.fleet.failed_launches(SPOT),
                                                    "next": "on-demand, to meet the deadline"})
             return
-        self.state.update_run(self.run_id, state="running")
+        self.row.update(state="running")
         n = len(self.attempts())
         cost_ledger.started(self.state, self.run_id, n, offer, kind, self.memo.launched_spec.root_volume_gb,
                             zone=inst.zone or offer.row.zone)
@@ -302,7 +304,7 @@ class Controller:
                 if cur.n > 1:
                     self._announce_resume(cur, status)
             simulated_reclaim.on_progress(self, self.provider, cur, step)
-            self.state.update_run(self.run_id, step=step)
+            self.row.update(step=step)
             self.emit(Kind.PROGRESS, {"attempt": cur.n, "phase": phase, "step": step, "total": self.total_steps,
                                       "it_per_s": status.get("it_per_s"), "cost": self.cost_so_far()})
         if self.spec.budget is not None:
@@ -342,7 +344,7 @@ class Controller:
             self.provider.renew_credentials(cur.instance_id, self.run_id, self.store_conf, events=lambda k, d: self.event(k, {"attempt": cur.n, **d}))
         if outcome != "ok":
             self._closed(cur, time.time())
-            self.state.update_run(self.run_id, state="recovering")
+            self.row.update(state="recovering")
             hostboot.check_unreported(self)
             return
         if cur.market == SPOT and self.spec.deadline_hours:
@@ -356,7 +358,7 @@ class Controller:
         resumed = status.get("resumed_from")
         if resumed is None:
             resumed = max(0, int(status["step"]) - 1)
-        done_before = steps_before(self.state, self.run_id, cur.n)  # as far as the attempts before got
+        done_before = steps_before(self.state, self.row.get(), cur.n)  # as far as the attempts before got
         self.event(Kind.RESUMED, {"attempt": cur.n, "from_step": int(resumed),
                                   "lost_steps": max(0, done_before - int(resumed)), "zone": cur.zone,
                                   "instance_type": cur.instance_type})
@@ -372,7 +374,7 @@ class Controller:
             # The host ended itself: its billing stopped then, not when the controller noticed.
             self.state.update_attempt(self.run_id, cur.n, end=max(ended_at, cur.start or ended_at))
         cost_ledger.closed(self.state, self.run_id, cur.n, self.provider, self.store, events=self.event,
-                           heartbeat_s=traits(self.spec.provider).host.heartbeat_seconds,
+                           heartbeat_s=self.plan.traits.host.heartbeat_seconds,
                            poll_s=self.timing.poll_seconds)
         lessons.learn_attempt(self, cur)  # its steady rate, start-up and reclaim (sdcloud speeds)
 
@@ -387,9 +389,9 @@ class Controller:
         """End the run in `state` (succeeded, failed, stopped) with one line of `reason`."""
         if state in ("stopped", "failed") and reason and "sdcloud resume" not in reason:
             # Every stop says how to carry on from the durable checkpoint.
-            run = self.state.get_run(self.run_id)
+            run = self.row.get()
             reason += f"; resume with: sdcloud resume {run.get('name') or self.run_id}"
-        self.state.update_run(self.run_id, state=state, reason=reason)
+        self.row.update(state=state, reason=reason)
         self.event(run_ended(state), {"reason": reason} if reason else {})
 
     def finish_stop(self, reason: str) -> None:
@@ -404,7 +406,7 @@ class Controller:
     def reconcile(self) -> None:
         """Bring the state store and the provider into agreement after a restart; a driver that takes up
         the run has its inputs in the bucket first (staged here, or the record a driver before it made)."""
-        if self.state.get_run(self.run_id)["state"] in ACTIVE_RUN_STATES:
+        if self.row.get()["state"] in ACTIVE_RUN_STATES:
             self.ensure_inputs()
         with config.run_settings(self.run_settings):
             self.fleet.reconcile(on_end=self._closed)
@@ -412,17 +414,7 @@ class Controller:
 
     def sweep_strays(self) -> None:
         """Terminate instances of this run that no open attempt owns (zero leaked instances)."""
-        self.fleet.sweep_strays(keep_open=self.state.get_run(self.run_id)["state"] in ACTIVE_RUN_STATES)
-
-
-class _Named:
-    """A provider seen under the name the run chose (test doubles may not carry `name`)."""
-
-    def __init__(self, inner, name: str):
-        self.inner, self.name = inner, name
-
-    def __getattr__(self, attr):
-        return getattr(self.inner, attr)
+        self.fleet.sweep_strays(keep_open=self.row.get()["state"] in ACTIVE_RUN_STATES)
 
 
 def main(argv: list[str] | None = None) -> int:

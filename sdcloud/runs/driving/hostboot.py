@@ -102,7 +102,7 @@ def check_limit(ctrl: RunOwner, phase: str | None = None) -> None:
         where = f" (last: phase {phase})" if phase else ""
         ctrl.end_run("failed", f"{n} failed boots in a row{where}; see: sdcloud logs {ctrl.run_id}")
     else:
-        ctrl.state.update_run(ctrl.run_id, state="recovering")
+        ctrl.set_state("recovering")
 
 
 # -- why an attempt ended ---------------------------------------------------------------------------

@@ -13,11 +13,12 @@ import os
 from typing import Any, Protocol
 
 from ...providers.base import LaunchSpec
-from ...providers.traits import Hosts, traits
+from ...providers.traits import Hosts
 from . import hostboot
 from .agent_config import agent_config, self_end_config
 from .owner import Memo
-from ..inputs.spec import RunSpec
+from .run_row import RunRow
+from ..inputs.spec import RunPlan, RunSpec
 from ..records.state import StateStore
 
 
@@ -27,6 +28,8 @@ class LaunchOwner(Protocol):
 
     run_id: str
     spec: RunSpec
+    plan: RunPlan  # the spec with its tier and provider traits resolved (runs/inputs/spec.py)
+    row: RunRow  # the run's row, read once a step (run_row.py)
     state: StateStore
     store: Any
     store_conf: dict
@@ -63,16 +66,16 @@ class LaunchInputs:
     def launch_spec(self, n: int) -> LaunchSpec:
         """What attempt `n`'s host is launched with: its agent config, user-data and environment."""
         own = self.owner
-        agent = agent_config(own.spec, own.run_id, n, own.total_steps, own.store_conf,
+        agent = agent_config(own.plan, own.run_id, n, own.total_steps, own.store_conf,
                              reclaim_mean_hours=self.reclaim_mean_hours())
         agent["dataset"] = self.dataset_for_host()
         agent["model"] = self.model_for_host()
         agent["self_end"] = self.self_end_config()
         user_data = ""
-        if traits(own.spec.provider).is_cloud:
+        if own.plan.traits.is_cloud:
             user_data = hostboot.cloud_user_data(own.spec.provider, own.store, agent, own.infra)
         env = {}
-        if traits(own.spec.provider).hosts is Hosts.THIS_MACHINE:
+        if own.plan.traits.hosts is Hosts.THIS_MACHINE:
             # Credentials for an S3 store reach a local host through its environment, never a file.
             env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "TENCENTCLOUD_"))}
         own.memo.launched_spec = LaunchSpec(run_id=own.run_id, attempt=n, user_data=user_data, agent_config=agent,
@@ -93,6 +96,6 @@ class LaunchInputs:
         """How the host ends itself (agent_config.self_end_config), priced by the offer being launched."""
         own = self.owner
         offer = own.memo.launch_offer
-        return self_end_config(own.spec, own.state.get_run(own.run_id)["created"],
+        return self_end_config(own.spec, own.row.get()["created"],
                                offer.price_per_hour_usd if offer is not None else None, own.cost_so_far,
                                own.timing.poll_seconds, own.expected_job_hours())

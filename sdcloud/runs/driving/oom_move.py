@@ -51,7 +51,7 @@ def on_out_of_memory(ctrl: RunOwner, cur: Any, status: dict) -> None:
                                 "and no candidate offer has more VRAM; pick a tier with a bigger GPU")
         return
     ctrl.fleet.candidates = bigger
-    ctrl.state.update_run(ctrl.run_id, state="recovering")
+    ctrl.set_state("recovering")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def weigh_throttle(ctrl: RunOwner, cur: Any, status: dict | None, *, total_steps
         ctrl.fleet.cool_down(key, THROTTLE_CAUSE)
         ctrl.event(Kind.THROTTLE_MOVE, ev)
         ctrl.end_attempt(cur, THROTTLE_CAUSE)
-        ctrl.state.update_run(ctrl.run_id, state="recovering")
+        ctrl.set_state("recovering")
         return True
     ctrl.event(Kind.THROTTLE_MOVE, ev)
     return False

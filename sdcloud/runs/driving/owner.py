@@ -72,11 +72,13 @@ class Memo:
         return memo
 
 
-def steps_before(state: StateStore, run_id: str, n: int) -> int:
+def steps_before(state: StateStore, run: dict, n: int) -> int:
     """The furthest step the attempts before attempt `n` reached, as they were seen (the cost ledger's
     last training step of each, the step their host reported when it was reclaimed or lost); the
     run's step when none was seen. A resume's lost steps are counted from it: the figure of the
-    moment it happened, whichever driver records it and whenever (not the run's step by then)."""
+    moment it happened, whichever driver records it and whenever (not the run's step by then).
+    `run`: the run's row, as the step read it."""
+    run_id = run["id"]
     seen = [int(c["last_step"]) for k, c in state.attempt_costs(run_id).items()
             if k < n and c.get("last_step") is not None]
     seen += [int(e["data"]["step"]) for e in state.events(run_id)
@@ -84,8 +86,7 @@ def steps_before(state: StateStore, run_id: str, n: int) -> int:
              and int(e["data"].get("attempt") or 0) < n]
     if seen:
         return max(seen)
-    run = state.get_run(run_id)
-    return int(run["step"]) if run else 0
+    return int(run["step"] or 0)
 
 
 class RunOwner(Protocol):
@@ -109,3 +110,7 @@ class RunOwner(Protocol):
 
     def end_run(self, state: str, reason: str | None) -> None:
         """End the run (or job) in `state` with one line of `reason`."""
+
+    def set_state(self, state: str) -> None:
+        """Put the run (or job) in `state` ('recovering'): through its driver, so that what the
+        driver read of the run this step stays current (runs/driving/run_row.py)."""

@@ -1,6 +1,10 @@
 """What a run is asked to do: `sdcloud up` flags over an optional run file (YAML or TOML).
 
 Validation happens here, before anything is launched: every bad value is one UserError line.
+`build_spec` returns a `RunPlan`: the spec with what it resolves to (the tier, the provider's
+traits, the USD amounts checked by money.usd), resolved once here; a run row read back becomes a
+plan with `RunPlan.of_run`. The controller, the agent config and the summary carry the plan and
+never look a tier name up again.
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ from typing import Any
 
 from ...durations import parse_duration, parse_seconds  # noqa: F401 - re-exported: callers import them from here
 from ...errors import UserError
+from ...money import usd
 from ...names import match_name
-from ...providers.traits import names as provider_names
+from ...providers.traits import ProviderTraits, names as provider_names, traits
 from ...offers.kinds import RunKind
-from ...offers.tiers import get_tier
+from ...offers.tiers import Tier, get_tier
 
 TRAINERS = ("builtin", "diffusers", "kohya", "command")
 
@@ -50,6 +55,37 @@ class RunSpec:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's spec with its names resolved once: the `Tier` object, the provider's traits, and the
+    budget (USD) and max price (USD per hour) as money.usd checked them when the spec was built."""
+
+    spec: RunSpec
+    tier: Tier
+    traits: ProviderTraits
+
+    @property
+    def budget(self) -> float | None:
+        return self.spec.budget
+
+    @property
+    def max_price(self) -> float | None:
+        return self.spec.max_price
+
+    def as_dict(self) -> dict:
+        """The spec as the run row stores it (the plan's resolved parts are resolved again on reading)."""
+        return self.spec.as_dict()
+
+    @classmethod
+    def of(cls, spec: RunSpec) -> "RunPlan":
+        return cls(spec, get_tier(spec.tier), traits(spec.provider))
+
+    @classmethod
+    def of_run(cls, run: dict) -> "RunPlan":
+        """The plan of a training run's row (the boundary where a stored spec is read back)."""
+        return cls.of(RunSpec(**run["spec"]))
 
 
 FIELDS = {f.name for f in fields(RunSpec)}
@@ -117,8 +153,9 @@ def _simulates_reclaim(provider: str) -> bool:
     return issubclass(provider_class(provider), SimulatesReclaim)
 
 
-def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
-    """Flags (non-None values in `overrides`) override the run file; the result is validated."""
+def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
+    """Flags (non-None values in `overrides`) override the run file; the result is validated and
+    resolved (its tier, its provider's traits) into the run's plan."""
     data = load_runfile(runfile) if runfile else {}
     data.update({k: v for k, v in overrides.items() if v is not None})
     from .config_check import check_settings
@@ -126,25 +163,24 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
     check_settings()  # every section of config.toml, before the run exists (not only what this run reads)
     if "tier" not in data:
         raise UserError("--tier is required (or `tier:` in the run file); see: sdcloud tiers")
-    tier_obj = get_tier(str(data["tier"]))
-    if tier_obj.kind is not RunKind.TRAIN:
-        raise UserError(f"tier {tier_obj.name} makes images, it does not train: run it with "
-                        f"sdcloud batch submit --tier {tier_obj.name} --model M --prompts FILE")
-    data["tier"] = tier_obj.name
+    tier = get_tier(str(data["tier"]))  # the one look-up of the tier name: the plan carries the Tier
+    if tier.kind is not RunKind.TRAIN:
+        raise UserError(f"tier {tier.name} makes images, it does not train: run it with "
+                        f"sdcloud batch submit --tier {tier.name} --model M --prompts FILE")
+    data["tier"] = tier.name
     data["provider"] = match_name(data.get("provider", "local"), provider_names(), "provider")
+    kind = traits(data["provider"])
     if data.get("region"):
-        from ...providers.traits import traits
-
-        if not traits(data["provider"]).default_region:  # a provider without regions (this machine, SSH hosts)
+        if not kind.default_region:  # a provider without regions (this machine, SSH hosts)
             raise UserError(f"--region {data['region']}: the {data['provider']} provider has no regions; "
                             "leave --region out (or [defaults] region in config.toml)")
     if data.get("market", "spot") not in ("spot", "on-demand"):
         raise UserError(f"market must be spot or on-demand, got {data['market']!r}")
     data["trainer"] = match_name(data.get("trainer", "builtin"), TRAINERS, "trainer")
-    if data.get("max_price") is not None:
-        data["max_price"] = _positive(data["max_price"], "--max-price")
+    if data.get("max_price") is not None:  # USD amounts: money.usd, the one check of them
+        data["max_price"] = usd(data["max_price"], "--max-price", per_hour=True)
     if data.get("budget") is not None:
-        data["budget"] = _positive(data["budget"], "--budget")
+        data["budget"] = usd(data["budget"], "--budget")
     if data.get("deadline_hours") is not None:
         data["deadline_hours"] = parse_duration(data["deadline_hours"])
     if data.get("steps") is not None:
@@ -175,7 +211,6 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
         raise UserError(f"dataset path {dataset} does not exist")
     from .training import check_model_family, check_trainer_args, merge_trainer_args, resolve_model
 
-    tier = get_tier(str(data["tier"]))
     # `--trainer-arg KEY=VALUE` pairs go over the run file's trainer_args; a mapping stays one.
     data["trainer_args"] = merge_trainer_args(data.get("trainer_args"), data.pop("trainer_arg", None) or [])
     data["model"] = resolve_model(data.get("model"), data.get("provider", "local"), tier)
@@ -190,9 +225,7 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
         from .datasets import check_dataset
 
         check_dataset(Path(str(dataset)).expanduser())
-        from ...providers.traits import traits
-
-        limit = traits(data["provider"]).object_key_bytes if data.get("provider") in provider_names() else None
+        limit = kind.object_key_bytes
         if limit:  # the cloud's bucket refuses a longer key: refused here, before anything launches
             from .datasets import check_keys
 
@@ -203,4 +236,4 @@ def build_spec(runfile: str | None, overrides: dict) -> RunSpec:
 
     # The trainer's own parser, here rather than on a host that boots to print its usage text.
     check_trainer_flags(spec, tier, spec.steps or tier.job_size)
-    return spec
+    return RunPlan(spec, tier, kind)

@@ -140,7 +140,7 @@ def _stage(ctl: Any, drive: str | None) -> dict:
         from .carry import carry_trainer_sources
 
         # Here, where GitHub (or the user's mirror) is reachable; the host and the driver find it in the bucket.
-        agent = agent_config(spec, run_id, 1, ctl.total_steps, ctl.store_conf)
+        agent = agent_config(ctl.plan, run_id, 1, ctl.total_steps, ctl.store_conf)
         agent["network"] = net
         carried = carry_trainer_sources(ctl.store, agent)
     data = {"dataset": dataset, "model": model, "settings": settings,

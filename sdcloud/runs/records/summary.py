@@ -7,10 +7,9 @@ from ...errors import UserError
 from ...offers.catalog import load_catalog
 from ...offers.kinds import RunKind
 from ...offers.optimizer import rank
-from ...offers.tiers import get_tier
 from ...providers.traits import names
 from ..driving import health_view
-from ..inputs.spec import RunSpec
+from ..inputs.spec import RunPlan, RunSpec
 from .state import ACTIVE_RUN_STATES, StateStore, run_kind
 
 
@@ -43,12 +42,13 @@ def summary(state: StateStore, run_id: str) -> dict:
     out["health"] = health_view.latest(state, run["id"])
     spec = RunSpec(**run["spec"])
     if spec.provider in names(where=lambda t: not t.is_cloud):
-        # A run on this machine or the user's boxes: what the best cloud offer would have cost.
+        # A run on this machine or the user's boxes: what the best cloud offer would have cost (the
+        # row read back as a plan: its tier resolved here, at the boundary).
         try:
             from ...speeds.book import load_book
 
             # Ranked as `offers` ranks: the rates recorded and observed here first.
-            best = rank(get_tier(spec.tier), load_catalog(), market="spot", job_size=run["total_steps"],
+            best = rank(RunPlan.of_run(run).tier, load_catalog(), market="spot", job_size=run["total_steps"],
                         book=load_book(state, spec.trainer))[0]
             out["best_cloud_offer"] = {k: best.as_dict()[k] for k in ("provider", "region", "instance_type", "gpu", "market",
                                                                        "price_per_hour_usd", "est_hours", "est_cost")}
