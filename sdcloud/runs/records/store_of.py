@@ -97,7 +97,7 @@ def _dialect_url(url: str | None) -> bool:
 def url_conf(url: str, region: str | None = None) -> dict:
     """The store config of a bucket URL the user typed: a scheme that is a provider's own bucket
     dialect (`cos://`) in that dialect, opened with this machine's keys for that cloud."""
-    from ..providers.loader import run_store
+    from ...providers.loader import run_store
 
     from ..inputs.preflight import check_store_url
     from .store import store_config
