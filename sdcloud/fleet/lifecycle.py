@@ -226,6 +226,11 @@ class Fleet:
         failed-boot limit, so that no cause relaunches without a bound."""
         inst = (next(iter(self.provider.describe([cur.instance_id], region=cur.region)), None)
                 if cur.instance_id else None)
+        if inst is None and heartbeat and phase != "preempted" and time.time() - heartbeat <= self.timing.heartbeat_timeout:
+            # The provider here does not know the instance (another machine launched it: a local
+            # host of that machine), but the host's heartbeat in the bucket is fresh: it trains on,
+            # and is adopted through the bucket, never declared gone.
+            return "ok"
         gone = inst is None or not inst.live
         if gone and phase != "preempted" and inst is not None and inst.state == FAILED:
             self.event(Kind.HOST_FAILED, {"attempt": cur.n, "instance": cur.instance_id, "phase": phase,
@@ -234,7 +239,9 @@ class Fleet:
             self.cool_down(attempt_zone_key(cur.provider, cur.region, cur.zone, cur.instance_type), "host-failed")
             return "host-failed"
         if phase == "preempted" or gone:
-            reason = "preempted" if (phase == "preempted" or cur.market == SPOT) else "lost"
+            # A reclaim only where one was announced: the host's notice, or the cloud's own word
+            # that the spot instance is no more (an instance nobody here knows of is merely lost).
+            reason = "preempted" if (phase == "preempted" or (cur.market == SPOT and inst is not None)) else "lost"
             # `reported`: whether the host ever wrote a heartbeat. Hosts that vanish before they
             # report, attempt after attempt, are bounded too (hostboot.check_unreported).
             self.event(Kind.RECLAIMED if reason == "preempted" else Kind.HOST_LOST,

@@ -93,3 +93,23 @@ def test_watch_on_a_second_machine_follows_a_run_another_machine_drives(tmp_path
     assert rc == 0, err
     assert err.count("driven by sdcloud on laptop-a (pid 4242)") == 1, err
     assert "no controller" not in err
+
+
+def test_a_lease_handed_back_is_not_aged_from_zero(tmp_path):
+    """A released lease keeps no expiry (0 in its body): `status` says it was handed back, never that it
+    lapsed some 1.8 billion seconds ago; a lapsed one is aged on the one clock that wrote it."""
+    from sdcloud.runs.records import lease as drv
+
+    _, store, _, rid = _a_run_in_its_bucket(tmp_path, "r-whod0003")
+    laptop = drv.DriverLease(store, rid, 5.0, "laptop-a:4242")
+    assert laptop.acquire()
+    laptop.release()
+    h = drv.holder(store, rid)
+    line = drv.driving_line(h, rid)
+    assert not h.live and h.expires_in == 0 and h.released
+    assert line == f"nobody drives run {rid}: sdcloud on laptop-a (pid 4242) handed it back", line
+    now = time.time()
+    other = drv.DriverLease(store, rid, 5.0, "laptop-b:7", clock=lambda: now)
+    assert other.acquire()
+    later = drv.holder(store, rid, now=now + other.ttl + 30)
+    assert "lapsed 30 s ago" in drv.driving_line(later, rid)

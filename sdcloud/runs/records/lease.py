@@ -301,6 +301,7 @@ class Holder:
     live: bool  # the lease keeps other drivers out now
     expires_in: float  # seconds (negative: lapsed that long ago)
     parked: bool = False  # a function's invocation is done; its next one continues
+    released: bool = False  # its driver handed it back (a released lease keeps no expiry time)
     host: str | None = None
     pid: int | None = None
     function: str | None = None
@@ -314,9 +315,12 @@ class Holder:
         if "kind" not in body and ident["kind"] == DAEMON:
             ident["kind"] = MACHINE  # a lease written before it said: not known to be a daemon
         expires = float(body.get("expires_at") or 0.0)
-        live = not body.get("released") and expires > now and not _dead_here(worker)
-        return cls(worker=worker, kind=str(ident["kind"]), live=live, expires_in=round(expires - now, 1),
-                   parked=bool(body.get("parked")), host=ident.get("host"), pid=ident.get("pid"),
+        released = bool(body.get("released"))
+        live = not released and expires > now and not _dead_here(worker)
+        # A released lease is written with no expiry (0): its age is not counted from the epoch.
+        left = 0.0 if released or expires <= 0 else round(expires - now, 1)
+        return cls(worker=worker, kind=str(ident["kind"]), live=live, expires_in=left,
+                   parked=bool(body.get("parked")), released=released, host=ident.get("host"), pid=ident.get("pid"),
                    function=ident.get("function"), invocation=ident.get("invocation"))
 
     def as_dict(self) -> dict:
@@ -350,5 +354,6 @@ def driving_line(h: Holder | None, run_id: str) -> str | None:
                 f"(its lease runs {max(0, int(h.expires_in))} s more)")
     if h.live:
         return f"driven by {describe(h)} (its lease runs {max(0, int(h.expires_in))} s more)"
-    return (f"nobody drives run {run_id}: the lease of {describe(h)} lapsed {max(0, int(-h.expires_in))} s ago"
-            if h.expires_in <= 0 else f"nobody drives run {run_id}: {describe(h)} handed it back")
+    if h.released or h.expires_in == 0:
+        return f"nobody drives run {run_id}: {describe(h)} handed it back"
+    return f"nobody drives run {run_id}: the lease of {describe(h)} lapsed {max(0, int(-h.expires_in))} s ago"
