@@ -262,15 +262,16 @@ class Fleet:
             return "boot-timeout"
         return "ok"
 
-    def end(self, cur: Any, reason: str) -> float:
-        """Mark, then terminate: a crash in between is finished by reconcile(). Returns the end time."""
+    def end(self, cur: Any, reason: str, at: float | None = None) -> float:
+        """Mark, then terminate: a crash in between is finished by reconcile(). Returns the end time:
+        now, or `at` when the host's own end is known and earlier (it ended itself, asked to)."""
         self.records.update_attempt(self.owner_id, cur.n, state="terminating", end_reason=reason)
         if cur.instance_id:
             try:
                 self.provider.terminate([cur.instance_id], region=cur.region)
             except ProviderError as exc:
                 self.event(Kind.TERMINATE_FAILED, {"attempt": cur.n, "error": str(exc)})
-        end = time.time()
+        end = time.time() if at is None else min(at, time.time())
         self.records.update_attempt(self.owner_id, cur.n, state="ended", end=end)
         return end
 

@@ -5,7 +5,8 @@ provider with a background controller; the second takes it with `watch RUN --dri
 while, then Ctrl-C hands it to a background controller of its own. The first machine's host is
 adopted through the bucket (its heartbeat, its lease, its checkpoints): it is never declared gone,
 no second host is launched beside it, and the run finishes `succeeded` at its last step with no
-reclaim in its cost report.
+reclaim in its cost report. And `down` from the second machine ends the host that trains: the
+first machine's, which only the bucket reaches from there.
 """
 
 from __future__ import annotations
@@ -127,3 +128,57 @@ def test_watch_drive_from_a_second_machine_adopts_the_host_and_the_run_succeeds(
     report = sdcloud(second, "cost", "report", rid, "--format", "json")
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)["totals"]["reclaims"] == 0, report.stdout
+
+
+@pytest.mark.slow
+def test_down_from_the_second_machine_ends_the_host_the_first_one_launched(tmp_path, sdcloud_home):
+    from sdcloud_agent import manifest
+    from sdcloud_agent.store import open_store
+
+    bucket = tmp_path / "shared-bucket"
+    bucket.mkdir()
+    url = bucket.as_uri()
+    store = open_store({"url": url})
+    first, second = sdcloud_home, tmp_path / "second-machine"
+    up = sdcloud(first, "up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", "400",
+                 "--checkpoint-every", "4", "--trainer-arg", "min-step-seconds=0.25", "--store", url, "--detach",
+                 "--yes", "--json")
+    assert up.returncode == 0, up.stderr
+    rid = json.loads(up.stdout)["run"]
+
+    def durable() -> int:
+        newest = manifest.newest_complete(store, f"runs/{rid}")
+        return newest.step if newest else 0
+
+    try:
+        wait_until(lambda: durable() >= 4, timeout=300, every=0.5)
+        [host] = wait_until(lambda: _hosts(str(first)), timeout=30)
+        assert sdcloud(second, "status", rid, "--store", url).returncode == 0
+        watching = subprocess.Popen([sys.executable, "-m", "sdcloud.cli", "watch", rid, "--drive"], env=_env(second),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: json.loads(store.get(f"runs/{rid}/leases/driver.json")).get("pid") == watching.pid,
+                       timeout=60, every=0.3)
+            time.sleep(3)
+            watching.send_signal(signal.SIGINT)
+            watching.communicate(timeout=60)
+        finally:
+            if watching.poll() is None:
+                watching.kill()
+        down = sdcloud(second, "down", rid, timeout=240)
+        assert down.returncode == 0, down.stderr
+        assert "stopped" in down.stdout, down.stdout
+        wait_until(lambda: host not in _hosts(str(first)), timeout=30)
+        run, events = _journal(store, rid)
+    finally:
+        sdcloud(second, "down", rid, timeout=120)
+        sdcloud(first, "down", rid, timeout=120)
+    kinds = [e["kind"] for e in events]
+    assert run["run"]["state"] == "stopped", run["run"]
+    assert "reclaimed" not in kinds and "host-lost" not in kinds, kinds
+    [attempt] = run["attempts"]
+    assert attempt["end_reason"] == "stopped"
+    assert run["run"]["step"] == durable(), "the run's step is its host's last durable checkpoint"
+    status = json.loads(store.get(f"runs/{rid}/status.json"))
+    assert status["phase"] == "preempted" and status["ended_by"] == "driver", status
+    assert attempt["end"] <= status["time"] + 1.0, "closed at the host's own end"

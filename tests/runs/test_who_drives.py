@@ -113,3 +113,22 @@ def test_a_lease_handed_back_is_not_aged_from_zero(tmp_path):
     assert other.acquire()
     later = drv.holder(store, rid, now=now + other.ttl + 30)
     assert "lapsed 30 s ago" in drv.driving_line(later, rid)
+
+
+def test_status_and_watch_read_the_bucket_again_without_store(tmp_path, capsys, sdcloud_home):
+    """Once reached by `status RUN --store URL`, every later `status RUN` shows what the run's driver
+    wrote to its bucket since, without --store again."""
+    from sdcloud.cli import main
+    from sdcloud.runs.records.journal import Journal
+
+    first, store, url, rid = _a_run_in_its_bucket(tmp_path, "r-whod0004")
+    assert main(["status", rid, "--store", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 3
+    first.update_run(rid, step=7)
+    Journal(first, store, rid).flush()
+    assert main(["status", rid, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 7
+    first.update_run(rid, state="succeeded", step=10)
+    Journal(first, store, rid).flush()
+    assert main(["watch", rid, "--interval", "0.1"]) == 0
+    assert "10/10" in capsys.readouterr().out
