@@ -24,6 +24,7 @@ from . import gpu, manifest as mf, staging
 from . import hostphases
 from . import oom as oomlib
 from . import health as healthlib
+from .end_request import ENDED_BY, EndRequestWatcher
 from .lease import Lease, LeaseHeld
 from .outcome import EXIT_FAILED, EXIT_LEASE_HELD, EXIT_PREEMPTED, EXIT_SUCCEEDED, Failure
 from . import selfend
@@ -152,6 +153,9 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath):
             signal.signal(signal.SIGTERM, self._on_sigterm)
         watcher = make_watcher(cfg.metadata)
         watch = WatchThread(watcher, self._on_notice, cfg.poll_seconds).start() if watcher else None
+        # A driver that cannot reach this host's instance asks it to save and end through the bucket.
+        asked = WatchThread(EndRequestWatcher(self.store, cfg.run_prefix, cfg.attempt, self._asked_to_end),
+                            self._on_notice, max(1.0, cfg.heartbeat_seconds)).start()
         self._start_self_end_watch()
         sync = CheckpointSync(self.store, cfg.run_prefix, keep=cfg.keep_checkpoints, run=cfg.run_id,
                               attempt=cfg.attempt, trainer=cfg.trainer)
@@ -175,6 +179,7 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath):
         finally:
             if watch:
                 watch.stop()
+            asked.stop()
             self.worker.close()
             self.health.stop()
             self.status.stop()
@@ -207,6 +212,11 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath):
         for h in self._handlers:
             logging.getLogger("sdcloud_agent").removeHandler(h)
             h.close()
+
+    def _asked_to_end(self, doc: dict) -> None:
+        """Its driver asked this host to end (end_request.py): status.json says so, not a reclaim."""
+        if self.status is not None and self.status.state.get("ended_by") != ENDED_BY:
+            self.status.update(ended_by=ENDED_BY, ended_why=str(doc.get("reason") or "stopped"))
 
     def _lease_lost(self) -> None:
         """A newer agent owns the run: stop the trainer and leave before another upload."""

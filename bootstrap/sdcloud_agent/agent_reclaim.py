@@ -75,8 +75,11 @@ class ReclaimPath:
         secs = time.monotonic() - t0
         log.warning("notice_to_durable_s=%.2f durable_step=%d uploads_done=%s", secs, durable, done)
         self.status.update(step=max(durable, 0))
-        self._set_cause("lifetime-cap" if getattr(self, "cap_reason", None) else "reclaim-notice")
-        why = f"lifetime cap reached ({self.cap_reason})" if self.cap_reason else "spot reclaim"
+        asked = self.status.state.get("ended_by") == "driver"  # end_request.py: its driver asked, no reclaim
+        self._set_cause("lifetime-cap" if getattr(self, "cap_reason", None) else
+                        "asked-to-end" if asked else "reclaim-notice")
+        why = (f"lifetime cap reached ({self.cap_reason})" if self.cap_reason else
+               "asked to end by its driver" if asked else "spot reclaim")
         self.status.set_phase("preempted", f"{why}: newest durable checkpoint is step {durable}"
                               + ("" if done else " (an upload did not finish in time)"))
         return EXIT_PREEMPTED

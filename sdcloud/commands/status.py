@@ -79,7 +79,9 @@ def status(run: str | None, as_json: bool, store_url: str | None) -> None:
     if run and store_url:
         _restore_from_bucket(state, run, store_url)
     if run:
-        found = find_run(state, run)
+        from ..runs.records.store_of import refresh_reached
+
+        found = refresh_reached(state, find_run(state, run))  # the bucket's newer history, when reached by it
         from ..verbs.self_ended import settle_self_ended
 
         if settle_self_ended(state, found):  # its host ended itself while nobody drove it

@@ -43,8 +43,10 @@ def watch(run: str, interval: float, take_over: bool) -> None:
         # Ctrl-C gives the run back (to the cloud driver or a background controller): it does not stop it.
         drive(state, found["id"], False, False, take_over=True, hand_back=True)
         return
+    from ..runs.records.store_of import refresh_reached
     from ..verbs.self_ended import settle_self_ended
 
+    found = refresh_reached(state, found)  # a run reached by its bucket's URL: what its driver wrote since
     if settle_self_ended(state, found):  # its host ended itself while nobody drove it: shown as it is
         found = state.get_run(found["id"])
     view = ProgressView(found["total_steps"], quiet=False)

@@ -265,7 +265,8 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
         "attempts": rows,
         "run_items": {i["item"]: {"amount": round(i["amount"], DECIMALS + 2), "currency": i["currency"],
                                   "usd": round(i["usd"], DECIMALS), "source": i["source"], "detail": i["detail"]} for i in run_items},
-        "reclaims": sum(1 for a in attempts if a.end_reason in ("preempted", "lost")),
+        # Only what a cloud or the simulation announced: a host lost from sight is no reclaim.
+        "reclaims": sum(1 for a in attempts if a.end_reason == "preempted"),
         "lost_hours": round(lost_h, DECIMALS),
         "lost_fraction": round(lost_h / hours_total, DECIMALS) if hours_total > 0 else 0.0,
         "lost_usd": round(lost_usd, DECIMALS),

@@ -226,6 +226,11 @@ class Fleet:
         failed-boot limit, so that no cause relaunches without a bound."""
         inst = (next(iter(self.provider.describe([cur.instance_id], region=cur.region)), None)
                 if cur.instance_id else None)
+        if inst is None and heartbeat and phase != "preempted" and time.time() - heartbeat <= self.timing.heartbeat_timeout:
+            # The provider here does not know the instance (another machine launched it: a local
+            # host of that machine), but the host's heartbeat in the bucket is fresh: it trains on,
+            # and is adopted through the bucket, never declared gone.
+            return "ok"
         gone = inst is None or not inst.live
         if gone and phase != "preempted" and inst is not None and inst.state == FAILED:
             self.event(Kind.HOST_FAILED, {"attempt": cur.n, "instance": cur.instance_id, "phase": phase,
@@ -234,7 +239,9 @@ class Fleet:
             self.cool_down(attempt_zone_key(cur.provider, cur.region, cur.zone, cur.instance_type), "host-failed")
             return "host-failed"
         if phase == "preempted" or gone:
-            reason = "preempted" if (phase == "preempted" or cur.market == SPOT) else "lost"
+            # A reclaim only where one was announced: the host's notice, or the cloud's own word
+            # that the spot instance is no more (an instance nobody here knows of is merely lost).
+            reason = "preempted" if (phase == "preempted" or (cur.market == SPOT and inst is not None)) else "lost"
             # `reported`: whether the host ever wrote a heartbeat. Hosts that vanish before they
             # report, attempt after attempt, are bounded too (hostboot.check_unreported).
             self.event(Kind.RECLAIMED if reason == "preempted" else Kind.HOST_LOST,
@@ -255,15 +262,16 @@ class Fleet:
             return "boot-timeout"
         return "ok"
 
-    def end(self, cur: Any, reason: str) -> float:
-        """Mark, then terminate: a crash in between is finished by reconcile(). Returns the end time."""
+    def end(self, cur: Any, reason: str, at: float | None = None) -> float:
+        """Mark, then terminate: a crash in between is finished by reconcile(). Returns the end time:
+        now, or `at` when the host's own end is known and earlier (it ended itself, asked to)."""
         self.records.update_attempt(self.owner_id, cur.n, state="terminating", end_reason=reason)
         if cur.instance_id:
             try:
                 self.provider.terminate([cur.instance_id], region=cur.region)
             except ProviderError as exc:
                 self.event(Kind.TERMINATE_FAILED, {"attempt": cur.n, "error": str(exc)})
-        end = time.time()
+        end = time.time() if at is None else min(at, time.time())
         self.records.update_attempt(self.owner_id, cur.n, state="ended", end=end)
         return end
 

@@ -268,3 +268,13 @@ def test_end_of_run_summary_uses_the_ledger(costed_run):
     assert s["cost"]["total"] == pytest.approx(hand["total"], abs=1e-4)
     assert s["cost"]["ondemand_equivalent"] == pytest.approx(hand["ondemand"], abs=1e-4)
     assert s["cost"]["reclaims"] == 2
+
+
+def test_a_host_lost_from_sight_is_not_counted_a_reclaim(costed_run):
+    """Reclaims are the ones a cloud (or the simulation) announced: an attempt whose host was lost
+    (its heartbeat stopped, its instance unknown here) is not one."""
+    from sdcloud.runs.driving.controller import summary
+
+    state, run_id, _ = costed_run
+    state.update_attempt(run_id, 2, end_reason="lost")
+    assert summary(state, run_id)["cost"]["reclaims"] == 1

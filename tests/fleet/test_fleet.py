@@ -130,3 +130,29 @@ def test_fleet_keeps_n_hosts_alive_and_replaces_a_reclaimed_one_elsewhere(sdclou
     assert cloud.instances["i-9999"].state == TERMINATED
     assert len(cloud.live()) == 2
     assert zone_key(ctl.candidates[0]).startswith("aws/us-east-1/")
+
+
+def test_an_instance_unknown_here_is_kept_while_its_heartbeat_is_fresh_and_never_counted_a_reclaim(sdcloud_home):
+    """A host that another machine launched is not in this machine's provider (a local host of that
+    machine): with a fresh heartbeat in the bucket it is adopted, not declared gone; once its heartbeat
+    stops it is lost, never a spot reclaim that nobody announced."""
+    import time
+
+    cloud = CloudDouble()
+    state = StateStore()
+    run_id = _run(state, "r-fleet004")
+    ctl = Controller(state, run_id, provider=cloud)
+    events = []
+    fleet = Fleet(run_id, cloud, "aws", state, ctl.candidates, get_policy("sdcloud"),
+                  lambda k, d: events.append((k, d)), Timing(poll_seconds=1, boot_timeout=60, heartbeat_timeout=60),
+                  spec_market="spot")
+    progress = Progress(elapsed_hours=0.0, done_hours=0.0, job_hours=1.0, deadline_hours=None)
+    fleet.keep_alive(1, progress, ctl.launching.launch_spec)
+    [cur] = fleet.open_attempts()
+    assert cur.market == "spot"
+    del cloud.instances[cur.instance_id]  # launched by the other machine: unknown here
+    assert fleet.check(cur, "training", time.time() - 5) == "ok"
+    assert fleet.open_attempts() and len(events) == 2, events  # launching, launched: nothing more
+    assert fleet.check(cur, "training", time.time() - 120) == "lost"
+    assert [k for k, _ in events if k in ("reclaimed", "host-lost")] == ["host-lost"], events
+    assert state.attempts(run_id)[0].end_reason == "lost"

@@ -93,3 +93,42 @@ def test_watch_on_a_second_machine_follows_a_run_another_machine_drives(tmp_path
     assert rc == 0, err
     assert err.count("driven by sdcloud on laptop-a (pid 4242)") == 1, err
     assert "no controller" not in err
+
+
+def test_a_lease_handed_back_is_not_aged_from_zero(tmp_path):
+    """A released lease keeps no expiry (0 in its body): `status` says it was handed back, never that it
+    lapsed some 1.8 billion seconds ago; a lapsed one is aged on the one clock that wrote it."""
+    from sdcloud.runs.records import lease as drv
+
+    _, store, _, rid = _a_run_in_its_bucket(tmp_path, "r-whod0003")
+    laptop = drv.DriverLease(store, rid, 5.0, "laptop-a:4242")
+    assert laptop.acquire()
+    laptop.release()
+    h = drv.holder(store, rid)
+    line = drv.driving_line(h, rid)
+    assert not h.live and h.expires_in == 0 and h.released
+    assert line == f"nobody drives run {rid}: sdcloud on laptop-a (pid 4242) handed it back", line
+    now = time.time()
+    other = drv.DriverLease(store, rid, 5.0, "laptop-b:7", clock=lambda: now)
+    assert other.acquire()
+    later = drv.holder(store, rid, now=now + other.ttl + 30)
+    assert "lapsed 30 s ago" in drv.driving_line(later, rid)
+
+
+def test_status_and_watch_read_the_bucket_again_without_store(tmp_path, capsys, sdcloud_home):
+    """Once reached by `status RUN --store URL`, every later `status RUN` shows what the run's driver
+    wrote to its bucket since, without --store again."""
+    from sdcloud.cli import main
+    from sdcloud.runs.records.journal import Journal
+
+    first, store, url, rid = _a_run_in_its_bucket(tmp_path, "r-whod0004")
+    assert main(["status", rid, "--store", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 3
+    first.update_run(rid, step=7)
+    Journal(first, store, rid).flush()
+    assert main(["status", rid, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 7
+    first.update_run(rid, state="succeeded", step=10)
+    Journal(first, store, rid).flush()
+    assert main(["watch", rid, "--interval", "0.1"]) == 0
+    assert "10/10" in capsys.readouterr().out

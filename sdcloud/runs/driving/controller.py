@@ -40,7 +40,7 @@ from ..inputs.spec import RunPlan, RunSpec
 from ..records import stop_request as stop_requests
 from ..records.state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore, run_kind
 from ..records.summary import summary
-from . import health_view, hostboot, lessons, oom_move, simulated_reclaim
+from . import health_view, hostboot, lessons, oom_move, remote_end, simulated_reclaim
 from .agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
 from .agent_reports import report_agent_problems
 from .background import controller_alive, detach
@@ -364,8 +364,9 @@ class Controller:
                                   "instance_type": cur.instance_type})
 
     def end_attempt(self, cur: Attempt, reason: str) -> None:
-        """End the attempt's host for `reason` and price it into the ledger."""
-        self._closed(cur, self.fleet.end(cur, reason))
+        """End the attempt's host for `reason` and price it into the ledger; a host only the bucket
+        reaches (another machine's) is asked to save and end there, and closed at its own end."""
+        self._closed(cur, self.fleet.end(cur, reason, at=remote_end.ask_host(self, cur, reason)))
 
     def _closed(self, cur: Attempt, end: float) -> None:
         """Price every item of an ended attempt (AWS spot from its zone's own price history) into the ledger."""
@@ -382,8 +383,7 @@ class Controller:
         """The current spot price of the attempt's own type and zone (Tencent: its one quote)."""
         from ...costs.pricing import utc
 
-        now = utc(time.time())
-        return self.provider.price_history(cur.instance_type, cur.zone, now, now)
+        return self.provider.price_history(cur.instance_type, cur.zone, (now := utc(time.time())), now)
 
     def end_run(self, state: str, reason: str | None) -> None:
         """End the run in `state` (succeeded, failed, stopped) with one line of `reason`."""

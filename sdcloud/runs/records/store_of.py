@@ -146,3 +146,17 @@ def refresh(state: Any, store: Any, run_id: str) -> dict | None:
         state.update_run(run_id, controller_pid=mine)
         found = state.get_run(run_id)
     return found
+
+
+def refresh_reached(state: Any, run: dict) -> dict:
+    """A run this machine reached by its bucket's URL (status --store) and does not drive: its rows
+    read again from the bucket, so that every `status` and `watch` shows what its driver wrote since,
+    without --store again. Best effort: a bucket that cannot be read now leaves the rows as they are."""
+    from ..driving.background import controller_alive
+
+    if remembered(run["id"]) is None or controller_alive(run):
+        return run
+    try:
+        return refresh(state, store_of(run), run["id"]) or run
+    except Exception:  # noqa: BLE001 - no network, no keys now: this machine's copy is shown
+        return run
