@@ -11,6 +11,7 @@ import threading
 import time
 
 from . import selfend
+from .end_request import ENDED_BY
 from .outcome import EXIT_LEASE_HELD, EXIT_PREEMPTED
 from .trainers.base import Context
 from .watchers import Notice
@@ -75,7 +76,7 @@ class ReclaimPath:
         secs = time.monotonic() - t0
         log.warning("notice_to_durable_s=%.2f durable_step=%d uploads_done=%s", secs, durable, done)
         self.status.update(step=max(durable, 0))
-        asked = self.status.state.get("ended_by") == "driver"  # end_request.py: its driver asked, no reclaim
+        asked = self.status.state.get("ended_by") == ENDED_BY  # its driver asked (end_request.py): no reclaim
         self._set_cause("lifetime-cap" if getattr(self, "cap_reason", None) else
                         "asked-to-end" if asked else "reclaim-notice")
         why = (f"lifetime cap reached ({self.cap_reason})" if self.cap_reason else

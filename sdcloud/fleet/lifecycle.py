@@ -95,6 +95,9 @@ class Fleet:
         self.max_price = max_price
         self.on_launched = on_launched
         self._last_sweep = 0.0
+        # Instances this fleet's provider has shown it (launched or described): one of them missing
+        # later is gone; one it never saw (another machine's local host) is judged by its heartbeat.
+        self._seen: set[str] = set()
 
     # attempts
     def attempts(self) -> list[Any]:
@@ -192,6 +195,7 @@ class Fleet:
             self.event(Kind.LAUNCH_FAILED, {"attempt": n, "offer": offer.key, "error": str(exc)})
             return None
         crash_point("after-launch")
+        self._seen.add(inst.id)
         self.records.update_attempt(self.owner_id, n, instance_id=inst.id, zone=inst.zone or offer.row.zone,
                                     state="running", start=time.time())
         self.event(Kind.LAUNCHED, {"attempt": n, "instance": inst.id, "zone": inst.zone, "adopted": inst.adopted})
@@ -226,12 +230,13 @@ class Fleet:
         failed-boot limit, so that no cause relaunches without a bound."""
         inst = (next(iter(self.provider.describe([cur.instance_id], region=cur.region)), None)
                 if cur.instance_id else None)
-        if inst is None and heartbeat and phase != "preempted" and time.time() - heartbeat <= self.timing.heartbeat_timeout:
-            # The provider here does not know the instance (another machine launched it: a local
-            # host of that machine), but the host's heartbeat in the bucket is fresh: it trains on,
-            # and is adopted through the bucket, never declared gone.
-            return "ok"
-        gone = inst is None or not inst.live
+        if inst is not None:
+            self._seen.add(inst.id)
+        # The provider here never knew the instance (another machine launched it: a local host of
+        # that machine): it is adopted through the bucket, judged by its heartbeat there (or its boot
+        # time), never declared gone for being absent here.
+        unknown = inst is None and phase != "preempted" and cur.instance_id not in self._seen
+        gone = not unknown and (inst is None or not inst.live)
         if gone and phase != "preempted" and inst is not None and inst.state == FAILED:
             self.event(Kind.HOST_FAILED, {"attempt": cur.n, "instance": cur.instance_id, "phase": phase,
                                           "state": inst.state})
@@ -239,9 +244,9 @@ class Fleet:
             self.cool_down(attempt_zone_key(cur.provider, cur.region, cur.zone, cur.instance_type), "host-failed")
             return "host-failed"
         if phase == "preempted" or gone:
-            # A reclaim only where one was announced: the host's notice, or the cloud's own word
-            # that the spot instance is no more (an instance nobody here knows of is merely lost).
-            reason = "preempted" if (phase == "preempted" or (cur.market == SPOT and inst is not None)) else "lost"
+            # A reclaim where one was announced: the host's notice, or the cloud's word that the spot
+            # instance it showed is no more (one never seen here, whose heartbeat stopped, is lost below).
+            reason = "preempted" if (phase == "preempted" or cur.market == SPOT) else "lost"
             # `reported`: whether the host ever wrote a heartbeat. Hosts that vanish before they
             # report, attempt after attempt, are bounded too (hostboot.check_unreported).
             self.event(Kind.RECLAIMED if reason == "preempted" else Kind.HOST_LOST,
@@ -300,6 +305,8 @@ class Fleet:
                     self.event(Kind.RECONCILE, {"attempt": a.n, "action": "no-instance"})
                 continue
             inst = next(iter(self.provider.describe([a.instance_id], region=a.region)), None)
+            if inst is not None:
+                self._seen.add(inst.id)
             if inst is not None and inst.live:
                 self.event(Kind.RECONCILE, {"attempt": a.n, "action": "resumed-watch", "instance": a.instance_id})
 

@@ -151,8 +151,28 @@ def test_an_instance_unknown_here_is_kept_while_its_heartbeat_is_fresh_and_never
     [cur] = fleet.open_attempts()
     assert cur.market == "spot"
     del cloud.instances[cur.instance_id]  # launched by the other machine: unknown here
+    events.clear()
+    fleet = Fleet(run_id, cloud, "aws", state, ctl.candidates, get_policy("sdcloud"),  # the second machine's
+                  lambda k, d: events.append((k, d)), Timing(poll_seconds=1, boot_timeout=60, heartbeat_timeout=60),
+                  spec_market="spot")
     assert fleet.check(cur, "training", time.time() - 5) == "ok"
-    assert fleet.open_attempts() and len(events) == 2, events  # launching, launched: nothing more
+    assert fleet.open_attempts() and events == [], events
     assert fleet.check(cur, "training", time.time() - 120) == "lost"
     assert [k for k, _ in events if k in ("reclaimed", "host-lost")] == ["host-lost"], events
     assert state.attempts(run_id)[0].end_reason == "lost"
+
+
+def test_an_instance_this_fleet_saw_that_vanished_is_gone_at_once(sdcloud_home):
+    """The control: a spot instance this fleet launched and the cloud no longer shows is a reclaim."""
+    import time
+
+    cloud = CloudDouble()
+    state = StateStore()
+    run_id = _run(state, "r-fleet005")
+    ctl = Controller(state, run_id, provider=cloud)
+    fleet = Fleet(run_id, cloud, "aws", state, ctl.candidates, get_policy("sdcloud"), lambda k, d: None,
+                  Timing(poll_seconds=1, boot_timeout=60, heartbeat_timeout=60), spec_market="spot")
+    fleet.keep_alive(1, Progress(0.0, 0.0, 1.0, None), ctl.launching.launch_spec)
+    [cur] = fleet.open_attempts()
+    del cloud.instances[cur.instance_id]
+    assert fleet.check(cur, "training", time.time() - 5) == "preempted"
