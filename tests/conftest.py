@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -169,6 +170,10 @@ def sdcloud_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # boto3's default session keeps the keys it first found: a test's stores sign with the keys its
+    # own environment holds, never with those an earlier test on this worker left there.
+    if "boto3" in sys.modules:
+        sys.modules["boto3"].DEFAULT_SESSION = None
     # Output detail is a process-wide setting (-q/-v): a test starts at normal, whatever ran before it.
     from sdcloud import render
 
