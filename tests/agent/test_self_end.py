@@ -477,13 +477,19 @@ def test_the_lifetime_cap_saves_uploads_and_ends_the_host(tmp_path):
     shim = tmp_path / "shutdown"
     shim.write_text(f"#!/bin/sh\necho \"shutdown $@\" >> {rec}\n")
     shim.chmod(0o755)
+    # The cap counts from the launch, and on a loaded machine the agent and its trainer take seconds
+    # just to start: give the cap 6 s of training beyond what starting both took here, just now, so
+    # the cap falls mid-training and not before the first step.
+    began = time.time()
+    subprocess.run([sys.executable, "-c", "import sdcloud_agent.agent"], check=True, timeout=120)
+    startup = time.time() - began
     now = time.time()
     cfg = {"run_id": "cap", "attempt": 1, "trainer": "command", "trainer_args": [sys.executable, FAKE],
            "steps": 100000, "checkpoint_every": 100000, "store": store_conf, "metadata": {"kind": "none"},
            "workdir": str(tmp_path / "work"), "nvme": False, "require_gpu": False, "heartbeat_seconds": 0.5,
            "poll_seconds": 0.2,
-           # A 6 s cap (the figures' own cap is tested above): the notice comes 5 s before it.
-           "self_end": {"provider": "aws", "cap_s": 6, "grace_s": 600, "launched_at": now,
+           # A short cap (the figures' own cap is tested above): the notice comes 5 s before it.
+           "self_end": {"provider": "aws", "cap_s": 6 + 2 * startup, "grace_s": 600, "launched_at": now,
                         "unattended_after_s": 2}}
     path = tmp_path / "agent.json"
     path.write_text(json.dumps(cfg))
