@@ -30,6 +30,8 @@ DEFAULT_PORT = 29500
 # minutes later than the others (its own environment restore, a slower zone).
 DEFAULT_TIMEOUT_S = 900.0
 POLL_S = 1.0
+# The trainer's limit on joining and on each collective (trainers/builtin/distributed.py reads it).
+TIMEOUT_ENV = "SDCLOUD_RENDEZVOUS_TIMEOUT_S"
 
 
 class RendezvousTimeout(Exception):
