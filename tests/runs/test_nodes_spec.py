@@ -24,3 +24,12 @@ def test_a_bad_node_count_is_refused_before_launch(sdcloud_home, bad):
 
     with pytest.raises(UserError, match="--nodes"):
         build_spec(None, {"tier": "sd15-lora", "nodes": bad})
+
+
+def test_each_host_of_a_group_caps_its_life_by_the_groups_burn(sdcloud_home):
+    from sdcloud.runs.driving.agent_config import self_end_config
+    from sdcloud.runs.inputs.spec import build_spec
+
+    spec = build_spec(None, {"tier": "sd15-lora", "nodes": "4", "budget": "10"}).spec
+    se = self_end_config(spec, 0.0, 1.5, lambda: 2.0, 1.0, 1.0)
+    assert se["price_per_hour"] == 6.0 and se["budget_left"] == 8.0

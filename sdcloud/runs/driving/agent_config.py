@@ -84,6 +84,8 @@ def self_end_config(spec: RunSpec, created: float, price_per_hour: float | None,
     unattended, and the figures of its lifetime cap (this host's price, the budget left, the
     deadline, the estimate). `spent` is called only when the run has a budget."""
     budget_left = None if spec.budget is None else max(0.0, spec.budget - spent())
+    if price_per_hour is not None:  # every host of a group guards the run's budget: the group's burn
+        price_per_hour *= max(1, int(spec.nodes or 1))
     deadline_at = created + spec.deadline_hours * 3600 if spec.deadline_hours else None
     return {"provider": spec.provider, "grace_s": self_end_grace(spec),
             # A few polls without the controller's heartbeat: nobody drives the run.
