@@ -84,7 +84,10 @@ class NodeGroup:
                 rv = rendezvous.wait_for(self.store, cfg.attempt, cfg.rendezvous_timeout_s,
                                          run_prefix=cfg.run_prefix, stop=self.notice_event.is_set)
             except rendezvous.RendezvousTimeout as exc:
-                raise Failure(f"node {cfg.node_rank}: {exc}", cause="rendezvous-timeout") from None
+                # This host's problem, as a boot that failed: the controller ends the group's attempt
+                # and launches a fresh group (failed boots in a row end the run).
+                raise Failure(f"node {cfg.node_rank}: {exc}", boot_phase="rendezvous",
+                              cause="rendezvous-timeout") from None
             log.info("rendezvous: joining rank 0 at %s:%d after %.1fs", rv.addr, rv.port, time.monotonic() - t0)
         ctx.rendezvous, ctx.node_rank = rv, cfg.node_rank
         ctx.env[rendezvous.TIMEOUT_ENV] = str(int(cfg.rendezvous_timeout_s))

@@ -57,7 +57,7 @@ def test_a_host_that_cannot_join_fails_the_attempt_with_the_reason(tmp_path):
     late = Host(tmp_path, nodes=2, node_rank=1, attempt=2, rendezvous_timeout_s=0.2)
     with pytest.raises(Failure) as err:
         late._join_group(_ctx(tmp_path))
-    assert err.value.cause == "rendezvous-timeout"
+    assert (err.value.cause, err.value.boot_phase) == ("rendezvous-timeout", "rendezvous")
     assert "node 1: rank 0 of attempt 2 did not publish its address" in str(err.value)
 
 

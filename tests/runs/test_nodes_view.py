@@ -43,3 +43,20 @@ def test_logs_node_beyond_the_group_is_one_line_exit_2(sdcloud_home, capsys):
     code = main(["logs", "r-one", "--node", "2"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--node 2: r-one runs on 2 hosts (nodes 0 to 1)" in err
+
+
+def test_a_failed_host_fails_the_groups_attempt_at_once(tmp_path):
+    from sdcloud.runs.records.nodes_view import group_status
+
+    store = open_store(f"file://{tmp_path}/bucket")
+    rank0 = {"attempt": 3, "phase": "training", "step": 4}
+    assert group_status(rank0, store, "r1", 2) == rank0  # node 1 has not written
+    store.put("runs/r1/nodes/1/status.json", json.dumps(
+        {"attempt": 3, "phase": "failed", "reason": "rank 0 of attempt 3 did not publish its address",
+         "failure_cause": "rendezvous-timeout", "boot_phase": "rendezvous"}).encode())
+    got = group_status(rank0, store, "r1", 2)
+    assert got["phase"] == "failed" and got["failure_cause"] == "rendezvous-timeout" and got["failed_node"] == 1
+    assert got["reason"].startswith("node 1: rank 0 of attempt 3")
+    assert got["boot_phase"] == "rendezvous"  # the controller relaunches the group, as after a failed boot
+    assert group_status({**rank0, "attempt": 4}, store, "r1", 2)["phase"] == "training"  # an older attempt's failure
+    assert group_status({**rank0, "phase": "preempted"}, store, "r1", 2)["phase"] == "preempted"

@@ -95,3 +95,22 @@ def node_hours_line(summ: dict) -> str | None:
         per[r["node"]] = per.get(r["node"], 0.0) + float(r["hours"] or 0)
     each = ", ".join(f"node {k} {h:.3f} h" for k, h in sorted(per.items()))
     return f"{len(per)} nodes: {sum(per.values()):.3f} node-hours ({each})"
+
+
+def group_status(doc: dict | None, store: Any, run_id: str, nodes: int) -> dict | None:
+    """Rank 0's status.json as the controller reads it, with the group folded in: while rank 0
+    has not ended, another host of the same attempt that failed (it could not join the rendezvous,
+    its agent broke) fails the group's attempt with that host's reason, so the controller ends
+    every host at once rather than wait for rank 0's trainer to time out."""
+    if nodes <= 1 or not doc or doc.get("phase") in ("succeeded", "failed", "preempted"):
+        return doc
+    for rank in range(1, nodes):
+        try:
+            other = json.loads(store.get(node_key(run_id, rank)))
+        except Exception:  # noqa: BLE001 - not written yet, or unreadable this step
+            continue
+        if other.get("attempt") == doc.get("attempt") and other.get("phase") == "failed":
+            return {**doc, "phase": "failed", "reason": f"node {rank}: {other.get('reason') or 'failed'}",
+                    "failure_cause": other.get("failure_cause") or "agent-error", "failed_node": rank,
+                    **({"boot_phase": other["boot_phase"]} if other.get("boot_phase") else {})}
+    return doc
