@@ -33,6 +33,7 @@ from .status import StatusReporter
 from .store import Cancelled, StoreError, attempt_cause, describe_failure, open_store
 from .sync import CheckpointSync, SyncWorker
 from .trainers.base import Context
+from .agent_nodes import NodeGroup
 from .agent_reclaim import ReclaimPath
 from .agent_staging import StagingPhases
 from .agent_trainer import TrainerProcess, make_trainer
@@ -46,7 +47,7 @@ __all__ = ["EXIT_FAILED", "EXIT_LEASE_HELD", "EXIT_PREEMPTED", "EXIT_SUCCEEDED",
 TAIL_LINES = 40
 
 
-class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath):
+class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath, NodeGroup):
     def __init__(self, cfg: AgentConfig):
         self.cfg = cfg
         self.workdir = Path(cfg.workdir)
@@ -134,7 +135,8 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath):
             log.info("network: %s=%s", var, value)
         try:
             self.store = open_store(cfg.store)
-            self.lease = Lease(self.store, cfg.run_prefix, cfg.attempt, ttl=max(10.0, 6 * cfg.heartbeat_seconds))
+            self.lease = self._make_lease(lambda: Lease(self.store, cfg.run_prefix, cfg.attempt,
+                                                        ttl=max(10.0, 6 * cfg.heartbeat_seconds)))
             self.lease.acquire()
         except LeaseHeld as exc:
             log.error("%s: leaving it alone (no checkpoint or status written)", exc)
@@ -144,7 +146,7 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath):
             return self._store_failed(exc)
         self.lease.start(max(1.0, cfg.heartbeat_seconds), self._lease_lost)
         self.phases = hostphases.AgentPhases(self.store, cfg)
-        self.status = StatusReporter(self.store, cfg.run_prefix, cfg.run_id, cfg.attempt, cfg.steps,
+        self.status = StatusReporter(self.store, self.node_prefix, cfg.run_id, cfg.attempt, cfg.steps,
                                      local_path=self.workdir / "status.json", log_path=self.log_path,
                                      extra=self._gauges)
         self.status.flush()
@@ -264,6 +266,7 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath):
             self._set_cause("lifetime-cap" if getattr(self, "cap_reason", None) else "reclaim-notice")
             self.status.set_phase("preempted", "spot reclaim before training started")
             return EXIT_PREEMPTED
+        self._join_group(ctx)  # a multi-node group meets here (agent_nodes.py)
         self.status.set_phase("training")
         self.health.start()
         while True:  # more than once only when a CUDA out-of-memory is healed on this host
@@ -279,6 +282,9 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath):
             self._reader.join(timeout=5)  # its last lines (the failure's tail, the final step)
             if self.notice_event.is_set():
                 return self._handle_notice(ctx, proc)
+            grouped = self._stopped_with_group(ctx, proc, rc)  # another node's notice stopped every node
+            if grouped is not None:
+                return grouped
             if self.oom.seen is None and self._restart_for_health(ctx, rc):
                 continue
             if rc == 0 or self.oom.seen is None or not self._heal_oom(ctx, rc):
@@ -289,6 +295,10 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath):
             tail = "\n".join(list(self.tail)[-15:])
             raise Failure(f"trainer exited with code {rc}; last output:\n{tail}", cause="trainer-error")
         self._submit_finished(ctx, exited=True)
+        if not self.leads:  # rank 0 writes the model; this host's part is done
+            self.status.update(step=cfg.steps)
+            self.status.set_phase("succeeded")
+            return EXIT_SUCCEEDED
         missing = self.trainer.missing_output(ctx)
         if missing:
             # Its checkpoints are kept (uploaded above); the attempt failed: there is no model.

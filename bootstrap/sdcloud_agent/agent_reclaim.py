@@ -140,6 +140,6 @@ class ReclaimPath:
             reason = f"failed boot ({self.status.state['boot_phase']})"
         att = self.attendance or selfend.Attendance(self.store, self.cfg.run_prefix, se.unattended_after_s,
                                                     self._started_wall)
-        return selfend.finish(se, self.store if record or rc != EXIT_LEASE_HELD else None, self.cfg.run_prefix,
+        return selfend.finish(se, self.store if record or rc != EXIT_LEASE_HELD else None, self.node_prefix,
                               self.cfg.attempt, reason, attendance=att, grace=self.cap_reason is None,
                               local_path=self.workdir / "status.json")

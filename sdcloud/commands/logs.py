@@ -20,7 +20,9 @@ from .common import complete_runs, find_run, state_store
 @click.option("--attempt", type=int, metavar="N", help="Only attempt N (and the controller's events about it).")
 @click.option("--steps", is_flag=True, help="Include the trainer's per-step lines.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON record per line: time, source, attempt, kind, text.")
-def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps: bool, as_json: bool) -> None:
+@click.option("--node", type=click.IntRange(min=0), metavar="K", help="One host of a multi-node run: its log alone (0 is rank 0).")
+def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps: bool, as_json: bool,
+         node: int | None) -> None:
     """Print (or follow) a run's log: controller events and the hosts' logs, merged in time order.
 
     The trainer's protocol lines read in plain words (checkpoint step 500 saved); libraries'
@@ -37,6 +39,10 @@ def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps:
     found = find_run(state, run)
     if attempt is not None:
         _check_attempt(state, found, attempt, follow)
+    nodes = int((found.get("spec") or {}).get("nodes") or 1)
+    if node is not None and node >= nodes:
+        raise UserError(f"--node {node}: {found['id']} runs on {nodes} host{'s' if nodes > 1 else ''} "
+                        f"(nodes 0 to {nodes - 1})")
     offsets: dict = {}
 
     def show(records: list[dict], first: bool) -> None:
@@ -53,12 +59,12 @@ def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps:
         for r in records:
             click.echo(_json.dumps(r) if as_json else log_line(r))
 
-    show(log_records(state, found, offsets, steps), True)
+    show(log_records(state, found, offsets, steps, node), True)
     while follow and state.get_run(found["id"])["state"] not in FINAL_RUN_STATES:
         time.sleep(2)
-        show(log_records(state, found, offsets, steps), False)
+        show(log_records(state, found, offsets, steps, node), False)
     if follow:
-        show(log_records(state, found, offsets, steps), False)
+        show(log_records(state, found, offsets, steps, node), False)
 
 
 def _check_attempt(state, run: dict, attempt: int, follow: bool) -> None:

@@ -27,6 +27,10 @@ def render_summary(summ: dict) -> None:
     if c.get("savings_pct") is not None:
         line += f"; on-demand would have cost ${c['ondemand_equivalent']:.4f} (saved {c['savings_pct']:.1f}%)"
     echo(line)
+    from ..runs.records.nodes_view import node_hours_line
+
+    if node_hours_line(summ):  # a multi-node run: each host's hours
+        echo(node_hours_line(summ))
     from ..verbs.stop_words import ended_line
 
     ended = ended_line(summ)  # a stopped or failed run: what happened, and the command that continues it
@@ -36,6 +40,11 @@ def render_summary(summ: dict) -> None:
         from ..runs.driving.health_view import line as health_line
 
         echo(health_line(summ["health"]))
+    if summ.get("nodes"):  # a multi-node run: each host's rank, phase and heartbeat
+        from ..runs.records.nodes_view import node_lines
+
+        for line in node_lines(summ["nodes"]):
+            echo(line)
     best = summ.get("best_cloud_offer")
     if best:
         echo(f"the best cloud offer for this tier and job: {best['provider']} {best['region']} {best['instance_type']} "
@@ -93,6 +102,12 @@ def status(run: str | None, as_json: bool, store_url: str | None) -> None:
         host = _host_state(found)
         if host:
             summ["host"] = host
+        from ..runs.records.nodes_view import read_nodes
+        from ..runs.records.state import run_kind
+
+        nodes = read_nodes(found) if run_kind(found) is RunKind.TRAIN else None
+        if nodes:
+            summ["nodes"] = nodes
         if as_json:
             emit_json(summ)
         else:

@@ -61,6 +61,7 @@ def watch(run: str, interval: float, take_over: bool) -> None:
                 offsets["events"] = ev["id"]
                 view(ev["kind"], ev["data"], at=ev["time"])
             summ = summary(state, r["id"])
+            _show_nodes(r, elsewhere)
             view(Kind.PROGRESS, {"step": r["step"], "phase": r["state"], "cost": summ["cost"]["total"],
                                  "total": r["total_steps"]})
             if r["state"] in FINAL_RUN_STATES:
@@ -84,6 +85,20 @@ def watch(run: str, interval: float, take_over: bool) -> None:
     render_summary(summ)
     if summ["state"] != "succeeded":
         raise SystemExit(EXIT_NOT_SUCCEEDED)
+
+
+def _show_nodes(run: dict, seen: dict) -> None:
+    """A multi-node run: each host's line when its phase or health changes (runs/records/nodes_view.py)."""
+    from ..runs.records.nodes_view import node_count, node_lines, read_nodes
+
+    if node_count(run) <= 1:
+        return
+    nodes = read_nodes(run) or []
+    for n, line in zip(nodes, node_lines(nodes)):
+        said = (n["attempt"], n["phase"], n["health"])
+        if seen.get(("node", n["node"])) != said:
+            seen[("node", n["node"])] = said
+            click.echo(line, err=True)
 
 
 # How often `watch` reads the lease and the journal of a run that another machine or the cloud drives.

@@ -45,22 +45,23 @@ def _parse_time(line: str) -> float | None:
     return stamp + (float("0." + m.group(2)) if m.group(2) else 0.0)
 
 
-def log_records(state, run: dict, offsets: dict, steps: bool = False) -> list[dict]:
+def log_records(state, run: dict, offsets: dict, steps: bool = False, node: int | None = None) -> list[dict]:
     """New records of the run's events and hosts' logs since `offsets`, each with its own time.
 
     Host log lines carry the agent's timestamp; a line without one (a trainer's traceback) takes the
-    time of the line before it, so that a merge by time keeps it in place.
+    time of the line before it, so that a merge by time keeps it in place. `node`: one host of a
+    multi-node group alone (its log, without the controller's events; 0 is rank 0, the run's own).
     """
     from ..runs.records.store import StoreError
 
     out = []
-    for ev in state.events(run["id"], after_id=offsets.get("events", 0)):
+    for ev in state.events(run["id"], after_id=offsets.get("events", 0)) if node is None else ():
         offsets["events"] = ev["id"]
         out.append({"time": ev["time"], "source": "controller", "attempt": ev["data"].get("attempt"),
                     "kind": ev["kind"], "text": plain(ev["kind"], ev["data"]) or ev["kind"],
                     "detail": " ".join(f"{k}={v}" for k, v in ev["data"].items()), "verbose_only": False})
     try:
-        for key, name, data, born in _log_sources(run):
+        for key, name, data, born in _log_sources(run, node):
             seen = offsets.get(key, 0)
             if len(data) <= seen:
                 continue
@@ -85,7 +86,7 @@ def log_records(state, run: dict, offsets: dict, steps: bool = False) -> list[di
     return out
 
 
-def _log_sources(run: dict):
+def _log_sources(run: dict, node: int | None = None):
     """(key, name, bytes, a time for lines before the first stamped one) of every log the run has: its
     hosts' logs in the bucket, and for a batch job on this machine its pool's worker logs."""
     from .. import config
@@ -94,6 +95,10 @@ def _log_sources(run: dict):
     from ..runs.records.store_of import store_of
 
     store = store_of(run)
+    if node:  # another host of a multi-node group reports under nodes/<rank>/ (sdcloud_agent/agent_nodes.py)
+        for info in store.list(f"runs/{run['id']}/nodes/{node}/logs/"):
+            yield info.key, f"node-{node}/" + info.key.rsplit("/", 1)[-1], store.get(info.key), 0.0
+        return
     for info in store.list(f"runs/{run['id']}/logs/"):
         yield info.key, info.key.rsplit("/", 1)[-1], store.get(info.key), 0.0
     if run_kind(run) is RunKind.BATCH:

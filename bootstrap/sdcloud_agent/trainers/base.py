@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import time
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,9 @@ class Context:
     # The memory ladder changed the optimizer after `resume` was saved (oom.py): start from its
     # weights and step with a fresh optimizer, not from its optimizer state.
     fresh_optimizer: bool = False
+    # A multi-node group (sdcloud_agent/rendezvous.py): where rank 0 listens, and this host's rank.
+    rendezvous: Any = None
+    node_rank: int = 0
 
 
 def flag_args(args: dict) -> list[str]:

@@ -31,9 +31,13 @@ class BuiltinTrainer(Trainer):
         if ctx.gpus > 1:
             # One process per GPU (DDP). accelerate does not forward signals to its children, so
             # a stop or save request goes to the whole group: every rank gets it.
+            rv = ctx.rendezvous  # a multi-node group: every host's GPUs in one world (agent_nodes.py)
+            machines = ["--num_machines", "1"] if rv is None else [
+                "--num_machines", str(rv.nodes), "--machine_rank", str(ctx.node_rank),
+                "--main_process_ip", rv.addr, "--main_process_port", str(rv.port)]
             launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
-                      "--num_processes", str(ctx.gpus), "--num_machines", "1", "--mixed_precision", "no",
-                      "--dynamo_backend", "no", "-m", "sdcloud_agent.trainers.builtin"]
+                      "--num_processes", str(ctx.gpus * (rv.nodes if rv else 1)), *machines,
+                      "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "sdcloud_agent.trainers.builtin"]
             self.signal_group = True
         cmd = [*launch, "--model", ctx.model,
                "--steps", str(ctx.steps), "--checkpoint-every", str(ctx.checkpoint_every),

@@ -114,16 +114,24 @@ class LocalProvider:
     def _state(self, rec: dict) -> str:
         if rec.get("ended"):
             return TERMINATED
-        child = self._children.get(rec["pid"])
+        pids = [n["pid"] for n in rec.get("nodes") or []]
+        if len(pids) > 1:  # a multi-node group (nodes.py): running while any of its hosts is
+            states = [self._pid_state(pid) for pid in pids]
+            return RUNNING if RUNNING in states else states[0]
+        return self._pid_state(rec["pid"])
+
+    def _pid_state(self, pid: int) -> str:
+        child = self._children.get(pid)
         if child is not None:
             if child.poll() is None:
                 return RUNNING
             return TERMINATED if child.returncode in (0, 3, -signal.SIGTERM, -signal.SIGKILL, 143) else FAILED
-        return RUNNING if _alive(rec["pid"]) else TERMINATED
+        return RUNNING if _alive(pid) else TERMINATED
 
     def _instance(self, rec: dict) -> Instance:
         return Instance(provider=NAME, id=rec["id"], region="local", zone="local", instance_type="this-machine",
-                        market=rec["market"], state=self._state(rec), price_per_hour=rec["price_per_hour"],
+                        market=rec["market"], state=self._state(rec),
+                        price_per_hour=rec["price_per_hour"] * len(rec.get("nodes") or [None]),
                         public_ip="127.0.0.1", private_ip="127.0.0.1",
                         launched_at=datetime.fromtimestamp(rec["created"], timezone.utc), tags=rec["tags"])
 
@@ -140,8 +148,24 @@ class LocalProvider:
             raise UserError(f"the local host costs ${self.price_per_hour:g}/h, above --max-price ${max_price:g}/h")
         host_dir = self.dir / "hosts" / spec.token
         host_dir.mkdir(parents=True, exist_ok=True)
+        if int(spec.agent_config.get("nodes") or 1) > 1:
+            from .nodes import launch_group
+
+            return launch_group(self, offer, spec, market, host_dir, events)
         metadata = MetadataServer()
-        agent_config = dict(spec.agent_config)
+        proc = self._start_agent(spec, host_dir, metadata, spec.agent_config)
+        instance_id = f"local-{proc.pid}-{spec.token[-8:]}"
+        self._metadata[instance_id] = metadata
+        rec = {"id": instance_id, "pid": proc.pid, "market": market, "price_per_hour": self.price_per_hour,
+               "tags": spec.tags, "created": time.time(), "host_dir": str(host_dir), "metadata_url": metadata.base_url}
+        self._write_record(rec)
+        events(Kind.HOST_STARTED, {"instance": instance_id, "pid": proc.pid})
+        return self._instance(rec)
+
+    def _start_agent(self, spec: LaunchSpec, host_dir: Path, metadata: MetadataServer,
+                     agent_config: dict) -> subprocess.Popen:
+        """One agent process: its config in `host_dir`, its reclaim notice from `metadata`."""
+        agent_config = dict(agent_config)
         agent_config.setdefault("workdir", str(host_dir / "work"))
         agent_config["metadata"] = {"kind": "aws", "base_url": metadata.base_url}
         cfg_path = host_dir / "agent.json"
@@ -165,24 +189,23 @@ class LocalProvider:
                                 cwd=host_dir, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         log.close()
-        instance_id = f"local-{proc.pid}-{spec.token[-8:]}"
         self._children[proc.pid] = proc
-        self._metadata[instance_id] = metadata
-        rec = {"id": instance_id, "pid": proc.pid, "market": market, "price_per_hour": self.price_per_hour,
-               "tags": spec.tags, "created": time.time(), "host_dir": str(host_dir), "metadata_url": metadata.base_url}
-        self._write_record(rec)
-        events(Kind.HOST_STARTED, {"instance": instance_id, "pid": proc.pid})
-        return self._instance(rec)
+        return proc
 
-    def schedule_reclaim(self, instance_id: str, after_seconds: float, events: EventSink = no_events) -> None:
-        """Announce a reclaim `after_seconds` from now, then take the host away after the notice, as a cloud would."""
+    def schedule_reclaim(self, instance_id: str, after_seconds: float, events: EventSink = no_events,
+                         node: int | None = None) -> None:
+        """Announce a reclaim `after_seconds` from now, then take the host away after the notice, as a cloud would.
+        In a multi-node group one host is reclaimed: `node` (default its last)."""
         def announce() -> None:
             server = self._metadata.get(instance_id)
             if server is None:
                 return
-            at = server.announce(self.notice_seconds)
-            events(Kind.RECLAIM_NOTICE, {"instance": instance_id, "terminate_at": at.isoformat(), "simulated": True})
-            kill = threading.Timer(self.notice_seconds, self._reclaim, args=(instance_id,))
+            group = getattr(server, "nodes", None)
+            rank = (len(group) - 1 if node is None else node) if group else None
+            at = (group[rank] if group else server).announce(self.notice_seconds)
+            events(Kind.RECLAIM_NOTICE, {"instance": instance_id, "terminate_at": at.isoformat(), "simulated": True,
+                                         **({"node": rank} if rank is not None else {})})
+            kill = threading.Timer(self.notice_seconds, self._reclaim, args=(instance_id, rank))
             kill.daemon = True
             self._timers.append(kill)
             kill.start()
@@ -192,10 +215,12 @@ class LocalProvider:
         self._timers.append(timer)
         timer.start()
 
-    def _reclaim(self, instance_id: str) -> None:
+    def _reclaim(self, instance_id: str, node: int | None = None) -> None:
         rec = next((r for r in self._records() if r["id"] == instance_id), None)
         if rec and self._state(rec) == RUNNING:
-            self._signal(rec["pid"], signal.SIGKILL)
+            pid = rec["pid"] if node is None else rec["nodes"][node]["pid"]
+            if self._pid_state(pid) == RUNNING:
+                self._signal(pid, signal.SIGKILL)
 
     def _signal(self, pid: int, sig: int) -> None:
         try:
@@ -210,15 +235,17 @@ class LocalProvider:
     def terminate(self, ids: list[str], region: str | None = None) -> None:
         """SIGTERM (the agent saves and uploads), then SIGKILL after a grace period, as a cloud shutdown does."""
         recs = [r for r in self._records() if r["id"] in set(ids)]
-        for rec in recs:
-            if self._state(rec) == RUNNING:
-                self._signal(rec["pid"], signal.SIGTERM)
+        for rec in recs:  # every host of a group: none bills past its purpose
+            for pid in [n["pid"] for n in rec.get("nodes") or []] or [rec["pid"]]:
+                if self._pid_state(pid) == RUNNING:
+                    self._signal(pid, signal.SIGTERM)
         deadline = time.time() + TERMINATE_GRACE_SECONDS
         for rec in recs:
             while self._state(rec) == RUNNING and time.time() < deadline:
                 time.sleep(0.2)
             if self._state(rec) == RUNNING:
-                self._signal(rec["pid"], signal.SIGKILL)
+                for pid in [n["pid"] for n in rec.get("nodes") or []] or [rec["pid"]]:
+                    self._signal(pid, signal.SIGKILL)
                 kill_deadline = time.time() + 10
                 while self._state(rec) == RUNNING and time.time() < kill_deadline:
                     time.sleep(0.1)

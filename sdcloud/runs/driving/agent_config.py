@@ -15,6 +15,8 @@ from typing import Any
 from ... import config
 from ..inputs.spec import RunPlan, RunSpec
 
+# The port rank 0 of a multi-node group listens on (torch.distributed's default).
+RENDEZVOUS_PORT = 29500
 # Polls without the controller's heartbeat after which a host counts the run as unattended.
 UNATTENDED_POLLS = 4
 
@@ -68,6 +70,11 @@ def agent_config(plan: RunPlan, run_id: str, attempt: int, total_steps: int, sto
         **({"reclaim_notice_seconds": plan.traits.timing.reclaim_notice_seconds,
             "reclaim_mean_seconds": round(reclaim_mean_hours * 3600)}
            if reclaim_mean_hours is not None and spec.market == "spot" else {}),
+        # A multi-node group (sdcloud_agent/rendezvous.py): every host gets the same config but its
+        # rank, which its launch sets (the provider: one config per host); rank 0 publishes the port.
+        "nodes": spec.nodes,
+        "node_rank": 0,
+        "rendezvous_port": RENDEZVOUS_PORT,
     }
 
 
@@ -77,6 +84,8 @@ def self_end_config(spec: RunSpec, created: float, price_per_hour: float | None,
     unattended, and the figures of its lifetime cap (this host's price, the budget left, the
     deadline, the estimate). `spent` is called only when the run has a budget."""
     budget_left = None if spec.budget is None else max(0.0, spec.budget - spent())
+    if price_per_hour is not None:  # every host of a group guards the run's budget: the group's burn
+        price_per_hour *= max(1, int(spec.nodes or 1))
     deadline_at = created + spec.deadline_hours * 3600 if spec.deadline_hours else None
     return {"provider": spec.provider, "grace_s": self_end_grace(spec),
             # A few polls without the controller's heartbeat: nobody drives the run.

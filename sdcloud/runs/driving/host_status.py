@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol
 
 from ...events import Kind
 from ..records.state import Attempt, StateStore
+from ..records.nodes_view import group_status
 
 
 def status_key(run_id: str) -> str:
@@ -66,7 +67,9 @@ class HostStatus:
         from sdcloud_agent.store import NotFound, StoreError
 
         try:
-            return json.loads(self.owner.store.get(status_key(self.owner.run_id)))
+            doc = json.loads(self.owner.store.get(status_key(self.owner.run_id)))
+            nodes = int(getattr(getattr(self.owner, "spec", None), "nodes", 1) or 1)
+            return doc if nodes <= 1 else group_status(doc, self.owner.store, self.owner.run_id, nodes)
         except (NotFound, ValueError):
             return None
         except (StoreError, OSError):

@@ -38,6 +38,11 @@ def summary(state: StateStore, run_id: str) -> dict:
     if kind is RunKind.BATCH:
         out["workers"] = run["spec"].get("workers")
         return out
+    if int(run["spec"].get("nodes") or 1) > 1:  # a group: each host's hours and price (nodes_view.py)
+        from .nodes_view import node_hours
+
+        out["nodes_per_attempt"] = int(run["spec"]["nodes"])
+        out["node_hours"] = node_hours(rows, out["nodes_per_attempt"])
     # The host's latest health verdict and its out-of-memory retries (runs/driving/health_view.py).
     out["health"] = health_view.latest(state, run["id"])
     spec = RunSpec(**run["spec"])

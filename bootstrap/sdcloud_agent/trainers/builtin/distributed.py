@@ -8,6 +8,10 @@ import os
 from typing import Any
 
 
+# Seconds every rank waits for the others (to join, and at each collective).
+TIMEOUT_ENV = "SDCLOUD_RENDEZVOUS_TIMEOUT_S"
+
+
 class Dist:
     """Data-parallel training across processes (one per GPU; gloo processes on a CPU), started by
     `accelerate launch` or torchrun, which set RANK / WORLD_SIZE / LOCAL_RANK. Every rank holds the
@@ -19,6 +23,7 @@ class Dist:
         self.world = int(os.environ.get("WORLD_SIZE") or 1)
         self.rank = int(os.environ.get("RANK") or 0)
         self.local_rank = int(os.environ.get("LOCAL_RANK") or 0)
+        self.node = int(os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or 0)
         self.torch: Any = None
 
     @property
@@ -27,8 +32,14 @@ class Dist:
 
     def init(self, torch: Any, device_type: str) -> None:
         if self.on and not torch.distributed.is_initialized():
+            import datetime
+
             self.torch = torch
-            torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo")
+            # Across hosts (rendezvous.py) a rank that cannot reach the others fails within the
+            # agent's limit, with torch's reason, rather than waiting torch's default half hour.
+            limit = float(os.environ.get(TIMEOUT_ENV) or 1800)
+            torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo",
+                                                 timeout=datetime.timedelta(seconds=limit))
 
     def any(self, flag: bool) -> bool:
         if not self.on:

@@ -70,7 +70,8 @@ class Trainer(ModelSetup, CheckpointIO, Output):
         per_rank = args.batch_size * args.grad_accum
         per_step = per_rank * DIST.world
         # The step's samples are a pure function of the step; each rank takes its share.
-        order = batch_indices(step, per_step, self.n_images, args.seed)[DIST.rank * per_rank:(DIST.rank + 1) * per_rank]
+        first = DIST.rank * per_rank  # this rank's first position in the step's global batch
+        order = batch_indices(step, per_step, self.n_images, args.seed)[first:first + per_rank]
         dev = self.device
         purpose = f"noise:{DIST.rank}" if DIST.on else "noise"
         g = torch.Generator(device=dev).manual_seed(step_seed(args.seed, step, purpose))
@@ -86,9 +87,11 @@ class Trainer(ModelSetup, CheckpointIO, Output):
         for m in range(args.grad_accum):
             micro = order[m * args.batch_size:(m + 1) * args.batch_size]
             groups: dict[tuple, list[int]] = {}
-            for i in micro:
+            places: dict[tuple, list[int]] = {}
+            for j, i in enumerate(micro):
                 groups.setdefault(tuple(self.lat_mean[i].shape), []).append(i)
-            for members in groups.values():
+                places.setdefault(tuple(self.lat_mean[i].shape), []).append(first + m * args.batch_size + j)
+            for shape, members in groups.items():
                 w0 = time.perf_counter()
                 if read_delay:
                     time.sleep(read_delay * len(members))
@@ -98,10 +101,8 @@ class Trainer(ModelSetup, CheckpointIO, Output):
                 if self.family == "sd3":  # flow matching on the transformer (sd3.py)
                     total += self._sd3_backward(mean, std, members, g, per_step)
                     continue
-                latents = (mean + std * torch.randn(mean.shape, generator=g, device=dev)) * self.scaling
-                noise = torch.randn(latents.shape, generator=g, device=dev)
-                t = torch.randint(0, sched.config.num_train_timesteps, (latents.shape[0],),
-                                  generator=g, device=dev)
+                eps, noise, t = self._sample_draws(step, places[shape], mean.shape[1:])
+                latents = (mean + std * eps) * self.scaling
                 noisy = sched.add_noise(latents, noise, t)
                 if sched.config.prediction_type == "v_prediction":
                     target = sched.get_velocity(latents, noise, t)
@@ -137,6 +138,19 @@ class Trainer(ModelSetup, CheckpointIO, Output):
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total
+
+    def _sample_draws(self, step: int, places: list[int], shape: Any) -> tuple[Any, Any, Any]:
+        """The latent sample's noise, the diffusion noise and the timestep of each sample, drawn
+        from a generator of (seed, step, its place in the step's global batch): the same numbers
+        whichever rank or host trains it, so N hosts of batch b train as one host of batch N*b."""
+        torch, dev, steps = self.torch, self.device, self.noise_scheduler.config.num_train_timesteps
+        eps, noise, t = [], [], []
+        for place in places:
+            g = torch.Generator(device=dev).manual_seed(step_seed(self.args.seed, step, f"sample:{place}"))
+            eps.append(torch.randn((1, *shape), generator=g, device=dev))
+            noise.append(torch.randn((1, *shape), generator=g, device=dev))
+            t.append(torch.randint(0, steps, (1,), generator=g, device=dev))
+        return torch.cat(eps), torch.cat(noise), torch.cat(t)
 
     def _backward_share(self, pred: Any, target: Any, share: float) -> float:
         """One micro-batch's loss, weighted by its share of the optimizer step, and its gradients

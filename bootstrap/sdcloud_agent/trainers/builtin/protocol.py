@@ -60,7 +60,7 @@ def reserve_stdout() -> None:
 
 
 def emit(kind: str, payload: dict[str, Any]) -> None:
-    if DIST.rank:  # in a multi-process run only rank 0 speaks the protocol
+    if DIST.local_rank:  # one voice per host: its first process (rank 0 alone writes checkpoints)
         return
     _protocol.write(f"SDCLOUD_{kind} {json.dumps(payload, separators=(', ', ': '))}\n")
     _protocol.flush()
