@@ -60,6 +60,14 @@ class AgentConfig:
     # The resolution in trainer_args is the tier's fallback: the host replaces it with the model's
     # own once the model is on disk (resolution.py). False when the user chose a resolution.
     resolution_from_model: bool = False
+    # A run trained on several hosts (rendezvous.py): how many, this host's rank among them, the port
+    # rank 0 listens on, the address it publishes ("" finds this host's private address), and how
+    # long another rank waits for it before the attempt fails.
+    nodes: int = 1
+    node_rank: int = 0
+    rendezvous_port: int = 29500
+    rendezvous_addr: str = ""
+    rendezvous_timeout_s: float = 900.0
 
     @property
     def run_prefix(self) -> str:
@@ -115,6 +123,10 @@ def from_dict(d: dict) -> AgentConfig:
         check_network(cfg.network)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if cfg.nodes < 1 or not 0 <= cfg.node_rank < cfg.nodes:
+        raise ConfigError(f"node_rank must be within 0..nodes-1 (nodes={cfg.nodes}, node_rank={cfg.node_rank})")
+    if not 0 < cfg.rendezvous_port < 65536:
+        raise ConfigError(f"rendezvous_port must be a TCP port, not {cfg.rendezvous_port}")
     if cfg.trainer == "command" and not cfg.trainer_args:
         raise ConfigError("trainer 'command' needs trainer_args: the command line (a list, or {'command': [...]})")
     return cfg

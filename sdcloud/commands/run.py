@@ -61,6 +61,7 @@ class UpOptions:
     unattended: bool | None = None  # None: config.toml [defaults] unattended
     yes: bool = False
     as_json: bool = False
+    nodes: str | None = None
 
     def spec_fields(self) -> dict:
         """The run spec's fields these flags set (None where not given); local paths made absolute here,
@@ -70,7 +71,7 @@ class UpOptions:
                 "dataset": _local_path(self.dataset), "trainer": self.trainer, "model": _local_path(self.model),
                 "steps": self.steps, "checkpoint_every": self.checkpoint_every, "store": self.store,
                 "simulate_preemption": self.simulate_preemption, "self_end_grace": self.self_end_grace,
-                "trainer_arg": list(self.trainer_arg) or None}
+                "trainer_arg": list(self.trainer_arg) or None, "nodes": self.nodes}
 
 
 def _check_estimates(spec, tier, total_steps: int) -> None:
@@ -238,14 +239,14 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
 @click.option("--checkpoint-every", metavar="N", help="Save a checkpoint every N steps.")
 @click.option("--store", metavar="URL", help="Bucket URL for checkpoints instead of the stack's (s3://BUCKET/PREFIX, cos://BUCKET-APPID/PREFIX or file:///DIR).")
 @click.option("--simulate-preemption", metavar="SECONDS", help="Local provider: announce a reclaim this many seconds after the first attempt starts training.")
-@click.option("--self-end-grace", metavar="DURATION",
-              help="How long a finished host waits for this controller before it ends itself (default 10m; 0: at once).")
+@click.option("--self-end-grace", metavar="DURATION", help="How long a finished host waits for this controller before it ends itself (default 10m; 0: at once).")
 @click.option("-f", "--file", "runfile", metavar="PATH", help="Run file (YAML or TOML) with the same fields; flags override it.")
 @click.option("--detach", is_flag=True, help="Run the controller in the background; follow with sdcloud watch RUN.")
 @click.option("--unattended", is_flag=True, default=None,
               help="Hand the run to the cloud driver at once (sdcloud infra up deploys it): nothing runs here.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation before launching paid hosts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
+@click.option("--nodes", metavar="N", help="Train on N hosts together (data-parallel through a rendezvous; docs/training.md).")
 def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
     """Run a training job: pick the offer, launch, survive reclaims, report the cost."""
     opts = UpOptions(market=market_of(spot, on_demand), **flags)

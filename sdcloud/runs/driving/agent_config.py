@@ -15,6 +15,8 @@ from typing import Any
 from ... import config
 from ..inputs.spec import RunPlan, RunSpec
 
+# The port rank 0 of a multi-node group listens on (torch.distributed's default).
+RENDEZVOUS_PORT = 29500
 # Polls without the controller's heartbeat after which a host counts the run as unattended.
 UNATTENDED_POLLS = 4
 
@@ -68,6 +70,11 @@ def agent_config(plan: RunPlan, run_id: str, attempt: int, total_steps: int, sto
         **({"reclaim_notice_seconds": plan.traits.timing.reclaim_notice_seconds,
             "reclaim_mean_seconds": round(reclaim_mean_hours * 3600)}
            if reclaim_mean_hours is not None and spec.market == "spot" else {}),
+        # A multi-node group (sdcloud_agent/rendezvous.py): every host gets the same config but its
+        # rank, which its launch sets (the provider: one config per host); rank 0 publishes the port.
+        "nodes": spec.nodes,
+        "node_rank": 0,
+        "rendezvous_port": RENDEZVOUS_PORT,
     }
 
 

@@ -24,6 +24,7 @@ from ...offers.kinds import RunKind
 from ...offers.tiers import Tier, get_tier
 
 TRAINERS = ("builtin", "diffusers", "kohya", "command")
+MAX_NODES = 64  # hosts in one multi-node group (`--nodes`)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class RunSpec:
     # Where this run's hosts get outside things, over the region's profile and config.toml
     # (sdcloud/runs/inputs/network.py): pip_index_url, hf_endpoint, torch_index_url, trainer_sources.
     network: dict | None = None
+    nodes: int = 1  # hosts trained on together, data-parallel through the rendezvous (docs/training.md)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -187,6 +189,10 @@ def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
         data["steps"] = _positive(data["steps"], "--steps", integer=True)
     if data.get("checkpoint_every") is not None:
         data["checkpoint_every"] = _positive(data["checkpoint_every"], "--checkpoint-every", integer=True)
+    if data.get("nodes") is not None:
+        data["nodes"] = _positive(data["nodes"], "--nodes", integer=True)
+        if data["nodes"] > MAX_NODES:
+            raise UserError(f"--nodes {data['nodes']}: at most {MAX_NODES} hosts train together")
     if data.get("max_failed_boots") is not None:
         data["max_failed_boots"] = _positive(data["max_failed_boots"], "max-failed-boots", integer=True)
     if data.get("self_end_grace") is not None:
