@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import time
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,9 @@ class Context:
     # The memory ladder changed the optimizer after `resume` was saved (oom.py): start from its
     # weights and step with a fresh optimizer, not from its optimizer state.
     fresh_optimizer: bool = False
+    # A multi-node group (sdcloud_agent/rendezvous.py): where rank 0 listens, and this host's rank.
+    rendezvous: Any = None
+    node_rank: int = 0
 
 
 def flag_args(args: dict) -> list[str]:
@@ -291,7 +295,9 @@ class AccelerateTrainer(Trainer):
         if isinstance(launcher, str):
             launcher = shlex.split(launcher)
         if launcher is None or [str(a) for a in launcher[:2]] == ["accelerate", "launch"]:
-            options = [str(a) for a in (launcher or [])[2:]]
+            from .multinode import machine_options  # a host of a multi-node group: the group's options
+
+            options = machine_options(ctx, [str(a) for a in (launcher or [])[2:]])
             launcher = [ctx.trainer_python or sys.executable, "-m", "accelerate.commands.launch", *options]
             if ctx.trainer_root is not None and not Path(script).is_absolute():
                 script = str(self.script_path(ctx.trainer_root, script))
