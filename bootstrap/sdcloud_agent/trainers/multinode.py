@@ -10,7 +10,7 @@ address, a process count) give way to the group's: the group is what sdcloud lau
 
 from __future__ import annotations
 
-from .base import Context
+from typing import Any
 
 # accelerate launch's options that the group decides (accelerate/commands/launch.py).
 GROUP_OPTIONS = ("--num_machines", "--machine_rank", "--main_process_ip", "--main_process_port", "--num_processes")
@@ -31,8 +31,9 @@ def without_group_options(options: list[str]) -> list[str]:
     return out
 
 
-def machine_options(ctx: Context, options: list[str]) -> list[str]:
-    """The launcher's options for this host: `options` as given on one host, the group's on several."""
+def machine_options(ctx: Any, options: list[str]) -> list[str]:
+    """The launcher's options for this host: `options` as given on one host, the group's on several.
+    `ctx` is the adapter's trainers.base.Context (its rendezvous, node_rank and gpus)."""
     rv = ctx.rendezvous
     if rv is None or int(rv.nodes) <= 1:
         return list(options)
