@@ -41,3 +41,11 @@ def generic_user_data(agent_source: str) -> str:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bootstrap"))
         from sdcloud_agent.userdata import render_user_data as render
     return render(None, agent_source=agent_source)
+
+
+# Ports the hosts of one multi-node group open to each other, and to nobody else (a rule whose source is
+# the hosts' own security group): rank 0's rendezvous (torch.distributed's default port, the agent
+# config's rendezvous_port) and the ports NCCL and gloo listen on for their data, which Linux picks
+# from its ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by default). docs/training.md.
+GROUP_PORTS = ((29500, 29500, "rendezvous of a multi-node run, between sdcloud hosts only"),
+               (32768, 60999, "NCCL and gloo of a multi-node run, between sdcloud hosts only"))

@@ -62,6 +62,11 @@ def gc(provider: str, regions: tuple[str, ...], yes: bool, as_json: bool) -> Non
                     store.event(i.run_id, Kind.GC_TERMINATED, {"provider": provider, "instance_id": i.id, "region": region})
         elif strays:
             note("nothing terminated (not confirmed)")
+        from ..providers.groups import SweepsGroupLeftovers
+
+        if isinstance(prov, SweepsGroupLeftovers):  # free leftovers of multi-node groups (placement groups)
+            for name in prov.sweep_group_leftovers(list(regions) or None, store.run_is_active):
+                note(f"deleted {name}, left by a run that is over")
     finally:
         store.close()
     if as_json:

@@ -48,11 +48,16 @@ def _short_notes(est) -> str:
 @click.option("--limit", type=int, default=15, show_default=True, metavar="N", help="Rows to show (0 = all).")
 @click.option("--explain", is_flag=True, help="Show why each row ranks where it does: price source and age, rate and its source, band, overhead.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list ranked by est_cost.")
+@click.option("--nodes", type=int, default=1, show_default=True, metavar="N",
+              help="Rank groups of N same-type hosts in one zone training together (training tiers).")
 def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price: float | None, provider: str | None,
-           region: str | None, steps: int | None, limit: int, explain: bool, as_json: bool) -> None:
+           region: str | None, steps: int | None, limit: int, explain: bool, as_json: bool, nodes: int = 1) -> None:
     """Rank GPU offers by the expected cost to finish a job (not by price per hour)."""
     market = market_of(spot, on_demand)
     tier = get_tier(tier_name)
+    from ..offers.groups import check_nodes
+
+    check_nodes(tier, nodes)  # a batch tier's group is refused before anything is printed
     if provider:
         from ..names import match_name
         from ..providers.traits import has_catalog, names
@@ -67,6 +72,12 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
     from ..runs.driving.lessons import user_book
 
     book = user_book()  # rates recorded (sdcloud speeds add) and observed by runs take the catalog's place
+    if nodes > 1:
+        from .offer_groups import show_groups
+
+        show_groups(tier, catalog, nodes, steps, limit, explain, as_json,
+                    dict(market=market, max_price=max_price, provider=provider, region=region, book=book))
+        return
     ranked = rank(tier, catalog, market=market, max_price=max_price, provider=provider, region=region, job_size=steps,
                   book=book)
     if provider:

@@ -20,6 +20,7 @@ from ..errors import UserError
 from ..events import Kind
 from ..offers.optimizer import RESTART_HOURS, Offer
 from ..providers.base import FAILED, TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
+from ..providers.groups import adopt_found, nodes_of
 from ..providers.traits import traits
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, ZoneView
 from .candidates import attempt_zone_key, zone_key
@@ -171,8 +172,8 @@ class Fleet:
         A UserError (bad credentials, a quota) ends the attempt and propagates: the owner stops.
         """
         n = len(self.attempts()) + 1
-        usd = offer.price_per_hour_usd
         spec = spec_for(n)
+        usd = offer.price_per_hour_usd * nodes_of(spec)  # a multi-node group is priced as one unit
         # The attempt is written before the launch: a crash in between is reconciled by its token.
         self.records.add_attempt(self.owner_id, n, offer.row.provider, spec.token, region=offer.row.region,
                                  zone=offer.row.zone, instance_type=offer.row.instance_type, market=kind, price=usd,
@@ -295,7 +296,7 @@ class Fleet:
             if a.instance_id is None:
                 found = [i for i in self.provider.find_tagged(self.owner_id) if i.tags.get(TAG_TOKEN) == a.token]
                 if found:
-                    inst = found[0]
+                    inst = adopt_found(found)  # a multi-node group's hosts as one (providers/groups.py)
                     self.records.update_attempt(self.owner_id, a.n, instance_id=inst.id, zone=inst.zone,
                                                 state="running",
                                                 start=inst.launched_at.timestamp() if inst.launched_at else time.time())

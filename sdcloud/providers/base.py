@@ -17,6 +17,7 @@ from ..offers.optimizer import Offer
 TAG_RUN = "sdcloud:run"
 TAG_ATTEMPT = "sdcloud:attempt"
 TAG_TOKEN = "sdcloud:token"
+TAG_NODE = "sdcloud:node"  # a multi-node group's host: its rank (providers/groups.py)
 
 # Instance states, normalised across providers.
 PENDING, RUNNING, STOPPING, TERMINATED, FAILED = "pending", "running", "stopping", "terminated", "failed"
@@ -42,14 +43,26 @@ class LaunchSpec:
     infra: dict = field(default_factory=dict)
     # Extra environment for hosts that run on this machine (local provider): never written to disk.
     env: dict = field(default_factory=dict)
+    # A multi-node group (providers/groups.py): each rank's user-data, rank 0's first; and, in the
+    # spec of one host of the group, its rank (None: the whole group, or a single host).
+    node_user_data: list[str] = field(default_factory=list)
+    node: int | None = None
 
     @property
     def token(self) -> str:
         return launch_token(self.run_id, self.attempt)
 
     @property
+    def launch_key(self) -> str:
+        """The idempotency key of one host's launch: the token, and the rank of a group's host."""
+        return self.token if self.node is None else f"{self.token}-n{self.node}"
+
+    @property
     def tags(self) -> dict[str, str]:
-        return {TAG_RUN: self.run_id, TAG_ATTEMPT: str(self.attempt), TAG_TOKEN: self.token}
+        tags = {TAG_RUN: self.run_id, TAG_ATTEMPT: str(self.attempt), TAG_TOKEN: self.token}
+        if self.node is not None:
+            tags[TAG_NODE] = str(self.node)
+        return tags
 
 
 @dataclass

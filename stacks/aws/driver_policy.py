@@ -53,6 +53,7 @@ FUNCTION_RUNTIME = FUNCTION.runtime
 FUNCTION_HANDLER = HANDLER  # the platform's own word for it (sdcloud/providers/aws/function.py)
 SCHEDULE_INPUT = {"sdcloud": "drive"}
 AMI_PARAMETERS = "parameter/aws/service/deeplearning/*"
+PLACEMENT_GROUPS = "sdcloud-*"  # sdcloud/providers/aws/group.py names each after its launch token
 
 # Each API operation a controller step sends (boto3's service and operation names) and the IAM
 # actions it needs. The test maps recorded calls through this table and compares with the policy.
@@ -72,6 +73,9 @@ STEP_CALLS: dict[tuple[str, str], tuple[str, ...]] = {
     ("ec2", "DescribeSpotPriceHistory"): ("ec2:DescribeSpotPriceHistory",),
     ("ec2", "DescribeImages"): ("ec2:DescribeImages",),
     ("ec2", "TerminateInstances"): ("ec2:TerminateInstances",),
+    # A multi-node group's cluster placement group (sdcloud/providers/aws/group.py), made tagged, then deleted.
+    ("ec2", "CreatePlacementGroup"): ("ec2:CreatePlacementGroup", "ec2:CreateTags"),
+    ("ec2", "DeletePlacementGroup"): ("ec2:DeletePlacementGroup",),
     ("ssm", "GetParameter"): ("ssm:GetParameter",),
 }
 # Written by the platform with the function's role, not by a step.
@@ -105,7 +109,8 @@ def function_policy_document(bucket: str, prefix: str, account_id: str, host_rol
             # The other resources RunInstances names: the stack's template, subnet, group, image, key, disks.
             {"Sid": "LaunchFrom", "Effect": "Allow", "Action": ["ec2:RunInstances"],
              "Resource": [f"arn:aws:ec2:*:{account_id}:{kind}/*" for kind in
-                          ("launch-template", "subnet", "security-group", "network-interface", "volume", "key-pair")]
+                          ("launch-template", "subnet", "security-group", "network-interface", "volume", "key-pair",
+                           "placement-group")]
              + ["arn:aws:ec2:*::image/*"]},
             # Tags only as part of the launch (no retagging someone else's instance into sdcloud's).
             # EC2 checks ec2:CreateTags for every resource type a launch tags, those the launch
@@ -116,6 +121,13 @@ def function_policy_document(bucket: str, prefix: str, account_id: str, host_rol
              "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}}},
             {"Sid": "EndSdcloudInstances", "Effect": "Allow", "Action": ["ec2:TerminateInstances"],
              "Resource": [instances], "Condition": {"Null": {f"aws:ResourceTag/{RUN_TAG}": "false"}}},
+            # A multi-node group's cluster placement group: sdcloud's own names only, tagged with the run
+            # when made (the tag is checked as ec2:CreateTags with the CreatePlacementGroup action).
+            {"Sid": "GroupPlacement", "Effect": "Allow", "Action": ["ec2:CreatePlacementGroup", "ec2:DeletePlacementGroup"],
+             "Resource": [f"arn:aws:ec2:*:{account_id}:placement-group/{PLACEMENT_GROUPS}"]},
+            {"Sid": "TagPlacementGroup", "Effect": "Allow", "Action": ["ec2:CreateTags"],
+             "Resource": [f"arn:aws:ec2:*:{account_id}:placement-group/{PLACEMENT_GROUPS}"],
+             "Condition": {"StringEquals": {"ec2:CreateAction": "CreatePlacementGroup"}}},
             # Describe actions take no resource ARN; read-only.
             {"Sid": "Describe", "Effect": "Allow",
              "Action": ["ec2:DescribeInstances", "ec2:DescribeAvailabilityZones", "ec2:DescribeSpotPriceHistory",

@@ -6,7 +6,8 @@ Pulumi config and exports what `build` returns, so that tests can run `build` un
 What it makes (all tagged `sdcloud:managed=true`):
 - a VPC with one public subnet per availability zone, an internet gateway and an S3 gateway
   endpoint (free; keeps checkpoint traffic off the internet gateway);
-- a security group whose only ingress is SSH from `sshCidr` (none when empty), and the VPC's
+- a security group whose only ingress is SSH from `sshCidr` (none when empty) and, from its own hosts
+  only, a multi-node group's rendezvous and NCCL ports; the VPC's
   default security group emptied so that nothing falls back to it;
 - a private, encrypted S3 bucket with lifecycle rules for old checkpoints and logs;
 - an IAM role and instance profile that can read and write `s3://<bucket>/<prefix>/*` only;
@@ -31,7 +32,7 @@ import pulumi_aws as aws
 
 # The checks and user-data both stacks share live beside them, in stacks/stack_common.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # stacks/stack_common.py
-from stack_common import check_prefix, check_ssh_cidr, generic_user_data  # noqa: E402
+from stack_common import GROUP_PORTS, check_prefix, check_ssh_cidr, generic_user_data  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # driver_policy.py beside this file
 import driver_policy  # noqa: E402  (the cloud driver's policies, readable without Pulumi)
@@ -154,6 +155,9 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         family = "ipv6_cidr_blocks" if ipaddress.ip_network(cfg.ssh_cidr).version == 6 else "cidr_blocks"
         ingress.append({"description": "SSH from the sdcloud user", "protocol": "tcp", "from_port": 22, "to_port": 22,
                         family: [cfg.ssh_cidr]})
+    # A multi-node group's hosts reach each other's rendezvous and NCCL ports; `self`: only from this group.
+    ingress += [{"description": why, "protocol": "tcp", "from_port": low, "to_port": high, "self": True}
+                for low, high, why in GROUP_PORTS]
     sg = aws.ec2.SecurityGroup("hosts", vpc_id=vpc.id, description="sdcloud GPU hosts: SSH from the user only",
                                ingress=ingress,
                                egress=[{"protocol": "-1", "from_port": 0, "to_port": 0, "cidr_blocks": ["0.0.0.0/0"],

@@ -5,7 +5,8 @@ Pulumi config and exports what `build` returns, so that tests can run `build` un
 
 What it makes (all taggable resources tagged `sdcloud:managed=true`):
 - a VPC with one subnet per CVM availability zone;
-- a security group whose only ingress is SSH from `sshCidr` (none when empty);
+- a security group whose only ingress is SSH from `sshCidr` (none when empty) and, from its own
+  hosts only, a multi-node group's rendezvous and NCCL ports;
 - a private COS bucket, encrypted at rest (SSE-COS), with a lifecycle rule for stale uploads;
 - a CAM role that CVM assumes, allowed to read and write `<bucket>/<prefix>/*` only;
 - an optional key pair from the user's public key;
@@ -30,7 +31,7 @@ import tencentcloud_iac_pulumi as tencentcloud
 
 # The checks and user-data both stacks share live beside them, in stacks/stack_common.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # stacks/stack_common.py
-from stack_common import check_prefix, check_ssh_cidr, generic_user_data  # noqa: E402
+from stack_common import GROUP_PORTS, check_prefix, check_ssh_cidr, generic_user_data  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_policy.py beside this file
 from host_policy import role_policy_document, self_end_policy_document  # noqa: E402,F401  (the CVM role's policies)
@@ -188,6 +189,9 @@ def build(cfg: StackConfig) -> dict[str, Any]:
         family = "ipv6_cidr_block" if ipaddress.ip_network(cfg.ssh_cidr).version == 6 else "cidr_block"
         ingresses.append({"action": "ACCEPT", "protocol": "TCP", "port": "22", family: cfg.ssh_cidr,
                           "description": "SSH from the sdcloud user"})
+    # A multi-node group's hosts reach each other's rendezvous and NCCL ports, from this group only.
+    ingresses += [{"action": "ACCEPT", "protocol": "TCP", "port": f"{low}" if low == high else f"{low}-{high}",
+                   "source_security_id": sg.id, "description": why} for low, high, why in GROUP_PORTS]
     # A Tencent security group denies what no rule accepts, both ways: allow all egress.
     tencentcloud.security.GroupRuleSet(
         "hosts-rules", security_group_id=sg.id, ingresses=ingresses,

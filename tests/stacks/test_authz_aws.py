@@ -139,8 +139,19 @@ def _driver_step(tmp_path, monkeypatch, stack: dict) -> tuple[list[Call], str]:
         assert {i.id for i in provider.find_tagged(rid, regions=[REGION])} == {spot.id, bare.id}
         now = datetime.now(timezone.utc)
         provider.price_history("g5.xlarge", spot.zone, now - timedelta(hours=1), now)
+        # A 2-node group: its cluster placement group (moto has none: answered by the fake), two launches
+        # in it, then the group's end (its hosts, then the placement group).
+        from tests.support.fake_ec2_placement import PlacementGroups
+
+        PlacementGroups(lambda: [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]).attach(
+            provider.client("ec2", REGION))
+        big = next(r for r in bundled_rows("aws") if r.region == REGION and r.instance_type == "g5.12xlarge")
+        group = provider.launch(Offer(big, "spot"), LaunchSpec(
+            run_id=rid, attempt=4, user_data="#!/bin/sh\ntrue\n", infra=infra, agent_config={"nodes": 2},
+            node_user_data=["#!/bin/sh\ntrue\n", "#!/bin/sh\ntrue # rank 1\n"]), "spot")
         provider.terminate([spot.id], REGION)
         provider.terminate([bare.id], REGION)
+        provider.terminate([group.id], REGION)
         lease.release()
         state.update_run(rid, state="succeeded")
         Journal(state, store, rid).flush()
@@ -194,7 +205,8 @@ def test_the_template_launch_is_expanded_into_what_ec2_evaluates(driver):
     type the template tags, the host role passed to EC2 only, the spot service-linked role."""
     calls, env, _ = driver
     env.instance_tags.clear()
-    [launch] = [c for c in calls if c.operation == "RunInstances" and "LaunchTemplate" in c.params]
+    launch, *group = [c for c in calls if c.operation == "RunInstances" and "LaunchTemplate" in c.params]
+    assert len(group) == 2 and all(c.params["Placement"]["GroupName"].startswith("sdcloud-") for c in group)
     reqs = expand_aws("ec2", "RunInstances", launch.params, env, launch.result)
     tagged = {r.resource.split(":")[-1].split("/")[0] for r in reqs if r.action == "ec2:CreateTags"}
     assert tagged == set(env.template_tagged) >= {"instance", "volume", "network-interface"}

@@ -128,22 +128,30 @@ def test_lifecycle_expires_old_checkpoints_and_logs_only(built):
         assert rule["filter"]["and"]["tags"][stack.CLASS_TAG] in ("checkpoint", "log")
 
 
-def test_only_ingress_is_ssh_from_the_given_cidr(built):
+GROUP_RULES = [{"description": "rendezvous of a multi-node run, between sdcloud hosts only", "protocol": "tcp",
+                "fromPort": 29500, "toPort": 29500, "self": True},
+               {"description": "NCCL and gloo of a multi-node run, between sdcloud hosts only", "protocol": "tcp",
+                "fromPort": 32768, "toPort": 60999, "self": True}]
+
+
+def test_only_ingress_is_ssh_from_the_given_cidr_and_the_groups_ports_from_its_own_hosts(built):
     mocks, _ = built
     groups = mocks.of_type("ec2/securityGroup:SecurityGroup")
     [sg] = groups
     assert sg["ingress"] == [{"description": "SSH from the sdcloud user", "protocol": "tcp", "fromPort": 22, "toPort": 22,
-                              "cidrBlocks": ["203.0.113.7/32"]}]
+                              "cidrBlocks": ["203.0.113.7/32"]}] + GROUP_RULES
+    # The group's ports are open to the group's own security group only, never to an address range.
+    assert all(not r.get("cidrBlocks") and not r.get("ipv6CidrBlocks") for r in sg["ingress"][1:])
     [default] = mocks.of_type("ec2/defaultSecurityGroup:DefaultSecurityGroup")
     assert default.get("ingress", []) == [] and default.get("egress", []) == []
     # No rule resources beside the inline ones.
     assert not [t for t, _, _ in mocks.resources if "securityGroupRule" in t or "IngressRule" in t]
 
 
-def test_empty_ssh_cidr_means_no_ingress_at_all():
+def test_empty_ssh_cidr_means_no_ingress_but_between_its_own_hosts():
     mocks, _ = run(stack.StackConfig(stack="test", region="us-east-1", ssh_cidr=""))
     [sg] = mocks.of_type("ec2/securityGroup:SecurityGroup")
-    assert sg.get("ingress", []) == []
+    assert sg.get("ingress", []) == GROUP_RULES
 
 
 @pytest.mark.parametrize("cidr", ["0.0.0.0/0", "::/0", "not-a-cidr"])

@@ -166,8 +166,12 @@ def test_the_function_role_ends_only_tagged_instances_and_passes_only_the_host_r
     [pass_role] = by_action["iam:PassRole"]
     assert pass_role["Resource"] == [f"arn:aws:iam::{ACCOUNT}:role/host-role"]
     assert pass_role["Condition"]["StringEquals"]["iam:PassedToService"] == "ec2.amazonaws.com"
-    [tag] = by_action["ec2:CreateTags"]
+    tag, pg_tag = by_action["ec2:CreateTags"]  # tags only as part of a launch, or of a group's placement group
     assert tag["Condition"] == {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
+    assert pg_tag["Condition"] == {"StringEquals": {"ec2:CreateAction": "CreatePlacementGroup"}}
+    assert pg_tag["Resource"] == [f"arn:aws:ec2:*:{ACCOUNT}:placement-group/sdcloud-*"]
+    [pg] = by_action["ec2:CreatePlacementGroup"]
+    assert pg["Resource"] == [f"arn:aws:ec2:*:{ACCOUNT}:placement-group/sdcloud-*"]
     launches = by_action["ec2:RunInstances"]
     assert any(st.get("Condition") == {"Null": {"aws:RequestTag/sdcloud:run": "false"}} for st in launches)
     for st in policy["Statement"]:
@@ -187,7 +191,8 @@ def test_the_function_may_tag_every_resource_type_the_launch_template_tags(aws_b
     [(_, lt)] = mocks.of_type("ec2/launchTemplate:LaunchTemplate")
     tagged = {spec["resourceType"] for spec in lt["tagSpecifications"]}
     assert "network-interface" in tagged
-    [tag] = [st for st in _policies(mocks)["driver-access"]["Statement"] if st["Action"] == ["ec2:CreateTags"]]
+    [tag] = [st for st in _policies(mocks)["driver-access"]["Statement"] if st["Action"] == ["ec2:CreateTags"]
+             and st["Condition"]["StringEquals"]["ec2:CreateAction"] == "RunInstances"]
     granted = {arn.split(":")[-1].split("/")[0] for arn in tag["Resource"]}
     assert tagged <= granted, f"the template tags {sorted(tagged - granted)} that the function may not tag"
 
@@ -271,6 +276,16 @@ def _step_calls(monkeypatch, tmp_path) -> list[tuple[str, str, dict]]:
         now = datetime.now(timezone.utc)
         provider.price_history("g5.xlarge", inst.zone, now - timedelta(hours=1), now)
         provider.terminate([inst.id], "us-east-1")
+        # A 2-node group's launch and end: its cluster placement group (moto has none: the fake answers).
+        from tests.support.fake_ec2_placement import PlacementGroups
+
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        PlacementGroups(lambda: [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]).attach(
+            provider.client("ec2", "us-east-1"))
+        big = next(r for r in bundled_rows("aws") if r.region == "us-east-1" and r.instance_type == "g5.12xlarge")
+        group = provider.launch(Offer(big, "spot"), LaunchSpec(run_id=rid, attempt=3, user_data="#!/bin/sh\ntrue\n",
+                                                               agent_config={"nodes": 2}), "spot")
+        provider.terminate([group.id], "us-east-1")
         lease.release()
         state.update_run(rid, state="succeeded")
         Journal(state, store, rid).flush()  # a finished run leaves the driver's index

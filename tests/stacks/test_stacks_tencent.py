@@ -97,11 +97,21 @@ def test_bucket_is_private_and_encrypted(built):
     assert bucket["lifecycleRules"][0]["filterPrefix"] == "team/sd/"
 
 
-def test_only_ingress_is_ssh_from_the_given_cidr(built):
+def _group_rules(rules: dict) -> list[dict]:
+    return [r for r in rules.get("ingresses", []) if r.get("sourceSecurityId")]
+
+
+def test_only_ingress_is_ssh_from_the_given_cidr_and_the_groups_ports_from_its_own_hosts(built):
     mocks, _ = built
     [rules] = mocks.of_type("Security/groupRuleSet:GroupRuleSet")
-    assert rules["ingresses"] == [{"action": "ACCEPT", "protocol": "TCP", "port": "22", "cidrBlock": "203.0.113.7/32",
-                                   "description": "SSH from the sdcloud user"}]
+    assert rules["ingresses"][0] == {"action": "ACCEPT", "protocol": "TCP", "port": "22", "cidrBlock": "203.0.113.7/32",
+                                     "description": "SSH from the sdcloud user"}
+    group = _group_rules(rules)
+    assert [(r["protocol"], r["port"]) for r in group] == [("TCP", "29500"), ("TCP", "32768-60999")]
+    assert len(rules["ingresses"]) == 3 and all(not r.get("cidrBlock") for r in group)
+    # The source is the hosts' own security group (the mocks name it by its resource id).
+    [sg_id] = {r["sourceSecurityId"] for r in group}
+    assert sg_id == rules["securityGroupId"]
     assert all(e["action"] == "ACCEPT" for e in rules["egresses"])
     assert not mocks.of_type("Security/groupRule:GroupRule") and not mocks.of_type("Security/groupLiteRule:GroupLiteRule")
 
@@ -109,7 +119,7 @@ def test_only_ingress_is_ssh_from_the_given_cidr(built):
 def test_empty_ssh_cidr_means_no_ingress_at_all():
     mocks, out = run(stack.StackConfig(stack="t", region="ap-guangzhou", zones=["ap-guangzhou-3"]))
     [rules] = mocks.of_type("Security/groupRuleSet:GroupRuleSet")
-    assert rules.get("ingresses", []) == []
+    assert rules.get("ingresses", []) == _group_rules(rules) and len(_group_rules(rules)) == 2
     assert out["key_id"] == "" and not mocks.of_type("Key/pair:Pair")
 
 

@@ -89,6 +89,9 @@ def _run_instances(p: dict, env: AwsEnv) -> list[Request]:
                        "RunInstances uses an image", EC2_RUN))
     if p.get("KeyName"):
         out.append(Request("ec2:RunInstances", arn("key-pair", p["KeyName"]), {}, "RunInstances names a key pair", EC2_RUN))
+    if (p.get("Placement") or {}).get("GroupName"):
+        out.append(Request("ec2:RunInstances", arn("placement-group", p["Placement"]["GroupName"]), {},
+                           "RunInstances places the instance in a placement group", EC2_RUN))
     if p.get("LaunchTemplate"):
         lt = p["LaunchTemplate"].get("LaunchTemplateId") or "*"
         out.append(Request("ec2:RunInstances", arn("launch-template", lt), {}, "RunInstances uses a launch template", EC2_RUN))
@@ -109,6 +112,16 @@ def _run_instances(p: dict, env: AwsEnv) -> list[Request]:
         out.append(Request("iam:CreateServiceLinkedRole",
                            f"arn:aws:iam::{env.account}:role/aws-service-role/spot.amazonaws.com/AWSServiceRoleForEC2Spot",
                            {"iam:AWSServiceName": "spot.amazonaws.com"}, "an account's first spot launch", SPOT_SLR))
+    return out
+
+
+def _create_placement_group(p: dict, env: AwsEnv) -> list[Request]:
+    arn = f"arn:aws:ec2:{env.region}:{env.account}:placement-group/{p['GroupName']}"
+    out = [Request("ec2:CreatePlacementGroup", arn, {}, "a cluster placement group", EC2_ACTIONS)]
+    for spec in p.get("TagSpecifications") or []:
+        tags = {t["Key"]: t["Value"] for t in spec["Tags"]}
+        out.append(Request("ec2:CreateTags", arn, {"ec2:CreateAction": "CreatePlacementGroup", **_tag_context(tags)},
+                           "the request tags the placement group", EC2_TAGGING))
     return out
 
 
@@ -153,6 +166,10 @@ def _one(action: str, source: str, resource: Callable[[dict, AwsEnv], str] = lam
 AWS_TABLE: dict[tuple[str, str], tuple[Callable[[dict, AwsEnv], list[Request]], str]] = {
     ("ec2", "RunInstances"): (_run_instances, EC2_RUN),
     ("ec2", "TerminateInstances"): (_terminate, EC2_ACTIONS),
+    ("ec2", "CreatePlacementGroup"): (_create_placement_group, EC2_TAGGING),
+    ("ec2", "DeletePlacementGroup"): (_one("ec2:DeletePlacementGroup", EC2_ACTIONS, lambda p, e:
+                                           f"arn:aws:ec2:{e.region}:{e.account}:placement-group/{p['GroupName']}"),
+                                      EC2_ACTIONS),
     **{("ec2", op): (_one(f"ec2:{op}", EC2_ACTIONS), EC2_ACTIONS) for op in (
         "DescribeInstances", "DescribeAvailabilityZones", "DescribeSpotPriceHistory", "DescribeImages",
         "DescribeInstanceTypes", "DescribeInstanceTypeOfferings", "DescribeRegions", "DescribeTags")},

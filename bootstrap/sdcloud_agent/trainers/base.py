@@ -295,7 +295,9 @@ class AccelerateTrainer(Trainer):
         if isinstance(launcher, str):
             launcher = shlex.split(launcher)
         if launcher is None or [str(a) for a in launcher[:2]] == ["accelerate", "launch"]:
-            options = [str(a) for a in (launcher or [])[2:]]
+            from .multinode import machine_options  # a host of a multi-node group: the group's options
+
+            options = machine_options(ctx, [str(a) for a in (launcher or [])[2:]])
             launcher = [ctx.trainer_python or sys.executable, "-m", "accelerate.commands.launch", *options]
             if ctx.trainer_root is not None and not Path(script).is_absolute():
                 script = str(self.script_path(ctx.trainer_root, script))

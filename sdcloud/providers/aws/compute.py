@@ -29,14 +29,16 @@ from ...money import usd
 from ...events import Kind
 from ...offers.optimizer import Offer, fits
 from ..base import (
-    FAILED, PENDING, RUNNING, STOPPING, TAG_RUN, TAG_TOKEN, TERMINATED,
+    FAILED, PENDING, RUNNING, STOPPING, TAG_NODE, TAG_RUN, TAG_TOKEN, TERMINATED,
     CapacityError, EventSink, Instance, LaunchSpec, PriceTooLowError, ProviderError,
     QuotaError, no_events,
 )
 
+from ..groups import describe_groups, has_group, is_group_launch, launch_group
+from . import group
 from .session import (  # noqa: F401  (re-exported: the adapter's public helpers)
     AUTH_CODES, CLIENT_CONFIG, NAME, THROTTLE_CODES, Retry, check_region, error_code, error_message, is_retryable,
-    new_session, region_of_zone,
+    new_session, quota_message, region_of_zone,
 )
 DEFAULT_REGION = "us-east-1"
 # Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04): NVIDIA driver, CUDA, NVMe mounted at
@@ -56,14 +58,6 @@ _STATES = {"pending": PENDING, "running": RUNNING, "stopping": STOPPING, "shutti
 _FIND_STATES = ["pending", "running", "stopping", "stopped"]
 _ADOPT_STATES = ["pending", "running", "stopping"]
 
-# Service Quotas codes, per market and instance family letter (the quotas count vCPUs).
-_QUOTAS = {
-    ("spot", "g"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
-    ("spot", "p"): ("L-7212CCBC", "All P Spot Instance Requests"),
-    ("on-demand", "g"): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
-    ("on-demand", "p"): ("L-417A185B", "Running On-Demand P instances"),
-}
-
 # Families the launch image cannot drive: the Deep Learning AMI with the open-source NVIDIA driver
 # supports G4dn and newer, P4 and P5, but not P3's V100s (the open kernel modules need Turing or
 # newer). They stay in the catalog for reference and are never ranked or launched.
@@ -81,20 +75,7 @@ def client_token(spec: LaunchSpec, instance_type: str, zone: str, market: str) -
     changes them; the `sdcloud:token` tag stays the same on every try.
     """
     detail = hashlib.sha256(f"{instance_type}/{zone}/{market}".encode()).hexdigest()[:12]
-    return f"{spec.token}-{detail}"  # 36 + 13 characters, under the limit of 64
-
-
-def quota_message(code: str, region: str, instance_type: str, market: str, detail: str) -> str:
-    family = instance_type[:1].lower()
-    quota = _QUOTAS.get((market, family))
-    if quota:
-        qcode, qname = quota
-        how = (f"raise the quota '{qname}' ({qcode}, counted in vCPUs) in {region}: Service Quotas console, or "
-               f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {qcode} "
-               f"--desired-value <vCPUs> --region {region}")
-    else:
-        how = f"raise the EC2 instance quota for {instance_type} in {region} in the Service Quotas console"
-    return f"AWS quota reached ({code}) launching {market} {instance_type} in {region}: {how} ({detail})"
+    return f"{spec.launch_key}-{detail}"  # 36 + 13 characters (+ a group's "-n63"), under the limit of 64
 
 
 class AwsProvider:
@@ -213,9 +194,10 @@ class AwsProvider:
         return zones
 
     # launch
-    def find_token(self, token: str, region: str) -> Instance | None:
+    def find_token(self, token: str, region: str, node: int | None = None) -> Instance | None:
+        node_filter = [] if node is None else [{"Name": f"tag:{TAG_NODE}", "Values": [str(node)]}]
         found = self._describe_filtered(region, [{"Name": f"tag:{TAG_TOKEN}", "Values": [token]},
-                                                 {"Name": "instance-state-name", "Values": _ADOPT_STATES}])
+                                                 {"Name": "instance-state-name", "Values": _ADOPT_STATES}] + node_filter)
         if not found:
             return None
         found.sort(key=lambda i: i.launched_at or datetime.min.replace(tzinfo=timezone.utc))
@@ -227,11 +209,13 @@ class AwsProvider:
             raise UserError(f"unknown market {market!r}; valid: spot, on-demand")
         if max_price is not None:
             max_price = usd(max_price, "max price", per_hour=True)
+        if is_group_launch(spec):  # N hosts in one zone and one cluster placement group (group.py)
+            return launch_group(self, self.launch, offer, spec, market, max_price, events)
         row = offer.row
         region = check_region(row.region)
         infra = spec.infra or {}
 
-        existing = self.find_token(spec.token, region)
+        existing = self.find_token(spec.token, region, spec.node)
         if existing is not None:
             existing.adopted = True
             events(Kind.ADOPTED, {"provider": NAME, "region": region, "instance_id": existing.id, "token": spec.token})
@@ -325,6 +309,8 @@ class AwsProvider:
             params["SubnetId"] = subnet_id
         else:
             params["Placement"] = {"AvailabilityZone": zone}
+        if infra.get("placement_group"):  # a multi-node group's (group.py)
+            params.setdefault("Placement", {})["GroupName"] = str(infra["placement_group"])
         if infra.get("security_group_id"):
             params["SecurityGroupIds"] = [str(infra["security_group_id"])]
         if infra.get("instance_profile_arn"):
@@ -365,6 +351,8 @@ class AwsProvider:
         """The instances among `ids` that AWS still knows; ids it has forgotten are left out."""
         if not ids:
             return []
+        if has_group(ids):  # a multi-node group's id: its hosts, as one (providers/groups.py)
+            return describe_groups(self.describe, ids, region)
         region = region or self.region
         try:
             return self._describe_filtered(region, [], ids)
@@ -384,6 +372,8 @@ class AwsProvider:
     def terminate(self, ids: list[str], region: str | None = None) -> None:
         if not ids:
             return
+        if has_group(ids):  # every host of a group, then its placement group (group.py)
+            return group.end_groups(self, ids, region)
         region = region or self.region
         try:
             self._call("ec2", region, "terminate_instances", InstanceIds=list(ids))
@@ -417,6 +407,13 @@ class AwsProvider:
         if errors and len(errors) == len(regions):
             raise UserError("AWS: no region could be searched for sdcloud instances: " + errors[0])
         return found
+
+    # providers.groups.PlacesGroups: a cluster placement group for a multi-node group (group.py)
+    def place_group(self, offer: Offer, spec: LaunchSpec, events: EventSink) -> LaunchSpec:
+        return group.place_group(self, offer, spec, events)
+
+    def sweep_group_leftovers(self, regions: list[str] | None, is_active) -> list[str]:
+        return [n for r in (regions or self.regions or [self.region]) for n in group.sweep_placement_groups(self, r, is_active)]
 
     def price_history(self, instance_type: str, zone: str, start: datetime, end: datetime) -> list[tuple[datetime, float]]:
         """Spot price changes for one type in one zone over [start, end], oldest first (for cost reports)."""

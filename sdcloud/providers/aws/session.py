@@ -131,3 +131,25 @@ class Retry:
             raise
         except BotoCoreError as exc:  # the network, after the last try, or a bad parameter
             raise ProviderError(f"AWS {what}: {exc}") from exc
+
+
+# Service Quotas codes, per market and instance family letter (the quotas count vCPUs).
+_QUOTAS = {
+    ("spot", "g"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+    ("spot", "p"): ("L-7212CCBC", "All P Spot Instance Requests"),
+    ("on-demand", "g"): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    ("on-demand", "p"): ("L-417A185B", "Running On-Demand P instances"),
+}
+
+
+def quota_message(code: str, region: str, instance_type: str, market: str, detail: str) -> str:
+    family = instance_type[:1].lower()
+    quota = _QUOTAS.get((market, family))
+    if quota:
+        qcode, qname = quota
+        how = (f"raise the quota '{qname}' ({qcode}, counted in vCPUs) in {region}: Service Quotas console, or "
+               f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {qcode} "
+               f"--desired-value <vCPUs> --region {region}")
+    else:
+        how = f"raise the EC2 instance quota for {instance_type} in {region} in the Service Quotas console"
+    return f"AWS quota reached ({code}) launching {market} {instance_type} in {region}: {how} ({detail})"

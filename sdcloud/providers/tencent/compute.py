@@ -27,7 +27,8 @@ from ...events import Kind
 from ...offers.optimizer import Offer
 from . import errors as codes
 from . import limits
-from ..base import (FAILED, LIVE_STATES, PENDING, RUNNING, STOPPING, TAG_RUN, TAG_TOKEN, TERMINATED, CapacityError,
+from ..groups import describe_groups, expand, has_group, is_group_launch, launch_group
+from ..base import (FAILED, LIVE_STATES, PENDING, RUNNING, STOPPING, TAG_NODE, TAG_RUN, TAG_TOKEN, TERMINATED, CapacityError,
                    EventSink, Instance, LaunchSpec, PriceTooLowError, ProviderError, QuotaError, no_events)
 # The catalog and session names are re-exported: they were this module's before the split, and the
 # tests and `sdcloud catalog refresh` (which asks the adapter for refresh_catalog) still find them here.
@@ -117,6 +118,8 @@ class TencentProvider(TencentCatalog):
         """The instances `ids`; one that the API no longer lists is reported TERMINATED."""
         if not ids:
             return []
+        if has_group(ids):  # a multi-node group's id: its hosts, as one (providers/groups.py)
+            return describe_groups(self.describe, ids, region)
         regions = [region] if region else default_regions()
         result: dict[str, Instance] = {}
         from tencentcloud.common.exception.tencent_cloud_sdk_exception import TencentCloudSDKException
@@ -146,6 +149,7 @@ class TencentProvider(TencentCatalog):
 
         if not ids:
             return
+        ids = expand(ids)  # every host of a multi-node group (providers/groups.py)
         groups: dict[tuple[str, str], list[str]] = {}
         for inst in self.describe(list(dict.fromkeys(ids)), region):
             if inst.state in (TERMINATED, FAILED) or not (inst.region or region):
@@ -186,8 +190,10 @@ class TencentProvider(TencentCatalog):
             found += [i for i in (self._instance(reg, raw) for raw in raws) if i.live]
         return found
 
-    def _by_token(self, region: str, token: str, events: EventSink) -> Instance | None:
-        raws = self._describe_all(region, {"Filters": [{"Name": f"tag:{TAG_TOKEN}", "Values": [token]}]}, events)
+    def _by_token(self, region: str, token: str, events: EventSink, node: int | None = None) -> Instance | None:
+        node_filter = [] if node is None else [{"Name": f"tag:{TAG_NODE}", "Values": [str(node)]}]
+        raws = self._describe_all(region, {"Filters": [{"Name": f"tag:{TAG_TOKEN}", "Values": [token]}] + node_filter},
+                                  events)
         live = [self._instance(region, raw) for raw in raws]
         live = [i for i in live if i.state in LIVE_STATES]
         return live[0] if live else None
@@ -239,7 +245,7 @@ class TencentProvider(TencentCatalog):
             "InstanceType": offer.row.instance_type,
             "InstanceCount": 1,
             "InstanceName": f"sdcloud-{spec.run_id}-{spec.attempt}"[:60],
-            "ClientToken": f"{spec.token}-{zone}"[:64],  # per zone: a retry in a zone is idempotent
+            "ClientToken": f"{spec.launch_key}-{zone}"[:64],  # per zone: a retry in a zone is idempotent
             "TagSpecification": [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
         }
         disk_type = infra.get("system_disk_type") or defaults.get("system_disk_type")
@@ -307,8 +313,10 @@ class TencentProvider(TencentCatalog):
             raise UserError(f"the Tencent Cloud provider cannot launch a {row.provider} offer")
         if market not in CHARGE_TYPES:
             raise UserError(f"unknown market {market!r}; valid: spot, on-demand")
+        if is_group_launch(spec):  # N hosts in one zone: CVM has no cluster placement (docs/training.md)
+            return launch_group(self, self.launch, offer, spec, market, max_price, events)
         region = row.region
-        existing = self._by_token(region, spec.token, events)
+        existing = self._by_token(region, spec.token, events, spec.node)
         if existing is not None:
             events(Kind.ADOPTED, {"provider": NAME, "instance": existing.id, "token": spec.token, "zone": existing.zone})
             inst = existing if existing.state == RUNNING else self._wait(region, existing.id, events)

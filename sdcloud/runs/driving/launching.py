@@ -71,15 +71,20 @@ class LaunchInputs:
         agent["dataset"] = self.dataset_for_host()
         agent["model"] = self.model_for_host()
         agent["self_end"] = self.self_end_config()
-        user_data = ""
+        user_data, node_user_data = "", []
         if own.plan.traits.is_cloud:
             user_data = hostboot.cloud_user_data(own.spec.provider, own.store, agent, own.infra)
+            # A multi-node group: each host's own user-data, its rank in its agent config (providers/groups.py).
+            node_user_data = [user_data] + [hostboot.cloud_user_data(own.spec.provider, own.store,
+                                                                     {**agent, "node_rank": rank}, own.infra)
+                                            for rank in range(1, int(agent.get("nodes") or 1))]
         env = {}
         if own.plan.traits.hosts is Hosts.THIS_MACHINE:
             # Credentials for an S3 store reach a local host through its environment, never a file.
             env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "TENCENTCLOUD_"))}
         own.memo.launched_spec = LaunchSpec(run_id=own.run_id, attempt=n, user_data=user_data, agent_config=agent,
-                                            infra=own.infra, env=env)
+                                            infra=own.infra, env=env,
+                                            node_user_data=node_user_data if len(node_user_data) > 1 else [])
         return own.memo.launched_spec
 
     def reclaim_mean_hours(self) -> float | None:
@@ -97,5 +102,6 @@ class LaunchInputs:
         own = self.owner
         offer = own.memo.launch_offer
         return self_end_config(own.spec, own.row.get()["created"],
-                               offer.price_per_hour_usd if offer is not None else None, own.cost_so_far,
+                               # a multi-node group's hosts end at the group's cap: N x the host's price
+                               offer.price_per_hour_usd * own.spec.nodes if offer is not None else None, own.cost_so_far,
                                own.timing.poll_seconds, own.expected_job_hours())

@@ -1,0 +1,171 @@
+"""Groups of N same-type hosts training one run together (`--nodes N`), and what they are worth.
+
+A group is priced as one unit: N x the host's price, one restart cost, and it is reclaimed when any
+one of its hosts is (the reclaim rate of one host x N). Its speed is the multi-node model below,
+documented in docs/training.md ("Multi-node: offers, stacks and costs"):
+
+    step_1 = 1 / rate                             one host's step (offers/rates.py or a measured rate)
+    grads  = trained parameters x 2 bytes         the all-reduce payload of one step (bf16 gradients)
+    link   = min(line rate, flows x single-flow cap) x socket efficiency     bytes/s between two hosts
+    comm   = 2 (N - 1) / N x grads / link         a ring all-reduce (each host sends and receives this)
+    step_N = step_1 + max(0, comm - overlap x step_1)   DDP overlaps the all-reduce with the backward pass
+    speed-up = N x step_1 / step_N                the group's rate is the host's x speed-up
+
+Where each figure comes from:
+- the line rate per instance type is the provider's `interconnect.csv` (its folder, beside catalog.csv),
+  each row citing its page; a type missing there is assumed at DEFAULT_GBPS;
+- the single-flow cap: EC2 lets one TCP flow reach 10 Gbps inside a cluster placement group and
+  5 Gbps outside one (EC2 User Guide, "Amazon EC2 instance network bandwidth"); NCCL's socket
+  transport opens NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD flows (FLOWS);
+- SOCKET_EFFICIENCY, OVERLAP and BYTES_PER_PARAM are assumptions (stated in --explain), to be replaced by a measured
+  group rate (`sdcloud speeds add`) where one exists. sdcloud does not attach EFA interfaces: a type
+  that has EFA runs NCCL over TCP here too, at its ENA line rate.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from ..errors import UserError
+from .catalog import BAND_RECLAIMS_PER_HOUR, Catalog
+from .kinds import RunKind
+from .optimizer import (CHECKPOINT_INTERVAL_HOURS, RESTART_HOURS, SETUP_HOURS, Estimate, rank)
+from .tiers import Tier
+
+# Hosts in one group: the same bound `up --nodes` checks (runs/inputs/spec.py).
+MAX_NODES = 64
+INTERCONNECT_FILE = "interconnect.csv"
+DEFAULT_GBPS = 5.0  # a type no interconnect.csv lists (assumed)
+SINGLE_FLOW_GBPS = {"cluster": 10.0, "zone": 5.0}  # EC2 User Guide, "Amazon EC2 instance network bandwidth"
+# NCCL's socket transport on AWS: NCCL_SOCKET_NTHREADS 2 x NCCL_NSOCKS_PERTHREAD 8 by default there (NCCL
+# documentation, "Environment Variables"); the same flows are assumed on every cloud.
+FLOWS = 16
+SOCKET_EFFICIENCY = 0.6  # assumed: NCCL over TCP sockets reaches about this share of the flows' rate
+OVERLAP = 0.5  # assumed: the share of a step's compute that hides the all-reduce (the backward pass)
+# bf16 gradients: kohya's --full_bf16 and accelerate's bf16 communication hook all-reduce 2 bytes a parameter;
+# a trainer that all-reduces fp32 gradients doubles the all-reduce term (assumption, stated in --explain).
+BYTES_PER_PARAM = 2
+# Parameters the tier's trainer updates, by family (the denoiser alone; text encoders frozen):
+# SD 1.5 UNet 860M (Rombach et al. 2022), SDXL UNet 2.6B (Podell et al. 2023), SD3.5 Medium MMDiT 2.5B
+# and Large 8.1B (Stability AI's model cards); a LoRA's adapters at rank 32 are under 2% of that.
+FAMILY_PARAMS = {"sd15": 0.86e9, "sd2": 0.87e9, "sdxl": 2.6e9, "sd3": 2.5e9}
+LARGE_PARAMS = 8.1e9  # SD3.5 Large (tiers whose name says sd35l)
+LORA_SHARE = 0.02
+
+
+@dataclass(frozen=True)
+class Link:
+    """The network between two hosts of one type, and how a group of them is placed."""
+
+    gbps: float
+    basis: str  # listed, baseline, assumed
+    placement: str  # "cluster" (a cluster placement group) or "zone" (the same zone, nothing closer)
+    source: str
+
+
+@dataclass(frozen=True)
+class GroupEstimate:
+    """A group of `nodes` hosts of one offer: its price, speed-up and expected cost to finish."""
+
+    host: Estimate  # the one-host estimate of the same offer
+    nodes: int
+    speedup: float
+    link: Link
+    est_hours: float
+    est_cost: float
+    overhead: float
+
+    @property
+    def price_per_hour_usd(self) -> float:
+        return self.nodes * self.host.offer.price_per_hour_usd
+
+    @property
+    def efficiency(self) -> float:
+        return self.speedup / self.nodes
+
+    def as_dict(self) -> dict:
+        d = self.host.as_dict()
+        d.update({"nodes": self.nodes, "host_price_per_hour_usd": d["price_per_hour_usd"],
+                  "price_per_hour_usd": round(self.price_per_hour_usd, 4),
+                  "est_hours": round(self.est_hours, 3), "est_cost": round(self.est_cost, 4),
+                  "overhead": round(self.overhead, 4), "speedup": round(self.speedup, 3),
+                  "scaling_efficiency": round(self.efficiency, 3),
+                  "rate": round(d["rate"] * self.speedup, 4) if d.get("rate") else None,
+                  "placement": "cluster placement group" if self.link.placement == "cluster" else "one zone",
+                  "network_gbps": self.link.gbps, "network_basis": self.link.basis, "network_source": self.link.source})
+        return d
+
+
+def check_nodes(tier: Tier, nodes: int, flag: str = "--nodes") -> int:
+    """A group size the tier takes: a whole number 1..MAX_NODES, more than 1 only for training tiers."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise UserError(f"{flag} must be a positive whole number, got {nodes!r}")
+    if nodes > MAX_NODES:
+        raise UserError(f"{flag} {nodes}: at most {MAX_NODES} hosts train together")
+    if nodes > 1 and tier.kind is not RunKind.TRAIN:
+        raise UserError(f"{flag} {nodes}: tier {tier.name} makes images; only training tiers run on several "
+                        f"hosts (a batch job spreads over workers: sdcloud batch submit --workers N)")
+    return nodes
+
+
+@lru_cache(maxsize=None)
+def interconnect(provider: str) -> dict[str, Link]:
+    """The provider's interconnect.csv (sdcloud/providers/<provider>/), by instance type ("*": every other)."""
+    path = resources.files("sdcloud").joinpath("providers", provider, INTERCONNECT_FILE)
+    if not path.is_file():
+        return {}
+    return {r["instance_type"]: Link(float(r["network_gbps"]), r["basis"], r["placement"], r["source"])
+            for r in csv.DictReader(io.StringIO(path.read_text()))}
+
+
+def link_of(provider: str, instance_type: str) -> Link:
+    table = interconnect(provider)
+    found = table.get(instance_type) or table.get("*")
+    return found or Link(DEFAULT_GBPS, "assumed", "zone", f"no interconnect figure for {provider}; assumed")
+
+
+def trained_params(tier: Tier) -> float:
+    full = LARGE_PARAMS if "sd35l" in tier.name else FAMILY_PARAMS.get(tier.family, FAMILY_PARAMS["sdxl"])
+    return full * (LORA_SHARE if tier.mode == "lora" else 1.0)
+
+
+def speedup(tier: Tier, rate: float, nodes: int, link: Link) -> float:
+    """The model above: a group of `nodes` hosts against one host, whose rate is `rate` steps/s."""
+    if nodes <= 1:
+        return 1.0
+    step = 1.0 / rate
+    flows = FLOWS * SINGLE_FLOW_GBPS.get(link.placement, SINGLE_FLOW_GBPS["zone"])
+    bytes_per_s = min(link.gbps, flows) * 1e9 / 8 * SOCKET_EFFICIENCY
+    comm = 2 * (nodes - 1) / nodes * trained_params(tier) * BYTES_PER_PARAM / bytes_per_s
+    return nodes * step / (step + max(0.0, comm - OVERLAP * step))
+
+
+def group_estimate(tier: Tier, host: Estimate, nodes: int, job_size: int | None = None) -> GroupEstimate | None:
+    if host.rate is None:
+        return None
+    r = host.offer.row
+    link = link_of(r.provider, r.instance_type)
+    up = speedup(tier, host.rate.value, nodes, link)
+    hours = SETUP_HOURS + (job_size or tier.job_size) / (host.rate.value * up) / 3600.0
+    band = host.offer.band
+    # Any host's reclaim stops the group: N hosts are reclaimed N times as often, each costing one restart.
+    overhead = 1.0 if band is None else 1.0 + nodes * BAND_RECLAIMS_PER_HOUR[band] * (
+        RESTART_HOURS + CHECKPOINT_INTERVAL_HOURS / 2)
+    return GroupEstimate(host, nodes, up, link, hours * overhead,
+                         nodes * host.offer.price_per_hour_usd * hours * overhead, overhead)
+
+
+def rank_groups(tier: Tier, catalog: Catalog, nodes: int, job_size: int | None = None, **filters) -> list[GroupEstimate]:
+    """Groups of `nodes` same-type hosts (one zone), cheapest expected cost to finish first.
+
+    `filters` are rank()'s (market, max_price per host, provider, region, book). A group the model
+    finds no faster than one host of its type (its network cannot carry the all-reduce) is left out."""
+    check_nodes(tier, nodes)
+    out = [g for e in rank(tier, catalog, job_size=job_size, **filters)
+           if (g := group_estimate(tier, e, nodes, job_size)) is not None and (nodes == 1 or g.speedup > 1.0)]
+    out.sort(key=lambda g: (g.est_cost, g.est_hours, g.host.offer.key))
+    return out

@@ -1,0 +1,140 @@
+"""A multi-node group's hosts as one instance (`up --nodes N`), for every cloud provider.
+
+The fleet and the controller keep one attempt per group, so a group is one `Instance` whose id is
+its hosts' ids joined by GROUP_SEP, rank 0's first ("i-0a+i-0b"). `describe` of that id is the
+group's state: live while every host is, gone (or failed) as soon as one is, so that a reclaim of
+any host ends the attempt; `terminate` of it ends every host. A group is one unit: all its hosts in
+one zone (rank 0 launches wherever the provider's zone failover puts it, the others follow it there)
+and one market; a host that cannot be launched ends the hosts already up before the error goes on.
+
+Each host carries the group's `sdcloud:token` (the sweep of strays keeps the group) and its rank in
+`sdcloud:node`; its launch is idempotent on `LaunchSpec.launch_key` (token and rank), so a
+controller that crashed mid-launch adopts the ranks already up and launches the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable, Protocol, runtime_checkable
+
+from ..offers.optimizer import Offer
+from .base import FAILED, LIVE_STATES, PENDING, TAG_NODE, TERMINATED, EventSink, Instance, LaunchSpec, ProviderError
+
+GROUP_SEP = "+"
+
+
+@runtime_checkable
+class PlacesGroups(Protocol):
+    """A provider that places a group's hosts close together (AWS: a cluster placement group); the
+    spec it returns carries the placement to every host's launch (its terminate cleans it up)."""
+
+    def place_group(self, offer: Offer, spec: LaunchSpec, events: EventSink) -> LaunchSpec: ...
+
+
+@runtime_checkable
+class SweepsGroupLeftovers(Protocol):
+    """`sdcloud gc`: what a group leaves beside its hosts (free, but clutter) deleted once its run is over."""
+
+    def sweep_group_leftovers(self, regions: list[str] | None, is_active: Callable[[str], bool]) -> list[str]: ...
+
+
+def nodes_of(spec: LaunchSpec) -> int:
+    return max(1, int((spec.agent_config or {}).get("nodes") or 1))
+
+
+def is_group_launch(spec: LaunchSpec) -> bool:
+    """Whether `spec` asks for a whole group (not one host of one)."""
+    return nodes_of(spec) > 1 and spec.node is None
+
+
+def group_id(ids: list[str]) -> str:
+    return GROUP_SEP.join(ids)
+
+
+def members(instance_id: str) -> list[str]:
+    return [i for i in instance_id.split(GROUP_SEP) if i]
+
+
+def has_group(ids: list[str]) -> bool:
+    return any(GROUP_SEP in i for i in ids)
+
+
+def expand(ids: list[str]) -> list[str]:
+    return [m for i in ids for m in members(i)]
+
+
+def host_spec(spec: LaunchSpec, rank: int) -> LaunchSpec:
+    """The spec of rank `rank`'s host: its own user-data and rank in the agent config."""
+    user_data = spec.node_user_data[rank] if spec.node_user_data else spec.user_data
+    return replace(spec, user_data=user_data, node=rank, node_user_data=[],
+                   agent_config={**spec.agent_config, "node_rank": rank})
+
+
+def combine(hosts: list[Instance], nodes: int | None = None) -> Instance:
+    """One Instance for the group's hosts (rank order): live only while all `nodes` of them are."""
+    first = hosts[0]
+    states = [h.state for h in hosts]
+    if nodes is not None and len(hosts) < nodes:
+        state = TERMINATED  # a host the cloud no longer knows is gone
+    elif FAILED in states:
+        state = FAILED
+    elif any(s not in LIVE_STATES for s in states):
+        state = next(s for s in states if s not in LIVE_STATES)
+    elif PENDING in states:
+        state = PENDING
+    else:
+        state = first.state
+    prices = [h.price_per_hour for h in hosts]
+    return replace(first, id=group_id([h.id for h in hosts]), state=state,
+                   price_per_hour=sum(prices) if None not in prices else None,  # type: ignore[arg-type]
+                   adopted=all(h.adopted for h in hosts))
+
+
+def rank_of(inst: Instance) -> int:
+    try:
+        return int(inst.tags.get(TAG_NODE, "0"))
+    except ValueError:
+        return 0
+
+
+def adopt_found(found: list[Instance]) -> Instance:
+    """The instances a token finds (a group's hosts, or one host) as one Instance, in rank order."""
+    if len(found) == 1:
+        return found[0]
+    return combine(sorted(found, key=rank_of))
+
+
+def launch_group(provider: Any, launch_one: Callable[..., Instance], offer: Offer, spec: LaunchSpec, market: str,
+                 max_price: float | None, events: EventSink) -> Instance:
+    """Launch every host of the group through the provider's one-host `launch_one`, in one zone."""
+    nodes = nodes_of(spec)
+    if isinstance(provider, PlacesGroups):
+        spec = provider.place_group(offer, spec, events)
+    first = launch_one(offer, host_spec(spec, 0), market, max_price, events)
+    pinned = Offer(replace(offer.row, zone=first.zone or offer.row.zone), offer.market)
+    hosts = [first]
+    try:
+        for rank in range(1, nodes):
+            hosts.append(launch_one(pinned, host_spec(spec, rank), market, max_price, events))
+    except BaseException:
+        # One unit: a group that cannot be whole is not left half up.
+        try:
+            provider.terminate([h.id for h in hosts], region=offer.row.region)
+        except ProviderError:
+            pass
+        raise
+    return combine(hosts, nodes)
+
+
+def describe_groups(describe: Callable[[list[str], str | None], list[Instance]], ids: list[str],
+                    region: str | None) -> list[Instance]:
+    """`describe` over ids of which some are groups: each group's hosts described and combined."""
+    found = {i.id: i for i in describe(expand(ids), region)}
+    out = []
+    for one in ids:
+        hosts = [found[m] for m in members(one) if m in found]
+        if GROUP_SEP not in one:
+            out.extend(hosts)
+        elif hosts:
+            out.append(combine(hosts, len(members(one))))
+    return out

@@ -1,0 +1,98 @@
+"""`offers --nodes N`: groups of N same-type hosts in one zone, their speed-up from the multi-node model
+(sdcloud/offers/groups.py) and their price as one unit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sdcloud.cli import main
+from sdcloud.errors import UserError
+from sdcloud.offers import groups
+from sdcloud.offers.catalog import load_catalog
+from sdcloud.offers.groups import Link, check_nodes, group_estimate, rank_groups, speedup
+from sdcloud.offers.optimizer import rank
+from sdcloud.offers.tiers import get_tier
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_model_scales_a_lora_nearly_linearly_and_a_full_finetune_by_its_network():
+    lora, full = get_tier("sdxl-lora"), get_tier("sdxl-finetune")
+    fast = Link(100.0, "listed", "cluster", "test")
+    slow = Link(2.5, "baseline", "cluster", "test")
+    assert speedup(lora, 1.0, 1, fast) == 1.0
+    assert 1.9 < speedup(lora, 1.0, 2, fast) <= 2.0  # a LoRA's adapters are a small all-reduce
+    # A full SDXL fine-tune all-reduces 2.6B fp32 gradients: the network decides.
+    assert speedup(full, 1.0, 2, fast) > 1.5 * speedup(full, 1.0, 2, slow)
+    # Outside a cluster placement group one flow is capped at 5 Gbps rather than 10: never faster.
+    zone = Link(100.0, "listed", "zone", "test")
+    assert speedup(full, 1.0, 4, zone) < speedup(full, 1.0, 4, fast)
+    # More hosts are never slower in total than fewer in this model, and never more than linear.
+    ups = [speedup(full, 0.5, n, fast) for n in (1, 2, 4, 8)]
+    assert ups == sorted(ups) and all(u <= n for u, n in zip(ups, (1, 2, 4, 8)))
+
+
+def test_a_group_is_priced_as_one_unit_and_reclaimed_n_times_as_often():
+    tier = get_tier("sdxl-finetune")
+    host = next(e for e in rank(tier, load_catalog(), market="spot", provider="aws")
+                if e.offer.band and groups.link_of("aws", e.offer.row.instance_type).gbps >= 100)
+    g = group_estimate(tier, host, 3)
+    assert g.price_per_hour_usd == pytest.approx(3 * host.offer.price_per_hour_usd)
+    assert g.overhead - 1 == pytest.approx(3 * (host.overhead - 1))  # any host's reclaim stops the group
+    hours = (g.est_hours / g.overhead)
+    assert g.est_cost == pytest.approx(g.price_per_hour_usd * hours * g.overhead)
+    assert g.est_hours / g.overhead < host.est_hours / host.overhead  # the group finishes sooner
+
+
+def test_aws_types_are_placed_in_a_cluster_placement_group_and_tencent_ones_in_one_zone():
+    assert groups.link_of("aws", "p4d.24xlarge").placement == "cluster"
+    assert groups.link_of("aws", "p4d.24xlarge").gbps == 400
+    t = groups.link_of("tencent", "GN7.2XLARGE32")
+    assert t.placement == "zone" and t.basis == "assumed"
+    # Every AWS type of the bundled catalog has its own figure (no silent assumption).
+    types = {r.instance_type for r in load_catalog().rows if r.provider == "aws"}
+    assert types <= set(groups.interconnect("aws"))
+
+
+def test_offers_ranks_groups_of_two_with_the_speedup_and_group_price_explained(capsys):
+    code, out, _ = run_cli(capsys, "offers", "--tier", "sdxl-finetune", "--nodes", "2", "--json", "--limit", "0")
+    assert code == 0
+    rows = json.loads(out)
+    assert rows and all(r["nodes"] == 2 for r in rows)
+    assert [r["est_cost"] for r in rows] == sorted(r["est_cost"] for r in rows)
+    for r in rows[:20]:
+        assert r["price_per_hour_usd"] == pytest.approx(2 * r["host_price_per_hour_usd"], abs=2e-4)
+        assert 1 < r["speedup"] <= 2 and r["placement"] in ("cluster placement group", "one zone")
+    assert {r["placement"] for r in rows if r["provider"] == "aws"} == {"cluster placement group"}
+    code, out, _ = run_cli(capsys, "offers", "--wide", "--tier", "sdxl-finetune", "--nodes", "2", "--explain",
+                           "--limit", "3")
+    assert code == 0
+    assert "speed-up" in out and "2 x " in out and "all-reduce" in out and "Gbps" in out
+
+
+def test_a_batch_tier_or_a_bad_group_size_is_refused_in_one_line(capsys):
+    code, out, err = run_cli(capsys, "offers", "--tier", "batch-sdxl", "--nodes", "2")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "training tiers" in err
+    for bad in ("0", "65"):
+        code, _, err = run_cli(capsys, "offers", "--tier", "sdxl-finetune", "--nodes", bad)
+        assert code == 2 and len(err.strip().splitlines()) == 1
+    with pytest.raises(UserError):
+        check_nodes(get_tier("sdxl-lora"), True)  # a flag's True is not a group size
+    assert rank_groups(get_tier("sdxl-lora"), load_catalog(), 1, provider="aws")[0].speedup == 1.0
+
+
+def test_a_group_no_faster_than_one_host_is_not_offered(monkeypatch):
+    tier = get_tier("sdxl-finetune")
+    ranked = rank_groups(tier, load_catalog(), 2, provider="aws")
+    assert ranked and all(g.speedup > 1.0 for g in ranked)
+    slow_type = ranked[0].host.offer.row.instance_type
+    real = groups.link_of
+    monkeypatch.setattr(groups, "link_of", lambda p, t: Link(1.0, "assumed", "zone", "x") if t == slow_type else real(p, t))
+    again = rank_groups(tier, load_catalog(), 2, provider="aws")
+    assert again and slow_type not in {g.host.offer.row.instance_type for g in again}
