@@ -7,6 +7,10 @@ import click
 from ..offers.catalog import BAND_RECLAIMS_PER_HOUR, load_catalog, max_age_days, stale_warning
 from ..errors import UserError
 from ..offers.optimizer import rank
+
+# What a start in another cloud copies there, for planning (`offers --move-gb`): an SDXL base model in
+# fp16 (about 6.9 GB), a training set and a checkpoint; a run's own move copies what it really has.
+MOVE_GB = 10.0
 from .common import USD_PER_HOUR, complete_providers, complete_regions, complete_tiers, market_of, market_options
 from ..render import emit_json, note, output_options, table, wide_option
 from ..offers.tiers import all_tiers, get_tier
@@ -32,7 +36,10 @@ def tiers(as_json: bool) -> None:
 def _short_notes(est) -> str:
     """The estimate's warnings, shortened for a table cell (--json has them in full)."""
     short = {"vCPUs is below": "few vCPUs", "VRAM": "below rec. VRAM", "no local NVMe": "no NVMe", "NVMe is below": "small NVMe"}
-    return ", ".join(next((v for k, v in short.items() if k in w), w) for w in est.warnings)
+    notes = [next((v for k, v in short.items() if k in w), w) for w in est.warnings]
+    if est.move is not None:  # an offer outside the home cloud starts with a move (--explain: its inputs)
+        notes.append(f"move +${est.offer.price_per_hour_usd * est.move.transfer_hours + est.move.egress_usd:.2f}")
+    return ", ".join(notes)
 
 
 @click.command()
@@ -48,8 +55,11 @@ def _short_notes(est) -> str:
 @click.option("--limit", type=int, default=15, show_default=True, metavar="N", help="Rows to show (0 = all).")
 @click.option("--explain", is_flag=True, help="Show why each row ranks where it does: price source and age, rate and its source, band, overhead.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list ranked by est_cost.")
+@click.option("--move-gb", type=float, default=MOVE_GB, show_default=True, metavar="GB",
+              help="With several providers: GB (10^9 bytes) a start outside the first (the home) copies there: "
+                   "inputs and checkpoint, priced at the home cloud's egress plus the copy's hours.")
 def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price: float | None, provider: str | None,
-           region: str | None, steps: int | None, limit: int, explain: bool, as_json: bool) -> None:
+           region: str | None, steps: int | None, limit: int, explain: bool, as_json: bool, move_gb: float) -> None:
     """Rank GPU offers by the expected cost to finish a job (not by price per hour)."""
     market = market_of(spot, on_demand)
     tier = get_tier(tier_name)
@@ -72,8 +82,10 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
     from ..runs.driving.lessons import user_book
 
     book = user_book()  # rates recorded (sdcloud speeds add) and observed by runs take the catalog's place
+    if not move_gb >= 0:
+        raise UserError(f"--move-gb must be 0 or more, got {move_gb:g}")
     ranked = rank(tier, catalog, market=market, max_price=max_price, provider=provider, region=region, job_size=steps,
-                  book=book)
+                  book=book, clouds=several, move_bytes=int(move_gb * 1e9))
     if provider:
         sources = [s for s in catalog.sources if s.provider == provider]
     else:
@@ -117,7 +129,9 @@ def _caption(total: int, shown: set[str], estimated: bool) -> str:
         parts.append("VRAM = usable (as the driver reports it)/nominal")
     if estimated and "$/h" in shown:
         parts.append("~ = estimated price")
-    parts.append("prices in USD (CNY converted)")
+    from .. import config
+
+    parts.append(f"prices in USD (CNY at {1 / config.usd_per('CNY'):g} per USD: cny_per_usd in config.toml)")
     if "est h" in shown:
         parts.append("est $ = $/h x est h")
     parts.append("--explain shows each row's inputs")
@@ -147,15 +161,17 @@ def _explain(tier, job: int, shown, total: int) -> None:
                      f"{d['price_basis']}, {_age(d['price_age_days'])}", d["price_source"],
                      f"{d['rate']:.3g} {d['rate_unit']} ({d['speed_rel']:g}x A10G)", d["rate_source"],
                      d["interruption"] + reclaim,
-                     f"{e.overhead:.3f}", f"{e.est_hours:.2f}", f"{e.est_cost:.2f}"))
+                     f"{e.overhead:.3f}", f"{e.est_hours:.2f}", f"{e.est_cost:.2f}", _move_words(e)))
     columns = ["#", "offer", "market", "$/h", "price basis, age", "price source", "rate", "rate source",
-               "interruption", "overhead", "est h", "est $"]
+               "interruption", "overhead", "est h", "est $", "move"]
     title = f"{tier.name}: {job} {tier.unit}, why each offer ranks where it does"
     formula = (f"{total} offers fit; est h = ({SETUP_HOURS:g} h setup + job / rate) x overhead; "
-               f"overhead = 1 + reclaims/h x ({RESTART_HOURS:g} h restart + {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2); "
-               "docs/offers.md explains each column")
+               f"overhead = 1 + reclaims/h x ({RESTART_HOURS:g} h restart + {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2)"
+               + ("; offers outside the home cloud (the first --provider) add a move: est h + copy hours, "
+                  "est $ + the copy's hours at $/h + the home cloud's egress" if any(e.move for e in shown) else "")
+               + "; docs/offers.md explains each column")
     # Cells wrap at spaces only: an offer's provider, region and type each stay whole.
-    wrap = ["offer", "price source", "rate source"]
+    wrap = ["offer", "price source", "rate source", "move"]
     cells = [[str(v) for v in row] for row in rows]
     present = [i for i, _ in enumerate(columns) if any(c[i] for c in cells)]
     if render.fit_columns(columns, cells, render.console().width, wrap=wrap, wide=render.WIDE) == present:
@@ -165,5 +181,14 @@ def _explain(tier, job: int, shown, total: int) -> None:
           [(r[0], r[1], r[2], r[3], r[10], r[11]) for r in rows], wrap=["offer"], drop=["market", "est h"])
     for r in rows:
         render.echo(f"{r[0]}. {r[1]} ({r[2]}): price {r[3]} $/h, {r[4]}, from {r[5]}; speed {r[6]} on the host, "
-                    f"from {r[7]}; interruption {r[8]}; overhead {r[9]}; est {r[10]} h, ${r[11]}")
+                    f"from {r[7]}; interruption {r[8]}; overhead {r[9]}; est {r[10]} h, ${r[11]}"
+                    + (f"; move: {r[12]}" if r[12] else ""))
     render.echo(formula)
+
+
+def _move_words(e) -> str:
+    """A row's move from the home cloud, in words ('' at home): what `--explain` adds to its hours and cost."""
+    m = e.offer and e.move
+    if not m:
+        return ""
+    return f"{m.reason}; + {m.transfer_hours:.2f} h, + ${e.offer.price_per_hour_usd * m.transfer_hours + m.egress_usd:.2f}"
