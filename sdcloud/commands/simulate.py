@@ -94,9 +94,10 @@ def simulate(traces: tuple[str, ...], job_hours: float, deadline_hours: float, r
     if many:
         mode += f" in {len(set(labels))} clouds, a move {move_hours:g} h + {move_usd:g} $"
     table(f"C={job_hours:g} h, R={deadline_hours:g} h (C/R={job_hours / deadline_hours:.2f}), d={restart_hours:g} h, {mode}",
-          ["policy", "mean savings", "deadline met", "mean cost $", "starts"],
+          ["policy", "mean savings", "deadline met", "mean cost $", "starts"] + (["moves (jobs moved)"] if many else []),
           [(r.policy, f"{100 * r.savings.mean():.1f}%", f"{100 * r.met.mean():.1f}%", f"{r.costs.mean():.2f}", len(r.costs))
-           for r in (x for x in results)],
+           + ((f"{int(r.moves.sum())} ({int((r.moves > 0).sum())})",) if many and r.moves is not None else ())
+           for r in results],
           caption=f"savings = 1 - cost / (C x on-demand {_ondemand_words(ondemand, ondemand_price)}); spot "
                   f"{'per zone from its series' if spot_prices is not None else f'{spot_price:g} $/h'}; "
                   f"{gap} s ticks over {avail.shape[1] * gap / 3600:.0f} h; zones: {', '.join(keys)}")

@@ -380,10 +380,12 @@ class Summary:
     savings: np.ndarray
     met: np.ndarray
     costs: np.ndarray
+    moves: np.ndarray | None = None  # moves between clouds per job, where there are clouds
 
     def as_dict(self) -> dict:
         return {"policy": self.policy, "mean_savings": float(self.savings.mean()),
-                "deadline_met": float(self.met.mean()), "mean_cost": float(self.costs.mean()), "starts": int(len(self.costs))}
+                "deadline_met": float(self.met.mean()), "mean_cost": float(self.costs.mean()), "starts": int(len(self.costs)),
+                **({} if self.moves is None else {"jobs_moved": int((self.moves > 0).sum()), "moves": int(self.moves.sum())})}
 
 
 def simulate(avail: np.ndarray, keys: Sequence[str], gap_seconds: int, setting: Setting, policies: Iterable[str],
@@ -417,7 +419,8 @@ def simulate(avail: np.ndarray, keys: Sequence[str], gap_seconds: int, setting: 
                            ondemand_prices, refused, clouds) for s, z in zip(begin, zone0)]
             costs = np.array([o.cost for o in runs])
             met = np.array([o.deadline_met(setting) for o in runs])
-        out.append(Summary(name, 1 - costs / full, met, costs))
+            moves = np.array([o.moves for o in runs]) if clouds is not None else None
+        out.append(Summary(name, 1 - costs / full, met, costs, moves if name != OPTIMAL else None))
     return out
 
 
