@@ -110,6 +110,7 @@ def test_simulate_two_clouds_from_the_command_line(tmp_path, capsys, monkeypatch
     assert "optimal" not in res  # the optimum knows no moves: left out by default
     assert res["sdcloud"]["deadline_met"] == 1.0 and res["sdcloud-one-cloud"]["deadline_met"] == 1.0
     assert res["sdcloud"]["mean_cost"] < res["sdcloud-one-cloud"]["mean_cost"]
+    assert res["sdcloud"]["moves"] >= res["sdcloud"]["jobs_moved"] > 0 and res["sdcloud-one-cloud"]["moves"] == 0
     # 7.1 CNY at the default 7.1 CNY per USD is 1 $/h: the rate is stated.
     assert "spot 1 $/h, on-demand 3 $/h (7.1/21.3 CNY/h at 0.1408 USD per CNY)" in captured.err
 
