@@ -35,8 +35,16 @@ from ..spot.policy import get_policy
 
 
 class BatchController:
+    # A job across clouds (batch/clouds.py): the other clouds' controllers, and where this one's attempt
+    # numbers start. Class defaults: a controller built without __init__ (tests) is one cloud's.
+    parts: tuple = ()
+    _base = 0
+
     def __init__(self, state: Any, job_id: str, provider: Any = None, timing: Timing | None = None,
-                 emit: Callable[[str, dict], None] | None = None):
+                 emit: Callable[[str, dict], None] | None = None, others: dict[str, Any] | None = None,
+                 part: tuple[dict, Any] | None = None):
+        """`others`: the providers of a job's other clouds by name (tests pass doubles); `part`: the
+        spec over the job's and the attempt records of one other cloud's share (batch/clouds.py)."""
         from ..providers import get_provider
         from ..runs.records.store import open_run_store
 
@@ -44,7 +52,14 @@ class BatchController:
         job = state.get_run(job_id)
         if job is None or RunKind.of(job["spec"]) is not RunKind.BATCH:
             raise UserError(f"no batch job {job_id!r}; see: sdcloud batch list")
-        self.job_id, self.spec = job["id"], job["spec"]
+        self.job_id, self.spec = job["id"], {**job["spec"], **(part[0] if part else {})}
+        records: Any = part[1] if part else state
+        if self.spec.get("clouds"):  # the home's share of a job across clouds, its own attempts only
+            from .clouds import CloudRecords, shares
+
+            self.spec["workers"] = shares(int(self.spec["workers"]), len(self.spec["clouds"]))[0]
+            records = CloudRecords(state, self.spec["provider"], 0)
+        self._base = getattr(records, "base", 0)  # where this cloud's attempt numbers start
         self.tier = get_tier(self.spec["tier"])
         self.provider_name = self.spec["provider"]
         self.memo = Memo()
@@ -59,9 +74,29 @@ class BatchController:
                                   job_size=int(self.spec["images"]), events=self.event)
         if not offers:
             raise UserError(f"no offer on {self.provider_name} fits tier {self.tier.name}")
-        self.fleet = Fleet(self.job_id, self.provider, self.provider_name, state, offers, get_policy("sdcloud"),
+        self.fleet = Fleet(self.job_id, self.provider, self.provider_name, records, offers, get_policy("sdcloud"),
                            self.event, self.timing, spec_market=None if market == "spot" else market,
                            max_price=self.spec.get("max_price"), on_launched=self._priced)
+        self.parts = self._cloud_parts(others or {}, timing) if self.spec.get("clouds") else []
+
+    def _cloud_parts(self, others: dict[str, Any], timing: Timing | None) -> list["BatchController"]:
+        """The job's other clouds: one controller each, over that cloud's store, with a relay home."""
+        from ..providers.traits import default_region
+        from ..runs.records.store import open_run_store
+        from .clouds import CloudRecords, Relay, shares
+
+        clouds = self.spec["clouds"]
+        share = shares(int(self.state.get_run(self.job_id)["spec"]["workers"]), len(clouds))
+        parts = []
+        for k, cloud in enumerate(clouds[1:], start=1):
+            # Its hosts launch in that cloud's default region, where `infra up` made its stack.
+            over = {"provider": cloud, "store": self.spec["cloud_stores"][cloud], "workers": share[k],
+                    "region": default_region(cloud), "clouds": []}
+            part = BatchController(self.state, self.job_id, provider=others.get(cloud), timing=timing, emit=self.emit,
+                                   part=(over, CloudRecords(self.state, cloud, k)))
+            part.relay = Relay(self.store, open_run_store(over["store"]), self.spec["prefix"])
+            parts.append(part)
+        return parts
 
     @property
     def provider_traits(self) -> ProviderTraits:
@@ -98,7 +133,7 @@ class BatchController:
         return max(0, min(int(self.spec["workers"]), int(self.spec["items"]) - done))
 
     def cost_so_far(self) -> float:
-        return sum(a.cost for a in self.fleet.attempts())
+        return sum(a.cost for a in self.state.attempts(self.job_id))  # every cloud's hosts
 
     def progress(self, done: int) -> Progress:
         rows = [o.row for o in self.fleet.candidates if o.row.ondemand_price is not None]
@@ -136,9 +171,11 @@ class BatchController:
         price, as a training attempt's, so the job's report prices the same worker hours on demand."""
         from ..costs import ledger
 
+        n = n if n > self._base else n + self._base
         ledger.started(self.state, self.job_id, n, offer, market, spec.root_volume_gb, zone=inst.zone or offer.row.zone)
 
     def launch_spec(self, n: int) -> LaunchSpec:
+        n = n if n > self._base else n + self._base  # another cloud's attempts are numbered apart
         agent = {"run_id": self.job_id, "attempt": n, "tier": self.tier.name, "store": self.spec["store"],
                  "metadata": {"kind": self.provider_traits.host.metadata},
                  "batch": {"job": self.spec["prefix"], "worker_id": f"{self.job_id}-a{n}",
@@ -221,7 +258,16 @@ class BatchController:
         return self.state.get_run(self.job_id)["state"] in ("failed", "cancelled")
 
     def step(self) -> bool:
-        """One pass: watch the hosts, resize the pool. True when the job is over (all done or cancelled)."""
+        """One pass: watch the hosts, resize the pool. True when the job is over (all done or cancelled).
+        Across clouds: the relay first, so that each cloud counts what the others finished."""
+        for part in self.parts:
+            part.relay.step()
+        over = self._step_here()
+        for part in self.parts:
+            part.step()
+        return over
+
+    def _step_here(self) -> bool:
         done = self.items_done()
         for cur in self.fleet.open_attempts():
             self.watch(cur)
@@ -260,6 +306,8 @@ class BatchController:
         """runs/<job>/controller.json: who drives the job and how often it looks. A worker reads it
         (sdcloud_agent.batch.host): a job whose driver stopped looking has no driver, and its workers
         end after the grace; the cloud driver looks once a schedule period, so its `every_s` is that."""
+        for part in self.parts:  # another cloud's workers read it from their own store
+            part.heartbeat(driver, every_s)
         try:
             self.store.put(f"runs/{self.job_id}/controller.json",
                            json.dumps({"time": time.time(), "driver": driver, "every_s": every_s}).encode())
@@ -268,6 +316,10 @@ class BatchController:
 
     def finish(self) -> dict[str, Any]:
         """The job is over: every open host ends, the images are counted, the state is final."""
+        for part in self.parts:  # the last images come home before they are counted
+            part.relay.step()
+            for cur in part.fleet.open_attempts():
+                part.fleet.end(cur, "done")
         for cur in self.fleet.open_attempts():
             self.fleet.end(cur, "done")
         self.state.update_run(self.job_id, step=self._images_done(), controller_pid=None)
@@ -296,6 +348,8 @@ class BatchController:
 
     def run(self, poll: float | None = None) -> dict[str, Any]:
         self.fleet.reconcile()
+        for part in self.parts:
+            part.fleet.reconcile()
         if self.state.get_run(self.job_id)["state"] in FINAL_RUN_STATES:
             # Ended already (a cancel before this driver started): stop what is open, launch nothing.
             for cur in self.fleet.open_attempts():
@@ -304,7 +358,8 @@ class BatchController:
                     "hosts": len(self.fleet.attempts()), "cost_usd": round(self.cost_so_far(), 6)}
         from .journal import Carried
 
-        carried = Carried.of(self)  # the cloud driver takes the job over if this driver goes
+        # The cloud driver takes the job over if this driver goes; not across clouds (it holds one cloud's keys).
+        carried = None if self.parts else Carried.of(self)
         if carried:
             carried.take()
         self.state.update_run(self.job_id, state="running", controller_pid=os.getpid())

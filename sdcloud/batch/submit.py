@@ -44,6 +44,7 @@ class SubmitOptions:
     steps: int | None = None
     schedule: str | None = None    # the cloud schedule whose fire submitted it (batch/cloud_schedules.py)
     region: str | None = None      # where its hosts launch (a cloud schedule's: its stack's region)
+    providers: list[str] | None = None  # several clouds at once, the home first (batch/clouds.py)
 
 
 def new_job_id() -> str:
@@ -70,6 +71,16 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
         raise UserError(f"--images-per-prompt must be at least 1, got {opts.images_per_prompt}")
     if opts.provider not in names():
         raise UserError(f"unknown provider {opts.provider!r}: use {', '.join(names())}")
+    opts.cloud_stores = {}
+    if opts.providers and len(opts.providers) > 1:
+        from . import clouds
+
+        if opts.schedule:
+            raise UserError(f"a schedule's job runs in one cloud: its cloud driver holds no keys of the others "
+                            f"({','.join(opts.providers)})")
+        opts.provider = opts.providers[0]
+        # Every named cloud's credentials and each other cloud's bucket, before anything is written.
+        opts.cloud_stores = clouds.check(opts.providers, lambda name: store_conf(name, None))
     if opts.max_price is not None:
         opts.max_price = usd(opts.max_price, "--max-price", per_hour=True)
     if opts.budget is not None:
@@ -251,13 +262,19 @@ def submit(opts: SubmitOptions, job_id: str | None = None, state: Any = None, co
             "budget": opts.budget, "provider": opts.provider, "store": conf, "prefix": job_prefix(job_id),
             "generator": opts.generator, "fake_delay": opts.fake_delay, "max_failed_boots": opts.max_failed_boots,
             "images": images, "items": len(items), "submitted": time.time(),
-            **({"schedule": opts.schedule} if opts.schedule else {}), **({"region": opts.region} if opts.region else {})}
+            **({"schedule": opts.schedule} if opts.schedule else {}), **({"region": opts.region} if opts.region else {}),
+            **({"clouds": opts.providers, "cloud_stores": opts.cloud_stores} if getattr(opts, "cloud_stores", None) else {})}
     try:
         write_job(store, job_prefix(job_id), {k: spec[k] for k in ("tier", "model", "lora", "lora_key", "images",
                                                                  "submitted")}, items)
     except FileExistsError:
         if not written_ok:
             raise
+    if spec.get("clouds"):  # the job in each other cloud's store, where that cloud's workers read it
+        from .clouds import Relay
+
+        for conf in spec["cloud_stores"].values():
+            Relay(store, open_run_store(conf), job_prefix(job_id)).seed(lora_key)
     state.create_run(job_id, opts.tier, spec, images, name=opts.name)
     state.event(job_id, Kind.BATCH_SUBMITTED, {"items": len(items), "images": images, "workers": opts.workers})
     return {"job": job_id, "items": len(items), "images": images, "workers": opts.workers, "store": conf["url"]}

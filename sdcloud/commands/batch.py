@@ -35,7 +35,7 @@ def submit_options(f):
         click.option("--deadline", default=None, metavar="DURATION", help="e.g. 8h, 1d12h"),
         click.option("--budget", type=USD, default=None, help="USD for the whole job"),
         click.option("--provider", default="local", show_default=True, metavar="PROVIDER",
-                     help="local, ssh, aws or tencent"),
+                     help="local, ssh, aws or tencent; aws,tencent: workers in both, images in the first's store"),
         click.option("--name", default=None, metavar="NAME", help="a name to use instead of the job id"),
         click.option("--store", default=None, metavar="URL",
                      help="s3://BUCKET/PREFIX, cos://BUCKET-APPID/PREFIX or file:///DIR (default: the provider's run bucket)"),
@@ -55,6 +55,13 @@ def _options(kw: dict):
     from ..runs.inputs.spec import parse_duration
 
     check_settings()  # every section of config.toml ([hosts] self_end_grace reaches the hosts), before the job exists
+    providers = None
+    if "," in kw["provider"]:  # several clouds at once (docs/batch.md): the first is the home
+        from ..batch.clouds import resolve
+
+        providers = resolve(kw["provider"])
+        kw["provider"] = providers[0]
+        kw["providers"] = providers if len(providers) > 1 else None
     store = kw["store"]
     if store:
         from ..runs.inputs.preflight import check_store_url
@@ -68,7 +75,7 @@ def _options(kw: dict):
         budget=kw["budget"], provider=kw["provider"], name=kw["name"], store=store, generator=kw["generator"],
         fake_delay=kw["fake_delay"], max_failed_boots=kw["max_failed_boots"],
         # A schedule added before these flags existed has none of them.
-        width=kw.get("width"), height=kw.get("height"), steps=kw.get("steps"))
+        width=kw.get("width"), height=kw.get("height"), steps=kw.get("steps"), providers=kw.get("providers"))
 
 
 def _ensure_bucket(kw: dict) -> None:
@@ -76,13 +83,16 @@ def _ensure_bucket(kw: dict) -> None:
     does: created on first use, cached where the job's store is chosen (sdcloud.batch.jobs.store_conf)."""
     from ..providers.traits import default_region, has_stack, names
 
-    if kw["provider"] not in names(where=has_stack) or kw["store"]:
-        return
-    from ..infra.automation import ensure_infra
-    from ..runs.records.state import StateStore
+    # Across clouds, each other cloud's bucket is needed whatever --store says (the home's).
+    wanted = ([] if kw["store"] else [kw["provider"]]) + list((kw.get("providers") or [])[1:])
+    for name in (p for p in wanted if p in names(where=has_stack)):
+        from ..infra.automation import ensure_infra
+        from ..runs.records.state import StateStore
 
-    outputs = ensure_infra(kw["provider"], default_region(kw["provider"]), on_output=lambda line: click.echo(line, err=True))
-    StateStore().save_infra(kw["provider"], "", outputs)
+        if StateStore().infra(name, ""):
+            continue  # made before: its outputs are cached here
+        outputs = ensure_infra(name, default_region(name), on_output=lambda line: click.echo(line, err=True))
+        StateStore().save_infra(name, "", outputs)
 
 
 class BatchProgress:
@@ -307,6 +317,11 @@ def schedule_add(cron: str, tz: str | None, **kw) -> None:
     tencent it goes on that cloud's scheduler and needs no machine of yours; local and SSH use this machine's timer."""
     from ..batch import cloud_schedules, jobs, schedules
 
+    if "," in kw["provider"]:
+        from ..errors import UserError
+
+        raise UserError(f"--provider {kw['provider']}: a schedule's jobs run in one cloud (its cloud driver holds "
+                        "no keys of another); give one provider")
     tz = tz or cloud_schedules.default_tz(kw["provider"])
     schedules.check_cron(cron, tz)
     opts = _options(kw)

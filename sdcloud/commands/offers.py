@@ -7,6 +7,10 @@ import click
 from ..offers.catalog import BAND_RECLAIMS_PER_HOUR, load_catalog, max_age_days, stale_warning
 from ..errors import UserError
 from ..offers.optimizer import rank
+
+# What a start in another cloud copies there, for planning (`offers --move-gb`): an SDXL base model in
+# fp16 (about 6.9 GB), a training set and a checkpoint; a run's own move copies what it really has.
+MOVE_GB = 10.0
 from .common import USD_PER_HOUR, complete_providers, complete_regions, complete_tiers, market_of, market_options
 from ..render import emit_json, note, output_options, table, wide_option
 from ..offers.tiers import all_tiers, get_tier
@@ -32,7 +36,10 @@ def tiers(as_json: bool) -> None:
 def _short_notes(est) -> str:
     """The estimate's warnings, shortened for a table cell (--json has them in full)."""
     short = {"vCPUs is below": "few vCPUs", "VRAM": "below rec. VRAM", "no local NVMe": "no NVMe", "NVMe is below": "small NVMe"}
-    return ", ".join(next((v for k, v in short.items() if k in w), w) for w in est.warnings)
+    notes = [next((v for k, v in short.items() if k in w), w) for w in est.warnings]
+    if est.move is not None:  # an offer outside the home cloud starts with a move (--explain: its inputs)
+        notes.append(f"move +${est.offer.price_per_hour_usd * est.move.transfer_hours + est.move.egress_usd:.2f}")
+    return ", ".join(notes)
 
 
 @click.command()
@@ -42,7 +49,7 @@ def _short_notes(est) -> str:
               help="Workload tier (sdcloud tiers).")
 @market_options
 @click.option("--max-price", type=USD_PER_HOUR, metavar="USD", help="Highest price per hour, USD.")
-@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws or tencent.")
+@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws or tencent; aws,tencent ranks both in one table.")
 @click.option("--region", metavar="REGION", shell_complete=complete_regions, help="One region, e.g. us-east-1 or ap-guangzhou.")
 @click.option("--steps", type=int, metavar="N", help="Job size in steps (images for batch tiers) instead of the tier's reference job.")
 @click.option("--limit", type=int, default=15, show_default=True, metavar="N", help="Rows to show (0 = all).")
@@ -50,28 +57,39 @@ def _short_notes(est) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list ranked by est_cost.")
 @click.option("--nodes", type=int, default=1, show_default=True, metavar="N",
               help="Rank groups of N same-type hosts in one zone training together (training tiers).")
+@click.option("--move-gb", type=float, default=MOVE_GB, show_default=True, metavar="GB",
+              help="With several providers: GB (10^9 bytes) a start outside the first (the home) copies there: "
+                   "inputs and checkpoint, priced at the home cloud's egress plus the copy's hours.")
 def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price: float | None, provider: str | None,
-           region: str | None, steps: int | None, limit: int, explain: bool, as_json: bool, nodes: int = 1) -> None:
+           region: str | None, steps: int | None, limit: int, explain: bool, as_json: bool, nodes: int = 1,
+           move_gb: float = MOVE_GB) -> None:
     """Rank GPU offers by the expected cost to finish a job (not by price per hour)."""
     market = market_of(spot, on_demand)
     tier = get_tier(tier_name)
     from ..offers.groups import check_nodes
 
     check_nodes(tier, nodes)  # a batch tier's group is refused before anything is printed
+    several = None  # `--provider aws,tencent`: those clouds' offers ranked in one table
     if provider:
         from ..names import match_name
         from ..providers.traits import has_catalog, names
 
-        provider = match_name(provider, names(where=has_catalog), "provider")
+        found = [match_name(p.strip(), names(where=has_catalog), "provider") for p in provider.split(",") if p.strip()]
+        found = list(dict.fromkeys(found))
+        if not found:
+            raise UserError(f"--provider needs a provider name, got {provider!r}")
+        provider, several = (found[0], None) if len(found) == 1 else (None, found)
     if steps is not None and steps <= 0:
         raise UserError(f"--steps must be a positive whole number, got {steps}")
     if limit < 0:
         raise UserError(f"--limit must be 0 (all) or more, got {limit}")
     max_age_days()  # a bad setting is refused before anything is printed
-    catalog = load_catalog()
+    catalog = load_catalog(several)
     from ..runs.driving.lessons import user_book
 
     book = user_book()  # rates recorded (sdcloud speeds add) and observed by runs take the catalog's place
+    if not move_gb >= 0:
+        raise UserError(f"--move-gb must be 0 or more, got {move_gb:g}")
     if nodes > 1:
         from .offer_groups import show_groups
 
@@ -79,7 +97,7 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
                     dict(market=market, max_price=max_price, provider=provider, region=region, book=book))
         return
     ranked = rank(tier, catalog, market=market, max_price=max_price, provider=provider, region=region, job_size=steps,
-                  book=book)
+                  book=book, clouds=several, move_bytes=int(move_gb * 1e9))
     if provider:
         sources = [s for s in catalog.sources if s.provider == provider]
     else:
@@ -123,7 +141,9 @@ def _caption(total: int, shown: set[str], estimated: bool) -> str:
         parts.append("VRAM = usable (as the driver reports it)/nominal")
     if estimated and "$/h" in shown:
         parts.append("~ = estimated price")
-    parts.append("prices in USD (CNY converted)")
+    from .. import config
+
+    parts.append(f"prices in USD (CNY at {1 / config.usd_per('CNY'):g} per USD: cny_per_usd in config.toml)")
     if "est h" in shown:
         parts.append("est $ = $/h x est h")
     parts.append("--explain shows each row's inputs")
@@ -153,15 +173,17 @@ def _explain(tier, job: int, shown, total: int) -> None:
                      f"{d['price_basis']}, {_age(d['price_age_days'])}", d["price_source"],
                      f"{d['rate']:.3g} {d['rate_unit']} ({d['speed_rel']:g}x A10G)", d["rate_source"],
                      d["interruption"] + reclaim,
-                     f"{e.overhead:.3f}", f"{e.est_hours:.2f}", f"{e.est_cost:.2f}"))
+                     f"{e.overhead:.3f}", f"{e.est_hours:.2f}", f"{e.est_cost:.2f}", _move_words(e)))
     columns = ["#", "offer", "market", "$/h", "price basis, age", "price source", "rate", "rate source",
-               "interruption", "overhead", "est h", "est $"]
+               "interruption", "overhead", "est h", "est $", "move"]
     title = f"{tier.name}: {job} {tier.unit}, why each offer ranks where it does"
     formula = (f"{total} offers fit; est h = ({SETUP_HOURS:g} h setup + job / rate) x overhead; "
-               f"overhead = 1 + reclaims/h x ({RESTART_HOURS:g} h restart + {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2); "
-               "docs/offers.md explains each column")
+               f"overhead = 1 + reclaims/h x ({RESTART_HOURS:g} h restart + {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2)"
+               + ("; offers outside the home cloud (the first --provider) add a move: est h + copy hours, "
+                  "est $ + the copy's hours at $/h + the home cloud's egress" if any(e.move for e in shown) else "")
+               + "; docs/offers.md explains each column")
     # Cells wrap at spaces only: an offer's provider, region and type each stay whole.
-    wrap = ["offer", "price source", "rate source"]
+    wrap = ["offer", "price source", "rate source", "move"]
     cells = [[str(v) for v in row] for row in rows]
     present = [i for i, _ in enumerate(columns) if any(c[i] for c in cells)]
     if render.fit_columns(columns, cells, render.console().width, wrap=wrap, wide=render.WIDE) == present:
@@ -171,5 +193,14 @@ def _explain(tier, job: int, shown, total: int) -> None:
           [(r[0], r[1], r[2], r[3], r[10], r[11]) for r in rows], wrap=["offer"], drop=["market", "est h"])
     for r in rows:
         render.echo(f"{r[0]}. {r[1]} ({r[2]}): price {r[3]} $/h, {r[4]}, from {r[5]}; speed {r[6]} on the host, "
-                    f"from {r[7]}; interruption {r[8]}; overhead {r[9]}; est {r[10]} h, ${r[11]}")
+                    f"from {r[7]}; interruption {r[8]}; overhead {r[9]}; est {r[10]} h, ${r[11]}"
+                    + (f"; move: {r[12]}" if r[12] else ""))
     render.echo(formula)
+
+
+def _move_words(e) -> str:
+    """A row's move from the home cloud, in words ('' at home): what `--explain` adds to its hours and cost."""
+    m = e.offer and e.move
+    if not m:
+        return ""
+    return f"{m.reason}; + {m.transfer_hours:.2f} h, + ${e.offer.price_per_hour_usd * m.transfer_hours + m.egress_usd:.2f}"

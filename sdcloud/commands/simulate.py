@@ -11,8 +11,9 @@ from ..render import emit_json, note, output_options, table, wide_option
 @click.command()
 @output_options
 @wide_option
-@click.option("--trace", "traces", multiple=True, required=True, metavar="FILE",
-              help="Availability trace (JSON, one value per tick, > 0 = spot). Several = several zones.")
+@click.option("--trace", "traces", multiple=True, required=True, metavar="[CLOUD:]FILE",
+              help="Availability trace (JSON, one value per tick, > 0 = spot). Several = several zones; "
+                   "CLOUD:FILE puts the zone in a cloud, and a launch in another cloud than the checkpoint's is a move.")
 @click.option("--job-hours", type=float, required=True, metavar="HOURS", help="C: hours of work the job needs.")
 @click.option("--deadline-hours", type=float, required=True, metavar="HOURS", help="R: hours from start to deadline.")
 @click.option("--restart-hours", type=float, required=True, metavar="HOURS", help="d: hours lost on every launch, move or restart.")
@@ -30,45 +31,73 @@ from ..render import emit_json, note, output_options, table, wide_option
 @click.option("--single-zone", is_flag=True, help="Keep every policy to the zone it started in.")
 @click.option("--tick", "tick_seconds", type=int, metavar="SECONDS", help="Coarsen the traces to this tick (seconds); a tick counts as "
               "available only if spot was there all through it.")
+@click.option("--cloud-prices", "cloud_prices", multiple=True, metavar="CLOUD:SPOT:ONDEMAND[:CURRENCY]",
+              help="Flat prices per hour for one cloud's zones, in its currency (CNY turned into USD at the "
+                   "[currency] rate); wins over --prices there. Repeatable.")
+@click.option("--move-hours", type=float, default=0.0, show_default=True, metavar="HOURS",
+              help="Hours a move to another cloud adds to the restart: the checkpoint's copy.")
+@click.option("--move-usd", type=float, default=0.0, show_default=True, metavar="USD",
+              help="USD a move to another cloud costs: the checkpoint's egress from the source cloud.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per policy.")
 def simulate(traces: tuple[str, ...], job_hours: float, deadline_hours: float, restart_hours: float, spot_price: float,
              prices_file: str | None, ondemand_price: float, policies: tuple[str, ...], starts: int, seed: int,
-             single_zone: bool, tick_seconds: int | None, as_json: bool) -> None:
-    """Replay spot availability traces through the spot policies; savings are against on-demand."""
+             single_zone: bool, tick_seconds: int | None, cloud_prices: tuple[str, ...], move_hours: float,
+             move_usd: float, as_json: bool) -> None:
+    """Replay spot availability traces through the spot policies; savings are against on-demand.
+
+    Traces of two clouds (--trace aws:FILE --trace tencent:FILE) replay a job that may move between
+    them, each move priced by --move-hours and --move-usd (docs/policies.md, "Across clouds")."""
+    from ..spot import clouds as across
     from ..spot import simulate as sim
 
-    setting = sim.Setting(job_hours, deadline_hours, restart_hours, spot_price, ondemand_price)
+    setting = sim.Setting(job_hours, deadline_hours, restart_hours, spot_price, ondemand_price,
+                          move_hours=move_hours, move_usd=move_usd)
     setting.check()
-    names = list(policies) or sim.all_policy_names()
+    labels, paths = zip(*(across.split_trace(t) for t in traces))
+    many = len(set(labels)) > 1
+    priced = {p.cloud: p for p in (across.parse_cloud_prices(t) for t in cloud_prices)}
+    across.check_priced(labels, priced)
+    for p in priced.values():
+        note(f"{p.cloud}: spot {p.spot_usd:.4g} $/h, on-demand {p.ondemand_usd:.4g} $/h ({p.words})")
+    # By default: the optimum where it applies (it prices no moves), the one-cloud reference where there are clouds.
+    names = list(policies) or [n for n in sim.all_policy_names() if n != (sim.OPTIMAL if many else sim.ONE_CLOUD)]
     known = sim.all_policy_names()
     for name in names:
         if name not in known:
             raise UserError(f"unknown policy {name!r}; choose from: {', '.join(known)}")
     if tick_seconds is not None and tick_seconds <= 0:
         raise UserError(f"--tick must be a positive number of seconds, got {tick_seconds}")
-    loaded = [sim.load_trace(path) for path in traces]
+    loaded = [sim.load_trace(path) for path in paths]
     if prices_file is not None:
         series = _load_prices(prices_file)
-        loaded = [t if t.prices is not None or t.key not in series
-                  else sim.with_prices(t, sim.stretch_series(series[t.key], len(t.avail))) for t in loaded]
+        loaded = [t if t.prices is not None or t.key not in series or c in priced
+                  else sim.with_prices(t, sim.stretch_series(series[t.key], len(t.avail))) for t, c in zip(loaded, labels)]
+    loaded = across.label(loaded, labels)
     if tick_seconds is not None:
         loaded = [sim.coarsen(t, tick_seconds) for t in loaded]
     avail, gap, keys = sim.stack(loaded)
     if sim.OPTIMAL in names and gap < 120:
         note(f"optimal: {gap} s ticks make the dynamic programme slow; --tick 300 or more speeds it up")
     given = click.get_current_context().get_parameter_source("ondemand_price") is not click.core.ParameterSource.DEFAULT
-    ondemand = sim.ondemand_for(loaded, ondemand_price, fallback_given=given)
-    spot_prices = sim.stack_prices(loaded, spot_price)
+    if many or priced:
+        spot_prices, ondemand = across.zone_prices(loaded, labels, priced, spot_price, ondemand_price, given)
+    else:
+        ondemand = sim.ondemand_for(loaded, ondemand_price, fallback_given=given)
+        spot_prices = sim.stack_prices(loaded, spot_price)
     results = sim.simulate(avail, keys, gap, setting, names, starts=starts, seed=seed, single_zone=single_zone,
-                           spot_prices=spot_prices, ondemand_prices=ondemand, refused=sim.stack_refused(loaded))
+                           spot_prices=spot_prices, ondemand_prices=ondemand, refused=sim.stack_refused(loaded),
+                           clouds=labels if many else None)
     if as_json:
         emit_json([r.as_dict() for r in results])
         return
     mode = "single zone" if single_zone or len(keys) == 1 else f"{len(keys)} zones"
+    if many:
+        mode += f" in {len(set(labels))} clouds, a move {move_hours:g} h + {move_usd:g} $"
     table(f"C={job_hours:g} h, R={deadline_hours:g} h (C/R={job_hours / deadline_hours:.2f}), d={restart_hours:g} h, {mode}",
-          ["policy", "mean savings", "deadline met", "mean cost $", "starts"],
+          ["policy", "mean savings", "deadline met", "mean cost $", "starts"] + (["moves (jobs moved)"] if many else []),
           [(r.policy, f"{100 * r.savings.mean():.1f}%", f"{100 * r.met.mean():.1f}%", f"{r.costs.mean():.2f}", len(r.costs))
-           for r in (x for x in results)],
+           + ((f"{int(r.moves.sum())} ({int((r.moves > 0).sum())})",) if many and r.moves is not None else ())
+           for r in results],
           caption=f"savings = 1 - cost / (C x on-demand {_ondemand_words(ondemand, ondemand_price)}); spot "
                   f"{'per zone from its series' if spot_prices is not None else f'{spot_price:g} $/h'}; "
                   f"{gap} s ticks over {avail.shape[1] * gap / 3600:.0f} h; zones: {', '.join(keys)}")

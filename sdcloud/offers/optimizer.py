@@ -6,19 +6,24 @@
                times the multi-GPU speed-up
     overhead = 1 + reclaims per hour x (restart hours + checkpoint interval / 2)   (spot only)
     est_cost = price per hour (USD) x hours x overhead
+    a move   = offers outside the run's home cloud (the first of several providers) start with the
+               inputs and checkpoint copied there: + the copy's hours (paid at the host's price) and
+               the home cloud's egress (offers/moves.py), as a restart with a larger overhead
 
 Inputs and their sources are in docs/offers.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 from .. import config
 from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, Catalog, CatalogRow, providers
 from ..errors import UserError
 from ..money import usd
 from .kinds import RunKind
+from .moves import MoveCost, move_cost
 from .rates import Rate, RateBook, host_rate
 from .tiers import Tier
 
@@ -76,6 +81,7 @@ class Estimate:
     kind: str = ""  # the tier's kind, "train" or "batch": which speed figure was used
     rate: Rate | None = None  # steps/s or images/s on this host, before overheads, and its source
     ref_rate: float = 0.0  # the tier's rate on one A10G: speed_rel is rate / ref_rate
+    move: MoveCost | None = None  # the move from the home cloud an offer in another cloud starts with
 
     def as_dict(self) -> dict:
         o, r = self.offer, self.offer.row
@@ -120,6 +126,9 @@ class Estimate:
             "rate_unit": ("steps/s" if self.kind == RunKind.TRAIN else "images/s") if self.kind else None,
             "rate_source": self.rate.source if self.rate else None,
             "warnings": list(self.warnings),
+            "move": None if self.move is None else {"egress_usd": round(self.move.egress_usd, 4),
+                                                    "transfer_hours": round(self.move.transfer_hours, 4),
+                                                    "bytes": self.move.bytes, "reason": self.move.reason},
         }
 
     @property
@@ -197,11 +206,15 @@ def rank(
     job_size: int | None = None,
     gpus_used: int | None = None,
     book: RateBook | None = None,
+    clouds: Sequence[str] | None = None,
+    move_bytes: int = 0,
 ) -> list[Estimate]:
     """Offers that meet the tier, cheapest expected cost to finish first.
 
     `max_price` is USD per hour; `gpus_used` how many GPUs of a host the trainer drives (None: all);
     `book`: recorded and observed rates that take the catalog's place (sdcloud.speeds.book.user_book()).
+    `clouds`: several providers ranked in one table, the first the home: an offer in another one
+    carries the move of `move_bytes` there (Estimate.move) in its hours and cost.
     Raises UserError for a filter that nothing matches.
     """
     if market is not None and market not in MARKETS:
@@ -216,6 +229,8 @@ def rank(
         if provider not in known:
             raise UserError(f"unknown provider {provider!r}; valid: {', '.join(known)}")
         rows = [r for r in rows if r.provider == provider]
+    if clouds:
+        rows = [r for r in rows if r.provider in clouds]
     if region is not None:
         check_region(rows, region, provider)
         rows = [r for r in rows if r.region == region]
@@ -237,5 +252,18 @@ def rank(
             raise UserError(f"no {market or ''} offer for {tier.name} at or below ${max_price:g}/h; "
                             f"the lowest that qualifies is ${lowest:.4f}/h".replace("  ", " "))
         candidates = within
+    if clouds and len(clouds) > 1:
+        candidates = [with_move(e, clouds[0], move_bytes) for e in candidates]
     candidates.sort(key=lambda e: (e.est_cost, e.est_hours, e.offer.key))
     return candidates
+
+
+def with_move(est: Estimate, home: str, move_bytes: int) -> Estimate:
+    """The estimate of an offer outside the home cloud, with the move there: the copy's hours before
+    the first step (the host paid meanwhile) and the home cloud's egress; an offer at home unchanged."""
+    if est.offer.row.provider == home:
+        return est
+    move = move_cost(home, est.offer.row.provider, move_bytes)
+    hours = est.est_hours + move.transfer_hours
+    cost = est.est_cost + est.offer.price_per_hour_usd * move.transfer_hours + move.egress_usd
+    return replace(est, est_hours=hours, est_cost=cost, move=move)

@@ -47,6 +47,9 @@ class ZoneView:
     spot_available: bool
     spot_price: float
     ondemand_price: float
+    # The cloud the zone lies in, where a job may use more than one ("" where all are one). A
+    # launch in another cloud than the one holding the newest checkpoint is a move (docs/policies.md).
+    cloud: str = ""
 
 
 @dataclass(slots=True)
@@ -76,6 +79,11 @@ class Observation:
     # Work a reclaim now would lose: since the last durable checkpoint, where the save at the notice
     # cannot be durable (the simulator's checkpoint model); 0 where the notice save is.
     at_risk: float = 0.0
+    # Across clouds: the cloud holding the newest checkpoint (None: one cloud, nothing ever moves),
+    # and what a launch in another cloud adds to a restart: the copy's hours and its egress in USD.
+    data_cloud: str | None = None
+    move_hours: float = 0.0
+    move_usd: float = 0.0
 
     @property
     def time_left(self) -> float:
@@ -100,6 +108,8 @@ class Policy:
 
     name = "policy"
     multi_zone = False
+    one_cloud = False  # True: keeps to the zones of the cloud the job's data starts in
+
 
     def decide(self, obs: Observation) -> Action:  # pragma: no cover - interface
         raise NotImplementedError
@@ -119,6 +129,11 @@ def _spot_here(obs: Observation) -> bool:
 
 def _on_demand(obs: Observation) -> Action:
     return Action(ON_DEMAND, _home(obs))
+
+
+def crosses(obs: Observation, zone: ZoneView) -> bool:
+    """Whether a launch in `zone` moves the job to another cloud (its checkpoint copied there first)."""
+    return obs.data_cloud is not None and zone.cloud != obs.data_cloud
 
 
 def spot_gone(obs: Observation) -> bool:
@@ -256,6 +271,12 @@ class Sdcloud(Policy):
        on-demand at reserve + 2 d C / R; a return is work done on spot instead of on-demand,
        not slack burnt, so it may dip a little below the waiting line.)
 
+    Across clouds (Observation.data_cloud set): a zone of another cloud than the one holding the
+    newest checkpoint is a move, a restart that also costs the copy's hours and its egress. Spot in
+    the checkpoint's cloud always comes first; another cloud's spot is taken only where on-demand
+    would be (rule 4 past the reserve, or rule 6 from on-demand) and HOP_HOURS of work there repay
+    the move; the on-demand fallback and a hop stay in their cloud.
+
     Where the save at a reclaim notice cannot be durable (Observation.at_risk > 0), the work at
     risk counts as lost already: slack = time left - work left - at risk.
 
@@ -308,26 +329,60 @@ class Sdcloud(Policy):
         if slack < net - EPS:
             return self._on_demand(obs)
         open_zones = [z for z in obs.zones if z.spot_available]
+        near = [z for z in open_zones if not crosses(obs, z)]  # the cloud holding the checkpoint
         reserve = self.reserve(obs)
         if obs.market == SPOT and any(z.key == obs.zone for z in open_zones):
             return Action(SPOT, self._hop(obs, open_zones, slack, reserve))
         if obs.market == ON_DEMAND:
             probe = self.PROBE * max(d, tick)
             ripe = [z for z in open_zones if t - self._up_since.get(z.key, t) >= probe - EPS]
-            if ripe and slack >= reserve - self.RETURN * d * obs.job_hours / obs.deadline_hours - EPS:
-                return Action(SPOT, Sdcloud._pick(ripe, obs.zone))
+            bar = reserve - self.RETURN * d * obs.job_hours / obs.deadline_hours - EPS
+            ripe_near = [z for z in ripe if not crosses(obs, z)]
+            if ripe_near and slack >= bar:
+                return Action(SPOT, Sdcloud._pick(ripe_near, obs.zone))
+            far = self._far(obs, ripe, self._here_ondemand(obs))
+            if far and slack - obs.move_hours >= bar:
+                return Action(SPOT, Sdcloud._pick(far, obs.zone))
             return self._on_demand(obs)
-        if open_zones:
-            return Action(SPOT, Sdcloud._pick(open_zones, obs.zone))
-        if slack >= reserve - EPS:
+        if near:
+            return Action(SPOT, Sdcloud._pick(near, obs.zone))
+        # Spot in another cloud where on-demand would be due, if the move repays itself and the slack
+        # after its restart and copy still holds the net; taken one tick before that stops holding.
+        far = self._far(obs, open_zones, self._on_demand_price(obs))
+        after = slack - d - obs.move_hours
+        movable = bool(far) and after >= net - EPS
+        if slack >= reserve - EPS and not (movable and after < net + tick - EPS):
             return WAIT_ACTION
+        if movable:
+            return Action(SPOT, Sdcloud._pick(far, obs.zone))
         return self._on_demand(obs)
+
+    def _far(self, obs: Observation, zones: Sequence[ZoneView], instead: float) -> list[ZoneView]:
+        """Zones with spot in another cloud whose move repays itself: HOP_HOURS of work (or what is
+        left) there, against `instead` USD per hour, save more than the move's egress and its
+        restart and copy hours paid at that spot price."""
+        hours = min(obs.work_left, self.HOP_HOURS)
+        launch = obs.restart_hours + obs.move_hours
+        return [z for z in zones
+                if crosses(obs, z) and (instead - z.spot_price) * hours > obs.move_usd + launch * z.spot_price]
+
+    @staticmethod
+    def _here_ondemand(obs: Observation) -> float:
+        here = next((z for z in obs.zones if z.key == obs.zone), None)
+        return here.ondemand_price if here is not None else Sdcloud._on_demand_price(obs)
+
+    @staticmethod
+    def _on_demand_price(obs: Observation) -> float:
+        """The on-demand price the job would pay now: the least in the checkpoint's cloud."""
+        pool = [z for z in obs.zones if not crosses(obs, z)] or list(obs.zones)
+        return min((z.ondemand_price for z in pool), default=0.0)
 
     def _hop(self, obs: Observation, open_zones: Sequence[ZoneView], slack: float, reserve: float) -> str:
         """The zone to run spot in while spot runs in obs.zone: stay, unless another zone is so much
         cheaper that HOP_HOURS of work there repay two restarts (the hop and, likely, one more),
         its spot has lasted the probe, and the slack spares the restart."""
         here = next(z for z in open_zones if z.key == obs.zone)
+        open_zones = [z for z in open_zones if z.cloud == here.cloud]  # a running host never moves cloud
         d, t = obs.restart_hours, obs.elapsed
         if not self.HOP_HOURS or slack < reserve + d:
             return here.key
@@ -346,14 +401,25 @@ class Sdcloud(Policy):
 
     @staticmethod
     def _on_demand(obs: Observation) -> Action:
-        # A running on-demand instance stays; otherwise the cheapest on-demand zone, the last one on a tie.
+        # A running on-demand instance stays; otherwise the cheapest on-demand zone, the last one on a
+        # tie, in the cloud holding the checkpoint: the fallback never pays a move (the deadline's net).
         if obs.market == ON_DEMAND or not obs.zones:
             return _on_demand(obs)
         home = _home(obs)
-        return Action(ON_DEMAND, min(obs.zones, key=lambda z: (z.ondemand_price, z.key != home)).key)
+        pool = [z for z in obs.zones if not crosses(obs, z)] or obs.zones
+        return Action(ON_DEMAND, min(pool, key=lambda z: (z.ondemand_price, z.key != home)).key)
 
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (OnDemand, Greedy, UniformProgress, Sdcloud, SdcloudUP)}
+class SdcloudOneCloud(Sdcloud):
+    """sdcloud kept to the cloud its data starts in (its home store's), with on-demand there as its
+    fallback: the reference a job allowed to move between clouds is measured against."""
+
+    name = "sdcloud-one-cloud"
+    one_cloud = True
+
+
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (OnDemand, Greedy, UniformProgress, Sdcloud, SdcloudUP,
+                                                               SdcloudOneCloud)}
 DEFAULT_POLICY = Sdcloud.name
 
 

@@ -33,12 +33,13 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..errors import UserError
-from .policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, ZoneView, get_policy, policy_names
+from .policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, SdcloudOneCloud, ZoneView, get_policy, policy_names
 # The traces' side, kept importable from here (commands/simulate.py, bench/ and the tests use these names).
 from .traces import (Trace, coarsen, load_trace, ondemand_by_zone, ondemand_for, region_of, stack, stack_prices,  # noqa: F401
                      stack_refused, stretch_series, with_prices)
 
 OPTIMAL = "optimal"
+ONE_CLOUD = SdcloudOneCloud.name  # the reference for moves between clouds (commands/simulate.py)
 DP_DTYPE = np.float32
 PAPER = dict(job_hours=48.0, restart_hours=0.2, spot_price=0.9731, ondemand_price=3.06)
 
@@ -60,6 +61,10 @@ class Setting:
     save_hours: float = 0.0
     notice_hours: float | None = None
     checkpoint_hours: float | None = None
+    # Across clouds: what a launch in another cloud than the checkpoint's adds (the copy's hours, paid
+    # as restart hours; its egress, USD, paid at the launch).
+    move_hours: float = 0.0
+    move_usd: float = 0.0
 
     @property
     def notice_save_lost(self) -> bool:
@@ -82,6 +87,8 @@ class Setting:
             raise UserError("prices must be positive (spot may be 0)")
         if self.save_hours < 0 or (self.notice_hours is not None and self.notice_hours < 0):
             raise UserError("save and notice times must be 0 or more")
+        if not (self.move_hours >= 0 and self.move_usd >= 0):
+            raise UserError("--move-hours and --move-usd must be 0 or more")
         if self.checkpoint_hours is not None and not self.checkpoint_hours > 0:
             raise UserError(f"the checkpoint interval must be more than 0, got {self.checkpoint_hours:g}")
 
@@ -97,6 +104,7 @@ class Outcome:
     launches: int
     reclaims: int = 0
     lost_hours: float = 0.0  # work lost at reclaims (saves not durable within the notice)
+    moves: int = 0  # launches in another cloud than the checkpoint's
 
     def deadline_met(self, setting: Setting) -> bool:
         return self.finish_hours <= setting.deadline_hours + 1e-9
@@ -121,14 +129,18 @@ def choose_starts(n_ticks: int, n_zones: int, setting: Setting, gap_seconds: int
 
 def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: int, start: int, start_zone: int,
            setting: Setting, single_zone: bool = False, spot_prices: np.ndarray | None = None,
-           ondemand_prices: np.ndarray | None = None, refused: np.ndarray | None = None) -> Outcome:
+           ondemand_prices: np.ndarray | None = None, refused: np.ndarray | None = None,
+           clouds: Sequence[str] | None = None) -> Outcome:
     """Run one job through an online policy from tick `start`; the policy sees only tick k at k.
 
     spot_prices (zones x ticks) and ondemand_prices (one per zone) price each zone by its own
     figures; without them every zone has the setting's flat prices. A policy sees tick k's prices
     at k, and every hour (restarts included) is paid at the price of the market it runs in.
     refused (zones x ticks): a spot launch there and then is refused; the tick passes unpaid.
-    With setting.notice_save_lost, a reclaim loses the work since the last durable checkpoint."""
+    With setting.notice_save_lost, a reclaim loses the work since the last durable checkpoint.
+    clouds (one per zone): the job's data starts in the first zone's cloud; a launch in another
+    cloud costs setting.move_hours more restart and setting.move_usd, and the data is there once
+    that launch's restart is through."""
     g = gap_seconds / 3600
     c, d = setting.job_hours, setting.restart_hours
     lossy = setting.notice_save_lost
@@ -136,14 +148,21 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
     durable = saving = 0.0  # progress a reclaim cannot take; save hours left of a periodic checkpoint
     reclaims, lost = 0, 0.0
     zones = list(range(len(keys))) if (policy.multi_zone and not single_zone) else [start_zone]
+    cl = list(clouds) if clouds is not None else [""] * len(keys)
+    data = cl[0]  # the cloud holding the newest checkpoint: the home store's at the start
+    if policy.one_cloud:
+        zones = [z for z in zones if cl[z] == data] or zones
     od = np.full(len(keys), setting.ondemand_price) if ondemand_prices is None else np.asarray(ondemand_prices, float)
-    views = {z: (ZoneView(keys[z], False, setting.spot_price, float(od[z])),
-                 ZoneView(keys[z], True, setting.spot_price, float(od[z]))) for z in zones}
+    views = {z: (ZoneView(keys[z], False, setting.spot_price, float(od[z]), cl[z]),
+                 ZoneView(keys[z], True, setting.spot_price, float(od[z]), cl[z])) for z in zones}
     if hasattr(policy, "reset"):
         policy.reset()  # a policy that learns from what it saw starts every job afresh
     index = {keys[z]: z for z in zones}
     n_ticks = avail.shape[1]
-    obs = Observation(0.0, 0.0, c, setting.deadline_hours, d, None, None, [], g)
+    obs = Observation(0.0, 0.0, c, setting.deadline_hours, d, None, None, [], g,
+                      move_hours=setting.move_hours, move_usd=setting.move_usd)
+    many = len(set(cl)) > 1
+    moves = 0
     market: str | None = None
     zone: int | None = None
     over = 0.0  # restart hours still to pay on the current instance
@@ -165,11 +184,12 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
         obs.elapsed, obs.progress, obs.market, obs.spot_refusals = t, p, market, refusals
         obs.at_risk = p - durable if lossy and market == SPOT else 0.0
         obs.zone = None if zone is None else keys[zone]
+        obs.data_cloud = data if many else None
         if spot_prices is None:
             obs.zones = [views[z][u] for z, u in zip(zones, up)]
         else:
             j = min(i, n_ticks - 1)
-            obs.zones = [ZoneView(keys[z], u, float(spot_prices[z, j]), float(od[z])) for z, u in zip(zones, up)]
+            obs.zones = [ZoneView(keys[z], u, float(spot_prices[z, j]), float(od[z]), cl[z]) for z, u in zip(zones, up)]
         act = policy.decide(obs)
         if act.kind == WAIT:
             market = None
@@ -199,10 +219,16 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
                 refusals = 0
                 over = d
                 launches += 1
+                if cl[z] != data:  # a move: the checkpoint is copied to that cloud first
+                    over += setting.move_hours
+                    cost += setting.move_usd
+                    moves += 1
                 durable, saving = p, 0.0  # the host left (or nothing ran): the work so far is saved
         market, zone = kind, z
         used = min(over, g)
         over -= used
+        if over <= 1e-12:
+            data = cl[z]  # the host is through its restart: the checkpoint is in its cloud
         if every == math.inf or market != SPOT:  # on-demand is never reclaimed: no periodic saves there
             gain = g - used
             if p + gain >= c - 1e-12:
@@ -226,7 +252,7 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
         else:
             od_h += dt
         if p >= c:
-            return Outcome(cost, t, spot_h, od_h, launches, reclaims, lost)
+            return Outcome(cost, t, spot_h, od_h, launches, reclaims, lost, moves)
     raise RuntimeError(f"policy {policy.name} did not finish the job within {limit} ticks")
 
 
@@ -354,16 +380,20 @@ class Summary:
     savings: np.ndarray
     met: np.ndarray
     costs: np.ndarray
+    moves: np.ndarray | None = None  # moves between clouds per job, where there are clouds
 
     def as_dict(self) -> dict:
         return {"policy": self.policy, "mean_savings": float(self.savings.mean()),
-                "deadline_met": float(self.met.mean()), "mean_cost": float(self.costs.mean()), "starts": int(len(self.costs))}
+                "deadline_met": float(self.met.mean()), "mean_cost": float(self.costs.mean()), "starts": int(len(self.costs)),
+                **({} if self.moves is None else {"jobs_moved": int((self.moves > 0).sum()), "moves": int(self.moves.sum())})}
 
 
 def simulate(avail: np.ndarray, keys: Sequence[str], gap_seconds: int, setting: Setting, policies: Iterable[str],
              starts: int = 300, seed: int = 0, single_zone: bool = False, spot_prices: np.ndarray | None = None,
-             ondemand_prices: np.ndarray | None = None, refused: np.ndarray | None = None) -> list[Summary]:
+             ondemand_prices: np.ndarray | None = None, refused: np.ndarray | None = None,
+             clouds: Sequence[str] | None = None) -> list[Summary]:
     """Every policy from the same start points (and start zones); one summary per policy.
+    clouds (one per zone, several distinct): moves priced by the setting; the optimum knows no moves.
 
     With per-zone prices, savings are against on-demand all through at the least on-demand price
     among the zones each job may use (its own zone in single-zone mode)."""
@@ -373,6 +403,8 @@ def simulate(avail: np.ndarray, keys: Sequence[str], gap_seconds: int, setting: 
     for name in names:
         if name not in known:
             raise UserError(f"unknown policy {name!r}; choose from: {', '.join(known)}")
+    if OPTIMAL in names and clouds is not None and len(set(clouds)) > 1:
+        raise UserError("the optimal policy does not price moves between clouds; leave it out with more than one cloud")
     begin, zone0 = choose_starts(avail.shape[1], avail.shape[0], setting, gap_seconds, starts, seed)
     od = np.full(len(keys), setting.ondemand_price) if ondemand_prices is None else np.asarray(ondemand_prices, float)
     full = setting.job_hours * (od[zone0] if single_zone or len(keys) == 1 else np.full(len(begin), od.min()))
@@ -384,10 +416,11 @@ def simulate(avail: np.ndarray, keys: Sequence[str], gap_seconds: int, setting: 
         else:
             policy = get_policy(name)
             runs = [replay(policy, avail, keys, gap_seconds, int(s), int(z), setting, single_zone, spot_prices,
-                           ondemand_prices, refused) for s, z in zip(begin, zone0)]
+                           ondemand_prices, refused, clouds) for s, z in zip(begin, zone0)]
             costs = np.array([o.cost for o in runs])
             met = np.array([o.deadline_met(setting) for o in runs])
-        out.append(Summary(name, 1 - costs / full, met, costs))
+            moves = np.array([o.moves for o in runs]) if clouds is not None else None
+        out.append(Summary(name, 1 - costs / full, met, costs, moves if name != OPTIMAL else None))
     return out
 
 

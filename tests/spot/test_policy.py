@@ -17,7 +17,7 @@ def obs(t=0.0, p=0.0, zone=None, market=None, zones=(("a", True),), c=10.0, r=20
 
 
 def test_registry():
-    assert policy_names() == ["on-demand", "greedy", "uniform-progress", "sdcloud", "sdcloud-up"]
+    assert policy_names() == ["on-demand", "greedy", "uniform-progress", "sdcloud", "sdcloud-up", "sdcloud-one-cloud"]
     with pytest.raises(UserError, match="unknown policy 'x'; choose from: on-demand, greedy"):
         get_policy("x")
 
