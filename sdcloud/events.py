@@ -243,8 +243,8 @@ FIELDS: dict[Kind, Fields] = {
     Kind.QUOTE: Fields(("price",), ("currency", "instance_type", "market", "max_price", "provider", "zone")),
     Kind.PRICE_TOO_LOW: Fields(("max_price",), ("currency", "current_price", "provider", "zone")),
     Kind.PRICE_LOOKUP_FAILED: Fields(("code",), ("provider", "region")),
-    Kind.HOST_STARTED: Fields(("instance",), ("pid",)),
-    Kind.RECLAIM_NOTICE: Fields(("instance",), ("simulated", "terminate_at")),
+    Kind.HOST_STARTED: Fields(("instance",), ("pid", "nodes", "pids")),  # nodes, pids: a local multi-node group
+    Kind.RECLAIM_NOTICE: Fields(("instance",), ("simulated", "terminate_at", "node")),  # node: the group's host
     Kind.HOST_BUSY: Fields(("host",), ("run",)),
     Kind.HOST_UNREACHABLE: Fields(("host",), ("error",)),
     Kind.SSH_RETRY: Fields(("host", "op"), ("error",)),
@@ -413,9 +413,10 @@ WORDS: dict[Kind, Callable[[dict], str | None]] = {
     Kind.PRICE_TOO_LOW: lambda d: (f"the max price {d.get('max_price')} is below the spot price"
                                    + _if(d, "current_price", " {}") + _if(d, "zone", " in {}")),
     Kind.PRICE_LOOKUP_FAILED: lambda d: f"the price could not be looked up ({d.get('code')})",
-    Kind.HOST_STARTED: lambda d: f"host {d.get('instance')} started" + _if(d, "pid", " (pid {})"),
+    Kind.HOST_STARTED: lambda d: f"host {d.get('instance')} started" + _if(d, "pid", " (pid {})")
+    + _if(d, "nodes", ", a group of {} hosts"),
     # The words keep the name "reclaim-notice": a reader finds it by that (tests/e2e/test_run_local.py).
-    Kind.RECLAIM_NOTICE: lambda d: (f"reclaim-notice for host {d.get('instance')}"
+    Kind.RECLAIM_NOTICE: lambda d: (f"reclaim-notice for host {d.get('instance')}" + _if(d, "node", " (node {})")
                                     + (f": taken back at {_clock(d['terminate_at'])}" if d.get("terminate_at") else "")
                                     + (" (simulated)" if d.get("simulated") else "") + "; the host saves and stops"),
     Kind.HOST_BUSY: lambda d: f"host {d.get('host')} is busy" + _if(d, "run", " with {}"),

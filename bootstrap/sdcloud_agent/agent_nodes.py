@@ -88,6 +88,9 @@ class NodeGroup:
                 # and launches a fresh group (failed boots in a row end the run).
                 raise Failure(f"node {cfg.node_rank}: {exc}", boot_phase="rendezvous",
                               cause="rendezvous-timeout") from None
+            if rv.nodes != cfg.nodes:  # hosts of one attempt told different group sizes: none can join
+                raise Failure(f"node {cfg.node_rank}: rank 0 of attempt {cfg.attempt} leads {rv.nodes} hosts, "
+                              f"this host was told {cfg.nodes}", cause="bad-config")
             log.info("rendezvous: joining rank 0 at %s:%d after %.1fs", rv.addr, rv.port, time.monotonic() - t0)
         ctx.rendezvous, ctx.node_rank = rv, cfg.node_rank
         ctx.env[rendezvous.TIMEOUT_ENV] = str(int(cfg.rendezvous_timeout_s))

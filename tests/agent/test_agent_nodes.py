@@ -61,6 +61,12 @@ def test_a_host_that_cannot_join_fails_the_attempt_with_the_reason(tmp_path):
     assert "node 1: rank 0 of attempt 2 did not publish its address" in str(err.value)
 
 
+def test_a_host_told_another_group_size_than_rank0_does_not_join(tmp_path):
+    rendezvous.publish(open_store(f"file://{tmp_path}/bucket"), 1, "10.0.0.1", 29500, 3, run_prefix="runs/r1")
+    with pytest.raises(Failure, match="leads 3 hosts, this host was told 2"):
+        Host(tmp_path, nodes=2, node_rank=1, rendezvous_timeout_s=1)._join_group(_ctx(tmp_path))
+
+
 def test_a_trainer_stopped_by_another_hosts_notice_ends_the_attempt_as_the_groups(tmp_path):
     host = Host(tmp_path, nodes=2)
     assert host._stopped_with_group(_ctx(tmp_path), None, 143) == 3

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from sdcloud.cli import main
 from tests.support.server_seaweed import agent_processes
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,7 @@ def _stopped_at(log: str) -> set[int]:
     return {int(s) for s in re.findall(r"stopped by signal 15 at global step (\d+)", log)}
 
 
-def test_two_hosts_meet_stop_together_resume_and_equal_one_host(sdcloud_home, tmp_path):
+def test_two_hosts_meet_stop_together_resume_and_equal_one_host(sdcloud_home, tmp_path, capsys):
     from safetensors.torch import load_file
 
     # One host with the whole global batch (2 samples a step), the flags the group's rank 0 gets
@@ -40,7 +41,8 @@ def test_two_hosts_meet_stop_together_resume_and_equal_one_host(sdcloud_home, tm
                  "--keep-checkpoints": "2", "--family": "sd15,sd2", "--mode": "lora", "--batch-size": "2"}
     ref = subprocess.Popen([sys.executable, "-m", "sdcloud_agent.trainers.builtin",
                             *[x for kv in ref_flags.items() for x in kv]], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                           stderr=open(tmp_path / "ref.err", "wb"), env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                           stderr=open(tmp_path / "ref.err", "wb"), env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                           preexec_fn=lambda: os.nice(10))  # it takes the CPU the group's hosts leave
     up = sdcloud("up", "--provider", "local", "--tier", "sd15-lora", "--model", "tiny", "--steps", str(STEPS),
                  "--checkpoint-every", "100", "--nodes", "2", "--simulate-preemption", "1",
                  "--trainer-arg", "batch_size=1", "--trainer-arg", "min_step_seconds=0.3", "--yes", "--json")
@@ -71,10 +73,12 @@ def test_two_hosts_meet_stop_together_resume_and_equal_one_host(sdcloud_home, tm
     assert f"restored checkpoint {step} " in (prefix / "logs" / "attempt-2.log").read_text()
     assert "joining rank 0 at 127.0.0.1" in (prefix / "nodes" / "1" / "logs" / "attempt-2.log").read_text()
 
-    st = json.loads(sdcloud("status", run, "--json").stdout)
+    assert main(["status", run, "--json"]) == 0  # in this process: a CLI start costs seconds here
+    st = json.loads(capsys.readouterr().out)
     assert [(n["node"], n["phase"], n["step"]) for n in st["nodes"]] == [(0, "succeeded", STEPS), (1, "succeeded", STEPS)]
-    one = sdcloud("logs", run, "--node", "1")
-    assert one.returncode == 0 and "node-1/attempt-2" in one.stdout and "controller" not in one.stdout
+    assert main(["logs", run, "--node", "1"]) == 0
+    one = capsys.readouterr().out
+    assert "node-1/attempt-2" in one and "controller" not in one
 
     cmd = shlex.split(re.search(r"starting trainer: (.*)", rank0).group(1))
     group = dict(zip(cmd[3::2], cmd[4::2]))  # after `python -m sdcloud_agent.trainers.builtin`

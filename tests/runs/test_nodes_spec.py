@@ -18,6 +18,13 @@ def test_nodes_flows_from_the_flag_to_the_spec_and_the_agent_config(sdcloud_home
     assert build_spec(None, {"tier": "sd15-lora"}).spec.nodes == 1
 
 
+def test_several_hosts_on_the_users_own_boxes_are_refused_before_launch(sdcloud_home):
+    from sdcloud.runs.inputs.spec import build_spec
+
+    with pytest.raises(UserError, match="--nodes 2: the ssh provider runs a run on one of your boxes"):
+        build_spec(None, {"tier": "sd15-lora", "provider": "ssh", "nodes": "2"})
+
+
 @pytest.mark.parametrize("bad", ["0", "-1", "two", "65"])
 def test_a_bad_node_count_is_refused_before_launch(sdcloud_home, bad):
     from sdcloud.runs.inputs.spec import build_spec

@@ -60,3 +60,23 @@ def test_a_failed_host_fails_the_groups_attempt_at_once(tmp_path):
     assert got["boot_phase"] == "rendezvous"  # the controller relaunches the group, as after a failed boot
     assert group_status({**rank0, "attempt": 4}, store, "r1", 2)["phase"] == "training"  # an older attempt's failure
     assert group_status({**rank0, "phase": "preempted"}, store, "r1", 2)["phase"] == "preempted"
+
+
+def test_watch_says_a_nodes_line_when_its_phase_or_health_changes(monkeypatch, capsys):
+    from sdcloud.commands import watch
+    from sdcloud.runs.records import nodes_view
+
+    reports = [[{"node": 0, "rank": 0, "attempt": 1, "phase": "training", "step": 3, "age_s": 1.0, "health": "ok"},
+                {"node": 1, "rank": 1, "attempt": 1, "phase": "training", "step": 3, "age_s": 1.0, "health": "ok"}]]
+    monkeypatch.setattr(nodes_view, "read_nodes", lambda run: reports[-1])
+    seen: dict = {}
+    run = {"id": "r1", "spec": {"nodes": 2}}
+    watch._show_nodes(run, seen)
+    watch._show_nodes(run, seen)  # nothing changed: nothing said again
+    reports.append([reports[0][0], {**reports[0][1], "phase": "preempted", "health": "ended"}])
+    watch._show_nodes(run, seen)
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["node 0 (rank 0): training, step 3, ok, beat 1s ago", "node 1 (rank 1): training, step 3, ok, beat 1s ago",
+                   "node 1 (rank 1): preempted, step 3, ended, beat 1s ago"]
+    watch._show_nodes({"id": "r2", "spec": {}}, seen)  # a single host: no node lines
+    assert capsys.readouterr().err == ""

@@ -19,7 +19,7 @@ from ...durations import parse_duration, parse_seconds  # noqa: F401 - re-export
 from ...errors import UserError
 from ...money import usd
 from ...names import match_name
-from ...providers.traits import ProviderTraits, names as provider_names, traits
+from ...providers.traits import Hosts, ProviderTraits, names as provider_names, traits
 from ...offers.kinds import RunKind
 from ...offers.tiers import Tier, get_tier
 
@@ -193,6 +193,9 @@ def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
         data["nodes"] = _positive(data["nodes"], "--nodes", integer=True)
         if data["nodes"] > MAX_NODES:
             raise UserError(f"--nodes {data['nodes']}: at most {MAX_NODES} hosts train together")
+        if data["nodes"] > 1 and kind.hosts == Hosts.OWN:  # one box of the user's per run, for now
+            raise UserError(f"--nodes {data['nodes']}: the {data['provider']} provider runs a run on one of your "
+                            "boxes; several hosts train together on this machine or a cloud")
     if data.get("max_failed_boots") is not None:
         data["max_failed_boots"] = _positive(data["max_failed_boots"], "max-failed-boots", integer=True)
     if data.get("self_end_grace") is not None:
