@@ -21,6 +21,7 @@ from .. import config
 from ..events import Kind
 from ..providers.capabilities import HasPriceHistory
 from ..providers.traits import traits
+from .groups import node_view, run_nodes, scale_items
 from .billing_rules import (Charge, bucket_charge, compute_charge, disk_charge, egress_charge, mean_price,
                             native_currency, request_charge)
 
@@ -114,7 +115,8 @@ def closed(state, run_id: str, n: int, provider=None, store=None, events: Callab
     state.put_ledger(run_id, n, items)
     compute = next((i for i in items if i["item"] == "compute"), None)
     if compute and compute["source"] in ("price-history", "samples"):
-        price = compute["detail"]["price_per_hour"] * config.usd_per(compute["currency"])
+        # A multi-node group's attempt is priced as the group: N x the host's (costs/groups.py).
+        price = compute["detail"]["price_per_hour"] * config.usd_per(compute["currency"]) * run_nodes(state, run_id)
         state.update_attempt(run_id, n, price=price)
         events(Kind.REPRICED, {"attempt": n, "price_usd": round(price, 5), "source": compute["source"]})
     return items
@@ -140,8 +142,9 @@ def price_attempt(state, run_id: str, a, now: float | None = None, heartbeat_s: 
     end = a.end if a.end is not None else (now or time.time())
     currency = row.get("currency") or native_currency(a.provider)
     quote = row.get("quote_price")
-    if quote is None and a.price is not None:  # an attempt from before the ledger: its USD price
-        quote = a.price / config.usd_per(currency)
+    nodes = run_nodes(state, run_id)  # a multi-node group: each host priced, N of them (costs/groups.py)
+    if quote is None and a.price is not None:  # an attempt from before the ledger: its USD price (the group's)
+        quote = a.price / config.usd_per(currency) / nodes
     points = None
     if a.market == "spot" and a.zone:
         points = [(t, p) for t, p, _ in state.price_samples(a.provider, a.zone, a.instance_type or "", "spot", end=end)]
@@ -157,7 +160,7 @@ def price_attempt(state, run_id: str, a, now: float | None = None, heartbeat_s: 
     puts = max(0, after_o - before_o) + int(seconds // heartbeat_s)
     gets = int(seconds // poll_s)
     items.append(_item("requests", request_charge(a.provider, puts, gets)))
-    return items
+    return scale_items(items, nodes)
 
 
 def _overheads(attempts: list, costs: dict[int, dict]) -> dict[int, dict]:
@@ -201,6 +204,7 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
     for it in state.ledger(run["id"]):
         stored.setdefault(it["n"], []).append(it)
     overheads = _overheads(attempts, costs)
+    nodes = run_nodes(state, run["id"])
     rows = []
     estimate = ondemand = lost_h = lost_usd = hours_total = 0.0
     currencies: set[str] = set()
@@ -217,7 +221,7 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
         oh = overheads.get(a.n)
         lost = oh["lost_hours"] if oh else 0.0
         compute = next(i for i in items if i["item"] == "compute")
-        rate_usd = (compute["detail"].get("price_per_hour") or 0.0) * config.usd_per(compute["currency"])
+        rate_usd = (compute["detail"].get("price_per_hour") or 0.0) * config.usd_per(compute["currency"]) * nodes
         od_price = c.get("ondemand_price")
         if od_price is None and a.market != "spot" and a.price is not None:
             od_price = a.price / config.usd_per(currency)
@@ -225,7 +229,7 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
         useful = max(0.0, hours - lost)
         disk = next((i for i in items if i["item"] == "disk"), None)
         disk_usd_h = (disk["usd"] / hours) if disk and hours > 0 else 0.0
-        od_usd = (od_price or 0.0) * config.usd_per(currency) * useful + disk_usd_h * useful + sum(
+        od_usd = (od_price or 0.0) * config.usd_per(currency) * useful * nodes + disk_usd_h * useful + sum(
             i["usd"] for i in items if i["item"] in ("bucket", "requests"))
         estimate += usd
         ondemand += od_usd
@@ -263,6 +267,7 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
         "run": run["id"], "name": run.get("name"), "tier": run["tier"], "provider": (spec or {}).get("provider"),
         "state": run["state"], "created": run["created"], "step": steps, "total_steps": run["total_steps"],
         "attempts": rows,
+        "nodes": node_view(rows, nodes),  # a multi-node run: each node's hours and cost, the group's totals
         "run_items": {i["item"]: {"amount": round(i["amount"], DECIMALS + 2), "currency": i["currency"],
                                   "usd": round(i["usd"], DECIMALS), "source": i["source"], "detail": i["detail"]} for i in run_items},
         # Only what a cloud or the simulation announced: a host lost from sight is no reclaim.

@@ -187,6 +187,10 @@ def print_tables(report: dict) -> None:
         else:  # a run or job that has not started a host: no empty table
             echo(f"{title}: no {'host' if batch else 'attempt'} yet")
         echo(_run_line(r))
+        from .groups import line as nodes_line
+
+        if r.get("nodes"):  # a multi-node run: each node's hours and cost, the group's totals
+            echo(nodes_line(r["nodes"]))
         from .losses import line as losses_line
 
         if losses_line(r.get("losses")):
