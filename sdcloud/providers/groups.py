@@ -18,6 +18,8 @@ from dataclasses import replace
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from ..offers.optimizer import Offer
+from ..errors import UserError
+from .traits import Hosts, ProviderTraits
 from .base import FAILED, LIVE_STATES, PENDING, TAG_NODE, TERMINATED, EventSink, Instance, LaunchSpec, ProviderError
 
 GROUP_SEP = "+"
@@ -36,6 +38,14 @@ class SweepsGroupLeftovers(Protocol):
     """`sdcloud gc`: what a group leaves beside its hosts (free, but clutter) deleted once its run is over."""
 
     def sweep_group_leftovers(self, regions: list[str] | None, is_active: Callable[[str], bool]) -> list[str]: ...
+
+
+def check_group_hosts(traits: ProviderTraits, nodes: int) -> None:
+    """Refuse a group where the provider's hosts are the user's own boxes (one run a box): a group
+    needs hosts launched N at a time, a cloud's or this machine's processes."""
+    if nodes > 1 and traits.hosts is Hosts.OWN:
+        raise UserError(f"--nodes {nodes}: the {traits.name} provider runs each run on one box of yours; a group of "
+                        f"hosts needs a cloud provider or the local one")
 
 
 def nodes_of(spec: LaunchSpec) -> int:

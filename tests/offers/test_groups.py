@@ -96,3 +96,20 @@ def test_a_group_no_faster_than_one_host_is_not_offered(monkeypatch):
     monkeypatch.setattr(groups, "link_of", lambda p, t: Link(1.0, "assumed", "zone", "x") if t == slow_type else real(p, t))
     again = rank_groups(tier, load_catalog(), 2, provider="aws")
     assert again and slow_type not in {g.host.offer.row.instance_type for g in again}
+
+
+def test_up_refuses_a_group_on_the_users_own_boxes_before_anything_is_recorded(sdcloud_home):
+    from sdcloud.providers.groups import check_group_hosts
+    from sdcloud.providers.traits import names, traits
+    from sdcloud.runs.inputs.spec import build_spec
+
+    own = [n for n in names() if traits(n).hosts == "own"]
+    assert own
+    for name in own:
+        with pytest.raises(UserError, match="--nodes 2"):
+            check_group_hosts(traits(name), 2)
+        check_group_hosts(traits(name), 1)
+    assert build_spec(None, {"tier": "sdxl-finetune", "provider": "local", "nodes": 2}).spec.nodes == 2
+    with pytest.raises(UserError, match="makes images"):
+        build_spec(None, {"tier": "batch-sdxl", "nodes": 2})
+    assert not (sdcloud_home / "state.db").exists()
