@@ -17,9 +17,10 @@ Where each figure comes from:
 - the single-flow cap: EC2 lets one TCP flow reach 10 Gbps inside a cluster placement group and
   5 Gbps outside one (EC2 User Guide, "Amazon EC2 instance network bandwidth"); NCCL's socket
   transport opens NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD flows (FLOWS);
-- SOCKET_EFFICIENCY, OVERLAP and BYTES_PER_PARAM are assumptions (stated in --explain), to be replaced by a measured
-  group rate (`sdcloud speeds add`) where one exists. sdcloud does not attach EFA interfaces: a type
-  that has EFA runs NCCL over TCP here too, at its ENA line rate.
+- SOCKET_EFFICIENCY, OVERLAP and BYTES_PER_PARAM are assumptions (stated in --explain); step_1 is the
+  host's rate as for one host, so a measured or recorded host rate (`sdcloud speeds`) feeds the model.
+  sdcloud does not attach EFA interfaces: a type that has EFA runs NCCL over TCP here too, at its ENA
+  line rate.
 """
 
 from __future__ import annotations

@@ -113,3 +113,20 @@ def test_up_refuses_a_group_on_the_users_own_boxes_before_anything_is_recorded(s
     with pytest.raises(UserError, match="makes images"):
         build_spec(None, {"tier": "batch-sdxl", "nodes": 2})
     assert not (sdcloud_home / "state.db").exists()
+
+
+def test_a_groups_fleet_candidates_are_ranked_as_groups(monkeypatch):
+    from sdcloud.fleet.candidates import candidates
+
+    class NoZones:
+        name = "aws"
+
+    tier = get_tier("sdxl-finetune")
+    one = candidates(NoZones(), tier, "spot", max_price=None, region="us-east-1", job_size=tier.job_size,
+                     events=lambda k, d: None)
+    two = candidates(NoZones(), tier, "spot", max_price=None, region="us-east-1", job_size=tier.job_size,
+                     events=lambda k, d: None, nodes=2)
+    ranked = rank_groups(tier, load_catalog(), 2, provider="aws", region="us-east-1")
+    assert two and [o.key for o in two if o.market == "spot"] == [g.host.offer.key for g in ranked
+                                                                  if g.host.offer.market == "spot"][:6]
+    assert [o.key for o in one] != [o.key for o in two]  # the group's order is its own
