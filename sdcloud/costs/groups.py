@@ -13,14 +13,16 @@ from .. import config
 GROUP_ITEMS = ("compute", "disk")  # what each host bills; the bucket and requests are the run's, once
 
 
-def run_nodes(state, run_id: str) -> int:
-    """The hosts of each of the run's attempts (its spec's `nodes`; 1 for a single host or a batch job)."""
-    run = state.get_run(run_id)
-    spec = (run or {}).get("spec")
+def spec_nodes(spec) -> int:
+    """The hosts of each attempt of a run with this spec (its `nodes`; 1 for a single host or a batch job)."""
     try:
         return max(1, int(spec.get("nodes") or 1)) if isinstance(spec, dict) else 1
     except (TypeError, ValueError):
         return 1
+
+
+def run_nodes(state, run_id: str) -> int:
+    return spec_nodes((state.get_run(run_id) or {}).get("spec"))
 
 
 def scale_items(items: list[dict], nodes: int) -> list[dict]:
