@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from ..offers.optimizer import Offer
 from ..errors import UserError
 from .traits import Hosts, ProviderTraits
-from .base import FAILED, LIVE_STATES, PENDING, TAG_NODE, TERMINATED, EventSink, Instance, LaunchSpec, ProviderError
+from .base import FAILED, LIVE_STATES, PENDING, TAG_NODE, TAG_NODES, TERMINATED, EventSink, Instance, LaunchSpec, ProviderError
 
 GROUP_SEP = "+"
 
@@ -108,10 +108,15 @@ def rank_of(inst: Instance) -> int:
 
 
 def adopt_found(found: list[Instance]) -> Instance:
-    """The instances a token finds (a group's hosts, or one host) as one Instance, in rank order."""
-    if len(found) == 1:
+    """The instances a token finds (a group's hosts, or one host) as one Instance, in rank order; a
+    group with fewer hosts than its `sdcloud:nodes` (a launch cut short) is not live."""
+    try:
+        nodes = int(found[0].tags.get(TAG_NODES, "0") or 0)
+    except ValueError:
+        nodes = 0
+    if len(found) == 1 and nodes <= 1:
         return found[0]
-    return combine(sorted(found, key=rank_of))
+    return combine(sorted(found, key=rank_of), max(nodes, len(found)))
 
 
 def launch_group(provider: Any, launch_one: Callable[..., Instance], offer: Offer, spec: LaunchSpec, market: str,
