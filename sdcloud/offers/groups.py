@@ -34,7 +34,7 @@ from importlib import resources
 from ..errors import UserError
 from .catalog import BAND_RECLAIMS_PER_HOUR, Catalog
 from .kinds import RunKind
-from .optimizer import (CHECKPOINT_INTERVAL_HOURS, RESTART_HOURS, SETUP_HOURS, Estimate, rank)
+from .optimizer import CHECKPOINT_INTERVAL_HOURS, RESTART_HOURS, SETUP_HOURS, Estimate, offer_rate, rank
 from .tiers import Tier
 
 # Hosts in one group: the same bound `up --nodes` checks (runs/inputs/spec.py).
@@ -79,6 +79,10 @@ class GroupEstimate:
     est_hours: float
     est_cost: float
     overhead: float
+
+    @property
+    def offer(self):  # the host's offer, N times: where an Estimate is read (costs/budget.py, the checks of `up`)
+        return self.host.offer
 
     @property
     def price_per_hour_usd(self) -> float:
@@ -145,6 +149,16 @@ def speedup(tier: Tier, rate: float, nodes: int, link: Link) -> float:
     return nodes * step / (step + max(0.0, comm - OVERLAP * step))
 
 
+def job_hours_on(tier: Tier, row, job_size: int | None, nodes: int, gpus_used: int | None = None,
+                 book=None) -> float | None:
+    """optimizer.job_hours for a group of `nodes` hosts of `row` (its speed-up); None if the GPU is unknown."""
+    rate = offer_rate(tier, row, gpus_used, book)
+    if rate is None:
+        return None
+    up = speedup(tier, rate.value, nodes, link_of(row.provider, row.instance_type))
+    return SETUP_HOURS + (job_size or tier.job_size) / (rate.value * up) / 3600.0
+
+
 def group_estimate(tier: Tier, host: Estimate, nodes: int, job_size: int | None = None) -> GroupEstimate | None:
     if host.rate is None:
         return None
@@ -170,3 +184,10 @@ def rank_groups(tier: Tier, catalog: Catalog, nodes: int, job_size: int | None =
            if (g := group_estimate(tier, e, nodes, job_size)) is not None and (nodes == 1 or g.speedup > 1.0)]
     out.sort(key=lambda g: (g.est_cost, g.est_hours, g.host.offer.key))
     return out
+
+
+def rank_job(tier: Tier, catalog: Catalog, nodes: int, job_size: int | None = None, **filters) -> list:
+    """rank() for one host, rank_groups() for a group: either list reads as Estimates (offer, est_hours, est_cost)."""
+    if nodes <= 1:
+        return rank(tier, catalog, job_size=job_size, **filters)
+    return rank_groups(tier, catalog, nodes, job_size=job_size, **filters)

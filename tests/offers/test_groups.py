@@ -130,3 +130,28 @@ def test_a_groups_fleet_candidates_are_ranked_as_groups(monkeypatch):
     assert two and [o.key for o in two if o.market == "spot"] == [g.host.offer.key for g in ranked
                                                                   if g.host.offer.market == "spot"][:6]
     assert [o.key for o in one] != [o.key for o in two]  # the group's order is its own
+
+
+def test_up_checks_a_groups_deadline_and_budget_by_the_group(sdcloud_home):
+    """A deadline only a group can meet is taken for a group and refused for one host; a budget that
+    covers one host's job but not the group's N hosts is refused for the group."""
+    from sdcloud.commands.run import _check_estimates
+    from sdcloud.offers.groups import rank_job
+    from sdcloud.runs.inputs.spec import build_spec
+
+    tier = get_tier("sdxl-finetune")
+    base = {"tier": tier.name, "provider": "aws", "region": "us-east-1", "market": "on-demand"}
+    one = rank_job(tier, load_catalog(), 1, tier.job_size, market="on-demand", provider="aws", region="us-east-1")
+    four = rank_job(tier, load_catalog(), 4, tier.job_size, market="on-demand", provider="aws", region="us-east-1")
+    fastest_one, fastest_four = min(e.est_hours for e in one), min(g.est_hours for g in four)
+    assert fastest_four < fastest_one
+    deadline = f"{(fastest_one + fastest_four) / 2:.3f}h"
+    group = build_spec(None, {**base, "nodes": 4, "deadline_hours": deadline}).spec
+    _check_estimates(group, tier, tier.job_size)  # the group meets it
+    with pytest.raises(UserError, match="deadline"):
+        _check_estimates(build_spec(None, {**base, "deadline_hours": deadline}).spec, tier, tier.job_size)
+    # A budget of the cheapest single host's job is below the cheapest group's.
+    budget = round(one[0].est_cost * 1.05, 2)
+    _check_estimates(build_spec(None, {**base, "budget": budget}).spec, tier, tier.job_size)
+    with pytest.raises(UserError, match="budget"):
+        _check_estimates(build_spec(None, {**base, "nodes": 4, "budget": budget}).spec, tier, tier.job_size)
