@@ -46,8 +46,8 @@ def candidates(provider, tier: Tier, market: str, *, max_price: float | None, re
     if nodes > 1:
         from ..offers.groups import rank_groups
 
-        ranked = [g.host for g in rank_groups(tier, load_catalog([name]), nodes, job_size=job_size, max_price=max_price,
-                                              provider=name, region=region, book=book)]
+        ranked = [g.host for g in rank_groups(tier, load_catalog([name]), nodes, job_size=job_size, keep_slower=True,
+                                              max_price=max_price, provider=name, region=region, book=book)]
     else:
         ranked = rank(tier, load_catalog([name]), market=None, max_price=max_price, provider=name,
                       region=region, job_size=job_size, gpus_used=gpus_used, book=book)

@@ -174,14 +174,18 @@ def group_estimate(tier: Tier, host: Estimate, nodes: int, job_size: int | None 
                          nodes * host.offer.price_per_hour_usd * hours * overhead, overhead)
 
 
-def rank_groups(tier: Tier, catalog: Catalog, nodes: int, job_size: int | None = None, **filters) -> list[GroupEstimate]:
+def rank_groups(tier: Tier, catalog: Catalog, nodes: int, job_size: int | None = None, keep_slower: bool = False,
+                **filters) -> list[GroupEstimate]:
     """Groups of `nodes` same-type hosts (one zone), cheapest expected cost to finish first.
 
     `filters` are rank()'s (market, max_price per host, provider, region, book). A group the model
-    finds no faster than one host of its type (its network cannot carry the all-reduce) is left out."""
+    finds no faster than one host of its type (its network cannot carry the all-reduce) is left out,
+    unless every group is such and `keep_slower`: a run that asked for N hosts gets them (the model's
+    network figures may be assumptions), ranked by the group's cost all the same."""
     check_nodes(tier, nodes)
-    out = [g for e in rank(tier, catalog, job_size=job_size, **filters)
-           if (g := group_estimate(tier, e, nodes, job_size)) is not None and (nodes == 1 or g.speedup > 1.0)]
+    every = [g for e in rank(tier, catalog, job_size=job_size, **filters)
+             if (g := group_estimate(tier, e, nodes, job_size)) is not None]
+    out = [g for g in every if nodes == 1 or g.speedup > 1.0] or (every if keep_slower else [])
     out.sort(key=lambda g: (g.est_cost, g.est_hours, g.host.offer.key))
     return out
 
@@ -190,4 +194,4 @@ def rank_job(tier: Tier, catalog: Catalog, nodes: int, job_size: int | None = No
     """rank() for one host, rank_groups() for a group: either list reads as Estimates (offer, est_hours, est_cost)."""
     if nodes <= 1:
         return rank(tier, catalog, job_size=job_size, **filters)
-    return rank_groups(tier, catalog, nodes, job_size=job_size, **filters)
+    return rank_groups(tier, catalog, nodes, job_size=job_size, keep_slower=True, **filters)

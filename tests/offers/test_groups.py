@@ -155,3 +155,14 @@ def test_up_checks_a_groups_deadline_and_budget_by_the_group(sdcloud_home):
     _check_estimates(build_spec(None, {**base, "budget": budget}).spec, tier, tier.job_size)
     with pytest.raises(UserError, match="budget"):
         _check_estimates(build_spec(None, {**base, "nodes": 4, "budget": budget}).spec, tier, tier.job_size)
+
+
+def test_a_run_that_asks_for_a_group_gets_one_even_where_no_group_is_faster(capsys):
+    """Where the model finds no group faster (Tencent's assumed 5 Gbps for a full fine-tune), `offers`
+    says so in one line, and `up --nodes 2` still ranks the groups by their cost to launch one."""
+    tier = get_tier("sdxl-finetune")
+    assert rank_groups(tier, load_catalog(), 2, provider="tencent") == []
+    kept = rank_groups(tier, load_catalog(), 2, provider="tencent", keep_slower=True)
+    assert kept and [g.est_cost for g in kept] == sorted(g.est_cost for g in kept)
+    code, out, err = run_cli(capsys, "offers", "--tier", "sdxl-finetune", "--nodes", "2", "--provider", "tencent")
+    assert code == 0 and out == "" and "no group of 2" in err
