@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..offers.groups import FLOWS, OVERLAP, SINGLE_FLOW_GBPS, SOCKET_EFFICIENCY, rank_groups
-from ..render import echo, emit_json, table
+from ..render import echo, emit_json, note, table
 
 
 def show_groups(tier, catalog, nodes: int, steps: int | None, limit: int, explain: bool, as_json: bool,
@@ -14,6 +14,11 @@ def show_groups(tier, catalog, nodes: int, steps: int | None, limit: int, explai
         emit_json([g.as_dict() for g in shown])
         return
     job = steps or tier.job_size
+    if not ranked:  # every offer's group is no faster than one host (or nothing fits the filters)
+        note(f"no group of {nodes} {tier.name} hosts is faster than one host on the offers that fit: their network "
+             f"cannot carry the all-reduce (docs/training.md, \"Multi-node\"); try fewer --nodes, another type, "
+             f"or sdcloud offers --tier {tier.name} for one host", wrap=True)
+        return
     if not explain:
         table(f"{tier.name}: {job} {tier.unit} on {nodes} hosts, cheapest to finish first",
               ["#", "provider", "region", "type", "market", "group $/h", "speed-up", "est h", "est $"],

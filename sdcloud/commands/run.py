@@ -82,11 +82,11 @@ def _check_estimates(spec, tier, total_steps: int) -> None:
     if not traits(spec.provider).catalog:
         return
     from ..offers.catalog import load_catalog
-    from ..offers.optimizer import check_region, rank
+    from ..offers import groups, optimizer  # groups: a run of N hosts is ranked as a group
 
     catalog = load_catalog([spec.provider])
     if spec.region is not None:
-        check_region(catalog.rows, spec.region, spec.provider)
+        optimizer.check_region(catalog.rows, spec.region, spec.provider)
     if spec.deadline_hours is None and spec.budget is None:
         return
 
@@ -95,9 +95,9 @@ def _check_estimates(spec, tier, total_steps: int) -> None:
 
     from ..runs.driving.lessons import user_book
 
-    # The rates recorded and observed here take the catalog's place, as they do in `offers`.
-    ranked = rank(tier, catalog, market=market, max_price=spec.max_price, provider=spec.provider,
-                  region=spec.region, job_size=total_steps, gpus_used=gpus_used(spec), book=user_book(spec.trainer))
+    # The rates recorded and observed here take the catalog's place, as in `offers`.
+    ranked = groups.rank_job(tier, catalog, spec.nodes, total_steps, market=market, max_price=spec.max_price,
+                             provider=spec.provider, region=spec.region, gpus_used=gpus_used(spec), book=user_book(spec.trainer))
     if not ranked:
         raise UserError(f"no {spec.provider} offer fits tier {tier.name}")
     if spec.deadline_hours is not None:

@@ -17,9 +17,11 @@ DISK_GB = 200  # the root volume the providers launch with (LaunchSpec.root_volu
 
 
 def predicted_cost(estimate, disk_gb: float = DISK_GB) -> float:
-    """USD for the whole job on one ranked Estimate: expected compute (reclaims included) plus its disk."""
+    """USD for the whole job on one ranked Estimate: expected compute (reclaims included) plus its disk
+    (a multi-node group's estimate, offers/groups.py: its cost already N hosts', a disk on each)."""
     row = estimate.offer.row
-    disk = disk_gb * estimate.est_hours * storage_price(row.provider, "disk_gb_month") / HOURS_PER_MONTH
+    disks = getattr(estimate, "nodes", 1)
+    disk = disks * disk_gb * estimate.est_hours * storage_price(row.provider, "disk_gb_month") / HOURS_PER_MONTH
     return estimate.est_cost + disk * config.usd_per(row.currency)
 
 

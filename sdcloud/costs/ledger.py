@@ -21,6 +21,7 @@ from .. import config
 from ..events import Kind
 from ..providers.capabilities import HasPriceHistory
 from ..providers.traits import traits
+from .groups import node_view, run_nodes, scale_items, spec_nodes
 from .billing_rules import (Charge, bucket_charge, compute_charge, disk_charge, egress_charge, mean_price,
                             native_currency, request_charge)
 
@@ -110,11 +111,13 @@ def closed(state, run_id: str, n: int, provider=None, store=None, events: Callab
             state.set_attempt_costs(run_id, n, bucket_bytes=sum(o.size for o in objs), bucket_objects=len(objs))
         except Exception as exc:  # noqa: BLE001 - the bucket item is then priced from the last known size
             events(Kind.BUCKET_SIZE_FAILED, {"attempt": n, "error": str(exc)})
-    items = price_attempt(state, run_id, a, heartbeat_s=heartbeat_s, poll_s=poll_s)
+    nodes = run_nodes(state, run_id)  # a multi-node group's attempt is N hosts (costs/groups.py)
+    items = price_attempt(state, run_id, a, heartbeat_s=heartbeat_s, poll_s=poll_s, nodes=nodes)
     state.put_ledger(run_id, n, items)
     compute = next((i for i in items if i["item"] == "compute"), None)
     if compute and compute["source"] in ("price-history", "samples"):
-        price = compute["detail"]["price_per_hour"] * config.usd_per(compute["currency"])
+        # A multi-node group's attempt is priced as the group: N x the host's.
+        price = compute["detail"]["price_per_hour"] * config.usd_per(compute["currency"]) * nodes
         state.update_attempt(run_id, n, price=price)
         events(Kind.REPRICED, {"attempt": n, "price_usd": round(price, 5), "source": compute["source"]})
     return items
@@ -131,8 +134,9 @@ def record_egress(state, run_id: str, provider: str, nbytes: int) -> None:
 
 # -- pricing ----------------------------------------------------------------------------------------
 def price_attempt(state, run_id: str, a, now: float | None = None, heartbeat_s: float = HEARTBEAT_SECONDS,
-                  poll_s: float = POLL_SECONDS) -> list[dict]:
-    """Every item of one attempt, priced with its provider's billing rules (a running one up to now)."""
+                  poll_s: float = POLL_SECONDS, nodes: int | None = None) -> list[dict]:
+    """Every item of one attempt, priced with its provider's billing rules (a running one up to now).
+    `nodes`: the hosts of each of the run's attempts (None: read from its row)."""
     costs = state.attempt_costs(run_id)
     row = costs.get(a.n) or {}
     if a.start is None:
@@ -140,8 +144,9 @@ def price_attempt(state, run_id: str, a, now: float | None = None, heartbeat_s: 
     end = a.end if a.end is not None else (now or time.time())
     currency = row.get("currency") or native_currency(a.provider)
     quote = row.get("quote_price")
-    if quote is None and a.price is not None:  # an attempt from before the ledger: its USD price
-        quote = a.price / config.usd_per(currency)
+    nodes = run_nodes(state, run_id) if nodes is None else nodes  # a group: each host priced (costs/groups.py)
+    if quote is None and a.price is not None:  # an attempt from before the ledger: its USD price (the group's)
+        quote = a.price / config.usd_per(currency) / nodes
     points = None
     if a.market == "spot" and a.zone:
         points = [(t, p) for t, p, _ in state.price_samples(a.provider, a.zone, a.instance_type or "", "spot", end=end)]
@@ -157,7 +162,7 @@ def price_attempt(state, run_id: str, a, now: float | None = None, heartbeat_s: 
     puts = max(0, after_o - before_o) + int(seconds // heartbeat_s)
     gets = int(seconds // poll_s)
     items.append(_item("requests", request_charge(a.provider, puts, gets)))
-    return items
+    return scale_items(items, nodes)
 
 
 def _overheads(attempts: list, costs: dict[int, dict]) -> dict[int, dict]:
@@ -201,13 +206,15 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
     for it in state.ledger(run["id"]):
         stored.setdefault(it["n"], []).append(it)
     overheads = _overheads(attempts, costs)
+    nodes = spec_nodes(run.get("spec"))
     rows = []
     estimate = ondemand = lost_h = lost_usd = hours_total = 0.0
     currencies: set[str] = set()
     for a in attempts:
         if a.start is None:
             continue
-        items = stored.get(a.n) if a.end is not None and a.n in stored else price_attempt(state, run["id"], a, now=now)
+        items = (stored.get(a.n) if a.end is not None and a.n in stored
+                 else price_attempt(state, run["id"], a, now=now, nodes=nodes))
         end = a.end if a.end is not None else now
         hours = (end - a.start) / 3600.0
         usd = sum(i["usd"] for i in items)
@@ -217,7 +224,7 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
         oh = overheads.get(a.n)
         lost = oh["lost_hours"] if oh else 0.0
         compute = next(i for i in items if i["item"] == "compute")
-        rate_usd = (compute["detail"].get("price_per_hour") or 0.0) * config.usd_per(compute["currency"])
+        rate_usd = (compute["detail"].get("price_per_hour") or 0.0) * config.usd_per(compute["currency"]) * nodes
         od_price = c.get("ondemand_price")
         if od_price is None and a.market != "spot" and a.price is not None:
             od_price = a.price / config.usd_per(currency)
@@ -225,7 +232,7 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
         useful = max(0.0, hours - lost)
         disk = next((i for i in items if i["item"] == "disk"), None)
         disk_usd_h = (disk["usd"] / hours) if disk and hours > 0 else 0.0
-        od_usd = (od_price or 0.0) * config.usd_per(currency) * useful + disk_usd_h * useful + sum(
+        od_usd = (od_price or 0.0) * config.usd_per(currency) * useful * nodes + disk_usd_h * useful + sum(
             i["usd"] for i in items if i["item"] in ("bucket", "requests"))
         estimate += usd
         ondemand += od_usd
@@ -263,6 +270,7 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
         "run": run["id"], "name": run.get("name"), "tier": run["tier"], "provider": (spec or {}).get("provider"),
         "state": run["state"], "created": run["created"], "step": steps, "total_steps": run["total_steps"],
         "attempts": rows,
+        "nodes": node_view(rows, nodes),  # a multi-node run: each node's hours and cost, the group's totals
         "run_items": {i["item"]: {"amount": round(i["amount"], DECIMALS + 2), "currency": i["currency"],
                                   "usd": round(i["usd"], DECIMALS), "source": i["source"], "detail": i["detail"]} for i in run_items},
         # Only what a cloud or the simulation announced: a host lost from sight is no reclaim.

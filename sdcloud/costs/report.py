@@ -59,7 +59,7 @@ def build_report(state, runs: list[dict], by: str | None = None, now: float | No
     from .job_terms import in_job_terms
 
     per_run = [in_job_terms(state, run_cost(state, r, now=now), r, (images or {}).get(r["id"])) if _is_batch(r)
-               else _with_nodes(run_cost(state, r, now=now), r) for r in runs]
+               else run_cost(state, r, now=now) for r in runs]
     totals = {k: round(sum(r[k] for r in per_run), DECIMALS)
               for k in ("estimate_usd", "total_usd", "lost_hours", "hours", "lost_usd")}
     # Savings over the runs whose on-demand counterfactual is known (a batch job's may not be).
@@ -163,18 +163,6 @@ RUN_COLUMNS = ("#", "provider", "zone", "type", "market", "hours", "ended by", *
 RUN_DROP = ("provider", "requests $", "bucket $", "disk $", "source", "compute $", "lost h", "hours", "#", "ended by")
 
 
-def _with_nodes(cost: dict, run: dict) -> dict:
-    """A multi-node run (`--nodes N`): each node's hours and cost. The hosts of a group start and
-    end together, so each bills every attempt's hours at its share of the group's price."""
-    n = int((run.get("spec") or {}).get("nodes") or 1)
-    if n > 1:
-        hours = round(sum(a["hours"] for a in cost["attempts"]), DECIMALS)
-        cost["nodes"] = n
-        cost["node_hours"] = [{"node": k, "hours": hours, "usd": round(cost["total_usd"] / n, DECIMALS)}
-                              for k in range(n)]
-    return cost
-
-
 def print_tables(report: dict) -> None:
     """The report as rich tables on stdout: one per run, then the period's totals. Lines wrap at
     word boundaries; columns left out to fit are named once, under the last table."""
@@ -199,10 +187,10 @@ def print_tables(report: dict) -> None:
         else:  # a run or job that has not started a host: no empty table
             echo(f"{title}: no {'host' if batch else 'attempt'} yet")
         echo(_run_line(r))
-        if r.get("node_hours"):
-            each = r["node_hours"][0]
-            echo(f"{r['nodes']} nodes: each {fmt(each['hours'])} h, ${fmt(each['usd'])}; "
-                 f"{fmt(each['hours'] * r['nodes'])} node-hours in all")
+        from .groups import line as nodes_line
+
+        if r.get("nodes"):  # a multi-node run: each node's hours and cost, the group's totals
+            echo(nodes_line(r["nodes"]))
         from .losses import line as losses_line
 
         if losses_line(r.get("losses")):

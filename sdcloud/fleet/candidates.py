@@ -31,18 +31,26 @@ def attempt_zone_key(provider: str, region: str | None, zone: str | None, instan
 
 def candidates(provider, tier: Tier, market: str, *, max_price: float | None, region: str | None, job_size: int,
                events: Callable[[str, dict], None], gpus_used: int | None = None, book=None,
-               name: str | None = None) -> list[Offer]:
+               name: str | None = None, nodes: int = 1) -> list[Offer]:
     """The offers to choose from. A provider without a price catalog (this machine, the user's
     boxes) lists its own; the others rank their catalog.
 
     `tier` is resolved already (the run's plan carries it); `name`: the provider's name as the run
     chose it (default its own `name`: test doubles may carry none); `gpus_used`: how many of a host's GPUs the owner's work drives (None: all), so that a host is
-    estimated by the speed it will really give; `book`: the recorded and observed rates (sdcloud speeds)."""
+    estimated by the speed it will really give; `book`: the recorded and observed rates (sdcloud speeds);
+    `nodes`: a multi-node group's size: its hosts' offers ranked as groups (offers/groups.py), those no
+    faster as a group than one host left out."""
     name = name or provider.name
     if not traits(name).catalog:
         return list(provider.offers(tier, market))
-    ranked = rank(tier, load_catalog([name]), market=None, max_price=max_price, provider=name,
-                  region=region, job_size=job_size, gpus_used=gpus_used, book=book)
+    if nodes > 1:
+        from ..offers.groups import rank_groups
+
+        ranked = [g.host for g in rank_groups(tier, load_catalog([name]), nodes, job_size=job_size, keep_slower=True,
+                                              max_price=max_price, provider=name, region=region, book=book)]
+    else:
+        ranked = rank(tier, load_catalog([name]), market=None, max_price=max_price, provider=name,
+                      region=region, job_size=job_size, gpus_used=gpus_used, book=book)
     spot = [e for e in ranked if e.offer.market == SPOT][:SPOT_CANDIDATES]
     ondemand = [e for e in ranked if e.offer.market == ON_DEMAND][:ONDEMAND_CANDIDATES]
     return per_zone(provider, [e.offer for e in (spot + ondemand)], events)

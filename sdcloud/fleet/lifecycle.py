@@ -295,8 +295,11 @@ class Fleet:
                 continue
             if a.instance_id is None:
                 found = [i for i in self.provider.find_tagged(self.owner_id) if i.tags.get(TAG_TOKEN) == a.token]
-                if found:
-                    inst = adopt_found(found)  # a multi-node group's hosts as one (providers/groups.py)
+                inst = adopt_found(found) if found else None  # a group's hosts as one (providers/groups.py)
+                if inst is not None and not inst.live:  # a group whose launch was cut short: its hosts end
+                    self.provider.terminate([inst.id], region=a.region)
+                    inst = None
+                if inst is not None:
                     self.records.update_attempt(self.owner_id, a.n, instance_id=inst.id, zone=inst.zone,
                                                 state="running",
                                                 start=inst.launched_at.timestamp() if inst.launched_at else time.time())

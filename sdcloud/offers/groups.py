@@ -17,9 +17,10 @@ Where each figure comes from:
 - the single-flow cap: EC2 lets one TCP flow reach 10 Gbps inside a cluster placement group and
   5 Gbps outside one (EC2 User Guide, "Amazon EC2 instance network bandwidth"); NCCL's socket
   transport opens NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD flows (FLOWS);
-- SOCKET_EFFICIENCY, OVERLAP and BYTES_PER_PARAM are assumptions (stated in --explain), to be replaced by a measured
-  group rate (`sdcloud speeds add`) where one exists. sdcloud does not attach EFA interfaces: a type
-  that has EFA runs NCCL over TCP here too, at its ENA line rate.
+- SOCKET_EFFICIENCY, OVERLAP and BYTES_PER_PARAM are assumptions (stated in --explain); step_1 is the
+  host's rate as for one host, so a measured or recorded host rate (`sdcloud speeds`) feeds the model.
+  sdcloud does not attach EFA interfaces: a type that has EFA runs NCCL over TCP here too, at its ENA
+  line rate.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from importlib import resources
 from ..errors import UserError
 from .catalog import BAND_RECLAIMS_PER_HOUR, Catalog
 from .kinds import RunKind
-from .optimizer import (CHECKPOINT_INTERVAL_HOURS, RESTART_HOURS, SETUP_HOURS, Estimate, rank)
+from .optimizer import CHECKPOINT_INTERVAL_HOURS, RESTART_HOURS, SETUP_HOURS, Estimate, offer_rate, rank
 from .tiers import Tier
 
 # Hosts in one group: the same bound `up --nodes` checks (runs/inputs/spec.py).
@@ -78,6 +79,10 @@ class GroupEstimate:
     est_hours: float
     est_cost: float
     overhead: float
+
+    @property
+    def offer(self):  # the host's offer, N times: where an Estimate is read (costs/budget.py, the checks of `up`)
+        return self.host.offer
 
     @property
     def price_per_hour_usd(self) -> float:
@@ -144,6 +149,16 @@ def speedup(tier: Tier, rate: float, nodes: int, link: Link) -> float:
     return nodes * step / (step + max(0.0, comm - OVERLAP * step))
 
 
+def job_hours_on(tier: Tier, row, job_size: int | None, nodes: int, gpus_used: int | None = None,
+                 book=None) -> float | None:
+    """optimizer.job_hours for a group of `nodes` hosts of `row` (its speed-up); None if the GPU is unknown."""
+    rate = offer_rate(tier, row, gpus_used, book)
+    if rate is None:
+        return None
+    up = speedup(tier, rate.value, nodes, link_of(row.provider, row.instance_type))
+    return SETUP_HOURS + (job_size or tier.job_size) / (rate.value * up) / 3600.0
+
+
 def group_estimate(tier: Tier, host: Estimate, nodes: int, job_size: int | None = None) -> GroupEstimate | None:
     if host.rate is None:
         return None
@@ -159,13 +174,24 @@ def group_estimate(tier: Tier, host: Estimate, nodes: int, job_size: int | None 
                          nodes * host.offer.price_per_hour_usd * hours * overhead, overhead)
 
 
-def rank_groups(tier: Tier, catalog: Catalog, nodes: int, job_size: int | None = None, **filters) -> list[GroupEstimate]:
+def rank_groups(tier: Tier, catalog: Catalog, nodes: int, job_size: int | None = None, keep_slower: bool = False,
+                **filters) -> list[GroupEstimate]:
     """Groups of `nodes` same-type hosts (one zone), cheapest expected cost to finish first.
 
     `filters` are rank()'s (market, max_price per host, provider, region, book). A group the model
-    finds no faster than one host of its type (its network cannot carry the all-reduce) is left out."""
+    finds no faster than one host of its type (its network cannot carry the all-reduce) is left out,
+    unless every group is such and `keep_slower`: a run that asked for N hosts gets them (the model's
+    network figures may be assumptions), ranked by the group's cost all the same."""
     check_nodes(tier, nodes)
-    out = [g for e in rank(tier, catalog, job_size=job_size, **filters)
-           if (g := group_estimate(tier, e, nodes, job_size)) is not None and (nodes == 1 or g.speedup > 1.0)]
+    every = [g for e in rank(tier, catalog, job_size=job_size, **filters)
+             if (g := group_estimate(tier, e, nodes, job_size)) is not None]
+    out = [g for g in every if nodes == 1 or g.speedup > 1.0] or (every if keep_slower else [])
     out.sort(key=lambda g: (g.est_cost, g.est_hours, g.host.offer.key))
     return out
+
+
+def rank_job(tier: Tier, catalog: Catalog, nodes: int, job_size: int | None = None, **filters) -> list:
+    """rank() for one host, rank_groups() for a group: either list reads as Estimates (offer, est_hours, est_cost)."""
+    if nodes <= 1:
+        return rank(tier, catalog, job_size=job_size, **filters)
+    return rank_groups(tier, catalog, nodes, job_size=job_size, keep_slower=True, **filters)

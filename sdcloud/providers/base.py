@@ -18,6 +18,7 @@ TAG_RUN = "sdcloud:run"
 TAG_ATTEMPT = "sdcloud:attempt"
 TAG_TOKEN = "sdcloud:token"
 TAG_NODE = "sdcloud:node"  # a multi-node group's host: its rank (providers/groups.py)
+TAG_NODES = "sdcloud:nodes"  # ...and the group's size: a crash mid-launch leaves fewer, never adopted as whole
 
 # Instance states, normalised across providers.
 PENDING, RUNNING, STOPPING, TERMINATED, FAILED = "pending", "running", "stopping", "terminated", "failed"
@@ -62,6 +63,7 @@ class LaunchSpec:
         tags = {TAG_RUN: self.run_id, TAG_ATTEMPT: str(self.attempt), TAG_TOKEN: self.token}
         if self.node is not None:
             tags[TAG_NODE] = str(self.node)
+            tags[TAG_NODES] = str(self.agent_config.get("nodes") or 1)
         return tags
 
 

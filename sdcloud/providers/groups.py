@@ -18,7 +18,9 @@ from dataclasses import replace
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from ..offers.optimizer import Offer
-from .base import FAILED, LIVE_STATES, PENDING, TAG_NODE, TERMINATED, EventSink, Instance, LaunchSpec, ProviderError
+from ..errors import UserError
+from .traits import Hosts, ProviderTraits
+from .base import FAILED, LIVE_STATES, PENDING, TAG_NODE, TAG_NODES, TERMINATED, EventSink, Instance, LaunchSpec, ProviderError
 
 GROUP_SEP = "+"
 
@@ -36,6 +38,14 @@ class SweepsGroupLeftovers(Protocol):
     """`sdcloud gc`: what a group leaves beside its hosts (free, but clutter) deleted once its run is over."""
 
     def sweep_group_leftovers(self, regions: list[str] | None, is_active: Callable[[str], bool]) -> list[str]: ...
+
+
+def check_group_hosts(traits: ProviderTraits, nodes: int) -> None:
+    """Refuse a group where the provider's hosts are the user's own boxes (one run a box): a group
+    needs hosts launched N at a time, a cloud's or this machine's processes."""
+    if nodes > 1 and traits.hosts is Hosts.OWN:
+        raise UserError(f"--nodes {nodes}: the {traits.name} provider runs each run on one box of yours; a group of "
+                        f"hosts needs a cloud provider or the local one")
 
 
 def nodes_of(spec: LaunchSpec) -> int:
@@ -98,10 +108,15 @@ def rank_of(inst: Instance) -> int:
 
 
 def adopt_found(found: list[Instance]) -> Instance:
-    """The instances a token finds (a group's hosts, or one host) as one Instance, in rank order."""
-    if len(found) == 1:
+    """The instances a token finds (a group's hosts, or one host) as one Instance, in rank order; a
+    group with fewer hosts than its `sdcloud:nodes` (a launch cut short) is not live."""
+    try:
+        nodes = int(found[0].tags.get(TAG_NODES, "0") or 0)
+    except ValueError:
+        nodes = 0
+    if len(found) == 1 and nodes <= 1:
         return found[0]
-    return combine(sorted(found, key=rank_of))
+    return combine(sorted(found, key=rank_of), max(nodes, len(found)))
 
 
 def launch_group(provider: Any, launch_one: Callable[..., Instance], offer: Offer, spec: LaunchSpec, market: str,

@@ -96,3 +96,73 @@ def test_a_group_no_faster_than_one_host_is_not_offered(monkeypatch):
     monkeypatch.setattr(groups, "link_of", lambda p, t: Link(1.0, "assumed", "zone", "x") if t == slow_type else real(p, t))
     again = rank_groups(tier, load_catalog(), 2, provider="aws")
     assert again and slow_type not in {g.host.offer.row.instance_type for g in again}
+
+
+def test_up_refuses_a_group_on_the_users_own_boxes_before_anything_is_recorded(sdcloud_home):
+    from sdcloud.providers.groups import check_group_hosts
+    from sdcloud.providers.traits import names, traits
+    from sdcloud.runs.inputs.spec import build_spec
+
+    own = [n for n in names() if traits(n).hosts == "own"]
+    assert own
+    for name in own:
+        with pytest.raises(UserError, match="--nodes 2"):
+            check_group_hosts(traits(name), 2)
+        check_group_hosts(traits(name), 1)
+    assert build_spec(None, {"tier": "sdxl-finetune", "provider": "local", "nodes": 2}).spec.nodes == 2
+    with pytest.raises(UserError, match="makes images"):
+        build_spec(None, {"tier": "batch-sdxl", "nodes": 2})
+    assert not (sdcloud_home / "state.db").exists()
+
+
+def test_a_groups_fleet_candidates_are_ranked_as_groups(monkeypatch):
+    from sdcloud.fleet.candidates import candidates
+
+    class NoZones:
+        name = "aws"
+
+    tier = get_tier("sdxl-finetune")
+    one = candidates(NoZones(), tier, "spot", max_price=None, region="us-east-1", job_size=tier.job_size,
+                     events=lambda k, d: None)
+    two = candidates(NoZones(), tier, "spot", max_price=None, region="us-east-1", job_size=tier.job_size,
+                     events=lambda k, d: None, nodes=2)
+    ranked = rank_groups(tier, load_catalog(), 2, provider="aws", region="us-east-1")
+    assert two and [o.key for o in two if o.market == "spot"] == [g.host.offer.key for g in ranked
+                                                                  if g.host.offer.market == "spot"][:6]
+    assert [o.key for o in one] != [o.key for o in two]  # the group's order is its own
+
+
+def test_up_checks_a_groups_deadline_and_budget_by_the_group(sdcloud_home):
+    """A deadline only a group can meet is taken for a group and refused for one host; a budget that
+    covers one host's job but not the group's N hosts is refused for the group."""
+    from sdcloud.commands.run import _check_estimates
+    from sdcloud.offers.groups import rank_job
+    from sdcloud.runs.inputs.spec import build_spec
+
+    tier = get_tier("sdxl-finetune")
+    base = {"tier": tier.name, "provider": "aws", "region": "us-east-1", "market": "on-demand"}
+    one = rank_job(tier, load_catalog(), 1, tier.job_size, market="on-demand", provider="aws", region="us-east-1")
+    four = rank_job(tier, load_catalog(), 4, tier.job_size, market="on-demand", provider="aws", region="us-east-1")
+    fastest_one, fastest_four = min(e.est_hours for e in one), min(g.est_hours for g in four)
+    assert fastest_four < fastest_one
+    deadline = f"{(fastest_one + fastest_four) / 2:.3f}h"
+    group = build_spec(None, {**base, "nodes": 4, "deadline_hours": deadline}).spec
+    _check_estimates(group, tier, tier.job_size)  # the group meets it
+    with pytest.raises(UserError, match="deadline"):
+        _check_estimates(build_spec(None, {**base, "deadline_hours": deadline}).spec, tier, tier.job_size)
+    # A budget of the cheapest single host's job is below the cheapest group's.
+    budget = round(one[0].est_cost * 1.05, 2)
+    _check_estimates(build_spec(None, {**base, "budget": budget}).spec, tier, tier.job_size)
+    with pytest.raises(UserError, match="budget"):
+        _check_estimates(build_spec(None, {**base, "nodes": 4, "budget": budget}).spec, tier, tier.job_size)
+
+
+def test_a_run_that_asks_for_a_group_gets_one_even_where_no_group_is_faster(capsys):
+    """Where the model finds no group faster (Tencent's assumed 5 Gbps for a full fine-tune), `offers`
+    says so in one line, and `up --nodes 2` still ranks the groups by their cost to launch one."""
+    tier = get_tier("sdxl-finetune")
+    assert rank_groups(tier, load_catalog(), 2, provider="tencent") == []
+    kept = rank_groups(tier, load_catalog(), 2, provider="tencent", keep_slower=True)
+    assert kept and [g.est_cost for g in kept] == sorted(g.est_cost for g in kept)
+    code, out, err = run_cli(capsys, "offers", "--tier", "sdxl-finetune", "--nodes", "2", "--provider", "tencent")
+    assert code == 0 and out == "" and "no group of 2" in err

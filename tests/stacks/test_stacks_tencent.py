@@ -116,7 +116,7 @@ def test_only_ingress_is_ssh_from_the_given_cidr_and_the_groups_ports_from_its_o
     assert not mocks.of_type("Security/groupRule:GroupRule") and not mocks.of_type("Security/groupLiteRule:GroupLiteRule")
 
 
-def test_empty_ssh_cidr_means_no_ingress_at_all():
+def test_empty_ssh_cidr_means_no_ingress_but_between_its_own_hosts():
     mocks, out = run(stack.StackConfig(stack="t", region="ap-guangzhou", zones=["ap-guangzhou-3"]))
     [rules] = mocks.of_type("Security/groupRuleSet:GroupRuleSet")
     assert rules.get("ingresses", []) == _group_rules(rules) and len(_group_rules(rules)) == 2

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from ...offers.groups import link_of
 from ..base import TAG_RUN, TAG_TOKEN, EventSink, Instance, LaunchSpec, ProviderError
@@ -53,7 +53,7 @@ def delete_placement_groups(provider: Any, names: set[str], region: str) -> list
     for name in sorted(names):
         try:
             provider._call("ec2", region, "delete_placement_group", GroupName=name)
-        except ClientError as exc:
+        except (ClientError, BotoCoreError, ProviderError) as exc:  # the hosts are ended: what is left is free
             if error_code(exc) != "InvalidPlacementGroup.Unknown":
                 left.append(name)
     return left

@@ -31,7 +31,8 @@ from ...events import Kind, run_ended
 from ...fleet.candidates import candidates as fleet_candidates
 from ...fleet.lifecycle import MAX_FAILED_LAUNCHES, Fleet, Progress, Timing
 from ...offers.kinds import RunKind
-from ...offers.optimizer import Offer, job_hours
+from ...offers.groups import job_hours_on
+from ...offers.optimizer import Offer
 from ...providers import get_provider
 from ...providers.capabilities import Closable, RenewsHostCredentials
 from ...spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
@@ -109,7 +110,8 @@ class Controller:
         self.host = HostStatus(self)
         offers = fleet_candidates(self.provider, self.tier, self.spec.market, name=self.spec.provider,
                                   max_price=self.plan.max_price, region=self.spec.region, job_size=self.total_steps,
-                                  events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self))
+                                  events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self),
+                                  nodes=self.spec.nodes)
         self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
                            self.event, self.timing, spec_market=self.spec.market, max_price=self.plan.max_price)
 
@@ -129,7 +131,8 @@ class Controller:
 
     def expected_job_hours(self) -> float:
         rows = [o.row for o in self.candidates if o.row.ondemand_price is not None]
-        hours = [h for h in (job_hours(self.tier, r, self.total_steps, book=lessons.run_book(self)) for r in rows) if h]
+        hours = [h for h in (job_hours_on(self.tier, r, self.total_steps, self.spec.nodes, book=lessons.run_book(self))
+                             for r in rows) if h]  # a group's (--nodes N) with its speed-up (offers/groups.py)
         return min(hours) if hours else 1.0
 
     # cost

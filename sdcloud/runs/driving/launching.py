@@ -102,6 +102,5 @@ class LaunchInputs:
         own = self.owner
         offer = own.memo.launch_offer
         return self_end_config(own.spec, own.row.get()["created"],
-                               # a multi-node group's hosts end at the group's cap: N x the host's price
-                               offer.price_per_hour_usd * own.spec.nodes if offer is not None else None, own.cost_so_far,
+                               offer.price_per_hour_usd if offer is not None else None, own.cost_so_far,
                                own.timing.poll_seconds, own.expected_job_hours())

@@ -241,6 +241,9 @@ def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
             check_keys(Path(str(dataset)).expanduser(), limit, data.get("store"))
     spec = RunSpec(**data)
     check_trainer_args(spec, tier)
+    from ...providers.groups import check_group_hosts
+
+    check_group_hosts(kind, spec.nodes)  # a group needs hosts that can be launched N at a time
     from .preflight import check_trainer_flags
 
     # The trainer's own parser, here rather than on a host that boots to print its usage text.

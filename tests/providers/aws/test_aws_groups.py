@@ -136,3 +136,28 @@ def test_a_reclaim_of_one_host_ends_the_whole_group_and_gc_finds_nothing(ec2, pr
     assert provider.sweep_group_leftovers([REGION], state.run_is_active) == ["sdcloud-sdc-left"]
     assert ec2.describe_placement_groups()["PlacementGroups"] == []
     assert re.fullmatch(r"sdc-[0-9a-f]{32}", group_spec().token)
+
+
+def test_a_group_cut_short_by_a_crash_is_not_adopted_and_its_hosts_end(ec2, provider, sdcloud_home):
+    from sdcloud.providers.groups import host_spec
+
+    state = StateStore(sdcloud_home / "state.db")
+    run_id = "r-group002"
+    state.create_run(run_id, "sdxl-finetune", {"tier": "sdxl-finetune", "provider": "aws", "nodes": 2}, 100)
+    spec = group_spec(run_id)
+    # The controller wrote the attempt, launched rank 0, and died before rank 1.
+    state.add_attempt(run_id, 1, "aws", spec.token, region=REGION, zone="", instance_type="g5.12xlarge",
+                      market="spot", price=1.0, currency="USD")
+    provider.launch(offer(), host_spec(spec, 0), "spot")
+    assert len(hosts(ec2)) == 1
+    fleet = Fleet(run_id, provider, "aws", state, [offer()], get_policy("sdcloud"), lambda k, d: None,
+                  Timing(poll_seconds=1, boot_timeout=600, heartbeat_timeout=600))
+    fleet.reconcile()
+    [attempt] = state.attempts(run_id)
+    assert attempt.state == "ended" and attempt.end_reason == "launch-failed" and hosts(ec2) == []
+    # A whole group is adopted as one.
+    inst = provider.launch(offer(), group_spec(run_id, attempt=2), "spot")
+    state.add_attempt(run_id, 2, "aws", group_spec(run_id, attempt=2).token, region=REGION, zone="",
+                      instance_type="g5.12xlarge", market="spot", price=1.0, currency="USD")
+    fleet.reconcile()
+    assert state.attempts(run_id)[1].instance_id == inst.id and len(hosts(ec2)) == 2
