@@ -45,10 +45,11 @@ def aws_iam(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "admin")
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
 
-    from tests.support.authz_moto_iam import per_key_delete_of
+    from tests.support.authz_moto_iam import iam_actions_for_s3, per_key_delete_of
 
     monkeypatch.setattr(S3Response, "_bucket_response_post", per_key_delete_of(S3Response._bucket_response_post))
-    with mock_aws(config={"iam": {"load_aws_managed_policies": False}}), enable_iam_authentication():
+    with mock_aws(config={"iam": {"load_aws_managed_policies": False}}), enable_iam_authentication(), \
+            iam_actions_for_s3():
         admin = boto3.Session(aws_access_key_id="admin", aws_secret_access_key="admin", region_name=REGION)
         with disable_iam_authentication():  # the setup is the account owner's, not the host's
             admin.client("s3").create_bucket(Bucket=BUCKET)

@@ -5,10 +5,11 @@ for the whole process (its ThreadedMotoServer runs in it) and yields `keys_for(p
 an IAM user holding exactly that policy document and returns its keys: a host gets the host role's
 policy (stacks/aws/aws_host_policy.py), the test's own store the owner's.
 
-One correction to moto: it judges a DeleteObjects request against the bucket's ARN, where AWS
+Two corrections to moto: it judges a DeleteObjects request against the bucket's ARN, where AWS
 checks s3:DeleteObject on each key ("Actions, resources, and condition keys for Amazon S3"), so
 DeleteObjects is authorized here once per key with moto's own authorizer (as in
-tests/stacks/test_aws_host_policy.py).
+tests/stacks/test_aws_host_policy.py); and from 5.2 it names the action a request needs after the
+API operation (s3:HeadObject), where AWS checks the IAM action (s3:GetObject): `iam_actions_for_s3`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,58 @@ def per_key_delete_of(original: Callable) -> Callable:
     return per_key_delete
 
 
+# The IAM action AWS checks for an S3 API operation, where the two names differ ("Policy actions for
+# Amazon S3 API operations", docs.aws.amazon.com/AmazonS3/latest/API/API_Operations.html: each
+# operation's "Permissions" section). moto from 5.2 judges a request by its operation's name
+# (s3:HeadObject, s3:ListObjectsV2, s3:UploadPart), which no policy can grant; earlier releases
+# judged it by the IAM action. Judged by these names, a policy means here what it means on AWS.
+S3_IAM_ACTION_OF_OPERATION = {
+    "HeadObject": "GetObject",
+    "HeadBucket": "ListBucket",
+    "ListObjects": "ListBucket",
+    "ListObjectsV2": "ListBucket",
+    "ListObjectVersions": "ListBucketVersions",
+    "CreateMultipartUpload": "PutObject",
+    "UploadPart": "PutObject",
+    "UploadPartCopy": "PutObject",
+    "CompleteMultipartUpload": "PutObject",
+    "CopyObject": "PutObject",
+    "ListParts": "ListMultipartUploadParts",
+    "ListMultipartUploads": "ListBucketMultipartUploads",
+    "DeleteObjects": "DeleteObject",
+}
+
+
+def _judged_as_aws_does(original: Callable) -> Callable:
+    """moto's S3 authorization request, made with the IAM action AWS checks for the operation."""
+
+    def init(self, *args, **kwargs):
+        action = kwargs.get("action")
+        if isinstance(action, str):
+            kwargs["action"] = S3_IAM_ACTION_OF_OPERATION.get(action, action)
+        original(self, *args, **kwargs)
+
+    return init
+
+
+@contextmanager
+def iam_actions_for_s3() -> Iterator[None]:
+    """moto's S3 judging each request by the IAM action AWS checks (S3_IAM_ACTION_OF_OPERATION);
+    only the authorization sees the IAM name, the request is still served as its operation."""
+    from moto.iam.access_control import S3IAMRequest
+
+    own = "__init__" in vars(S3IAMRequest)
+    original = S3IAMRequest.__init__
+    S3IAMRequest.__init__ = _judged_as_aws_does(original)
+    try:
+        yield
+    finally:
+        if own:
+            S3IAMRequest.__init__ = original
+        else:
+            del S3IAMRequest.__init__
+
+
 @pytest.fixture(autouse=True)  # for the modules that import it: each of their tests
 def fresh_boto3_default_session(monkeypatch):
     """The store's S3 client comes from boto3's default session, which keeps the keys it first
@@ -71,7 +124,7 @@ def enforced(url: str, bucket: str) -> Iterator[Callable[[str], tuple[str, str]]
     admin = boto3.Session(aws_access_key_id="admin", aws_secret_access_key="admin", region_name=REGION)
     S3Response._bucket_response_post = per_key_delete
     try:
-        with enable_iam_authentication():
+        with enable_iam_authentication(), iam_actions_for_s3():
             with disable_iam_authentication():  # the setup is the account owner's
                 s3 = admin.client("s3", endpoint_url=url)
                 if bucket not in [b["Name"] for b in s3.list_buckets().get("Buckets", [])]:
