@@ -42,7 +42,7 @@ def _short_notes(est) -> str:
               help="Workload tier (sdcloud tiers).")
 @market_options
 @click.option("--max-price", type=USD_PER_HOUR, metavar="USD", help="Highest price per hour, USD.")
-@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws or tencent.")
+@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws or tencent; aws,tencent ranks both in one table.")
 @click.option("--region", metavar="REGION", shell_complete=complete_regions, help="One region, e.g. us-east-1 or ap-guangzhou.")
 @click.option("--steps", type=int, metavar="N", help="Job size in steps (images for batch tiers) instead of the tier's reference job.")
 @click.option("--limit", type=int, default=15, show_default=True, metavar="N", help="Rows to show (0 = all).")
@@ -53,17 +53,22 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
     """Rank GPU offers by the expected cost to finish a job (not by price per hour)."""
     market = market_of(spot, on_demand)
     tier = get_tier(tier_name)
+    several = None  # `--provider aws,tencent`: those clouds' offers ranked in one table
     if provider:
         from ..names import match_name
         from ..providers.traits import has_catalog, names
 
-        provider = match_name(provider, names(where=has_catalog), "provider")
+        found = [match_name(p.strip(), names(where=has_catalog), "provider") for p in provider.split(",") if p.strip()]
+        found = list(dict.fromkeys(found))
+        if not found:
+            raise UserError(f"--provider needs a provider name, got {provider!r}")
+        provider, several = (found[0], None) if len(found) == 1 else (None, found)
     if steps is not None and steps <= 0:
         raise UserError(f"--steps must be a positive whole number, got {steps}")
     if limit < 0:
         raise UserError(f"--limit must be 0 (all) or more, got {limit}")
     max_age_days()  # a bad setting is refused before anything is printed
-    catalog = load_catalog()
+    catalog = load_catalog(several)
     from ..runs.driving.lessons import user_book
 
     book = user_book()  # rates recorded (sdcloud speeds add) and observed by runs take the catalog's place

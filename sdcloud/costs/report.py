@@ -187,6 +187,10 @@ def print_tables(report: dict) -> None:
         else:  # a run or job that has not started a host: no empty table
             echo(f"{title}: no {'host' if batch else 'attempt'} yet")
         echo(_run_line(r))
+        from .cloud_moves import lines as move_lines
+
+        for line in move_lines(r):  # a run that moved between clouds: egress and transfer, each its line
+            echo(line)
         from .losses import line as losses_line
 
         if losses_line(r.get("losses")):
