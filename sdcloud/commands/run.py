@@ -318,8 +318,8 @@ def _new_run(state, plan, yes: bool, unattended: bool = False) -> str:
     spec, kind, tier_obj = plan.spec, plan.traits, plan.tier
     total = spec.steps or tier_obj.job_size
     _check_estimates(spec, tier_obj, total)
-    prov = get_provider(spec.provider)
     clouds.check_credentials(spec.providers or [spec.provider])  # every cloud the run may use, each named
+    prov = get_provider(spec.provider)
     if not kind.catalog and (spec.budget is not None or spec.deadline_hours is not None):
         from ..runs.inputs.preflight import check_own_hosts
 

@@ -19,6 +19,8 @@ moves the run there instead of falling back to on-demand at home:
 
 from __future__ import annotations
 
+import os
+import ssl
 import time
 import urllib.request
 from dataclasses import dataclass, replace
@@ -59,11 +61,13 @@ def copy_object(src: Any, dst: Any, key: str, size: int) -> None:
     if get_url is None or put_url is None:
         dst.put(key, src.get(key))
         return
+    # The CA bundle the stores' own client trusts (AWS_CA_BUNDLE, as boto3 reads it), else the system's.
+    tls = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
     try:
-        with urllib.request.urlopen(get_url, timeout=60) as body:
+        with urllib.request.urlopen(get_url, timeout=60, context=tls) as body:
             req = urllib.request.Request(put_url, data=body, method="PUT",
                                          headers={"Content-Length": str(size)})
-            urllib.request.urlopen(req, timeout=300).close()
+            urllib.request.urlopen(req, timeout=300, context=tls).close()
     except OSError as exc:  # urllib's HTTPError and URLError are OSErrors: the copy is cut, redone later
         raise StoreError(f"copy of {key} between clouds failed: {exc}") from None
 
@@ -90,9 +94,9 @@ def copy_checkpoint(src: Any, dst: Any, run_id: str, inputs: dict | None = None)
     keys: list[tuple[str, int]] = [(o.key, o.size) for o in src.list(f"{prefix}/dataset/")]
     model = (inputs or {}).get("model")
     if isinstance(model, str) and model.startswith("cache:"):
-        from sdcloud_agent.models import parse_reference
+        from sdcloud_agent.models import split_ref
 
-        key = parse_reference(model)[0]
+        key = split_ref(model)[0]
         info = src.head(key)
         if info is not None:
             keys.append((key, info.size))
@@ -148,17 +152,20 @@ def bind(ctl: Any, name: str) -> None:
     given = getattr(ctl, "cloud_providers", {}) or {}
     ctl.cloud = name
     ctl.provider = given.get(name) or get_provider(name)
-    spec = replace(ctl.spec, provider=name, region=None if name != ctl.home_cloud else ctl.home_region,
-                   store=None if name != ctl.home_cloud else ctl.home_spec_store)
+    home = name == ctl.home_cloud
+    infra = ctl.home_infra if home else _dst_infra(ctl.state, name)
+    # Away from home: the region of that cloud's stack, else its default (the catalog's first choice).
+    spec = replace(ctl.spec, provider=name, region=ctl.home_region if home else (infra.get("region") or default_region(name)),
+                   store=ctl.home_spec_store if home else None)
     ctl.plan = RunPlan(spec, ctl.tier, traits(name))
     ctl.spec = spec
-    ctl._infra = _dst_infra(ctl.state, name) if name != ctl.home_cloud else ctl.home_infra
+    ctl._infra = infra
     ctl.store_conf = store_conf_for(ctl, name)
-    ctl.store = ctl.home_store if name == ctl.home_cloud else open_run_store(ctl.store_conf)
+    ctl.store = ctl.home_store if home else open_run_store(ctl.store_conf)
     if ctl._inputs is not None:
         ctl._inputs = dict(ctl._inputs, dataset=_dataset_in(ctl, ctl._inputs.get("dataset")))
     offers = fleet_candidates(ctl.provider, ctl.tier, spec.market, name=name, max_price=ctl.plan.max_price,
-                              region=None, job_size=ctl.total_steps, events=ctl.event, gpus_used=gpus_used(spec),
+                              region=spec.region, job_size=ctl.total_steps, events=ctl.event, gpus_used=gpus_used(spec),
                               book=lessons.run_book(ctl))
     ctl.fleet = Fleet(ctl.run_id, ctl.provider, name, ctl.state, offers, get_policy("sdcloud"), ctl.event,
                       ctl.timing, spec_market=spec.market, max_price=ctl.plan.max_price)

@@ -54,11 +54,10 @@ def check_credentials(providers: list[str]) -> None:
     from ...providers.capabilities import ChecksCredentials
 
     for name in providers:
-        prov = get_provider(name)
-        if not isinstance(prov, ChecksCredentials):
-            continue
-        try:
-            prov.check_credentials()
+        try:  # a provider whose client needs keys to exist (its session) refuses when made
+            prov = get_provider(name)
+            if isinstance(prov, ChecksCredentials):
+                prov.check_credentials()
         except UserError as exc:
             if len(providers) == 1:
                 raise

@@ -1,0 +1,117 @@
+"""A run's checkpoint carried to another cloud's store (runs/driving/cloud_move.py): the newest
+complete checkpoint and the run's inputs, files first and the manifest last; a copy cut halfway is
+never restored from, and the next try sends only what is missing. Fast: stores are folders here,
+and one test copies between two S3 buckets through presigned URLs on the SeaweedFS fixture."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdcloud_agent import manifest
+from sdcloud_agent.store import LocalStore, StoreError
+
+from sdcloud.runs.driving.cloud_move import copy_checkpoint
+
+RUN = "r-0000move"
+PREFIX = f"runs/{RUN}"
+
+
+def _checkpoint(store, step: int, files: dict[str, bytes], tmp_path, complete: bool = True) -> None:
+    folder = tmp_path / f"ckpt-{step}"
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+        store.put(f"{manifest.checkpoint_prefix(PREFIX, step)}/{name}", data)
+    if complete:
+        manifest.write(store, PREFIX, manifest.build(folder, step, run=RUN))
+
+
+def _home(tmp_path) -> LocalStore:
+    src = LocalStore(tmp_path / "home")
+    _checkpoint(src, 10, {"model.safetensors": b"a" * 1000, "optimizer.pt": b"b" * 500}, tmp_path)
+    _checkpoint(src, 20, {"model.safetensors": b"c" * 1000, "optimizer.pt": b"d" * 500}, tmp_path)
+    _checkpoint(src, 30, {"model.safetensors": b"e" * 1000}, tmp_path, complete=False)  # still uploading
+    src.put(f"{PREFIX}/dataset/0.png", b"png" * 10)
+    src.put(f"{PREFIX}/dataset/0.txt", b"a photo")
+    src.put("cache/models/local-0123456789abcdef.tar", b"tar" * 100)
+    return src
+
+
+class CutAfter:
+    """A destination store whose writes fail after `n` of them (a store fault halfway through a copy)."""
+
+    def __init__(self, inner, n: int):
+        self.inner, self.left = inner, n
+
+    def put(self, key, data, metadata=None):
+        if self.left <= 0:
+            raise StoreError(f"PUT {key}: connection reset")
+        self.left -= 1
+        self.inner.put(key, data, metadata)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_the_newest_complete_checkpoint_and_the_inputs_land_with_the_manifest_last(tmp_path):
+    src, dst = _home(tmp_path), LocalStore(tmp_path / "other")
+    copied = copy_checkpoint(src, dst, RUN, {"model": "cache:cache/models/local-0123456789abcdef.tar"})
+    assert copied.step == 20  # 30 has no manifest: not durable, not carried
+    assert manifest.complete_steps(dst, PREFIX) == [20]
+    folder = manifest.checkpoint_prefix(PREFIX, 20)
+    for name in ("model.safetensors", "optimizer.pt", manifest.MANIFEST_NAME):
+        assert dst.get(f"{folder}/{name}") == src.get(f"{folder}/{name}")  # byte for byte
+    assert dst.get(f"{PREFIX}/dataset/0.png") == b"png" * 10
+    assert dst.head("cache/models/local-0123456789abcdef.tar").size == 300
+    assert manifest.list_steps(dst, PREFIX).keys() == {20}
+    assert copied.sent == copied.total + len(src.get(f"{folder}/{manifest.MANIFEST_NAME}"))
+    again = copy_checkpoint(src, dst, RUN, {"model": "cache:cache/models/local-0123456789abcdef.tar"})
+    assert again.sent == 0 and again.step == 20  # already there: nothing sent twice
+
+
+def test_a_copy_cut_halfway_is_never_restored_from_and_the_next_try_sends_only_what_is_missing(tmp_path):
+    src, plain = _home(tmp_path), LocalStore(tmp_path / "other")
+    _checkpoint(plain, 10, {"model.safetensors": b"a" * 1000, "optimizer.pt": b"b" * 500}, tmp_path / "..")
+    with pytest.raises(StoreError):
+        copy_checkpoint(src, CutAfter(plain, 3), RUN)  # the dataset's two files and one of step 20's
+    # Half of 20 is there, without its manifest: the host restores the last complete one, 10.
+    assert manifest.complete_steps(plain, PREFIX) == [10]
+    assert manifest.newest_complete(plain, PREFIX).step == 10
+    folder = manifest.checkpoint_prefix(PREFIX, 20)
+    assert plain.head(f"{folder}/{manifest.MANIFEST_NAME}") is None
+    copied = copy_checkpoint(src, plain, RUN)
+    assert copied.skipped == 3 and copied.step == 20
+    assert manifest.complete_steps(plain, PREFIX) == [10, 20]
+
+
+def test_a_stale_manifest_of_the_same_step_is_removed_before_new_files_arrive(tmp_path):
+    src, plain = _home(tmp_path), LocalStore(tmp_path / "other")
+    folder = manifest.checkpoint_prefix(PREFIX, 20)
+    plain.put(f"{folder}/{manifest.MANIFEST_NAME}", src.get(f"{folder}/{manifest.MANIFEST_NAME}"))
+    plain.put(f"{folder}/model.safetensors", b"x" * 7)  # another copy's leftover: wrong size
+    with pytest.raises(StoreError):
+        copy_checkpoint(src, CutAfter(plain, 2), RUN)
+    assert plain.head(f"{folder}/{manifest.MANIFEST_NAME}") is None
+    assert manifest.newest_complete(plain, PREFIX) is None
+
+
+def test_between_two_buckets_the_bytes_go_through_presigned_urls(s3_env, tmp_path):
+    import boto3
+
+    from sdcloud_agent.store import open_store
+
+    s3 = boto3.client("s3", endpoint_url=s3_env["endpoint_url"])
+    for bucket in ("move-home", "move-away"):
+        s3.create_bucket(Bucket=bucket)
+    src = open_store({"url": "s3://move-home/p", "endpoint_url": s3_env["endpoint_url"]})
+    dst = open_store({"url": "s3://move-away/q", "endpoint_url": s3_env["endpoint_url"]})
+    _checkpoint(src, 5, {"model.safetensors": b"w" * 4096}, tmp_path)
+    url = src.presign(f"{PREFIX}/checkpoints/000000005/model.safetensors", "get", 60)
+    assert "X-Amz-Signature=" in url and "move-home" in url
+    calls = []
+    real = dst.put
+    dst.put = lambda *a, **k: calls.append(a[0]) or real(*a, **k)  # the store's own PUT is not used
+    copied = copy_checkpoint(src, dst, RUN)
+    assert copied.step == 5 and calls == []
+    assert manifest.complete_steps(dst, PREFIX) == [5]
+    assert dst.get(f"{PREFIX}/checkpoints/000000005/model.safetensors") == b"w" * 4096
