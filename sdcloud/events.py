@@ -450,8 +450,8 @@ WORDS: dict[Kind, Callable[[dict], str | None]] = {
                                           "priced at its launch quote"),
     Kind.STORE_CREDENTIALS_FAILED: lambda d: f"host {d.get('instance')}'s bucket credentials failed ({d.get('error')})",
     Kind.CLOUD_MOVED: lambda d: (f"moved from {d.get('from')} to {d.get('to')}" + _if(d, "why", " ({})")
-                                 + _if(d, "step", ": checkpoint {}") + f", {d.get('bytes', 0) / 1e6:.1f} MB copied, "
-                                 f"egress ${d.get('egress_usd', 0):.4f}"),
+                                 + _if(d, "step", ": checkpoint {}") + _if(d, "bytes", ", {} bytes copied")
+                                 + _if(d, "egress_usd", ", egress {} USD")),
     Kind.CLOUD_MOVE_FAILED: lambda d: (f"the copy to {d.get('to')} was cut ({d.get('error')}); the run stays in "
                                        f"{d.get('from')} and tries again, using no half-made checkpoint"),
 }

@@ -115,3 +115,56 @@ def test_between_two_buckets_the_bytes_go_through_presigned_urls(s3_env, tmp_pat
     assert copied.step == 5 and calls == []
     assert manifest.complete_steps(dst, PREFIX) == [5]
     assert dst.get(f"{PREFIX}/checkpoints/000000005/model.safetensors") == b"w" * 4096
+
+
+def _ctl(tmp_path, events, dst_store):
+    """The parts of a Controller a move reads (runs/driving/controller.py holds the real one)."""
+    from types import SimpleNamespace
+
+    from sdcloud.runs.inputs.spec import RunSpec
+
+    class Fleet:
+        @staticmethod
+        def failed_launches(market=None):
+            return 12
+
+    src = _home(tmp_path)
+    return SimpleNamespace(spec=RunSpec(tier="sd15-lora", provider="aws", providers=["aws", "tencent"]),
+                           cloud="aws", home_cloud="aws", fleet=Fleet(), store=src, home_store=src,
+                           home_store_conf={"url": "file:///home"}, run_id=RUN, ensure_inputs=lambda: {},
+                           event=lambda k, d: events.append((k, d)), state=None)
+
+
+def test_a_cut_move_launches_nothing_tries_again_and_the_landed_one_is_priced(tmp_path, monkeypatch):
+    from sdcloud.runs.driving import cloud_move
+
+    events, bound, moves = [], [], []
+    plain = LocalStore(tmp_path / "other")
+    flaky = CutAfter(plain, 3)
+    ctl = _ctl(tmp_path, events, flaky)
+    monkeypatch.setattr(cloud_move, "store_conf_for", lambda c, name: {"url": "file:///other"})
+    monkeypatch.setattr(cloud_move, "open_run_store", lambda conf: flaky)
+    monkeypatch.setattr(cloud_move, "bind", lambda c, name: bound.append(name))
+    monkeypatch.setattr(cloud_move.cost_ledger, "record_move", lambda *a: moves.append(a))
+    assert cloud_move.after_spot_refused(ctl) is True  # the copy was cut: no launch this step
+    assert bound == [] and moves == [] and [k for k, _ in events] == ["cloud-move-failed"]
+    assert manifest.newest_complete(plain, PREFIX) is None
+    flaky.left = 10**6  # the store answers again
+    assert cloud_move.after_spot_refused(ctl) is True
+    assert bound == ["tencent"] and [k for k, _ in events][-1] == "cloud-moved"
+    moved = events[-1][1]
+    assert moved["step"] == 20 and moved["skipped"] == 3 and moved["egress_usd"] > 0
+    assert moves == [(None, RUN, "aws", moved["bytes"], moved["seconds"])]
+    assert manifest.newest_complete(plain, PREFIX).step == 20
+
+
+def test_a_run_with_one_cloud_or_on_demand_never_moves(tmp_path):
+    from dataclasses import replace
+
+    from sdcloud.runs.driving import cloud_move
+
+    ctl = _ctl(tmp_path, [], None)
+    ctl.spec = replace(ctl.spec, providers=None)
+    assert cloud_move.other_cloud(ctl) is None and cloud_move.after_spot_refused(ctl) is False
+    ctl.spec = replace(ctl.spec, providers=["aws", "tencent"], market="on-demand")
+    assert cloud_move.other_cloud(ctl) == "tencent" and cloud_move.after_spot_refused(ctl) is False

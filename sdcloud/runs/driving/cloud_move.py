@@ -36,6 +36,7 @@ from ..records.store import NotFound, StoreError, open_run_store, store_config
 
 URL_SECONDS = 900  # a presigned URL lives long enough for one file, no longer
 COPY_TRIES = 3  # tries of one whole copy in a step; a step later tries again (the manifest waits)
+MAX_MOVE_FAILURES = 3  # moves whose copy never landed, after which the run falls back as in one cloud
 
 
 @dataclass
@@ -218,8 +219,9 @@ def move(ctl: Any, dst: str, why: str) -> bool:
 
 
 def after_spot_refused(ctl: Any) -> bool:
-    """Every zone of the current cloud refused spot: move to the run's other cloud (True) rather than
-    go on-demand here. Spot refused in the other cloud too falls back as a one-cloud run does."""
+    """Every zone of the current cloud refused spot: move to the run's other cloud rather than go
+    on-demand here. True: this step is done (moved, or the copy was cut and is tried again next time,
+    at most MAX_MOVE_FAILURES times). Spot refused in the other cloud too falls back as one cloud does."""
     from ...spot.policy import SPOT, spot_gone_after
 
     dst = other_cloud(ctl)
@@ -227,10 +229,15 @@ def after_spot_refused(ctl: Any) -> bool:
         return False
     if not spot_gone_after(ctl.fleet.failed_launches(SPOT), True):
         return False
-    if dst in getattr(ctl, "clouds_refused", set()):
+    if dst in getattr(ctl, "clouds_refused", set()) or getattr(ctl, "move_failures", 0) >= MAX_MOVE_FAILURES:
         return False
-    ctl.clouds_refused = getattr(ctl, "clouds_refused", set()) | {ctl.cloud}
-    return move(ctl, dst, f"every {ctl.cloud} zone refused spot")
+    here = ctl.cloud
+    if move(ctl, dst, f"every {here} zone refused spot"):
+        ctl.clouds_refused = getattr(ctl, "clouds_refused", set()) | {here}
+        return True
+    # The copy was cut: this step launches nothing; the next refusal here tries the copy again.
+    ctl.move_failures = getattr(ctl, "move_failures", 0) + 1
+    return True
 
 
 __all__ = ["Copied", "copy_checkpoint", "copy_object", "other_cloud", "bind", "move", "remember_home",
