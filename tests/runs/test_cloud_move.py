@@ -168,3 +168,21 @@ def test_a_run_with_one_cloud_or_on_demand_never_moves(tmp_path):
     assert cloud_move.other_cloud(ctl) is None and cloud_move.after_spot_refused(ctl) is False
     ctl.spec = replace(ctl.spec, providers=["aws", "tencent"], market="on-demand")
     assert cloud_move.other_cloud(ctl) == "tencent" and cloud_move.after_spot_refused(ctl) is False
+
+
+def test_the_other_cloud_must_be_cheaper_to_finish_with_the_move_priced_in():
+    from sdcloud.offers.moves import MoveCost
+    from sdcloud.runs.driving.cloud_move import MOVE_MARGIN, worth_moving
+
+    move = MoveCost(egress_usd=0.5, transfer_hours=0.1, bytes=2**30, reason="")
+    assert worth_moving(10.0, 5.0, move)
+    assert not worth_moving(10.0, 10.0 * (1 - MOVE_MARGIN) - 0.4, move)  # cheaper, but not once egress is paid
+    assert not worth_moving(10.0, None, move) and worth_moving(None, 3.0, move)
+
+
+def test_a_run_never_moves_back_for_price_to_the_cloud_whose_spot_ran_dry(tmp_path):
+    from sdcloud.runs.driving import cloud_move
+
+    ctl = _ctl(tmp_path, [], None)
+    ctl.cloud, ctl.clouds_refused = "tencent", {"aws"}
+    assert cloud_move.other_cloud(ctl) == "aws" and cloud_move.cheaper_elsewhere(ctl) is False

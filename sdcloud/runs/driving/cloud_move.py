@@ -36,6 +36,7 @@ from ..records.store import NotFound, StoreError, open_run_store, store_config
 
 URL_SECONDS = 900  # a presigned URL lives long enough for one file, no longer
 COPY_TRIES = 3  # tries of one whole copy in a step; a step later tries again (the manifest waits)
+MOVE_MARGIN = 0.10  # the other cloud must be this much cheaper to finish, the move included
 MAX_MOVE_FAILURES = 3  # moves whose copy never landed, after which the run falls back as in one cloud
 
 
@@ -144,11 +145,8 @@ def store_conf_for(ctl: Any, name: str) -> dict:
 
 def bind(ctl: Any, name: str) -> None:
     """Point the controller's launches, host status and fleet at cloud `name` (no copy: see move)."""
-    from ...fleet.candidates import candidates as fleet_candidates
     from ...fleet.lifecycle import Fleet
     from ...spot.policy import get_policy
-    from ..inputs.training import gpus_used
-    from . import lessons
 
     given = getattr(ctl, "cloud_providers", {}) or {}
     ctl.cloud = name
@@ -165,11 +163,19 @@ def bind(ctl: Any, name: str) -> None:
     ctl.store = ctl.home_store if home else open_run_store(ctl.store_conf)
     if ctl._inputs is not None:
         ctl._inputs = dict(ctl._inputs, dataset=_dataset_in(ctl, ctl._inputs.get("dataset")))
-    offers = fleet_candidates(ctl.provider, ctl.tier, spec.market, name=name, max_price=ctl.plan.max_price,
-                              region=spec.region, job_size=ctl.total_steps, events=ctl.event, gpus_used=gpus_used(spec),
-                              book=lessons.run_book(ctl))
+    offers = _candidates(ctl, name, ctl.provider, spec)
     ctl.fleet = Fleet(ctl.run_id, ctl.provider, name, ctl.state, offers, get_policy("sdcloud"), ctl.event,
                       ctl.timing, spec_market=spec.market, max_price=ctl.plan.max_price)
+
+
+def _candidates(ctl: Any, name: str, provider: Any, spec: Any) -> list:
+    from ...fleet.candidates import candidates as fleet_candidates
+    from ..inputs.training import gpus_used
+    from . import lessons
+
+    return fleet_candidates(provider, ctl.tier, spec.market, name=name, max_price=ctl.plan.max_price,
+                            region=spec.region, job_size=ctl.total_steps, events=ctl.event, gpus_used=gpus_used(spec),
+                            book=lessons.run_book(ctl))
 
 
 def _dataset_in(ctl: Any, dataset: str | None) -> str | None:
@@ -240,5 +246,54 @@ def after_spot_refused(ctl: Any) -> bool:
     return True
 
 
-__all__ = ["Copied", "copy_checkpoint", "copy_object", "other_cloud", "bind", "move", "remember_home",
+def finish_usd(ctl: Any, offers: list, steps_left: int) -> float | None:
+    """The cheapest expected cost (USD) to finish `steps_left` on one of `offers` (spot: with its
+    reclaim overhead), as `offers` ranks them (offers/optimizer.py); None without a priced one."""
+    from ...offers.optimizer import estimate
+    from . import lessons
+
+    book = lessons.run_book(ctl)
+    costs = [e.est_cost for e in (estimate(ctl.tier, o, job_size=steps_left, book=book) for o in offers) if e]
+    return min(costs) if costs else None
+
+
+def worth_moving(here_usd: float | None, there_usd: float | None, move: MoveCost) -> bool:
+    """Whether finishing in the other cloud, the move's egress included, beats finishing here by
+    MOVE_MARGIN: a move is a restart with more at stake (a copy, a cold cache), so a near tie stays."""
+    if there_usd is None:
+        return False
+    if here_usd is None:
+        return True
+    return there_usd + move.egress_usd < here_usd * (1.0 - MOVE_MARGIN)
+
+
+def cheaper_elsewhere(ctl: Any) -> bool:
+    """Before a spot run's next attempt (after a reclaim or a failure): move when the other cloud is
+    cheaper to finish, the move priced in (offers/moves.py). Weighed once per attempt."""
+    from sdcloud_agent import manifest
+
+    from ...spot.policy import SPOT
+
+    dst = other_cloud(ctl)
+    if dst is None or dst in getattr(ctl, "clouds_refused", set()):  # no way back to a cloud whose spot ran dry
+        return False
+    attempts = ctl.state.attempts(ctl.run_id)
+    if ctl.spec.market != SPOT or not attempts or getattr(ctl, "weighed_at", None) == len(attempts):
+        return False
+    ctl.weighed_at = len(attempts)
+    steps_left = max(1, ctl.total_steps - int(ctl.row.get().get("step") or 0))
+    provider = (getattr(ctl, "cloud_providers", {}) or {}).get(dst) or get_provider(dst)
+    region = _dst_infra(ctl.state, dst).get("region") or default_region(dst)
+    there = finish_usd(ctl, _candidates(ctl, dst, provider, replace(ctl.spec, provider=dst, region=region)), steps_left)
+    here = finish_usd(ctl, [o for o in ctl.fleet.candidates if o.market == SPOT], steps_left)
+    newest = manifest.newest_complete(ctl.store, f"runs/{ctl.run_id}")
+    cost = move_cost(ctl.cloud, dst, sum(f.size for f in newest.files) if newest else 0)
+    if not worth_moving(here, there, cost):
+        return False
+    why = f"{dst} is cheaper to finish: ${there:.2f} + ${cost.egress_usd:.4f} egress against ${here or 0:.2f}"
+    ctl.cloud_providers = {**(getattr(ctl, "cloud_providers", {}) or {}), dst: provider}  # made once, kept
+    return move(ctl, dst, why)
+
+
+__all__ = ["Copied", "finish_usd", "worth_moving", "cheaper_elsewhere", "copy_checkpoint", "copy_object", "other_cloud", "bind", "move", "remember_home",
            "after_spot_refused", "store_conf_for"]

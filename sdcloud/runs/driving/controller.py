@@ -260,6 +260,8 @@ class Controller:
         if budget is not None and budget_spent(self.cost_so_far(), budget, self.attempts(), self.timing.poll_seconds):
             self.end_run("stopped", f"budget ${budget:g} spent")
             return
+        if cloud_move.cheaper_elsewhere(self):  # the run's other cloud, the move priced in
+            return
         kind, offer = self.decide(None)
         if self.row.fresh()["state"] in FINAL_RUN_STATES:
             return  # stopped by `down` (from another process) while this step decided: launch nothing
