@@ -33,6 +33,7 @@ def _home(tmp_path) -> LocalStore:
     _checkpoint(src, 30, {"model.safetensors": b"e" * 1000}, tmp_path, complete=False)  # still uploading
     src.put(f"{PREFIX}/dataset/0.png", b"png" * 10)
     src.put(f"{PREFIX}/dataset/0.txt", b"a photo")
+    src.put(f"{PREFIX}/secrets/hf-token", b"hf_not_a_real_token")
     src.put("cache/models/local-0123456789abcdef.tar", b"tar" * 100)
     return src
 
@@ -63,6 +64,7 @@ def test_the_newest_complete_checkpoint_and_the_inputs_land_with_the_manifest_la
         assert dst.get(f"{folder}/{name}") == src.get(f"{folder}/{name}")  # byte for byte
     assert dst.get(f"{PREFIX}/dataset/0.png") == b"png" * 10
     assert dst.head("cache/models/local-0123456789abcdef.tar").size == 300
+    assert dst.get(f"{PREFIX}/secrets/hf-token") == b"hf_not_a_real_token"  # a gated model's host reads it there
     assert manifest.list_steps(dst, PREFIX).keys() == {20}
     assert copied.sent == copied.total + len(src.get(f"{folder}/{manifest.MANIFEST_NAME}"))
     again = copy_checkpoint(src, dst, RUN, {"model": "cache:cache/models/local-0123456789abcdef.tar"})
@@ -73,14 +75,14 @@ def test_a_copy_cut_halfway_is_never_restored_from_and_the_next_try_sends_only_w
     src, plain = _home(tmp_path), LocalStore(tmp_path / "other")
     _checkpoint(plain, 10, {"model.safetensors": b"a" * 1000, "optimizer.pt": b"b" * 500}, tmp_path / "..")
     with pytest.raises(StoreError):
-        copy_checkpoint(src, CutAfter(plain, 3), RUN)  # the dataset's two files and one of step 20's
+        copy_checkpoint(src, CutAfter(plain, 4), RUN)  # the dataset's two files, the token, one of step 20's
     # Half of 20 is there, without its manifest: the host restores the last complete one, 10.
     assert manifest.complete_steps(plain, PREFIX) == [10]
     assert manifest.newest_complete(plain, PREFIX).step == 10
     folder = manifest.checkpoint_prefix(PREFIX, 20)
     assert plain.head(f"{folder}/{manifest.MANIFEST_NAME}") is None
     copied = copy_checkpoint(src, plain, RUN)
-    assert copied.skipped == 3 and copied.step == 20
+    assert copied.skipped == 4 and copied.step == 20
     assert manifest.complete_steps(plain, PREFIX) == [10, 20]
 
 
@@ -90,7 +92,7 @@ def test_a_stale_manifest_of_the_same_step_is_removed_before_new_files_arrive(tm
     plain.put(f"{folder}/{manifest.MANIFEST_NAME}", src.get(f"{folder}/{manifest.MANIFEST_NAME}"))
     plain.put(f"{folder}/model.safetensors", b"x" * 7)  # another copy's leftover: wrong size
     with pytest.raises(StoreError):
-        copy_checkpoint(src, CutAfter(plain, 2), RUN)
+        copy_checkpoint(src, CutAfter(plain, 3), RUN)
     assert plain.head(f"{folder}/{manifest.MANIFEST_NAME}") is None
     assert manifest.newest_complete(plain, PREFIX) is None
 
@@ -140,7 +142,7 @@ def test_a_cut_move_launches_nothing_tries_again_and_the_landed_one_is_priced(tm
 
     events, bound, moves = [], [], []
     plain = LocalStore(tmp_path / "other")
-    flaky = CutAfter(plain, 3)
+    flaky = CutAfter(plain, 4)
     ctl = _ctl(tmp_path, events, flaky)
     monkeypatch.setattr(cloud_move, "store_conf_for", lambda c, name: {"url": "file:///other"})
     monkeypatch.setattr(cloud_move, "open_run_store", lambda conf: flaky)
@@ -153,7 +155,7 @@ def test_a_cut_move_launches_nothing_tries_again_and_the_landed_one_is_priced(tm
     assert cloud_move.after_spot_refused(ctl) is True
     assert bound == ["tencent"] and [k for k, _ in events][-1] == "cloud-moved"
     moved = events[-1][1]
-    assert moved["step"] == 20 and moved["skipped"] == 3 and moved["egress_usd"] > 0
+    assert moved["step"] == 20 and moved["skipped"] == 4 and moved["egress_usd"] > 0
     assert moves == [(None, RUN, "aws", moved["bytes"], moved["seconds"])]
     assert manifest.newest_complete(plain, PREFIX).step == 20
 

@@ -93,7 +93,8 @@ def copy_checkpoint(src: Any, dst: Any, run_id: str, inputs: dict | None = None)
 
     start = time.time()
     prefix = f"runs/{run_id}"
-    keys: list[tuple[str, int]] = [(o.key, o.size) for o in src.list(f"{prefix}/dataset/")]
+    # The staged dataset, and a gated model's token where the host reads it (runs/<run>/secrets/).
+    keys: list[tuple[str, int]] = [(o.key, o.size) for part in ("dataset", "secrets") for o in src.list(f"{prefix}/{part}/")]
     model = (inputs or {}).get("model")
     if isinstance(model, str) and model.startswith("cache:"):
         from sdcloud_agent.models import split_ref
