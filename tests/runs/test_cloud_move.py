@@ -18,7 +18,7 @@ PREFIX = f"runs/{RUN}"
 
 def _checkpoint(store, step: int, files: dict[str, bytes], tmp_path, complete: bool = True) -> None:
     folder = tmp_path / f"ckpt-{step}"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     for name, data in files.items():
         (folder / name).write_bytes(data)
         store.put(f"{manifest.checkpoint_prefix(PREFIX, step)}/{name}", data)
@@ -188,3 +188,34 @@ def test_a_run_never_moves_back_for_price_to_the_cloud_whose_spot_ran_dry(tmp_pa
     ctl = _ctl(tmp_path, [], None)
     ctl.cloud, ctl.clouds_refused = "tencent", {"aws"}
     assert cloud_move.other_cloud(ctl) == "aws" and cloud_move.cheaper_elsewhere(ctl) is False
+
+
+def test_a_store_fault_halfway_through_a_presigned_copy_leaves_the_last_complete_checkpoint(s3_env, seaweed, tmp_path):
+    """The destination's store answers a checkpoint file's PUT with an error (tests/support/front_faults.py):
+    the copy stops, no manifest lands, and a host there restores the complete checkpoint it had."""
+    import boto3
+
+    from sdcloud_agent.store import open_store
+
+    from tests.support.front_faults import FaultFront
+
+    s3 = boto3.client("s3", endpoint_url=s3_env["endpoint_url"])
+    for bucket in ("cut-home", "cut-away"):
+        s3.create_bucket(Bucket=bucket)
+    src = open_store({"url": "s3://cut-home/p", "endpoint_url": s3_env["endpoint_url"]})
+    _checkpoint(src, 8, {"model.safetensors": b"m" * 2048, "optimizer.pt": b"o" * 1024}, tmp_path / "a")
+    broken = {"on": True}
+
+    def refuse(method, path, headers):
+        return (503, "ServiceUnavailable") if broken["on"] and method == "PUT" and "optimizer" in path else None
+
+    with FaultFront(seaweed, seed=1, refuse=refuse) as front:
+        dst = open_store({"url": "s3://cut-away/q", "endpoint_url": front.endpoint})
+        _checkpoint(dst, 4, {"model.safetensors": b"k" * 2048}, tmp_path / "b")  # carried by an earlier move
+        with pytest.raises(StoreError, match="between clouds failed"):
+            copy_checkpoint(src, dst, RUN)
+        assert dst.head(f"{PREFIX}/checkpoints/000000008/model.safetensors") is not None  # half of it is there
+        assert manifest.complete_steps(dst, PREFIX) == [4] and manifest.newest_complete(dst, PREFIX).step == 4
+        broken["on"] = False
+        again = copy_checkpoint(src, dst, RUN)
+        assert again.step == 8 and again.skipped == 1 and manifest.newest_complete(dst, PREFIX).step == 8
