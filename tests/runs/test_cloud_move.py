@@ -219,3 +219,25 @@ def test_a_store_fault_halfway_through_a_presigned_copy_leaves_the_last_complete
         broken["on"] = False
         again = copy_checkpoint(src, dst, RUN)
         assert again.step == 8 and again.skipped == 1 and manifest.newest_complete(dst, PREFIX).step == 8
+
+
+def test_cos_takes_the_presigned_get_and_put_of_a_move(cos_env, tmp_path):
+    """The Tencent side of a move: COS at its own endpoint (tests/support/front_cos.py, HTTPS, virtual
+    hosts) answers the presigned GET and PUT as it answers its own client."""
+    import uuid
+
+    from sdcloud.providers.tencent import storage as cos
+
+    stores = []
+    for side in ("from", "to"):
+        store = cos.open_store(f"move-{side}-{uuid.uuid4().hex[:6]}-1250000000", "sd", "ap-guangzhou")
+        store.ensure_bucket()
+        stores.append(store)
+    src, dst = stores
+    _checkpoint(src, 12, {"model.safetensors": b"z" * 3000}, tmp_path)
+    url = dst.presign(f"{PREFIX}/checkpoints/000000012/model.safetensors", "put", 60)
+    assert url.startswith("https://move-to-") and ".cos.ap-guangzhou.myqcloud.com/" in url
+    copied = copy_checkpoint(src, dst, RUN)
+    assert copied.step == 12 and manifest.newest_complete(dst, PREFIX).step == 12
+    assert dst.get(f"{PREFIX}/checkpoints/000000012/model.safetensors") == b"z" * 3000
+    assert not [s for s in cos_env.seen if s.refused]
