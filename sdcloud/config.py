@@ -92,7 +92,8 @@ def usd_per(currency: str) -> float:
 
 
 # unattended: `sdcloud up` hands every run to the cloud driver (as --unattended does).
-DEFAULT_KEYS = ("provider", "region", "tier", "unattended")
+# providers: the clouds a run may use, home first ("aws,tencent" or a list; docs/runs.md).
+DEFAULT_KEYS = ("provider", "region", "tier", "unattended", "providers")
 
 
 def defaults() -> dict:
@@ -104,7 +105,7 @@ def defaults() -> dict:
     if unknown:
         raise UserError(f"{home() / 'config.toml'}: unknown key(s) in [defaults]: {', '.join(sorted(unknown))}; "
                         f"known: {', '.join(DEFAULT_KEYS)}")
-    out = {k: str(v) for k, v in raw.items()}
+    out = {k: ",".join(map(str, v)) if isinstance(v, list) else str(v) for k, v in raw.items()}
     if "unattended" in raw:
         out["unattended"] = "true" if _flag(raw["unattended"], "[defaults] unattended") else "false"
     return out

@@ -103,6 +103,9 @@ class Kind(StrEnum):
     WORKER_STARTED = "worker-started"
     WORKER_EXITED = "worker-exited"
     WORKER_ADOPTED = "worker-adopted"  # a resumed local job keeps a worker its dead driver left running
+    # -- a run across clouds (runs/driving/cloud_move.py) -----------------------------------------------
+    CLOUD_MOVED = "cloud-moved"  # the checkpoint landed in the other cloud's store; launches go there
+    CLOUD_MOVE_FAILED = "cloud-move-failed"  # the copy was cut: no manifest landed, tried again later
 
 
 # Spellings of earlier releases, read back from old journals and state files.
@@ -266,6 +269,9 @@ FIELDS: dict[Kind, Fields] = {
     Kind.WORKER_STARTED: Fields(("slot",), ("n", "pid")),
     Kind.WORKER_EXITED: Fields(("slot",), ("pid", "rc")),
     Kind.WORKER_ADOPTED: Fields(("n", "pid")),
+    Kind.CLOUD_MOVED: Fields(("from", "to", "bytes", "egress_usd"),
+                             ("why", "step", "skipped", "seconds", "transfer_hours", "reason")),
+    Kind.CLOUD_MOVE_FAILED: Fields(("from", "to"), ("error",)),
 }
 
 
@@ -444,6 +450,11 @@ WORDS: dict[Kind, Callable[[dict], str | None]] = {
     Kind.PRICE_HISTORY_FAILED: lambda d: (f"{_attempt(d)}: the spot price history could not be read ({d.get('error')}); "
                                           "priced at its launch quote"),
     Kind.STORE_CREDENTIALS_FAILED: lambda d: f"host {d.get('instance')}'s bucket credentials failed ({d.get('error')})",
+    Kind.CLOUD_MOVED: lambda d: (f"moved from {d.get('from')} to {d.get('to')}" + _if(d, "why", " ({})")
+                                 + _if(d, "step", ": checkpoint {}") + _if(d, "bytes", ", {} bytes copied")
+                                 + _if(d, "egress_usd", ", egress {} USD")),
+    Kind.CLOUD_MOVE_FAILED: lambda d: (f"the copy to {d.get('to')} was cut ({d.get('error')}); the run stays in "
+                                       f"{d.get('from')} and tries again, using no half-made checkpoint"),
 }
 
 

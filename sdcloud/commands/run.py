@@ -17,6 +17,7 @@ import click
 
 from ..errors import UserError
 from ..render import emit_json, note, output_options
+from ..runs.inputs import clouds  # a run across clouds: its checks before anything is recorded
 from .common import (
     EXIT_INTERRUPTED,
     EXIT_NOT_SUCCEEDED,
@@ -223,7 +224,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
 @click.option("--tier", metavar="TIER", shell_complete=complete_tiers, help="Workload tier (sdcloud tiers).")
 @market_options
 @click.option("--max-price", type=USD_PER_HOUR, metavar="USD", help="Highest spot price per hour, USD.")
-@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws, tencent, local (default) or ssh.")
+@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws, tencent, local (default) or ssh; aws,tencent: the run may move between clouds.")
 @click.option("--region", metavar="REGION", shell_complete=complete_regions, help="Region to run in (default: any).")
 @click.option("--deadline", metavar="DURATION", help="Finish within this long, e.g. 36h, 1d12h, 90m.")
 @click.option("--budget", type=USD, metavar="USD", help="Stop before spending more than this many USD (checkpoint kept).")
@@ -271,13 +272,14 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
     if unattended and opts.detach:
         raise UserError("--unattended and --detach both say who drives the run: choose one")
     for key, value in defaults.items():  # [defaults] in config.toml: below the run file and the flags
-        if fields.get(key) is None and key not in in_file:
+        if fields.get(key) is None and key not in in_file and not clouds.named_here(key, fields, in_file):
             fields[key] = value
     plan = build_spec(_local_path(opts.runfile), fields)
     spec = plan.spec
     if unattended:  # before anything is asked, created or recorded: the driver must be deployed already
         from ..verbs.handover import check_cloud_driver
 
+        clouds.refuse_unattended(spec.providers)  # one cloud's driver holds no keys of the other
         check_cloud_driver(spec, _cached_infra(state, spec))
     existing = state.get_run(spec.name) if spec.name else None
     if existing and existing["state"] in ("stopped", "failed"):
@@ -311,16 +313,14 @@ def _new_run(state, plan, yes: bool, unattended: bool = False) -> str:
     """Check what can be checked before anything is paid for, make sure the stack exists, ask, and
     record the run (runs/inputs/spec.py's RunPlan: its tier and traits resolved already); its id."""
     from ..providers import get_provider
-    from ..providers.capabilities import ChecksCredentials
     from ..providers.traits import default_region
     from ..runs.driving.controller import new_run_id
 
     spec, kind, tier_obj = plan.spec, plan.traits, plan.tier
     total = spec.steps or tier_obj.job_size
     _check_estimates(spec, tier_obj, total)
+    clouds.check_credentials(spec.providers or [spec.provider])  # every cloud the run may use, each named
     prov = get_provider(spec.provider)
-    if isinstance(prov, ChecksCredentials):
-        prov.check_credentials()
     if not kind.catalog and (spec.budget is not None or spec.deadline_hours is not None):
         from ..runs.inputs.preflight import check_own_hosts
 
@@ -334,6 +334,7 @@ def _new_run(state, plan, yes: bool, unattended: bool = False) -> str:
         outputs = ensure_infra(spec.provider, spec.region or default_region(spec.provider),
                                on_output=lambda line: click.echo(line, err=True))
         state.save_infra(spec.provider, spec.region or "", outputs)
+        clouds.ensure_other_stacks(state, spec.providers or [], ensure_infra, on_output=lambda line: click.echo(line, err=True))
     if unattended:
         from ..verbs.handover import check_cloud_driver
 

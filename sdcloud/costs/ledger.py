@@ -129,7 +129,16 @@ def record_egress(state, run_id: str, provider: str, nbytes: int) -> None:
     total = nbytes + int(before["detail"].get("bytes", 0) if before else 0)
     item = _item("egress", egress_charge(provider, total))
     item["detail"]["bytes"] = total
-    state.put_ledger(run_id, 0, [item])
+    from .cloud_moves import put_run_items
+
+    put_run_items(state, run_id, [item])  # the run's other items (a move's lines) stay
+
+
+def record_move(state, run_id: str, src: str, nbytes: int, seconds: float) -> None:
+    """A move between clouds: its egress and transfer lines (costs/cloud_moves.py)."""
+    from .cloud_moves import record_move as record
+
+    record(state, run_id, src, nbytes, seconds)
 
 
 # -- pricing ----------------------------------------------------------------------------------------
@@ -311,4 +320,4 @@ def summary_cost(state, run: dict, now: float | None = None) -> dict:
             "savings_pct": c["savings_pct"], "reclaims": c["reclaims"], "lost_hours": c["lost_hours"]}
 
 
-__all__ = ["savings", "summary_cost", "attempt_costs_usd", "started", "observe", "closed", "record_egress", "price_attempt", "run_cost", "live_cost_usd", "mean_price"]
+__all__ = ["savings", "summary_cost", "attempt_costs_usd", "started", "observe", "closed", "record_egress", "record_move", "price_attempt", "run_cost", "live_cost_usd", "mean_price"]

@@ -191,6 +191,10 @@ def print_tables(report: dict) -> None:
 
         if r.get("nodes"):  # a multi-node run: each node's hours and cost, the group's totals
             echo(nodes_line(r["nodes"]))
+        from .cloud_moves import lines as move_lines
+
+        for line in move_lines(r):  # a run that moved between clouds: egress and transfer, each its line
+            echo(line)
         from .losses import line as losses_line
 
         if losses_line(r.get("losses")):

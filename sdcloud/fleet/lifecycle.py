@@ -209,10 +209,11 @@ class Fleet:
 
     def failed_launches(self, market: str | None = None) -> int:
         """Launches that failed (capacity or price), in a row at the end of the attempts; of one market
-        when given. A launch that went through starts the count again."""
+        when given. A launch that went through starts the count again, and so does a move to another
+        cloud: the refusals of the cloud the run left are not this fleet's."""
         n = 0
         for a in reversed(self.attempts()):
-            if a.end_reason != "launch-failed":
+            if a.end_reason != "launch-failed" or a.provider != self.provider_name:
                 break
             n += market is None or a.market == market
         return n

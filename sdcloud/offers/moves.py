@@ -90,7 +90,7 @@ def move_cost(src_provider: str, dst_provider: str, checkpoint_bytes: int, *,
     hours = nbytes / (rate * 1e6) / 3600.0
     reason = (f"{gb:.2f} GB from {src_provider} to {dst_provider}: {basis} = {gb * per_gb_usd:.4f} USD egress, "
               f"{hours * 60:.1f} min at {rate:g} MB/s")
-    return MoveCost(round(gb * per_gb_usd, 6), hours, nbytes, reason)
+    return MoveCost(gb * per_gb_usd, hours, nbytes, reason)
 
 
 __all__ = ["MoveCost", "move_cost", "egress_price", "move_rate_mb_s", "MOVE_MB_S"]

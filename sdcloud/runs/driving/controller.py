@@ -41,7 +41,7 @@ from ..inputs.spec import RunPlan, RunSpec
 from ..records import stop_request as stop_requests
 from ..records.state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore, run_kind
 from ..records.summary import summary
-from . import health_view, hostboot, lessons, oom_move, remote_end, simulated_reclaim
+from . import cloud_move, health_view, hostboot, lessons, oom_move, remote_end, simulated_reclaim
 from .agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
 from .agent_reports import report_agent_problems
 from .background import controller_alive, detach
@@ -114,6 +114,8 @@ class Controller:
                                   nodes=self.spec.nodes)
         self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
                            self.event, self.timing, spec_market=self.spec.market, max_price=self.plan.max_price)
+        # A run across clouds: its home store stays; launches follow the cloud it moved to (cloud_move.py).
+        cloud_move.remember_home(self)
 
     @property
     def candidates(self) -> list[Offer]:
@@ -188,7 +190,7 @@ class Controller:
     def _stop_requested(self) -> dict | None:
         """A stop asked through the bucket (sdcloud down on a machine that does not drive the run)."""
         since = max((e["time"] for e in self.state.events(self.run_id) if e["kind"] == Kind.RESUME), default=0.0)
-        return stop_requests.requested(self.store, self.run_id, since)
+        return stop_requests.requested(self.home_store, self.run_id, since)
 
     def run(self, take_over: bool = False) -> dict:
         """Drive the run to its end here: take the driver lease, then one step a poll."""
@@ -226,7 +228,7 @@ class Controller:
         if self._stop_reason or asked is not None:
             self.finish_stop(self._stop_reason or str(asked.get("reason") or "stopped by sdcloud down"))
             if asked is not None:
-                stop_requests.clear(self.store, self.run_id)
+                stop_requests.clear(self.home_store, self.run_id)
             return True
         self.host.heartbeat()
         cur = self.current()
@@ -261,6 +263,8 @@ class Controller:
         if budget is not None and budget_spent(self.cost_so_far(), budget, self.attempts(), self.timing.poll_seconds):
             self.end_run("stopped", f"budget ${budget:g} spent")
             return
+        if cloud_move.cheaper_elsewhere(self):  # the run's other cloud, the move priced in
+            return
         kind, offer = self.decide(None)
         if self.row.fresh()["state"] in FINAL_RUN_STATES:
             return  # stopped by `down` (from another process) while this step decided: launch nothing
@@ -275,6 +279,8 @@ class Controller:
             self.end_run("failed", str(exc))
             raise
         if inst is None:
+            if cloud_move.after_spot_refused(self):  # spot gone here, the run's other cloud next
+                return
             if self._launches_exhausted():
                 self.end_run("failed", f"{self.fleet.failed_launches()} launches failed (capacity or price); "
                                         f"see: sdcloud logs {self.run_id}")

@@ -63,6 +63,14 @@ def _provider(value: object, what: str) -> None:
         raise UserError(f"{what} must be one of {', '.join(names())}, got {value!r}")
 
 
+def _providers(value: object, what: str) -> None:
+    """[defaults] providers: "aws,tencent" or a list, each a known provider (runs/inputs/clouds.py)."""
+    from .clouds import split
+
+    for name in split(value):
+        _provider(name, what)
+
+
 def _tier(value: object, what: str) -> None:
     from ...offers.tiers import all_tiers
 
@@ -117,7 +125,8 @@ def _network_section(table: object, what: str) -> None:
 
 # section -> key -> check. Sections a provider reads come from its traits (below).
 KEYS: dict[str, dict[str, Check]] = {
-    "defaults": {"provider": _provider, "region": _text, "tier": _tier, "unattended": _boolean},
+    "defaults": {"provider": _provider, "region": _text, "tier": _tier, "unattended": _boolean,
+                 "providers": _providers},
     "currency": {"cny_per_usd": _number(0, low_open=True)},
     "hosts": {"self_end_grace": _duration},
     "catalog": {"max_age_days": _number(0)},

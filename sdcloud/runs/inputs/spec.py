@@ -19,7 +19,7 @@ from ...durations import parse_duration, parse_seconds  # noqa: F401 - re-export
 from ...errors import UserError
 from ...money import usd
 from ...names import match_name
-from ...providers.traits import Hosts, ProviderTraits, names as provider_names, traits
+from ...providers.traits import Hosts, ProviderTraits, traits
 from ...offers.kinds import RunKind
 from ...offers.tiers import Tier, get_tier
 
@@ -54,6 +54,9 @@ class RunSpec:
     # (sdcloud/runs/inputs/network.py): pip_index_url, hf_endpoint, torch_index_url, trainer_sources.
     network: dict | None = None
     nodes: int = 1  # hosts trained on together, data-parallel through the rendezvous (docs/training.md)
+    # Every cloud the run may use, home first (`--provider aws,tencent`); None: `provider` alone.
+    # `provider` is the cloud of the current attempt (runs/inputs/clouds.py, runs/driving/cloud_move.py).
+    providers: list[str] | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -155,6 +158,16 @@ def _simulates_reclaim(provider: str) -> bool:
     return issubclass(provider_class(provider), SimulatesReclaim)
 
 
+def _providers(data: dict) -> str:
+    """The run's (home) provider; `aws,tencent` (the flag or `providers`) also sets the run's list."""
+    from .clouds import resolve
+
+    given = data.get("providers") if data.get("providers") is not None else data.get("provider", "local")
+    found = resolve(given)
+    data["providers"] = found if len(found) > 1 else None
+    return found[0]
+
+
 def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
     """Flags (non-None values in `overrides`) override the run file; the result is validated and
     resolved (its tier, its provider's traits) into the run's plan."""
@@ -170,7 +183,7 @@ def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
         raise UserError(f"tier {tier.name} makes images, it does not train: run it with "
                         f"sdcloud batch submit --tier {tier.name} --model M --prompts FILE")
     data["tier"] = tier.name
-    data["provider"] = match_name(data.get("provider", "local"), provider_names(), "provider")
+    data["provider"] = _providers(data)
     kind = traits(data["provider"])
     if data.get("region"):
         if not kind.default_region:  # a provider without regions (this machine, SSH hosts)
