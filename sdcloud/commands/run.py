@@ -331,10 +331,9 @@ def _new_run(state, plan, yes: bool, unattended: bool = False) -> str:
     if kind.stack is not None and not spec.store and not unattended:  # unattended: the deployed stack, checked
         from ..infra.automation import ensure_infra
 
-        outputs = ensure_infra(spec.provider, spec.region or default_region(spec.provider),
-                               on_output=lambda line: click.echo(line, err=True))
-        state.save_infra(spec.provider, spec.region or "", outputs)
-        clouds.ensure_other_stacks(state, spec.providers or [], ensure_infra, on_output=lambda line: click.echo(line, err=True))
+        say = lambda line: click.echo(line, err=True)  # noqa: E731  (the stacks' progress, on stderr)
+        state.save_infra(spec.provider, spec.region or "", ensure_infra(spec.provider, spec.region or default_region(spec.provider), on_output=say))
+        clouds.ensure_other_stacks(state, spec.providers or [], ensure_infra, on_output=say)
     if unattended:
         from ..verbs.handover import check_cloud_driver
 

@@ -110,8 +110,7 @@ class Controller:
         self.host = HostStatus(self)
         offers = fleet_candidates(self.provider, self.tier, self.spec.market, name=self.spec.provider,
                                   max_price=self.plan.max_price, region=self.spec.region, job_size=self.total_steps,
-                                  events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self),
-                                  nodes=self.spec.nodes)
+                                  events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self), nodes=self.spec.nodes)
         self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
                            self.event, self.timing, spec_market=self.spec.market, max_price=self.plan.max_price)
         # A run across clouds: its home store stays; launches follow the cloud it moved to (cloud_move.py).
