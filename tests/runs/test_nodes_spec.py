@@ -40,3 +40,10 @@ def test_each_host_of_a_group_caps_its_life_by_the_groups_burn(sdcloud_home):
     spec = build_spec(None, {"tier": "sd15-lora", "nodes": "4", "budget": "10"}).spec
     se = self_end_config(spec, 0.0, 1.5, lambda: 2.0, 1.0, 1.0)
     assert se["price_per_hour"] == 6.0 and se["budget_left"] == 8.0
+
+
+def test_a_group_across_clouds_is_refused_before_anything_is_recorded(sdcloud_home):
+    from sdcloud.runs.inputs.spec import build_spec
+
+    with pytest.raises(UserError, match="a group of hosts trains in one cloud"):
+        build_spec(None, {"tier": "sdxl-finetune", "provider": "aws,tencent", "nodes": 2})

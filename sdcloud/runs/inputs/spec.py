@@ -209,6 +209,9 @@ def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
         if data["nodes"] > 1 and kind.hosts == Hosts.OWN:  # one box of the user's per run, for now
             raise UserError(f"--nodes {data['nodes']}: the {data['provider']} provider runs a run on one of your "
                             "boxes; several hosts train together on this machine or a cloud")
+        if data["nodes"] > 1 and data.get("providers"):  # a group's hosts meet over one cloud's private network
+            raise UserError(f"--nodes {data['nodes']}: a group of hosts trains in one cloud; name one provider, "
+                            f"not {','.join(data['providers'])}")
     if data.get("max_failed_boots") is not None:
         data["max_failed_boots"] = _positive(data["max_failed_boots"], "max-failed-boots", integer=True)
     if data.get("self_end_grace") is not None:
