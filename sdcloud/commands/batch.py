@@ -9,11 +9,9 @@ from pathlib import Path
 import click
 
 from ..render import echo, emit_json, note, output_options, table, wide_option
-from .common import USD, USD_PER_HOUR
-
 # Every batch tier, for the help texts (batch/submit.py BATCH_TIERS holds their families; a test keeps
 # the two the same without importing the batch domain to render --help).
-BATCH_TIER_NAMES = ("batch-sd15", "batch-sdxl", "batch-sd35")
+from .common import BATCH_TIER_NAMES, USD, USD_PER_HOUR
 
 
 def submit_options(f):

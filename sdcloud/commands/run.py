@@ -18,6 +18,7 @@ import click
 from ..errors import UserError
 from ..render import emit_json, note, output_options
 from .common import (
+    TRAIN_TIER_NAMES,
     EXIT_INTERRUPTED,
     EXIT_NOT_SUCCEEDED,
     USD,
@@ -219,7 +220,8 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
 
 @click.command()
 @output_options
-@click.option("--tier", metavar="TIER", shell_complete=complete_tiers, help="Workload tier (sdcloud tiers).")
+@click.option("--tier", metavar="TIER", shell_complete=complete_tiers,
+              help="Training tier: " + ", ".join(TRAIN_TIER_NAMES) + " (sdcloud tiers).")
 @market_options
 @click.option("--max-price", type=USD_PER_HOUR, metavar="USD", help="Highest spot price per hour, USD.")
 @click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws, tencent, local (default) or ssh.")
