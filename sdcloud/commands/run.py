@@ -220,8 +220,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
 
 @click.command()
 @output_options
-@click.option("--tier", metavar="TIER", shell_complete=complete_tiers,
-              help="Training tier: " + ", ".join(TRAIN_TIER_NAMES) + " (sdcloud tiers).")
+@click.option("--tier", metavar="TIER", shell_complete=complete_tiers, help=f"Training tier: {', '.join(TRAIN_TIER_NAMES)}.")
 @market_options
 @click.option("--max-price", type=USD_PER_HOUR, metavar="USD", help="Highest spot price per hour, USD.")
 @click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws, tencent, local (default) or ssh.")
