@@ -63,7 +63,8 @@ def store_conf(provider: str, store: str | None, region: str | None = None) -> d
 def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
     """Every check that can fail, before anything is written or launched. Returns the work items."""
     if opts.tier not in BATCH_TIERS:
-        raise UserError(f"tier {opts.tier!r} is not a batch tier: use {' or '.join(BATCH_TIERS)}")
+        tiers = list(BATCH_TIERS)
+        raise UserError(f"tier {opts.tier!r} is not a batch tier: use {', '.join(tiers[:-1])} or {tiers[-1]}")
     if opts.workers is not None and opts.workers < 1:
         raise UserError(f"--workers must be at least 1, got {opts.workers}")
     if opts.images_per_prompt < 1:
@@ -87,6 +88,10 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
     # --lora: a run id (r-...), else a file, else a run's name (what `sdcloud status` shows).
     is_file = bool(opts.lora) and not opts.lora.startswith("r-") and Path(opts.lora).expanduser().is_file()
     lora_run = resolve_lora_run(opts.lora, opts.tier) if opts.lora and not is_file else None
+    if is_file:  # a file's family, from its tensor names (lora_file.py), as a run's from its tier
+        from .lora_file import check_lora_file
+
+        check_lora_file(opts.lora, opts.tier, BATCH_TIERS[opts.tier], {f: t for t, f in BATCH_TIERS.items()})
     prompts = parse_prompts(opts.prompts, BATCH_TIERS[opts.tier], opts.images_per_prompt, model=opts.model,
                             settings={"width": opts.width, "height": opts.height, "steps": opts.steps})
     opts.prompt_list = prompts  # the submit line states their settings (commands/batch.py)
