@@ -81,6 +81,7 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
         raise UserError("--deadline must be in the future")
     if not opts.model.strip():
         raise UserError("--model must name a model")
+    _tiny_of_the_tier(opts)
     if on_this_machine(opts.provider) and opts.model.startswith(("/", ".", "~")) and not Path(opts.model).expanduser().is_dir():
         raise UserError(f"--model {opts.model}: no such folder (a diffusers model folder, a hub id, or tiny)")
     if Path(opts.model).expanduser().is_dir():
@@ -100,6 +101,21 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
     if opts.workers is None:
         opts.workers = workers_for_deadline(opts, sum(len(it["seeds"]) for it in items), len(items))
     return items
+
+
+def _tiny_of_the_tier(opts: SubmitOptions) -> None:
+    """`tiny-sd3` (as `up` takes it) is the workers' `tiny` of the tier's family: they build the random
+    test pipeline by the tier, and took `tiny-sd3` for a hub id, failing every worker offline."""
+    from sdcloud_agent.trainers.models import TINY_NAMES
+
+    family = TINY_NAMES.get(opts.model.lower())
+    if opts.model == "tiny" or opts.model.lower() not in TINY_NAMES:
+        return
+    want = BATCH_TIERS[opts.tier]
+    if family not in (None, want) and not (want == "sd15" and family == "sd2"):
+        raise UserError(f"--model {opts.model} is an {family} model but tier {opts.tier} renders with {want}; "
+                        "pick a model of that family or another batch tier")
+    opts.model = "tiny"
 
 
 def _check_family(model: str, tier: str) -> None:

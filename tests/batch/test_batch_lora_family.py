@@ -117,3 +117,21 @@ def test_a_file_that_is_no_safetensors_is_refused_in_one_line(tmp_path):
         check_lora_file(str(bogus), "batch-sd15", "sd15", {})
     assert str(exc.value).startswith(f"--lora {bogus}: not a safetensors file (header of ")
     assert str(exc.value).count(str(bogus)) == 1
+
+
+@pytest.mark.parametrize("model, tier, refused", [("tiny-sd3", "batch-sd35", None), ("tiny-sdxl", "batch-sdxl", None),
+                                                  ("tiny-sd3", "batch-sd15", "is an sd3 model but tier batch-sd15")])
+def test_a_tiny_model_named_by_its_family_is_the_tiers_tiny(tmp_path, sdcloud_home, model, tier, refused):
+    """`--model tiny-sd3` passed the checks and every worker then looked for it on the hub."""
+    from sdcloud.batch.jobs import SubmitOptions, validate
+    from sdcloud.errors import UserError
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a red cube\n")
+    opts = SubmitOptions(tier=tier, model=model, prompts=str(prompts), provider="local")
+    if refused:
+        with pytest.raises(UserError, match=refused):
+            validate(opts)
+    else:
+        validate(opts)
+        assert opts.model == "tiny"
