@@ -17,6 +17,7 @@ domain, the providers included, can name a kind.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -205,7 +206,7 @@ FIELDS: dict[Kind, Fields] = {
     Kind.INPUTS_STAGED: Fields(("dataset", "model", "settings", "effective", "staged_on"),
                                ("trainer_sources", "store", "drive")),
     Kind.STOP_REQUESTED: Fields(("by",), ("reason", "holder")),
-    Kind.SELF_ENDED: Fields(("attempt", "reason"), ("action", "at", "error", "unattended")),
+    Kind.SELF_ENDED: Fields(("attempt", "reason"), ("action", "at", "error", "unattended", "ended_by")),
     Kind.HEARTBEAT_FAILED: Fields(("error",)),
     Kind.PULLED: Fields(("dir",)),
     Kind.DRIVER_TOOK_OVER: Fields(("driver",), ("invocation", "from", "step")),
@@ -322,10 +323,37 @@ def _model_uploaded(data: dict) -> str:
     return f"model: {data.get('files')} file(s), {data.get('mb')} MB sent to the run's bucket in {data.get('seconds')} s"
 
 
+# The resume command a stopped or failed run's reason ends with (Controller.end_run): said once, by
+# the stop line (verbs/stop_words.py), not again inside the reason it quotes.
+_RESUME_TAIL = re.compile(r";\s*resume with: sdcloud resume [^\n;]*")
+# "; last output:" / "; last lines of the bootstrap log:": the announcement of the lines one_line leaves out.
+_LAST_OUTPUT = re.compile(r"(?:[;,]\s*last (?:output|lines\b[^:;]*)|:?\s*Traceback \(most recent call last\))$")
+# The line a Python traceback ends with: the exception and its message.
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)|error)\b:?")
+
+
+def one_line(reason: str | None) -> str:
+    """A recorded reason in one line, for people: its first line and, where a trainer's output or a
+    traceback follows, the error it ended with (`trainer exited with code 1: ValueError: boom`);
+    without the resume command. The whole text stays in the row, `logs` and under -v."""
+    text = _RESUME_TAIL.sub("", reason or "")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    head = _LAST_OUTPUT.sub("", lines[0].removesuffix(":"))
+    error = error_line(lines[1:])
+    return f"{head}: {error}" if error else head
+
+
+def error_line(lines: list[str]) -> str | None:
+    """The last line of `lines` that names an error (`ValueError: boom`, `error: ...`), or None."""
+    return next((line for line in reversed(lines) if _ERROR_LINE.match(line)), None)
+
+
 def _run_ended(kind: Kind) -> Callable[[dict], str]:
     def told(data: dict) -> str:
         reason = data.get("reason")
-        return f"run {kind.value.removeprefix('run-')}" + (f": {reason}" if reason else "")
+        return f"run {kind.value.removeprefix('run-')}" + (f": {one_line(reason)}" if reason else "")
     return told
 
 
@@ -395,8 +423,9 @@ WORDS: dict[Kind, Callable[[dict], str | None]] = {
     Kind.BUDGET_WARNING: lambda d: f"{d.get('pct')}% of the ${d.get('budget')} budget spent (${d.get('spent')})",
     Kind.SPOT_UNAVAILABLE: lambda d: f"no spot ({d.get('failed_launches')} launches failed)" + _if(d, "next", "; next, {}"),
     Kind.INPUTS_STAGED: _inputs_staged,
-    Kind.SELF_ENDED: lambda d: (f"{_attempt(d)}: the host ended itself ({d.get('reason')}"
-                                + (", nobody driving the run)" if d.get("unattended") else ")") + _if(d, "error", "; {}")),
+    Kind.SELF_ENDED: lambda d: ((f"{_attempt(d)}: the host ended ({d['ended_by']})" if d.get("ended_by") else
+                                 f"{_attempt(d)}: the host ended itself ({d.get('reason')}"
+                                 + (", nobody driving the run)" if d.get("unattended") else ")")) + _if(d, "error", "; {}")),
     Kind.HEARTBEAT_FAILED: lambda d: f"the driver's heartbeat could not be written ({d.get('error')}); it tries again",
     Kind.PULLED: lambda d: f"pulled to {d.get('dir')}",
     Kind.DRIVER_LOST: lambda d: f"{d.get('driver')} no longer drives the run" + _if(d, "holder", ": {} has it"),

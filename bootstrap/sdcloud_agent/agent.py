@@ -34,7 +34,7 @@ from .store import Cancelled, StoreError, attempt_cause, describe_failure, open_
 from .sync import CheckpointSync, SyncWorker
 from .trainers.base import Context
 from .agent_nodes import NodeGroup
-from .agent_reclaim import ReclaimPath
+from .agent_reclaim import ENDINGS, ReclaimPath
 from .agent_staging import StagingPhases
 from .agent_trainer import TrainerProcess, make_trainer
 from .health_act import HealthActions
@@ -263,8 +263,9 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath, NodeGroup
         ctx.trainer_python = sources.python if sources else None
         self._restore(ctx, restoring)
         if self.notice_event.is_set():
-            self._set_cause("lifetime-cap" if getattr(self, "cap_reason", None) else "reclaim-notice")
-            self.status.set_phase("preempted", "spot reclaim before training started")
+            cause = self._ending_cause()
+            self._set_cause(cause)
+            self.status.set_phase("preempted", f"{ENDINGS[cause][1]} before training started")
             return EXIT_PREEMPTED
         self._join_group(ctx)  # a multi-node group meets here (agent_nodes.py)
         self.status.set_phase("training")

@@ -20,6 +20,18 @@ log = logging.getLogger("sdcloud_agent")
 
 # Seconds we assume we have when the agent itself gets SIGTERM (systemd stop at host shutdown).
 SIGTERM_GRACE_S = 90.0
+SIGTERM_DETAIL = "agent got SIGTERM"
+# Why a host saves and ends, by its cause (status.json's failure_cause): what its log says as the
+# save starts, what its `preempted` phase says, and the reason its self-end records. Only a notice
+# of the cloud's own (or the local provider's simulated one) is a reclaim: a SIGTERM is the host
+# being shut down (its driver ended the instance: `sdcloud down`, a budget, a move), an end asked
+# through the bucket is its driver's, the cap the host's own.
+ENDINGS = {
+    "reclaim-notice": ("reclaim notice", "spot reclaim", "saved after a reclaim notice"),
+    "host-shutdown": ("the host is shutting down", "the host was shut down", "saved as the host was shut down"),
+    "asked-to-end": ("asked to end", "asked to end by its driver", "saved and ended as its driver asked"),
+    "lifetime-cap": ("lifetime cap reached", "lifetime cap reached", "lifetime cap reached"),
+}
 
 
 class ReclaimPath:
@@ -36,14 +48,24 @@ class ReclaimPath:
 
     def _on_sigterm(self, signum, frame) -> None:
         now = time.time()
-        self._on_notice(Notice("terminate", now + SIGTERM_GRACE_S, now, "agent got SIGTERM (host shutdown)"))
+        self._on_notice(Notice("terminate", now + SIGTERM_GRACE_S, now, SIGTERM_DETAIL))
+
+    def _ending_cause(self) -> str:
+        """Why this host saves and ends (a key of ENDINGS), from the notice that came first."""
+        if getattr(self, "cap_reason", None):
+            return "lifetime-cap"
+        if self.status is not None and self.status.state.get("ended_by") == ENDED_BY:
+            return "asked-to-end"  # its driver asked (end_request.py): no reclaim
+        notice = getattr(self, "notice", None)
+        return "host-shutdown" if notice is not None and notice.detail == SIGTERM_DETAIL else "reclaim-notice"
 
     def _handle_notice(self, ctx: Context, proc: subprocess.Popen) -> int:
         notice = self.notice
         assert notice is not None
         t0 = time.monotonic()
         left = lambda: notice.deadline - time.time()  # noqa: E731
-        log.warning("reclaim notice (%s): %.0fs left; saving", notice.detail, left())
+        cause = self._ending_cause()
+        log.warning("%s (%s): %.0fs left; saving", ENDINGS[cause][0], notice.detail, left())
         self.status.set_phase("saving", notice.detail)
         self.worker.set_urgent()
         # The trainer gets the notice less a reserve for the final upload (at most 40% of it, so
@@ -76,11 +98,8 @@ class ReclaimPath:
         secs = time.monotonic() - t0
         log.warning("notice_to_durable_s=%.2f durable_step=%d uploads_done=%s", secs, durable, done)
         self.status.update(step=max(durable, 0))
-        asked = self.status.state.get("ended_by") == ENDED_BY  # its driver asked (end_request.py): no reclaim
-        self._set_cause("lifetime-cap" if getattr(self, "cap_reason", None) else
-                        "asked-to-end" if asked else "reclaim-notice")
-        why = (f"lifetime cap reached ({self.cap_reason})" if self.cap_reason else
-               "asked to end by its driver" if asked else "spot reclaim")
+        self._set_cause(cause)
+        why = f"lifetime cap reached ({self.cap_reason})" if self.cap_reason else ENDINGS[cause][1]
         self.status.set_phase("preempted", f"{why}: newest durable checkpoint is step {durable}"
                               + ("" if done else " (an upload did not finish in time)"))
         return EXIT_PREEMPTED
@@ -134,6 +153,9 @@ class ReclaimPath:
         if se.provider == "none":
             return None
         reason = selfend.REASONS.get(rc, f"agent exit {rc}")
+        cause = self.status.state.get("failure_cause") if self.status is not None else None
+        if rc == EXIT_PREEMPTED and cause in ENDINGS:
+            reason = ENDINGS[cause][2]  # the words of what made it save: a reclaim only if it was one
         if self.cap_reason:
             reason = f"lifetime cap reached ({self.cap_reason})"
         elif self.status is not None and self.status.state.get("boot_phase"):

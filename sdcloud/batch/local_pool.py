@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from .. import config
@@ -126,6 +127,17 @@ def adopt_orphans(state, job: dict, k: int) -> list[_Adopted]:
     return adopted
 
 
+def _last_words(log: Path) -> str:
+    """What a worker that died said last: the error its traceback ended with, else its last line."""
+    from ..events import error_line
+
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines()[-40:] if line.strip()]
+    except OSError:
+        return ""
+    return (error_line(lines) or lines[-1]) if lines else ""
+
+
 def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=None) -> dict[str, Any]:
     """Keep K worker processes on this machine until every item is done (the local provider).
 
@@ -184,8 +196,9 @@ def run_local(job_id: str, ttl: float = 20.0, poll: float = 0.5, on_progress=Non
                     if p["items_done"] < p["items"] and proc.returncode != 0:
                         if started >= MAX_WORKER_STARTS_PER_SLOT * k:
                             # Workers that keep dying (a model that does not load) are a failure, not a reclaim.
-                            state.update_run(job_id, state="failed", reason=f"workers keep exiting (rc {proc.returncode}); "
-                                             f"see {logs}")
+                            said = _last_words(logs / f"worker-{started}.log")
+                            state.update_run(job_id, state="failed", reason=f"workers keep exiting (rc {proc.returncode})"
+                                             + (f": {said}" if said else "") + f"; see {logs}")
                             return {**progress(job_id), "workers_started": started}
                         start(slot)  # died (killed, reclaimed): keep K alive
             if not procs:

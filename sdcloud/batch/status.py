@@ -46,9 +46,20 @@ def job_store(job: dict):
     return open_run_store(job["spec"]["store"])
 
 
+def ended_reason(job: dict) -> str | None:
+    """Why a job that did not succeed ended, in one line (a worker's traceback: its last line);
+    None for a job that runs or succeeded."""
+    from ..events import one_line
+
+    if job["state"] not in ("failed", "stopped", "cancelled") or not job.get("reason"):
+        return None
+    return one_line(job["reason"])
+
+
 def list_jobs() -> list[dict[str, Any]]:
     return [{"job": r["id"], "name": r.get("name"), "tier": r["tier"], "state": r["state"],
-             "images": r["total_steps"], "workers": r["spec"].get("workers")}
+             "images": r["total_steps"], "workers": r["spec"].get("workers"),
+             **({"reason": why} if (why := ended_reason(r)) else {})}
             for r in state_store().list_runs() if RunKind.of(r["spec"]) is RunKind.BATCH]
 
 
@@ -91,7 +102,8 @@ def progress(job_id: str) -> dict[str, Any]:
             # Redone work is inside the cost already: hosts are paid for the time they ran.
             "hosts": len(attempts_), "cost_usd": terms["total_usd"], "cost_per_image_usd": terms["cost_per_image"],
             "cost_per_1k_images_usd": terms["cost_per_1k_images"], "ondemand_usd": terms["ondemand_usd"],
-            "savings_usd": terms["savings_usd"], "savings_pct": terms["savings_pct"]}
+            "savings_usd": terms["savings_usd"], "savings_pct": terms["savings_pct"],
+            **({"reason": why} if (why := ended_reason(job)) else {})}
 
 
 def job_over(job_id: str) -> bool:

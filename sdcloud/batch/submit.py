@@ -64,7 +64,8 @@ def store_conf(provider: str, store: str | None, region: str | None = None) -> d
 def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
     """Every check that can fail, before anything is written or launched. Returns the work items."""
     if opts.tier not in BATCH_TIERS:
-        raise UserError(f"tier {opts.tier!r} is not a batch tier: use {' or '.join(BATCH_TIERS)}")
+        tiers = list(BATCH_TIERS)
+        raise UserError(f"tier {opts.tier!r} is not a batch tier: use {', '.join(tiers[:-1])} or {tiers[-1]}")
     if opts.workers is not None and opts.workers < 1:
         raise UserError(f"--workers must be at least 1, got {opts.workers}")
     if opts.images_per_prompt < 1:
@@ -91,6 +92,7 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
         raise UserError("--deadline must be in the future")
     if not opts.model.strip():
         raise UserError("--model must name a model")
+    _tiny_of_the_tier(opts)
     if on_this_machine(opts.provider) and opts.model.startswith(("/", ".", "~")) and not Path(opts.model).expanduser().is_dir():
         raise UserError(f"--model {opts.model}: no such folder (a diffusers model folder, a hub id, or tiny)")
     if Path(opts.model).expanduser().is_dir():
@@ -98,6 +100,10 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
     # --lora: a run id (r-...), else a file, else a run's name (what `sdcloud status` shows).
     is_file = bool(opts.lora) and not opts.lora.startswith("r-") and Path(opts.lora).expanduser().is_file()
     lora_run = resolve_lora_run(opts.lora, opts.tier) if opts.lora and not is_file else None
+    if is_file:  # a file's family, from its tensor names (lora_file.py), as a run's from its tier
+        from .lora_file import check_lora_file
+
+        check_lora_file(opts.lora, opts.tier, BATCH_TIERS[opts.tier], {f: t for t, f in BATCH_TIERS.items()})
     prompts = parse_prompts(opts.prompts, BATCH_TIERS[opts.tier], opts.images_per_prompt, model=opts.model,
                             settings={"width": opts.width, "height": opts.height, "steps": opts.steps})
     opts.prompt_list = prompts  # the submit line states their settings (commands/batch.py)
@@ -106,6 +112,21 @@ def validate(opts: SubmitOptions) -> list[dict[str, Any]]:
     if opts.workers is None:
         opts.workers = workers_for_deadline(opts, sum(len(it["seeds"]) for it in items), len(items))
     return items
+
+
+def _tiny_of_the_tier(opts: SubmitOptions) -> None:
+    """`tiny-sd3` (as `up` takes it) is the workers' `tiny` of the tier's family: they build the random
+    test pipeline by the tier, and took `tiny-sd3` for a hub id, failing every worker offline."""
+    from sdcloud_agent.trainers.models import TINY_NAMES
+
+    family = TINY_NAMES.get(opts.model.lower())
+    if opts.model == "tiny" or opts.model.lower() not in TINY_NAMES:
+        return
+    want = BATCH_TIERS[opts.tier]
+    if family not in (None, want) and not (want == "sd15" and family == "sd2"):
+        raise UserError(f"--model {opts.model} is an {family} model but tier {opts.tier} renders with {want}; "
+                        "pick a model of that family or another batch tier")
+    opts.model = "tiny"
 
 
 def _check_family(model: str, tier: str) -> None:

@@ -8,12 +8,10 @@ from pathlib import Path
 
 import click
 
-from ..render import emit_json, note, output_options, table, wide_option
-from .common import USD, USD_PER_HOUR
-
+from ..render import echo, emit_json, note, output_options, table, wide_option
 # Every batch tier, for the help texts (batch/submit.py BATCH_TIERS holds their families; a test keeps
 # the two the same without importing the batch domain to render --help).
-BATCH_TIER_NAMES = ("batch-sd15", "batch-sdxl", "batch-sd35")
+from .common import BATCH_TIER_NAMES, USD, USD_PER_HOUR
 
 
 def submit_options(f):
@@ -156,6 +154,12 @@ def submit(detach: bool, as_json: bool, **kw) -> None:
             res.update(jobs.run_job(res["job"], on_progress=view))
         finally:
             view.close()
+        from ..batch.status import ended_reason, find_job
+
+        why = ended_reason(find_job(res["job"]))
+        if why:
+            res["reason"] = why
+            note(f"{res['job']} {res.get('state')}: {why}")
     if as_json:
         emit_json(res)
     else:
@@ -177,6 +181,9 @@ def list_(as_json: bool) -> None:
         table("batch jobs", ["job", "name", "tier", "state", "images", "workers"],
               [[r["job"], r["name"] or "", r["tier"], r["state"], r["images"], r["workers"]] for r in rows],
               drop=["workers", "name"], empty="no batch jobs yet; submit one with: sdcloud batch submit")
+        for r in rows:  # why a job failed (or was stopped), one line each, under the table
+            if r.get("reason"):
+                echo(f"{r['job']} {r['state']}: {r['reason']}")
 
 
 @batch.command()

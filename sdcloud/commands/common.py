@@ -12,6 +12,11 @@ from ..errors import UserError
 EXIT_NOT_SUCCEEDED = 1
 EXIT_NO_CONTROLLER = 4
 EXIT_INTERRUPTED = 130
+# The training tiers, as `up --tier`'s help names them (without reading tiers.toml when the CLI
+# loads; tests/cli/test_cli_help_texts.py holds it to the tiers file).
+TRAIN_TIER_NAMES = ("sd15-lora", "sdxl-lora", "sd15-dreambooth", "sdxl-dreambooth", "sdxl-finetune",
+                    "sd35m-lora", "sd35l-lora", "sd35m-dreambooth")
+BATCH_TIER_NAMES = ("batch-sd15", "batch-sdxl", "batch-sd35")  # batch submit's, schedule add's
 
 
 def state_store():

@@ -7,13 +7,13 @@ import click
 from ..offers.catalog import BAND_RECLAIMS_PER_HOUR, load_catalog, max_age_days, stale_warning
 from ..errors import UserError
 from ..offers.optimizer import rank
+from .common import BATCH_TIER_NAMES, TRAIN_TIER_NAMES, USD_PER_HOUR, complete_providers, complete_regions, complete_tiers, market_of, market_options
+from ..render import emit_json, note, output_options, table, wide_option
+from ..offers.tiers import all_tiers, get_tier
 
 # What a start in another cloud copies there, for planning (`offers --move-gb`): an SDXL base model in
 # fp16 (about 6.9 GB), a training set and a checkpoint; a run's own move copies what it really has.
 MOVE_GB = 10.0
-from .common import USD_PER_HOUR, complete_providers, complete_regions, complete_tiers, market_of, market_options
-from ..render import emit_json, note, output_options, table, wide_option
-from ..offers.tiers import all_tiers, get_tier
 
 
 @click.command()
@@ -46,7 +46,8 @@ def _short_notes(est) -> str:
 @output_options
 @wide_option
 @click.option("--tier", "tier_name", required=True, metavar="TIER", shell_complete=complete_tiers,
-              help="Workload tier (sdcloud tiers).")
+              help="Workload tier: a training tier (" + ", ".join(TRAIN_TIER_NAMES) + ") or a batch tier ("
+                   + ", ".join(BATCH_TIER_NAMES) + "); sdcloud tiers.")
 @market_options
 @click.option("--max-price", type=USD_PER_HOUR, metavar="USD", help="Highest price per hour, USD.")
 @click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws or tencent; aws,tencent ranks both in one table.")

@@ -21,7 +21,7 @@ from ..runs.inputs import clouds  # a run across clouds: its checks before anyth
 from .common import (
     EXIT_INTERRUPTED,
     EXIT_NOT_SUCCEEDED,
-    USD,
+    USD, TRAIN_TIER_NAMES,
     USD_PER_HOUR,
     complete_providers,
     complete_regions,
@@ -221,7 +221,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
 
 @click.command()
 @output_options
-@click.option("--tier", metavar="TIER", shell_complete=complete_tiers, help="Workload tier (sdcloud tiers).")
+@click.option("--tier", metavar="TIER", shell_complete=complete_tiers, help=f"Training tier: {', '.join(TRAIN_TIER_NAMES)}.")
 @market_options
 @click.option("--max-price", type=USD_PER_HOUR, metavar="USD", help="Highest spot price per hour, USD.")
 @click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws, tencent, local (default) or ssh; aws,tencent: the run may move between clouds.")

@@ -11,8 +11,15 @@ from .common import complete_runs, find_run, state_store
 
 
 def render_summary(summ: dict) -> None:
+    from .. import render
+    from ..events import one_line
+    from ..verbs.stop_words import ended_line
+
     what = "batch job" if RunKind.of(summ) is RunKind.BATCH else "run"
-    title = f"{what} {summ['run']} ({summ['tier']}): {summ['state']}" + (f" ({summ['reason']})" if summ.get("reason") else "")
+    ended = ended_line(summ)  # a stopped or failed run: what happened, and the command that continues it
+    # The reason in one line (a traceback's last line), once: the stop line says it where there is one.
+    title = f"{what} {summ['run']} ({summ['tier']}): {summ['state']}" + (
+        f" ({one_line(summ['reason'])})" if summ.get("reason") and not ended else "")
     if not summ["attempts"]:  # nothing launched (yet): no empty table
         echo(title)
     else:
@@ -31,11 +38,13 @@ def render_summary(summ: dict) -> None:
 
     if node_hours_line(summ):  # a multi-node run: each host's hours
         echo(node_hours_line(summ))
-    from ..verbs.stop_words import ended_line
-
-    ended = ended_line(summ)  # a stopped or failed run: what happened, and the command that continues it
     if ended:
         echo(ended)
+    if render.VERBOSITY > 0 and summ.get("reason") and "\n" in summ["reason"]:
+        import click
+
+        # The trainer's output, its traceback: -v only, as it was written (not re-wrapped).
+        click.echo(f"the whole reason:\n{summ['reason']}")
     if summ.get("health"):
         from ..runs.driving.health_view import line as health_line
 

@@ -10,6 +10,7 @@ saves on that stop, which the agent cannot tell from a reclaim notice.
 
 from __future__ import annotations
 
+from ..events import one_line
 from ..offers.kinds import RunKind
 
 # (words in the recorded reason, what happened), first match wins.
@@ -47,7 +48,7 @@ def ended_line(run: dict) -> str | None:
     kept = f"; checkpoint kept at step {step}" if step else ""
     what = cause(run.get("reason"), state)
     if state == "failed" and what == "failed":
-        what = f"failed ({run['reason']})" if run.get("reason") else "failed"
+        what = f"failed ({one_line(run['reason'])})" if run.get("reason") else "failed"
     budget = " --budget USD" if what == "stopped at its budget" else ""
     return f"run {rid}: {what}{kept}; continue it with: sdcloud resume {name}{budget}"
 

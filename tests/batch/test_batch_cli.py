@@ -57,7 +57,7 @@ def test_bad_prompts_file_is_one_line_and_exit_2(capsys, tmp_path, content, suff
 
 @pytest.mark.parametrize("extra,needle", [
     (("--workers", "0"), "--workers must be at least 1"),
-    (("--tier", "sd15-lora"), "is not a batch tier"),
+    (("--tier", "sd15-lora"), "is not a batch tier: use batch-sd15, batch-sdxl or batch-sd35"),
     (("--provider", "mars"), "unknown provider"),
     (("--deadline", "soon"), "--deadline must be a duration"),
     (("--lora", "missing.safetensors"), "neither a LoRA file nor a training run's name"),

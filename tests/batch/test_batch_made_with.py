@@ -35,7 +35,9 @@ def test_index_and_gallery_name_the_model_and_the_lora(tmp_path):
     from sdcloud.batch.jobs import lora_identity
 
     lora = tmp_path / "style.safetensors"
-    lora.write_bytes(b"not really a LoRA: the fake generator does not load it")
+    from tests.batch.test_batch_lora_family import SD15_KEYS, _lora_file
+
+    _lora_file(lora, SD15_KEYS)  # names only (an SD1.5 LoRA's): the fake generator does not load it
     ident = lora_identity(str(lora))
     lines, page = _pull(_job(tmp_path, str(lora)), tmp_path / "with-lora")
     assert len(lines) == 2 and {(ln["model"], ln["lora"]) for ln in lines} == {("tiny", ident)}

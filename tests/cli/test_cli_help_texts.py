@@ -50,3 +50,17 @@ def test_every_store_option_names_cos():
              if isinstance(p, click.Option) and "--store" in p.opts]
     assert len(found) >= 3
     assert [path for path, text in found if "cos://" not in (text or "")] == []
+
+
+def test_up_and_offers_name_every_tier_they_take():
+    from sdcloud.commands.common import BATCH_TIER_NAMES, TRAIN_TIER_NAMES
+    from sdcloud.offers.kinds import RunKind
+    from sdcloud.offers.tiers import all_tiers
+
+    tiers = all_tiers().values()
+    assert TRAIN_TIER_NAMES == tuple(t.name for t in tiers if t.kind is RunKind.TRAIN)
+    assert BATCH_TIER_NAMES == tuple(t.name for t in tiers if t.kind is RunKind.BATCH)
+    up = _option(["sdcloud", "up"], "--tier").help
+    assert all(t in up for t in TRAIN_TIER_NAMES) and not any(t in up for t in BATCH_TIER_NAMES), up
+    offers = _option(["sdcloud", "offers"], "--tier").help
+    assert all(t.name in offers for t in tiers), offers

@@ -158,6 +158,14 @@ def test_detach_then_watch_state_then_down_stops_everything(sdcloud_home):
 
     newest = manifest.newest_complete(open_store((sdcloud_home / "bucket").as_uri()), f"runs/{run_id}")
     assert newest is not None and newest.step >= 2
+    # The stop quotes that checkpoint's step (not the last progress step seen before the save), and
+    # the log tells the host's end as the stop it was: no reclaim anywhere.
+    assert st["step"] == newest.step, (st["step"], newest.step)
+    text = sdcloud("status", run_id).stdout
+    assert f"checkpoint kept at step {newest.step};" in " ".join(text.split()), text
+    logs = sdcloud("logs", run_id).stdout
+    assert "reclaim" not in logs, logs
+    assert "the host is shutting down" in logs and "the host ended (stopped by sdcloud down)" in logs, logs
 
 
 @pytest.mark.parametrize("tier", ["sdxl-lora", "sd15-dreambooth", "sd15-lora", "sdxl-dreambooth"])

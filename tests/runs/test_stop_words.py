@@ -66,3 +66,53 @@ def test_the_host_line_after_a_stop_does_not_say_it_ended_itself(capsys, sdcloud
     state.update_run("r-5700cccc", state="stopped", reason="its host ended itself (saved after a reclaim notice)")
     assert main(["status", "r-5700cccc"]) == 0
     assert "host: ended itself (saved after a reclaim notice, unattended)" in capsys.readouterr().out
+
+
+TRACEBACK = ("trainer exited with code 1; last output:\nstarting\nTraceback (most recent call last):\n"
+             '  File "/srv/train.py", line 5, in load\n    raise ValueError("no images at 64 px")\n'
+             "ValueError: no images at 64 px; resume with: sdcloud resume r-5700dddd")
+
+
+def test_a_failed_run_gives_its_reason_in_one_line_and_the_resume_command_once(capsys, sdcloud_home):
+    """status (and watch and up, which print the same summary) of a run whose trainer raised: the
+    error in one line, no traceback, the resume command once; -v adds the trainer's whole output."""
+    from sdcloud.runs.records.state import StateStore
+
+    _run(StateStore(), "r-5700dddd", "failed", TRACEBACK)
+    assert main(["status", "r-5700dddd"]) == 0
+    out = capsys.readouterr().out
+    assert "Traceback" not in out and 'File "/srv/train.py"' not in out, out
+    assert out.count("sdcloud resume r-5700dddd") == 1, out
+    said = [ln for ln in out.splitlines() if ln.startswith("run r-5700dddd: ")]
+    assert said == ["run r-5700dddd: failed (trainer exited with code 1: ValueError: no images at 64 px); "
+                    "checkpoint kept at step 12; continue it with: sdcloud resume r-5700dddd"], out
+    assert main(["status", "r-5700dddd", "-v"]) == 0
+    verbose = capsys.readouterr().out
+    assert "Traceback (most recent call last):" in verbose and '    raise ValueError("no images at 64 px")' in verbose
+    assert main(["down", "r-5700dddd"]) == 0
+    down = capsys.readouterr().out
+    assert len(down.strip().splitlines()) == 1 and "ValueError: no images at 64 px" in down and "Traceback" not in down
+
+
+def test_a_stopped_runs_title_does_not_repeat_its_reason(capsys, sdcloud_home):
+    from sdcloud.runs.records.state import StateStore
+
+    _run(StateStore(), "r-5700eeee", "stopped", "stopped by sdcloud down; resume with: sdcloud resume r-5700eeee")
+    assert main(["status", "r-5700eeee"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("sdcloud resume r-5700eeee") == 1 and out.count("stopped by") == 1, out
+
+
+@pytest.mark.parametrize("reason, line", [
+    ("the host agent failed", "the host agent failed"),
+    ("stopped by sdcloud down; resume with: sdcloud resume cats", "stopped by sdcloud down"),
+    (TRACEBACK, "trainer exited with code 1: ValueError: no images at 64 px"),
+    ("boot phase model failed; last lines of the bootstrap log:\nfetching\nerror: 403 Forbidden", "boot phase model failed: "
+     "error: 403 Forbidden"),
+    ("trainer exited with code 9; last output:\nKilled", "trainer exited with code 9"),
+    ("", ""),
+])
+def test_one_line_of_a_reason(reason, line):
+    from sdcloud.events import one_line
+
+    assert one_line(reason) == line

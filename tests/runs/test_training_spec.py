@@ -98,10 +98,12 @@ def bad_inputs(tmp_path_factory):
     empty.mkdir()
     broken = _photos(tmp_path / "broken")
     (broken / "p1.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    garbled = _photos(tmp_path / "garbled")
+    (garbled / "p1.png").write_bytes(b"not an image at all")
     stray = _photos(tmp_path / "stray")
     (stray / "notes.docx").write_bytes(b"x")
     return {"sd15": str(tiny.save_pipeline(tmp_path / "sd15")), "empty": str(empty), "broken": str(broken),
-            "stray": str(stray), "photos": str(_photos(tmp_path / "ok")),
+            "garbled": str(garbled), "stray": str(stray), "photos": str(_photos(tmp_path / "ok")),
             "v1file": str(_single_file(tmp_path / "v1.safetensors", "cond_stage_model.transformer.x"))}
 
 
@@ -113,7 +115,10 @@ def bad_inputs(tmp_path_factory):
     (["--tier", "sd15-lora", "--provider", "ssh", "--model", "./no-such-model"], "no such file or folder"),
     (["--tier", "sd15-lora", "--provider", "aws", "--model", "{empty}/gone.safetensors", "--yes"], "no such file"),
     (["--tier", "sd15-lora", "--provider", "aws", "--model", "{empty}", "--yes"], "an empty folder"),
-    (["--tier", "sd15-lora", "--dataset", "{broken}"], "unreadable image(s): p1.png"),
+    (["--tier", "sd15-lora", "--dataset", "{broken}"], "unreadable image(s): p1.png (OSError: Truncated File Read)"),
+    # Pillow's why, not a piece of the path it repeats (it was cut to "...files/garb)").
+    (["--tier", "sd15-lora", "--dataset", "{garbled}"], "unreadable image(s): p1.png (UnidentifiedImageError: "
+                                                         "cannot identify image file)"),
     (["--tier", "sd15-lora", "--dataset", "{stray}"], "notes.docx"),
     (["--tier", "sdxl-lora", "--trainer", "kohya", "--model", "stabilityai/stable-diffusion-xl-base-1.0"],
      "--trainer-arg dataset_config"),
@@ -123,6 +128,9 @@ def bad_inputs(tmp_path_factory):
       "--model", "stabilityai/stable-diffusion-xl-base-1.0"], "--trainer-arg instance_prompt"),
     (["--tier", "sdxl-lora", "--provider", "aws", "--model", "tiny", "--yes"], "--model tiny-sdxl"),
     (["--tier", "sd15-lora", "--trainer-arg", "=3"], "KEY=VALUE"),
+    # Launched, it failed three boots in a row on "needs trainer_args: the command line".
+    (["--tier", "sd15-lora", "--trainer", "command"], "trainer command needs the command to run"),
+    (["--tier", "sd15-lora", "--trainer", "command", "--trainer-arg", "save_signal=SIGUSR1"], "--trainer-arg command="),
 ])
 def test_bad_training_input_is_one_line_exit_2_nothing_launched(capsys, sdcloud_home, bad_inputs, args, needle):
     capsys.readouterr()

@@ -17,7 +17,7 @@ from .base import Context, Trainer, flag_args
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 # The trainer's on/off flags (argparse.BooleanOptionalAction in builtin/arguments.py): off is --no-<flag>.
-NEGATABLE = ("buckets", "gradient-checkpointing")
+NEGATABLE = ("buckets", "gradient-checkpointing", "precondition-outputs")
 
 
 class BuiltinTrainer(Trainer):

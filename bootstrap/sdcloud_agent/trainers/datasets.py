@@ -76,7 +76,10 @@ def scan(folder: Path, check_images: bool = True) -> DatasetScan:
                 with Image.open(f) as im:
                     size = im.size
             except Exception as exc:  # noqa: BLE001 - Pillow raises many kinds for bad files
-                out.unreadable.append(f"{f.relative_to(folder)} ({type(exc).__name__}: {str(exc)[:60]})")
+                # The file is named once, before; Pillow's message repeats its whole path, which
+                # cut to 60 characters left only a piece of the path and none of the why.
+                why = str(exc).replace(f"'{f}'", "").replace(str(f), "").strip().rstrip(":").strip()
+                out.unreadable.append(f"{f.relative_to(folder)} ({type(exc).__name__}" + (f": {why[:60]})" if why else ")"))
                 continue
             if out.smallest is None or size[0] * size[1] < out.smallest[0] * out.smallest[1]:
                 out.smallest = size

@@ -19,8 +19,9 @@ OWNED = ("output_dir", "max_train_steps", "checkpointing_steps", "resume_from_ch
 # Scripts that read captions from a dataset's caption column (--dataset_name/--caption_column).
 CAPTION_SCRIPTS = ("train_dreambooth_lora_sdxl.py", "train_text_to_image.py", "train_text_to_image_lora.py",
                    "train_text_to_image_sdxl.py", "train_text_to_image_lora_sdxl.py",
-                   # SD3's LoRA script reads --dataset_name with --image_column/--caption_column too.
-                   "train_dreambooth_lora_sd3.py")
+                   # SD3's scripts, the LoRA one and the DreamBooth one, read --dataset_name with
+                   # --image_column/--caption_column too (their DreamBoothDataset).
+                   "train_dreambooth_lora_sd3.py", "train_dreambooth_sd3.py")
 
 
 class DiffusersTrainer(AccelerateTrainer):

@@ -113,8 +113,7 @@ class Controller:
                                   events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self), nodes=self.spec.nodes)
         self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
                            self.event, self.timing, spec_market=self.spec.market, max_price=self.plan.max_price)
-        # A run across clouds: its home store stays; launches follow the cloud it moved to (cloud_move.py).
-        cloud_move.remember_home(self)
+        cloud_move.remember_home(self)  # across clouds: the home store stays, launches follow the run (cloud_move.py)
 
     @property
     def candidates(self) -> list[Offer]:
@@ -371,14 +370,15 @@ class Controller:
                                   "lost_steps": max(0, done_before - int(resumed)), "zone": cur.zone,
                                   "instance_type": cur.instance_type})
 
-    def end_attempt(self, cur: Attempt, reason: str) -> None:
-        """End the attempt's host for `reason` and price it into the ledger; a host only the bucket
-        reaches (another machine's) is asked to save and end there, and closed at its own end."""
-        self._closed(cur, self.fleet.end(cur, reason, at=remote_end.ask_host(self, cur, reason)))
+    def end_attempt(self, cur: Attempt, reason: str, said: str | None = None) -> None:
+        """End the attempt's host for `reason` (`said`: the stop's own words, for `logs`) and price it; a host only
+        the bucket reaches (another machine's) is asked to save and end there, and closed at its own end."""
+        self._closed(cur, self.fleet.end(cur, reason, at=remote_end.ask_host(self, cur, reason)), (reason, said))
 
-    def _closed(self, cur: Attempt, end: float) -> None:
-        """Price every item of an ended attempt (AWS spot from its zone's own price history) into the ledger."""
-        ended_at = self.host.note_self_end(cur, self.host.read_status())
+    def _closed(self, cur: Attempt, end: float, ended_for: tuple[str, str | None] | None = None) -> None:
+        """Price an ended attempt into the ledger (`ended_for`: (reason, words) when this driver ended it)."""
+        ended_at = self.host.note_self_end(cur, status := self.host.read_status(), ended_for)
+        self.host.settle_step(cur, status, ended_for)
         if ended_at is not None and ended_at < end:
             # The host ended itself: its billing stopped then, not when the controller noticed.
             self.state.update_attempt(self.run_id, cur.n, end=max(ended_at, cur.start or ended_at))
@@ -407,7 +407,7 @@ class Controller:
         with config.run_settings(self.run_settings):
             cur = self.current()
             if cur is not None:
-                self.end_attempt(cur, "stopped")
+                self.end_attempt(cur, "stopped", reason)
             self.end_run("stopped", reason)
             self.journal.flush()
 

@@ -26,7 +26,8 @@ KOHYA_SCRIPTS = ("train_network.py", "sdxl_train_network.py", "train_db.py", "sd
 DIFFUSERS_SCRIPTS = ("dreambooth/train_dreambooth_lora.py", "dreambooth/train_dreambooth_lora_sdxl.py",
                      "dreambooth/train_dreambooth.py", "text_to_image/train_text_to_image.py",
                      "text_to_image/train_text_to_image_lora.py", "text_to_image/train_text_to_image_sdxl.py",
-                     "text_to_image/train_text_to_image_lora_sdxl.py")
+                     "text_to_image/train_text_to_image_lora_sdxl.py",
+                     "dreambooth/train_dreambooth_lora_sd3.py", "dreambooth/train_dreambooth_sd3.py")
 FLAG_ACTIONS = ("store_true", "store_false", "store_const", "count", "help", "version")
 
 

@@ -186,6 +186,13 @@ def resolution_from_model(spec: Any) -> bool:
 
 def check_trainer_args(spec: Any, tier: Tier) -> None:
     """Refuse, before launch, a run whose trainer would stop at once for want of a flag."""
+    if spec.trainer == "command":
+        args = spec.trainer_args
+        given = args.get("command") if isinstance(args, dict) else args
+        if not given:  # its host would fail every boot on "needs trainer_args: the command line"
+            raise UserError("trainer command needs the command to run: --trainer-arg command='python train.py ...' "
+                            "(or trainer_args: [python, train.py, ...] in a run file)")
+        return
     if spec.trainer not in ("kohya", "diffusers"):
         return
     from sdcloud_agent.trainers.diffusers import DiffusersTrainer

@@ -9,6 +9,8 @@ import json
 import sys
 import time
 
+import pytest
+
 from sdcloud_agent import manifest as mf
 from tests.agent.trainers.test_kohya_adapter import FAKE_KOHYA, TRUE, _flags, _images, _kohya_cmd
 from tests.runs.test_sd3_models import SD35_LARGE
@@ -91,9 +93,10 @@ def test_kohya_on_an_sd3_tier_saves_at_the_notice_and_resumes_there(tmp_path):
     assert store.head("runs/e2e/artifacts/sdcloud.safetensors") is not None
 
 
-def test_the_diffusers_sd3_lora_script_gets_the_captions(tmp_path):
-    """train_dreambooth_lora_sd3.py reads captions from an imagefolder (--dataset_name with
-    --caption_column), as the SDXL LoRA script does; the DreamBooth one, one flat folder."""
+def test_both_diffusers_sd3_scripts_get_the_captions(tmp_path):
+    """train_dreambooth_lora_sd3.py and train_dreambooth_sd3.py read captions from an imagefolder
+    (--dataset_name with --caption_column, their DreamBoothDataset), as the SDXL LoRA script does:
+    the DreamBooth tier trains on the user's captions too, not on the instance prompt alone."""
     from sdcloud.offers.tiers import get_tier
     from sdcloud.runs.inputs.training import tier_defaults
     from sdcloud_agent.trainers.base import Context
@@ -101,15 +104,53 @@ def test_the_diffusers_sd3_lora_script_gets_the_captions(tmp_path):
 
     data = _images(tmp_path / "photos", 2)
     (data / "0.txt").write_text("a photo of sks toy on a table")
-    for tier, flag in (("sd35m-lora", "--caption_column"), ("sd35m-dreambooth", "--instance_data_dir")):
+    for tier in ("sd35m-lora", "sd35m-dreambooth"):
         args = {**tier_defaults("diffusers", get_tier(tier)), "instance_prompt": "a photo of sks toy"}
         ctx = Context(steps=10, checkpoint_every=5, model="m", workdir=tmp_path / tier, checkpoint_dir=tmp_path / "ck",
                       output_dir=tmp_path / "out", dataset=data, trainer_args=args)
         cmd = DiffusersTrainer().command(ctx)
-        assert cmd[0].endswith(args["script"]) or args["script"] in " ".join(cmd)
-        assert flag in cmd, cmd
-    meta = json.loads((tmp_path / "sd35m-lora" / "imagefolder" / "metadata.jsonl").read_text().splitlines()[0])
-    assert meta["text"] in ("a photo of sks toy on a table", "a photo of sks toy")
+        assert args["script"] in " ".join(cmd)
+        assert cmd[cmd.index("--caption_column") + 1] == "text" and "--instance_data_dir" not in cmd, (tier, cmd)
+        folder = cmd[cmd.index("--dataset_name") + 1]
+        rows = [json.loads(line) for line in (tmp_path / tier / "imagefolder" / "metadata.jsonl").read_text().splitlines()]
+        assert folder == str(tmp_path / tier / "imagefolder")
+        assert sorted(r["text"] for r in rows) == ["a photo of sks toy", "a photo of sks toy on a table"], (tier, rows)
+
+
+def test_every_script_a_tier_launches_is_in_the_options_table():
+    """The flags of whatever script a tier runs (kohya's and diffusers', SD3's included) are checked
+    before launch: a script missing from trainer-options.json would pass any flag unchecked."""
+    from sdcloud.offers.tiers import all_tiers
+    from sdcloud.runs.inputs.training import DIFFUSERS_SCRIPTS, KOHYA_SCRIPTS, tier_defaults
+    from sdcloud_agent.trainers import options
+
+    for trainer, scripts in (("kohya", KOHYA_SCRIPTS), ("diffusers", DIFFUSERS_SCRIPTS)):
+        missing = [s for s in scripts.values() if options.script_options(trainer, s) is None]
+        assert missing == [], (trainer, missing)
+        for tier in (t for t in all_tiers().values() if t.kind == "train"):
+            assert options.script_options(trainer, tier_defaults(trainer, tier)["script"]) is not None, tier.name
+    sd3_db = options.script_options("diffusers", "train_dreambooth_sd3.py")
+    assert {"--dataset_name", "--caption_column", "--instance_prompt", "--precondition_outputs"} <= set(sd3_db)
+
+
+def test_a_misspelt_flag_for_a_diffusers_sd3_script_is_refused_before_launch():
+    from sdcloud.errors import UserError
+    from sdcloud.offers.tiers import get_tier
+    from sdcloud.runs.inputs.preflight import check_script_args
+    from sdcloud.runs.inputs.spec import RunSpec
+
+    for tier in ("sd35m-lora", "sd35m-dreambooth"):
+        spec = RunSpec(tier=tier, trainer="diffusers", dataset="/d", model="m",
+                       trainer_args={"instance_prompt": "a sks toy", "weigting_scheme": "cosmap"})
+        with pytest.raises(UserError, match="has no flag --weigting_scheme; did you mean --weighting_scheme"):
+            check_script_args(spec, get_tier(tier))
+        spec = RunSpec(tier=tier, trainer="diffusers", dataset="/d", model="m",
+                       trainer_args={"instance_prompt": "a sks toy", "weighting_scheme": "uniform"})
+        with pytest.raises(UserError, match="must be one of sigma_sqrt, logit_normal, mode, cosmap"):
+            check_script_args(spec, get_tier(tier))
+        ok = RunSpec(tier=tier, trainer="diffusers", dataset="/d", model="m",
+                     trainer_args={"instance_prompt": "a sks toy", "weighting_scheme": "cosmap"})
+        check_script_args(ok, get_tier(tier))
 
 
 def test_the_diffusers_sd3_script_is_reclaimed_and_resumes_at_its_checkpoint(tmp_path):

@@ -68,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="render this prompt (fixed seed) into samples/ of every checkpoint; repeatable")
     p.add_argument("--validation-steps", type=int, default=20,
                    help="sampling steps of the validation images")
+    p.add_argument("--weighting-scheme", choices=["logit_normal", "none", "sigma_sqrt", "mode", "cosmap"],
+                   default="logit_normal",
+                   help="sd3 only: where sigma is drawn and how the error is weighted, the diffusers SD3 "
+                        "scripts' --weighting_scheme choices (none: uniform draw, unit weights); "
+                        "logit_normal is the SD3 paper's")
+    p.add_argument("--precondition-outputs", action=argparse.BooleanOptionalAction, default=False,
+                   help="sd3 only: the error taken on the latent (the diffusers SD3 scripts' default, "
+                        "which weights the velocity error by sigma squared), not on the velocity")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--min-step-seconds", type=float, default=0.0, metavar="S",
                    help="pace: let each step take at least S seconds (demos of the tiny model, so a "

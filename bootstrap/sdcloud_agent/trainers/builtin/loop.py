@@ -152,10 +152,14 @@ class Trainer(ModelSetup, CheckpointIO, Output):
             t.append(torch.randint(0, steps, (1,), generator=g, device=dev))
         return torch.cat(eps), torch.cat(noise), torch.cat(t)
 
-    def _backward_share(self, pred: Any, target: Any, share: float) -> float:
+    def _backward_share(self, pred: Any, target: Any, share: float, weighting: Any = None) -> float:
         """One micro-batch's loss, weighted by its share of the optimizer step, and its gradients
-        (through the fp16 loss scaler where one is on): every family's objective ends here."""
-        loss = self.torch.nn.functional.mse_loss(pred.float(), target.float()) * share
+        (through the fp16 loss scaler where one is on): every family's objective ends here.
+        `weighting`: a per-sample weight of the squared error (sd3's --weighting-scheme)."""
+        if weighting is None:
+            loss = self.torch.nn.functional.mse_loss(pred.float(), target.float()) * share
+        else:
+            loss = (weighting.float() * (pred.float() - target.float()) ** 2).mean() * share
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
         else:

@@ -7,22 +7,65 @@ T5's width and followed by T5's states; the two CLIP projections pooled), after 
 encoders leave the GPU. A model without T5 (``text_encoder_3`` absent) trains on zeros in its
 place, as the pipeline does.
 
-The objective is flow matching, as the diffusers SD3 examples (train_dreambooth_lora_sd3.py) and
-kohya's sd3_train_network.py train it: the noisy latent is ``(1 - sigma) * x + sigma * noise``, the
-target the velocity ``noise - x``, with sigma drawn from the logit-normal density (mean 0, std 1:
-the SD3 paper's choice and the diffusers examples' default weighting scheme) through the
-scheduler's shifted sigma table (shift 3.0 for SD3). The draws come from the step's generator, so
-a resumed run draws what the uninterrupted one would have.
+The objective is the SD3 paper's rectified flow (Esser et al. 2024, "Scaling Rectified Flow
+Transformers", arXiv 2403.03206): the noisy latent is ``(1 - sigma) * x + sigma * noise``, the
+target the velocity ``noise - x``, the loss its plain mean squared error, with sigma drawn from
+the logit-normal density (mean 0, std 1: the paper's choice) through the scheduler's shifted sigma
+table (shift 3.0 for SD3). That is neither trainer's default exactly: the diffusers SD3 examples
+(train_dreambooth_lora_sd3.py) draw the same density but precondition the output by default
+(``--precondition_outputs 1``: the error is taken on ``x``, which weights the velocity error by
+sigma squared), and kohya's sd3_train_network.py draws sigma uniformly with its own shift.
+``--weighting-scheme`` offers the diffusers scripts' choices (their training_utils functions,
+``compute_density_for_timestep_sampling`` and ``compute_loss_weighting_for_sd3``, restated here
+so the trainer needs no newer diffusers) and ``none``, the uniform draw with unit weights;
+``--precondition-outputs`` takes the diffusers examples' target. The draws come from the step's
+generator, so a resumed run draws what the uninterrupted one would have.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 # The transformer's attention projections, the image stream's and the text stream's (add_*): the
 # modules the diffusers SD3 LoRA example targets by default.
 LORA_TARGETS_SD3 = ["to_k", "to_q", "to_v", "to_out.0", "add_k_proj", "add_q_proj", "add_v_proj", "to_add_out"]
 MAX_SEQUENCE_LENGTH = 77  # T5 tokens per caption: the diffusers SD3 examples' default
+# The diffusers SD3 scripts' --weighting_scheme choices and "none" (uniform draw, unit weights);
+# logit_normal first: the default, the SD3 paper's. Their fixed parameters are the scripts'
+# defaults (--logit_mean 0, --logit_std 1, --mode_scale 1.29).
+WEIGHTING_SCHEMES = ("logit_normal", "none", "sigma_sqrt", "mode", "cosmap")
+MODE_SCALE = 1.29
+
+
+def timestep_density(torch: Any, scheme: str, n: int, g: Any, device: Any) -> Any:
+    """n draws in [0, 1) of where on the sigma table a sample lands: diffusers'
+    compute_density_for_timestep_sampling, drawn from the step's generator."""
+    if scheme == "logit_normal":
+        return torch.sigmoid(torch.randn((n,), generator=g, device=device))
+    u = torch.rand((n,), generator=g, device=device)
+    if scheme == "mode":
+        return 1 - u - MODE_SCALE * (torch.cos(math.pi * u / 2) ** 2 - 1 + u)
+    return u
+
+
+def loss_weighting(torch: Any, scheme: str, sigmas: Any) -> Any:
+    """The per-sample weight of the squared error: diffusers' compute_loss_weighting_for_sd3."""
+    if scheme == "sigma_sqrt":
+        return (sigmas ** -2.0).float()
+    if scheme == "cosmap":
+        return 2 / (math.pi * (1 - 2 * sigmas + 2 * sigmas ** 2))
+    return torch.ones_like(sigmas)
+
+
+def flow_matching_terms(torch: Any, scheme: str, precondition: bool, pred: Any, noisy: Any, latents: Any,
+                        noise: Any, sigmas: Any) -> tuple[Any, Any, Any]:
+    """(prediction, target, weighting) of the loss ``mean(weighting * (prediction - target)^2)``.
+    Preconditioned (diffusers' default), the velocity is turned into ``x``'s estimate and compared
+    with ``x``: ``noisy - sigma * v - x = sigma * (noise - x - v)``, the velocity error times sigma."""
+    if precondition:
+        return pred * (-sigmas) + noisy, latents, loss_weighting(torch, scheme, sigmas)
+    return pred, noise - latents, loss_weighting(torch, scheme, sigmas)
 
 
 class SD3Setup:
@@ -63,18 +106,19 @@ class SD3Setup:
         torch, dev = self.torch, self.device
         latents = (mean + std * torch.randn(mean.shape, generator=g, device=dev) - self.latent_shift) * self.scaling
         noise = torch.randn(latents.shape, generator=g, device=dev)
-        u = torch.sigmoid(torch.randn((latents.shape[0],), generator=g, device=dev))
+        u = timestep_density(torch, self.args.weighting_scheme, latents.shape[0], g, dev)
         idx = (u * len(self.sd3_timesteps)).long().clamp(max=len(self.sd3_timesteps) - 1).cpu()
         timesteps = self.sd3_timesteps[idx].to(dev)
         sigmas = self.sd3_sigmas[idx].to(dev).view(-1, 1, 1, 1)
         noisy = (1.0 - sigmas) * latents + sigmas * noise
-        target = noise - latents
         enc = torch.cat([self.text_embeds[i] for i in members]).to(dev)
         pooled = torch.cat([self.pooled[i] for i in members]).to(dev)
         with self._autocast():
             pred = self.unet(hidden_states=noisy, timestep=timesteps, encoder_hidden_states=enc,
                              pooled_projections=pooled, return_dict=False)[0]
-        return self._backward_share(pred, target, len(members) / per_step)
+        pred, target, weighting = flow_matching_terms(torch, self.args.weighting_scheme, self.args.precondition_outputs,
+                                                      pred.float(), noisy, latents, noise, sigmas)
+        return self._backward_share(pred, target, len(members) / per_step, weighting)
 
     def _sd3_lora_file(self, peft_sd: dict[str, Any]) -> dict[str, Any]:
         """The layout StableDiffusion3Pipeline.save_lora_weights writes (as the diffusers SD3 LoRA
