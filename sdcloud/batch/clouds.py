@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from ..errors import UserError
 
 # Attempt numbers of the k-th other cloud start at k x ATTEMPTS_APART + 1 (a fleet's launches are
 # bounded far below this: sdcloud.fleet.lifecycle.MAX_FAILED_LAUNCHES and the job's workers).
@@ -40,34 +39,17 @@ ATTEMPTS_APART = 10_000
 def resolve(text: str) -> list[str]:
     """`aws,tencent` -> the providers, each matched to a known name, repeats dropped. Several must
     all be clouds with a price catalog: another cloud's workers need that cloud's stack and store."""
-    from ..names import match_name
-    from ..providers.traits import names, traits
+    from ..runs.inputs.clouds import resolve as resolve_clouds
 
-    found = list(dict.fromkeys(match_name(p.strip(), names(), "provider") for p in text.split(",") if p.strip()))
-    if not found:
-        raise UserError(f"--provider needs a provider name, got {text!r}")
-    if len(found) > 1:
-        for name in found:
-            t = traits(name)
-            if not (t.is_cloud and t.catalog):
-                raise UserError(f"--provider {','.join(found)}: {name} cannot share a batch job with another cloud "
-                                "(only clouds with a price catalog can)")
-    return found
+    return resolve_clouds(text, "a batch job")
 
 
 def check(providers: list[str], store_conf: Callable[[str], dict]) -> dict[str, dict]:
     """Before anything is recorded: every named provider's credentials, then each other cloud's
     store (its stack's bucket). One line naming the first that is missing. Returns {cloud: store conf}."""
-    from ..providers import get_provider
-    from ..providers.capabilities import ChecksCredentials
+    from ..runs.inputs.clouds import check_credentials
 
-    for name in providers:
-        prov = get_provider(name)
-        if isinstance(prov, ChecksCredentials):
-            try:
-                prov.check_credentials()
-            except UserError as exc:
-                raise UserError(f"provider {name} (of {','.join(providers)}): {exc}") from None
+    check_credentials(providers)
     return {name: store_conf(name) for name in providers[1:]}
 
 

@@ -10,32 +10,7 @@ import json
 import pytest
 
 from sdcloud.cli import main
-
-
-def _refused(capsys, args: list[str], needle: str) -> str:
-    rc = main(args)
-    out = capsys.readouterr()
-    assert rc == 2, (args, out.err)
-    assert out.err.count("\n") == 1 and needle in out.err, out.err
-    return out.err
-
-
-def _nothing_recorded() -> None:
-    from sdcloud.runs.records.state import StateStore
-
-    assert StateStore().list_runs() == []
-
-
-@pytest.fixture
-def dataset(tmp_path):
-    from PIL import Image
-
-    folder = tmp_path / "dataset"
-    folder.mkdir()
-    for i in range(2):
-        Image.new("RGB", (16, 16), (i * 90, 40, 200)).save(folder / f"{i}.png")
-        (folder / f"{i}.txt").write_text(f"a photo of sks thing number {i}")
-    return folder
+from tests.support.harness_cli import nothing_recorded, refused
 
 
 def test_the_spec_keeps_the_clouds_home_first_and_refuses_a_host_that_is_no_cloud(dataset):
@@ -54,31 +29,31 @@ def test_the_spec_keeps_the_clouds_home_first_and_refuses_a_host_that_is_no_clou
 
 
 def test_without_the_other_clouds_credentials_the_run_is_refused_before_anything_is_recorded(capsys, dataset, aws_env):
-    err = _refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--provider", "aws,tencent",
+    err = refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--provider", "aws,tencent",
                             "--steps", "10", "--yes"], "provider tencent")
     assert "TENCENTCLOUD_SECRET_ID" in err
-    _nothing_recorded()
-    err = _refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--provider", "tencent,aws",
+    nothing_recorded()
+    err = refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--provider", "tencent,aws",
                             "--steps", "10", "--yes"], "provider tencent (of tencent,aws)")
-    _nothing_recorded()
+    nothing_recorded()
 
 
 def test_defaults_providers_are_used_and_checked(capsys, sdcloud_home, dataset, aws_env):
     sdcloud_home.mkdir(parents=True, exist_ok=True)
     (sdcloud_home / "config.toml").write_text('[defaults]\nproviders = ["aws", "tencent"]\n')
-    _refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--steps", "10", "--yes"],
+    refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--steps", "10", "--yes"],
              "provider tencent")
-    _nothing_recorded()
+    nothing_recorded()
     (sdcloud_home / "config.toml").write_text('[defaults]\nproviders = "aws,moon"\n')
-    _refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--steps", "10"], "must be one of")
-    _nothing_recorded()
+    refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--steps", "10"], "must be one of")
+    nothing_recorded()
 
 
 def test_unattended_across_clouds_is_refused_in_one_line(capsys, dataset, monkeypatch):
-    err = _refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--provider", "aws,tencent",
+    err = refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--provider", "aws,tencent",
                             "--steps", "10", "--unattended", "--yes"], "--unattended runs in one cloud")
     assert "aws,tencent" in err
-    _nothing_recorded()
+    nothing_recorded()
 
 
 def test_offers_ranks_the_named_clouds_in_one_table(capsys):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from sdcloud.cli import main
+from tests.support.harness_cli import nothing_recorded, refused
 
 from tests.support import ROOT
 
@@ -48,32 +49,6 @@ def test_every_section_has_a_bad_value_case():
     assert covered == set(_sections())
 
 
-def _refused(capsys, args: list[str], needle: str) -> str:
-    rc = main(args)
-    out = capsys.readouterr()
-    assert rc == 2, (args, out.err)
-    assert out.err.count("\n") == 1 and needle in out.err, out.err
-    return out.err
-
-
-def _nothing_recorded() -> None:
-    from sdcloud.runs.records.state import StateStore
-
-    assert StateStore().list_runs() == []
-
-
-@pytest.fixture
-def dataset(tmp_path):
-    folder = tmp_path / "dataset"
-    folder.mkdir()
-    from PIL import Image
-
-    for i in range(2):
-        Image.new("RGB", (16, 16), (i * 90, 40, 200)).save(folder / f"{i}.png")
-        (folder / f"{i}.txt").write_text(f"a photo of sks thing number {i}")
-    return folder
-
-
 @pytest.fixture
 def prompts(tmp_path):
     p = tmp_path / "prompts.txt"
@@ -86,29 +61,29 @@ def test_a_bad_value_in_each_section_refuses_up_and_batch_submit(capsys, sdcloud
                                                                   section, line, needle):
     sdcloud_home.mkdir(parents=True, exist_ok=True)
     (sdcloud_home / "config.toml").write_text(f"[{section}]\n{line}\n")
-    err = _refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--steps", "2"], needle)
+    err = refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--steps", "2"], needle)
     assert section.split(".")[0].split('"')[0] in err  # the refusal names where the value is
-    _refused(capsys, ["batch", "submit", "--tier", "batch-sd15", "--model", "tiny", "--prompts", str(prompts),
+    refused(capsys, ["batch", "submit", "--tier", "batch-sd15", "--model", "tiny", "--prompts", str(prompts),
                       "--generator", "fake"], needle)
-    _nothing_recorded()
+    nothing_recorded()
 
 
 @pytest.mark.parametrize("section", _sections())
 def test_an_unknown_key_in_each_section_is_named(capsys, sdcloud_home, dataset, section):
     sdcloud_home.mkdir(parents=True, exist_ok=True)
     (sdcloud_home / "config.toml").write_text(f"[{section}]\ncolour = \"blue\"\n")
-    err = _refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--steps", "2"], "colour")
+    err = refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--steps", "2"], "colour")
     assert f"[{section}]" in err
-    _nothing_recorded()
+    nothing_recorded()
 
 
 def test_an_unknown_section_and_a_section_that_is_not_a_table(capsys, sdcloud_home, dataset):
     sdcloud_home.mkdir(parents=True, exist_ok=True)
     (sdcloud_home / "config.toml").write_text("[gpu]\nfast = true\n")
-    _refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset)], "unknown section [gpu]")
+    refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset)], "unknown section [gpu]")
     (sdcloud_home / "config.toml").write_text('network = "cn"\n')
-    _refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset)], "[network] must be a table")
-    _nothing_recorded()
+    refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset)], "[network] must be a table")
+    nothing_recorded()
 
 
 def test_a_good_config_with_every_section_is_accepted():
@@ -131,27 +106,27 @@ def test_the_run_files_network_is_checked_on_this_machine_too(capsys, sdcloud_ho
                          ("network: cn\n", "must be a mapping")):
         run = tmp_path / "run.yaml"
         run.write_text(f"tier: sd15-lora\nsteps: 2\ndataset: {dataset}\n{body}")
-        _refused(capsys, ["up", "-f", str(run)], needle)
-    _nothing_recorded()
+        refused(capsys, ["up", "-f", str(run)], needle)
+    nothing_recorded()
 
 
 def test_up_refuses_a_batch_tier_and_batch_submit_a_training_tier(capsys, sdcloud_home, dataset, prompts):
-    err = _refused(capsys, ["up", "--tier", "batch-sd15", "--dataset", str(dataset)], "batch submit --tier batch-sd15")
+    err = refused(capsys, ["up", "--tier", "batch-sd15", "--dataset", str(dataset)], "batch submit --tier batch-sd15")
     assert "does not train" in err
-    _refused(capsys, ["batch", "submit", "--tier", "sd15-lora", "--model", "tiny", "--prompts", str(prompts)],
+    refused(capsys, ["batch", "submit", "--tier", "sd15-lora", "--model", "tiny", "--prompts", str(prompts)],
              "not a batch tier")
-    _nothing_recorded()
+    nothing_recorded()
 
 
-def test_region_on_a_provider_without_regions_is_refused(capsys, sdcloud_home, dataset):
+def test_region_on_a_provider_without_regions_isrefused(capsys, sdcloud_home, dataset):
     from sdcloud.providers.traits import names, traits
 
     without = [n for n in names() if not traits(n).default_region]
     assert "local" in without
-    err = _refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--region", "us-east-1"],
+    err = refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--region", "us-east-1"],
                    "has no regions")
     assert "--region us-east-1" in err
-    _nothing_recorded()
+    nothing_recorded()
 
 
 @pytest.mark.parametrize("provider", ["aws", "tencent"])
@@ -162,13 +137,13 @@ def test_a_region_the_catalog_does_not_know_is_refused_before_credentials_are_as
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "TENCENTCLOUD_SECRET_ID",
                 "TENCENTCLOUD_SECRET_KEY"):
         monkeypatch.delenv(var, raising=False)
-    err = _refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--provider", provider,
+    err = refused(capsys, ["up", "--tier", "sd15-lora", "--dataset", str(dataset), "--provider", provider,
                             "--region", "mars-1", "--yes"], f"unknown region 'mars-1' for {provider}; known: ")
     assert "credentials" not in err
-    _nothing_recorded()
+    nothing_recorded()
 
 
-def test_logs_attempt_beyond_the_last_is_refused(capsys, sdcloud_home):
+def test_logs_attempt_beyond_the_last_isrefused(capsys, sdcloud_home):
     from sdcloud.runs.records.state import StateStore
 
     state = StateStore()
@@ -178,9 +153,9 @@ def test_logs_attempt_beyond_the_last_is_refused(capsys, sdcloud_home):
     state.update_run("r-0123abcd", state="stopped")
     assert main(["logs", "r-0123abcd", "--attempt", "2"]) == 0
     capsys.readouterr()
-    err = _refused(capsys, ["logs", "r-0123abcd", "--attempt", "9"], "attempts 1 to 2")
+    err = refused(capsys, ["logs", "r-0123abcd", "--attempt", "9"], "attempts 1 to 2")
     assert "--attempt 9" in err
-    _refused(capsys, ["logs", "r-0123abcd", "--attempt", "0"], "attempts 1 to 2")
+    refused(capsys, ["logs", "r-0123abcd", "--attempt", "0"], "attempts 1 to 2")
 
 
 def test_the_readme_lists_every_section_with_a_link_to_its_reference():

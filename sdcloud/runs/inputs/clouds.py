@@ -34,17 +34,18 @@ def named_here(key: str, fields: dict, in_file: set) -> bool:
     return key == "providers" and (fields.get("provider") is not None or "provider" in in_file)
 
 
-def resolve(value: object) -> list[str]:
-    """The run's providers, each matched to a known name; more than one must all be clouds with a
-    catalog (a move copies the checkpoint between two clouds' stores)."""
+def resolve(value: object, shared: str = "a run") -> list[str]:
+    """The providers of a run (or batch job: `shared`), each matched to a known name; more than one must
+    all be clouds with a catalog (a move copies the checkpoint, a job's relay its images, between two
+    clouds' stores)."""
     found = [match_name(p, names(), "provider") for p in split(value)]
     found = list(dict.fromkeys(found))
     if len(found) > 1:
         for name in found:
             t = traits(name)
             if not (t.is_cloud and t.catalog):
-                raise UserError(f"--provider {','.join(found)}: {name} cannot share a run with another cloud "
-                                "(only clouds with a price catalog can; see: sdcloud providers)")
+                raise UserError(f"--provider {','.join(found)}: {name} cannot share {shared} with another cloud "
+                                "(only clouds with a price catalog can)")
     return found
 
 
