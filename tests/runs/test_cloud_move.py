@@ -241,3 +241,31 @@ def test_cos_takes_the_presigned_get_and_put_of_a_move(cos_env, tmp_path):
     assert copied.step == 12 and manifest.newest_complete(dst, PREFIX).step == 12
     assert dst.get(f"{PREFIX}/checkpoints/000000012/model.safetensors") == b"z" * 3000
     assert not [s for s in cos_env.seen if s.refused]
+
+
+def test_a_file_over_one_puts_limit_goes_by_the_destinations_multipart_upload(s3_env, tmp_path, monkeypatch):
+    """S3 and COS take at most 5 GB in one PUT: a larger file is fetched through its presigned GET and
+    sent by the destination store's multipart upload (here the limit is lowered to 1 MiB)."""
+    import boto3
+
+    from sdcloud.runs.driving import cloud_move
+    from sdcloud_agent.store import open_store
+
+    s3 = boto3.client("s3", endpoint_url=s3_env["endpoint_url"])
+    for bucket in ("big-home", "big-away"):
+        s3.create_bucket(Bucket=bucket)
+    src = open_store({"url": "s3://big-home/p", "endpoint_url": s3_env["endpoint_url"]})
+    dst = open_store({"url": "s3://big-away/q", "endpoint_url": s3_env["endpoint_url"],
+                      "engine": "s3transfer", "part_size": 5 * 1024 * 1024})
+    big = bytes(range(256)) * (12 * 4096)  # 12 MiB: three parts of 5 MiB
+    _checkpoint(src, 5, {"model.safetensors": big, "optimizer.pt": b"o" * 100}, tmp_path)
+    monkeypatch.setattr(cloud_move, "SINGLE_PUT_BYTES", 1024 * 1024)
+    sent = []
+    real = dst.put_file
+    dst.put_file = lambda key, path, *a, **k: sent.append(key) or real(key, path, *a, **k)
+    copied = copy_checkpoint(src, dst, RUN)
+    assert copied.step == 5 and sent == [f"{PREFIX}/checkpoints/000000005/model.safetensors"]
+    assert manifest.complete_steps(dst, PREFIX) == [5]
+    assert dst.get(f"{PREFIX}/checkpoints/000000005/model.safetensors") == big
+    head = s3.head_object(Bucket="big-away", Key=f"q/{PREFIX}/checkpoints/000000005/model.safetensors")
+    assert head["ETag"].strip('"').endswith("-3")  # landed as a multipart object of three parts

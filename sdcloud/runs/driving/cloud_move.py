@@ -35,6 +35,11 @@ from ..inputs.spec import RunPlan
 from ..records.store import NotFound, StoreError, open_run_store, store_config
 
 URL_SECONDS = 900  # a presigned URL lives long enough for one file, no longer
+# The largest object one PUT may carry: 5 GB on S3 ("Uploading objects": a single PUT up to 5 GB) and
+# on COS (PUT Object, "up to 5 GB"). A larger file (an SDXL fine-tune's weights with their optimizer
+# state) is fetched through its presigned GET into a temporary file here and sent by the destination
+# store's multipart upload, signed with the user's keys of that cloud, which this machine holds.
+SINGLE_PUT_BYTES = 5 * 1024**3
 COPY_TRIES = 3  # tries of one whole copy in a step; a step later tries again (the manifest waits)
 MOVE_MARGIN = 0.10  # the other cloud must be this much cheaper to finish, the move included
 MAX_MOVE_FAILURES = 3  # moves whose copy never landed, after which the run falls back as in one cloud
@@ -67,11 +72,26 @@ def copy_object(src: Any, dst: Any, key: str, size: int) -> None:
     tls = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
     try:
         with urllib.request.urlopen(get_url, timeout=60, context=tls) as body:
+            if size > SINGLE_PUT_BYTES:
+                _multipart_from(body, dst, key)
+                return
             req = urllib.request.Request(put_url, data=body, method="PUT",
                                          headers={"Content-Length": str(size)})
             urllib.request.urlopen(req, timeout=300, context=tls).close()
     except OSError as exc:  # urllib's HTTPError and URLError are OSErrors: the copy is cut, redone later
         raise StoreError(f"copy of {key} between clouds failed: {exc}") from None
+
+
+def _multipart_from(body: Any, dst: Any, key: str) -> None:
+    """A file too large for one PUT: spooled to a temporary file, then the destination store's own
+    multipart upload (all parts or no object), the temporary file removed either way."""
+    import shutil
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(prefix="sdcloud-move-") as spool:
+        shutil.copyfileobj(body, spool, 8 * 1024 * 1024)
+        spool.flush()
+        dst.put_file(key, spool.name)
 
 
 def _copy_keys(src: Any, dst: Any, keys: list[tuple[str, int]]) -> tuple[int, int]:
