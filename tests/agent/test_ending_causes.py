@@ -72,7 +72,7 @@ def test_the_self_end_says_the_cause_it_saved_on(monkeypatch):
     monkeypatch.setattr(selfend, "finish", finish)
 
     class _Cfg:
-        run_prefix, attempt = "runs/r-1", 1
+        run_prefix, attempt, node_rank = "runs/r-1", 1, 0
 
     for cause in ENDINGS:
         if cause == "lifetime-cap":
@@ -81,5 +81,6 @@ def test_the_self_end_says_the_cause_it_saved_on(monkeypatch):
         host.self_end = selfend.SelfEnd.from_dict({"provider": "local"})
         host.attendance, host.store, host._started_wall = object(), None, time.time()
         host.cfg, host.workdir = _Cfg(), Path("/nonexistent")
+        host.node_prefix = _Cfg.run_prefix  # a single host (rank 0) reports under the run's own prefix
         host.end_host(EXIT_PREEMPTED)
         assert seen["reason"] == ENDINGS[cause][2], cause
