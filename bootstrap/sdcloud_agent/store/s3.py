@@ -67,7 +67,15 @@ class S3Store:
             from botocore.config import Config
 
             options: dict[str, Any] = {
-                "s3": {"addressing_style": addressing_style or "auto"},
+                # SigV4 for every request and every presigned URL: botocore presigns S3 URLs with SigV2
+                # in the regions that once took it (us-east-1, eu-west-1, ...) unless told, and a SigV2
+                # URL signs Content-Type, which a PUT's sender adds (urllib: form-urlencoded) and S3 then
+                # refuses (403 SignatureDoesNotMatch); buckets made since 2020-06-24 take no SigV2 at all.
+                "signature_version": "s3v4",
+                # Virtual-hosted at the region's endpoint: a presigned URL at the global endpoint is
+                # redirected (307) for a bucket outside us-east-1 in its first day, and a PUT is not
+                # followed; a dotted name keeps path-style (its host would not match the certificate).
+                "s3": {"addressing_style": addressing_style or ("auto" if "." in bucket else "virtual")},
                 # Checksums on every request where the server supports them (CRC32 by default).
                 "request_checksum_calculation": "when_supported",
             }
@@ -281,6 +289,14 @@ class S3Store:
         op = {"get": "get_object", "put": "put_object"}[method]
         return self.client.generate_presigned_url(op, Params={"Bucket": self.bucket, "Key": self._k(key)},
                                                   ExpiresIn=int(expires))
+
+    def presign_put(self, key: str, expires: int = 900) -> tuple[str, dict[str, str]]:
+        """A presigned PUT of this key and the headers it signed, which its sender must send: the
+        object class tag (x-amz-tagging) that the stack's expiry rule matches rides in the signature."""
+        tags = self._tagging(key)
+        url = self.client.generate_presigned_url("put_object", Params={"Bucket": self.bucket, "Key": self._k(key), **tags},
+                                                 ExpiresIn=int(expires))
+        return url, ({"x-amz-tagging": tags["Tagging"]} if tags else {})
 
     def copy(self, src_key: str, dst_key: str) -> None:
         self._retry(lambda: self.client.copy({"Bucket": self.bucket, "Key": self._k(src_key)}, self.bucket,
