@@ -102,6 +102,17 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath, NodeGroup
                                 log=log.warning)
         return got, time.monotonic() - t0
 
+    def _carry_moved(self) -> None:
+        """A run that moved here from another cloud: its checkpoint and inputs fetched into this
+        cloud's store (the copy order the controller left, move_copy.py) before anything reads them.
+        One host copies (rank 0); the others of a group wait for its order to be done, within a limit."""
+        from . import move_copy
+
+        if self.cfg.node_rank == 0:
+            move_copy.fetch_ordered(self.store, self.cfg.run_prefix)
+        else:
+            move_copy.wait_until_carried(self.store, self.cfg.run_prefix)
+
     def _restore(self, ctx: Context, restoring: concurrent.futures.Future) -> None:
         """Wait for the checkpoint restore started before staging and take it up in `ctx`."""
         if not restoring.done():
@@ -239,6 +250,7 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath, NodeGroup
                       gpus=getattr(self, "gpu_count", 0))
         ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.worker.sync.seed()
+        self._carry_moved()
         # The checkpoint downloads while the model, the trainer's sources and the dataset are
         # staged: they are independent, and a resumed attempt's start-up is then the longest of
         # them rather than their sum. The restore writes into a temp folder renamed when whole,

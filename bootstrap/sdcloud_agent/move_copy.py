@@ -142,14 +142,14 @@ def carry_out(store: Any, run_prefix: str, order: dict, put_limit: int = SINGLE_
     tally, start = Fetched(), time.time()
     step = order.get("step")
     try:
-        if step is not None and step not in manifest.complete_steps(store, run_prefix):
-            man = order["manifest"]
+        man = order.get("manifest")
+        landing = man is not None and step not in manifest.complete_steps(store, run_prefix)
+        if landing:
             store.delete(man["key"])  # a manifest from an earlier copy is not trusted over new files
         for item in order.get("files", []):
             _one(store, item, put_limit, tally)
-        if step is not None and step not in manifest.complete_steps(store, run_prefix):
-            man = order["manifest"]
-            _one(store, dict(man, size=man["size"]), put_limit, tally, force=True)
+        if landing:
+            _one(store, man, put_limit, tally, force=True)
             if step not in manifest.complete_steps(store, run_prefix):
                 raise StoreError(f"checkpoint {step} is not complete here after its copy")
     except StoreError as exc:
@@ -200,3 +200,15 @@ def fetch_ordered(store: Any, run_prefix: str, put_limit: int = SINGLE_PUT_BYTES
     done = carry_out(store, run_prefix, order, put_limit)
     log.info("move copy done: %d bytes fetched, %d files skipped", done.fetched, done.skipped)
     return done
+
+
+ORDER_WAIT_S = 4 * 3600  # how long another rank of a group waits for rank 0's copy
+
+
+def wait_until_carried(store: Any, run_prefix: str, limit_s: float = ORDER_WAIT_S, poll_s: float = 5.0) -> None:
+    """Another rank: wait until rank 0 has carried out the order (it is removed when done)."""
+    end = time.monotonic() + limit_s
+    while read_order(store, run_prefix) is not None:
+        if time.monotonic() > end:
+            raise StoreError(f"the move's copy into this store was not done within {limit_s:.0f} s")
+        time.sleep(poll_s)

@@ -244,27 +244,32 @@ def test_cos_takes_the_presigned_get_and_put_of_a_move(cos_env, tmp_path):
 
 
 def test_a_file_over_one_puts_limit_goes_by_the_destinations_multipart_upload(s3_env, tmp_path, monkeypatch):
-    """S3 and COS take at most 5 GB in one PUT: a larger file is fetched through its presigned GET and
-    sent by the destination store's multipart upload (here the limit is lowered to 1 MiB)."""
+    """S3 and COS take at most 5 GB in one PUT: where the controller copies, a larger file streams from
+    its presigned GET into the destination's multipart upload part by part, with no spool to disk
+    (here the limit is lowered to 1 MiB). The stores are configured as production's: a bucket URL."""
+    import tempfile
+
     import boto3
 
-    from sdcloud.runs.driving import cloud_move
+    from sdcloud.runs.driving import move_copy
     from sdcloud_agent.store import open_store
 
     s3 = boto3.client("s3", endpoint_url=s3_env["endpoint_url"])
     for bucket in ("big-home", "big-away"):
         s3.create_bucket(Bucket=bucket)
-    src = open_store({"url": "s3://big-home/p", "endpoint_url": s3_env["endpoint_url"]})
-    dst = open_store({"url": "s3://big-away/q", "endpoint_url": s3_env["endpoint_url"],
-                      "engine": "s3transfer", "part_size": 5 * 1024 * 1024})
+    src = open_store({"url": "s3://big-home/p"})
+    dst = open_store({"url": "s3://big-away/q", "engine": "s3transfer", "part_size": 5 * 1024 * 1024})
     big = bytes(range(256)) * (12 * 4096)  # 12 MiB: three parts of 5 MiB
     _checkpoint(src, 5, {"model.safetensors": big, "optimizer.pt": b"o" * 100}, tmp_path)
-    monkeypatch.setattr(cloud_move, "SINGLE_PUT_BYTES", 1024 * 1024)
-    sent = []
-    real = dst.put_file
-    dst.put_file = lambda key, path, *a, **k: sent.append(key) or real(key, path, *a, **k)
+    monkeypatch.setattr(move_copy, "SINGLE_PUT_BYTES", 1024 * 1024)
+
+    def no_spool(*_a, **_k):
+        raise AssertionError("a move's copy spooled to disk")
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", no_spool)
+    monkeypatch.setattr(tempfile, "mkstemp", no_spool)
     copied = copy_checkpoint(src, dst, RUN)
-    assert copied.step == 5 and sent == [f"{PREFIX}/checkpoints/000000005/model.safetensors"]
+    assert copied.step == 5 and copied.fetched == copied.sent
     assert manifest.complete_steps(dst, PREFIX) == [5]
     assert dst.get(f"{PREFIX}/checkpoints/000000005/model.safetensors") == big
     head = s3.head_object(Bucket="big-away", Key=f"q/{PREFIX}/checkpoints/000000005/model.safetensors")

@@ -15,7 +15,7 @@ given (SeaweedFS's test identity). A request signed in its Authorization header 
 A URL for AWS S3's own host (a virtual-hosted `bucket.s3.<region>.amazonaws.com`) may be sent here
 with its Host header kept, as if DNS named this address: the signature is checked over that host,
 and the request goes on to SeaweedFS path-style. `front.checked` lists (version, method, path,
-verdict); `front.served` counts the bytes of GET bodies sent back, per object key.
+verdict); `front.served` counts the bytes of presigned GETs' bodies sent back, per path-style key.
 """
 
 from __future__ import annotations
@@ -170,11 +170,11 @@ class SignatureCheckingFront(LoopbackServer):
                     forward, fwd = self._resigned(method, host, split, lower, body)
                 upstream.request(method, forward, body=body if length or method in ("PUT", "POST") else None, headers=fwd)
                 resp = upstream.getresponse()
-                if method == "GET" and resp.status == 200:
+                if method == "GET" and resp.status == 200 and version != "header":
                     data = resp.read()
                     with self.lock:
                         self.served[bucket_path(host, split.path)] += len(data)
-                    out = [f"HTTP/1.1 200 OK\r\n"] + [f"{k}: {v}\r\n" for k, v in resp.getheaders()
+                    out = ["HTTP/1.1 200 OK\r\n"] + [f"{k}: {v}\r\n" for k, v in resp.getheaders()
                                                       if k.lower() not in ("transfer-encoding", "content-length",
                                                                            "connection")]
                     wfile.write("".join(out + [f"Content-Length: {len(data)}\r\n\r\n"]).encode("latin-1") + data)

@@ -4,9 +4,10 @@ When every zone of the current cloud refuses spot, and the run names another clo
 moves the run there instead of falling back to on-demand at home:
 
 1. The newest complete checkpoint (and the run's inputs: its staged dataset, its cached model) is
-   copied from the run's home store to the other cloud's store through short-lived presigned URLs:
-   a GET signed by the source, a PUT signed by the destination. The controller holds the user's keys
-   of both clouds; no host ever holds the other cloud's keys.
+   copied from the run's home store to the other cloud's store through presigned GETs the source
+   signs (move_copy.py): by the destination's first host, which streams them into its own bucket
+   with its own role (the controller leaves it a copy order of URLs, never bytes), or, where no host
+   can, by the controller, streamed. No host ever holds the other cloud's keys.
 2. Files first, the manifest last (bootstrap/sdcloud_agent/manifest.py owns what "complete" means):
    a copy cut halfway leaves no manifest in the destination, so no host restores it; the next try
    sends only what is missing (a PUT lands whole or not at all) and lands the manifest then.
@@ -19,11 +20,7 @@ moves the run there instead of falling back to on-demand at home:
 
 from __future__ import annotations
 
-import os
-import ssl
-import time
-import urllib.request
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ...costs import ledger as cost_ledger
@@ -32,116 +29,13 @@ from ...offers.moves import MoveCost, move_cost
 from ...providers import get_provider
 from ...providers.traits import default_region, traits
 from ..inputs.spec import RunPlan
-from ..records.store import NotFound, StoreError, open_run_store, store_config
+from ..records.store import StoreError, open_run_store, store_config
+# The copy itself (who carries the bytes, and how) is move_copy's; its names stay importable here.
+from .move_copy import COPY_TRIES, SINGLE_PUT_BYTES, URL_SECONDS, Copied, copy_checkpoint, copy_object  # noqa: F401
+from . import move_copy
 
-URL_SECONDS = 900  # a presigned URL lives long enough for one file, no longer
-# The largest object one PUT may carry: 5 GB on S3 ("Uploading objects": a single PUT up to 5 GB) and
-# on COS (PUT Object, "up to 5 GB"). A larger file (an SDXL fine-tune's weights with their optimizer
-# state) is fetched through its presigned GET into a temporary file here and sent by the destination
-# store's multipart upload, signed with the user's keys of that cloud, which this machine holds.
-SINGLE_PUT_BYTES = 5 * 1024**3
-COPY_TRIES = 3  # tries of one whole copy in a step; a step later tries again (the manifest waits)
 MOVE_MARGIN = 0.10  # the other cloud must be this much cheaper to finish, the move included
 MAX_MOVE_FAILURES = 3  # moves whose copy never landed, after which the run falls back as in one cloud
-
-
-@dataclass
-class Copied:
-    """What one copy moved: the checkpoint's step (None: the run had none yet), bytes sent now, bytes
-    of everything the destination holds for the move, files skipped as already there, seconds."""
-    step: int | None
-    sent: int
-    total: int
-    skipped: int
-    seconds: float
-
-
-def _presigned(store: Any, key: str, method: str) -> str | None:
-    presign = getattr(store, "presign", None)
-    return presign(key, method, URL_SECONDS) if presign is not None else None
-
-
-def copy_object(src: Any, dst: Any, key: str, size: int) -> None:
-    """One object from `src` to `dst` under the same key: through presigned URLs where both stores sign
-    them (the bytes stream from one cloud to the other through this machine), else by the stores."""
-    get_url, put_url = _presigned(src, key, "get"), _presigned(dst, key, "put")
-    if get_url is None or put_url is None:
-        dst.put(key, src.get(key))
-        return
-    # The CA bundle the stores' own client trusts (AWS_CA_BUNDLE, as boto3 reads it), else the system's.
-    tls = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
-    try:
-        with urllib.request.urlopen(get_url, timeout=60, context=tls) as body:
-            if size > SINGLE_PUT_BYTES:
-                _multipart_from(body, dst, key)
-                return
-            req = urllib.request.Request(put_url, data=body, method="PUT",
-                                         headers={"Content-Length": str(size)})
-            urllib.request.urlopen(req, timeout=300, context=tls).close()
-    except OSError as exc:  # urllib's HTTPError and URLError are OSErrors: the copy is cut, redone later
-        raise StoreError(f"copy of {key} between clouds failed: {exc}") from None
-
-
-def _multipart_from(body: Any, dst: Any, key: str) -> None:
-    """A file too large for one PUT: spooled to a temporary file, then the destination store's own
-    multipart upload (all parts or no object), the temporary file removed either way."""
-    import shutil
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(prefix="sdcloud-move-") as spool:
-        shutil.copyfileobj(body, spool, 8 * 1024 * 1024)
-        spool.flush()
-        dst.put_file(key, spool.name)
-
-
-def _copy_keys(src: Any, dst: Any, keys: list[tuple[str, int]]) -> tuple[int, int]:
-    """Copy what the destination lacks (same key, same size: a PUT lands whole); (bytes sent, skipped)."""
-    sent = skipped = 0
-    for key, size in keys:
-        there = dst.head(key)
-        if there is not None and there.size == size:
-            skipped += 1
-            continue
-        copy_object(src, dst, key, size)
-        sent += size
-    return sent, skipped
-
-
-def copy_checkpoint(src: Any, dst: Any, run_id: str, inputs: dict | None = None) -> Copied:
-    """The run's inputs and its newest complete checkpoint from `src` to `dst`, the manifest last."""
-    from sdcloud_agent import manifest
-
-    start = time.time()
-    prefix = f"runs/{run_id}"
-    # The staged dataset, and a gated model's token where the host reads it (runs/<run>/secrets/).
-    keys: list[tuple[str, int]] = [(o.key, o.size) for part in ("dataset", "secrets") for o in src.list(f"{prefix}/{part}/")]
-    model = (inputs or {}).get("model")
-    if isinstance(model, str) and model.startswith("cache:"):
-        from sdcloud_agent.models import split_ref
-
-        key = split_ref(model)[0]
-        info = src.head(key)
-        if info is not None:
-            keys.append((key, info.size))
-    newest = manifest.newest_complete(src, prefix)
-    step = newest.step if newest is not None else None
-    folder = manifest.checkpoint_prefix(prefix, step) if newest is not None else ""
-    manifest_key = f"{folder}/{manifest.MANIFEST_NAME}"
-    if newest is not None and step not in manifest.complete_steps(dst, prefix):
-        try:  # a manifest the destination has for this step from before is not trusted over new files
-            dst.delete(manifest_key)
-        except NotFound:
-            pass
-        keys += [(f"{folder}/{f.path}", f.size) for f in newest.files]
-    sent, skipped = _copy_keys(src, dst, keys)
-    total = sum(size for _, size in keys)
-    if newest is not None and step not in manifest.complete_steps(dst, prefix):
-        raw = src.get(manifest_key)  # byte for byte the source's manifest, landed after every file
-        copy_object(src, dst, manifest_key, len(raw))
-        sent += len(raw)
-        if step not in manifest.complete_steps(dst, prefix):
-            raise StoreError(f"checkpoint {step} is not complete in the destination after its copy")
-    return Copied(step, sent, total, skipped, round(time.time() - start, 3))
 
 
 def other_cloud(ctl: Any) -> str | None:
@@ -225,13 +119,7 @@ def move(ctl: Any, dst: str, why: str) -> bool:
     dst_conf = store_conf_for(ctl, dst)
     dst_store = ctl.home_store if dst == ctl.home_cloud else open_run_store(dst_conf)
     inputs = ctl.ensure_inputs()
-    copied, error = None, None
-    for _ in range(COPY_TRIES):
-        try:
-            copied = copy_checkpoint(src_store, dst_store, ctl.run_id, inputs)
-            break
-        except StoreError as exc:
-            error = str(exc)
+    copied, error = _carry(ctl, src_store, dst_store, inputs)
     if copied is None:
         ctl.event(Kind.CLOUD_MOVE_FAILED, {"from": ctl.cloud, "to": dst, "error": error})
         return False
@@ -240,9 +128,44 @@ def move(ctl: Any, dst: str, why: str) -> bool:
                                  "bytes": copied.sent, "skipped": copied.skipped, "seconds": copied.seconds,
                                  "egress_usd": cost.egress_usd, "transfer_hours": round(cost.transfer_hours, 6),
                                  "reason": cost.reason})
-    cost_ledger.record_move(ctl.state, ctl.run_id, ctl.cloud, copied.sent, copied.seconds)
+    if not copied.by_host:  # a host's copy is recorded from its report, as it paid it (settle_host_copy)
+        cost_ledger.record_move(ctl.state, ctl.run_id, ctl.cloud, copied.fetched or copied.sent, copied.seconds)
     bind(ctl, dst)
     return True
+
+
+# -- the copy's carrier (move_copy.py): the destination's host where it can, else this controller --
+def _carry(ctl: Any, src_store: Any, dst_store: Any, inputs: dict | None) -> tuple[Copied | None, str | None]:
+    """The copy ordered from the destination's host, or made here; (None, error) when it did not land.
+    A copy made here that was cut has its egress recorded: the source bills every byte read."""
+    from ...offers.moves import move_rate_mb_s
+
+    if move_copy.host_can_copy(src_store, dst_store):
+        try:
+            return move_copy.order_copy(src_store, dst_store, ctl.run_id, ctl.cloud, inputs, move_rate_mb_s()), None
+        except StoreError as exc:
+            return None, str(exc)
+    error = None
+    for _ in range(COPY_TRIES):
+        tally = move_copy.host_copy.Fetched()
+        try:
+            return copy_checkpoint(src_store, dst_store, ctl.run_id, inputs, tally), None
+        except StoreError as exc:
+            error = str(exc)
+            if tally.fetched and ctl.state is not None:
+                cost_ledger.record_move(ctl.state, ctl.run_id, ctl.cloud, tally.fetched, 0.0)
+    return None, error
+
+
+def settle_host_copy(ctl: Any) -> None:
+    """The egress of a copy the destination's host carried out or failed (its report), in the ledger."""
+    try:
+        report = move_copy.settle(ctl.store, ctl.run_id)
+    except StoreError:  # read again at the next attempt or the run's end
+        return
+    if report is not None and int(report.get("fetched") or 0) > 0:
+        cost_ledger.record_move(ctl.state, ctl.run_id, str(report.get("from") or ctl.home_cloud),
+                                int(report["fetched"]), float(report.get("seconds") or 0.0))
 
 
 def after_spot_refused(ctl: Any) -> bool:
@@ -316,5 +239,5 @@ def cheaper_elsewhere(ctl: Any) -> bool:
     return move(ctl, dst, why)
 
 
-__all__ = ["Copied", "finish_usd", "worth_moving", "cheaper_elsewhere", "copy_checkpoint", "copy_object", "other_cloud", "bind", "move", "remember_home",
-           "after_spot_refused", "store_conf_for"]
+__all__ = ["Copied", "settle_host_copy", "finish_usd", "worth_moving", "cheaper_elsewhere", "copy_checkpoint", "copy_object",
+           "other_cloud", "bind", "move", "remember_home", "after_spot_refused", "store_conf_for"]

@@ -252,6 +252,7 @@ class Controller:
         """After the last step: strays swept and the lease handed back, if this driver still holds it."""
         if self.lease.held:
             self.sweep_strays()
+            cloud_move.settle_host_copy(self)  # a move's copy by the last host: its egress in the ledger
         self.row.update(controller_pid=None)
         self.journal.flush()
         self.lease.release()
@@ -261,6 +262,7 @@ class Controller:
         if budget is not None and budget_spent(self.cost_so_far(), budget, self.attempts(), self.timing.poll_seconds):
             self.end_run("stopped", f"budget ${budget:g} spent")
             return
+        cloud_move.settle_host_copy(self)  # a move's copy by the last host: its egress in the ledger
         if cloud_move.cheaper_elsewhere(self):  # the run's other cloud, the move priced in
             return
         kind, offer = self.decide(None)
