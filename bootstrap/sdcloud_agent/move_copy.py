@@ -181,7 +181,8 @@ def _one(store: Any, item: dict, put_limit: int, tally: Fetched, force: bool = F
 
 
 def _report(store: Any, run_prefix: str, order: dict, tally: Fetched, start: float, error: str | None) -> None:
-    doc = {"order": order.get("id"), "from": order.get("from"), "state": "failed" if error else "done",
+    doc = {"order": order.get("id"), "from": order.get("from"), "region": order.get("region"),
+           "state": "failed" if error else "done",
            "fetched": tally.fetched, "sent": tally.sent, "skipped": tally.skipped, "step": order.get("step"),
            "seconds": round(time.time() - start, 3), "error": error}
     try:

@@ -97,8 +97,15 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
         show_groups(tier, catalog, nodes, steps, limit, explain, as_json,
                     dict(market=market, max_price=max_price, provider=provider, region=region, book=book))
         return
+    egress = None
+    if several:  # the home cloud's egress, in its region (or its default) and the account's currency
+        from ..providers.loader import egress_price
+        from ..providers.traits import default_region
+
+        home_regions = {r.region for r in catalog.rows if r.provider == several[0]}
+        egress = egress_price(several[0], region if region in home_regions else default_region(several[0]))
     ranked = rank(tier, catalog, market=market, max_price=max_price, provider=provider, region=region, job_size=steps,
-                  book=book, clouds=several, move_bytes=int(move_gb * 1e9))
+                  book=book, clouds=several, move_bytes=int(move_gb * 1e9), move_egress=egress, move_network=_copy_rate)
     if provider:
         sources = [s for s in catalog.sources if s.provider == provider]
     else:
@@ -197,6 +204,16 @@ def _explain(tier, job: int, shown, total: int) -> None:
                     f"from {r[7]}; interruption {r[8]}; overhead {r[9]}; est {r[10]} h, ${r[11]}"
                     + (f"; move: {r[12]}" if r[12] else ""))
     render.echo(formula)
+
+
+def _copy_rate(row) -> tuple[float | None, str]:
+    """The rate a destination host copies a move at: its network figure, on one flow to the internet
+    (EC2's single-flow cap outside a placement group), not this machine's uplink."""
+    from ..offers.groups import SINGLE_FLOW_GBPS, link_of
+
+    link = link_of(row.provider, row.instance_type)
+    gbps = min(link.gbps, SINGLE_FLOW_GBPS["zone"])
+    return gbps, f"{link.basis}, one flow" if gbps < link.gbps else link.basis
 
 
 def _move_words(e) -> str:

@@ -115,6 +115,11 @@ def request_charge(provider: str, puts: float, gets: float) -> Charge:
                   {"puts": round(puts), "gets": round(gets), "put_per_1000": put, "get_per_1000": get})
 
 
-def egress_charge(provider: str, nbytes: int) -> Charge:
-    rate = storage_price(provider, "egress_gb")
-    return Charge(nbytes / 2**30 * rate, native_currency(provider), "list", {"gb": round(nbytes / 2**30, 6), "per_gb": rate})
+def egress_charge(provider: str, nbytes: int, region: str | None = None) -> Charge:
+    """Internet egress out of the provider's store: its list price in `region` and the account's
+    currency (providers.loader.egress_price: a Tencent international-site account pays USD)."""
+    if provider not in names():
+        return Charge(0.0, "USD", "list", {"gb": round(nbytes / 2**30, 6), "per_gb": 0.0})
+    price = loader.egress_price(provider, region)
+    detail = {"gb": round(nbytes / 2**30, 6), "per_gb": price.per_gb, **({"region": region} if region else {})}
+    return Charge(nbytes / 2**30 * price.per_gb, price.currency, "list", detail)

@@ -1,7 +1,8 @@
 """What moving a run between clouds cost, as its own lines of the run's ledger (n = 0, run-level):
 
-- `move egress <src>`: the bytes the controller carried out of the source cloud's store, at that
-  cloud's internet egress list price (costs/billing_rules.py's egress_charge, its storage_prices.toml);
+- `move egress <src>`: the bytes read out of the source cloud's store (by the destination's host or
+  the controller; a failed copy's too), at that cloud's internet egress list price in its region and
+  the account's currency (costs/billing_rules.py's egress_charge, the provider's egress trait);
 - `move transfer`: the copy's time, measured, in which no GPU host ran: no money of its own, but the
   hours a deadline loses to the move (offers/moves.py plans them; the report shows both).
 
@@ -22,12 +23,13 @@ def put_run_items(state, run_id: str, items: list[dict]) -> None:
     state.put_ledger(run_id, 0, kept + items)
 
 
-def record_move(state, run_id: str, src: str, nbytes: int, seconds: float) -> None:
-    """One move's bytes out of cloud `src` and its copy's seconds, added to the run's move lines."""
+def record_move(state, run_id: str, src: str, nbytes: int, seconds: float, region: str | None = None) -> None:
+    """One copy's bytes out of cloud `src` (its `region`) and its seconds, added to the run's move
+    lines; a copy that failed is recorded too, with the bytes it read: the source bills them."""
     before = {i["item"]: i for i in state.ledger(run_id) if i["n"] == 0}
     name = f"move egress {src}"
     total = nbytes + int((before.get(name) or {}).get("detail", {}).get("bytes", 0))
-    charge = egress_charge(src, total)
+    charge = egress_charge(src, total, region)
     egress = {"item": name, "amount": charge.amount, "currency": charge.currency,
               "usd": charge.amount * config.usd_per(charge.currency), "source": charge.source, "detail": charge.detail}
     egress["detail"].update(bytes=total, moves=int((before.get(name) or {}).get("detail", {}).get("moves", 0)) + 1)

@@ -134,11 +134,11 @@ def record_egress(state, run_id: str, provider: str, nbytes: int) -> None:
     put_run_items(state, run_id, [item])  # the run's other items (a move's lines) stay
 
 
-def record_move(state, run_id: str, src: str, nbytes: int, seconds: float) -> None:
+def record_move(state, run_id: str, src: str, nbytes: int, seconds: float, region: str | None = None) -> None:
     """A move between clouds: its egress and transfer lines (costs/cloud_moves.py)."""
     from .cloud_moves import record_move as record
 
-    record(state, run_id, src, nbytes, seconds)
+    record(state, run_id, src, nbytes, seconds, region)
 
 
 # -- pricing ----------------------------------------------------------------------------------------

@@ -16,16 +16,20 @@ Inputs and their sources are in docs/offers.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .. import config
 from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, Catalog, CatalogRow, providers
 from ..errors import UserError
 from ..money import usd
 from .kinds import RunKind
-from .moves import MoveCost, move_cost
+from .moves import Egress, MoveCost, move_cost
+
 from .rates import Rate, RateBook, host_rate
 from .tiers import Tier
+
+# A host's network figure for a move's copy: (Gbps, basis), or (None, "") where none is known.
+HostNetwork = Callable[[CatalogRow], tuple[float | None, str]]
 
 MARKETS = ("spot", "on-demand")
 # Boot, image pull, model download and dataset staging before the first step (assumption).
@@ -208,13 +212,17 @@ def rank(
     book: RateBook | None = None,
     clouds: Sequence[str] | None = None,
     move_bytes: int = 0,
+    move_egress: Egress | None = None,
+    move_network: HostNetwork | None = None,
 ) -> list[Estimate]:
     """Offers that meet the tier, cheapest expected cost to finish first.
 
     `max_price` is USD per hour; `gpus_used` how many GPUs of a host the trainer drives (None: all);
     `book`: recorded and observed rates that take the catalog's place (sdcloud.speeds.book.user_book()).
     `clouds`: several providers ranked in one table, the first the home: an offer in another one
-    carries the move of `move_bytes` there (Estimate.move) in its hours and cost.
+    carries the move of `move_bytes` there (Estimate.move) in its hours and cost, at the home cloud's
+    `move_egress` (providers.loader.egress_price), copied at `move_network(row)`: the offer's host
+    network (Gbps, basis), since that host does the copy.
     Raises UserError for a filter that nothing matches.
     """
     if market is not None and market not in MARKETS:
@@ -253,17 +261,20 @@ def rank(
                             f"the lowest that qualifies is ${lowest:.4f}/h".replace("  ", " "))
         candidates = within
     if clouds and len(clouds) > 1:
-        candidates = [with_move(e, clouds[0], move_bytes) for e in candidates]
+        candidates = [with_move(e, clouds[0], move_bytes, move_egress, move_network) for e in candidates]
     candidates.sort(key=lambda e: (e.est_cost, e.est_hours, e.offer.key))
     return candidates
 
 
-def with_move(est: Estimate, home: str, move_bytes: int) -> Estimate:
+def with_move(est: Estimate, home: str, move_bytes: int, egress: Egress | None,
+              host_network: HostNetwork | None = None) -> Estimate:
     """The estimate of an offer outside the home cloud, with the move there: the copy's hours before
-    the first step (the host paid meanwhile) and the home cloud's egress; an offer at home unchanged."""
+    the first step (the host paid meanwhile, and it is the host that copies, at its network figure)
+    and the home cloud's egress; an offer at home unchanged."""
     if est.offer.row.provider == home:
         return est
-    move = move_cost(home, est.offer.row.provider, move_bytes)
+    gbps, basis = host_network(est.offer.row) if host_network is not None else (None, "")
+    move = move_cost(home, est.offer.row.provider, move_bytes, egress=egress, host_gbps=gbps, host_basis=basis)
     hours = est.est_hours + move.transfer_hours
     cost = est.est_cost + est.offer.price_per_hour_usd * move.transfer_hours + move.egress_usd
     return replace(est, est_hours=hours, est_cost=cost, move=move)

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
+from ..offers.moves import NO_EGRESS, Egress
 from .capabilities import ReconcilesBill, SchedulesBatch
 from .traits import package_of, traits
 
@@ -123,3 +124,37 @@ def storage_prices(name: str) -> dict:
         return {}
     with resources.files(package_of(name)).joinpath(path).open("rb") as f:
         return tomllib.load(f)
+
+
+def account_currency(name: str) -> str:
+    """The currency the user's account of provider `name` is billed in: what its site says where the
+    user set it (traits' `billing.account_currency`), else the provider's billing currency."""
+    billing = traits(name).billing
+    if billing.account_currency is not None:
+        configured = module(name, billing.account_currency).configured_currency()
+        if configured:
+            return str(configured)
+    return billing.currency
+
+
+def egress_price(name: str, region: str | None = None) -> Egress:
+    """The provider's internet egress list price out of its store in `region`, per GB (2^30 bytes), in
+    the currency the account is billed in (storage_prices.toml: `egress_gb`, its `[egress_gb_by_region]`
+    and, for another site's currency, `[egress_gb_by_currency]`). No price file: no egress charge."""
+    prices = storage_prices(name)
+    if not prices:
+        return NO_EGRESS
+    listed = str(prices.get("currency", "USD"))
+    currency = account_currency(name)
+    if currency != listed:
+        other = prices.get("egress_gb_by_currency") or {}
+        if currency not in other:
+            raise KeyError(f"{name} lists no {currency} egress price (storage_prices.toml [egress_gb_by_currency])")
+        return Egress(float(other[currency]), currency, f"{name} list egress {float(other[currency]):g} {currency}/GB "
+                                                         f"({currency} account)")
+    by_region = prices.get("egress_gb_by_region") or {}
+    if region and region in by_region:
+        per_gb = float(by_region[region])
+        return Egress(per_gb, listed, f"{name} {region} list egress {per_gb:g} {listed}/GB")
+    per_gb = float(prices.get("egress_gb", 0.0))
+    return Egress(per_gb, listed, f"{name} list egress {per_gb:g} {listed}/GB")

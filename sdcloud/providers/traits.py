@@ -67,6 +67,10 @@ class Billing:
     # The list prices of its disks, bucket, requests and egress: a TOML file in the provider's folder
     # (costs/billing_rules.py); None: nothing beside the host is charged.
     storage_prices: str | None = None
+    # The module (relative to the provider's package) whose configured_currency() says the currency the
+    # user's account is billed in where the site decides it, not the provider (Tencent: china / international);
+    # None: always `currency`. Its egress is then read from the list of that currency (loader.egress_price).
+    account_currency: str | None = None
 
 
 @dataclass(frozen=True)

@@ -147,7 +147,7 @@ def test_a_cut_move_launches_nothing_tries_again_and_the_landed_one_is_priced(tm
     monkeypatch.setattr(cloud_move, "store_conf_for", lambda c, name: {"url": "file:///other"})
     monkeypatch.setattr(cloud_move, "open_run_store", lambda conf: flaky)
     monkeypatch.setattr(cloud_move, "bind", lambda c, name: bound.append(name))
-    monkeypatch.setattr(cloud_move.cost_ledger, "record_move", lambda *a: moves.append(a))
+    monkeypatch.setattr(cloud_move.cost_ledger, "record_move", lambda *a, **k: moves.append((*a, k)))
     assert cloud_move.after_spot_refused(ctl) is True  # the copy was cut: no launch this step
     assert bound == [] and moves == [] and [k for k, _ in events] == ["cloud-move-failed"]
     assert manifest.newest_complete(plain, PREFIX) is None
@@ -156,7 +156,7 @@ def test_a_cut_move_launches_nothing_tries_again_and_the_landed_one_is_priced(tm
     assert bound == ["tencent"] and [k for k, _ in events][-1] == "cloud-moved"
     moved = events[-1][1]
     assert moved["step"] == 20 and moved["skipped"] == 4 and moved["egress_usd"] > 0
-    assert moves == [(None, RUN, "aws", moved["bytes"], moved["seconds"])]
+    assert moves == [(None, RUN, "aws", moved["bytes"], moved["seconds"], {"region": None})]
     assert manifest.newest_complete(plain, PREFIX).step == 20
 
 

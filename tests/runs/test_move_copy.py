@@ -233,3 +233,95 @@ def test_where_no_host_can_copy_the_controller_streams_it_with_nothing_spooled(f
     copied = move_copy.copy_checkpoint(src, here, RUN)
     assert copied.step == 7 and not copied.by_host and copied.fetched == copied.sent > 0
     assert manifest.newest_complete(here, PREFIX).step == 7
+
+
+def _ctl(src, events, records):
+    """The parts of a Controller a move reads (runs/driving/controller.py holds the real one)."""
+    from types import SimpleNamespace
+
+    from sdcloud.runs.inputs.spec import RunSpec
+
+    class Fleet:
+        @staticmethod
+        def failed_launches(market=None):
+            return 12
+
+    class Ledger:  # the ledger's record_move as the controller's state store receives it
+        pass
+
+    return SimpleNamespace(spec=RunSpec(tier="sd15-lora", provider="aws", providers=["aws", "tencent"], region="sa-east-1"),
+                           cloud="aws", home_cloud="aws", fleet=Fleet(), store=src, home_store=src,
+                           home_store_conf={"url": "s3://x/y"}, run_id=RUN, ensure_inputs=lambda: {},
+                           event=lambda k, d: events.append((k, d)), state=Ledger())
+
+
+def test_a_move_between_buckets_sends_an_order_and_the_hosts_report_is_paid_at_the_sources_region(front, tmp_path,
+                                                                                                  monkeypatch):
+    from sdcloud.runs.driving import cloud_move
+
+    _buckets("mv-home", "mv-away")
+    src = open_store({"url": "s3://mv-home/p"})
+    dst = open_store({"url": "s3://mv-away/q"})
+    _home(src, tmp_path, {"model.safetensors": b"m" * 4000})
+    events, records, bound = [], [], []
+    ctl = _ctl(src, events, records)
+    monkeypatch.setattr(cloud_move, "store_conf_for", lambda c, name: {"url": "s3://mv-away/q"})
+    monkeypatch.setattr(cloud_move, "open_run_store", lambda conf: dst)
+    monkeypatch.setattr(cloud_move, "bind", lambda c, name: bound.append(name) or setattr(c, "store", dst))
+    monkeypatch.setattr(cloud_move.cost_ledger, "record_move", lambda *a, **k: records.append((a[2:], k)))
+    with monkeypatch.context() as m:
+        _no_bytes_here(m)
+        assert cloud_move.after_spot_refused(ctl) is True and bound == ["tencent"]
+    moved = dict(events)["cloud-moved"]
+    assert records == []  # nothing crossed yet: the host's copy is paid as it reports it
+    assert moved["bytes"] == sum(i["size"] for i in host_copy.read_order(dst, PREFIX)["files"]) + \
+        host_copy.read_order(dst, PREFIX)["manifest"]["size"]
+    assert moved["egress_usd"] == pytest.approx(moved["bytes"] / 2**30 * 0.15)  # sa-east-1's list price
+    host_copy.fetch_ordered(dst, PREFIX)  # the host, at boot
+    cloud_move.settle_host_copy(ctl)
+    assert records == [(("aws", moved["bytes"], records[0][0][2]), {"region": "sa-east-1"})]
+    cloud_move.settle_host_copy(ctl)
+    assert len(records) == 1  # a report is paid once
+
+
+def test_a_cut_controller_copy_has_its_egress_recorded(tmp_path, monkeypatch):
+    """Where the controller copies (a folder store on one side) and the copy is cut, the bytes it read
+    are in the ledger: the source billed them."""
+    from sdcloud_agent.store import LocalStore
+
+    from sdcloud.runs.driving import cloud_move
+
+    src = LocalStore(tmp_path / "home")
+    _home(src, tmp_path, {"model.safetensors": b"m" * 4000})
+
+    class Cut(LocalStore):
+        def put(self, key, data, metadata=None):
+            if key.endswith("model.safetensors"):
+                raise StoreError("PUT: connection reset")
+            super().put(key, data, metadata)
+
+    dst = Cut(tmp_path / "away")
+    events, records = [], []
+    ctl = _ctl(src, events, records)
+    monkeypatch.setattr(cloud_move, "store_conf_for", lambda c, name: {"url": "file:///away"})
+    monkeypatch.setattr(cloud_move, "open_run_store", lambda conf: dst)
+    monkeypatch.setattr(cloud_move.cost_ledger, "record_move", lambda *a, **k: records.append((a[2:4], k)))
+    assert cloud_move.after_spot_refused(ctl) is True
+    assert [k for k, _ in events] == ["cloud-move-failed"]
+    # Three tries; each read the dataset (the first try only: then it is there) and the model file.
+    assert [r[0][0] for r in records] == ["aws"] * cloud_move.COPY_TRIES
+    assert records[0][0][1] == 300 + 14 + 4000 and records[1][0][1] == 4000
+    assert all(k == {"region": "sa-east-1"} for _, k in records)
+
+
+def test_a_move_is_priced_for_every_byte_it_carries(tmp_path):
+    from sdcloud_agent.store import LocalStore
+
+    src = LocalStore(tmp_path / "home")
+    _home(src, tmp_path, {"model.safetensors": b"m" * 4000, "optimizer.pt": b"o" * 1000})
+    src.put("cache/models/sdxl-0123456789abcdef.tar", b"w" * 7000)  # the cached base model
+    checkpoint = 5000
+    dataset = 300 + 14
+    total = move_copy.carried_bytes(src, RUN, {"model": "cache:cache/models/sdxl-0123456789abcdef.tar"})
+    assert total == checkpoint + dataset + 7000
+    assert move_copy.carried_bytes(src, RUN, {}) == checkpoint + dataset

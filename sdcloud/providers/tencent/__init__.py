@@ -16,7 +16,7 @@ TRAITS = ProviderTraits(
     timing=Timing(poll_seconds=5.0, boot_timeout=1800.0, heartbeat_timeout=600.0, cooldown_seconds=1800.0),
     host=HostTraits(nvme=True, gpu_required=True, metadata="tencent", heartbeat_seconds=10, poll_seconds=5),
     # The mainland site quotes in CNY; an international account's currency is detected (site.py).
-    billing=Billing(currency="CNY", storage_prices="storage_prices.toml"),
+    billing=Billing(currency="CNY", storage_prices="storage_prices.toml", account_currency=".site"),
     default_region="ap-guangzhou",
     # Its plugin is published on GitHub by Tencent, not on Pulumi's registry.
     stack=Stack(folder="tencent", module="sdcloud_tencent_stack", region_key="tencentcloud:region",

@@ -27,6 +27,7 @@ from ...costs import ledger as cost_ledger
 from ...events import Kind
 from ...offers.moves import MoveCost, move_cost
 from ...providers import get_provider
+from ...providers.loader import egress_price
 from ...providers.traits import default_region, traits
 from ..inputs.spec import RunPlan
 from ..records.store import StoreError, open_run_store, store_config
@@ -123,13 +124,14 @@ def move(ctl: Any, dst: str, why: str) -> bool:
     if copied is None:
         ctl.event(Kind.CLOUD_MOVE_FAILED, {"from": ctl.cloud, "to": dst, "error": error})
         return False
-    cost: MoveCost = move_cost(ctl.cloud, dst, copied.sent)
+    cost: MoveCost = move_cost(ctl.cloud, dst, copied.sent, egress=egress_price(ctl.cloud, ctl.spec.region))
     ctl.event(Kind.CLOUD_MOVED, {"from": ctl.cloud, "to": dst, "why": why, "step": copied.step,
                                  "bytes": copied.sent, "skipped": copied.skipped, "seconds": copied.seconds,
                                  "egress_usd": cost.egress_usd, "transfer_hours": round(cost.transfer_hours, 6),
                                  "reason": cost.reason})
     if not copied.by_host:  # a host's copy is recorded from its report, as it paid it (settle_host_copy)
-        cost_ledger.record_move(ctl.state, ctl.run_id, ctl.cloud, copied.fetched or copied.sent, copied.seconds)
+        cost_ledger.record_move(ctl.state, ctl.run_id, ctl.cloud, copied.fetched or copied.sent, copied.seconds,
+                                region=ctl.spec.region)
     bind(ctl, dst)
     return True
 
@@ -142,7 +144,8 @@ def _carry(ctl: Any, src_store: Any, dst_store: Any, inputs: dict | None) -> tup
 
     if move_copy.host_can_copy(src_store, dst_store):
         try:
-            return move_copy.order_copy(src_store, dst_store, ctl.run_id, ctl.cloud, inputs, move_rate_mb_s()), None
+            return move_copy.order_copy(src_store, dst_store, ctl.run_id, ctl.cloud, inputs, move_rate_mb_s()[0],
+                                        region=ctl.spec.region), None
         except StoreError as exc:
             return None, str(exc)
     error = None
@@ -153,7 +156,7 @@ def _carry(ctl: Any, src_store: Any, dst_store: Any, inputs: dict | None) -> tup
         except StoreError as exc:
             error = str(exc)
             if tally.fetched and ctl.state is not None:
-                cost_ledger.record_move(ctl.state, ctl.run_id, ctl.cloud, tally.fetched, 0.0)
+                cost_ledger.record_move(ctl.state, ctl.run_id, ctl.cloud, tally.fetched, 0.0, region=ctl.spec.region)
     return None, error
 
 
@@ -165,7 +168,7 @@ def settle_host_copy(ctl: Any) -> None:
         return
     if report is not None and int(report.get("fetched") or 0) > 0:
         cost_ledger.record_move(ctl.state, ctl.run_id, str(report.get("from") or ctl.home_cloud),
-                                int(report["fetched"]), float(report.get("seconds") or 0.0))
+                                int(report["fetched"]), float(report.get("seconds") or 0.0), region=report.get("region"))
 
 
 def after_spot_refused(ctl: Any) -> bool:
@@ -214,8 +217,6 @@ def worth_moving(here_usd: float | None, there_usd: float | None, move: MoveCost
 def cheaper_elsewhere(ctl: Any) -> bool:
     """Before a spot run's next attempt (after a reclaim or a failure): move when the other cloud is
     cheaper to finish, the move priced in (offers/moves.py). Weighed once per attempt."""
-    from sdcloud_agent import manifest
-
     from ...spot.policy import SPOT
 
     dst = other_cloud(ctl)
@@ -230,8 +231,9 @@ def cheaper_elsewhere(ctl: Any) -> bool:
     region = _dst_infra(ctl.state, dst).get("region") or default_region(dst)
     there = finish_usd(ctl, _candidates(ctl, dst, provider, replace(ctl.spec, provider=dst, region=region)), steps_left)
     here = finish_usd(ctl, [o for o in ctl.fleet.candidates if o.market == SPOT], steps_left)
-    newest = manifest.newest_complete(ctl.store, f"runs/{ctl.run_id}")
-    cost = move_cost(ctl.cloud, dst, sum(f.size for f in newest.files) if newest else 0)
+    # Every byte the move carries: the checkpoint, the staged dataset and the cached model (move_copy.py).
+    cost = move_cost(ctl.cloud, dst, move_copy.carried_bytes(ctl.store, ctl.run_id, ctl.ensure_inputs()),
+                     egress=egress_price(ctl.cloud, ctl.spec.region))
     if not worth_moving(here, there, cost):
         return False
     why = f"{dst} is cheaper to finish: ${there:.2f} + ${cost.egress_usd:.4f} egress against ${here or 0:.2f}"

@@ -84,9 +84,9 @@ def copy_object(src: Any, dst: Any, key: str, size: int, tally: host_copy.Fetche
     host_copy.stream_object(get_url, size, dst, key, SINGLE_PUT_BYTES, tally)
 
 
-def plan_copy(src: Any, dst: Any, run_id: str, inputs: dict | None = None) -> Plan:
-    """The run's inputs and its newest complete checkpoint, less what `dst` holds already (same key,
-    same size: a PUT lands whole); a manifest `dst` holds for that step unfinished is removed first."""
+def _carried(src: Any, run_id: str, inputs: dict | None) -> tuple[Any, list[tuple[str, int]]]:
+    """The newest complete checkpoint's manifest (or None) and the inputs a move carries: the staged
+    dataset, a gated model's token, the cached base model."""
     prefix = f"runs/{run_id}"
     # The staged dataset, and a gated model's token where the host reads it (runs/<run>/secrets/).
     keys = [(o.key, o.size) for part in ("dataset", "secrets") for o in src.list(f"{prefix}/{part}/")]
@@ -98,7 +98,21 @@ def plan_copy(src: Any, dst: Any, run_id: str, inputs: dict | None = None) -> Pl
         info = src.head(key)
         if info is not None:
             keys.append((key, info.size))
-    newest = manifest.newest_complete(src, prefix)
+    return manifest.newest_complete(src, prefix), keys
+
+
+def carried_bytes(src: Any, run_id: str, inputs: dict | None = None) -> int:
+    """Every byte a move of the run would carry out of `src`: checkpoint, manifest, dataset, model."""
+    newest, keys = _carried(src, run_id, inputs)
+    files = sum(f.size for f in newest.files) if newest is not None else 0
+    return sum(size for _, size in keys) + files
+
+
+def plan_copy(src: Any, dst: Any, run_id: str, inputs: dict | None = None) -> Plan:
+    """The run's inputs and its newest complete checkpoint, less what `dst` holds already (same key,
+    same size: a PUT lands whole); a manifest `dst` holds for that step unfinished is removed first."""
+    prefix = f"runs/{run_id}"
+    newest, keys = _carried(src, run_id, inputs)
     step = newest.step if newest is not None else None
     man = None
     if newest is not None and step not in manifest.complete_steps(dst, prefix):
@@ -147,7 +161,7 @@ def url_seconds(nbytes: int, rate_mb_s: float) -> int:
 
 
 def order_copy(src: Any, dst: Any, run_id: str, source: str, inputs: dict | None = None,
-               rate_mb_s: float = 100.0) -> Copied:
+               rate_mb_s: float = 100.0, region: str | None = None) -> Copied:
     """Leave a copy order in `dst` for the destination's host: URLs only, no bytes pass here."""
     start = time.time()
     plan = plan_copy(src, dst, run_id, inputs)
@@ -157,7 +171,7 @@ def order_copy(src: Any, dst: Any, run_id: str, source: str, inputs: dict | None
     def item(key: str, size: int) -> dict:
         return {"key": key, "size": size, "url": src.presign(key, "get", lives), "expires": expires}
 
-    order = {"id": uuid.uuid4().hex, "from": source, "step": plan.step, "made": time.time(),
+    order = {"id": uuid.uuid4().hex, "from": source, "region": region, "step": plan.step, "made": time.time(),
              "files": [item(k, s) for k, s in plan.files],
              "manifest": item(*plan.manifest) if plan.manifest is not None else None}
     # The order is a control file of the run's own store (no key in it: URLs that read one object each).
@@ -178,5 +192,5 @@ def settle(store: Any, run_id: str) -> dict | None:
     return report
 
 
-__all__ = ["Copied", "Plan", "copy_checkpoint", "copy_object", "host_can_copy", "order_copy", "plan_copy",
+__all__ = ["Copied", "Plan", "copy_checkpoint", "copy_object", "host_can_copy", "carried_bytes", "order_copy", "plan_copy",
            "settle", "url_seconds", "SINGLE_PUT_BYTES", "URL_SECONDS", "COPY_TRIES"]
