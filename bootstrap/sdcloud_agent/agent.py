@@ -108,10 +108,13 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath, NodeGroup
         One host copies (rank 0); the others of a group wait for its order to be done, within a limit."""
         from . import move_copy
 
-        if self.cfg.node_rank == 0:
-            move_copy.fetch_ordered(self.store, self.cfg.run_prefix)
-        else:
-            move_copy.wait_until_carried(self.store, self.cfg.run_prefix)
+        try:
+            if self.cfg.node_rank == 0:
+                move_copy.fetch_ordered(self.store, self.cfg.run_prefix)
+            else:
+                move_copy.wait_until_carried(self.store, self.cfg.run_prefix)
+        except StoreError as exc:  # the attempt ends; the next host sends only what is still missing
+            raise Failure(f"the move's copy into this cloud's store failed: {exc}", cause=attempt_cause(exc)) from exc
 
     def _restore(self, ctx: Context, restoring: concurrent.futures.Future) -> None:
         """Wait for the checkpoint restore started before staging and take it up in `ctx`."""

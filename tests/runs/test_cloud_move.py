@@ -105,8 +105,8 @@ def test_between_two_buckets_the_bytes_go_through_presigned_urls(s3_env, tmp_pat
     s3 = boto3.client("s3", endpoint_url=s3_env["endpoint_url"])
     for bucket in ("move-home", "move-away"):
         s3.create_bucket(Bucket=bucket)
-    src = open_store({"url": "s3://move-home/p", "endpoint_url": s3_env["endpoint_url"]})
-    dst = open_store({"url": "s3://move-away/q", "endpoint_url": s3_env["endpoint_url"]})
+    src = open_store({"url": "s3://move-home/p"})
+    dst = open_store({"url": "s3://move-away/q"})
     _checkpoint(src, 5, {"model.safetensors": b"w" * 4096}, tmp_path)
     url = src.presign(f"{PREFIX}/checkpoints/000000005/model.safetensors", "get", 60)
     assert "X-Amz-Signature=" in url and "move-home" in url
@@ -202,7 +202,7 @@ def test_a_store_fault_halfway_through_a_presigned_copy_leaves_the_last_complete
     s3 = boto3.client("s3", endpoint_url=s3_env["endpoint_url"])
     for bucket in ("cut-home", "cut-away"):
         s3.create_bucket(Bucket=bucket)
-    src = open_store({"url": "s3://cut-home/p", "endpoint_url": s3_env["endpoint_url"]})
+    src = open_store({"url": "s3://cut-home/p"})
     _checkpoint(src, 8, {"model.safetensors": b"m" * 2048, "optimizer.pt": b"o" * 1024}, tmp_path / "a")
     broken = {"on": True}
 

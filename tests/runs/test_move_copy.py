@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -325,3 +326,37 @@ def test_a_move_is_priced_for_every_byte_it_carries(tmp_path):
     total = move_copy.carried_bytes(src, RUN, {"model": "cache:cache/models/sdxl-0123456789abcdef.tar"})
     assert total == checkpoint + dataset + 7000
     assert move_copy.carried_bytes(src, RUN, {}) == checkpoint + dataset
+
+
+def test_another_rank_waits_for_the_copy_within_a_limit(tmp_path):
+    from sdcloud_agent.store import LocalStore
+
+    store = LocalStore(tmp_path / "s")
+    host_copy.wait_until_carried(store, PREFIX, limit_s=0.0)  # no order: nothing to wait for
+    store.put(f"{PREFIX}/{host_copy.ORDER_KEY}", b"{}")
+    with pytest.raises(StoreError, match="not done within"):
+        host_copy.wait_until_carried(store, PREFIX, limit_s=0.05, poll_s=0.01)
+
+
+def test_after_a_failed_host_copy_the_next_host_gets_fresh_urls_for_the_same_files(front, tmp_path, monkeypatch):
+    from sdcloud.runs.driving import cloud_move
+
+    _buckets("ref-home", "ref-away")
+    src = open_store({"url": "s3://ref-home/p"})
+    dst = open_store({"url": "s3://ref-away/q"})
+    _home(src, tmp_path, {"model.safetensors": b"m" * 100})
+    move_copy.order_copy(src, dst, RUN, "aws", {})
+    order = host_copy.read_order(dst, PREFIX)
+    for item in order["files"]:
+        item["expires"] = 1.0  # the run waited longer than the URLs live
+    dst.put(f"{PREFIX}/{host_copy.ORDER_KEY}", json.dumps(order).encode())
+    with pytest.raises(StoreError, match="expired"):
+        host_copy.fetch_ordered(dst, PREFIX)
+    ctl = _ctl(src, [], [])
+    ctl.cloud, ctl.store = "tencent", dst  # the run is there now; its home store signs the source's URLs
+    monkeypatch.setattr(cloud_move.cost_ledger, "record_move", lambda *a, **k: None)
+    cloud_move.settle_host_copy(ctl)
+    fresh = host_copy.read_order(dst, PREFIX)
+    assert [i["key"] for i in fresh["files"]] == [i["key"] for i in order["files"]]
+    assert all(i["expires"] > time.time() + 3600 for i in fresh["files"])  # alive for a boot and the copy
+    assert host_copy.fetch_ordered(dst, PREFIX).sent > 0 and manifest.newest_complete(dst, PREFIX).step == 7

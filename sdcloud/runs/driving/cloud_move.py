@@ -166,9 +166,20 @@ def settle_host_copy(ctl: Any) -> None:
         report = move_copy.settle(ctl.store, ctl.run_id)
     except StoreError:  # read again at the next attempt or the run's end
         return
-    if report is not None and int(report.get("fetched") or 0) > 0:
-        cost_ledger.record_move(ctl.state, ctl.run_id, str(report.get("from") or ctl.home_cloud),
-                                int(report["fetched"]), float(report.get("seconds") or 0.0), region=report.get("region"))
+    if report is None:
+        return
+    source = str(report.get("from") or ctl.home_cloud)
+    if int(report.get("fetched") or 0) > 0:
+        cost_ledger.record_move(ctl.state, ctl.run_id, source, int(report["fetched"]), float(report.get("seconds") or 0.0),
+                                region=report.get("region"))
+    if report.get("state") == "failed" and source != ctl.cloud:  # the next host gets fresh URLs, same files
+        from ...offers.moves import move_rate_mb_s
+
+        src = ctl.home_store if source == ctl.home_cloud else open_run_store(store_conf_for(ctl, source))
+        try:
+            move_copy.refresh_order(src, ctl.store, ctl.run_id, move_rate_mb_s()[0])
+        except StoreError:  # the next failed report tries again
+            pass
 
 
 def after_spot_refused(ctl: Any) -> bool:

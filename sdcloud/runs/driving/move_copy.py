@@ -180,6 +180,23 @@ def order_copy(src: Any, dst: Any, run_id: str, source: str, inputs: dict | None
     return Copied(plan.step, planned, plan.total, plan.skipped, round(time.time() - start, 3), by_host=True)
 
 
+def refresh_order(src: Any, dst: Any, run_id: str, rate_mb_s: float = 100.0) -> bool:
+    """After a host's copy failed: the order still in `dst` signed again (fresh URLs from `src`, the
+    same files), so that the next host does not meet URLs that expired while the run waited."""
+    key = f"runs/{run_id}/{host_copy.ORDER_KEY}"
+    try:
+        order = json.loads(dst.get(key))
+    except (NotFound, ValueError):
+        return False
+    items = order.get("files", []) + ([order["manifest"]] if order.get("manifest") else [])
+    lives = url_seconds(sum(int(i["size"]) for i in items), rate_mb_s)
+    expires = time.time() + lives - 60
+    for item in items:
+        item.update(url=src.presign(item["key"], "get", lives), expires=expires)
+    dst.put(key, json.dumps(order).encode())
+    return True
+
+
 def settle(store: Any, run_id: str) -> dict | None:
     """The destination host's report of a copy it carried out (or failed), read once: the caller
     records its egress (the bytes it fetched, a failed copy's included). None when there is none."""
@@ -192,5 +209,5 @@ def settle(store: Any, run_id: str) -> dict | None:
     return report
 
 
-__all__ = ["Copied", "Plan", "copy_checkpoint", "copy_object", "host_can_copy", "carried_bytes", "order_copy", "plan_copy",
+__all__ = ["Copied", "Plan", "copy_checkpoint", "copy_object", "host_can_copy", "carried_bytes", "order_copy", "refresh_order", "plan_copy",
            "settle", "url_seconds", "SINGLE_PUT_BYTES", "URL_SECONDS", "COPY_TRIES"]
