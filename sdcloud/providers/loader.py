@@ -18,8 +18,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
+from ..offers.groups import Link
 from .capabilities import ReconcilesBill, SchedulesBatch
-from .traits import package_of, traits
+from .traits import package_of, read_links, traits
 
 
 @runtime_checkable
@@ -123,3 +124,11 @@ def storage_prices(name: str) -> dict:
         return {}
     with resources.files(package_of(name)).joinpath(path).open("rb") as f:
         return tomllib.load(f)
+
+
+def interconnect(name: str) -> dict[str, Link]:
+    """The provider's network between two hosts, by instance type ("*": every type it does not list),
+    from its `interconnect` file (traits.read_links: one interface's share of a multi-card type); {}
+    where it declares none."""
+    path = traits(name).interconnect
+    return read_links(name, path) if path is not None else {}

@@ -220,6 +220,10 @@ class ProviderTraits:
     # The longest object key its bucket takes, in bytes of UTF-8 (providers/<name>/limits.py): a
     # dataset file whose key would be longer is refused before launch (runs/inputs/datasets.py); None: no limit.
     object_key_bytes: int | None = None
+    # The network between two of its hosts, a CSV file in its folder (instance_type, network_gbps,
+    # network_cards, basis, placement, efa, source; "*" for every type): `offers --nodes N` and the
+    # group launch read it through providers/loader.py. None: a group's network is assumed.
+    interconnect: str | None = None
 
     @property
     def is_cloud(self) -> bool:
@@ -289,7 +293,31 @@ def traits(name: str) -> ProviderTraits:
 
         tell_bundled(name, resources.files(package_of(name)).joinpath(declared.catalog.bundled),
                      declared.catalog.refresh_hint(name))
+    if declared.interconnect is not None:
+        # The same for its network facts: parsed by the loader when first asked for (offers/groups.py).
+        from functools import partial
+
+        from ..offers.groups import tell_links
+
+        tell_links(name, partial(read_links, name, declared.interconnect))
     return declared
+
+
+def read_links(name: str, path: str) -> dict:
+    """Provider `name`'s `interconnect` file (`path`, in its folder) as offers.groups.Link by instance type
+    ("*": every type it does not list). A type with several network cards is counted at one card's share:
+    sdcloud attaches one interface (on card 0) to each host. providers/loader.interconnect is its typed door."""
+    import csv
+    import io
+    from importlib import resources
+
+    from ..offers.groups import Link
+
+    out = {}
+    for r in csv.DictReader(io.StringIO(resources.files(package_of(name)).joinpath(path).read_text())):
+        host, cards = float(r["network_gbps"]), max(1, int(r.get("network_cards") or 1))
+        out[r["instance_type"]] = Link(host / cards, r["basis"], r["placement"], r["source"], host_gbps=host, cards=cards)
+    return out
 
 
 def default_region(name: str) -> str:

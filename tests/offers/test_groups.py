@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -14,6 +15,8 @@ from sdcloud.offers.catalog import load_catalog
 from sdcloud.offers.groups import Link, check_nodes, group_estimate, rank_groups, speedup
 from sdcloud.offers.optimizer import rank
 from sdcloud.offers.tiers import get_tier
+from sdcloud.providers import loader
+from sdcloud.runs.inputs.spec import RunSpec
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -51,13 +54,34 @@ def test_a_group_is_priced_as_one_unit_and_reclaimed_n_times_as_often():
 
 
 def test_aws_types_are_placed_in_a_cluster_placement_group_and_tencent_ones_in_one_zone():
-    assert groups.link_of("aws", "p4d.24xlarge").placement == "cluster"
-    assert groups.link_of("aws", "p4d.24xlarge").gbps == 400
+    assert groups.link_of("aws", "g5.48xlarge").placement == "cluster"
+    assert groups.link_of("aws", "g5.48xlarge").gbps == 100
     t = groups.link_of("tencent", "GN7.2XLARGE32")
     assert t.placement == "zone" and t.basis == "assumed"
-    # Every AWS type of the bundled catalog has its own figure (no silent assumption).
+    # Every AWS type of the bundled catalog has its own figure (no silent assumption), parsed by the loader.
     types = {r.instance_type for r in load_catalog().rows if r.provider == "aws"}
-    assert types <= set(groups.interconnect("aws"))
+    assert types <= set(loader.interconnect("aws"))
+
+
+@pytest.mark.parametrize("itype, cards", [("p4d.24xlarge", 4), ("p4de.24xlarge", 4), ("p5.48xlarge", 32)])
+def test_multi_card_types_count_the_one_interface_sdcloud_attaches(itype, cards):
+    """p4d/p4de/p5.48xlarge list the sum over several network cards; a host gets one interface (card 0)."""
+    link = groups.link_of("aws", itype)
+    assert link.cards == cards and link.host_gbps is not None
+    assert link.gbps == pytest.approx(link.host_gbps / cards) and link.gbps <= 100
+    tier = get_tier("sdxl-finetune")
+    one_card = groups.speedup(tier, 1.0, 8, link)
+    whole_host = groups.speedup(tier, 1.0, 8, replace(link, gbps=link.host_gbps))
+    assert one_card <= whole_host  # the whole-host figure would have ranked it faster than it runs
+
+
+def test_the_group_price_is_one_function_of_the_hosts_price_and_count():
+    assert groups.group_price(1.25, 4) == pytest.approx(5.0)
+    assert groups.group_price(None, 4) is None and groups.group_price(2.0, 0) == pytest.approx(2.0)
+    # The node count, however the spec carries it: a run row's spec, an agent config, a RunSpec.
+    assert groups.node_count({"nodes": 3}) == 3 and groups.node_count({"nodes": None}) == 1
+    assert groups.node_count({"nodes": "x"}) == 1 and groups.node_count(RunSpec(tier="sdxl-finetune", nodes=2)) == 2
+    assert groups.node_count(None) == 1
 
 
 def test_offers_ranks_groups_of_two_with_the_speedup_and_group_price_explained(capsys):

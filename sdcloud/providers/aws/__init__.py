@@ -29,6 +29,7 @@ TRAITS = ProviderTraits(
                          hint="`sdcloud catalog refresh --provider {name} --public` (no credentials) or without "
                               "--public (per-zone spot, credentials)"),
     object_key_bytes=limits.OBJECT_KEY_BYTES,  # the bucket's key limit (limits.py)
+    interconnect="interconnect.csv",  # the network between two hosts, by type (offers --nodes N)
     bill=".billing",  # `sdcloud cost reconcile` (billing.py)
     schedules=".schedules",  # `sdcloud batch schedule add --provider aws` (schedules.py)
     function=CloudFunction(

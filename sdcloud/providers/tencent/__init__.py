@@ -27,6 +27,7 @@ TRAITS = ProviderTraits(
     spot_prices="samples",
     catalog=PriceCatalog(build=".catalog_build", refresh=".catalog"),  # catalog.csv here
     object_key_bytes=limits.OBJECT_KEY_BYTES,  # the bucket's key limit (limits.py)
+    interconnect="interconnect.csv",  # the network between two hosts, by type (offers --nodes N)
     bill=".billing",  # `sdcloud cost reconcile` (billing.py)
     infra_check=".service_role",  # SCF_QcsRole before `infra up` (service_role.py)
     schedules=".schedules",  # `sdcloud batch schedule add --provider tencent` (schedules.py)
