@@ -241,7 +241,10 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
         useful = max(0.0, hours - lost)
         disk = next((i for i in items if i["item"] == "disk"), None)
         disk_usd_h = (disk["usd"] / hours) if disk and hours > 0 else 0.0
-        od_usd = (od_price or 0.0) * config.usd_per(currency) * useful * nodes + disk_usd_h * useful + sum(
+        # Each host at the on-demand price under the same billing rules as the attempt's own charge (AWS's
+        # 60 s minimum a host included): an on-demand run saves exactly 0, never a rounding's -0.6%.
+        od_compute = compute_charge(a.provider, "on-demand", a.start, a.start + useful * 3600.0, None, od_price, currency)
+        od_usd = od_compute.amount * config.usd_per(currency) * nodes + disk_usd_h * useful + sum(
             i["usd"] for i in items if i["item"] in ("bucket", "requests"))
         estimate += usd
         ondemand += od_usd
