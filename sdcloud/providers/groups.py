@@ -22,7 +22,6 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from ..offers.groups import group_price, node_count
 from ..offers.optimizer import Offer
 from ..errors import UserError
-from .traits import Hosts, ProviderTraits
 from .base import (FAILED, LIVE_STATES, PENDING, STOPPING, TAG_NODE, TAG_NODES, TERMINATED, EventSink, Instance,
                    LaunchSpec, ProviderError)
 
@@ -36,12 +35,24 @@ class SweepsGroupLeftovers(Protocol):
     def sweep_group_leftovers(self, regions: list[str] | None, is_active: Callable[[str], bool]) -> list[str]: ...
 
 
-def check_group_hosts(traits: ProviderTraits, nodes: int) -> None:
-    """Refuse a group where the provider's hosts are the user's own boxes (one run a box): a group
-    needs hosts launched N at a time, a cloud's or this machine's processes."""
-    if nodes > 1 and traits.hosts is Hosts.OWN:
-        raise UserError(f"--nodes {nodes}: the {traits.name} provider runs each run on one box of yours; a group of "
+def check_group(name: str, nodes: int) -> None:
+    """Refuse, before anything is made, a group provider `name` cannot launch: one without the power
+    (capabilities.LaunchesGroups: the user's own boxes, one run a box), or one larger than its limit
+    (this machine: a host per CPU core, and per GPU where it has GPUs)."""
+    from .capabilities import LaunchesGroups
+    from .loader import provider_class
+
+    if nodes <= 1:
+        return
+    cls = provider_class(name)
+    if not issubclass(cls, LaunchesGroups):
+        raise UserError(f"--nodes {nodes}: the {name} provider runs each run on one box of yours; a group of "
                         f"hosts needs a cloud provider or the local one")
+    limit = cls.group_limit()
+    if limit is not None and nodes > limit[0]:
+        most, why = limit
+        raise UserError(f"--nodes {nodes}: the {name} provider can run at most {most} hosts of a group here "
+                        f"({why}); use --nodes {most} or less, or a cloud provider")
 
 
 @dataclass(frozen=True)

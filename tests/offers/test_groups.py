@@ -123,7 +123,7 @@ def test_a_group_no_faster_than_one_host_is_not_offered(monkeypatch):
 
 
 def test_up_refuses_a_group_on_the_users_own_boxes_before_anything_is_recorded(sdcloud_home):
-    from sdcloud.providers.groups import check_group_hosts
+    from sdcloud.providers.groups import check_group
     from sdcloud.providers.traits import names, traits
     from sdcloud.runs.inputs.spec import build_spec
 
@@ -131,8 +131,8 @@ def test_up_refuses_a_group_on_the_users_own_boxes_before_anything_is_recorded(s
     assert own
     for name in own:
         with pytest.raises(UserError, match="--nodes 2"):
-            check_group_hosts(traits(name), 2)
-        check_group_hosts(traits(name), 1)
+            check_group(name, 2)
+        check_group(name, 1)
     assert build_spec(None, {"tier": "sdxl-finetune", "provider": "local", "nodes": 2}).spec.nodes == 2
     with pytest.raises(UserError, match="makes images"):
         build_spec(None, {"tier": "batch-sdxl", "nodes": 2})

@@ -202,11 +202,8 @@ class AwsProvider:
                                                 {"Name": "instance-state-name", "Values": _ADOPT_STATES}] + node_filter)
 
     def find_token(self, token: str, region: str, node: int | None = None) -> Instance | None:
-        found = self.find_tokens(token, region, node)
-        if not found:
-            return None
-        found.sort(key=lambda i: i.launched_at or datetime.min.replace(tzinfo=timezone.utc))
-        return found[0]
+        found = self.find_tokens(token, region, node)  # the oldest, if several
+        return min(found, key=lambda i: i.launched_at or datetime.min.replace(tzinfo=timezone.utc), default=None)
 
     def launch(self, offer: Offer, spec: LaunchSpec, market: str, max_price: float | None = None,
                events: EventSink = no_events) -> Instance:
@@ -426,6 +423,8 @@ class AwsProvider:
         if errors and len(errors) == len(regions):
             raise UserError("AWS: no region could be searched for sdcloud instances: " + errors[0])
         return found
+
+    group_limit = staticmethod(lambda: None)  # capabilities.LaunchesGroups: one request of N (group.py); no bound here
 
     def sweep_group_leftovers(self, regions: list[str] | None, is_active) -> list[str]:
         return [n for r in (regions or self.regions or [self.region]) for n in group.sweep_placement_groups(self, r, is_active)]

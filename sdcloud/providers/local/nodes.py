@@ -10,6 +10,7 @@ and train with gloo on the CPU. The controller sees one instance whose price is 
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
@@ -18,6 +19,20 @@ from typing import Any
 from ...events import Kind
 from ..base import EventSink, Instance, LaunchSpec
 from .metadata import MetadataServer
+
+
+def group_limit(gpus: int) -> tuple[int, str]:
+    """The most hosts of a group this machine runs, and why: each host trains in a process of its own
+    (a core each, at least), and where this machine has GPUs, on a GPU of its own (NCCL takes no two
+    ranks on one GPU). `gpus`: this machine's NVIDIA GPUs (0: it trains on the CPU)."""
+    try:
+        cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    words = f"{cores} CPU core{'s' if cores != 1 else ''}"
+    if gpus and gpus < cores:
+        return gpus, f"{gpus} GPU{'s' if gpus != 1 else ''}, one a host"
+    return cores, f"{words}, one a host"
 
 
 class GroupMetadata:

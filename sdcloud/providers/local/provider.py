@@ -81,6 +81,13 @@ class LocalProvider:
         self._metadata: dict[str, MetadataServer] = {}
         self._timers: list[threading.Timer] = []
 
+    # capabilities.LaunchesGroups: a group is N agent processes here (nodes.py), as many as this machine runs
+    @staticmethod
+    def group_limit() -> tuple[int, str]:
+        from .nodes import group_limit
+
+        return group_limit(_local_gpu()[1])
+
     # offers
     def offers(self, tier=None, market: str | None = None, regions: list[str] | None = None) -> list[Offer]:
         gpu, count, vram = _local_gpu()
