@@ -32,6 +32,7 @@ from functools import cache
 from typing import Any
 
 from ..errors import UserError
+from . import told
 from .catalog import BAND_RECLAIMS_PER_HOUR, Catalog
 from .kinds import RunKind
 from .optimizer import CHECKPOINT_INTERVAL_HOURS, RESTART_HOURS, SETUP_HOURS, Estimate, offer_rate, rank
@@ -120,7 +121,8 @@ class GroupEstimate:
                   "scaling_efficiency": round(self.efficiency, 3),
                   "rate": round(d["rate"] * self.speedup, 4) if d.get("rate") else None,
                   "placement": "cluster placement group" if self.link.placement == "cluster" else "one zone",
-                  "network_gbps": self.link.gbps, "network_basis": self.link.basis, "network_source": self.link.source})
+                  "network_gbps": self.link.gbps, "network_basis": self.link.basis, "network_source": self.link.source,
+                  "network_cards": self.link.cards, "host_network_gbps": self.link.host_gbps or self.link.gbps})
         return d
 
 
@@ -149,8 +151,10 @@ def tell_links(provider: str, table: Callable[[], dict[str, Link]]) -> None:
 
 def link_of(provider: str, instance_type: str) -> Link:
     """The link between two hosts of `instance_type` (the provider's row "*" for every type it does not list)."""
-    told = _LINK_TABLES.get(provider)
-    table = told() if told is not None else {}
+    if provider not in _LINK_TABLES:
+        told.ask(provider)  # its traits read now: they tell its network facts (offers/told.py)
+    known = _LINK_TABLES.get(provider)
+    table = known() if known is not None else {}
     found = table.get(instance_type) or table.get("*")
     return found or Link(DEFAULT_GBPS, "assumed", "zone", f"no interconnect figure for {provider}; assumed")
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
 
+from ..offers import told
+
 # Every provider's package, in the order the CLI lists them. A provider's name is its package's name
 # under sdcloud.providers; one more is registered with `register(name)`.
 PACKAGES = ("aws", "tencent", "local", "ssh")
@@ -318,6 +320,9 @@ def read_links(name: str, path: str) -> dict:
         host, cards = float(r["network_gbps"]), max(1, int(r.get("network_cards") or 1))
         out[r["instance_type"]] = Link(host / cards, r["basis"], r["placement"], r["source"], host_gbps=host, cards=cards)
     return out
+
+
+told.read_traits_with(traits)  # a fact offers need of a provider not read yet has its traits read (offers/told.py)
 
 
 def default_region(name: str) -> str:

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -97,7 +100,32 @@ def test_offers_ranks_groups_of_two_with_the_speedup_and_group_price_explained(c
     code, out, _ = run_cli(capsys, "offers", "--wide", "--tier", "sdxl-finetune", "--nodes", "2", "--explain",
                            "--limit", "3")
     assert code == 0
-    assert "speed-up" in out and "2 x " in out and "all-reduce" in out and "Gbps" in out
+    assert "speed-up" in out and "2x" in out and "all-reduce" in out and "Gbps" in out
+
+
+def test_offers_explain_for_a_group_fits_80_columns_and_keeps_what_it_ranks_by(tmp_path):
+    """`COLUMNS=80 sdcloud offers --nodes 2 --tier sdxl-finetune --explain`, as a user runs it (a fresh
+    process: every provider's network facts reach the ranking without any earlier call)."""
+    env = {**os.environ, "COLUMNS": "80", "SDCLOUD_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "sdcloud.cli", "offers", "--nodes", "2", "--tier", "sdxl-finetune",
+                           "--explain", "--limit", "5"], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines and max(len(line) for line in lines) <= 80
+    header = next(line for line in lines if "offer" in line)
+    for column in ("speed-up", "est h", "est $"):
+        assert column in header
+    assert "speed-up = N x step" in done.stdout and "est h and est $ include" in done.stdout
+    # The footer explains only what is shown; what gave way is named, with --wide.
+    assert "overhead =" not in done.stdout and "--wide" in done.stdout + done.stderr
+    rows = [line for line in lines if line.startswith("│") and line.split("│")[1].strip().isdigit()]
+    speedups = [float(line.split("│")[3].strip().rstrip("x")) for line in rows]
+    assert len(rows) == 5 and all(1.0 < s <= 2.0 for s in speedups)  # network facts read: not the assumed 5 Gbps
+    listed = subprocess.run([sys.executable, "-m", "sdcloud.cli", "offers", "--nodes", "2", "--tier", "sdxl-finetune",
+                             "--limit", "0", "--json", "--provider", "aws", "--region", "us-east-1", "--on-demand"],
+                            capture_output=True, text=True, timeout=120, env=env)
+    [p4d] = [g for g in json.loads(listed.stdout) if g["instance_type"] == "p4d.24xlarge"]
+    assert (p4d["network_gbps"], p4d["network_cards"], p4d["host_network_gbps"]) == (100, 4, 400)  # one interface
 
 
 def test_a_batch_tier_or_a_bad_group_size_is_refused_in_one_line(capsys):
