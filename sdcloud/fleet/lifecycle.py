@@ -20,6 +20,7 @@ from ..errors import UserError
 from ..events import Kind
 from ..offers.optimizer import RESTART_HOURS, Offer
 from ..providers.base import FAILED, TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
+from ..offers.groups import group_price
 from ..providers.groups import adopt_found, nodes_of
 from ..providers.traits import traits
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, ZoneView
@@ -173,7 +174,7 @@ class Fleet:
         """
         n = len(self.attempts()) + 1
         spec = spec_for(n)
-        usd = offer.price_per_hour_usd * nodes_of(spec)  # a multi-node group is priced as one unit
+        usd = group_price(offer.price_per_hour_usd, nodes_of(spec)) or 0.0  # a multi-node group is priced as one unit
         # The attempt is written before the launch: a crash in between is reconciled by its token.
         self.records.add_attempt(self.owner_id, n, offer.row.provider, spec.token, region=offer.row.region,
                                  zone=offer.row.zone, instance_type=offer.row.instance_type, market=kind, price=usd,

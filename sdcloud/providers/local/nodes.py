@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...events import Kind
+from ...offers.groups import node_count
 from ..base import EventSink, Instance, LaunchSpec
 from .metadata import MetadataServer
 
@@ -62,7 +63,7 @@ def launch_group(provider: Any, offer: Any, spec: LaunchSpec, market: str, host_
     """`provider`: the LocalProvider (provider.py), whose one agent start serves every host.
     Start the group's N agents, rank 0 first; one record (the group) with each host's pid. The
     record's own folder is rank 0's: the controller reads the run's host-side status.json there."""
-    n = int(spec.agent_config["nodes"])
+    n = node_count(spec.agent_config)
     metadata = GroupMetadata(n)
     port = free_port()
     nodes = []
