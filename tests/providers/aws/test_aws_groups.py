@@ -200,6 +200,26 @@ def test_a_group_still_shutting_down_at_the_bound_is_deleted_by_the_runs_next_la
     assert now["GroupName"] != left["GroupName"] and placement.deletes == [(left["GroupName"], "deleted")]
 
 
+def test_the_runs_driver_deletes_what_its_groups_left_when_the_run_is_over(ec2, provider, placement, sdcloud_home,
+                                                                           monkeypatch):
+    monkeypatch.setattr(aws_group, "END_WAIT_S", 0.2)
+    state = StateStore(sdcloud_home / "state.db")
+    run_id = "r-group003"
+    state.create_run(run_id, "sdxl-finetune", {"tier": "sdxl-finetune", "provider": "aws", "nodes": 2}, 100)
+    other = provider.launch(offer(), group_spec("r-other"), "spot")  # another run's group: not this driver's
+    fleet = Fleet(run_id, provider, "aws", state, [offer()], get_policy("sdcloud"), lambda k, d: None,
+                  Timing(poll_seconds=1, boot_timeout=600, heartbeat_timeout=600))
+    placement.linger_s = 30.0
+    fleet.launch("spot", offer(), lambda n: group_spec(run_id, attempt=n))
+    fleet.end(fleet.current(), "succeeded")  # its hosts still shutting down after the bound: the group stays
+    mine = aws_group.placement_group_name(group_spec(run_id).token)
+    assert mine in {g["GroupName"] for g in ec2.describe_placement_groups()["PlacementGroups"]}
+    placement.linger_s = 0.0
+    fleet.sweep_strays(keep_open=False)  # as the controller's last step does, on the laptop or in the cloud driver
+    left = {g["GroupName"] for g in ec2.describe_placement_groups()["PlacementGroups"]}
+    assert left == {aws_group.placement_group_name(group_spec("r-other").token)} and members(other.id)
+
+
 def test_gc_deletes_the_placement_groups_of_runs_that_are_over(ec2, provider, sdcloud_home):
     state = StateStore(sdcloud_home / "state.db")
     run_id = "r-group001"
