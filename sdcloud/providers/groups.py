@@ -1,7 +1,8 @@
 """A multi-node group's hosts as one instance (`up --nodes N`), for every cloud provider.
 
 The fleet and the controller keep one attempt per group, so a group is one `Instance` whose id is
-its `Group`'s: its hosts' ids joined by GROUP_SEP, rank 0's first ("i-0a+i-0b"), at the group's price. `describe` of that id is the
+its `Group`'s: its hosts' ids joined by GROUP_SEP, rank 0's first ("i-0a+i-0b"), at the group's
+price. `describe` of that id is the
 group's state: live while every host is, gone (or failed) as soon as one is, so that a reclaim of
 any host ends the attempt; `terminate` of it ends every host. A group is one unit: all its hosts in
 one zone and one market. A provider launches it in one request where its cloud can (AWS: RunInstances
