@@ -65,7 +65,6 @@ CASES = [
     ("up: steps negative", [*UP, "--steps", "-1"], None),
     ("up: steps not a number", [*UP, "--steps", "many"], None),
     ("up: checkpoint-every 0", [*UP, "--checkpoint-every", "0"], None),
-    ("up: a local group larger than this machine", [*UP, "--provider", "local", "--nodes", "64"], None),
     ("up: a group on the user's own boxes", [*UP, "--provider", "ssh", "--nodes", "2"], None),
     ("up: misspelt provider", [*UP, "--provider", "locl"], None),
     ("up: unknown provider", [*UP, "--provider", "gcp"], None),
