@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..offers.groups import FLOWS, OVERLAP, SINGLE_FLOW_GBPS, SOCKET_EFFICIENCY, Link, rank_groups
+from ..offers.groups import OVERLAP, SOCKET_EFFICIENCY, Link, rank_groups
 from ..render import echo, emit_json, note, table
 
 
@@ -43,9 +43,8 @@ def show_groups(tier, catalog, nodes: int, steps: int | None, limit: int, explai
                    rows, wrap=["offer", "network", "network source"],
                    drop=["network source", "overhead", "network", "of N", "group $/h"])
     parts = [f"speed-up = N x step / (step + max(0, all-reduce - {OVERLAP:g} x step)); all-reduce = 2 (N-1)/N x "
-             f"trained parameters x 2 bytes (bf16) / (min(line rate of one interface, {FLOWS} flows x "
-             f"{SINGLE_FLOW_GBPS['cluster']:g} Gbps in a cluster placement group or {SINGLE_FLOW_GBPS['zone']:g} "
-             f"outside) x {SOCKET_EFFICIENCY:g})"]
+             f"trained parameters x 2 bytes (bf16) / (min(line rate of one interface, flows x one flow's cap) x "
+             f"{SOCKET_EFFICIENCY:g})", _flow_words(shown)]
     if "of N" not in hidden:
         parts.append("of N: the speed-up as a share of N hosts")
     if "overhead" not in hidden:
@@ -61,3 +60,13 @@ def _network(link: Link) -> str:
     if link.cards > 1 and link.host_gbps is not None:
         rate += f" (1 of {link.cards} cards, {link.host_gbps:g} a host)"
     return rate + (", cluster" if link.placement == "cluster" else ", one zone")
+
+
+def _flow_words(shown: list) -> str:
+    """The flow limits of the providers shown, as their network traits declare them."""
+    seen: dict[str, str] = {}
+    for g in shown:
+        link, provider = g.link, g.host.offer.row.provider
+        where = "in a cluster placement group" if link.placement == "cluster" else "in one zone"
+        seen.setdefault(f"{provider} {where}", f"{link.flows} x {link.flow_gbps:g} Gbps")
+    return "flows: " + ", ".join(f"{k} {v}" for k, v in seen.items())

@@ -15,9 +15,10 @@ Where each figure comes from:
 - the line rate per instance type is the provider's network trait (`interconnect.csv` in its folder,
   parsed by providers/loader.py), each row citing its page; a type missing there is assumed at
   DEFAULT_GBPS; a type with several network cards counts one card's share (one interface attached);
-- the single-flow cap: EC2 lets one TCP flow reach 10 Gbps inside a cluster placement group and
-  5 Gbps outside one (EC2 User Guide, "Amazon EC2 instance network bandwidth"); NCCL's socket
-  transport opens NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD flows (FLOWS);
+- the single-flow cap and the flows, the provider's network trait too: EC2 lets one TCP flow reach
+  10 Gbps inside a cluster placement group and 5 Gbps outside one (EC2 User Guide, "Amazon EC2
+  instance network bandwidth"); NCCL's socket transport opens NCCL_SOCKET_NTHREADS x
+  NCCL_NSOCKS_PERTHREAD flows (16 on AWS); a provider that declares none is assumed at DEFAULT_FLOW_GBPS;
 - SOCKET_EFFICIENCY, OVERLAP and BYTES_PER_PARAM are assumptions (stated in --explain); step_1 is the
   host's rate as for one host, so a measured or recorded host rate (`sdcloud speeds`) feeds the model.
   sdcloud does not attach EFA interfaces: a type that has EFA runs NCCL over TCP here too, at its ENA
@@ -41,10 +42,10 @@ from .tiers import Tier
 # Hosts in one group: the same bound `up --nodes` checks (runs/inputs/spec.py).
 MAX_NODES = 64
 DEFAULT_GBPS = 5.0  # a type no interconnect.csv lists (assumed)
-SINGLE_FLOW_GBPS = {"cluster": 10.0, "zone": 5.0}  # EC2 User Guide, "Amazon EC2 instance network bandwidth"
-# NCCL's socket transport on AWS: NCCL_SOCKET_NTHREADS 2 x NCCL_NSOCKS_PERTHREAD 8 by default there (NCCL
-# documentation, "Environment Variables"); the same flows are assumed on every cloud.
-FLOWS = 16
+# One TCP flow's rate and the flows between two hosts where the provider declares none (assumed: EC2's
+# figure outside a placement group; NCCL's socket defaults on AWS). A provider's own are its traits'.
+DEFAULT_FLOW_GBPS = 5.0
+DEFAULT_FLOWS = 16
 SOCKET_EFFICIENCY = 0.6  # assumed: NCCL over TCP sockets reaches about this share of the flows' rate
 OVERLAP = 0.5  # assumed: the share of a step's compute that hides the all-reduce (the backward pass)
 # bf16 gradients: kohya's --full_bf16 and accelerate's bf16 communication hook all-reduce 2 bytes a parameter;
@@ -86,6 +87,9 @@ class Link:
     source: str
     host_gbps: float | None = None  # the whole host's listed figure, over all its network cards
     cards: int = 1
+    flow_gbps: float = DEFAULT_FLOW_GBPS  # one TCP flow's cap at this placement (the provider's network trait)
+    flows: int = DEFAULT_FLOWS  # TCP flows between two hosts
+    flow_source: str = "assumed"
 
 
 @dataclass(frozen=True)
@@ -169,8 +173,7 @@ def speedup(tier: Tier, rate: float, nodes: int, link: Link) -> float:
     if nodes <= 1:
         return 1.0
     step = 1.0 / rate
-    flows = FLOWS * SINGLE_FLOW_GBPS.get(link.placement, SINGLE_FLOW_GBPS["zone"])
-    bytes_per_s = min(link.gbps, flows) * 1e9 / 8 * SOCKET_EFFICIENCY
+    bytes_per_s = min(link.gbps, link.flows * link.flow_gbps) * 1e9 / 8 * SOCKET_EFFICIENCY
     comm = 2 * (nodes - 1) / nodes * trained_params(tier) * BYTES_PER_PARAM / bytes_per_s
     return nodes * step / (step + max(0.0, comm - OVERLAP * step))
 

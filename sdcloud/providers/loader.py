@@ -128,7 +128,7 @@ def storage_prices(name: str) -> dict:
 
 def interconnect(name: str) -> dict[str, Link]:
     """The provider's network between two hosts, by instance type ("*": every type it does not list),
-    from its `interconnect` file (traits.read_links: one interface's share of a multi-card type); {}
-    where it declares none."""
-    path = traits(name).interconnect
-    return read_links(name, path) if path is not None else {}
+    from its `network` trait (traits.read_links: one interface's share of a multi-card type, its flow
+    limits); {} where it declares none."""
+    network = traits(name).network
+    return read_links(name, network) if network is not None else {}

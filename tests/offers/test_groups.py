@@ -30,15 +30,19 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 def test_the_model_scales_a_lora_nearly_linearly_and_a_full_finetune_by_its_network():
     lora, full = get_tier("sdxl-lora"), get_tier("sdxl-finetune")
-    fast = Link(100.0, "listed", "cluster", "test")
-    slow = Link(2.5, "baseline", "cluster", "test")
+    fast = Link(100.0, "listed", "cluster", "test", flow_gbps=10.0)
+    slow = Link(2.5, "baseline", "cluster", "test", flow_gbps=10.0)
     assert speedup(lora, 1.0, 1, fast) == 1.0
     assert 1.9 < speedup(lora, 1.0, 2, fast) <= 2.0  # a LoRA's adapters are a small all-reduce
     # A full SDXL fine-tune all-reduces 2.6B fp32 gradients: the network decides.
     assert speedup(full, 1.0, 2, fast) > 1.5 * speedup(full, 1.0, 2, slow)
     # Outside a cluster placement group one flow is capped at 5 Gbps rather than 10: never faster.
-    zone = Link(100.0, "listed", "zone", "test")
+    zone = Link(100.0, "listed", "zone", "test", flow_gbps=5.0)
     assert speedup(full, 1.0, 4, zone) < speedup(full, 1.0, 4, fast)
+    # The flow limits are the provider's (its network trait): EC2's, as the AWS folder declares them.
+    aws_cluster, tencent = groups.link_of("aws", "g5.48xlarge"), groups.link_of("tencent", "GN7.2XLARGE32")
+    assert (aws_cluster.flows, aws_cluster.flow_gbps) == (16, 10.0) and "EC2 User Guide" in aws_cluster.flow_source
+    assert tencent.flow_gbps == 5.0 and tencent.flow_source.startswith("assumed")
     # More hosts are never slower in total than fewer in this model, and never more than linear.
     ups = [speedup(full, 0.5, n, fast) for n in (1, 2, 4, 8)]
     assert ups == sorted(ups) and all(u <= n for u, n in zip(ups, (1, 2, 4, 8)))
