@@ -144,6 +144,28 @@ def test_a_group_refused_in_every_zone_tries_each_whole_and_leaves_nothing(ec2, 
     assert ec2.describe_placement_groups()["PlacementGroups"] == []
 
 
+def test_a_group_refused_in_one_zone_lands_whole_in_the_next(ec2, provider):
+    calls: list[dict] = []
+
+    def refuse_first(params, **kwargs):
+        calls.append(params.get("body") or {})
+        if len(calls) == 1:
+            return AWSResponse("https://ec2.amazonaws.com/", 400, {}, None), {
+                "Error": {"Code": "InsufficientInstanceCapacity", "Message": "injected"},
+                "ResponseMetadata": {"HTTPStatusCode": 400}}
+        return None
+
+    provider.client("ec2", REGION).meta.events.register("before-call.ec2.RunInstances", refuse_first)
+    inst = provider.launch(offer(market="on-demand"), group_spec(), "on-demand")
+    first, second = calls
+    assert first["Placement.AvailabilityZone"] != second["Placement.AvailabilityZone"] == inst.zone
+    assert first["Placement.GroupName"] == second["Placement.GroupName"] and second["MinCount"] == 2
+    up = hosts(ec2)
+    assert {h["InstanceId"] for h in up} == set(members(inst.id)) and {h["Placement"]["AvailabilityZone"] for h in up} == {
+        inst.zone}
+    assert len(ec2.describe_placement_groups()["PlacementGroups"]) == 1  # kept: it holds the group
+
+
 def test_a_group_refused_for_another_reason_leaves_no_placement_group(ec2, provider):
     refuse_runs(provider, "InvalidParameterCombination")
     with pytest.raises(ProviderError):
