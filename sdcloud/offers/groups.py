@@ -153,6 +153,10 @@ def tell_links(provider: str, table: Callable[[], dict[str, Link]]) -> None:
     _LINK_TABLES[provider] = cache(table)
 
 
+def forget_links(provider: str) -> None:
+    _LINK_TABLES.pop(provider, None)
+
+
 def link_of(provider: str, instance_type: str) -> Link:
     """The link between two hosts of `instance_type` (the provider's row "*" for every type it does not list)."""
     if provider not in _LINK_TABLES:

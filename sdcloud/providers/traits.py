@@ -284,10 +284,12 @@ def unregister(name: str) -> None:
     """Forget a provider `register` added (the shipped ones stay)."""
     if name in _registered:
         from ..offers.catalog import forget_bundled
+        from ..offers.groups import forget_links
 
         _registered.remove(name)
         traits.cache_clear()
         forget_bundled(name)
+        forget_links(name)
 
 
 @cache

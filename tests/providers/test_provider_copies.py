@@ -120,6 +120,9 @@ def test_a_copy_brings_its_own_network_facts_to_offers_for_groups(copy_of, tmp_p
     provider_traits.unregister(name)
     provider_traits.register(name)
     assert link_of(name, "g5.12xlarge").gbps == 12 and link_of("aws", "g5.12xlarge").gbps == 40
+    provider_traits.unregister(name)  # forgotten with its folder: no longer a provider, its network assumed
+    assert link_of(name, "g5.12xlarge").gbps == DEFAULT_GBPS
+    provider_traits.register(name)
 
 
 def test_the_aws_copy_refreshes_its_catalog_against_moto(copy_of, aws_env, capsys):
