@@ -25,9 +25,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_host(args.config)
     from .agent import EXIT_FAILED, Agent
+    from .agent_nodes import resolve_rank
     from .config import ConfigError, load
     try:
         cfg = load(args.config)
+        resolve_rank(cfg)  # a host of a group launched in one request: its rank is its launch index
     except ConfigError as exc:
         logging.getLogger("sdcloud_agent").error("%s", exc)
         return EXIT_FAILED

@@ -33,6 +33,40 @@ STOPPED_EXIT = 143
 GROUP_STOP_UPLOAD_S = 120.0
 
 
+RANK_TRIES = 5  # the metadata service answers within a second of boot; a few tries, 1 s apart
+
+
+def resolve_rank(cfg, sleep=time.sleep) -> None:
+    """A host of a group launched in one request (`node_rank_from: launch-index`, one user-data for
+    every host) takes its rank from its launch index, read from the cloud's metadata before anything
+    uses the rank. A cloud that launches host by host (no launch index) keeps the config's rank.
+    Raises ConfigError where the index cannot be read or lies outside the group."""
+    from .clouds import for_kind
+    from .config import ConfigError
+
+    if cfg.nodes <= 1 or cfg.node_rank_from != "launch-index":
+        return
+    metadata = cfg.metadata or {}
+    cloud = for_kind(metadata.get("kind"))
+    error: Exception | None = None
+    for attempt in range(RANK_TRIES):
+        try:
+            index = cloud.launch_index(metadata.get("base_url"))
+            break
+        except OSError as exc:
+            error = exc
+            if attempt + 1 < RANK_TRIES:
+                sleep(1.0)
+    else:
+        raise ConfigError(f"this host's rank: {error}")
+    if index is None:
+        return
+    if not 0 <= index < cfg.nodes:
+        raise ConfigError(f"launch index {index} is outside the group of {cfg.nodes} hosts")
+    cfg.node_rank = index
+    log.info("rank %d of %d: this host's launch index", index, cfg.nodes)
+
+
 class _NoLease:
     """A host other than rank 0 writes nothing the run's lease guards."""
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 TRAINERS = ("builtin", "diffusers", "kohya", "command")
+RANK_SOURCES = ("", "launch-index")  # where a group's host takes its rank: its config, or its launch index
 SECRET_WORDS = ("secret", "password", "access_key", "secretkey", "secret_key", "token_value", "session_token")
 
 
@@ -65,6 +66,9 @@ class AgentConfig:
     # long another rank waits for it before the attempt fails.
     nodes: int = 1
     node_rank: int = 0
+    # "launch-index": the group was launched in one request (one user-data for every host) and this host's
+    # rank is its launch index, read from the cloud's metadata at start (agent_nodes.resolve_rank); "" node_rank.
+    node_rank_from: str = ""
     rendezvous_port: int = 29500
     rendezvous_addr: str = ""
     rendezvous_timeout_s: float = 900.0
@@ -123,6 +127,8 @@ def from_dict(d: dict) -> AgentConfig:
         check_network(cfg.network)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if cfg.node_rank_from not in RANK_SOURCES:
+        raise ConfigError(f"node_rank_from must be one of {', '.join(map(repr, RANK_SOURCES))}, not {cfg.node_rank_from!r}")
     if cfg.nodes < 1 or not 0 <= cfg.node_rank < cfg.nodes:
         raise ConfigError(f"node_rank must be within 0..nodes-1 (nodes={cfg.nodes}, node_rank={cfg.node_rank})")
     if not 0 < cfg.rendezvous_port < 65536:

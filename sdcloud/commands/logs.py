@@ -39,7 +39,9 @@ def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps:
     found = find_run(state, run)
     if attempt is not None:
         _check_attempt(state, found, attempt, follow)
-    nodes = int((found.get("spec") or {}).get("nodes") or 1)
+    from ..offers.groups import node_count
+
+    nodes = node_count(found.get("spec") or {})
     if node is not None and node >= nodes:
         raise UserError(f"--node {node}: {found['id']} runs on {nodes} host{'s' if nodes > 1 else ''} "
                         f"(nodes 0 to {nodes - 1})")

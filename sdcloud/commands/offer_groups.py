@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..offers.groups import FLOWS, OVERLAP, SINGLE_FLOW_GBPS, SOCKET_EFFICIENCY, rank_groups
+from ..offers.groups import OVERLAP, SOCKET_EFFICIENCY, Link, rank_groups
 from ..render import echo, emit_json, note, table
 
 
@@ -28,19 +28,45 @@ def show_groups(tier, catalog, nodes: int, steps: int | None, limit: int, explai
               drop=["#", "est h", "market"],
               caption=f"{len(ranked)} groups fit; group $/h = {nodes} x the host's; --explain shows the speed-up model")
         return
+    # At 80 columns the figures a group is ranked by come first (speed-up, est h, est $), beside the offer
+    # (its market in it); the group's price, network, overhead and the network's source give way in turn.
     rows = []
     for i, g in enumerate(shown):
         r = g.host.offer.row
-        rows.append((i + 1, f"{r.provider} {r.region} {r.instance_type}", g.host.offer.market,
-                     f"{nodes} x {g.host.offer.price_per_hour_usd:.4f} = {g.price_per_hour_usd:.4f}",
-                     f"{g.link.gbps:g} Gbps ({g.link.basis}), "
-                     + ("cluster placement group" if g.link.placement == "cluster" else "one zone"),
-                     f"{g.speedup:.2f}x ({g.efficiency:.0%} of {nodes})", f"{g.overhead:.3f}",
-                     f"{g.est_hours:.2f}", f"{g.est_cost:.2f}", g.link.source))
-    table(f"{tier.name}: {job} {tier.unit} on {nodes} hosts, why each group ranks where it does",
-          ["#", "offer", "market", "group $/h", "network", "speed-up", "overhead", "est h", "est $", "network source"],
-          rows, wrap=["offer", "network", "network source"], drop=["network source", "overhead"])
-    echo(f"speed-up = N x step / (step + max(0, all-reduce - {OVERLAP:g} x step)); all-reduce = 2 (N-1)/N x "
-         f"trained parameters x 2 bytes (bf16) / (min(line rate, {FLOWS} flows x {SINGLE_FLOW_GBPS['cluster']:g} Gbps in a "
-         f"cluster placement group or {SINGLE_FLOW_GBPS['zone']:g} outside) x {SOCKET_EFFICIENCY:g}); "
-         f"overhead = 1 + N x reclaims/h x restart; docs/training.md, \"Multi-node: offers, stacks and costs\"")
+        rows.append((i + 1, f"{r.provider} {r.region} {r.instance_type} {g.host.offer.market}",
+                     f"{g.speedup:.2f}x", f"{g.est_hours:.2f}", f"{g.est_cost:.2f}",
+                     f"{nodes}x{g.host.offer.price_per_hour_usd:.4f}={g.price_per_hour_usd:.4f}",
+                     f"{g.efficiency:.0%}", _network(g.link), f"{g.overhead:.3f}", g.link.source))
+    hidden = table(f"{tier.name}: {job} {tier.unit} on {nodes} hosts, why each group ranks where it does",
+                   ["#", "offer", "speed-up", "est h", "est $", "group $/h", "of N", "network", "overhead",
+                    "network source"],
+                   rows, wrap=["offer", "network", "network source"],
+                   drop=["network source", "overhead", "network", "of N", "group $/h"])
+    parts = [f"speed-up = N x step / (step + max(0, all-reduce - {OVERLAP:g} x step)); all-reduce = 2 (N-1)/N x "
+             f"trained parameters x 2 bytes (bf16) / (min(line rate of one interface, flows x one flow's cap) x "
+             f"{SOCKET_EFFICIENCY:g})", _flow_words(shown)]
+    if "of N" not in hidden:
+        parts.append("of N: the speed-up as a share of N hosts")
+    if "overhead" not in hidden:
+        parts.append("overhead = 1 + N x reclaims/h x restart")
+    parts.append("est h and est $ include the overhead of reclaims; "
+                 "docs/training.md, \"Multi-node: offers, stacks and costs\"")
+    echo("; ".join(parts))
+
+
+def _network(link: Link) -> str:
+    """A link in a few words: one interface's rate (of the host's, on a multi-card type) and the placement."""
+    rate = f"{link.gbps:g} Gbps {link.basis}"
+    if link.cards > 1 and link.host_gbps is not None:
+        rate += f" (1 of {link.cards} cards, {link.host_gbps:g} a host)"
+    return rate + (", cluster" if link.placement == "cluster" else ", one zone")
+
+
+def _flow_words(shown: list) -> str:
+    """The flow limits of the providers shown, as their network traits declare them."""
+    seen: dict[str, str] = {}
+    for g in shown:
+        link, provider = g.link, g.host.offer.row.provider
+        where = "in a cluster placement group" if link.placement == "cluster" else "in one zone"
+        seen.setdefault(f"{provider} {where}", f"{link.flows} x {link.flow_gbps:g} Gbps")
+    return "flows: " + ", ".join(f"{k} {v}" for k, v in seen.items())

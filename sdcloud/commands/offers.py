@@ -70,10 +70,13 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
     from ..offers.groups import check_nodes
 
     check_nodes(tier, nodes)  # a batch tier's group is refused before anything is printed
+    from ..providers.traits import has_catalog, names
+
+    # Every provider's traits read first: each tells offers where its catalog and network facts lie.
+    names(where=has_catalog)
     several = None  # `--provider aws,tencent`: those clouds' offers ranked in one table
     if provider:
         from ..names import match_name
-        from ..providers.traits import has_catalog, names
 
         found = [match_name(p.strip(), names(where=has_catalog), "provider") for p in provider.split(",") if p.strip()]
         found = list(dict.fromkeys(found))

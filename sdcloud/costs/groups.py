@@ -9,16 +9,14 @@ cost report shows each node's hours and cost and the group's totals (`nodes` in 
 from __future__ import annotations
 
 from .. import config
+from ..offers.groups import group_price, node_count
 
 GROUP_ITEMS = ("compute", "disk")  # what each host bills; the bucket and requests are the run's, once
 
 
 def spec_nodes(spec) -> int:
     """The hosts of each attempt of a run with this spec (its `nodes`; 1 for a single host or a batch job)."""
-    try:
-        return max(1, int(spec.get("nodes") or 1)) if isinstance(spec, dict) else 1
-    except (TypeError, ValueError):
-        return 1
+    return node_count(spec if isinstance(spec, dict) else None)
 
 
 def run_nodes(state, run_id: str) -> int:
@@ -57,7 +55,7 @@ def node_view(attempts: list[dict], nodes: int) -> dict | None:
             "node_hours": round(sum(n["hours"] for n in per_node), 4),
             "usd": round(sum(n["usd"] for n in per_node), 4),
             "host_price_per_hour_usd": round(last, 4) if last is not None else None,
-            "group_price_per_hour_usd": round(last * nodes, 4) if last is not None else None}
+            "group_price_per_hour_usd": round(group_price(last, nodes), 4) if last is not None else None}
 
 
 def line(view: dict | None) -> str:

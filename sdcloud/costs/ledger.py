@@ -21,6 +21,7 @@ from .. import config
 from ..events import Kind
 from ..providers.capabilities import HasPriceHistory
 from ..providers.traits import traits
+from ..offers.groups import group_price
 from .groups import node_view, run_nodes, scale_items, spec_nodes
 from .billing_rules import (Charge, bucket_charge, compute_charge, disk_charge, egress_charge, mean_price,
                             native_currency, request_charge)
@@ -117,7 +118,7 @@ def closed(state, run_id: str, n: int, provider=None, store=None, events: Callab
     compute = next((i for i in items if i["item"] == "compute"), None)
     if compute and compute["source"] in ("price-history", "samples"):
         # A multi-node group's attempt is priced as the group: N x the host's.
-        price = compute["detail"]["price_per_hour"] * config.usd_per(compute["currency"]) * nodes
+        price = group_price(compute["detail"]["price_per_hour"] * config.usd_per(compute["currency"]), nodes)
         state.update_attempt(run_id, n, price=price)
         events(Kind.REPRICED, {"attempt": n, "price_usd": round(price, 5), "source": compute["source"]})
     return items
@@ -233,7 +234,7 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
         oh = overheads.get(a.n)
         lost = oh["lost_hours"] if oh else 0.0
         compute = next(i for i in items if i["item"] == "compute")
-        rate_usd = (compute["detail"].get("price_per_hour") or 0.0) * config.usd_per(compute["currency"]) * nodes
+        rate_usd = group_price((compute["detail"].get("price_per_hour") or 0.0) * config.usd_per(compute["currency"]), nodes)
         od_price = c.get("ondemand_price")
         if od_price is None and a.market != "spot" and a.price is not None:
             od_price = a.price / config.usd_per(currency)
@@ -241,7 +242,10 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
         useful = max(0.0, hours - lost)
         disk = next((i for i in items if i["item"] == "disk"), None)
         disk_usd_h = (disk["usd"] / hours) if disk and hours > 0 else 0.0
-        od_usd = (od_price or 0.0) * config.usd_per(currency) * useful * nodes + disk_usd_h * useful + sum(
+        # Each host at the on-demand price under the same billing rules as the attempt's own charge (AWS's
+        # 60 s minimum a host included): an on-demand run saves exactly 0, never a rounding's -0.6%.
+        od_compute = compute_charge(a.provider, "on-demand", a.start, a.start + useful * 3600.0, None, od_price, currency)
+        od_usd = od_compute.amount * config.usd_per(currency) * nodes + disk_usd_h * useful + sum(
             i["usd"] for i in items if i["item"] in ("bucket", "requests"))
         estimate += usd
         ondemand += od_usd

@@ -20,7 +20,8 @@ from ..errors import UserError
 from ..events import Kind
 from ..offers.optimizer import RESTART_HOURS, Offer
 from ..providers.base import FAILED, TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
-from ..providers.groups import adopt_found, nodes_of
+from ..offers.groups import group_price
+from ..providers.groups import SweepsGroupLeftovers, adopt_found, has_group, nodes_of
 from ..providers.traits import traits
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, ZoneView
 from .candidates import attempt_zone_key, zone_key
@@ -173,7 +174,7 @@ class Fleet:
         """
         n = len(self.attempts()) + 1
         spec = spec_for(n)
-        usd = offer.price_per_hour_usd * nodes_of(spec)  # a multi-node group is priced as one unit
+        usd = group_price(offer.price_per_hour_usd, nodes_of(spec)) or 0.0  # a multi-node group is priced as one unit
         # The attempt is written before the launch: a crash in between is reconciled by its token.
         self.records.add_attempt(self.owner_id, n, offer.row.provider, spec.token, region=offer.row.region,
                                  zone=offer.row.zone, instance_type=offer.row.instance_type, market=kind, price=usd,
@@ -330,6 +331,18 @@ class Fleet:
         if strays:
             self.event(Kind.STRAYS, {"instances": [i.id for i in strays]})
             self.provider.terminate([i.id for i in strays], region=strays[0].region)
+        if not keep_open:
+            self.sweep_group_leftovers()
+
+    def sweep_group_leftovers(self) -> None:
+        """The run is over: what its groups left beside their hosts (AWS: a placement group whose hosts
+        were still shutting down when the group ended) deleted now, by whoever drives it (the laptop or
+        the cloud driver), rather than left for `sdcloud gc`. A provider without such leftovers: nothing."""
+        groups = [a for a in self.attempts() if a.instance_id and has_group([a.instance_id])]
+        if not groups or not isinstance(self.provider, SweepsGroupLeftovers):
+            return
+        regions = sorted({a.region for a in groups if a.region})
+        self.provider.sweep_group_leftovers(regions or None, lambda run: run != self.owner_id)
 
     # N hosts
     def keep_alive(self, hosts: int, progress: Progress, spec_for: Callable[[int], LaunchSpec]) -> list[Any]:

@@ -12,11 +12,13 @@ documented in docs/training.md ("Multi-node: offers, stacks and costs"):
     speed-up = N x step_1 / step_N                the group's rate is the host's x speed-up
 
 Where each figure comes from:
-- the line rate per instance type is the provider's `interconnect.csv` (its folder, beside catalog.csv),
-  each row citing its page; a type missing there is assumed at DEFAULT_GBPS;
-- the single-flow cap: EC2 lets one TCP flow reach 10 Gbps inside a cluster placement group and
-  5 Gbps outside one (EC2 User Guide, "Amazon EC2 instance network bandwidth"); NCCL's socket
-  transport opens NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD flows (FLOWS);
+- the line rate per instance type is the provider's network trait (`interconnect.csv` in its folder,
+  parsed by providers/loader.py), each row citing its page; a type missing there is assumed at
+  DEFAULT_GBPS; a type with several network cards counts one card's share (one interface attached);
+- the single-flow cap and the flows, the provider's network trait too: EC2 lets one TCP flow reach
+  10 Gbps inside a cluster placement group and 5 Gbps outside one (EC2 User Guide, "Amazon EC2
+  instance network bandwidth"); NCCL's socket transport opens NCCL_SOCKET_NTHREADS x
+  NCCL_NSOCKS_PERTHREAD flows (16 on AWS); a provider that declares none is assumed at DEFAULT_FLOW_GBPS;
 - SOCKET_EFFICIENCY, OVERLAP and BYTES_PER_PARAM are assumptions (stated in --explain); step_1 is the
   host's rate as for one host, so a measured or recorded host rate (`sdcloud speeds`) feeds the model.
   sdcloud does not attach EFA interfaces: a type that has EFA runs NCCL over TCP here too, at its ENA
@@ -25,13 +27,13 @@ Where each figure comes from:
 
 from __future__ import annotations
 
-import csv
-import io
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
+from functools import cache
+from typing import Any
 
 from ..errors import UserError
+from . import told
 from .catalog import BAND_RECLAIMS_PER_HOUR, Catalog
 from .kinds import RunKind
 from .optimizer import CHECKPOINT_INTERVAL_HOURS, RESTART_HOURS, SETUP_HOURS, Estimate, offer_rate, rank
@@ -39,12 +41,11 @@ from .tiers import Tier
 
 # Hosts in one group: the same bound `up --nodes` checks (runs/inputs/spec.py).
 MAX_NODES = 64
-INTERCONNECT_FILE = "interconnect.csv"
 DEFAULT_GBPS = 5.0  # a type no interconnect.csv lists (assumed)
-SINGLE_FLOW_GBPS = {"cluster": 10.0, "zone": 5.0}  # EC2 User Guide, "Amazon EC2 instance network bandwidth"
-# NCCL's socket transport on AWS: NCCL_SOCKET_NTHREADS 2 x NCCL_NSOCKS_PERTHREAD 8 by default there (NCCL
-# documentation, "Environment Variables"); the same flows are assumed on every cloud.
-FLOWS = 16
+# One TCP flow's rate and the flows between two hosts where the provider declares none (assumed: EC2's
+# figure outside a placement group; NCCL's socket defaults on AWS). A provider's own are its traits'.
+DEFAULT_FLOW_GBPS = 5.0
+DEFAULT_FLOWS = 16
 SOCKET_EFFICIENCY = 0.6  # assumed: NCCL over TCP sockets reaches about this share of the flows' rate
 OVERLAP = 0.5  # assumed: the share of a step's compute that hides the all-reduce (the backward pass)
 # bf16 gradients: kohya's --full_bf16 and accelerate's bf16 communication hook all-reduce 2 bytes a parameter;
@@ -58,14 +59,37 @@ LARGE_PARAMS = 8.1e9  # SD3.5 Large (tiers whose name says sd35l)
 LORA_SHARE = 0.02
 
 
+def group_price(host_price: float | None, nodes: int) -> float | None:
+    """The one price of a group per hour: its `nodes` hosts, of one type, market and zone, each billed
+    the host's price (None where the host's is unknown). Every group price in sdcloud is this one."""
+    return None if host_price is None else host_price * max(1, int(nodes))
+
+
+def node_count(spec: Any) -> int:
+    """The hosts of each attempt, from whatever carries `nodes`: a RunSpec, a run row's spec (a dict),
+    an agent config (a dict) or a LaunchSpec's agent config; 1 where it says nothing usable."""
+    value = spec.get("nodes") if isinstance(spec, Mapping) else getattr(spec, "nodes", None)
+    try:
+        return max(1, int(value or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
 @dataclass(frozen=True)
 class Link:
-    """The network between two hosts of one type, and how a group of them is placed."""
+    """The network between two hosts of one type, and how a group of them is placed. `gbps` is what one
+    host's interface carries: sdcloud attaches one interface (on network card 0), so a type whose
+    listed figure is summed over several network cards (p4d: 4, p5.48xlarge: 32) counts one card's share."""
 
     gbps: float
     basis: str  # listed, baseline, assumed
     placement: str  # "cluster" (a cluster placement group) or "zone" (the same zone, nothing closer)
     source: str
+    host_gbps: float | None = None  # the whole host's listed figure, over all its network cards
+    cards: int = 1
+    flow_gbps: float = DEFAULT_FLOW_GBPS  # one TCP flow's cap at this placement (the provider's network trait)
+    flows: int = DEFAULT_FLOWS  # TCP flows between two hosts
+    flow_source: str = "assumed"
 
 
 @dataclass(frozen=True)
@@ -86,7 +110,7 @@ class GroupEstimate:
 
     @property
     def price_per_hour_usd(self) -> float:
-        return self.nodes * self.host.offer.price_per_hour_usd
+        return group_price(self.host.offer.price_per_hour_usd, self.nodes) or 0.0
 
     @property
     def efficiency(self) -> float:
@@ -101,7 +125,8 @@ class GroupEstimate:
                   "scaling_efficiency": round(self.efficiency, 3),
                   "rate": round(d["rate"] * self.speedup, 4) if d.get("rate") else None,
                   "placement": "cluster placement group" if self.link.placement == "cluster" else "one zone",
-                  "network_gbps": self.link.gbps, "network_basis": self.link.basis, "network_source": self.link.source})
+                  "network_gbps": self.link.gbps, "network_basis": self.link.basis, "network_source": self.link.source,
+                  "network_cards": self.link.cards, "host_network_gbps": self.link.host_gbps or self.link.gbps})
         return d
 
 
@@ -117,18 +142,27 @@ def check_nodes(tier: Tier, nodes: int, flag: str = "--nodes") -> int:
     return nodes
 
 
-@lru_cache(maxsize=None)
-def interconnect(provider: str) -> dict[str, Link]:
-    """The provider's interconnect.csv (sdcloud/providers/<provider>/), by instance type ("*": every other)."""
-    path = resources.files("sdcloud").joinpath("providers", provider, INTERCONNECT_FILE)
-    if not path.is_file():
-        return {}
-    return {r["instance_type"]: Link(float(r["network_gbps"]), r["basis"], r["placement"], r["source"])
-            for r in csv.DictReader(io.StringIO(path.read_text()))}
+# Each provider's network facts, as its traits declare them (providers/loader.py parses the file in
+# the provider's folder): offers sit below providers, so they are told, when the provider is registered,
+# how to read its table. A provider that declares none gets the assumed DEFAULT_GBPS.
+_LINK_TABLES: dict[str, Callable[[], dict[str, Link]]] = {}
+
+
+def tell_links(provider: str, table: Callable[[], dict[str, Link]]) -> None:
+    """Called by the provider's registration (providers/traits.py): `table()` gives its links by type."""
+    _LINK_TABLES[provider] = cache(table)
+
+
+def forget_links(provider: str) -> None:
+    _LINK_TABLES.pop(provider, None)
 
 
 def link_of(provider: str, instance_type: str) -> Link:
-    table = interconnect(provider)
+    """The link between two hosts of `instance_type` (the provider's row "*" for every type it does not list)."""
+    if provider not in _LINK_TABLES:
+        told.ask(provider)  # its traits read now: they tell its network facts (offers/told.py)
+    known = _LINK_TABLES.get(provider)
+    table = known() if known is not None else {}
     found = table.get(instance_type) or table.get("*")
     return found or Link(DEFAULT_GBPS, "assumed", "zone", f"no interconnect figure for {provider}; assumed")
 
@@ -143,8 +177,7 @@ def speedup(tier: Tier, rate: float, nodes: int, link: Link) -> float:
     if nodes <= 1:
         return 1.0
     step = 1.0 / rate
-    flows = FLOWS * SINGLE_FLOW_GBPS.get(link.placement, SINGLE_FLOW_GBPS["zone"])
-    bytes_per_s = min(link.gbps, flows) * 1e9 / 8 * SOCKET_EFFICIENCY
+    bytes_per_s = min(link.gbps, link.flows * link.flow_gbps) * 1e9 / 8 * SOCKET_EFFICIENCY
     comm = 2 * (nodes - 1) / nodes * trained_params(tier) * BYTES_PER_PARAM / bytes_per_s
     return nodes * step / (step + max(0.0, comm - OVERLAP * step))
 
@@ -170,8 +203,8 @@ def group_estimate(tier: Tier, host: Estimate, nodes: int, job_size: int | None 
     # Any host's reclaim stops the group: N hosts are reclaimed N times as often, each costing one restart.
     overhead = 1.0 if band is None else 1.0 + nodes * BAND_RECLAIMS_PER_HOUR[band] * (
         RESTART_HOURS + CHECKPOINT_INTERVAL_HOURS / 2)
-    return GroupEstimate(host, nodes, up, link, hours * overhead,
-                         nodes * host.offer.price_per_hour_usd * hours * overhead, overhead)
+    price = group_price(host.offer.price_per_hour_usd, nodes) or 0.0
+    return GroupEstimate(host, nodes, up, link, hours * overhead, price * hours * overhead, overhead)
 
 
 def rank_groups(tier: Tier, catalog: Catalog, nodes: int, job_size: int | None = None, keep_slower: bool = False,

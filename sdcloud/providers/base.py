@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Callable, Protocol, runtime_checkable
 
 from ..errors import UserError
+from ..offers.groups import node_count
 from ..offers.optimizer import Offer
 
 TAG_RUN = "sdcloud:run"
@@ -63,7 +64,7 @@ class LaunchSpec:
         tags = {TAG_RUN: self.run_id, TAG_ATTEMPT: str(self.attempt), TAG_TOKEN: self.token}
         if self.node is not None:
             tags[TAG_NODE] = str(self.node)
-            tags[TAG_NODES] = str(self.agent_config.get("nodes") or 1)
+            tags[TAG_NODES] = str(node_count(self.agent_config))
         return tags
 
 

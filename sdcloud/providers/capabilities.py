@@ -24,6 +24,18 @@ class HasZones(Protocol):
 
 
 @runtime_checkable
+class LaunchesGroups(Protocol):
+    """Launches a multi-node group (`up --nodes N`, N > 1) as one instance (providers/groups.py).
+
+    Asked of the provider's class before anything is made (providers/groups.check_group): a
+    staticmethod. `group_limit()` is the most hosts one group may have here and what bounds it, in
+    words ("2 CPU cores"), or None where only `--nodes`' own limit applies (a cloud's quota answers
+    at launch). A provider without this power runs one host per run (the user's own boxes)."""
+
+    def group_limit(self) -> tuple[int, str] | None: ...
+
+
+@runtime_checkable
 class ChecksCredentials(Protocol):
     """Can tell before anything is created whether the user's credentials work (one line, exit 2)."""
 

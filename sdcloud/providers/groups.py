@@ -1,11 +1,14 @@
 """A multi-node group's hosts as one instance (`up --nodes N`), for every cloud provider.
 
 The fleet and the controller keep one attempt per group, so a group is one `Instance` whose id is
-its hosts' ids joined by GROUP_SEP, rank 0's first ("i-0a+i-0b"). `describe` of that id is the
+its `Group`'s: its hosts' ids joined by GROUP_SEP, rank 0's first ("i-0a+i-0b"), at the group's
+price. `describe` of that id is the
 group's state: live while every host is, gone (or failed) as soon as one is, so that a reclaim of
 any host ends the attempt; `terminate` of it ends every host. A group is one unit: all its hosts in
-one zone (rank 0 launches wherever the provider's zone failover puts it, the others follow it there)
-and one market; a host that cannot be launched ends the hosts already up before the error goes on.
+one zone and one market. A provider launches it in one request where its cloud can (AWS: RunInstances
+with MinCount = MaxCount = N, each host's rank its launch index), or host by host (launch_group below:
+rank 0 wherever the zone failover puts it, the others follow it there; a host that cannot be launched
+ends the hosts already up before the error goes on).
 
 Each host carries the group's `sdcloud:token` (the sweep of strays keeps the group) and its rank in
 `sdcloud:node`; its launch is idempotent on `LaunchSpec.launch_key` (token and rank), so a
@@ -14,23 +17,16 @@ controller that crashed mid-launch adopts the ranks already up and launches the 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from ..offers.groups import group_price, node_count
 from ..offers.optimizer import Offer
 from ..errors import UserError
-from .traits import Hosts, ProviderTraits
-from .base import FAILED, LIVE_STATES, PENDING, TAG_NODE, TAG_NODES, TERMINATED, EventSink, Instance, LaunchSpec, ProviderError
+from .base import (FAILED, LIVE_STATES, PENDING, STOPPING, TAG_NODE, TAG_NODES, TERMINATED, EventSink, Instance,
+                   LaunchSpec, ProviderError)
 
 GROUP_SEP = "+"
-
-
-@runtime_checkable
-class PlacesGroups(Protocol):
-    """A provider that places a group's hosts close together (AWS: a cluster placement group); the
-    spec it returns carries the placement to every host's launch (its terminate cleans it up)."""
-
-    def place_group(self, offer: Offer, spec: LaunchSpec, events: EventSink) -> LaunchSpec: ...
 
 
 @runtime_checkable
@@ -40,16 +36,53 @@ class SweepsGroupLeftovers(Protocol):
     def sweep_group_leftovers(self, regions: list[str] | None, is_active: Callable[[str], bool]) -> list[str]: ...
 
 
-def check_group_hosts(traits: ProviderTraits, nodes: int) -> None:
-    """Refuse a group where the provider's hosts are the user's own boxes (one run a box): a group
-    needs hosts launched N at a time, a cloud's or this machine's processes."""
-    if nodes > 1 and traits.hosts is Hosts.OWN:
-        raise UserError(f"--nodes {nodes}: the {traits.name} provider runs each run on one box of yours; a group of "
+def check_group(name: str, nodes: int) -> None:
+    """Refuse, before anything is made, a group provider `name` cannot launch: one without the power
+    (capabilities.LaunchesGroups: the user's own boxes, one run a box), or one larger than its limit
+    (this machine: a host per CPU core, and per GPU where it has GPUs)."""
+    from .capabilities import LaunchesGroups
+    from .loader import provider_class
+
+    if nodes <= 1:
+        return
+    cls = provider_class(name)
+    if not issubclass(cls, LaunchesGroups):
+        raise UserError(f"--nodes {nodes}: the {name} provider runs each run on one box of yours; a group of "
                         f"hosts needs a cloud provider or the local one")
+    limit = cls.group_limit()
+    if limit is not None and nodes > limit[0]:
+        most, why = limit
+        raise UserError(f"--nodes {nodes}: the {name} provider can run at most {most} hosts of a group here "
+                        f"({why}); use --nodes {most} or less, or a cloud provider")
+
+
+@dataclass(frozen=True)
+class Group:
+    """A multi-node group as one value: its hosts' ids in rank order, how many hosts it has, and one
+    host's price per hour. Its `id` is what the fleet and the attempt rows keep ("i-0a+i-0b"), its
+    `price` the group's (offers.groups.group_price, the one group price)."""
+
+    hosts: tuple[str, ...]
+    nodes: int
+    host_price: float | None = None
+
+    @property
+    def id(self) -> str:
+        return GROUP_SEP.join(self.hosts)
+
+    @property
+    def price(self) -> float | None:
+        return group_price(self.host_price, self.nodes)
+
+    @classmethod
+    def of_id(cls, instance_id: str, host_price: float | None = None) -> "Group":
+        hosts = tuple(i for i in instance_id.split(GROUP_SEP) if i)
+        return cls(hosts, len(hosts), host_price)
 
 
 def nodes_of(spec: LaunchSpec) -> int:
-    return max(1, int((spec.agent_config or {}).get("nodes") or 1))
+    """The hosts a launch spec asks for (its agent config's `nodes`)."""
+    return node_count(spec.agent_config or {})
 
 
 def is_group_launch(spec: LaunchSpec) -> bool:
@@ -58,11 +91,11 @@ def is_group_launch(spec: LaunchSpec) -> bool:
 
 
 def group_id(ids: list[str]) -> str:
-    return GROUP_SEP.join(ids)
+    return Group(tuple(ids), len(ids)).id
 
 
 def members(instance_id: str) -> list[str]:
-    return [i for i in instance_id.split(GROUP_SEP) if i]
+    return list(Group.of_id(instance_id).hosts)
 
 
 def has_group(ids: list[str]) -> bool:
@@ -90,14 +123,15 @@ def combine(hosts: list[Instance], nodes: int | None = None) -> Instance:
         state = FAILED
     elif any(s not in LIVE_STATES for s in states):
         state = next(s for s in states if s not in LIVE_STATES)
+    elif STOPPING in states and any(s != STOPPING for s in states):
+        state = TERMINATED  # a host shutting down (reclaimed) while the others run: the group is no longer whole
     elif PENDING in states:
         state = PENDING
     else:
         state = first.state
-    prices = [h.price_per_hour for h in hosts]
-    return replace(first, id=group_id([h.id for h in hosts]), state=state,
-                   price_per_hour=sum(prices) if None not in prices else None,  # type: ignore[arg-type]
-                   adopted=all(h.adopted for h in hosts))
+    prices = {h.price_per_hour for h in hosts}  # one offer: every host at its price
+    group = Group(tuple(h.id for h in hosts), len(hosts), first.price_per_hour if None not in prices else None)
+    return replace(first, id=group.id, state=state, price_per_hour=group.price, adopted=all(h.adopted for h in hosts))
 
 
 def rank_of(inst: Instance) -> int:
@@ -123,8 +157,6 @@ def launch_group(provider: Any, launch_one: Callable[..., Instance], offer: Offe
                  max_price: float | None, events: EventSink) -> Instance:
     """Launch every host of the group through the provider's one-host `launch_one`, in one zone."""
     nodes = nodes_of(spec)
-    if isinstance(provider, PlacesGroups):
-        spec = provider.place_group(offer, spec, events)
     first = launch_one(offer, host_spec(spec, 0), market, max_price, events)
     pinned = Offer(replace(offer.row, zone=first.zone or offer.row.zone), offer.market)
     hosts = [first]

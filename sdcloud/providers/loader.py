@@ -18,9 +18,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
+from ..offers.groups import Link
 from ..offers.moves import NO_EGRESS, Egress
 from .capabilities import ReconcilesBill, SchedulesBatch
-from .traits import package_of, traits
+from .traits import package_of, read_links, traits
 
 
 @runtime_checkable
@@ -158,3 +159,11 @@ def egress_price(name: str, region: str | None = None) -> Egress:
         return Egress(per_gb, listed, f"{name} {region} list egress {per_gb:g} {listed}/GB")
     per_gb = float(prices.get("egress_gb", 0.0))
     return Egress(per_gb, listed, f"{name} list egress {per_gb:g} {listed}/GB")
+
+
+def interconnect(name: str) -> dict[str, Link]:
+    """The provider's network between two hosts, by instance type ("*": every type it does not list),
+    from its `network` trait (traits.read_links: one interface's share of a multi-card type, its flow
+    limits); {} where it declares none."""
+    network = traits(name).network
+    return read_links(name, network) if network is not None else {}

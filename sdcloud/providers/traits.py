@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
 
+from ..offers import told
+
 # Every provider's package, in the order the CLI lists them. A provider's name is its package's name
 # under sdcloud.providers; one more is registered with `register(name)`.
 PACKAGES = ("aws", "tencent", "local", "ssh")
@@ -164,6 +166,19 @@ class PriceCatalog:
 
 
 @dataclass(frozen=True)
+class Network:
+    """The network between two hosts of a group, as the provider declares it: each type's line rate in
+    a CSV file of its folder (instance_type, network_gbps, network_cards, basis, placement, efa, source;
+    "*" for every type it does not list), and how fast one TCP flow may go and how many flows NCCL's
+    socket transport opens between two hosts (offers/groups.py's model; traits.read_links reads them)."""
+    interconnect: str  # the CSV file, in the provider's folder
+    cluster_flow_gbps: float  # one flow inside the closest placement the provider offers ("cluster")
+    zone_flow_gbps: float  # one flow between two hosts of one zone, nothing closer ("zone")
+    flows: int  # TCP flows between two hosts (NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD)
+    source: str  # where the flow figures come from
+
+
+@dataclass(frozen=True)
 class Setting:
     """A config.toml setting of a provider, with its built-in default: `sdcloud config show` lists it."""
     section: str  # the config.toml table ("local")
@@ -224,6 +239,8 @@ class ProviderTraits:
     # The longest object key its bucket takes, in bytes of UTF-8 (providers/<name>/limits.py): a
     # dataset file whose key would be longer is refused before launch (runs/inputs/datasets.py); None: no limit.
     object_key_bytes: int | None = None
+    # The network between two of its hosts (`offers --nodes N`, the group launch): None, assumed.
+    network: Network | None = None
 
     @property
     def is_cloud(self) -> bool:
@@ -271,10 +288,12 @@ def unregister(name: str) -> None:
     """Forget a provider `register` added (the shipped ones stay)."""
     if name in _registered:
         from ..offers.catalog import forget_bundled
+        from ..offers.groups import forget_links
 
         _registered.remove(name)
         traits.cache_clear()
         forget_bundled(name)
+        forget_links(name)
 
 
 @cache
@@ -293,7 +312,38 @@ def traits(name: str) -> ProviderTraits:
 
         tell_bundled(name, resources.files(package_of(name)).joinpath(declared.catalog.bundled),
                      declared.catalog.refresh_hint(name))
+    if declared.network is not None:
+        # The same for its network facts: parsed when first asked for (offers/groups.py).
+        from functools import partial
+
+        from ..offers.groups import tell_links
+
+        tell_links(name, partial(read_links, name, declared.network))
     return declared
+
+
+def read_links(name: str, network: Network) -> dict:
+    """Provider `name`'s network (its `interconnect` file, in its folder, and its flow limits) as
+    offers.groups.Link by instance type ("*": every type it does not list). A type with several network
+    cards is counted at one card's share: sdcloud attaches one interface (on card 0) to each host.
+    providers/loader.interconnect is its typed door."""
+    import csv
+    import io
+    from importlib import resources
+
+    from ..offers.groups import Link
+
+    out = {}
+    text = resources.files(package_of(name)).joinpath(network.interconnect).read_text()
+    for r in csv.DictReader(io.StringIO(text)):
+        host, cards = float(r["network_gbps"]), max(1, int(r.get("network_cards") or 1))
+        flow = network.cluster_flow_gbps if r["placement"] == "cluster" else network.zone_flow_gbps
+        out[r["instance_type"]] = Link(host / cards, r["basis"], r["placement"], r["source"], host_gbps=host, cards=cards,
+                                       flow_gbps=flow, flows=network.flows, flow_source=network.source)
+    return out
+
+
+told.read_traits_with(traits)  # a fact offers need of a provider not read yet has its traits read (offers/told.py)
 
 
 def default_region(name: str) -> str:

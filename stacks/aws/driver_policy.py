@@ -76,6 +76,8 @@ STEP_CALLS: dict[tuple[str, str], tuple[str, ...]] = {
     # A multi-node group's cluster placement group (sdcloud/providers/aws/group.py), made tagged, then deleted.
     ("ec2", "CreatePlacementGroup"): ("ec2:CreatePlacementGroup", "ec2:CreateTags"),
     ("ec2", "DeletePlacementGroup"): ("ec2:DeletePlacementGroup",),
+    # ...and the run's earlier placement groups found (still held when their group ended) before its next launches.
+    ("ec2", "DescribePlacementGroups"): ("ec2:DescribePlacementGroups",),
     ("ssm", "GetParameter"): ("ssm:GetParameter",),
 }
 # Written by the platform with the function's role, not by a step.
@@ -131,7 +133,7 @@ def function_policy_document(bucket: str, prefix: str, account_id: str, host_rol
             # Describe actions take no resource ARN; read-only.
             {"Sid": "Describe", "Effect": "Allow",
              "Action": ["ec2:DescribeInstances", "ec2:DescribeAvailabilityZones", "ec2:DescribeSpotPriceHistory",
-                        "ec2:DescribeImages"],
+                        "ec2:DescribeImages", "ec2:DescribePlacementGroups"],
              "Resource": "*"},
             {"Sid": "ImageParameter", "Effect": "Allow", "Action": ["ssm:GetParameter"],
              "Resource": [f"arn:aws:ssm:*::{AMI_PARAMETERS}"]},

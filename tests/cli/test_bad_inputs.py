@@ -65,6 +65,7 @@ CASES = [
     ("up: steps negative", [*UP, "--steps", "-1"], None),
     ("up: steps not a number", [*UP, "--steps", "many"], None),
     ("up: checkpoint-every 0", [*UP, "--checkpoint-every", "0"], None),
+    ("up: a group on the user's own boxes", [*UP, "--provider", "ssh", "--nodes", "2"], None),
     ("up: misspelt provider", [*UP, "--provider", "locl"], None),
     ("up: unknown provider", [*UP, "--provider", "gcp"], None),
     ("up: dataset missing", [*UP, "--dataset", str(F / "nope")], None),

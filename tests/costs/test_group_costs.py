@@ -16,7 +16,7 @@ from sdcloud.runs.records.state import StateStore
 from tests.costs.test_cost_report import DISK_GB, OD, T0, row
 
 
-def _run(state: StateStore, run_id: str, nodes: int) -> dict:
+def _run(state: StateStore, run_id: str, nodes: int, seconds: float = 7200) -> dict:
     spec = {"tier": "sdxl-finetune", "provider": "aws", "region": "us-east-1", "nodes": nodes}
     state.create_run(run_id, "sdxl-finetune", spec, 1000)
     state.update_run(run_id, step=1000, state="succeeded")
@@ -25,7 +25,7 @@ def _run(state: StateStore, run_id: str, nodes: int) -> dict:
                       market="on-demand", price=OD * nodes, currency="USD")
     state.update_attempt(run_id, 1, state="running", start=T0, instance_id="i-a+i-b" if nodes > 1 else "i-a")
     ledger.started(state, run_id, 1, Offer(row("us-east-1a"), "on-demand"), "on-demand", DISK_GB, zone="us-east-1a", at=T0)
-    state.update_attempt(run_id, 1, state="ended", end=T0 + 7200, end_reason="succeeded")
+    state.update_attempt(run_id, 1, state="ended", end=T0 + seconds, end_reason="succeeded")
     ledger.closed(state, run_id, 1)
     return ledger.run_cost(state, state.get_run(run_id))
 
@@ -57,3 +57,19 @@ def test_each_node_is_billed_and_the_group_adds_up(capsys):
     assert main(["cost", "report", "r-two"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "2 nodes: node 0: 2.00 h" in out and "node 1: 2.00 h" in out and "4.00 node-hours" in out
+
+
+@pytest.mark.parametrize("seconds", [59.64, 30.0, 61.0])
+def test_a_short_on_demand_group_saves_nothing_rather_than_a_negative_amount(capsys, seconds):
+    """A 2-node on-demand run of a minute said "saved $-0.0001 (-0.6%)": each host was billed EC2's 60 s
+    minimum and its on-demand counterfactual was not. Both are priced under the same rules now."""
+    state = StateStore()
+    cost = _run(state, "r-short", 2, seconds)
+    [a] = cost["attempts"]
+    assert a["items"]["compute"]["detail"]["billed_seconds"] == pytest.approx(max(60.0, seconds))
+    assert cost["ondemand_usd"] == pytest.approx(cost["total_usd"])
+    assert cost["savings_usd"] == 0.0 and cost["savings_pct"] == 0.0
+    capsys.readouterr()
+    assert main(["cost", "report", "r-short"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "saved $0.0000 (0.0%)" in out and "saved $-" not in out and "(-" not in out

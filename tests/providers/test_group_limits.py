@@ -30,6 +30,8 @@ def largest_group(monkeypatch):
 def test_every_host_of_the_largest_group_fits_the_cloud(provider, largest_group, tmp_path, sdcloud_home):
     spec = lim_tests.largest_launch(provider, "sdxl-finetune", "kohya", tmp_path, sdcloud_home)
     assert len(spec.node_user_data) == MAX_NODES
+    # The one user-data of a group launched in one request (AWS): every host reads its rank from its launch index.
+    assert '"node_rank_from":"launch-index"' in spec.user_data and user_data_problems(provider, spec.user_data) == []
     region = longest_region(provider)
     tokens = set()
     for rank in (0, 1, MAX_NODES - 1):

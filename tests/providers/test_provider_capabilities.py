@@ -25,12 +25,13 @@ PROTOCOLS = {
     "zones": caps.HasZones, "check_credentials": caps.ChecksCredentials, "renew_credentials": caps.RenewsHostCredentials,
     "shell": caps.HasShell, "close": caps.Closable, "simulated_reclaim": caps.SimulatesReclaim,
     "host_dir": caps.HasHostDir, "search_errors": caps.ReportsSearchErrors, "price_history": caps.HasPriceHistory,
+    "groups": caps.LaunchesGroups,
 }
 # What each provider can do. Changing a provider's powers means changing this table in the same commit.
 EXPECTED = {
-    "aws": {"zones", "search_errors", "price_history"},
-    "tencent": {"zones", "check_credentials", "search_errors", "price_history"},
-    "local": {"close", "simulated_reclaim", "host_dir", "price_history"},
+    "aws": {"zones", "search_errors", "price_history", "groups"},
+    "tencent": {"zones", "check_credentials", "search_errors", "price_history", "groups"},
+    "local": {"close", "simulated_reclaim", "host_dir", "price_history", "groups"},
     "ssh": {"check_credentials", "renew_credentials", "shell", "close", "search_errors", "price_history"},
 }
 

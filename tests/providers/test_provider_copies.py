@@ -102,6 +102,29 @@ def test_the_aws_copy_lists_offers_from_its_own_bundled_catalog(copy_of, capsys)
     assert f"--provider {name}" in warning and "--provider aws " not in warning
 
 
+def test_a_copy_brings_its_own_network_facts_to_offers_for_groups(copy_of, tmp_path):
+    """The network between hosts is a trait of the folder: a copy registered from outside the tree
+    ranks groups on its own interconnect file, not on the assumed 5 Gbps."""
+    from sdcloud.offers.groups import DEFAULT_GBPS, link_of
+    from sdcloud.providers import loader
+
+    provider_traits.names()  # as the CLI does first (its --provider choices): every provider's traits read
+    name = copy_of("aws", "awsnet")
+    folder = Path(sdcloud.providers.__path__[-1]) / name
+    for itype in ("g5.12xlarge", "p4d.24xlarge"):
+        assert link_of(name, itype) == link_of("aws", itype) and link_of(name, itype).gbps != DEFAULT_GBPS
+    assert loader.interconnect(name) == loader.interconnect("aws")
+    # Its own file, not the original's: a copy that says otherwise is read as it says.
+    text = (folder / "interconnect.csv").read_text().replace("g5.12xlarge,40,", "g5.12xlarge,12,")
+    (folder / "interconnect.csv").write_text(text)
+    provider_traits.unregister(name)
+    provider_traits.register(name)
+    assert link_of(name, "g5.12xlarge").gbps == 12 and link_of("aws", "g5.12xlarge").gbps == 40
+    provider_traits.unregister(name)  # forgotten with its folder: no longer a provider, its network assumed
+    assert link_of(name, "g5.12xlarge").gbps == DEFAULT_GBPS
+    provider_traits.register(name)
+
+
 def test_the_aws_copy_refreshes_its_catalog_against_moto(copy_of, aws_env, capsys):
     name = copy_of("aws", "awscopy")
     with mock_aws():

@@ -66,7 +66,9 @@ def test_a_group_launches_as_one_unit_is_reclaimed_as_one_and_leaves_nothing(aws
         assert len({i["Placement"]["AvailabilityZone"] for i in up.values()}) == 1
         assert [g["Strategy"] for g in groups.groups.values()] == ["cluster"]
         configs = [_agent_config(ec2, iid) for iid in hosts]
-        assert [(c["nodes"], c["node_rank"], c["rendezvous_port"]) for c in configs] == [(2, 0, 29500), (2, 1, 29500)]
+        # One request, one user-data: each host reads its rank, its launch index, from the metadata service.
+        assert [(c["nodes"], c["node_rank_from"], c["rendezvous_port"]) for c in configs] == [(2, "launch-index", 29500)] * 2
+        assert [up[iid]["AmiLaunchIndex"] for iid in hosts] == [0, 1]  # the group's id lists them in rank order
         assert {c["attempt"] for c in configs} == {1}
         # The cloud reclaims rank 1's host: the group is one unit.
         ec2.terminate_instances(InstanceIds=[hosts[1]])

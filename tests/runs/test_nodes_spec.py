@@ -21,7 +21,7 @@ def test_nodes_flows_from_the_flag_to_the_spec_and_the_agent_config(sdcloud_home
 def test_several_hosts_on_the_users_own_boxes_are_refused_before_launch(sdcloud_home):
     from sdcloud.runs.inputs.spec import build_spec
 
-    with pytest.raises(UserError, match="--nodes 2: the ssh provider runs a run on one of your boxes"):
+    with pytest.raises(UserError, match="--nodes 2: the ssh provider runs each run on one box of yours"):
         build_spec(None, {"tier": "sd15-lora", "provider": "ssh", "nodes": "2"})
 
 
@@ -37,7 +37,7 @@ def test_each_host_of_a_group_caps_its_life_by_the_groups_burn(sdcloud_home):
     from sdcloud.runs.driving.agent_config import self_end_config
     from sdcloud.runs.inputs.spec import build_spec
 
-    spec = build_spec(None, {"tier": "sd15-lora", "nodes": "4", "budget": "10"}).spec
+    spec = build_spec(None, {"tier": "sd15-lora", "provider": "aws", "nodes": "4", "budget": "10"}).spec
     se = self_end_config(spec, 0.0, 1.5, lambda: 2.0, 1.0, 1.0)
     assert se["price_per_hour"] == 6.0 and se["budget_left"] == 8.0
 

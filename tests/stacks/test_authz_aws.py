@@ -206,7 +206,10 @@ def test_the_template_launch_is_expanded_into_what_ec2_evaluates(driver):
     calls, env, _ = driver
     env.instance_tags.clear()
     launch, *group = [c for c in calls if c.operation == "RunInstances" and "LaunchTemplate" in c.params]
-    assert len(group) == 2 and all(c.params["Placement"]["GroupName"].startswith("sdcloud-") for c in group)
+    # A 2-node group is one request for both hosts, into its placement group.
+    assert [(c.params["MinCount"], c.params["MaxCount"]) for c in group] == [(2, 2)]
+    assert all(c.params["Placement"]["GroupName"].startswith("sdcloud-") for c in group)
+    assert ("ec2", "DescribePlacementGroups") in {(c.service, c.operation) for c in calls}  # the run's leftovers swept
     reqs = expand_aws("ec2", "RunInstances", launch.params, env, launch.result)
     tagged = {r.resource.split(":")[-1].split("/")[0] for r in reqs if r.action == "ec2:CreateTags"}
     assert tagged == set(env.template_tagged) >= {"instance", "volume", "network-interface"}

@@ -70,6 +70,8 @@ class AwsMetadataServer(_MetadataServer):
         self.rebalance: dict | None = None
         # The instance role's temporary keys, as IMDS serves them (None: no role attached).
         self.role: tuple[str, dict] | None = None
+        # This instance's index in its RunInstances request (a group launched at once numbers its hosts).
+        self.launch_index = 0
 
     def attach_role(self, name: str, key: str, secret: str, token: str = "") -> None:
         expires = (datetime.now(timezone.utc) + timedelta(hours=6)).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -108,6 +110,8 @@ class AwsMetadataServer(_MetadataServer):
             return (200, json.dumps(self.action)) if self.action else (404, "")
         if path == "/latest/meta-data/events/recommendations/rebalance":
             return (200, json.dumps(self.rebalance)) if self.rebalance else (404, "")
+        if path == "/latest/meta-data/ami-launch-index":
+            return 200, str(self.launch_index)
         creds = "/latest/meta-data/iam/security-credentials/"
         if path.startswith(creds) and self.role is not None:
             name, doc = self.role

@@ -10,7 +10,9 @@ which cloud it is on:
   (s3lite.py), and `role_session()`, a boto3 session on the instance role where boto3 cannot find
   it by itself (None: boto3's own chain); `ROLE_CREDENTIALS` is the store config's
   `"credentials"` value that asks for it (None: not asked by name);
-- how the machine ends itself: `ENDS_MACHINE`, `END_ACTION` and `end_machine(self_end)`.
+- how the machine ends itself: `ENDS_MACHINE`, `END_ACTION` and `end_machine(self_end)`;
+- `launch_index(base_url)`: this host's index in a group launched in one request (its rank), or None
+  where the cloud launches a group host by host.
 
 The registry below maps the config's words to a module; callers ask it, never a name.
 Standard library only at import: `python -m sdcloud_agent.selfend` runs on a failed boot without boto3.

@@ -72,6 +72,19 @@ class NoticeWatcher:
         return out
 
 
+def launch_index(base_url: str | None = None) -> int | None:
+    """This instance's launch index in its RunInstances request (IMDSv2 `meta-data/ami-launch-index`):
+    a multi-node group launched in one request numbers its hosts 0..N-1. Raises OSError where the
+    metadata service does not answer it (the host cannot know its rank)."""
+    status, body = NoticeWatcher(base_url or METADATA_BASE)._get("/latest/meta-data/ami-launch-index")
+    if status != 200:
+        raise OSError(f"instance metadata ami-launch-index: HTTP {status}")
+    try:
+        return int(body.strip())
+    except ValueError:
+        raise OSError(f"instance metadata ami-launch-index: not a number: {body.strip()[:40]!r}") from None
+
+
 def watcher(base_url: str | None = None) -> NoticeWatcher:
     return NoticeWatcher(base_url or METADATA_BASE)
 

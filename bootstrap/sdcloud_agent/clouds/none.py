@@ -29,3 +29,8 @@ def role_session() -> None:
 def end_machine(se) -> str:
     """Never power off a machine the user owns, nor this one: the agent exits."""
     return END_ACTION
+
+
+def launch_index(base_url: str | None = None) -> None:
+    """None: this cloud launches a group's hosts one request each, every host's rank in its own config."""
+    return None

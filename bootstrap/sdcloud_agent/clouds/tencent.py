@@ -168,3 +168,8 @@ def end_machine(se) -> str:
     iid, region = instance()
     terminate(iid, se.region or region, role_keys())
     return END_ACTION
+
+
+def launch_index(base_url: str | None = None) -> None:
+    """None: this cloud launches a group's hosts one request each, every host's rank in its own config."""
+    return None

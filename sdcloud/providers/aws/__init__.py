@@ -3,7 +3,8 @@
 
 from sdcloud_agent.store import dialects
 
-from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, PriceCatalog, ProviderTraits, Stack, Timing, name_of
+from ..traits import (Billing, CloudFunction, CodeLimits, Hosts, HostTraits, Network, PriceCatalog, ProviderTraits, Stack,
+                      Timing, name_of)
 from . import limits
 
 TRAITS = ProviderTraits(
@@ -29,6 +30,10 @@ TRAITS = ProviderTraits(
                          hint="`sdcloud catalog refresh --provider {name} --public` (no credentials) or without "
                               "--public (per-zone spot, credentials)"),
     object_key_bytes=limits.OBJECT_KEY_BYTES,  # the bucket's key limit (limits.py)
+    # One TCP flow: 10 Gbps inside a cluster placement group, 5 outside (EC2 User Guide, "Amazon EC2 instance
+    # network bandwidth"); NCCL on AWS opens NCCL_SOCKET_NTHREADS 2 x NCCL_NSOCKS_PERTHREAD 8 (NCCL docs).
+    network=Network(interconnect="interconnect.csv", cluster_flow_gbps=10.0, zone_flow_gbps=5.0, flows=16,
+                    source="EC2 User Guide, \"Amazon EC2 instance network bandwidth\"; NCCL's socket defaults on AWS"),
     bill=".billing",  # `sdcloud cost reconcile` (billing.py)
     schedules=".schedules",  # `sdcloud batch schedule add --provider aws` (schedules.py)
     function=CloudFunction(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,12 @@ from ...money import usd
 from ...events import Kind
 from ...offers.optimizer import Offer, fits
 from ..base import (
-    FAILED, PENDING, RUNNING, STOPPING, TAG_NODE, TAG_RUN, TAG_TOKEN, TERMINATED,
+    FAILED, PENDING, RUNNING, STOPPING, TAG_NODE, TAG_NODES, TAG_RUN, TAG_TOKEN, TERMINATED,
     CapacityError, EventSink, Instance, LaunchSpec, PriceTooLowError, ProviderError,
     QuotaError, no_events,
 )
 
-from ..groups import describe_groups, has_group, is_group_launch, launch_group
+from ..groups import combine, describe_groups, has_group, is_group_launch, nodes_of, rank_of
 from . import group
 from .session import (  # noqa: F401  (re-exported: the adapter's public helpers)
     AUTH_CODES, CLIENT_CONFIG, NAME, THROTTLE_CODES, Retry, check_region, error_code, error_message, is_retryable,
@@ -194,32 +195,43 @@ class AwsProvider:
         return zones
 
     # launch
-    def find_token(self, token: str, region: str, node: int | None = None) -> Instance | None:
+    def find_tokens(self, token: str, region: str, node: int | None = None) -> list[Instance]:
+        """Every live host launched with `token` (a group's hosts: all of them; `node`: that rank's)."""
         node_filter = [] if node is None else [{"Name": f"tag:{TAG_NODE}", "Values": [str(node)]}]
-        found = self._describe_filtered(region, [{"Name": f"tag:{TAG_TOKEN}", "Values": [token]},
-                                                 {"Name": "instance-state-name", "Values": _ADOPT_STATES}] + node_filter)
-        if not found:
-            return None
-        found.sort(key=lambda i: i.launched_at or datetime.min.replace(tzinfo=timezone.utc))
-        return found[0]
+        return self._describe_filtered(region, [{"Name": f"tag:{TAG_TOKEN}", "Values": [token]},
+                                                {"Name": "instance-state-name", "Values": _ADOPT_STATES}] + node_filter)
+
+    def find_token(self, token: str, region: str, node: int | None = None) -> Instance | None:
+        found = self.find_tokens(token, region, node)  # the oldest, if several
+        return min(found, key=lambda i: i.launched_at or datetime.min.replace(tzinfo=timezone.utc), default=None)
 
     def launch(self, offer: Offer, spec: LaunchSpec, market: str, max_price: float | None = None,
                events: EventSink = no_events) -> Instance:
+        """One host, or a whole multi-node group in one request, all its hosts or none (group.py)."""
         if market not in ("spot", "on-demand"):
             raise UserError(f"unknown market {market!r}; valid: spot, on-demand")
         if max_price is not None:
             max_price = usd(max_price, "max price", per_hour=True)
-        if is_group_launch(spec):  # N hosts in one zone and one cluster placement group (group.py)
-            return launch_group(self, self.launch, offer, spec, market, max_price, events)
-        row = offer.row
-        region = check_region(row.region)
-        infra = spec.infra or {}
+        region = check_region(offer.row.region)
+        if is_group_launch(spec):
+            return group.launch_group(self, offer, spec, market, max_price, events, region)
+        return self._launch(offer, spec, market, max_price, events, region)
 
-        existing = self.find_token(spec.token, region, spec.node)
-        if existing is not None:
-            existing.adopted = True
-            events(Kind.ADOPTED, {"provider": NAME, "region": region, "instance_id": existing.id, "token": spec.token})
-            return existing
+    def adopted(self, existing: Instance, region: str, spec: LaunchSpec, events: EventSink) -> Instance:
+        existing.adopted = True  # found by its token: launched before a crash, or by another driver
+        events(Kind.ADOPTED, {"provider": NAME, "region": region, "instance_id": existing.id, "token": spec.token})
+        return existing
+
+    def _launch(self, offer: Offer, spec: LaunchSpec, market: str, max_price: float | None, events: EventSink,
+                region: str) -> Instance:
+        row = offer.row
+        infra = spec.infra or {}
+        count = nodes_of(spec) if is_group_launch(spec) else 1
+
+        if count == 1:
+            existing = self.find_token(spec.token, region, spec.node)
+            if existing is not None:
+                return self.adopted(existing, region, spec, events)
 
         subnets: dict[str, str] = dict(infra.get("subnet_ids") or {})
         zones = self._launch_zones(offer, region, market, subnets, events)
@@ -238,7 +250,7 @@ class AwsProvider:
                                        "instance_type": row.instance_type, "reason": "no subnet for this zone"})
                 continue
             params = self._run_params(spec, row.instance_type, zone, market, max_price, image_id, root_device,
-                                      infra, subnets.get(zone))
+                                      infra, subnets.get(zone), count)
             try:
                 resp = self._call("ec2", region, "run_instances", events, **params)
             except ClientError as exc:
@@ -260,10 +272,11 @@ class AwsProvider:
                                            "current_price": current})
                     continue
                 raise ProviderError(f"AWS RunInstances {row.instance_type} in {zone}: {code}: {msg}") from None
-            raw = resp["Instances"][0]
-            inst = self._instance(raw, region)
             listed = row.spot_price if market == "spot" else row.ondemand_price
-            inst.price_per_hour = max_price if (market == "spot" and max_price) else listed
+            price = max_price if (market == "spot" and max_price) else listed
+            hosts = sorted((replace(self._instance(raw, region), price_per_hour=price) for raw in resp["Instances"]),
+                           key=rank_of)
+            inst = hosts[0] if count == 1 else combine(hosts, count)
             events(Kind.LAUNCHED, {"provider": NAME, "region": region, "zone": inst.zone, "instance_id": inst.id,
                                    "instance_type": row.instance_type, "market": market, "token": spec.token})
             return inst
@@ -283,11 +296,12 @@ class AwsProvider:
             return None
 
     def _run_params(self, spec: LaunchSpec, instance_type: str, zone: str, market: str, max_price: float | None,
-                    image_id: str, root_device: str, infra: dict, subnet_id: str | None) -> dict:
-        tags = [{"Key": k, "Value": v} for k, v in spec.tags.items()]
+                    image_id: str, root_device: str, infra: dict, subnet_id: str | None, count: int = 1) -> dict:
+        given = spec.tags if count == 1 else {**spec.tags, TAG_NODES: str(count)}  # each host's rank: its launch index
+        tags = [{"Key": k, "Value": v} for k, v in given.items()]
         tags.append({"Key": "Name", "Value": f"sdcloud-{spec.run_id}-{spec.attempt}"})
         params: dict[str, Any] = {
-            "MinCount": 1, "MaxCount": 1,
+            "MinCount": count, "MaxCount": count,  # a group: all its hosts or none (AWS's all-or-nothing request)
             "ClientToken": client_token(spec, instance_type, zone, market),
             "InstanceType": instance_type,
             "ImageId": image_id,
@@ -330,6 +344,8 @@ class AwsProvider:
     # describe, terminate, find
     def _instance(self, raw: dict, region: str) -> Instance:
         tags = {t["Key"]: t["Value"] for t in raw.get("Tags", []) or []}
+        if TAG_NODES in tags and TAG_NODE not in tags:  # a host of a group launched in one request: its launch index
+            tags[TAG_NODE] = str(raw.get("AmiLaunchIndex", 0))
         zone = raw.get("Placement", {}).get("AvailabilityZone", "")
         return Instance(
             provider=NAME, id=raw["InstanceId"], region=region or region_of_zone(zone), zone=zone,
@@ -408,9 +424,7 @@ class AwsProvider:
             raise UserError("AWS: no region could be searched for sdcloud instances: " + errors[0])
         return found
 
-    # providers.groups.PlacesGroups: a cluster placement group for a multi-node group (group.py)
-    def place_group(self, offer: Offer, spec: LaunchSpec, events: EventSink) -> LaunchSpec:
-        return group.place_group(self, offer, spec, events)
+    group_limit = staticmethod(lambda: None)  # capabilities.LaunchesGroups: one request of N (group.py); no bound here
 
     def sweep_group_leftovers(self, regions: list[str] | None, is_active) -> list[str]:
         return [n for r in (regions or self.regions or [self.region]) for n in group.sweep_placement_groups(self, r, is_active)]

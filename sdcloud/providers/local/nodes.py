@@ -10,14 +10,30 @@ and train with gloo on the CPU. The controller sees one instance whose price is 
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from ...events import Kind
+from ...offers.groups import node_count
 from ..base import EventSink, Instance, LaunchSpec
 from .metadata import MetadataServer
+
+
+def group_limit(gpus: int) -> tuple[int, str]:
+    """The most hosts of a group this machine runs, and why: each host trains in a process of its own
+    (a core each, at least), and where this machine has GPUs, on a GPU of its own (NCCL takes no two
+    ranks on one GPU). `gpus`: this machine's NVIDIA GPUs (0: it trains on the CPU)."""
+    try:
+        cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the machine's
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    words = f"{cores} CPU core{'s' if cores != 1 else ''}"
+    if gpus and gpus < cores:
+        return gpus, f"{gpus} GPU{'s' if gpus != 1 else ''}, one a host"
+    return cores, f"{words}, one a host"
 
 
 class GroupMetadata:
@@ -47,7 +63,7 @@ def launch_group(provider: Any, offer: Any, spec: LaunchSpec, market: str, host_
     """`provider`: the LocalProvider (provider.py), whose one agent start serves every host.
     Start the group's N agents, rank 0 first; one record (the group) with each host's pid. The
     record's own folder is rank 0's: the controller reads the run's host-side status.json there."""
-    n = int(spec.agent_config["nodes"])
+    n = node_count(spec.agent_config)
     metadata = GroupMetadata(n)
     port = free_port()
     nodes = []

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ... import clock, config
 from ...offers.catalog import CatalogRow
+from ...offers.groups import group_price, node_count
 from ...errors import UserError
 from ...events import Kind
 from ...offers.optimizer import Offer
@@ -81,6 +82,13 @@ class LocalProvider:
         self._metadata: dict[str, MetadataServer] = {}
         self._timers: list[threading.Timer] = []
 
+    # capabilities.LaunchesGroups: a group is N agent processes here (nodes.py), as many as this machine runs
+    @staticmethod
+    def group_limit() -> tuple[int, str]:
+        from .nodes import group_limit
+
+        return group_limit(_local_gpu()[1])
+
     # offers
     def offers(self, tier=None, market: str | None = None, regions: list[str] | None = None) -> list[Offer]:
         gpu, count, vram = _local_gpu()
@@ -131,7 +139,7 @@ class LocalProvider:
     def _instance(self, rec: dict) -> Instance:
         return Instance(provider=NAME, id=rec["id"], region="local", zone="local", instance_type="this-machine",
                         market=rec["market"], state=self._state(rec),
-                        price_per_hour=rec["price_per_hour"] * len(rec.get("nodes") or [None]),
+                        price_per_hour=group_price(rec["price_per_hour"], len(rec.get("nodes") or [None])),
                         public_ip="127.0.0.1", private_ip="127.0.0.1",
                         launched_at=datetime.fromtimestamp(rec["created"], timezone.utc), tags=rec["tags"])
 
@@ -148,7 +156,7 @@ class LocalProvider:
             raise UserError(f"the local host costs ${self.price_per_hour:g}/h, above --max-price ${max_price:g}/h")
         host_dir = self.dir / "hosts" / spec.token
         host_dir.mkdir(parents=True, exist_ok=True)
-        if int(spec.agent_config.get("nodes") or 1) > 1:
+        if node_count(spec.agent_config) > 1:
             from .nodes import launch_group
 
             return launch_group(self, offer, spec, market, host_dir, events)

@@ -3,7 +3,8 @@
 
 from sdcloud_agent.store import dialects
 
-from ..traits import Billing, CloudFunction, CodeLimits, Hosts, HostTraits, PriceCatalog, ProviderTraits, Stack, Timing, name_of
+from ..traits import (Billing, CloudFunction, CodeLimits, Hosts, HostTraits, Network, PriceCatalog, ProviderTraits, Stack,
+                      Timing, name_of)
 from . import limits
 from .network import PROFILES
 
@@ -27,6 +28,9 @@ TRAITS = ProviderTraits(
     spot_prices="samples",
     catalog=PriceCatalog(build=".catalog_build", refresh=".catalog"),  # catalog.csv here
     object_key_bytes=limits.OBJECT_KEY_BYTES,  # the bucket's key limit (limits.py)
+    # CVM documents no per-flow limit: EC2's figure outside a cluster placement group is assumed, as are NCCL's flows.
+    network=Network(interconnect="interconnect.csv", cluster_flow_gbps=5.0, zone_flow_gbps=5.0, flows=16,
+                    source="assumed: CVM documents no per-flow limit (EC2's 5 Gbps outside a placement group)"),
     bill=".billing",  # `sdcloud cost reconcile` (billing.py)
     infra_check=".service_role",  # SCF_QcsRole before `infra up` (service_role.py)
     schedules=".schedules",  # `sdcloud batch schedule add --provider tencent` (schedules.py)

@@ -174,6 +174,10 @@ class TencentProvider(TencentCatalog):
                             if _code(one) not in gone:
                                 raise ProviderError(f"TerminateInstances {iid}: {_code(one)}: {one.message}") from one
 
+    @staticmethod
+    def group_limit() -> None:  # capabilities.LaunchesGroups: host by host in one zone (providers/groups.py)
+        return None
+
     def find_tagged(self, run_id: str | None = None, regions: list[str] | None = None) -> list[Instance]:
         """Live instances carrying `sdcloud:run` (= run_id when given), in `regions` (default: the catalog's)."""
         from tencentcloud.common.exception.tencent_cloud_sdk_exception import TencentCloudSDKException

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from ... import config
+from ...offers.groups import group_price, node_count
 from ..inputs.spec import RunPlan, RunSpec
 
 # The port rank 0 of a multi-node group listens on (torch.distributed's default).
@@ -84,8 +85,7 @@ def self_end_config(spec: RunSpec, created: float, price_per_hour: float | None,
     unattended, and the figures of its lifetime cap (this host's price, the budget left, the
     deadline, the estimate). `spent` is called only when the run has a budget."""
     budget_left = None if spec.budget is None else max(0.0, spec.budget - spent())
-    if price_per_hour is not None:  # every host of a group guards the run's budget: the group's burn
-        price_per_hour *= max(1, int(spec.nodes or 1))
+    price_per_hour = group_price(price_per_hour, node_count(spec))  # every host of a group guards the group's burn
     deadline_at = created + spec.deadline_hours * 3600 if spec.deadline_hours else None
     return {"provider": spec.provider, "grace_s": self_end_grace(spec),
             # A few polls without the controller's heartbeat: nobody drives the run.

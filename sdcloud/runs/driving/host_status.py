@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from ...events import Kind
+from ...offers.groups import node_count
 from ..records.state import Attempt, StateStore
 from ..records.nodes_view import group_status
 
@@ -43,6 +44,7 @@ class HostStatusOwner(Protocol):
     state: StateStore
     store: Any
     timing: Any
+    spec: Any  # the run's RunSpec: its `nodes` (offers.groups.node_count)
 
     emit: Callable[[Kind, dict], None]  # what the user sees of the run, beside its events
 
@@ -109,7 +111,7 @@ class HostStatus:
 
         try:
             doc = json.loads(self.owner.store.get(status_key(self.owner.run_id)))
-            nodes = int(getattr(getattr(self.owner, "spec", None), "nodes", 1) or 1)
+            nodes = node_count(self.owner.spec)
             return doc if nodes <= 1 else group_status(doc, self.owner.store, self.owner.run_id, nodes)
         except (NotFound, ValueError):
             return None

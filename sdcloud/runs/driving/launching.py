@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
+from ...offers.groups import node_count
 from ...providers.base import LaunchSpec
 from ...providers.traits import Hosts
 from . import hostboot
@@ -72,19 +73,22 @@ class LaunchInputs:
         agent["model"] = self.model_for_host()
         agent["self_end"] = self.self_end_config()
         user_data, node_user_data = "", []
+        nodes = node_count(agent)
         if own.plan.traits.is_cloud:
-            user_data = hostboot.cloud_user_data(own.spec.provider, own.store, agent, own.infra)
-            # A multi-node group: each host's own user-data, its rank in its agent config (providers/groups.py).
-            node_user_data = [user_data] + [hostboot.cloud_user_data(own.spec.provider, own.store,
-                                                                     {**agent, "node_rank": rank}, own.infra)
-                                            for rank in range(1, int(agent.get("nodes") or 1))]
+            # A multi-node group (providers/groups.py) launched in one request: one user-data for every
+            # host, each taking its rank from its launch index; launched host by host: each rank's own.
+            user_data = hostboot.cloud_user_data(own.spec.provider, own.store,
+                                                 {**agent, "node_rank_from": "launch-index"} if nodes > 1 else agent,
+                                                 own.infra)
+            node_user_data = [hostboot.cloud_user_data(own.spec.provider, own.store, {**agent, "node_rank": rank},
+                                                       own.infra) for rank in range(nodes)] if nodes > 1 else []
         env = {}
         if own.plan.traits.hosts is Hosts.THIS_MACHINE:
             # Credentials for an S3 store reach a local host through its environment, never a file.
             env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "TENCENTCLOUD_"))}
         own.memo.launched_spec = LaunchSpec(run_id=own.run_id, attempt=n, user_data=user_data, agent_config=agent,
                                             infra=own.infra, env=env,
-                                            node_user_data=node_user_data if len(node_user_data) > 1 else [])
+                                            node_user_data=node_user_data)
         return own.memo.launched_spec
 
     def reclaim_mean_hours(self) -> float | None:

@@ -19,7 +19,7 @@ from ...durations import parse_duration, parse_seconds  # noqa: F401 - re-export
 from ...errors import UserError
 from ...money import usd
 from ...names import match_name
-from ...providers.traits import Hosts, ProviderTraits, traits
+from ...providers.traits import ProviderTraits, traits
 from ...offers.kinds import RunKind
 from ...offers.tiers import Tier, get_tier
 
@@ -206,12 +206,12 @@ def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
         data["nodes"] = _positive(data["nodes"], "--nodes", integer=True)
         if data["nodes"] > MAX_NODES:
             raise UserError(f"--nodes {data['nodes']}: at most {MAX_NODES} hosts train together")
-        if data["nodes"] > 1 and kind.hosts == Hosts.OWN:  # one box of the user's per run, for now
-            raise UserError(f"--nodes {data['nodes']}: the {data['provider']} provider runs a run on one of your "
-                            "boxes; several hosts train together on this machine or a cloud")
         if data["nodes"] > 1 and data.get("providers"):  # a group's hosts meet over one cloud's private network
             raise UserError(f"--nodes {data['nodes']}: a group of hosts trains in one cloud; name one provider, "
                             f"not {','.join(data['providers'])}")
+        from ...providers.groups import check_group
+
+        check_group(kind.name, data["nodes"])  # a provider that launches groups (capabilities.LaunchesGroups), this large
     if data.get("max_failed_boots") is not None:
         data["max_failed_boots"] = _positive(data["max_failed_boots"], "max-failed-boots", integer=True)
     if data.get("self_end_grace") is not None:
@@ -257,9 +257,6 @@ def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
             check_keys(Path(str(dataset)).expanduser(), limit, data.get("store"))
     spec = RunSpec(**data)
     check_trainer_args(spec, tier)
-    from ...providers.groups import check_group_hosts
-
-    check_group_hosts(kind, spec.nodes)  # a group needs hosts that can be launched N at a time
     from .preflight import check_trainer_flags
 
     # The trainer's own parser, here rather than on a host that boots to print its usage text.

@@ -9,6 +9,8 @@ import json
 import time
 from typing import Any
 
+from ...offers.groups import node_count as nodes_in
+
 # A host whose heartbeat is older than this while its attempt runs is shown as silent.
 SILENT_AFTER_S = 60.0
 
@@ -18,7 +20,7 @@ def node_key(run_id: str, rank: int) -> str:
 
 
 def node_count(run: dict) -> int:
-    return int((run.get("spec") or {}).get("nodes") or 1)
+    return nodes_in(run.get("spec") or {})
 
 
 def read_nodes(run: dict, store: Any = None, now: float | None = None) -> list[dict] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ...costs import ledger as cost_ledger
 from ...errors import UserError
 from ...offers.catalog import load_catalog
+from ...offers.groups import node_count
 from ...offers.kinds import RunKind
 from ...offers.optimizer import rank
 from ...providers.traits import names
@@ -38,10 +39,10 @@ def summary(state: StateStore, run_id: str) -> dict:
     if kind is RunKind.BATCH:
         out["workers"] = run["spec"].get("workers")
         return out
-    if int(run["spec"].get("nodes") or 1) > 1:  # a group: each host's hours and price (nodes_view.py)
+    if node_count(run["spec"]) > 1:  # a group: each host's hours and price (nodes_view.py)
         from .nodes_view import node_hours
 
-        out["nodes_per_attempt"] = int(run["spec"]["nodes"])
+        out["nodes_per_attempt"] = node_count(run["spec"])
         out["node_hours"] = node_hours(rows, out["nodes_per_attempt"])
     # The host's latest health verdict and its out-of-memory retries (runs/driving/health_view.py).
     out["health"] = health_view.latest(state, run["id"])
