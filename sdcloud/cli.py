@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "offers": ("offers", "offers", "Rank GPU offers by the expected cost to finish a job."),
     "catalog": ("catalog", "catalog", "Refresh or show the GPU offer catalog."),
     "speeds": ("speeds", "speeds", "List, record or forget the rates runs measured, beside the catalog's."),
+    "report": ("report", "report", "A run's page: samples by checkpoint, charts with events, attempts, cost (HTML or JSON)."),
+    "dashboard": ("dashboard", "dashboard", "Serve this home's runs and batch jobs as live pages on 127.0.0.1."),
     "cost": ("cost", "cost", "Cost reports per run (table, JSON, CSV, HTML) and reconciliation with the bill."),
     "gc": ("gc", "gc", "Find and terminate hosts that sdcloud launched and no run owns."),
     "infra": ("infra", "infra", "Create, preview, destroy or show the cloud stacks (Pulumi)."),

@@ -1,0 +1,113 @@
+"""What a page reads from a run's store: its samples, its metrics stream and a batch job's images.
+
+The samples and the metrics have one reader each (runs/records/samples.py, runs/records/metrics.py);
+this module only turns their records into plain dicts for a page, and adds the image bytes as data
+URIs so the page needs nothing but itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from typing import Any
+
+# A batch job's gallery shows at most this many images (the newest); `batch pull` has them all.
+GALLERY_LIMIT = 120
+
+
+def _plain(record: Any) -> dict:
+    """A reader's record as a dict, whatever type the reader returns it as."""
+    if isinstance(record, dict):
+        return dict(record)
+    if dataclasses.is_dataclass(record):
+        return dataclasses.asdict(record)
+    if hasattr(record, "as_dict"):
+        return dict(record.as_dict())
+    if hasattr(record, "_asdict"):
+        return dict(record._asdict())
+    return dict(vars(record))
+
+
+def data_uri(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
+def samples(store: Any, run_id: str, with_images: bool = True) -> list[dict]:
+    """Every sample of the run, sorted by step and index: step, index, prompt, seed, sampler, key and
+    (with_images) src, the PNG as a data URI. A sample whose PNG cannot be read is left out."""
+    from ..runs.records.samples import list_samples
+
+    out = []
+    for rec in list_samples(store, run_id):
+        s = _plain(rec)
+        key = s.get("key") or s.get("image") or s.get("png")
+        row = {"step": int(s["step"]), "index": int(s.get("index", s.get("n", 0)) or 0), "prompt": s.get("prompt"),
+               "seed": s.get("seed"), "sampler": s.get("sampler"), "key": key}
+        if with_images:
+            try:
+                row["src"] = data_uri(store.get(key))
+            except Exception:  # noqa: BLE001 - a sample lost with a pruned checkpoint is not an error of the page
+                continue
+        out.append(row)
+    return sorted(out, key=lambda r: (r["step"], r["index"]))
+
+
+# The metrics fields a page shows, and the names the stream may give them.
+FIELDS = {"t": ("t", "time", "ts", "at"), "step": ("step",), "loss": ("loss", "loss_raw"),
+          "loss_smooth": ("loss_smooth", "loss_smoothed", "smoothed_loss"), "lr": ("lr", "learning_rate"),
+          "steps_per_s": ("steps_per_s", "it_per_s", "steps_s"), "data_wait": ("data_wait", "data_wait_pct"),
+          "gpu_util": ("gpu_util", "gpu_util_pct", "gpu_utilization"), "mem_used": ("mem_used", "mem_used_mib", "memory_used"),
+          "temp": ("temp", "temp_c", "temperature"), "power": ("power", "power_w"), "cost_usd": ("cost_usd", "cost")}
+
+
+def _field(row: dict, names: tuple[str, ...]) -> Any:
+    return next((row[n] for n in names if row.get(n) is not None), None)
+
+
+def metrics(store: Any, run_id: str) -> tuple[list[dict], list[dict]]:
+    """The run's metrics rows (oldest first) and the events the stream carries on the same time axis."""
+    from ..runs.records.metrics import read_metrics
+
+    got = read_metrics(store, run_id)
+    events: list = []
+    if isinstance(got, dict):
+        rows, events = got.get("rows") or got.get("points") or got.get("metrics") or [], got.get("events") or []
+    elif isinstance(got, tuple) and len(got) == 2:
+        rows, events = got
+    elif hasattr(got, "rows"):
+        rows, events = got.rows, getattr(got, "events", []) or []
+    else:
+        rows = got
+    out = []
+    for rec in rows:
+        r = _plain(rec)
+        out.append({k: _field(r, names) for k, names in FIELDS.items()})
+    out = [r for r in out if r["t"] is not None]
+    return sorted(out, key=lambda r: (r["t"], r["step"] or 0)), [_plain(e) for e in events]
+
+
+def batch_images(job: dict, limit: int = GALLERY_LIMIT) -> tuple[list[dict], int]:
+    """A batch job's newest images (prompt, seed, key, src) and how many it has made in all."""
+    from sdcloud_agent.batch import layout
+    from sdcloud_agent.batch.verify import done_markers
+
+    from ..batch.status import job_store
+
+    store = job_store(job)
+    prefix = job["spec"]["prefix"]
+    markers = done_markers(store, prefix).values()
+    lines = sorted((ln for m in markers for ln in m["images"]), key=lambda ln: (ln.get("item"), ln.get("seed")))
+    shown = []
+    for ln in lines[-limit:]:
+        try:
+            src = data_uri(store.get(layout.image_path(prefix, ln["key"])))
+        except Exception:  # noqa: BLE001 - an image not yet readable is shown on the next refresh
+            continue
+        shown.append({"key": ln["key"], "prompt": ln.get("prompt"), "seed": ln.get("seed"), "item": ln.get("item"),
+                      "src": src})
+    return shown, len(lines)
+
+
+def as_json(value: Any) -> str:
+    return json.dumps(value, indent=2, default=str) + "\n"
