@@ -18,6 +18,12 @@ def _store_and_url(run: dict):
     return open_run_store(conf), conf["url"].rstrip("/")
 
 
+def run_store(run: dict):
+    """The run's store, opened as this machine reaches it (the readers of records/samples.py and
+    records/metrics.py take it)."""
+    return _store_and_url(run)[0]
+
+
 def location(run: dict) -> str:
     """The artifacts' URL, e.g. s3://bucket/prefix/runs/<id>/artifacts/."""
     _, url = _store_and_url(run)
