@@ -11,7 +11,8 @@ import io
 
 # Event marks: (label, colour) per group; page.py puts each event in one group.
 EVENT_STYLE = {"reclaim": ("#d9534f", "--"), "move": ("#8e44ad", "-."), "checkpoint": ("#2e8b57", ":"),
-               "health": ("#e67e22", "--"), "launch": ("#5b6b7f", ":")}
+               "health": ("#e67e22", "--"), "launch": ("#5b6b7f", ":"), "budget": ("#c0392b", "-"),
+               "end": ("#1d2430", "-"), "other": ("#aaaaaa", ":")}
 
 # (chart id, caption, metrics field, y label)
 SERIES = (("loss", "Loss", "loss", "loss"),

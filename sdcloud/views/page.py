@@ -10,43 +10,44 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import UserError
-from ..events import Kind, one_line, parse, words
+from ..events import Kind, one_line, parse
 from ..offers.kinds import RunKind
 
-# Which events a chart marks, in which group (charts.EVENT_STYLE).
+# Which events a chart marks, in which group (charts.EVENT_STYLE); the rest are listed, not marked.
 EVENT_GROUPS: dict[Kind, str] = {
     Kind.RECLAIMED: "reclaim", Kind.RECLAIM_NOTICE: "reclaim", Kind.HOST_LOST: "reclaim",
     Kind.CLOUD_MOVED: "move", Kind.FAILOVER: "move", Kind.THROTTLE_MOVE: "move",
     Kind.HEALTH_ACTION: "health", Kind.OOM_RETRY: "health", Kind.OUT_OF_MEMORY: "health",
+    Kind.HOST_FAILED: "health", Kind.BOOT_FAILED: "health",
     Kind.LAUNCHED: "launch", Kind.RESUMED: "launch",
+    Kind.BUDGET_WARNING: "budget", Kind.BUDGET_REACHED: "budget",
+    Kind.RUN_SUCCEEDED: "end", Kind.RUN_FAILED: "end", Kind.RUN_STOPPED: "end",
 }
+CHECKPOINT = "checkpoint"  # runs/records/metrics.py: a checkpoint in the store, not a journal kind
 
 
-def _group(kind: Any) -> str | None:
-    k = parse(str(kind)) if not isinstance(kind, Kind) else kind
-    if isinstance(k, Kind) and k in EVENT_GROUPS:
-        return EVENT_GROUPS[k]
-    # The metrics stream's own marks: a checkpoint saved (and its samples) is not a journal kind.
-    return "checkpoint" if "checkpoint" in str(kind) else None
+def _group(kind: str) -> str:
+    if kind == CHECKPOINT:
+        return "checkpoint"
+    k = parse(kind)
+    return EVENT_GROUPS.get(k, "other") if isinstance(k, Kind) else "other"
 
 
-def _events(state, run: dict, stream_events: list[dict]) -> list[dict]:
-    """The journal's events worth a mark, and the stream's (checkpoints), oldest first."""
-    out = []
-    for ev in state.events(run["id"]):
-        group = _group(ev["kind"])
-        if group:
-            out.append({"t": ev["time"], "kind": str(ev["kind"]), "group": group,
-                        "words": words(ev["kind"], ev["data"]) or str(ev["kind"])})
-    for ev in stream_events:
-        t = ev.get("t") or ev.get("time") or ev.get("ts")
-        kind = ev.get("kind") or ev.get("event") or ""
-        group = _group(kind)
-        if t is None or group is None or any(abs(o["t"] - t) < 1e-6 and o["kind"] == str(kind) for o in out):
-            continue
-        said = f"checkpoint at step {ev['step']}" if ev.get("step") is not None and group == "checkpoint" else str(kind)
-        out.append({"t": float(t), "kind": str(kind), "group": group, "words": said})
-    return sorted(out, key=lambda e: e["t"])
+def _events(state, run: dict, store) -> list[dict]:
+    """The run's marked events and checkpoints, oldest first, each with its group."""
+    from .sources import run_events
+
+    return [{**ev, "group": _group(ev["kind"])} for ev in run_events(state, store, run["id"])]
+
+
+def _cost_so_far(state, run_id: str, metrics: list[dict]) -> None:
+    """Each point's compute cost so far (the attempts' price times their hours up to its time)."""
+    from ..runs.records.metrics import cost_at
+
+    attempts = state.attempts(run_id)
+    for m in metrics:
+        if m.get("cost_usd") is None:
+            m["cost_usd"] = cost_at(attempts, m["t"])
 
 
 def _time_left_s(run: dict, metrics: list[dict]) -> float | None:
@@ -87,8 +88,9 @@ def _store(run: dict):
     return store_of(run)
 
 
-def build(state, run_id: str, now: float | None = None, with_images: bool = True) -> dict:
-    """The page of one run or batch job. A store that cannot be read leaves samples and metrics empty
+def build(state, run_id: str, now: float | None = None, with_images: bool = True, store=None) -> dict:
+    """The page of one run or batch job (`store`: its bucket when this machine's state does not say where it
+    is, a `dashboard --store` bucket's run). A store that cannot be read leaves samples and metrics empty
     and says why in `notes`: the state store's figures are still shown."""
     from .. import clock
 
@@ -103,13 +105,13 @@ def build(state, run_id: str, now: float | None = None, with_images: bool = True
     notes: list[str] = []
     samples: list[dict] = []
     metrics: list[dict] = []
-    stream_events: list[dict] = []
+    events: list[dict] = []
     batch: dict | None = None
     if kind is RunKind.BATCH:
         batch = _batch(run, notes)
     else:
         try:
-            store = _store(run)
+            store = store or _store(run)
         except Exception as exc:  # noqa: BLE001 - no bucket here: the page shows what the state store holds
             store = None
             notes.append(f"the run's store cannot be read here: {one_line(str(exc))}")
@@ -117,7 +119,9 @@ def build(state, run_id: str, now: float | None = None, with_images: bool = True
             from . import sources
 
             samples = _read(lambda: sources.samples(store, run_id, with_images), [], "samples", notes)
-            metrics, stream_events = _read(lambda: sources.metrics(store, run_id), ([], []), "metrics", notes)
+            metrics = _read(lambda: sources.metrics(store, run_id), [], "metrics", notes)
+            _cost_so_far(state, run_id, metrics)
+        events = _read(lambda: _events(state, run, store), [], "events", notes)
     t0 = run["created"]
     page = {
         "run": run["id"], "kind": str(kind), "generated": now, "started": t0,
@@ -126,7 +130,7 @@ def build(state, run_id: str, now: float | None = None, with_images: bool = True
                    "reason": one_line(run["reason"]) if run.get("reason") else None,
                    "step": run["step"], "total_steps": run["total_steps"], "cost_usd": cost_run["total_usd"],
                    "time_left_s": _time_left_s(run, metrics)},
-        "samples": samples, "metrics": metrics, "events": _events(state, run, stream_events),
+        "samples": samples, "metrics": metrics, "events": events,
         "attempts": _attempts(state, run), "cost": report, "notes": notes,
     }
     if batch is not None:

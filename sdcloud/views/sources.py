@@ -56,35 +56,30 @@ def samples(store: Any, run_id: str, with_images: bool = True) -> list[dict]:
 # The metrics fields a page shows, and the names the stream may give them.
 FIELDS = {"t": ("t", "time", "ts", "at"), "step": ("step",), "loss": ("loss", "loss_raw"),
           "loss_smooth": ("loss_smooth", "loss_smoothed", "smoothed_loss"), "lr": ("lr", "learning_rate"),
-          "steps_per_s": ("steps_per_s", "it_per_s", "steps_s"), "data_wait": ("data_wait", "data_wait_pct"),
+          "steps_per_s": ("steps_per_s", "it_per_s", "steps_s"), "data_wait_s": ("data_wait_s", "data_wait"),
           "gpu_util": ("gpu_util", "gpu_util_pct", "gpu_utilization"), "mem_used": ("mem_used", "mem_used_mib", "memory_used"),
-          "temp": ("temp", "temp_c", "temperature"), "power": ("power", "power_w"), "cost_usd": ("cost_usd", "cost")}
+          "temp": ("temp", "temp_c", "temperature"), "power": ("power", "power_w"), "throttling": ("throttling",), "attempt": ("attempt",),
+          "cost_usd": ("cost_usd", "cost")}
 
 
 def _field(row: dict, names: tuple[str, ...]) -> Any:
     return next((row[n] for n in names if row.get(n) is not None), None)
 
 
-def metrics(store: Any, run_id: str) -> tuple[list[dict], list[dict]]:
-    """The run's metrics rows (oldest first) and the events the stream carries on the same time axis."""
+def metrics(store: Any, run_id: str) -> list[dict]:
+    """The run's metrics rows, one a step, oldest first (runs/records/metrics.py)."""
     from ..runs.records.metrics import read_metrics
 
-    got = read_metrics(store, run_id)
-    events: list = []
-    if isinstance(got, dict):
-        rows, events = got.get("rows") or got.get("points") or got.get("metrics") or [], got.get("events") or []
-    elif isinstance(got, tuple) and len(got) == 2:
-        rows, events = got
-    elif hasattr(got, "rows"):
-        rows, events = got.rows, getattr(got, "events", []) or []
-    else:
-        rows = got
-    out = []
-    for rec in rows:
-        r = _plain(rec)
-        out.append({k: _field(r, names) for k, names in FIELDS.items()})
-    out = [r for r in out if r["t"] is not None]
-    return sorted(out, key=lambda r: (r["t"], r["step"] or 0)), [_plain(e) for e in events]
+    out = [{k: _field(_plain(rec), names) for k, names in FIELDS.items()} for rec in read_metrics(store, run_id)]
+    return sorted((r for r in out if r["t"] is not None), key=lambda r: (r["t"], r["step"] or 0))
+
+
+def run_events(state: Any, store: Any, run_id: str) -> list[dict]:
+    """The controller's marked events and the store's checkpoints, on the same time axis, as dicts."""
+    from ..runs.records.metrics import read_run_events
+
+    return [{"t": ev.time, "kind": ev.kind, "words": ev.words, "step": ev.step, "cost_usd": ev.cost_usd}
+            for ev in read_run_events(state, store, run_id)]
 
 
 def batch_images(job: dict, limit: int = GALLERY_LIMIT) -> tuple[list[dict], int]:
