@@ -31,9 +31,9 @@ def _svg(fig) -> str:
 
 
 def series_chart(points: list[tuple[float, float]], events: list[dict], ylabel: str,
-                 smooth: list[tuple[float, float]] | None = None) -> str:
+                 smooth: list[tuple[float, float]] | None = None, gid: str = "points") -> str:
     """points: (minutes since the run started, value), one marker each; smooth: a line without markers
-    (the smoothed loss); events: {"minutes", "group"} drawn as vertical lines."""
+    (the smoothed loss); gid: the id of the points' group; events: {"minutes", "group"} drawn as vertical lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,7 +43,9 @@ def series_chart(points: list[tuple[float, float]], events: list[dict], ylabel: 
     fig, ax = plt.subplots(figsize=(5.2, 2.4))
     try:
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, linewidth=1, color="#2c6fbb")
+            (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, linewidth=1,
+                              color="#2c6fbb")
+            line.set_gid(gid)  # <g id=gid>: its <use> elements are the points
         if smooth:
             ax.plot([p[0] for p in smooth], [p[1] for p in smooth], linewidth=1.5, color="#f0ad4e")
         for ev in events:

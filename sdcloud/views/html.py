@@ -139,7 +139,7 @@ def charts_html(page: dict) -> str:
         if field == "cost_usd" and not points:
             points = _cost_points(page)
         parts.append(f'<figure data-chart="{chart_id}" data-points="{len(points)}"><figcaption>{e(caption)}</figcaption>'
-                     f"{series_chart(points, events, ylabel, smooth)}</figure>")
+                     f"{series_chart(points, events, ylabel, smooth, gid=f'points-{chart_id}')}</figure>")
     parts.append("</div>")
     if page["events"]:
         parts.append("<h2>Events</h2><table><tr><th>minute</th><th class=\"l\">event</th></tr>")
