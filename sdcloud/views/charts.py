@@ -31,9 +31,10 @@ def _svg(fig) -> str:
 
 
 def series_chart(points: list[tuple[float, float]], events: list[dict], ylabel: str,
-                 smooth: list[tuple[float, float]] | None = None, gid: str = "points") -> str:
+                 smooth: list[tuple[float, float]] | None = None, gid: str = "points",
+                 span: float | None = None) -> str:
     """points: (minutes since the run started, value), one marker each; smooth: a line without markers
-    (the smoothed loss); gid: the id of the points' group; events: {"minutes", "group"} drawn as vertical lines."""
+    (the smoothed loss); gid: the id of the points' group; span: the x axis' end (minutes); events: {"minutes", "group"} drawn as vertical lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,6 +54,8 @@ def series_chart(points: list[tuple[float, float]], events: list[dict], ylabel: 
             ax.axvline(ev["minutes"], color=colour, linestyle=style, linewidth=1)
         if not points:
             ax.text(0.5, 0.5, "no points yet", transform=ax.transAxes, ha="center", va="center", color="#888888")
+        if span:  # every chart of a page on the same axis, its points or not
+            ax.set_xlim(-0.02 * span, span * 1.02)
         ax.set_xlabel("minutes since the run started")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)

@@ -126,6 +126,8 @@ def _gallery_html(batch: dict) -> str:
 def charts_html(page: dict) -> str:
     events = [{"minutes": _minutes(page, ev["t"]), "group": ev["group"]} for ev in page["events"]]
     rows = page["metrics"]
+    ends = [r["t"] for r in rows] + [ev["t"] for ev in page["events"]] + [a["end"] or page["generated"] for a in page["attempts"]]
+    span = max((_minutes(page, t) for t in ends), default=0.0) or None
     parts = ["<h2>Charts</h2>", '<p class="legend muted">']
     for group, (colour, _) in EVENT_STYLE.items():
         n = sum(1 for ev in events if ev["group"] == group)
@@ -139,7 +141,7 @@ def charts_html(page: dict) -> str:
         if field == "cost_usd" and not points:
             points = _cost_points(page)
         parts.append(f'<figure data-chart="{chart_id}" data-points="{len(points)}"><figcaption>{e(caption)}</figcaption>'
-                     f"{series_chart(points, events, ylabel, smooth, gid=f'points-{chart_id}')}</figure>")
+                     f"{series_chart(points, events, ylabel, smooth, gid=f'points-{chart_id}', span=span)}</figure>")
     parts.append("</div>")
     if page["events"]:
         parts.append("<h2>Events</h2><table><tr><th>minute</th><th class=\"l\">event</th></tr>")
