@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "watch": ("watch", "watch", "Follow a run's progress."),
     "ssh": ("shell", "ssh", "Open a shell on a run's current host."),
     "pull": ("pull", "pull", "Download a run's finished model (its artifacts) to a folder."),
+    "samples": ("pull", "samples", "List a run's sample images per checkpoint, or download them."),
     "tiers": ("offers", "tiers", "List the workload tiers and what each needs."),
     "offers": ("offers", "offers", "Rank GPU offers by the expected cost to finish a job."),
     "catalog": ("catalog", "catalog", "Refresh or show the GPU offer catalog."),

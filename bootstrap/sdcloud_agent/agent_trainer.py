@@ -84,6 +84,8 @@ class TrainerProcess:
         prog = self.trainer.parse_line(line)
         self.health.feed_line(line, prog)
         if prog:
+            if self.metrics is not None:
+                self.metrics.feed_line(line, prog)
             self.status.update(**prog)
             if prog.get("step") and getattr(self, "_startup_s", 0) is None:
                 self._startup_s = time.monotonic() - self._trainer_t0
@@ -196,6 +198,20 @@ class TrainerProcess:
                 os.replace(c.path, aside / c.path.name)
         return dest
 
+    def _checkpoint_extras(self, ctx: Context, step: int, folder: Path) -> None:
+        """What goes up with checkpoint `step` before its manifest: the samples the trainer rendered
+        for it (samples/<step>/NN.png and .json) and the trainer's own TensorBoard logs so far."""
+        from . import metrics, samples
+
+        if ctx.samples is not None:
+            found = self.trainer.samples(ctx, folder, step)
+            if found:
+                n = samples.upload(self.store, self.cfg.run_prefix, found, ctx.samples, self.trainer.name)
+                log.info("%d samples of step %d up", n, step)
+        logs = self.trainer.log_dir(ctx)
+        if logs is not None:
+            metrics.upload_tree(self.store, logs, f"{self.cfg.run_prefix}/{metrics.TENSORBOARD}/{metrics.THEIRS}")
+
     def _upload_artifacts(self, ctx: Context) -> int:
         files = self.trainer.artifacts(ctx)
         base = ctx.checkpoint_dir if self.cfg.trainer in ("diffusers", "kohya") else ctx.output_dir
@@ -203,6 +219,12 @@ class TrainerProcess:
             key = f"{self.cfg.run_prefix}/artifacts/{p.relative_to(base).as_posix()}"
             retry(lambda: self.store.put_file(key, p), log=log.warning, what=f"upload of {key}")
         log.info("uploaded %d artifact files", len(files))
+        logs = self.trainer.log_dir(ctx)
+        if logs is not None:  # the trainer's own curves, whole at the end
+            from . import metrics
+
+            retry(lambda: metrics.upload_tree(self.store, logs, f"{self.cfg.run_prefix}/{metrics.TENSORBOARD}/{metrics.THEIRS}"),
+                  log=log.warning, what="upload of the trainer's logs")
         return len(files)
 
 

@@ -391,6 +391,11 @@ class Monitor:
         self.samples += 1
         self.cost_s += time.perf_counter() - t0
 
+    def latest(self) -> GpuSample | None:
+        """The newest GPU sample (the metrics stream's gauges), or None."""
+        with self._lock:
+            return self.gpu[-1] if self.gpu else None
+
     def verdict(self) -> Verdict:
         with self._lock:
             gpu, steps = list(self.gpu), list(self.steps)[-WINDOW * 10:]

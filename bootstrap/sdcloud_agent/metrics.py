@@ -100,12 +100,22 @@ class MetricsStream:
         self._seq = 0
         self._smoothed: float | None = None
         self._last_step = -1
-        self._data_wait_total: float | None = None
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tb_warned = False
+
+    def feed_line(self, line: str, prog: dict) -> None:
+        """A progress line: the builtin protocol's SDCLOUD_STEP also says the learning rate and the data wait."""
+        extra: dict = {}
+        if line.startswith("SDCLOUD_STEP "):
+            try:
+                doc = json.loads(line[len("SDCLOUD_STEP "):])
+                extra = {k: doc.get(k) for k in ("lr", "data_wait_s") if isinstance(doc, dict)}
+            except ValueError:
+                pass
+        self.feed({**extra, **prog})
 
     def feed(self, prog: dict) -> None:
         """One progress report of the trainer (a parsed line). A step seen before in this attempt
@@ -117,10 +127,7 @@ class MetricsStream:
         loss = _num(prog.get("loss"))
         if loss is not None:
             self._smoothed = loss if self._smoothed is None else SMOOTHING * self._smoothed + (1 - SMOOTHING) * loss
-        wait = _num(prog.get("data_wait_s"))
-        if wait is not None:  # the builtin trainer reports its data wait as a running total
-            prev, self._data_wait_total = self._data_wait_total, wait
-            wait = max(0.0, wait - prev) if prev is not None and wait >= prev else wait
+        wait = _num(prog.get("data_wait_s"))  # the step's own seconds waiting for its batch
         rec = {"time": round(time.time(), 3), "attempt": self.attempt, "step": step, "loss": loss,
                "loss_smoothed": None if loss is None else round(self._smoothed, 6), "lr": _num(prog.get("lr")),
                "steps_per_s": _num(prog.get("it_per_s")), "data_wait_s": wait}
@@ -173,8 +180,11 @@ class MetricsStream:
                         if isinstance(v, (int, float)) and not isinstance(v, bool):
                             w.add_scalar(tag, v, r["step"], walltime=r["time"])
                 w.close()
-                for f in Path(tmp).glob("events.out.tfevents.*"):
+                files = list(Path(tmp).glob("events.out.tfevents.*"))
+                for f in files:
                     self.store.put_file(events_key(self.run_prefix, self.attempt, self._seq, recs[0]["time"]), f)
+                if not files:
+                    log.warning("tensorboard wrote no event file for %d records", len(recs))
         except Exception as exc:  # noqa: BLE001 - the JSON stream is the record; the event file a view of it
             log.warning("tensorboard event file failed: %s", exc)
 

@@ -50,6 +50,10 @@ class Context:
     # A multi-node group (sdcloud_agent/rendezvous.py): where rank 0 listens, and this host's rank.
     rendezvous: Any = None
     node_rank: int = 0
+    # Sample images at the checkpoints (sdcloud_agent/samples.py SampleSettings), None: none; and the
+    # trainer's own curve logging besides TensorBoard ("wandb"), its key in `env` only.
+    samples: Any = None
+    report_to: str | None = None
 
 
 def flag_args(args: dict) -> list[str]:
@@ -226,6 +230,16 @@ class Trainer:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+    # -- samples and logs -------------------------------------------------------------------
+    def samples(self, ctx: Context, folder: Path, step: int) -> list:
+        """The sample images this trainer rendered at the run's `step` (sdcloud_agent/samples.py's
+        Found); `folder` is the checkpoint's folder as it goes up."""
+        return []
+
+    def log_dir(self, ctx: Context) -> Path | None:
+        """Where the trainer writes its own TensorBoard logs, if it does."""
+        return None
 
     # -- results ----------------------------------------------------------------------------
     def missing_output(self, ctx: Context) -> str | None:

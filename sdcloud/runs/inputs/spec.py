@@ -57,6 +57,14 @@ class RunSpec:
     # Every cloud the run may use, home first (`--provider aws,tencent`); None: `provider` alone.
     # `provider` is the cloud of the current attempt (runs/inputs/clouds.py, runs/driving/cloud_move.py).
     providers: list[str] | None = None
+    # Sample images at the checkpoints (docs/training.md, "Samples and curves"): the prompts, every N
+    # steps (None: at every checkpoint) and the first seed (None: 0; prompt i renders with seed + i).
+    sample_prompts: list[str] | None = None
+    sample_every: int | None = None
+    sample_seed: int | None = None
+    # Where the trainer also logs its curves: "tensorboard" (always, in the run's store) or "wandb"
+    # (its key from config.toml [wandb] key, carried as a secret).
+    report_to: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -97,7 +105,9 @@ FIELDS = {f.name for f in fields(RunSpec)}
 # Names a run file may use for the same fields as the flags.
 ALIASES = {"deadline": "deadline_hours", "max-price": "max_price", "simulate-preemption": "simulate_preemption",
            "trainer-args": "trainer_args", "checkpoint-every": "checkpoint_every",
-           "max-failed-boots": "max_failed_boots", "self-end-grace": "self_end_grace"}
+           "max-failed-boots": "max_failed_boots", "self-end-grace": "self_end_grace",
+           "sample-prompts": "sample_prompts", "sample-every": "sample_every", "sample-seed": "sample_seed",
+           "report-to": "report_to"}
 
 
 def load_runfile(path: str) -> dict:
@@ -212,6 +222,9 @@ def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
         if data["nodes"] > 1 and data.get("providers"):  # a group's hosts meet over one cloud's private network
             raise UserError(f"--nodes {data['nodes']}: a group of hosts trains in one cloud; name one provider, "
                             f"not {','.join(data['providers'])}")
+    from .samples import check_samples
+
+    check_samples(data)
     if data.get("max_failed_boots") is not None:
         data["max_failed_boots"] = _positive(data["max_failed_boots"], "max-failed-boots", integer=True)
     if data.get("self_end_grace") is not None:
