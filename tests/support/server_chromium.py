@@ -110,6 +110,8 @@ class Chromium:
             time.sleep(every)
 
     def screenshot(self, path: Path) -> Path:
+        """The whole page (up to 4000 px tall), at the browser's width."""
+        self.call("Emulation.clearDeviceMetricsOverride")  # the page's own height, not the last shot's
         height = int(self.eval("Math.max(document.documentElement.scrollHeight, 600)"))
         self.call("Emulation.setDeviceMetricsOverride", {"width": self.width, "height": min(height, 4000),
                                                          "deviceScaleFactor": 1, "mobile": False})
