@@ -57,7 +57,7 @@ def _left(seconds: float | None) -> str:
 def header_html(page: dict) -> str:
     h = page["header"]
     title = h["name"] or page["run"]
-    cards = [("state", h["state"], "state"), ("step" if page["kind"] != "batch" else "images",
+    cards = [("state", h["state"], "state"), ("images" if page.get("batch") is not None else "step",
                                                f"{h['step'] or 0} / {h['total_steps'] or '?'}", "step"),
              ("cost $", fmt(h["cost_usd"]), "cost_usd"), ("time left", _left(h["time_left_s"]), "time_left")]
     if page.get("batch"):
