@@ -165,3 +165,34 @@ def test_no_secret_in_any_page_json_or_metrics_object(trained_run, monkeypatch, 
     assert len(texts) > 10
     for text in texts:
         assert hf not in text and wandb not in text
+
+
+def test_a_buckets_runs_are_shown_with_store(trained_run, monkeypatch, tmp_path):
+    """Another machine's run, reached through its bucket: rebuilt from its journal, its samples read there."""
+    from sdcloud.runs.records.journal import Journal
+
+    state, run_id, store = trained_run
+    Journal(state, store, run_id).flush()
+    bucket = store_root(store)
+    monkeypatch.setenv("SDCLOUD_HOME", str(tmp_path / "another-home"))  # this machine has never seen the run
+    with dashboard("--store", bucket.as_uri()) as (base, _):
+        (job,) = json.loads(get(base + "/api/jobs")[2])["jobs"]
+        assert (job["run"], job["state"], job["from"]) == (run_id, "succeeded", "bucket")
+        page = json.loads(get(f"{base}/api/runs/{run_id}")[2])
+        assert len(page["samples"]) == len(PROMPTS) * len(CHECKPOINTS) and len(page["metrics"]) == 30
+        assert [a["cause"] for a in page["attempts"]] == ["preempted", "succeeded"]
+    from sdcloud.runs.records.state import StateStore
+
+    assert StateStore().list_runs() == []  # the bucket's runs are shown, not taken into this home
+
+
+def store_root(store):
+    from pathlib import Path
+
+    return Path(store.root)
+
+
+def test_a_store_that_cannot_be_read_is_one_line(tmp_path, capsys):
+    code = main(["dashboard", "--port", str(free_port()), "--store", "gs://nowhere/x"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
