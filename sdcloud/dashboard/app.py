@@ -64,7 +64,8 @@ def _last_sample(state, run: dict, store) -> str | None:
         return None
 
 
-def job_rows(sources) -> list[dict]:
+def job_rows(sources, store_for=None) -> list[dict]:
+    """The list page's rows; store_for(run, store): the store to read a run's samples from."""
     from ..costs import ledger
     from ..offers.kinds import RunKind
 
@@ -77,7 +78,7 @@ def job_rows(sources) -> list[dict]:
         rows.append({"run": run["id"], "name": run.get("name"), "kind": str(RunKind.of(run.get("spec"))),
                      "tier": run["tier"], "state": run["state"], "step": run["step"] or 0,
                      "total_steps": run["total_steps"], "cost_usd": cost, "created": run["created"],
-                     "from": "home" if store is None else "bucket", "last_sample": _last_sample(state, run, store)})
+                     "from": "home" if store is None else "bucket", "last_sample": _last_sample(state, run, store_for(run, store) if store_for else store)})
     return rows
 
 
@@ -132,6 +133,19 @@ def create_app(sources, token: str | None = None):
     from ..views.secrets import known, scrub
 
     cache = _Sections()
+    stores: dict[str, Any] = {}  # run id -> its store, wrapped so that immutable objects are read once
+
+    def store_for(run: dict, store: Any) -> Any:
+        from ..runs.records.store_of import store_of
+        from .store_cache import ImmutableCache
+
+        key = run["id"]
+        if key not in stores:
+            try:
+                stores[key] = ImmutableCache(store or store_of(run))
+            except Exception:  # noqa: BLE001 - no bucket here: the page says so (views/page.py)
+                return store
+        return stores[key]
 
     def clean(text: str, specs: list[Any]) -> str:
         return scrub(text, known(specs))
@@ -149,15 +163,16 @@ def create_app(sources, token: str | None = None):
         got = sources.find(request.path_params["run_id"])
         if got is None:
             return None
-        return got
+        state, run, store = got
+        return state, run, store_for(run, store)
 
     def home(request: Request) -> Response:
-        rows = job_rows(sources)
+        rows = job_rows(sources, store_for)
         body = jobs_html(rows)
         return as_html(list_page(body, _digest(body)), [])
 
     def home_live(request: Request) -> Response:
-        rows = job_rows(sources)
+        rows = job_rows(sources, store_for)
         body = jobs_html(rows)
         v = _digest(body)
         if request.query_params.get("since") == v:
@@ -165,7 +180,7 @@ def create_app(sources, token: str | None = None):
         return as_json({"version": v, "sections": {"jobs": body}}, [])
 
     def api_jobs(request: Request) -> Response:
-        return as_json({"jobs": job_rows(sources)}, [])
+        return as_json({"jobs": job_rows(sources, store_for)}, [])
 
     def run_page(request: Request) -> Response:
         got = found(request)

@@ -20,10 +20,10 @@ def _plain(record: Any) -> dict:
     """A reader's record as a dict, whatever type the reader returns it as."""
     if isinstance(record, dict):
         return dict(record)
+    if hasattr(record, "as_dict"):  # the readers' own: a Sample's store is not part of it
+        return dict(record.as_dict())
     if dataclasses.is_dataclass(record):
         return dataclasses.asdict(record)
-    if hasattr(record, "as_dict"):
-        return dict(record.as_dict())
     if hasattr(record, "_asdict"):
         return dict(record._asdict())
     return dict(vars(record))

@@ -196,3 +196,20 @@ def test_a_store_that_cannot_be_read_is_one_line(tmp_path, capsys):
     code = main(["dashboard", "--port", str(free_port()), "--store", "gs://nowhere/x"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
+
+
+def test_objects_never_rewritten_are_read_once_across_polls(trained_run, monkeypatch):
+    from sdcloud.dashboard.store_cache import ImmutableCache
+    from sdcloud.views.page import build
+
+    state, run_id, store = trained_run
+    reads: list[str] = []
+    real_get = store.get
+    monkeypatch.setattr(store, "get", lambda key: reads.append(key) or real_get(key))
+    cached = ImmutableCache(store)
+    first = build(state, run_id, store=cached)
+    n = len(reads)
+    assert n >= len(store.list(f"runs/{run_id}/metrics/")) + len(first["samples"])
+    second = build(state, run_id, store=cached)
+    assert second["metrics"] == first["metrics"] and len(second["samples"]) == len(first["samples"])
+    assert not [k for k in reads[n:] if "/metrics/" in k or "/samples/" in k]
