@@ -24,7 +24,8 @@ tests: the flags, the dataset rules and the step arithmetic of a resume, not the
   every N global steps, before that step's save, each prompt line (with its `--d SEED`) becomes
   `<output_dir>/sample/<output_name>_<step:06d>_<NN:02d>_<YYYYmmddHHMMSS>_<seed>.png`: a real PNG whose
   colour follows the weights and the seed. `--log_with tensorboard --logging_dir DIR`: the loss as a
-  TensorBoard scalar in DIR/<timestamp>/network_train/ (through tensorboardX, as accelerate's tracker).
+  TensorBoard scalar in DIR/<timestamp>/network_train/ (through tensorboardX, as accelerate's tracker);
+  `--log_with wandb|all` without WANDB_API_KEY in its environment stops as wandb.init does without a tty.
 - every save also writes the LoRA of that step, `<output_name>-step<global:08d>.safetensors`, beside
   the state folder (upstream's get_step_ckpt_name), before the state.
 - FAKE_OOM_AT / FAKE_OOM_CURE / FAKE_OOM_TEXT: from that true step on, unless the command line has
@@ -214,6 +215,11 @@ def main(argv: list[str]) -> int:
     total = a.max_train_steps - global_step
     step_s = float(os.environ.get("FAKE_STEP_SECONDS", "0.05"))
     writer = None
+    if a.log_with in ("wandb", "all") and not os.environ.get("WANDB_API_KEY"):
+        # wandb.init without a key and without a terminal to ask on: upstream stops there.
+        print("wandb.errors.UsageError: api_key not configured (no-tty). call wandb.login(key=[your_api_key])",
+              file=sys.stderr, flush=True)
+        return 1
     if a.log_with in ("tensorboard", "all") and a.logging_dir:
         from tensorboardX import SummaryWriter
 
