@@ -61,7 +61,8 @@ def check_samples(data: dict) -> None:
         raise UserError(f"--sample-prompt: the {trainer} trainer is your own program and renders no samples; "
                         f"use {', '.join(SAMPLING_TRAINERS)}")
     args = data.get("trainer_args")
-    if data.get("sample_prompts") and isinstance(args, dict) and any(k in args for k in OWN_SAMPLE_FLAGS):
+    given = list(args) if isinstance(args, dict) else [str(a).lstrip("-").split("=")[0] for a in args or ()]
+    if data.get("sample_prompts") and any(k in given for k in OWN_SAMPLE_FLAGS):
         raise UserError("--sample-prompt and the trainer's own sample flags in trainer_args both set the samples: keep one")
     report = data.get("report_to")
     if report is not None and report not in REPORT_TO:
