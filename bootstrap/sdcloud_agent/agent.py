@@ -250,6 +250,10 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath, NodeGroup
 
             ctx.samples = SampleSettings.from_dict(cfg.samples)
         ctx.report_to = cfg.report_to
+        if cfg.report_to == "wandb":  # the key reaches the trainer's environment only (never a log or a file)
+            key = f"{cfg.run_prefix}/secrets/wandb-key"
+            if self.store.head(key) is not None:
+                ctx.env["WANDB_API_KEY"] = self.store.get(key).decode().strip()
         if self.leads:  # the samples and the trainer's logs go up with each checkpoint, before its manifest
             self.worker.sync.before_manifest = lambda step, folder: self._checkpoint_extras(ctx, step, folder)
         self.worker.sync.seed()

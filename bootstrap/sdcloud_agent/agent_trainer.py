@@ -102,7 +102,7 @@ class TrainerProcess:
     def _submit_finished(self, ctx: Context, exited: bool = False, killed: bool = False) -> None:
         for c in self.trainer.finished(ctx, trainer_exited=exited, killed=killed):
             if c.step > self.worker.durable_step and c.path.resolve() != (ctx.resume.resolve() if ctx.resume else None):
-                self.worker.submit(c.step, self._snapshot(c.step, c.path))
+                self.worker.submit(c.step, self._snapshot(c.step, c.path, self.trainer.export_files(ctx, c.step, c.path)))
         # Snapshots of durable (or superseded) checkpoints only hold disk space now.
         durable = self.worker.durable_step
         for step, snap in list(self._snaps.items()):
@@ -110,9 +110,11 @@ class TrainerProcess:
                 shutil.rmtree(snap, ignore_errors=True)
                 del self._snaps[step]
 
-    def _snapshot(self, step: int, path: Path) -> Path:
+    def _snapshot(self, step: int, path: Path, export: list[Path] = ()) -> Path:
         """Hard-link a finished checkpoint into a folder the trainer never touches, so that its
-        clean-up of old checkpoints cannot pull files from under an upload."""
+        clean-up of old checkpoints cannot pull files from under an upload. `export`: the model at this
+        step that the trainer keeps beside the checkpoint (kohya's per-step LoRA file), linked into its
+        export/ folder, where `sdcloud pull --step N` finds it."""
         snap = self.workdir / "snapshots" / path.name
         if snap.exists():
             return snap
@@ -121,6 +123,9 @@ class TrainerProcess:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             shutil.copytree(path, tmp, copy_function=_link_or_copy)
+            for f in export:
+                (tmp / "export").mkdir(exist_ok=True)
+                _link_or_copy(str(f), str(tmp / "export" / f.name))
             os.replace(tmp, snap)
         except OSError as exc:
             log.warning("cannot snapshot %s (%s); uploading in place", path, exc)

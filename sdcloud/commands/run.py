@@ -18,20 +18,9 @@ import click
 from ..errors import UserError
 from ..render import emit_json, note, output_options
 from ..runs.inputs import clouds  # a run across clouds: its checks before anything is recorded
-from .common import (
-    EXIT_INTERRUPTED,
-    EXIT_NOT_SUCCEEDED,
-    USD, TRAIN_TIER_NAMES,
-    USD_PER_HOUR,
-    complete_providers,
-    complete_regions,
-    complete_runs,
-    complete_tiers,
-    find_run,
-    market_of,
-    market_options,
-    state_store,
-)
+from .common import (EXIT_INTERRUPTED, EXIT_NOT_SUCCEEDED, TRAIN_TIER_NAMES, USD, USD_PER_HOUR, complete_providers,
+                     complete_regions, complete_runs, complete_tiers, find_run, market_of, market_options, sample_options,
+                     state_store)
 
 
 @dataclass(frozen=True)
@@ -63,7 +52,7 @@ class UpOptions:
     yes: bool = False
     as_json: bool = False
     nodes: str | None = None
-    sample_prompt: tuple[str, ...] = ()
+    sample_prompt: tuple[str, ...] = ()  # --sample-prompt, --sample-every, --sample-seed, --report-to (common.py)
     sample_every: str | None = None
     sample_seed: str | None = None
     report_to: str | None = None
@@ -254,12 +243,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation before launching paid hosts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 @click.option("--nodes", metavar="N", help="Train on N hosts together (data-parallel through a rendezvous; docs/training.md).")
-@click.option("--sample-prompt", "sample_prompt", multiple=True, metavar="TEXT",
-              help="Render this prompt at the checkpoints (repeatable; fixed seeds): see them with sdcloud samples RUN.")
-@click.option("--sample-every", metavar="N", help="Samples at the checkpoints whose step is a multiple of N (default: every checkpoint).")
-@click.option("--sample-seed", metavar="SEED", help="The first sample prompt's seed; prompt i uses SEED+i (default 0).")
-@click.option("--report-to", metavar="TRACKER", help="Also log the curves to wandb (key: config.toml [wandb] key); "
-              "TensorBoard files always go to the run's store.")
+@sample_options
 def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
     """Run a training job: pick the offer, launch, survive reclaims, report the cost."""
     opts = UpOptions(market=market_of(spot, on_demand), **flags)

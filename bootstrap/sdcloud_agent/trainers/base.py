@@ -237,6 +237,11 @@ class Trainer:
         Found); `folder` is the checkpoint's folder as it goes up."""
         return []
 
+    def export_files(self, ctx: Context, step: int, path: Path) -> list[Path]:
+        """The model at checkpoint `step` where the trainer keeps it beside the checkpoint folder
+        (uploaded in the checkpoint's export/ folder), or none."""
+        return []
+
     def log_dir(self, ctx: Context) -> Path | None:
         """Where the trainer writes its own TensorBoard logs, if it does."""
         return None

@@ -4,6 +4,9 @@ host agent is told of them (sdcloud_agent/samples.py's SampleSettings)."""
 
 from __future__ import annotations
 
+import os
+
+from ... import config
 from ...errors import UserError
 
 MAX_PROMPTS = 16  # a grid of prompts x checkpoints a page can show; each costs GPU seconds per checkpoint
@@ -12,6 +15,10 @@ REPORT_TO = ("tensorboard", "wandb")
 # Trainers that render samples themselves from our prompts (the command trainer is the user's own program).
 SAMPLING_TRAINERS = ("builtin", "kohya", "diffusers")
 # A trainer's own sample flags: given beside --sample-prompt, two sets of prompts would fight.
+# The trainers that log to W&B themselves (kohya's --log_with, the diffusers scripts' --report_to).
+WANDB_TRAINERS = ("kohya", "diffusers")
+WANDB_ENV = "WANDB_API_KEY"
+WANDB_SECRET = "secrets/wandb-key"  # under the run's prefix; the host's agent reads it (sdcloud_agent/agent.py)
 OWN_SAMPLE_FLAGS = ("validation-prompt", "validation_prompt", "sample_prompts", "sample_every_n_steps")
 
 
@@ -54,11 +61,33 @@ def check_samples(data: dict) -> None:
         raise UserError(f"--sample-prompt: the {trainer} trainer is your own program and renders no samples; "
                         f"use {', '.join(SAMPLING_TRAINERS)}")
     args = data.get("trainer_args")
-    if data.get("sample_prompts") and isinstance(args, dict) and any(k in args for k in OWN_SAMPLE_FLAGS):
+    given = list(args) if isinstance(args, dict) else [str(a).lstrip("-").split("=")[0] for a in args or ()]
+    if data.get("sample_prompts") and any(k in given for k in OWN_SAMPLE_FLAGS):
         raise UserError("--sample-prompt and the trainer's own sample flags in trainer_args both set the samples: keep one")
     report = data.get("report_to")
     if report is not None and report not in REPORT_TO:
         raise UserError(f"--report-to must be one of {', '.join(REPORT_TO)}, got {report!r}")
+    if report == "wandb" and trainer not in WANDB_TRAINERS:
+        raise UserError(f"--report-to wandb: the {trainer} trainer does not log to W&B; "
+                        f"{' and '.join(WANDB_TRAINERS)} do (the curves are in the run's store either way)")
+    if report == "wandb" and not wandb_key():
+        raise UserError(f"--report-to wandb needs your W&B key: set {WANDB_ENV} or [wandb] key in config.toml")
+
+
+def wandb_key() -> str | None:
+    """The user's W&B key: the environment first, then config.toml [wandb] key."""
+    value = os.environ.get(WANDB_ENV, "").strip() or str((config.settings().get("wandb") or {}).get("key") or "").strip()
+    return value or None
+
+
+def put_wandb_key(store, run_id: str, spec) -> bool:
+    """The W&B key where the run's host reads it into its trainer's environment (never into its config,
+    user-data, the state store or a log); whether one was put."""
+    key = wandb_key() if spec.report_to == "wandb" else None
+    if not key:
+        return False
+    store.put(f"runs/{run_id}/{WANDB_SECRET}", key.encode())
+    return True
 
 
 def agent_samples(spec) -> dict | None:

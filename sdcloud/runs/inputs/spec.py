@@ -222,9 +222,6 @@ def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
         if data["nodes"] > 1 and data.get("providers"):  # a group's hosts meet over one cloud's private network
             raise UserError(f"--nodes {data['nodes']}: a group of hosts trains in one cloud; name one provider, "
                             f"not {','.join(data['providers'])}")
-    from .samples import check_samples
-
-    check_samples(data)
     if data.get("max_failed_boots") is not None:
         data["max_failed_boots"] = _positive(data["max_failed_boots"], "max-failed-boots", integer=True)
     if data.get("self_end_grace") is not None:
@@ -251,6 +248,9 @@ def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
 
     # `--trainer-arg KEY=VALUE` pairs go over the run file's trainer_args; a mapping stays one.
     data["trainer_args"] = merge_trainer_args(data.get("trainer_args"), data.pop("trainer_arg", None) or [])
+    from .samples import check_samples
+
+    check_samples(data)  # after the trainer's own flags are merged: the two sets of samples must not fight
     data["model"] = resolve_model(data.get("model"), data.get("provider", "local"), tier)
     check_model_family(data["model"], tier)
     model = str(data["model"])

@@ -43,6 +43,10 @@ def pull(run: dict, dest: Path) -> list[Path]:
         raise UserError(f"cannot list the artifacts of run {run['id']}: {exc}") from None
     if not infos:
         raise UserError(f"run {run['id']} has no artifacts yet (state: {run['state']}); see: sdcloud status {run['id']}")
+    return _fetch(store, infos, prefix, dest) + pull_curves(store, run["id"], dest)
+
+
+def _fetch(store, infos, prefix: str, dest: Path) -> list[Path]:
     out = []
     for info in infos:
         rel = info.key[len(prefix):]
@@ -54,6 +58,21 @@ def pull(run: dict, dest: Path) -> list[Path]:
             store.get_file(info.key, target)
         out.append(target)
     return out
+
+
+def pull_curves(store, run_id: str, dest: Path) -> list[Path]:
+    """The run's TensorBoard event files (ours and the trainer's) into dest/tensorboard/, so that
+    `tensorboard --logdir DIR/tensorboard` shows the curves of a pulled run."""
+    from sdcloud_agent.metrics import TENSORBOARD
+
+    from .store import StoreError
+
+    prefix = f"runs/{run_id}/{TENSORBOARD}/"
+    try:
+        infos = store.list(prefix)
+    except StoreError:
+        return []  # the model is what a pull is for; the curves a nicety
+    return _fetch(store, infos, prefix, dest / TENSORBOARD)
 
 
 # -- the checkpoint you pick: `sdcloud pull RUN --step N`, `pull --list` ------------------------------------
@@ -135,4 +154,4 @@ def pull_step(run: dict, dest: Path, step: int) -> list[Path]:
                           f"{run.get('total_steps') or '?'}: load it as the final one "
                           "(`pipe.load_lora_weights(DIR)`).\n", encoding="utf-8")
         out.append(readme)
-    return out
+    return out + pull_curves(store, run["id"], dest)
