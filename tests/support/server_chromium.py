@@ -111,8 +111,10 @@ class Chromium:
 
     def screenshot(self, path: Path) -> Path:
         """The whole page (up to 4000 px tall), at the browser's width."""
-        self.call("Emulation.clearDeviceMetricsOverride")  # the page's own height, not the last shot's
-        height = int(self.eval("Math.max(document.documentElement.scrollHeight, 600)"))
+        # Measured in a short window: the page's own height, not the window's or the last shot's.
+        self.call("Emulation.setDeviceMetricsOverride", {"width": self.width, "height": 400, "deviceScaleFactor": 1,
+                                                         "mobile": False})
+        height = int(self.eval("Math.max(document.documentElement.scrollHeight, 400)"))
         self.call("Emulation.setDeviceMetricsOverride", {"width": self.width, "height": min(height, 4000),
                                                          "deviceScaleFactor": 1, "mobile": False})
         data = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})["data"]
