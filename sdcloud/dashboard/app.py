@@ -4,6 +4,7 @@
     GET /live?since=V          the list's table when its version moved
     GET /runs/<id>             the run page (views/html.py) with its refresh script
     GET /runs/<id>/live?since=V  the page's sections when its version moved, else only the version
+    GET /runs/<id>/image?key=K   a sample at full size (the page inlines thumbnails)
     GET /api/jobs, /api/runs/<id>   the same as JSON (the run's is `sdcloud report --format json`)
 
 Endpoints are plain functions: starlette runs them in its thread pool, so a slow bucket read holds
@@ -187,7 +188,7 @@ def create_app(sources, token: str | None = None):
         if got is None:
             return PlainTextResponse("no such run or batch job", status_code=404)
         state, run, store = got
-        page = build(state, run["id"], store=store)
+        page = {**build(state, run["id"], store=store), "image_base": f"{run['id']}/image"}
         v = version(page)
         return as_html(view_html.render(page, live_url=f"{run['id']}/live", version=v, interval_ms=REFRESH_MS,
                                         back="../"), [run["spec"]])
@@ -201,8 +202,20 @@ def create_app(sources, token: str | None = None):
         v = version(build(state, run["id"], store=store, with_images=False))
         if request.query_params.get("since") == v:
             return as_json({"version": v}, [run["spec"]])
-        sections = cache.get((run["id"], v), lambda: view_html.sections(build(state, run["id"], store=store)))
+        sections = cache.get((run["id"], v), lambda: view_html.sections(
+            {**build(state, run["id"], store=store), "image_base": f"{run['id']}/image"}))
         return as_json({"version": v, "sections": sections}, [run["spec"]])
+
+    def sample_image(request: Request) -> Response:
+        """A sample at full size (the page inlines thumbnails): only a PNG under the run's samples/."""
+        got = found(request)
+        key = request.query_params.get("key") or ""
+        if got is None or not key.startswith(f"runs/{got[1]['id']}/samples/") or not key.endswith(".png") or ".." in key:
+            return PlainTextResponse("no such sample", status_code=404)
+        try:
+            return Response(got[2].get(key), media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
+        except Exception:  # noqa: BLE001 - gone with a pruned checkpoint, or not there yet
+            return PlainTextResponse("no such sample", status_code=404)
 
     def api_run(request: Request) -> Response:
         got = found(request)
@@ -231,5 +244,6 @@ def create_app(sources, token: str | None = None):
 
     routes = [Route("/", home), Route("/live", home_live), Route("/api/jobs", api_jobs),
               Route("/runs/{run_id}", run_page), Route("/runs/{run_id}/live", run_live),
+              Route("/runs/{run_id}/image", sample_image),
               Route("/api/runs/{run_id}", api_run)]
     return Starlette(routes=routes, middleware=[Middleware(Guard)], exception_handlers={UserError: errors})

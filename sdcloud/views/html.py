@@ -8,6 +8,7 @@ Each part is a section with an id, so the dashboard can replace one part without
 from __future__ import annotations
 
 import html
+from urllib.parse import quote
 from datetime import datetime, timezone
 
 from ..costs.html import _CSS as COST_CSS
@@ -25,7 +26,7 @@ dialog{padding:.5rem;border:1px solid #889}dialog img{max-width:90vw;max-height:
 
 # Click a sample to enlarge it: one <dialog>, delegated so replaced sections keep working.
 ENLARGE_JS = """document.addEventListener('click',function(e){var t=e.target;if(!t.classList||!t.classList.contains('sample'))return;
-var d=document.getElementById('big');d.querySelector('img').src=t.src;d.querySelector('p').textContent=t.alt;d.showModal();});
+var d=document.getElementById('big');d.querySelector('img').src=t.dataset.full||t.src;d.querySelector('p').textContent=t.alt;d.showModal();});
 document.addEventListener('click',function(e){if(e.target.id==='big'||e.target.closest('#big img'))document.getElementById('big').close();});"""
 
 # The dashboard's refresh: ask for the sections when the page's version moved, replace them in place.
@@ -101,7 +102,9 @@ def samples_html(page: dict) -> str:
                 parts.append("<td></td>")
                 continue
             alt = f"step {st} · {s.get('prompt') or ''} · seed {s.get('seed')}"
-            parts.append(f'<td><img class="sample" data-step="{st}" data-index="{idx}" alt="{e(alt)}" src="{s["src"]}">'
+            # On the dashboard, a click shows the image at full size; the file has the thumbnail only.
+            full = f' data-full="{e(page["image_base"])}?key={quote(s["key"], safe="")}"' if page.get("image_base") else ""
+            parts.append(f'<td><img class="sample" data-step="{st}" data-index="{idx}" alt="{e(alt)}"{full} src="{s["src"]}">'
                          f'<span class="muted">seed {e(str(s.get("seed")))}</span></td>')
         parts.append("</tr>")
     parts.append("</table>")

@@ -23,10 +23,11 @@ EVENT_GROUPS: dict[Kind, str] = {
     Kind.BUDGET_WARNING: "budget", Kind.BUDGET_REACHED: "budget",
     Kind.RUN_SUCCEEDED: "end", Kind.RUN_FAILED: "end", Kind.RUN_STOPPED: "end",
 }
-CHECKPOINT = "checkpoint"  # runs/records/metrics.py: a checkpoint in the store, not a journal kind
 
 
 def _group(kind: str) -> str:
+    from ..runs.records.metrics import CHECKPOINT  # a checkpoint in the store, not a journal kind
+
     if kind == CHECKPOINT:
         return "checkpoint"
     k = parse(kind)

@@ -14,6 +14,9 @@ from typing import Any
 
 # A batch job's gallery shows at most this many images (the newest); `batch pull` has them all.
 GALLERY_LIMIT = 120
+# Images wider or taller than this are inlined as a thumbnail of this size: a run with 20 checkpoints
+# of 4 SDXL samples would otherwise be a page of 100+ MB. `sdcloud samples -o DIR` has the originals.
+THUMB_PX = 256
 
 
 def _plain(record: Any) -> dict:
@@ -33,9 +36,30 @@ def data_uri(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64," + base64.b64encode(data).decode()
 
 
+def thumbnail(data: bytes, px: int = THUMB_PX) -> bytes:
+    """The PNG itself when it fits in px x px, else a PNG thumbnail of it (the bytes as they are when
+    Pillow cannot read them: the browser shows what it can)."""
+    import io
+
+    try:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as im:
+            if im.width <= px and im.height <= px:
+                return data
+            im = im.convert("RGB")
+            im.thumbnail((px, px))
+            buf = io.BytesIO()
+            im.save(buf, format="PNG")
+            return buf.getvalue()
+    except Exception:  # noqa: BLE001 - a bad file still gets a tile rather than no page
+        return data
+
+
 def samples(store: Any, run_id: str, with_images: bool = True) -> list[dict]:
     """Every sample of the run, sorted by step and index: step, index, prompt, seed, sampler, key and
-    (with_images) src, the PNG as a data URI. A sample whose PNG cannot be read is left out."""
+    (with_images) src, the PNG (or its thumbnail) as a data URI. A sample whose PNG cannot be read is
+    left out."""
     from ..runs.records.samples import list_samples
 
     out = []
@@ -46,7 +70,7 @@ def samples(store: Any, run_id: str, with_images: bool = True) -> list[dict]:
                "seed": s.get("seed"), "sampler": s.get("sampler"), "key": key}
         if with_images:
             try:
-                row["src"] = data_uri(store.get(key))
+                row["src"] = data_uri(thumbnail(store.get(key)))
             except Exception:  # noqa: BLE001 - a sample lost with a pruned checkpoint is not an error of the page
                 continue
         out.append(row)
@@ -96,7 +120,7 @@ def batch_images(job: dict, limit: int = GALLERY_LIMIT) -> tuple[list[dict], int
     shown = []
     for ln in lines[-limit:]:
         try:
-            src = data_uri(store.get(layout.image_path(prefix, ln["key"])))
+            src = data_uri(thumbnail(store.get(layout.image_path(prefix, ln["key"]))))
         except Exception:  # noqa: BLE001 - an image not yet readable is shown on the next refresh
             continue
         shown.append({"key": ln["key"], "prompt": ln.get("prompt"), "seed": ln.get("seed"), "item": ln.get("item"),

@@ -213,3 +213,41 @@ def test_objects_never_rewritten_are_read_once_across_polls(trained_run, monkeyp
     second = build(state, run_id, store=cached)
     assert second["metrics"] == first["metrics"] and len(second["samples"]) == len(first["samples"])
     assert not [k for k in reads[n:] if "/metrics/" in k or "/samples/" in k]
+
+
+def test_big_samples_are_inlined_as_thumbnails_and_served_whole(trained_run, tmp_path):
+    """A 1024 px sample is a 256 px thumbnail on the page; a click on the dashboard gets the original."""
+    import base64
+    import io
+    import re
+    from urllib.parse import unquote
+
+    from PIL import Image
+
+    from sdcloud.views.sources import THUMB_PX
+    from tests.views.conftest import png
+
+    state, run_id, store = trained_run
+    big = png(tmp_path / "big.png", (200, 30, 30), size=1024)
+    key = f"runs/{run_id}/samples/000000030/00.png"
+    store.put_file(key, big)
+    with dashboard() as (base, _):
+        page = get(f"{base}/runs/{run_id}")[2]
+        tag = re.search(r'<img class="sample" data-step="30" data-index="0"[^>]*>', page).group(0)
+        thumb = base64.b64decode(re.search(r'src="data:image/png;base64,([^"]+)"', tag).group(1))
+        assert Image.open(io.BytesIO(thumb)).size == (THUMB_PX, THUMB_PX)
+        full = re.search(r'data-full="([^"]+)"', tag).group(1)
+        assert unquote(full.split("key=", 1)[1]) == key
+        # The page is at /runs/RUN: its relative data-full resolves under /runs/.
+        assert urllib_get_bytes(f"{base}/runs/{full}") == big.read_bytes()
+        for bad in (f"runs/{run_id}/checkpoints/000000030/lora.safetensors", f"runs/{run_id}/samples/../journal/run.json",
+                    "runs/r-other/samples/000000010/00.png"):
+            assert get(f"{base}/runs/{run_id}/image?key={bad}")[0] == 404
+
+
+def urllib_get_bytes(url: str) -> bytes:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        assert resp.status == 200 and resp.headers["content-type"] == "image/png"
+        return resp.read()

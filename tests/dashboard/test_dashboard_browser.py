@@ -63,6 +63,12 @@ def test_a_training_runs_page_updates_in_place(tmp_path):
                 assert len(page["metrics"]) == STEPS
                 assert b.eval("[...document.querySelectorAll('img.sample')].every(i => i.complete && i.naturalWidth > 0)")
                 assert b.eval("window.sameDocument") == "yes"
+                # A click shows the sample at full size, fetched from the dashboard.
+                b.eval("document.querySelector('img.sample').click()")
+                b.wait_for("document.querySelector('#big img').complete && "
+                           "document.querySelector('#big img').naturalWidth > 0", timeout=30)
+                assert "/image?key=" in b.eval("document.querySelector('#big img').src")
+                b.eval("document.getElementById('big').close()")
                 shot = b.screenshot(tmp_path / "run.png")
                 b.open(base + "/")
                 assert b.eval("document.querySelectorAll('img.sample.last').length") == 1
