@@ -28,14 +28,14 @@ def is_loopback(host: str) -> bool:
 
 def check_bind(host: str, token: str | None) -> None:
     """Refuse, before anything listens, a host other than loopback without a token, and a weak token."""
+    if not host.strip():
+        raise UserError("--host must name an address")
     if token is not None and len(token) < MIN_TOKEN_CHARS:
         raise UserError(f"--token must be at least {MIN_TOKEN_CHARS} characters (e.g. python -c "
                         "'import secrets; print(secrets.token_urlsafe())')")
     if not is_loopback(host) and not token:
         raise UserError(f"--host {host} is not loopback: the dashboard listens there only with --token "
                         "(every request must then carry it)")
-    if not host:
-        raise UserError("--host must name an address")
 
 
 def allowed(token: str | None, header: str | None, query: str | None) -> bool:

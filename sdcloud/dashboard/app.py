@@ -154,10 +154,10 @@ def create_app(sources, token: str | None = None):
     def as_html(text: str, specs: list[Any]) -> Response:
         return HTMLResponse(clean(text, specs), headers={"Cache-Control": "no-store"})
 
-    def as_json(value: Any, specs: list[Any]) -> Response:
+    def as_json(value: Any, specs: list[Any], status: int = 200) -> Response:
         import json
 
-        return Response(clean(json.dumps(value, default=str), specs), media_type="application/json",
+        return Response(clean(json.dumps(value, default=str), specs), media_type="application/json", status_code=status,
                         headers={"Cache-Control": "no-store"})
 
     def found(request: Request):
@@ -196,7 +196,7 @@ def create_app(sources, token: str | None = None):
     def run_live(request: Request) -> Response:
         got = found(request)
         if got is None:
-            return as_json({"error": "no such run or batch job"}, [])
+            return as_json({"error": "no such run or batch job"}, [], 404)
         state, run, store = got
         # The version first, from a page without its images; the whole page only when it moved.
         v = version(build(state, run["id"], store=store, with_images=False))
@@ -220,7 +220,7 @@ def create_app(sources, token: str | None = None):
     def api_run(request: Request) -> Response:
         got = found(request)
         if got is None:
-            return as_json({"error": "no such run or batch job"}, [])
+            return as_json({"error": "no such run or batch job"}, [], 404)
         state, run, store = got
         return as_json(build(state, run["id"], store=store), [run["spec"]])
 

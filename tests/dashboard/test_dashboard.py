@@ -38,6 +38,7 @@ def listening(port: int) -> set[str]:
     (["--host", "192.168.1.7"], "--host 192.168.1.7 is not loopback"),
     (["--host", "0.0.0.0", "--token", "short"], "--token must be at least 16 characters"),
     (["--port", "70000"], "--port must be 0 to 65535"),
+    (["--host", " "], "--host must name an address"),
 ])
 def test_refused_before_anything_listens(capsys, args, needle):
     port = free_port()
@@ -101,7 +102,8 @@ def test_the_run_page_and_its_json_are_the_reports(trained_run, capsys):
         status, _, page = get(f"{base}/runs/{run_id}")
         assert status == 200 and page.count('class="sample"') == len(PROMPTS) * len(CHECKPOINTS)
         assert f'data-live="{run_id}/live"' in page
-        assert get(f"{base}/runs/r-nosuch")[0] == 404
+        for path in ("/runs/r-nosuch", "/runs/r-nosuch/live", "/api/runs/r-nosuch"):
+            assert get(base + path)[0] == 404, path
 
 
 def test_live_answers_the_version_alone_until_something_lands(trained_run, tmp_path):
