@@ -224,6 +224,12 @@ class TrainerProcess:
             key = f"{self.cfg.run_prefix}/artifacts/{p.relative_to(base).as_posix()}"
             retry(lambda: self.store.put_file(key, p), log=log.warning, what=f"upload of {key}")
         log.info("uploaded %d artifact files", len(files))
+        if ctx.samples is not None and self.trainer.samples_after_save:  # the last ones, rendered after the last save
+            from . import samples
+
+            found = self.trainer.samples(ctx, None, ctx.steps)
+            retry(lambda: samples.upload(self.store, self.cfg.run_prefix, found, ctx.samples, self.trainer.name),
+                  log=log.warning, what="upload of the last samples")
         logs = self.trainer.log_dir(ctx)
         if logs is not None:  # the trainer's own curves, whole at the end
             from . import metrics

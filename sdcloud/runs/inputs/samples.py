@@ -60,6 +60,9 @@ def check_samples(data: dict) -> None:
     if data.get("sample_prompts") and trainer not in SAMPLING_TRAINERS:
         raise UserError(f"--sample-prompt: the {trainer} trainer is your own program and renders no samples; "
                         f"use {', '.join(SAMPLING_TRAINERS)}")
+    if trainer == "diffusers" and len(data.get("sample_prompts") or ()) > 1:
+        raise UserError("--sample-prompt: the diffusers scripts render one validation prompt; give one "
+                        "(the builtin trainer and kohya take several)")
     args = data.get("trainer_args")
     given = list(args) if isinstance(args, dict) else [str(a).lstrip("-").split("=")[0] for a in args or ()]
     if data.get("sample_prompts") and any(k in given for k in OWN_SAMPLE_FLAGS):
