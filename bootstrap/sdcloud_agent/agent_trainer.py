@@ -213,6 +213,8 @@ class TrainerProcess:
             if found:
                 n = samples.upload(self.store, self.cfg.run_prefix, found, ctx.samples, self.trainer.name)
                 log.info("%d samples of step %d up", n, step)
+                if self.cfg.keep_sampled:  # a user picks a model by its samples: keep it while the run goes
+                    self.worker.sync.keep_also.update(f.step for f in found)
         logs = self.trainer.log_dir(ctx)
         if logs is not None:
             metrics.upload_tree(self.store, logs, f"{self.cfg.run_prefix}/{metrics.TENSORBOARD}/{metrics.THEIRS}")

@@ -93,6 +93,13 @@ def put_wandb_key(store, run_id: str, spec) -> bool:
     return True
 
 
+def keep_sampled() -> bool:
+    """config.toml [retention] keep_sampled (default true): a checkpoint with samples is kept while the run
+    goes, beside the newest ones, so that `pull --step N` can fetch the step a sample shows."""
+    raw = (config.settings().get("retention") or {}).get("keep_sampled", True)
+    return raw if isinstance(raw, bool) else str(raw).lower() in ("true", "1", "yes")
+
+
 def agent_samples(spec) -> dict | None:
     """The host's sample settings (sdcloud_agent/samples.py SampleSettings.from_dict), or None."""
     if not spec.sample_prompts:
