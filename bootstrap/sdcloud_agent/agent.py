@@ -256,6 +256,10 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath, NodeGroup
                 ctx.env["WANDB_API_KEY"] = self.store.get(key).decode().strip()
         if self.leads:  # the samples and the trainer's logs go up with each checkpoint, before its manifest
             self.worker.sync.before_manifest = lambda step, folder: self._checkpoint_extras(ctx, step, folder)
+            if cfg.keep_sampled and ctx.samples is not None:  # an earlier attempt's sampled checkpoints too
+                from .samples import sampled_steps
+
+                self.worker.sync.keep_also.update(sampled_steps(self.store, cfg.run_prefix))
         self.worker.sync.seed()
         # The checkpoint downloads while the model, the trainer's sources and the dataset are
         # staged: they are independent, and a resumed attempt's start-up is then the longest of

@@ -213,6 +213,8 @@ class TrainerProcess:
             if found:
                 n = samples.upload(self.store, self.cfg.run_prefix, found, ctx.samples, self.trainer.name)
                 log.info("%d samples of step %d up", n, step)
+                if self.cfg.keep_sampled:  # a user picks a model by its samples: keep it while the run goes
+                    self.worker.sync.keep_also.update(f.step for f in found)
         logs = self.trainer.log_dir(ctx)
         if logs is not None:
             metrics.upload_tree(self.store, logs, f"{self.cfg.run_prefix}/{metrics.TENSORBOARD}/{metrics.THEIRS}")
@@ -224,6 +226,12 @@ class TrainerProcess:
             key = f"{self.cfg.run_prefix}/artifacts/{p.relative_to(base).as_posix()}"
             retry(lambda: self.store.put_file(key, p), log=log.warning, what=f"upload of {key}")
         log.info("uploaded %d artifact files", len(files))
+        if ctx.samples is not None and self.trainer.samples_after_save:  # the last ones, rendered after the last save
+            from . import samples
+
+            found = self.trainer.samples(ctx, None, ctx.steps)
+            retry(lambda: samples.upload(self.store, self.cfg.run_prefix, found, ctx.samples, self.trainer.name),
+                  log=log.warning, what="upload of the last samples")
         logs = self.trainer.log_dir(ctx)
         if logs is not None:  # the trainer's own curves, whole at the end
             from . import metrics

@@ -71,6 +71,7 @@ class AgentConfig:
     # Sample images at the checkpoints (samples.py SampleSettings: prompts, every, seed, sampler, steps);
     # empty: none. The curves go to the run's metrics stream every `metrics_seconds` (metrics.py).
     samples: dict = field(default_factory=dict)
+    keep_sampled: bool = True  # a checkpoint with samples outlives the newest-`keep_checkpoints` rule (sync.py)
     metrics_seconds: float = 5.0
     # The trainer's own logging besides TensorBoard: "wandb" (its key in the environment, never here).
     report_to: str | None = None

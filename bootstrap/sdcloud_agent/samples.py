@@ -93,6 +93,16 @@ def parse_key(key: str) -> tuple[int, int, str] | None:
     return (int(m.group(1)), int(m.group(2)), m.group(3)) if m else None
 
 
+def sampled_steps(store, run_prefix: str) -> set[int]:
+    """The steps that have samples in the store."""
+    out = set()
+    for info in store.list(f"{run_prefix}/{SAMPLES}/"):
+        parsed = parse_key(info.key)
+        if parsed is not None and parsed[2] == "png":
+            out.add(parsed[0])
+    return out
+
+
 def record(found: Found, settings: SampleSettings, trainer: str) -> dict:
     """The JSON beside an image: what the image is (never a secret: prompts and numbers only)."""
     meta = {"format": FORMAT, "step": found.step, "index": found.index,

@@ -65,6 +65,8 @@ class CheckpointSync:
         # What goes up with a checkpoint before its manifest (the agent's samples, samples.py): called
         # with (step, folder) once the files are durable; a checkpoint that lands has them.
         self.before_manifest: Callable[[int, Path], None] | None = None
+        # Steps kept beside the newest `keep` (the checkpoints whose samples a user may pick a model by).
+        self.keep_also: set[int] = set()
 
     def seed(self) -> None:
         """Learn what the bucket already holds (after a restart)."""
@@ -204,7 +206,7 @@ class CheckpointSync:
         complete = mf.complete_steps(self.store, self.run_prefix)
         if not complete:
             return
-        keep = set(complete[-self.keep:])
+        keep = set(complete[-self.keep:]) | self.keep_also
         newest = complete[-1]
         failed: list[str] = []
         for step in sorted(steps):

@@ -185,3 +185,31 @@ def test_kohyas_newest_image_of_a_step_is_taken(tmp_path):
     got = layout.kohya_samples(tmp_path, 28, local_step=10)
     assert [(f.step, f.index, f.path.name) for f in got] == [
         (28, 0, "sdcloud_000010_00_20261207111111_7.png"), (28, 1, "sdcloud_000010_01_20261207101010_8.png")]
+
+
+def test_a_checkpoint_with_samples_outlives_the_newest_k_rule(store, tmp_path):
+    settings = layout.SampleSettings(prompts=("a red cube",))
+    sync = CheckpointSync(store, "runs/r1", keep=1, base_delay=0.01)
+    for step in (10, 20, 30, 40):
+        folder = tmp_path / f"step-{step:09d}"
+        folder.mkdir()
+        (folder / "lora.safetensors").write_bytes(bytes([step]) * 64)
+        if step == 20:
+            write_png(folder / "sample-00.png", (1, 2, 3))
+            found = layout.builtin_samples(folder, step)
+            layout.upload(store, "runs/r1", found, settings, "builtin")
+            sync.keep_also.update(layout.sampled_steps(store, "runs/r1"))
+        sync.upload(folder, step)
+    assert mf.complete_steps(store, "runs/r1") == [20, 40]
+    assert [s.step for s in list_samples(store, "r1")] == [20]
+
+
+def test_retention_keep_sampled_reaches_the_host(sdcloud_home):
+    from sdcloud.runs.driving.agent_config import agent_config
+    from sdcloud.runs.inputs.spec import build_spec
+
+    sdcloud_home.mkdir(parents=True, exist_ok=True)
+    plan = build_spec(None, {"tier": "sd15-lora", "provider": "local", "steps": 30, "sample_prompts": ["x"]})
+    assert agent_config(plan, "r-1", 1, 30, {"url": "file:///b"})["keep_sampled"] is True
+    (sdcloud_home / "config.toml").write_text("[retention]\nkeep_sampled = false\n")
+    assert agent_config(plan, "r-1", 1, 30, {"url": "file:///b"})["keep_sampled"] is False

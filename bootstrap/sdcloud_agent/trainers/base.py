@@ -123,6 +123,7 @@ class Trainer:
     saves_on_sigterm = False  # does SIGTERM make it save before exiting?
     signal_group = True  # signal the whole process group (accelerate launch does not forward signals)
     has_marker = False  # is_complete() checks a file the trainer writes last (so a killed save shows)
+    samples_after_save = False  # renders its samples after the checkpoint they belong to (diffusers)
 
     def __init__(self) -> None:
         self.announced: dict[int, Path] = {}  # checkpoints the trainer told us about (protocol lines)
@@ -232,7 +233,7 @@ class Trainer:
             pass
 
     # -- samples and logs -------------------------------------------------------------------
-    def samples(self, ctx: Context, folder: Path, step: int) -> list:
+    def samples(self, ctx: Context, folder: Path | None, step: int) -> list:
         """The sample images this trainer rendered at the run's `step` (sdcloud_agent/samples.py's
         Found); `folder` is the checkpoint's folder as it goes up."""
         return []

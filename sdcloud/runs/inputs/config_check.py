@@ -137,6 +137,8 @@ KEYS: dict[str, dict[str, Check]] = {
     "huggingface": {"token": _secret_text},
     # the W&B key of `up --report-to wandb` (runs/inputs/samples.py); WANDB_API_KEY in the environment goes over it
     "wandb": {"key": _secret_text},
+    # whether checkpoints with samples outlive the newest-3 rule while the run goes (runs/inputs/samples.py)
+    "retention": {"keep_sampled": _boolean},
 }
 
 

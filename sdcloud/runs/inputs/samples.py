@@ -60,6 +60,9 @@ def check_samples(data: dict) -> None:
     if data.get("sample_prompts") and trainer not in SAMPLING_TRAINERS:
         raise UserError(f"--sample-prompt: the {trainer} trainer is your own program and renders no samples; "
                         f"use {', '.join(SAMPLING_TRAINERS)}")
+    if trainer == "diffusers" and len(data.get("sample_prompts") or ()) > 1:
+        raise UserError("--sample-prompt: the diffusers scripts render one validation prompt; give one "
+                        "(the builtin trainer and kohya take several)")
     args = data.get("trainer_args")
     given = list(args) if isinstance(args, dict) else [str(a).lstrip("-").split("=")[0] for a in args or ()]
     if data.get("sample_prompts") and any(k in given for k in OWN_SAMPLE_FLAGS):
@@ -88,6 +91,13 @@ def put_wandb_key(store, run_id: str, spec) -> bool:
         return False
     store.put(f"runs/{run_id}/{WANDB_SECRET}", key.encode())
     return True
+
+
+def keep_sampled() -> bool:
+    """config.toml [retention] keep_sampled (default true): a checkpoint with samples is kept while the run
+    goes, beside the newest ones, so that `pull --step N` can fetch the step a sample shows."""
+    raw = (config.settings().get("retention") or {}).get("keep_sampled", True)
+    return raw if isinstance(raw, bool) else str(raw).lower() in ("true", "1", "yes")
 
 
 def agent_samples(spec) -> dict | None:
