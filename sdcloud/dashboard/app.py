@@ -79,7 +79,8 @@ def job_rows(sources, store_for=None) -> list[dict]:
         rows.append({"run": run["id"], "name": run.get("name"), "kind": str(RunKind.of(run.get("spec"))),
                      "tier": run["tier"], "state": run["state"], "step": run["step"] or 0,
                      "total_steps": run["total_steps"], "cost_usd": cost, "created": run["created"],
-                     "from": "home" if store is None else "bucket", "last_sample": _last_sample(state, run, store_for(run, store) if store_for else store)})
+                     "from": "home" if store is None else "bucket",
+                     "last_sample": _last_sample(state, run, store_for(run, store) if store_for else store)})
     return rows
 
 

@@ -34,7 +34,8 @@ def series_chart(points: list[tuple[float, float]], events: list[dict], ylabel: 
                  smooth: list[tuple[float, float]] | None = None, gid: str = "points",
                  span: float | None = None) -> str:
     """points: (minutes since the run started, value), one marker each; smooth: a line without markers
-    (the smoothed loss); gid: the id of the points' group; span: the x axis' end (minutes); events: {"minutes", "group"} drawn as vertical lines."""
+    (the smoothed loss); gid: the id of the points' group; span: the x axis' end (minutes);
+    events: {"minutes", "group"} drawn as vertical lines."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -25,15 +25,18 @@ dialog{padding:.5rem;border:1px solid #889}dialog img{max-width:90vw;max-height:
 """
 
 # Click a sample to enlarge it: one <dialog>, delegated so replaced sections keep working.
-ENLARGE_JS = """document.addEventListener('click',function(e){var t=e.target;if(!t.classList||!t.classList.contains('sample'))return;
-var d=document.getElementById('big');d.querySelector('img').src=t.dataset.full||t.src;d.querySelector('p').textContent=t.alt;d.showModal();});
-document.addEventListener('click',function(e){if(e.target.id==='big'||e.target.closest('#big img'))document.getElementById('big').close();});"""
+ENLARGE_JS = """document.addEventListener('click',function(e){var t=e.target;
+if(!t.classList||!t.classList.contains('sample'))return;var d=document.getElementById('big');
+d.querySelector('img').src=t.dataset.full||t.src;d.querySelector('p').textContent=t.alt;d.showModal();});
+document.addEventListener('click',function(e){
+if(e.target.id==='big'||e.target.closest('#big img'))document.getElementById('big').close();});"""
 
 # The dashboard's refresh: ask for the sections when the page's version moved, replace them in place.
 LIVE_JS = """(function(){var b=document.body,u=b.dataset.live;if(!u)return;var n=0;
 function tick(){fetch(u+(u.indexOf('?')<0?'?':'&')+'since='+encodeURIComponent(b.dataset.version),{cache:'no-store'})
 .then(function(r){return r.ok?r.json():null}).then(function(j){if(j&&j.sections){for(var id in j.sections){
-var el=document.getElementById(id);if(el)el.innerHTML=j.sections[id];}b.dataset.version=j.version;b.dataset.updates=String(++n);}})
+var el=document.getElementById(id);if(el)el.innerHTML=j.sections[id];}
+b.dataset.version=j.version;b.dataset.updates=String(++n);}})
 .catch(function(){}).then(function(){setTimeout(tick,INTERVAL)});}setTimeout(tick,INTERVAL);})();"""
 
 e = html.escape
@@ -169,7 +172,8 @@ def _cost_points(page: dict) -> list[tuple[float, float]]:
 
 def attempts_html(page: dict) -> str:
     parts = ["<h2>Attempts</h2><table><tr><th>#</th><th class=\"l\">zone</th><th class=\"l\">type</th>"
-             "<th class=\"l\">market</th><th class=\"l\">started</th><th>hours</th><th>cost $</th><th class=\"l\">ended by</th></tr>"]
+             "<th class=\"l\">market</th><th class=\"l\">started</th><th>hours</th><th>cost $</th>"
+             "<th class=\"l\">ended by</th></tr>"]
     for a in page["attempts"]:
         parts.append(f'<tr data-attempt="{a["n"]}"><td>{a["n"]}</td><td class="l">{e(str(a["zone"]))}</td>'
                      f'<td class="l">{e(str(a["instance_type"]))}</td><td class="l">{e(str(a["market"]))}</td>'

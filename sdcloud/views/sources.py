@@ -82,7 +82,8 @@ FIELDS = {"t": ("t", "time", "ts", "at"), "step": ("step",), "loss": ("loss", "l
           "loss_smooth": ("loss_smooth", "loss_smoothed", "smoothed_loss"), "lr": ("lr", "learning_rate"),
           "steps_per_s": ("steps_per_s", "it_per_s", "steps_s"), "data_wait_s": ("data_wait_s", "data_wait"),
           "gpu_util": ("gpu_util", "gpu_util_pct", "gpu_utilization"), "mem_used": ("mem_used", "mem_used_mib", "memory_used"),
-          "temp": ("temp", "temp_c", "temperature"), "power": ("power", "power_w"), "throttling": ("throttling",), "attempt": ("attempt",),
+          "temp": ("temp", "temp_c", "temperature"), "power": ("power", "power_w"),
+          "throttling": ("throttling",), "attempt": ("attempt",),
           "cost_usd": ("cost_usd", "cost")}
 
 
