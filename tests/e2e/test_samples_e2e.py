@@ -85,6 +85,13 @@ def test_a_sample_costs_its_gpu_seconds(run):
     assert sampling_seconds(run["store"], run["id"]) == pytest.approx(sum(s.gpu_s for s in got), abs=1e-3)
 
 
+def test_the_cost_report_counts_the_samples_as_sampling_not_training(run):
+    proc = sdcloud(run["home"], "cost", "report", run["id"], "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    (r,) = json.loads(proc.stdout)["runs"]
+    assert r["losses"]["minutes"]["sampling"] > 0 and r["losses"]["usd"]["sampling"] >= 0
+
+
 def test_the_metrics_hold_thirty_loss_points_over_both_attempts(run):
     from sdcloud.runs.records.metrics import read_metrics
 
