@@ -34,6 +34,8 @@ def pull(run: str, dest: str | None, force: bool, as_json: bool, step: int | Non
     if run_kind(found) is RunKind.BATCH:  # one command for both kinds: a batch job's pull is its images
         from ..batch import jobs
 
+        if step is not None or list_only:
+            raise UserError(f"{found['id']} is a batch job: --step and --list pick a training run's checkpoint")
         res = jobs.pull(found["id"], dest, force=force)
         if as_json:
             emit_json(res)

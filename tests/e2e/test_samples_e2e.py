@@ -21,8 +21,8 @@ HF_SECRET = "hf_" + "Q" * 30 + "samples"
 WANDB_SECRET = "wandb0" + "7" * 34
 
 
-def sdcloud(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SDCLOUD_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_TOKEN": HF_SECRET}
+def sdcloud(home: Path, *args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SDCLOUD_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_TOKEN": HF_SECRET, **(env or {})}
     return subprocess.run([sys.executable, "-m", "sdcloud.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
@@ -83,6 +83,13 @@ def test_a_sample_costs_its_gpu_seconds(run):
     got = list_samples(run["store"], run["id"])
     assert all(s.gpu_s > 0 for s in got)
     assert sampling_seconds(run["store"], run["id"]) == pytest.approx(sum(s.gpu_s for s in got), abs=1e-3)
+
+
+def test_the_cost_report_counts_the_samples_as_sampling_not_training(run):
+    proc = sdcloud(run["home"], "cost", "report", run["id"], "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    (r,) = json.loads(proc.stdout)["runs"]
+    assert r["losses"]["minutes"]["sampling"] > 0 and r["losses"]["usd"]["sampling"] >= 0
 
 
 def test_the_metrics_hold_thirty_loss_points_over_both_attempts(run):
@@ -178,3 +185,36 @@ def test_no_secret_in_any_metrics_sample_or_tensorboard_object(run):
         assert HF_SECRET.encode() not in data and WANDB_SECRET.encode() not in data, key
     logs = b"".join(p.read_bytes() for p in (run["home"] / "local").rglob("*.log"))
     assert HF_SECRET.encode() not in logs and WANDB_SECRET.encode() not in logs
+
+
+def test_the_same_through_up_with_kohya_on_the_fake_sd_scripts(tmp_path):
+    """`up --trainer kohya` with the fake network trainer (its launcher in place of accelerate's), reclaimed:
+    kohya's images are the run's samples, its per-step LoRA the model `pull --step` gives."""
+    from PIL import Image
+
+    from sdcloud.runs.records.metrics import read_metrics
+    from tests.support import SUPPORT
+    from tests.support.fake_kohya import load_tensors
+
+    home, photos = tmp_path / "home", tmp_path / "photos"
+    photos.mkdir()
+    for i in range(10):  # batch 1: an epoch is the checkpoint interval
+        Image.new("RGB", (40, 32), (20 * i, 30, 200)).save(photos / f"{i}.png")
+    proc = sdcloud(home, "up", "--provider", "local", "--tier", "sd15-lora", "--trainer", "kohya",
+                   "--dataset", str(photos), "--trainer-arg", f"launcher={sys.executable} {SUPPORT / 'fake_kohya.py'}",
+                   "--trainer-arg", "script=train_network.py", "--trainer-arg", "network_module=networks.lora",
+                   "--trainer-arg", "train_batch_size=1", "--steps", "30", "--checkpoint-every", "10",
+                   "--sample-prompt", PROMPTS[0], "--sample-prompt", PROMPTS[1], "--simulate-preemption", "2",
+                   "--yes", "--json", env={"FAKE_STEP_SECONDS": "0.2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_id = json.loads(proc.stdout)["run"]
+    got = json.loads(sdcloud(home, "samples", run_id, "--json").stdout)["samples"]
+    assert sorted((s["step"], s["index"]) for s in got) == [(st, i) for st in (10, 20, 30) for i in (0, 1)]
+    assert {s["trainer"] for s in got} == {"kohya"}
+    store = open_store({"url": (home / "bucket").as_uri()})
+    assert [p.step for p in read_metrics(store, run_id)] == list(range(1, 31))
+    assert sdcloud(home, "pull", run_id, str(tmp_path / "mid"), "--step", "20").returncode == 0
+    assert sdcloud(home, "pull", run_id, str(tmp_path / "final")).returncode == 0
+    mid = load_tensors(tmp_path / "mid" / "sdcloud-step00000020.safetensors")
+    final = load_tensors(tmp_path / "final" / "sdcloud.safetensors")
+    assert mid.keys() == final.keys() and mid != final

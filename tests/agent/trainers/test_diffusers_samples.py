@@ -108,3 +108,14 @@ def test_the_scripts_get_one_validation_prompt_its_seed_and_an_interval_in_epoch
     ctx.report_to = "wandb"
     cmd = DiffusersTrainer().command(ctx)
     assert cmd[cmd.index("--report_to") + 1] == "all"
+
+
+def test_tensorboard_reads_a_loss_scalar_of_thirty_steps_from_the_pulled_curves(diffusers_run, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sdcloud.runs.records.artifacts import pull_curves
+
+    assert pull_curves(diffusers_run["store"], "e2e", tmp_path)
+    acc = EventAccumulator(str(tmp_path / "tensorboard" / "sdcloud"))
+    acc.Reload()
+    assert sorted({e.step for e in acc.Scalars("loss")}) == list(range(1, 31))

@@ -133,3 +133,14 @@ def test_kohyas_command_carries_the_samples_and_its_logging(tmp_path):
     assert "--sample_prompts" not in cmd and cmd[cmd.index("--log_with") + 1] == "wandb"
     assert "--logging_dir" not in cmd
     assert json.dumps(cmd)  # a plain argv
+
+
+def test_tensorboard_reads_a_loss_scalar_of_thirty_steps_from_the_pulled_curves(kohya_run, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sdcloud.runs.records.artifacts import pull_curves
+
+    assert pull_curves(kohya_run["store"], "e2e", tmp_path)
+    acc = EventAccumulator(str(tmp_path / "tensorboard" / "sdcloud"))
+    acc.Reload()
+    assert sorted({e.step for e in acc.Scalars("loss")}) == list(range(1, 31))

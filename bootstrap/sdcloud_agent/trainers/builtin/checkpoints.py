@@ -127,7 +127,9 @@ class CheckpointIO:
             for i, s in enumerate(torch.cuda.get_rng_state_all()):
                 rng[f"cuda_{i}"] = s
         save_file(rng, str(tmp / "rng.safetensors"))
+        sample_t0 = time.monotonic()
         self._validation_images(tmp)
+        sample_s = time.monotonic() - sample_t0  # the samples' GPU seconds: sampling, not saving (the cost report)
         if self.args.mode == "lora":  # the model at this step as the final one is: `sdcloud pull --step N`
             self.write_output(tmp / EXPORT)
         pause = float(os.environ.get(SAVE_PAUSE_ENV) or 0)
@@ -150,7 +152,7 @@ class CheckpointIO:
             os.rename(tmp, final)
         _fsync_path(root)
         emit("CHECKPOINT", {"step": step, "path": str(final.resolve()),
-                            "save_s": round(time.monotonic() - save_t0, 3)})
+                            "save_s": round(time.monotonic() - save_t0 - sample_s, 3), "sample_s": round(sample_s, 3)})
         self._prune()
         return final
 
