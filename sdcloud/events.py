@@ -219,7 +219,7 @@ FIELDS: dict[Kind, Fields] = {
     Kind.STORE_REACHABLE: Fields((), ("after_s",)),
     Kind.PRUNE_FAILED: Fields(("attempt", "error")),
     Kind.HEALTH: Fields(("attempt",), ("verdict", "why", "gpu_util", "data_wait_pct", "throttle_pct", "trainer_exit",
-                                     "save_seconds", "data_wait_seconds")),
+                                     "save_seconds", "data_wait_seconds", "sample_seconds")),
     Kind.OOM_RETRY: Fields(("attempt",), ("n", "rung", "change", "peak_gb", "resume_step", "lost_s")),
     Kind.OUT_OF_MEMORY: Fields(("attempt",), ("offer", "vram_mib", "rungs", "next")),
     Kind.HEALTH_ACTION: Fields(("attempt", "n", "cause", "changes"), ("why_not", "before", "step", "resume_step")),

@@ -19,6 +19,8 @@ RANKS = {
     "runs": 4, "batch": 4, "costs": 4, "infra": 4,
     # the cloud driver's entry takes both runs' and batch jobs' steps; the user's verbs call the runs
     "driver": 5, "verbs": 5,
+    # what a job made, shown: the run page over runs, batch and costs; the dashboard serves it
+    "views": 5, "dashboard": 5,
     "commands": 6, "cli": 6,
 }
 # No folder of sdcloud/ holds more modules than this side by side: past it, a folder is split into rooms.

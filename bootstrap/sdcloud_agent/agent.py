@@ -31,6 +31,7 @@ from . import selfend
 from .config import AgentConfig
 from .status import StatusReporter
 from .store import Cancelled, StoreError, attempt_cause, describe_failure, open_store
+from .metrics import MetricsStream
 from .sync import CheckpointSync, SyncWorker
 from .trainers.base import Context
 from .agent_nodes import NodeGroup
@@ -71,6 +72,7 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath, NodeGroup
         self.oom = oomlib.Detector()  # CUDA out-of-memory in the trainer's output (oom.py)
         self.healer: oomlib.Healer | None = None
         self.health = healthlib.Monitor()  # samples and verdicts for status.json `health` (health.py)
+        self.metrics: MetricsStream | None = None  # the run's curves in its store (rank 0; metrics.py)
 
     # -- setup ------------------------------------------------------------------------------
     def _setup_logging(self) -> None:
@@ -165,6 +167,9 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath, NodeGroup
                                      extra=self._gauges)
         self.status.flush()
         self.status.start(cfg.heartbeat_seconds)
+        if self.leads:  # one stream a run: the group's other hosts train the same steps
+            self.metrics = MetricsStream(self.store, cfg.run_prefix, cfg.attempt, interval=cfg.metrics_seconds,
+                                         gpu=self.health.latest).start()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         watcher = make_watcher(cfg.metadata)
@@ -198,6 +203,8 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath, NodeGroup
             asked.stop()
             self.worker.close()
             self.health.stop()
+            if self.metrics is not None:
+                self.metrics.close()  # the interval in flight, before the status says the attempt ended
             self.status.stop()
             self.status.flush()
             self.lease.release()
@@ -252,6 +259,21 @@ class Agent(StagingPhases, TrainerProcess, HealthActions, ReclaimPath, NodeGroup
                       checkpoint_dir=self.workdir / "checkpoints", output_dir=self.workdir / "output",
                       gpus=getattr(self, "gpu_count", 0))
         ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.samples.get("prompts"):
+            from .samples import SampleSettings
+
+            ctx.samples = SampleSettings.from_dict(cfg.samples)
+        ctx.report_to = cfg.report_to
+        if cfg.report_to == "wandb":  # the key reaches the trainer's environment only (never a log or a file)
+            key = f"{cfg.run_prefix}/secrets/wandb-key"
+            if self.store.head(key) is not None:
+                ctx.env["WANDB_API_KEY"] = self.store.get(key).decode().strip()
+        if self.leads:  # the samples and the trainer's logs go up with each checkpoint, before its manifest
+            self.worker.sync.before_manifest = lambda step, folder: self._checkpoint_extras(ctx, step, folder)
+            if cfg.keep_sampled and ctx.samples is not None:  # an earlier attempt's sampled checkpoints too
+                from .samples import sampled_steps
+
+                self.worker.sync.keep_also.update(sampled_steps(self.store, cfg.run_prefix))
         self.worker.sync.seed()
         self._carry_moved()
         # The checkpoint downloads while the model, the trainer's sources and the dataset are

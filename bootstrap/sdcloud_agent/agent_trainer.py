@@ -84,6 +84,8 @@ class TrainerProcess:
         prog = self.trainer.parse_line(line)
         self.health.feed_line(line, prog)
         if prog:
+            if self.metrics is not None:
+                self.metrics.feed_line(line, prog)
             self.status.update(**prog)
             if prog.get("step") and getattr(self, "_startup_s", 0) is None:
                 self._startup_s = time.monotonic() - self._trainer_t0
@@ -100,7 +102,7 @@ class TrainerProcess:
     def _submit_finished(self, ctx: Context, exited: bool = False, killed: bool = False) -> None:
         for c in self.trainer.finished(ctx, trainer_exited=exited, killed=killed):
             if c.step > self.worker.durable_step and c.path.resolve() != (ctx.resume.resolve() if ctx.resume else None):
-                self.worker.submit(c.step, self._snapshot(c.step, c.path))
+                self.worker.submit(c.step, self._snapshot(c.step, c.path, self.trainer.export_files(ctx, c.step, c.path)))
         # Snapshots of durable (or superseded) checkpoints only hold disk space now.
         durable = self.worker.durable_step
         for step, snap in list(self._snaps.items()):
@@ -108,9 +110,11 @@ class TrainerProcess:
                 shutil.rmtree(snap, ignore_errors=True)
                 del self._snaps[step]
 
-    def _snapshot(self, step: int, path: Path) -> Path:
+    def _snapshot(self, step: int, path: Path, export: list[Path] = ()) -> Path:
         """Hard-link a finished checkpoint into a folder the trainer never touches, so that its
-        clean-up of old checkpoints cannot pull files from under an upload."""
+        clean-up of old checkpoints cannot pull files from under an upload. `export`: the model at this
+        step that the trainer keeps beside the checkpoint (kohya's per-step LoRA file), linked into its
+        export/ folder, where `sdcloud pull --step N` finds it."""
         snap = self.workdir / "snapshots" / path.name
         if snap.exists():
             return snap
@@ -119,6 +123,9 @@ class TrainerProcess:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             shutil.copytree(path, tmp, copy_function=_link_or_copy)
+            for f in export:
+                (tmp / "export").mkdir(exist_ok=True)
+                _link_or_copy(str(f), str(tmp / "export" / f.name))
             os.replace(tmp, snap)
         except OSError as exc:
             log.warning("cannot snapshot %s (%s); uploading in place", path, exc)
@@ -196,6 +203,22 @@ class TrainerProcess:
                 os.replace(c.path, aside / c.path.name)
         return dest
 
+    def _checkpoint_extras(self, ctx: Context, step: int, folder: Path) -> None:
+        """What goes up with checkpoint `step` before its manifest: the samples the trainer rendered
+        for it (samples/<step>/NN.png and .json) and the trainer's own TensorBoard logs so far."""
+        from . import metrics, samples
+
+        if ctx.samples is not None:
+            found = self.trainer.samples(ctx, folder, step)
+            if found:
+                n = samples.upload(self.store, self.cfg.run_prefix, found, ctx.samples, self.trainer.name)
+                log.info("%d samples of step %d up", n, step)
+                if self.cfg.keep_sampled:  # a user picks a model by its samples: keep it while the run goes
+                    self.worker.sync.keep_also.update(f.step for f in found)
+        logs = self.trainer.log_dir(ctx)
+        if logs is not None:
+            metrics.upload_tree(self.store, logs, f"{self.cfg.run_prefix}/{metrics.TENSORBOARD}/{metrics.THEIRS}")
+
     def _upload_artifacts(self, ctx: Context) -> int:
         files = self.trainer.artifacts(ctx)
         base = ctx.checkpoint_dir if self.cfg.trainer in ("diffusers", "kohya") else ctx.output_dir
@@ -203,6 +226,18 @@ class TrainerProcess:
             key = f"{self.cfg.run_prefix}/artifacts/{p.relative_to(base).as_posix()}"
             retry(lambda: self.store.put_file(key, p), log=log.warning, what=f"upload of {key}")
         log.info("uploaded %d artifact files", len(files))
+        if ctx.samples is not None and self.trainer.samples_after_save:  # the last ones, rendered after the last save
+            from . import samples
+
+            found = self.trainer.samples(ctx, None, ctx.steps)
+            retry(lambda: samples.upload(self.store, self.cfg.run_prefix, found, ctx.samples, self.trainer.name),
+                  log=log.warning, what="upload of the last samples")
+        logs = self.trainer.log_dir(ctx)
+        if logs is not None:  # the trainer's own curves, whole at the end
+            from . import metrics
+
+            retry(lambda: metrics.upload_tree(self.store, logs, f"{self.cfg.run_prefix}/{metrics.TENSORBOARD}/{metrics.THEIRS}"),
+                  log=log.warning, what="upload of the trainer's logs")
         return len(files)
 
 

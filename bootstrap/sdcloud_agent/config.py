@@ -72,6 +72,13 @@ class AgentConfig:
     rendezvous_port: int = 29500
     rendezvous_addr: str = ""
     rendezvous_timeout_s: float = 900.0
+    # Sample images at the checkpoints (samples.py SampleSettings: prompts, every, seed, sampler, steps);
+    # empty: none. The curves go to the run's metrics stream every `metrics_seconds` (metrics.py).
+    samples: dict = field(default_factory=dict)
+    keep_sampled: bool = True  # a checkpoint with samples outlives the newest-`keep_checkpoints` rule (sync.py)
+    metrics_seconds: float = 5.0
+    # The trainer's own logging besides TensorBoard: "wandb" (its key in the environment, never here).
+    report_to: str | None = None
 
     @property
     def run_prefix(self) -> str:

@@ -300,6 +300,7 @@ class Monitor:
         # The attempt's seconds in saves and in waiting for data, over every start of its trainer
         # (reset() keeps them): what the run lost to each, as measured, for the cost report.
         self.save_seconds = 0.0
+        self.sample_seconds = 0.0  # rendering the samples at the checkpoints (the builtin trainer says it)
         self.data_wait_seconds: float | None = None  # None: the trainer never said its data wait
         self.started: float | None = None  # the first step: save share counts from there
         self.peak_mem_gb: float | None = None
@@ -335,6 +336,7 @@ class Monitor:
                 with self._lock:
                     self.save_s += float(doc["save_s"])
                     self.save_seconds += float(doc["save_s"])
+                    self.sample_seconds += float(doc.get("sample_s") or 0.0)
                     self.saves += 1
             return
         if prog and prog.get("it_per_s"):
@@ -391,6 +393,11 @@ class Monitor:
         self.samples += 1
         self.cost_s += time.perf_counter() - t0
 
+    def latest(self) -> GpuSample | None:
+        """The newest GPU sample (the metrics stream's gauges), or None."""
+        with self._lock:
+            return self.gpu[-1] if self.gpu else None
+
     def verdict(self) -> Verdict:
         with self._lock:
             gpu, steps = list(self.gpu), list(self.steps)[-WINDOW * 10:]
@@ -406,6 +413,7 @@ class Monitor:
             out.update(verdict=None, last_verdict=out["verdict"], why=f"the trainer exited with code {self.exit_code}")
         out.update(samples=self.samples, sampler_ms=round(1000 * self.cost_s / self.samples, 1) if self.samples else None,
                    saves=self.saves, peak_mem_gb=self.peak_mem_gb, save_seconds=round(self.save_seconds, 3),
+                   sample_seconds=round(self.sample_seconds, 3),
                    data_wait_seconds=None if self.data_wait_seconds is None else round(self.data_wait_seconds, 3))
         return out
 

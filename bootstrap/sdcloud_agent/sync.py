@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from . import manifest as mf
 from .store import MiB, Cancelled, ObjectStore, StoreError, retry, sha256_file
@@ -61,6 +62,11 @@ class CheckpointSync:
         self._hashes: dict[tuple[int, int, int, int], str] = {}
         # Files up to this size are hashed before they are sent, to skip or copy unchanged ones.
         self.hash_first_below = hash_first_below
+        # What goes up with a checkpoint before its manifest (the agent's samples, samples.py): called
+        # with (step, folder) once the files are durable; a checkpoint that lands has them.
+        self.before_manifest: Callable[[int, Path], None] | None = None
+        # Steps kept beside the newest `keep` (the checkpoints whose samples a user may pick a model by).
+        self.keep_also: set[int] = set()
 
     def seed(self) -> None:
         """Learn what the bucket already holds (after a restart)."""
@@ -163,6 +169,15 @@ class CheckpointSync:
                 fut.result()
         if cancel is not None and cancel.is_set():
             raise Cancelled(base)
+        if self.before_manifest is not None:
+            hook = self.before_manifest
+            try:
+                retry(lambda: hook(step, folder), attempts=self.attempts, base_delay=self.base_delay,
+                      log=log.warning, what=f"samples of step {step}", stop=cancel)
+            except Cancelled:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the checkpoint matters more than its pictures
+                log.warning("the samples of step %d did not go up: %s", step, exc)
         m = mf.Manifest(step=step, name=folder.name, **self.fields,
                         files=[mf.FileEntry(rel, size, digests[rel], blocks.get(rel) or self._blocks.get(digests[rel]))
                                for rel, _, size in sorted(files)])
@@ -191,7 +206,7 @@ class CheckpointSync:
         complete = mf.complete_steps(self.store, self.run_prefix)
         if not complete:
             return
-        keep = set(complete[-self.keep:])
+        keep = set(complete[-self.keep:]) | self.keep_also
         newest = complete[-1]
         failed: list[str] = []
         for step in sorted(steps):

@@ -22,7 +22,7 @@ BASE_VERSION = "0.1.0"
 REQUIRES_PYTHON = ">=3.10"
 DEPENDENCIES = ["boto3>=1.34"]
 EXTRAS = {"train": ["torch>=2.1", "diffusers>=0.30", "transformers>=4.40", "peft>=0.11", "accelerate>=0.30",
-                    "safetensors>=0.4"],
+                    "safetensors>=0.4", "tensorboardX>=2.6"],
           "cuda": ["bitsandbytes>=0.43"],
           # The CRT transfer engine for checkpoints (transfer.py); without it the agent uses s3transfer.
           "crt": ["awscrt>=0.27"]}

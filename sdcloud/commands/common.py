@@ -78,6 +78,20 @@ def market_options(f):
     return f
 
 
+def sample_options(f):
+    """`up`'s samples and tracker: --sample-prompt (repeatable), --sample-every, --sample-seed, --report-to."""
+    for opt in reversed([
+        click.option("--sample-prompt", "sample_prompt", multiple=True, metavar="PROMPT",
+                     help="Render this prompt at the checkpoints (repeatable; fixed seeds): sdcloud samples RUN."),
+        click.option("--sample-every", metavar="N", help="Samples at the checkpoints whose step is a multiple of N "
+                     "(default: every checkpoint)."),
+        click.option("--sample-seed", metavar="SEED", help="The first sample prompt's seed; prompt i uses SEED+i (default 0)."),
+        click.option("--report-to", metavar="TRACKER", help="Also log the curves to wandb (key: config.toml [wandb] key); "
+                     "TensorBoard files always go to the run's store.")]):
+        f = opt(f)
+    return f
+
+
 def market_of(spot: bool | None, on_demand: bool | None) -> str | None:
     if spot and on_demand:
         raise UserError("--spot and --on-demand exclude each other: pass one of them")

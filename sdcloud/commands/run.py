@@ -18,20 +18,9 @@ import click
 from ..errors import UserError
 from ..render import emit_json, note, output_options
 from ..runs.inputs import clouds  # a run across clouds: its checks before anything is recorded
-from .common import (
-    EXIT_INTERRUPTED,
-    EXIT_NOT_SUCCEEDED,
-    USD, TRAIN_TIER_NAMES,
-    USD_PER_HOUR,
-    complete_providers,
-    complete_regions,
-    complete_runs,
-    complete_tiers,
-    find_run,
-    market_of,
-    market_options,
-    state_store,
-)
+from .common import (EXIT_INTERRUPTED, EXIT_NOT_SUCCEEDED, TRAIN_TIER_NAMES, USD, USD_PER_HOUR, complete_providers,
+                     complete_regions, complete_runs, complete_tiers, find_run, market_of, market_options, sample_options,
+                     state_store)
 
 
 @dataclass(frozen=True)
@@ -63,6 +52,10 @@ class UpOptions:
     yes: bool = False
     as_json: bool = False
     nodes: str | None = None
+    sample_prompt: tuple[str, ...] = ()  # --sample-prompt, --sample-every, --sample-seed, --report-to (common.py)
+    sample_every: str | None = None
+    sample_seed: str | None = None
+    report_to: str | None = None
 
     def spec_fields(self) -> dict:
         """The run spec's fields these flags set (None where not given); local paths made absolute here,
@@ -72,7 +65,9 @@ class UpOptions:
                 "dataset": _local_path(self.dataset), "trainer": self.trainer, "model": _local_path(self.model),
                 "steps": self.steps, "checkpoint_every": self.checkpoint_every, "store": self.store,
                 "simulate_preemption": self.simulate_preemption, "self_end_grace": self.self_end_grace,
-                "trainer_arg": list(self.trainer_arg) or None, "nodes": self.nodes}
+                "trainer_arg": list(self.trainer_arg) or None, "nodes": self.nodes,
+                "sample_prompts": list(self.sample_prompt) or None, "sample_every": self.sample_every,
+                "sample_seed": self.sample_seed, "report_to": self.report_to}
 
 
 def _check_estimates(spec, tier, total_steps: int) -> None:
@@ -248,6 +243,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation before launching paid hosts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 @click.option("--nodes", metavar="N", help="Train on N hosts together (data-parallel through a rendezvous; docs/training.md).")
+@sample_options
 def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
     """Run a training job: pick the offer, launch, survive reclaims, report the cost."""
     opts = UpOptions(market=market_of(spot, on_demand), **flags)

@@ -135,9 +135,22 @@ def render_html(report: dict) -> str:
     parts.append('<h2>Charts</h2><div class="charts">')
     for caption, svg in _charts(report):
         parts.append(f"<figure><figcaption>{e(caption)}</figcaption>{svg}</figure>")
-    parts.append("</div><h2>Runs</h2><table><tr><th class=\"l\">run</th><th class=\"l\">tier</th><th class=\"l\">provider</th>"
-                 "<th>attempts</th><th>reclaims</th><th>lost h</th><th>estimate $</th><th>billed $</th><th>total $</th>"
-                 "<th>on-demand $</th><th>saved $</th><th>saved %</th><th>$ / 1k steps</th><th>$ / image</th><th>$ / 1k images</th></tr>")
+    parts.append("</div>")
+    parts.append(tables_html(report))
+    parts.append("<p>Sources: price-history (the zone's own spot price history), samples (spot prices sampled at launch "
+                 "and while running), list (the provider's list price), rule (a billing rule, e.g. no charge for an EC2 "
+                 "spot interruption in the first hour), estimate (bucket, requests). Billed amounts, when reconciled, "
+                 "replace the estimate in the total.</p></body></html>")
+    return "".join(parts)
+
+
+def tables_html(report: dict) -> str:
+    """The report's tables (runs, attempts, losses, groups) as an HTML fragment: the cost report's
+    and the run page's (views/html.py) cost table."""
+    e = html.escape
+    parts = ["<h2>Runs</h2><table><tr><th class=\"l\">run</th><th class=\"l\">tier</th><th class=\"l\">provider</th>"
+             "<th>attempts</th><th>reclaims</th><th>lost h</th><th>estimate $</th><th>billed $</th><th>total $</th>"
+             "<th>on-demand $</th><th>saved $</th><th>saved %</th><th>$ / 1k steps</th><th>$ / image</th><th>$ / 1k images</th></tr>"]
     for r in report["runs"]:
         parts.append(f'<tr data-run="{e(r["run"])}">' + _cell(r["name"] or r["run"], left=True) + _cell(r["tier"], left=True)
                      + _cell(r["provider"], left=True) + _cell(len(r["attempts"])) + _cell(r["reclaims"], "reclaims")
@@ -171,8 +184,4 @@ def render_html(report: dict) -> str:
             parts.append("<tr>" + _cell(g["key"], left=True) + _cell(g["runs"]) + _cell(g["total_usd"])
                          + _cell(g["ondemand_usd"]) + _cell(g["savings_usd"]) + _cell(g["lost_hours"]) + "</tr>")
         parts.append("</table>")
-    parts.append("<p>Sources: price-history (the zone's own spot price history), samples (spot prices sampled at launch "
-                 "and while running), list (the provider's list price), rule (a billing rule, e.g. no charge for an EC2 "
-                 "spot interruption in the first hour), estimate (bucket, requests). Billed amounts, when reconciled, "
-                 "replace the estimate in the total.</p></body></html>")
     return "".join(parts)

@@ -14,6 +14,8 @@ Causes, each from what the run recorded (docs/costs.md has the arithmetic):
   reclaims      the ledger's time lost to reclaims (boot of the next host, steps done again)
   boots         launch to first step of every attempt that did not follow a reclaim (those are in
                 reclaims)
+  sampling      the seconds the trainer spent rendering the run's sample images (`up --sample-prompt`),
+                as the host totalled them: asked for, not lost, but not training either
 Each minute is priced at its attempt's own rate (its cost over its hours, every item included).
 Health figures are measured on the host, so a cause the host did not measure counts nothing.
 """
@@ -25,12 +27,12 @@ from typing import Any
 from ..events import Kind
 from .ledger import DECIMALS
 
-CAUSES = ("data_wait", "throttling", "saves", "oom_restarts", "reclaims", "boots")
+CAUSES = ("data_wait", "throttling", "saves", "oom_restarts", "reclaims", "boots", "sampling")
 WORDS = {"data_wait": "data wait", "throttling": "throttling", "saves": "saves", "oom_restarts": "OOM restarts",
-         "reclaims": "reclaims", "boots": "boots"}
+         "reclaims": "reclaims", "boots": "boots", "sampling": "sampling"}
 # The seconds the host itself totalled over an attempt (sdcloud_agent/health.py Monitor), each
 # cause's event field; a run recorded by a host that did not total them is charged its share.
-MEASURED = {"data_wait": "data_wait_seconds", "saves": "save_seconds"}
+MEASURED = {"data_wait": "data_wait_seconds", "saves": "save_seconds", "sampling": "sample_seconds"}
 SHARES = {"data_wait": "data_wait_pct", "saves": "save_pct"}
 # A gap between two health events longer than this was not training (the host was gone, or
 # restarting): only this much of it is charged to the earlier event's figures.

@@ -38,6 +38,7 @@ def _files(F: Path) -> None:
     (F / "count0.jsonl").write_text('{"prompt": "a cat", "count": 0}\n')
     (F / "w63.jsonl").write_text('{"prompt": "a cat", "width": 63}\n')
     (F / "dup.txt").write_text("a cat\na cat\n")
+    (F / "own-samples.yaml").write_text("trainer_args:\n  validation_prompt: a dog\n")
     (F / "neg.jsonl").write_text('{"prompt": "a cat", "seed": -1}\n')
     (F / "sched.jsonl").write_text('{"prompt": "a cat", "scheduler": "magic"}\n')
     (F / "x.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
@@ -77,6 +78,18 @@ CASES = [
     ("up: model not a checkpoint", [*UP, "--model", str(F / "x.safetensors")], None),
     ("up: unknown trainer", [*UP, "--trainer", "nosuch"], None),
     ("up: unknown builtin flag", [*UP, "--trainer-arg", "nosuch=1"], None),
+    ("up: empty sample prompt", [*UP, "--sample-prompt", " "], None),
+    ("up: sample-every 0", [*UP, "--sample-prompt", "a cat", "--sample-every", "0"], None),
+    ("up: sample-seed negative", [*UP, "--sample-prompt", "a cat", "--sample-seed", "-3"], None),
+    ("up: sample-every without a prompt", [*UP, "--sample-every", "100"], None),
+    ("up: sample prompt for the command trainer", [*UP, "--trainer", "command", "--trainer-arg", "command=true",
+                                                   "--sample-prompt", "a cat"], None),
+    ("up: sample prompt beside the trainer's own", [*UP, "-f", str(F / "own-samples.yaml"),
+                                                   "--sample-prompt", "a cat"], None),
+    ("up: report-to an unknown tracker", [*UP, "--report-to", "mlflow"], None),
+    ("up: report-to wandb without a key", [*UP, "--trainer", "kohya", "--dataset", str(F / "photos"),
+                                           "--report-to", "wandb"], None),
+    ("up: report-to wandb with the builtin trainer", [*UP, "--report-to", "wandb"], '[wandb]\nkey = "k0123456789"\n'),
     ("up: trainer-arg without =", [*UP, "--trainer-arg", "=1"], None),
     ("up: bad builtin value", [*UP, "--trainer-arg", "rank=lots"], None),
     ("up: kohya without a dataset", [*UP, "--trainer", "kohya"], None),
@@ -126,6 +139,10 @@ CASES = [
     ("logs: negative tail", ["logs", "nosuch", "--tail", "-1"], None),
     ("watch: no such run", ["watch", "nosuch"], None),
     ("pull: no such run", ["pull", "nosuch"], None),
+    ("pull: no such run, one step", ["pull", "nosuch", "--step", "20"], None),
+    ("pull: step 0", ["pull", "nosuch", "--step", "0"], None),
+    ("samples: no such run", ["samples", "nosuch"], None),
+    ("samples: step not a number", ["samples", "nosuch", "--step", "last"], None),
     ("shell: no such run", ["shell", "nosuch"], None),
     ("cost report: no such run", ["cost", "report", "nosuch"], None),
     ("cost report: bad --by", ["cost", "report", "--by", "colour"], None),

@@ -280,13 +280,33 @@ def fake_external(kind: str, argv: list[str]) -> int:
     deleted *before* a save beyond --checkpoints_total_limit, `--resume_from_checkpoint latest`.
     kind "kohya-db": <name>-step<local:08d>-state/ with train_state.json; on --resume it loads the
     state but counts its steps from 0 again (like sd-scripts' DreamBooth scripts).
-    Prints `FAKESTEP <global step>` (stdout) and tqdm bars (stderr)."""
+    Prints `FAKESTEP <global step>` (stdout) and tqdm bars (stderr).
+    The diffusers kind validates as the scripts do: an epoch is ceil(images / --train_batch_size) steps
+    (the images of --instance_data_dir or the --dataset_name imagefolder); after the last step of every
+    --validation_epochs-th epoch, after that step's checkpoint, --num_validation_images images of
+    --validation_prompt go to the tracker: with --report_to tensorboard (or all) as a `validation` image
+    summary at the epoch's number in <output_dir>/<logging_dir>/dreambooth-lora-sd-xl/ (through
+    tensorboardX, as accelerate's tracker); wandb (or all) without WANDB_API_KEY stops as wandb.init does."""
     import argparse
     ap = argparse.ArgumentParser()
     for flag in ("--output_dir", "--max_train_steps", "--checkpointing_steps", "--resume_from_checkpoint",
-                 "--checkpoints_total_limit", "--save_every_n_steps", "--resume", "--output_name"):
+                 "--checkpoints_total_limit", "--save_every_n_steps", "--resume", "--output_name",
+                 "--validation_prompt", "--validation_epochs", "--num_validation_images", "--seed", "--report_to",
+                 "--logging_dir", "--instance_data_dir", "--dataset_name", "--train_batch_size"):
         ap.add_argument(flag)
     a, _ = ap.parse_known_args(argv)
+    writer, per_epoch = None, 0
+    if kind == "diffusers":
+        if a.report_to in ("wandb", "all") and not os.environ.get("WANDB_API_KEY"):
+            print("wandb.errors.UsageError: api_key not configured (no-tty)", file=sys.stderr, flush=True)
+            return 1
+        data = a.instance_data_dir or a.dataset_name
+        n = sum(1 for f in Path(data).rglob("*") if f.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp")) if data else 0
+        per_epoch = -(-n // int(a.train_batch_size or 1)) if n else 0
+        if a.report_to in ("tensorboard", "all") and a.validation_prompt:
+            from tensorboardX import SummaryWriter
+
+            writer = SummaryWriter(str(Path(a.output_dir) / (a.logging_dir or "logs") / "dreambooth-lora-sd-xl"))
     out = Path(a.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     step_s = float(os.environ.get("FAKE_STEP_SECONDS", "0.05"))
@@ -321,13 +341,29 @@ def fake_external(kind: str, argv: list[str]) -> int:
                 d = out / f"checkpoint-{local}"
             else:
                 d = out / f"{a.output_name}-step{local:08d}-state"
-            _save_state(d, glob, slow=step_s)
+            # The diffusers LoRA scripts' save_model_hook: the LoRA of this step in the state, before the RNG.
+            extra = {"pytorch_lora_weights.safetensors": _payload(glob, 300)} if kind == "diffusers" else {}
+            _save_state(d, glob, slow=step_s, extra=extra)
+        if writer is not None and per_epoch and local % per_epoch == 0:
+            epoch = local // per_epoch - 1
+            if epoch % int(a.validation_epochs or 50) == 0:
+                import numpy as np
+
+                count = int(a.num_validation_images or 4)
+                shade = (glob * 7 + int(a.seed or 0) * 13) % 256
+                writer.add_images("validation", np.full((count, 8, 8, 3), shade, dtype=np.uint8), epoch,
+                                  dataformats="NHWC")
+                writer.flush()
+    if writer is not None:
+        writer.close()
     (out / "final_weights.safetensors").write_bytes(_payload(total, 500))
     return 0
 
 
-def _save_state(d: Path, glob: int, slow: float) -> None:
+def _save_state(d: Path, glob: int, slow: float, extra: dict | None = None) -> None:
     d.mkdir(parents=True)
+    for name, data in (extra or {}).items():
+        (d / name).write_bytes(data)
     data = _payload(glob, 50_000)
     (d / "model.safetensors").write_bytes(data)
     time.sleep(slow)  # not atomic: a watcher can see a half-written folder

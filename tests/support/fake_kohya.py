@@ -20,6 +20,14 @@ tests: the flags, the dataset rules and the step arithmetic of a resume, not the
 - `--network_weights FILE` loads the tensor non-strictly (a missing name is reported and left at
   its initial value, as kohya's load_weights does); `--initial_step N` stands in for the state's
   step in the same arithmetic as a resume.
+- `--sample_prompts FILE --sample_every_n_steps N`: as upstream's sample_images (library/train_util.py),
+  every N global steps, before that step's save, each prompt line (with its `--d SEED`) becomes
+  `<output_dir>/sample/<output_name>_<step:06d>_<NN:02d>_<YYYYmmddHHMMSS>_<seed>.png`: a real PNG whose
+  colour follows the weights and the seed. `--log_with tensorboard --logging_dir DIR`: the loss as a
+  TensorBoard scalar in DIR/<timestamp>/network_train/ (through tensorboardX, as accelerate's tracker);
+  `--log_with wandb|all` without WANDB_API_KEY in its environment stops as wandb.init does without a tty.
+- every save also writes the LoRA of that step, `<output_name>-step<global:08d>.safetensors`, beside
+  the state folder (upstream's get_step_ckpt_name), before the state.
 - FAKE_OOM_AT / FAKE_OOM_CURE / FAKE_OOM_TEXT: from that true step on, unless the command line has
   the cure flag, the recorded CUDA out-of-memory output is written to stderr and it exits 1.
 """
@@ -68,6 +76,41 @@ def load_tensors(path: Path) -> dict[str, list[float]]:
     return out
 
 
+def write_png(path: Path, rgb: tuple[int, int, int], side: int = 8) -> None:
+    """A real PNG (signature, IHDR, IDAT, IEND) of one colour, in the standard library only."""
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    raw = b"".join(b"\x00" + bytes(rgb) * side for _ in range(side))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def sample_prompts(path: Path) -> list[tuple[str, int | None]]:
+    """(prompt, seed) per line of a kohya prompt file: the text before the first ` --`, `--d SEED`."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        m = re.search(r"--d (\d+)", line)
+        out.append((line.split(" --")[0], int(m.group(1)) if m else None))
+    return out
+
+
+def sample_images(a: argparse.Namespace, step: int, w: list[float]) -> None:
+    if not (a.sample_prompts and a.sample_every_n_steps) or step % a.sample_every_n_steps:
+        return
+    folder = Path(a.output_dir) / "sample"
+    folder.mkdir(parents=True, exist_ok=True)
+    ts = time.strftime("%Y%m%d%H%M%S", time.localtime())
+    for i, (_prompt, seed) in enumerate(sample_prompts(Path(a.sample_prompts))):
+        rgb = tuple(int(abs(x) * 997 + (seed or 0) * 31 + i * 50) % 256 for x in w[:3])
+        suffix = "" if seed is None else f"_{seed}"
+        write_png(folder / f"{a.output_name}_{step:06d}_{i:02d}_{ts}{suffix}.png", rgb)
+
+
 def optimizer_name(a: argparse.Namespace) -> str:
     if a.use_8bit_adam:
         return "AdamW8bit"
@@ -105,9 +148,10 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     for flag in ("--output_dir", "--output_name", "--resume", "--dataset_config", "--train_data_dir",
                  "--network_module", "--pretrained_model_name_or_path", "--resolution", "--optimizer_type",
-                 "--network_weights"):
+                 "--network_weights", "--sample_prompts", "--sample_sampler", "--log_with", "--logging_dir"):
         p.add_argument(flag)
-    for flag in ("--max_train_steps", "--save_every_n_steps", "--train_batch_size", "--initial_step"):
+    for flag in ("--max_train_steps", "--save_every_n_steps", "--train_batch_size", "--initial_step",
+                 "--sample_every_n_steps"):
         p.add_argument(flag, type=int, default=None)
     p.add_argument("--save_state", action="store_true")
     p.add_argument("--skip_until_initial_step", action="store_true")
@@ -170,6 +214,16 @@ def main(argv: list[str]) -> int:
         global_step = initial
     total = a.max_train_steps - global_step
     step_s = float(os.environ.get("FAKE_STEP_SECONDS", "0.05"))
+    writer = None
+    if a.log_with in ("wandb", "all") and not os.environ.get("WANDB_API_KEY"):
+        # wandb.init without a key and without a terminal to ask on: upstream stops there.
+        print("wandb.errors.UsageError: api_key not configured (no-tty). call wandb.login(key=[your_api_key])",
+              file=sys.stderr, flush=True)
+        return 1
+    if a.log_with in ("tensorboard", "all") and a.logging_dir:
+        from tensorboardX import SummaryWriter
+
+        writer = SummaryWriter(str(Path(a.logging_dir) / time.strftime("%Y%m%d%H%M%S") / "network_train"))
     t0, k = time.time(), 0
     while global_step < a.max_train_steps:
         time.sleep(step_s)
@@ -185,7 +239,12 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"\rsteps: {100 * k // total}%|##| {k}/{total} "
                          f"[00:01<00:01, {k / (time.time() - t0):.2f}it/s, avr_loss=0.1]")
         sys.stderr.flush()
+        if writer is not None:
+            writer.add_scalar("loss/current", 0.1, global_step)
+            writer.flush()
+        sample_images(a, global_step, w)
         if a.save_state and a.save_every_n_steps and global_step % a.save_every_n_steps == 0:
+            save_tensor(out / f"{a.output_name}-step{global_step:08d}.safetensors", KEY, w)
             d = out / f"{a.output_name}-step{global_step:08d}-state"
             d.mkdir()
             prefix = "module." if os.environ.get("FAKE_DDP") == "1" else ""
@@ -195,6 +254,8 @@ def main(argv: list[str]) -> int:
                                                             "current_step": true_step}))
             (d / "random_states_0.pkl").write_bytes(b"rng")
     save_tensor(out / f"{a.output_name}.safetensors", KEY, w)
+    if writer is not None:
+        writer.close()
     print("\nmodel saved.", file=sys.stderr, flush=True)
     return 0
 

@@ -50,6 +50,10 @@ class Context:
     # A multi-node group (sdcloud_agent/rendezvous.py): where rank 0 listens, and this host's rank.
     rendezvous: Any = None
     node_rank: int = 0
+    # Sample images at the checkpoints (sdcloud_agent/samples.py SampleSettings), None: none; and the
+    # trainer's own curve logging besides TensorBoard ("wandb"), its key in `env` only.
+    samples: Any = None
+    report_to: str | None = None
 
 
 def flag_args(args: dict) -> list[str]:
@@ -119,6 +123,7 @@ class Trainer:
     saves_on_sigterm = False  # does SIGTERM make it save before exiting?
     signal_group = True  # signal the whole process group (accelerate launch does not forward signals)
     has_marker = False  # is_complete() checks a file the trainer writes last (so a killed save shows)
+    samples_after_save = False  # renders its samples after the checkpoint they belong to (diffusers)
 
     def __init__(self) -> None:
         self.announced: dict[int, Path] = {}  # checkpoints the trainer told us about (protocol lines)
@@ -226,6 +231,21 @@ class Trainer:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+    # -- samples and logs -------------------------------------------------------------------
+    def samples(self, ctx: Context, folder: Path | None, step: int) -> list:
+        """The sample images this trainer rendered at the run's `step` (sdcloud_agent/samples.py's
+        Found); `folder` is the checkpoint's folder as it goes up."""
+        return []
+
+    def export_files(self, ctx: Context, step: int, path: Path) -> list[Path]:
+        """The model at checkpoint `step` where the trainer keeps it beside the checkpoint folder
+        (uploaded in the checkpoint's export/ folder), or none."""
+        return []
+
+    def log_dir(self, ctx: Context) -> Path | None:
+        """Where the trainer writes its own TensorBoard logs, if it does."""
+        return None
 
     # -- results ----------------------------------------------------------------------------
     def missing_output(self, ctx: Context) -> str | None:

@@ -51,6 +51,11 @@ class BuiltinTrainer(Trainer):
         if not _given(given, "keep-checkpoints"):
             # The agent uploads from hard-linked snapshots, so the trainer may delete old folders.
             cmd += ["--keep-checkpoints", "2"]
+        s = ctx.samples
+        if s is not None and s.prompts:  # each prompt as one --flag=value word: a prompt may start with "-"
+            cmd += [f"--validation-prompt={p}" for p in s.prompts]
+            cmd += ["--sample-every", str(s.interval(ctx.checkpoint_every)), "--sample-seed", str(s.seed),
+                    "--validation-steps", str(s.steps)]
         if isinstance(args, dict):  # its flags use dashes: {"keep_checkpoints": 2} -> --keep-checkpoints 2
             flags = {}
             for k, v in args.items():
@@ -71,6 +76,11 @@ class BuiltinTrainer(Trainer):
     def finished(self, ctx: Context, trainer_exited: bool = False, killed: bool = False):
         # The trainer renames `.tmp-*` to `step-*` when the save is complete: what we see is done.
         return self.candidates(ctx)
+
+    def samples(self, ctx: Context, folder: Path, step: int) -> list:
+        from ..samples import builtin_samples
+
+        return builtin_samples(folder, step)
 
     def request_save(self, proc: subprocess.Popen) -> bool:
         self._signal(proc, signal.SIGUSR1)

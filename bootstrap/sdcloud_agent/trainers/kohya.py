@@ -139,7 +139,8 @@ class KohyaTrainer(AccelerateTrainer):
             steps = ctx.steps - (self.resumed_step - self.resumed_step % batches_per_epoch)
         self.max_steps = steps
         flags: dict = {"output_dir": str(ctx.checkpoint_dir), "max_train_steps": steps,
-                       "save_state": True, "save_every_n_steps": ctx.checkpoint_every, **args}
+                       "save_state": True, "save_every_n_steps": ctx.checkpoint_every,
+                       **self.sample_flags(ctx, args), **self.log_flags(ctx, args), **args}
         if ctx.resume is not None and ctx.fresh_optimizer and restores:
             # The checkpoint's LoRA weights and kohya's step in it, without its optimizer state:
             # --initial_step takes the place of the state's step in kohya's arithmetic.
@@ -154,6 +155,46 @@ class KohyaTrainer(AccelerateTrainer):
             if restores:
                 flags["skip_until_initial_step"] = True
         return [*launcher, script, *flag_args(flags)]
+
+    def sample_flags(self, ctx: Context, args: dict) -> dict:
+        """The run's sample prompts as kohya's prompt file (`--d` seed, `--s` steps, size) and its
+        interval; kohya renders them into <output_dir>/sample/ (sdcloud_agent/samples.py)."""
+        s = ctx.samples
+        if s is None or not s.prompts:
+            return {}
+        from ..samples import kohya_prompt_file
+
+        res = str(args.get("resolution") or 1024).split(",")
+        w, h = int(res[0]), int(res[-1])
+        path = kohya_prompt_file(s, ctx.workdir / "kohya_sample_prompts.txt", w, h)
+        return {"sample_prompts": str(path), "sample_every_n_steps": s.interval(ctx.checkpoint_every),
+                "sample_sampler": s.sampler}
+
+    def log_flags(self, ctx: Context, args: dict) -> dict:
+        """kohya's own TensorBoard logs (and W&B's, with --report-to wandb) where the agent collects them."""
+        if args.get("log_with") or args.get("logging_dir"):
+            return {}  # the user's own logging wins; log_dir() finds theirs
+        return {"log_with": "all" if ctx.report_to == "wandb" else "tensorboard",
+                "logging_dir": str(ctx.workdir / "trainer-logs")}
+
+    def log_dir(self, ctx: Context) -> Path | None:
+        args = ctx.trainer_args if isinstance(ctx.trainer_args, dict) else {}
+        return Path(str(args["logging_dir"])) if args.get("logging_dir") else ctx.workdir / "trainer-logs"
+
+    def export_files(self, ctx: Context, step: int, path: Path) -> list[Path]:
+        """kohya's LoRA at that step: `<output_name>-step<NNNNNNNN>.<ext>` beside the state folder
+        (train_util.get_step_ckpt_name), written before the state."""
+        m = _STATE.search(path.name)
+        if not m:
+            return []
+        name = path.name[:m.start()]
+        return sorted(p for p in ctx.checkpoint_dir.glob(f"{name}-step{m.group(1)}.*")
+                      if p.is_file() and p.suffix in (".safetensors", ".ckpt", ".pt"))
+
+    def samples(self, ctx: Context, folder: Path, step: int) -> list:
+        from ..samples import kohya_samples
+
+        return kohya_samples(ctx.checkpoint_dir, step, step - self.step_offset)
 
     def parse_line(self, line: str) -> dict | None:
         if not self.progress_label.search(line):

@@ -41,6 +41,7 @@ def agent_config(plan: RunPlan, run_id: str, attempt: int, total_steps: int, sto
     """The agent's config for one attempt (no secrets: credentials come from the instance role or env).
     `reclaim_mean_hours`: the spot zone's mean time between reclaims (spot/checkpoint_spacing.py), sent
     with the provider's notice so that the host can space its checkpoints by the risk."""
+    from ..inputs.samples import agent_samples, keep_sampled
     from ..inputs.training import resolution_from_model
 
     spec, tier, host = plan.spec, plan.tier, plan.traits.host
@@ -76,6 +77,9 @@ def agent_config(plan: RunPlan, run_id: str, attempt: int, total_steps: int, sto
         "nodes": spec.nodes,
         "node_rank": 0,
         "rendezvous_port": RENDEZVOUS_PORT,
+        # Sample images at the checkpoints and the trainer's curve logging (runs/inputs/samples.py).
+        **({"samples": samples, "keep_sampled": keep_sampled()} if (samples := agent_samples(spec)) else {}),
+        **({"report_to": spec.report_to} if spec.report_to else {}),
     }
 
 

@@ -25,7 +25,7 @@ KINDS = (Kind.HEALTH, Kind.OOM_RETRY, Kind.OUT_OF_MEMORY, Kind.HEALTH_ACTION, Ki
 FIELDS = ("verdict", "why", "gpu_util", "data_wait_pct", "step_s", "save_pct", "throttle_pct", "throttle_reasons",
           "sm_clock_pct", "power_w", "power_limit_w", "temp_c", "mem_used_gb", "mem_total_gb", "peak_mem_gb",
           "read_mb_s", "gpu_samples", "steps", "samples", "sampler_ms", "trainer_exit", "last_verdict",
-          "save_seconds", "data_wait_seconds")
+          "save_seconds", "data_wait_seconds", "sample_seconds")
 
 
 def note(controller: RunOwner, attempt: int, status: dict | None, now: float | None = None) -> None:

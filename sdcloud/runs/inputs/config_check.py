@@ -135,6 +135,10 @@ KEYS: dict[str, dict[str, Check]] = {
               "extra": _table},
     # a gated model's token (docs/training.md); HF_TOKEN in the environment goes over it (runs/hub_access.py)
     "huggingface": {"token": _secret_text},
+    # the W&B key of `up --report-to wandb` (runs/inputs/samples.py); WANDB_API_KEY in the environment goes over it
+    "wandb": {"key": _secret_text},
+    # whether checkpoints with samples outlive the newest-3 rule while the run goes (runs/inputs/samples.py)
+    "retention": {"keep_sampled": _boolean},
 }
 
 

@@ -57,6 +57,14 @@ class RunSpec:
     # Every cloud the run may use, home first (`--provider aws,tencent`); None: `provider` alone.
     # `provider` is the cloud of the current attempt (runs/inputs/clouds.py, runs/driving/cloud_move.py).
     providers: list[str] | None = None
+    # Sample images at the checkpoints (docs/training.md, "Samples and curves"): the prompts, every N
+    # steps (None: at every checkpoint) and the first seed (None: 0; prompt i renders with seed + i).
+    sample_prompts: list[str] | None = None
+    sample_every: int | None = None
+    sample_seed: int | None = None
+    # Where the trainer also logs its curves: "tensorboard" (always, in the run's store) or "wandb"
+    # (its key from config.toml [wandb] key, carried as a secret).
+    report_to: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -97,7 +105,9 @@ FIELDS = {f.name for f in fields(RunSpec)}
 # Names a run file may use for the same fields as the flags.
 ALIASES = {"deadline": "deadline_hours", "max-price": "max_price", "simulate-preemption": "simulate_preemption",
            "trainer-args": "trainer_args", "checkpoint-every": "checkpoint_every",
-           "max-failed-boots": "max_failed_boots", "self-end-grace": "self_end_grace"}
+           "max-failed-boots": "max_failed_boots", "self-end-grace": "self_end_grace",
+           "sample-prompts": "sample_prompts", "sample-every": "sample_every", "sample-seed": "sample_seed",
+           "report-to": "report_to"}
 
 
 def load_runfile(path: str) -> dict:
@@ -238,6 +248,9 @@ def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
 
     # `--trainer-arg KEY=VALUE` pairs go over the run file's trainer_args; a mapping stays one.
     data["trainer_args"] = merge_trainer_args(data.get("trainer_args"), data.pop("trainer_arg", None) or [])
+    from .samples import check_samples
+
+    check_samples(data)  # after the trainer's own flags are merged: the two sets of samples must not fight
     data["model"] = resolve_model(data.get("model"), data.get("provider", "local"), tier)
     check_model_family(data["model"], tier)
     model = str(data["model"])

@@ -132,6 +132,9 @@ def _stage(ctl: Any, drive: str | None) -> dict:
         from .hub_access import put_for_host
 
         put_for_host(ctl.store, run_id)  # a gated model's token, for the host's fetch only (never recorded)
+    from .samples import put_wandb_key
+
+    put_wandb_key(ctl.store, run_id, spec)  # --report-to wandb: the key, for the trainer's environment only
     settings = _without_secrets({s: config.settings().get(s) or {} for s in sections(spec.provider)})
     region = (ctl.infra or {}).get("region") or ctl.store_conf.get("region")
     net = host_network(region, spec.provider, spec.network)

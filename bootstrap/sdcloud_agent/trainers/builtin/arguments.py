@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="render this prompt (fixed seed) into samples/ of every checkpoint; repeatable")
     p.add_argument("--validation-steps", type=int, default=20,
                    help="sampling steps of the validation images")
+    p.add_argument("--sample-every", type=int, default=0, metavar="K",
+                   help="render the validation prompts only into checkpoints whose step is a multiple of K, and "
+                        "the last (0: every checkpoint)")
+    p.add_argument("--sample-seed", type=int, default=None, metavar="SEED",
+                   help="the first validation prompt's seed; prompt i renders with SEED+i (default: --seed)")
     p.add_argument("--weighting-scheme", choices=["logit_normal", "none", "sigma_sqrt", "mode", "cosmap"],
                    default="logit_normal",
                    help="sd3 only: where sigma is drawn and how the error is weighted, the diffusers SD3 "
@@ -101,7 +106,7 @@ def parse_args(argv: list[str] | None = None, parser: argparse.ArgumentParser | 
     if a.steps < 1:
         p.error("--steps must be >= 1")
     if (a.batch_size < 1 or a.rank < 1 or (a.grad_accum or 1) < 1 or a.checkpoint_every < 0
-            or a.keep_checkpoints < 0):
+            or a.keep_checkpoints < 0 or a.sample_every < 0):
         p.error("--batch-size, --grad-accum and --rank must be >= 1; --checkpoint-every, "
                 "--keep-checkpoints >= 0")
     families = [f for f in a.family.split(",") if f] if a.family != "auto" else []

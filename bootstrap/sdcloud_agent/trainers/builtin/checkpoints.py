@@ -28,6 +28,9 @@ TMP_PREFIX = ".tmp-step-"
 STATE_FILE = "trainer_state.json"
 
 
+EXPORT = "export"  # in a LoRA checkpoint: the LoRA files and README of that step, as the final output has them
+
+
 def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints in folder, oldest first. ``.tmp-*`` folders never count."""
     found = []
@@ -124,16 +127,20 @@ class CheckpointIO:
             for i, s in enumerate(torch.cuda.get_rng_state_all()):
                 rng[f"cuda_{i}"] = s
         save_file(rng, str(tmp / "rng.safetensors"))
+        sample_t0 = time.monotonic()
         self._validation_images(tmp)
+        sample_s = time.monotonic() - sample_t0  # the samples' GPU seconds: sampling, not saving (the cost report)
+        if self.args.mode == "lora":  # the model at this step as the final one is: `sdcloud pull --step N`
+            self.write_output(tmp / EXPORT)
         pause = float(os.environ.get(SAVE_PAUSE_ENV) or 0)
         if pause:
             time.sleep(pause)
-        files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
+        files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
         state = {"global_step": step, "total_steps": self.args.steps, **self._config_record(),
                  "mixed_precision": self.mixed_precision, "weights": weights, "files": files,
                  "time": time.time()}
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
-        for f in tmp.iterdir():
+        for f in tmp.rglob("*"):
             _fsync_path(f)
         _fsync_path(tmp)
         if final.exists():  # re-saving a step (resumed from an older one): swap, then drop
@@ -145,7 +152,7 @@ class CheckpointIO:
             os.rename(tmp, final)
         _fsync_path(root)
         emit("CHECKPOINT", {"step": step, "path": str(final.resolve()),
-                            "save_s": round(time.monotonic() - save_t0, 3)})
+                            "save_s": round(time.monotonic() - save_t0 - sample_s, 3), "sample_s": round(sample_s, 3)})
         self._prune()
         return final
 

@@ -66,13 +66,22 @@ def readme(args: argparse.Namespace, family: str, step: int, files: list[str]) -
 
 
 class Output:
+    def _samples_due(self) -> bool:
+        every, step = self.args.sample_every, self.global_step
+        return bool(self.args.validation_prompt) and (not every or step % every == 0 or step >= self.args.steps)
+
     def _validation_images(self, folder: Path) -> None:
-        """sample-NN.png for each --validation-prompt, fixed seeds: the same prompt at every
-        checkpoint, so a user sees the training progress. The RNG is put back afterwards so that
-        taking samples never changes what training does next."""
+        """sample-NN.png for each --validation-prompt, fixed seeds (prompt i: --sample-seed + i): the
+        same prompt at every checkpoint, so a user sees the training progress; samples.json beside
+        them says each one's prompt, seed, sampler and the seconds it took (the agent puts both in the
+        run's store, sdcloud_agent/samples.py). The RNG is put back afterwards so that taking samples
+        never changes what training does next."""
         args, torch = self.args, self.torch
-        if not args.validation_prompt:
+        if not self._samples_due():
             return
+        import json
+        import time
+
         from diffusers import EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler
 
         from ..models import pipeline
@@ -82,29 +91,37 @@ class Output:
         for m in self.frozen():
             m.to(self.device)
         self.unet.eval()
+        base_seed = args.seed if args.sample_seed is None else args.sample_seed
+        record = []
         try:
             sampler = FlowMatchEulerDiscreteScheduler if self.family == "sd3" else EulerDiscreteScheduler
             pipe = pipeline({**self.components, "scheduler": sampler.from_config(self.noise_scheduler.config)})
             pipe.set_progress_bar_config(disable=True)
             for i, prompt in enumerate(args.validation_prompt):
-                gen = torch.Generator(device=self.device).manual_seed(args.seed + i)
+                t0 = time.perf_counter()
+                gen = torch.Generator(device=self.device).manual_seed(base_seed + i)
                 with torch.no_grad(), self._autocast():
                     image = pipe(prompt, num_inference_steps=args.validation_steps,
                                  height=args.resolution, width=args.resolution,
                                  generator=gen).images[0]
                 image.save(folder / f"sample-{i:02d}.png")
+                record.append({"index": i, "prompt": prompt, "seed": base_seed + i,
+                               "sampler": "flow-match-euler" if self.family == "sd3" else "euler",
+                               "steps": args.validation_steps, "gpu_s": round(time.perf_counter() - t0, 3)})
+            (folder / "samples.json").write_text(json.dumps({"step": self.global_step, "images": record}, indent=1))
         finally:
             self.unet.train()
             torch.set_rng_state(cpu_rng)
             if cuda_rng is not None:
                 torch.cuda.set_rng_state_all(cuda_rng)
 
-    def write_output(self) -> Path:
+    def write_output(self, out: Path | None = None) -> Path:
         """LoRA: the diffusers file, the kohya file (A1111, ComfyUI) and a README. DreamBooth: a
-        diffusers pipeline folder and a README."""
+        diffusers pipeline folder and a README. `out`: another folder than --output (a checkpoint's
+        export/, which `sdcloud pull --step N` fetches)."""
         from safetensors.torch import save_file
 
-        out = self.args.output
+        out = out or self.args.output
         out.mkdir(parents=True, exist_ok=True)
         files: list[str] = []
         if self.args.mode == "lora" and self.family == "sd3":
