@@ -78,9 +78,18 @@ def search_query(row, tier=None, disk_gb: float = 0, market: str = "spot", relia
         q["cpu_ram"] = {"gte": tier.memory_gb * 1024}
     if disk_gb:
         q["disk_space"] = {"gte": disk_gb}
-    if row.zone:
-        q["geolocation"] = {"in": [row.zone]}
-    return q
+    return q  # the row's country is a preference, not a filter (machines(): a stale offer has neighbours)
+
+
+def machines(found: list[dict], row, market: str) -> list[dict]:
+    """The search's machines in the order to try them: the row's country first, then the cheapest."""
+    price = "min_bid" if market == "spot" else "dph_total"
+
+    def key(a: dict) -> tuple:
+        country = str(a.get("geolocation") or "").rsplit(",", 1)[-1].strip()
+        return (bool(row.zone) and country != row.zone, float(a.get(price) or a.get("dph_total") or 0))
+
+    return sorted(found, key=key)
 
 
 class VastProvider:
@@ -129,11 +138,12 @@ class VastProvider:
             found.adopted = True
             events(Kind.ADOPTED, {"instance": found.id, "token": spec.token})
             return found
-        machines = self.client.search_offers(search_query(offer.row, disk_gb=spec.root_volume_gb, market=market))
-        if not machines:
+        found = machines(self.client.search_offers(search_query(offer.row, disk_gb=spec.root_volume_gb, market=market)),
+                         offer.row, market)
+        if not found:
             raise CapacityError(f"no Vast.ai machine like {offer.row.instance_type} in {offer.row.region} is offered now")
         last: Exception | None = None
-        for ask in machines[:MAX_MACHINES]:
+        for ask in found[:MAX_MACHINES]:
             body = self._create_body(spec)
             if market == "spot":
                 bid = bids.bid_for(float(ask.get("min_bid") or ask.get("dph_total") or 0), max_price)
