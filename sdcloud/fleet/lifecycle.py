@@ -84,7 +84,8 @@ class Fleet:
 
     def __init__(self, owner_id: str, provider: Any, provider_name: str, records: Records, candidates: Sequence[Offer],
                  policy: Policy, events: Events, timing: Timing, spec_market: str | None = None,
-                 max_price: float | None = None, on_launched: Launched | None = None):
+                 max_price: float | None = None, on_launched: Launched | None = None,
+                 progress: Callable[[], Progress] | None = None):
         self.owner_id = owner_id
         self.provider = provider
         self.provider_name = provider_name
@@ -101,10 +102,10 @@ class Fleet:
         # later is gone; one it never saw (another machine's local host) is judged by its heartbeat.
         self._seen: set[str] = set()
         # A market whose outbid hosts pause (Vast.ai): wait, raise the bid or relaunch (fleet/pauses.py).
-        # The owner may hand it its progress (`pauses.progress`) for the deadline and the work left.
+        # The owner's `progress` (deadline, work left) is what the pause policy decides from.
         self.pauses: PauseWatch | None = None
         if provider_name in names() and traits(provider_name).market.pauses:
-            self.pauses = PauseWatch(self)
+            self.pauses = PauseWatch(self, progress)
 
     # attempts
     def attempts(self) -> list[Any]:
