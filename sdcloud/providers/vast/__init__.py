@@ -28,6 +28,7 @@ TRAITS = ProviderTraits(
     bill=".billing",
     config_sections=("vast",),
     config_keys=".session",
-    settings=(Setting("vast", "bid_margin", 0.15), Setting("vast", "reliability_floor", 0.98)),
+    settings=(Setting("vast", "bid_margin", 0.15), Setting("vast", "reliability_floor", 0.98),
+              Setting("vast", "credentials_hours", 12.0, " h")),
     market=MarketRules(multi_node=False, reclaim_notice=False, pauses=True, bandwidth_priced=True, object_store=False),
 )

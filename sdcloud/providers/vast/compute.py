@@ -23,6 +23,7 @@ from ...offers.optimizer import Offer, fits
 from ..base import (PAUSED, PENDING, RUNNING, STOPPING, TERMINATED, CapacityError, EventSink, Instance, LaunchSpec,
                     ProviderError, launch_token, no_events, TAG_ATTEMPT, TAG_RUN, TAG_TOKEN)
 from . import bids
+from .credentials import host_env
 from .session import NAME, Client, VastApiError, require_key
 
 # A CUDA/PyTorch image: the agent's user-data installs the rest (runs/driving/hostboot.py).
@@ -143,8 +144,9 @@ class VastProvider:
         if not found:
             raise CapacityError(f"no Vast.ai machine like {offer.row.instance_type} in {offer.row.region} is offered now")
         last: Exception | None = None
+        base = self._create_body(spec)  # once: the store's keys are minted for this launch only
         for ask in found[:MAX_MACHINES]:
-            body = self._create_body(spec)
+            body = dict(base)
             if market == "spot":
                 bid = bids.bid_for(float(ask.get("min_bid") or ask.get("dph_total") or 0), max_price)
                 if bid < float(ask.get("min_bid") or 0) - 1e-9:
@@ -170,7 +172,8 @@ class VastProvider:
     def _create_body(self, spec: LaunchSpec) -> dict:
         return {"client_id": "me", "image": IMAGE, "disk": spec.root_volume_gb, "label": label_for(spec.run_id, spec.attempt),
                 "onstart": spec.user_data, "runtype": "args", "cancel_unavail": True,
-                "env": dict(spec.env)}  # vast.py parse_env's form: {"NAME": "value"}
+                # vast.py parse_env's form: {"NAME": "value"}; the store's keys scoped to the run, expiring.
+                "env": {**spec.env, **host_env(spec.agent_config.get("store") or {}, spec.run_id)}}
 
     def _confirm(self, new_id: int, market: str, bid: float | None) -> Instance:
         """Re-read the new instance: a spot launch must be interruptible at our bid, or it is ended."""
