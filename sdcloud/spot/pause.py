@@ -109,49 +109,92 @@ class Replay:
 
 def replay(pauses: Sequence[tuple[float, float]], work_hours: float, bid: float, relaunch_price: float,
            deadline_hours: float | None, choose: str = "policy", disk_usd_per_hour: float = 0.01,
-           raise_factor: float = 1.15, max_price: float | None = None, restart_hours: float = RESTART_HOURS,
+           margin: float = 0.15, max_price: float | None = None, restart_hours: float = RESTART_HOURS,
            checkpoint_hours: float = 0.25) -> Replay:
-    """Finish `work_hours` of work on one machine whose outbid pauses are `pauses` ((start h, length h) in
-    host-running hours and wall hours), deciding at each pause by `choose`: "policy" (decide()), "wait"
-    or "relaunch". A relaunch moves to an offer at `relaunch_price` that is never paused (on demand or
-    a calmer machine) and loses half a checkpoint interval; a raise pays `raise_factor` x the bid from
-    then on and is never paused again. Bounded: at most len(pauses) decisions."""
+    """Finish `work_hours` of work on one machine whose outbid pauses are `pauses` ((start in hours of work
+    done, length in wall hours)), deciding at each pause by `choose`: "policy" (decide(), asked when the
+    pause begins and again when its patience runs out), "wait" or "relaunch".
+
+    Model (docs/policies.md, "Pauses"): a wait pays the disk; a raise ends this pause at once and pays
+    the raised bid from then on, the outbidder's bid taken as just over ours (later pauses still come:
+    the trace does not say what bid would have kept the machine); a relaunch moves to an offer at
+    `relaunch_price` that is not paused (on demand, or a calmer machine), after a restart and half a
+    checkpoint interval of lost work. Bounded: one decision or two per pause, len(pauses) pauses."""
     clock, done, cost, price, history = 0.0, 0.0, 0.0, bid, []
+
+    def finish(extra_hours: float, at_price: float) -> Replay:
+        hours = clock + extra_hours
+        return Replay(choose, hours, cost + extra_hours * at_price, deadline_hours is None or hours <= deadline_hours + 1e-9)
+
+    def ask(paused: float) -> PauseDecision:
+        left = work_hours - done
+        return decide(PauseFacts(paused, left, None if deadline_hours is None else deadline_hours - clock, price,
+                                 price * 1.0001, max_price, relaunch_price, tuple(history), restart_hours,
+                                 checkpoint_hours / 2, margin))
+
     for start, length in sorted(pauses):
         if start >= work_hours:
             break
-        run = start - done
-        clock, done, cost = clock + run, start, cost + run * price
-        left = work_hours - done
-        if choose == "policy":
-            probe = 0.0  # the decision at the pause's start; a wait is re-decided when patience runs out
-            d = decide(PauseFacts(probe, left, None if deadline_hours is None else deadline_hours - clock, price,
-                                  price * 1.0001, max_price, relaunch_price, tuple(history), restart_hours,
-                                  checkpoint_hours / 2, raise_factor - 1))
-            choice = d.choice
-            if choice == PauseChoice.WAIT and length > patience_hours(history):
-                wait = patience_hours(history)
-                clock, cost = clock + wait, cost + wait * disk_usd_per_hour
-                history.append(wait)
-                choice = PauseChoice.RELAUNCH
-            elif choice == PauseChoice.WAIT:
-                clock, cost = clock + length, cost + length * disk_usd_per_hour
-                history.append(length)
-                continue
+        clock, cost, done = clock + (start - done), cost + (start - done) * price, start
+        if choose == "wait":
+            d = PauseDecision(PauseChoice.WAIT, "always")
+        elif choose == "relaunch":
+            d = PauseDecision(PauseChoice.RELAUNCH, "always")
         else:
-            choice = PauseChoice.WAIT if choose == "wait" else PauseChoice.RELAUNCH
-            if choice == PauseChoice.WAIT:
-                clock, cost = clock + length, cost + length * disk_usd_per_hour
-                history.append(length)
-                continue
-        if choice == PauseChoice.RAISE_BID:
-            price = price * raise_factor
-            rest = work_hours - done
-            return Replay(choose, clock + rest, cost + rest * price,
-                          deadline_hours is None or clock + rest <= deadline_hours + 1e-9)
-        # relaunch: a restart and the work since the last checkpoint, then the rest on the other offer
-        rest = work_hours - done + restart_hours + checkpoint_hours / 2
-        return Replay(choose, clock + rest, cost + rest * relaunch_price,
-                      deadline_hours is None or clock + rest <= deadline_hours + 1e-9)
-    rest = work_hours - done
-    return Replay(choose, clock + rest, cost + rest * price, deadline_hours is None or clock + rest <= deadline_hours + 1e-9)
+            d = ask(0.0)
+            if d.choice == PauseChoice.WAIT and length > patience_hours(history):
+                waited = patience_hours(history)
+                clock, cost = clock + waited, cost + waited * disk_usd_per_hour
+                d, length = ask(waited), length - waited
+                history.append(waited)
+        if d.choice == PauseChoice.WAIT:
+            clock, cost = clock + length, cost + length * disk_usd_per_hour
+            history.append(length)
+        elif d.choice == PauseChoice.RAISE_BID and d.new_bid is not None:
+            price = d.new_bid
+        else:
+            return finish(work_hours - done + restart_hours + checkpoint_hours / 2, relaunch_price)
+    return finish(work_hours - done, price)
+
+
+# --- a trace read as pause periods (`sdcloud simulate --pauses`) -------------------------------------
+
+def pauses_of(avail: Sequence[bool], gap_seconds: float, start: int = 0, work_hours: float = 0.0) -> list[tuple[float, float]]:
+    """One machine's pauses from an availability trace read from tick `start` (wrapping round): each run of
+    unavailable ticks is a pause (start in hours of work done, length in wall hours), until `work_hours`
+    of available ticks have passed (at most two laps of the trace: a trace with no availability ends)."""
+    n, tick = len(avail), gap_seconds / 3600
+    out: list[tuple[float, float]] = []
+    done, paused, k = 0.0, 0.0, 0
+    while k < 2 * n and (work_hours <= 0 or done < work_hours):
+        if avail[(start + k) % n]:
+            if paused:
+                out.append((done, paused))
+                paused = 0.0
+            done += tick
+        else:
+            paused += tick
+        k += 1
+    if paused:
+        out.append((done, paused))
+    return out
+
+
+def compare(traces: Sequence, work_hours: float, deadline_hours: float | None, bid: float, relaunch_price: float,
+            restart_hours: float = RESTART_HOURS, starts: int = 100, seed: int = 0) -> list[dict]:
+    """The pause policy against always waiting and always relaunching, over `starts` random start points
+    of each trace (the same points for every choice): mean hours, mean USD, deadlines met."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    points = [(t, int(rng.integers(0, len(t.avail)))) for t in traces for _ in range(max(1, starts // max(1, len(traces))))]
+    rows = []
+    for choose in ("policy", "wait", "relaunch"):
+        runs = [replay(pauses_of(t.avail, t.gap_seconds, s, work_hours), work_hours, bid, relaunch_price, deadline_hours,
+                       choose, restart_hours=restart_hours) for t, s in points]
+        rows.append({"choice": "sdcloud" if choose == "policy" else f"always-{choose}",
+                     "mean_hours": round(float(np.mean([r.hours for r in runs])), 3),
+                     "mean_usd": round(float(np.mean([r.cost for r in runs])), 4),
+                     "deadline_met_pct": round(100.0 * sum(r.met_deadline for r in runs) / len(runs), 1),
+                     "runs": len(runs)})
+    return rows
