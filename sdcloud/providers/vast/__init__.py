@@ -7,6 +7,7 @@ sdcloud places; billing.py: the per-instance charges; credentials.py: the host's
 
 from sdcloud_agent.store import dialects
 
+from . import limits
 from ..traits import Billing, HostTraits, Hosts, MarketRules, PriceCatalog, ProviderTraits, Setting, Timing, name_of
 
 TRAITS = ProviderTraits(
@@ -26,6 +27,7 @@ TRAITS = ProviderTraits(
     catalog=PriceCatalog(build=".catalog_build", refresh=".catalog",
                          hint="`sdcloud catalog refresh --provider {name}` (VAST_API_KEY: each machine's live bid)"),
     bill=".billing",
+    object_key_bytes=limits.OBJECT_KEY_BYTES,  # the run's S3 bucket (limits.py)
     config_sections=("vast",),
     config_keys=".session",
     settings=(Setting("vast", "bid_margin", 0.15), Setting("vast", "reliability_floor", 0.98),

@@ -144,7 +144,8 @@ class VastProvider:
         if not found:
             raise CapacityError(f"no Vast.ai machine like {offer.row.instance_type} in {offer.row.region} is offered now")
         last: Exception | None = None
-        base = self._create_body(spec)  # once: the store's keys are minted for this launch only
+        # Once: the store's keys (scoped to the run, expiring) are minted for this launch only.
+        base = self._create_body(spec, host_env(spec.agent_config.get("store") or {}, spec.run_id))
         for ask in found[:MAX_MACHINES]:
             body = dict(base)
             if market == "spot":
@@ -169,11 +170,10 @@ class VastProvider:
             return inst
         raise last or CapacityError("no Vast.ai machine could be rented")
 
-    def _create_body(self, spec: LaunchSpec) -> dict:
+    def _create_body(self, spec: LaunchSpec, store_env: dict[str, str]) -> dict:
         return {"client_id": "me", "image": IMAGE, "disk": spec.root_volume_gb, "label": label_for(spec.run_id, spec.attempt),
                 "onstart": spec.user_data, "runtype": "args", "cancel_unavail": True,
-                # vast.py parse_env's form: {"NAME": "value"}; the store's keys scoped to the run, expiring.
-                "env": {**spec.env, **host_env(spec.agent_config.get("store") or {}, spec.run_id)}}
+                "env": {**spec.env, **store_env}}  # vast.py parse_env's form: {"NAME": "value"}
 
     def _confirm(self, new_id: int, market: str, bid: float | None) -> Instance:
         """Re-read the new instance: a spot launch must be interruptible at our bid, or it is ended."""
