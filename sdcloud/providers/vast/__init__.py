@@ -19,7 +19,8 @@ TRAITS = ProviderTraits(
     timing=Timing(poll_seconds=10.0, boot_timeout=2400.0, heartbeat_timeout=600.0, cooldown_seconds=1800.0,
                   reclaim_notice_seconds=0.0),
     # The container's disk is the machine's; nothing to format. The image brings CUDA and the driver.
-    host=HostTraits(nvme=False, gpu_required=True, metadata="none", heartbeat_seconds=10, poll_seconds=5),
+    # The agent's clouds/vast.py: no metadata service, the store's keys from the container's environment.
+    host=HostTraits(nvme=False, gpu_required=True, metadata="vast", heartbeat_seconds=10, poll_seconds=5),
     # Per-second billing of GPU time; disk billed while the instance exists, paused too; bandwidth per byte.
     billing=Billing(currency="USD"),
     stores=(dialects.S3,),  # the run's store is another cloud's bucket: Vast.ai has none of its own

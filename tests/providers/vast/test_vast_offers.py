@@ -80,6 +80,12 @@ def test_up_on_vast_without_a_key_is_one_line_naming_it_and_records_nothing(caps
     nothing_recorded()
 
 
+def test_a_group_of_hosts_is_refused_on_single_machines(capsys, sdcloud_home):
+    refused(capsys, ["up", "--tier", "sd15-lora", "--provider", "vast", "--nodes", "2", "--store", "s3://b/runs", "--yes"],
+            "single machines")
+    nothing_recorded()
+
+
 def test_a_copy_of_the_key_in_config_is_masked_in_config_show(capsys, sdcloud_home):
     sdcloud_home.mkdir(parents=True, exist_ok=True)
     (sdcloud_home / "config.toml").write_text('[vast]\napi_key = "0123456789abcdef0123456789abcdef"\nbid_margin = 0.2\n')
