@@ -151,7 +151,8 @@ def test_a_vast_containers_boot_client_signs_with_the_keys_in_its_environment(mo
     source = userdata.boot_client(config)
     assert clouds.for_kind("aws").METADATA_BASE not in source and clouds.for_kind("tencent").METADATA_BASE not in source
     alone = _shipped_client(config)
-    for k, v in {"AWS_ACCESS_KEY_ID": "ASIAvast", "AWS_SECRET_ACCESS_KEY": "vastsecret", "AWS_SESSION_TOKEN": "vasttoken"}.items():
+    keys = {"AWS_ACCESS_KEY_ID": "ASIAvast", "AWS_SECRET_ACCESS_KEY": "vastsecret", "AWS_SESSION_TOKEN": "vasttoken"}
+    for k, v in keys.items():
         monkeypatch.setenv(k, v)
     want = {"key": "ASIAvast", "secret": "vastsecret", "token": "vasttoken"}
     assert alone["role_credentials"]({"kind": "vast"}, config["store"]) == want

@@ -113,7 +113,8 @@ def _vast(request, tmp_path) -> Driven:
     for k, v in {"SDCLOUD_VAST_ENDPOINT": server.url, "VAST_API_KEY": KEY, "SSL_CERT_FILE": str(server.ca_file)}.items():
         monkeypatch.setenv(k, v)
     provider = get_provider("vast", backoff=0.0, poll_interval=0.01)
-    offer = next(o for o in provider.offers(get_tier("sd15-lora"), "on-demand") if o.row.gpu == "RTX4090" and o.row.gpu_count == 1)
+    offer = next(o for o in provider.offers(get_tier("sd15-lora"), "on-demand")
+                 if o.row.gpu == "RTX4090" and o.row.gpu_count == 1)
 
     def refuse() -> None:  # every machine rented by someone else: no offer to create from
         for a in server.fake.asks.values():

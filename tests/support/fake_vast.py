@@ -62,7 +62,8 @@ class FakeInstance:
 
     def public(self) -> dict:
         a = self.ask
-        return {"id": self.id, "machine_id": a["machine_id"], "label": self.body.get("label"), "image_uuid": self.body.get("image"),
+        return {"id": self.id, "machine_id": a["machine_id"], "label": self.body.get("label"),
+                "image_uuid": self.body.get("image"),
                 "actual_status": self.actual_status, "intended_status": self.intended_status,
                 "cur_state": "running" if self.actual_status == "running" else "stopped",
                 "is_bid": self.is_bid, "bid_price": self.bid_price, "min_bid": a["min_bid"],

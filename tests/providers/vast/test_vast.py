@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from sdcloud.offers.optimizer import Offer
-from sdcloud.providers.base import PAUSED, PENDING, RUNNING, TERMINATED, CapacityError, CredentialsError, LaunchSpec, ProviderError
+from sdcloud.providers.base import (PAUSED, PENDING, RUNNING, TERMINATED, CapacityError, CredentialsError, LaunchSpec,
+                                    ProviderError)
 from sdcloud.providers.vast import bids
 from sdcloud.providers.vast.compute import label_for, search_query, state_of, tags_of
 from sdcloud.providers.vast.session import Client, VastApiError
