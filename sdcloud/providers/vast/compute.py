@@ -29,6 +29,10 @@ from .session import NAME, Client, VastApiError, require_key
 # A CUDA/PyTorch image: the agent's user-data installs the rest (runs/driving/hostboot.py).
 IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
 MAX_MACHINES = 5  # live offers tried for one launch before it counts as out of capacity
+IMAGE_CUDA = 12.4  # the image's CUDA: a machine whose driver runs less (`cuda_max_good`) cannot run it
+# A checkpoint must reach the store before the next one is due and before an outbid pauses the host with
+# no notice: an SDXL LoRA's few hundred MB take seconds at this rate, a full SDXL UNet (~5 GB) under 7 minutes.
+MIN_UPLOAD_MBPS = 100.0
 LABEL_PREFIX = "sdcloud-"
 _LABEL = re.compile(r"^sdcloud-(?P<run>.+)\.a(?P<attempt>\d+)$")
 # The marketplace's GPU names as gpus.csv names them.
@@ -71,7 +75,8 @@ def search_query(row, tier=None, disk_gb: float = 0, market: str = "spot", relia
         (config.settings().get(NAME) or {}).get("reliability_floor", 0.98))
     q: dict = {"verified": {"eq": True}, "rentable": {"eq": True}, "rented": {"eq": False},
                "reliability2": {"gte": floor}, "num_gpus": {"eq": row.gpu_count},
-               "gpu_ram": {"gte": row.usable_vram_mib}, "type": "bid" if market == "spot" else "on-demand",
+               "gpu_ram": {"gte": row.usable_vram_mib}, "cuda_max_good": {"gte": IMAGE_CUDA},
+               "inet_up": {"gte": MIN_UPLOAD_MBPS}, "type": "bid" if market == "spot" else "on-demand",
                "order": [["dph_total", "asc"]], "limit": 64}
     if row.gpu in VAST_NAMES:
         q["gpu_name"] = {"eq": VAST_NAMES[row.gpu]}

@@ -106,6 +106,17 @@ def test_the_search_uses_the_filter_syntax_and_the_reliability_floor(provider, f
     assert [o["min_bid"] for o in found] == sorted(o["min_bid"] for o in found)
 
 
+def test_a_machine_too_old_for_the_image_or_too_slow_to_upload_is_never_rented(provider, fake):
+    for a in fake.asks.values():
+        a.update(cuda_max_good=11.8) if a["id"] == 101 else a.update(inet_up=20.0)
+    with pytest.raises(CapacityError):
+        provider.launch(_offer(provider, zone=""), _spec(), "spot")
+    assert _creates(fake) == []
+    fake.asks[102]["inet_up"] = 400.0
+    assert provider.launch(_offer(provider, zone=""), _spec(), "spot").live
+    assert [int(p.split("/")[2]) for m, p, _, _ in fake.log if m == "PUT"] == [102]
+
+
 def test_an_unreliable_host_is_never_rented(provider, fake):
     with pytest.raises(CapacityError):
         provider.launch(_offer(provider, gpu="RTX3090", zone=""), _spec(), "spot")
