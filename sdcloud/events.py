@@ -65,6 +65,8 @@ class Kind(StrEnum):
     LAUNCH_FAILED = "launch-failed"
     ADOPTED = "adopted"
     RECLAIMED = "reclaimed"
+    HOST_PAUSED = "host-paused"  # a marketplace host outbid: paused with its disk; the pause policy's choice (fleet/pauses.py)
+    HOST_RESUMED = "host-resumed"  # ...and running again on the same machine
     HOST_LOST = "host-lost"
     RECONCILE = "reconcile"
     STRAYS = "strays"
@@ -167,6 +169,8 @@ FAILURES = frozenset({
 })
 # A host went away: reclaimed by the cloud or lost without a word.
 HOST_GONE = frozenset({Kind.RECLAIMED, Kind.HOST_LOST})
+# A host paused (a marketplace's outbid) and back: the run neither lost nor ended it.
+PAUSES = frozenset({Kind.HOST_PAUSED, Kind.HOST_RESUMED})
 # Who drives the run.
 DRIVER = frozenset({Kind.DRIVER_TOOK_OVER, Kind.DRIVER_LOST, Kind.HANDED_OVER, Kind.JOURNAL_DEFERRED})
 # What the host said about itself (its boot, its health, its memory).
@@ -233,6 +237,8 @@ FIELDS: dict[Kind, Fields] = {
     Kind.LAUNCH_FAILED: Fields((), ("attempt", "error", "offer", "instance", "provider", "state", "zone")),
     Kind.ADOPTED: Fields((), ("instance", "instance_id", "provider", "region", "zone", "token")),
     Kind.RECLAIMED: Fields(("attempt",), ("instance", "reported", "heartbeat_age_s")),
+    Kind.HOST_PAUSED: Fields(("attempt", "instance", "choice"), ("why", "paused_s", "bid", "new_bid")),
+    Kind.HOST_RESUMED: Fields(("attempt", "instance"), ("paused_s",)),
     Kind.HOST_LOST: Fields(("attempt",), ("instance", "reported", "heartbeat_age_s")),
     Kind.RECONCILE: Fields(("action",), ("attempt", "instance")),
     Kind.STRAYS: Fields(("instances",)),
@@ -398,6 +404,10 @@ WORDS: dict[Kind, Callable[[dict], str | None]] = {
         " (adopted: it was already running)" if d.get("adopted") else ""),
     Kind.LAUNCH_FAILED: lambda d: f"{_attempt(d)}: could not launch ({d.get('error')}); trying the next offer",
     Kind.RECLAIMED: _reclaimed,
+    Kind.HOST_PAUSED: lambda d: (f"{_attempt(d)}: host {d.get('instance')} paused (outbid, no notice): "
+                                 f"{d.get('choice')}" + _if(d, "why", " ({})")),
+    Kind.HOST_RESUMED: lambda d: f"{_attempt(d)}: host {d.get('instance')} resumed on the same machine"
+                                 + _if(d, "paused_s", " after {} s"),
     Kind.HOST_FAILED: _host_failed,
     Kind.STORE_UNREACHABLE: lambda d: (f"the run's store cannot be reached ({d.get('error')}); trying again every "
                                        f"{d.get('retry_s')} s" + (f" ({d['for_s']} s so far)" if d.get("for_s") else "")),

@@ -38,11 +38,14 @@ from ..render import emit_json, note, output_options, table, wide_option
               help="Hours a move to another cloud adds to the restart: the checkpoint's copy.")
 @click.option("--move-usd", type=float, default=0.0, show_default=True, metavar="USD",
               help="USD a move to another cloud costs: the checkpoint's egress from the source cloud.")
+@click.option("--pauses", is_flag=True, help="Read each trace's unavailable ticks as pauses of one marketplace machine "
+              "(an outbid Vast.ai host): the pause policy against always waiting and always relaunching; --spot-price "
+              "is the bid, --ondemand-price the relaunch's (docs/policies.md, \"Pauses\").")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per policy.")
 def simulate(traces: tuple[str, ...], job_hours: float, deadline_hours: float, restart_hours: float, spot_price: float,
              prices_file: str | None, ondemand_price: float, policies: tuple[str, ...], starts: int, seed: int,
              single_zone: bool, tick_seconds: int | None, cloud_prices: tuple[str, ...], move_hours: float,
-             move_usd: float, as_json: bool) -> None:
+             move_usd: float, pauses: bool, as_json: bool) -> None:
     """Replay spot availability traces through the spot policies; savings are against on-demand.
 
     Traces of two clouds (--trace aws:FILE --trace tencent:FILE) replay a job that may move between
@@ -53,6 +56,8 @@ def simulate(traces: tuple[str, ...], job_hours: float, deadline_hours: float, r
     setting = sim.Setting(job_hours, deadline_hours, restart_hours, spot_price, ondemand_price,
                           move_hours=move_hours, move_usd=move_usd)
     setting.check()
+    if pauses:
+        return _pauses(traces, setting, starts, seed, as_json)
     labels, paths = zip(*(across.split_trace(t) for t in traces))
     many = len(set(labels)) > 1
     priced = {p.cloud: p for p in (across.parse_cloud_prices(t) for t in cloud_prices)}
@@ -101,6 +106,26 @@ def simulate(traces: tuple[str, ...], job_hours: float, deadline_hours: float, r
           caption=f"savings = 1 - cost / (C x on-demand {_ondemand_words(ondemand, ondemand_price)}); spot "
                   f"{'per zone from its series' if spot_prices is not None else f'{spot_price:g} $/h'}; "
                   f"{gap} s ticks over {avail.shape[1] * gap / 3600:.0f} h; zones: {', '.join(keys)}")
+
+
+def _pauses(traces: tuple[str, ...], setting, starts: int, seed: int, as_json: bool) -> None:
+    from ..spot import clouds as across, pause, simulate as sim
+
+    if starts <= 0:
+        raise UserError(f"--starts must be a positive number, got {starts}")
+    loaded = [sim.load_trace(across.split_trace(t)[1]) for t in traces]
+    rows = pause.compare(loaded, setting.job_hours, setting.deadline_hours, setting.spot_price, setting.ondemand_price,
+                         setting.restart_hours, starts=starts, seed=seed)
+    if as_json:
+        emit_json(rows)
+        return
+    table(f"pauses: C={setting.job_hours:g} h, R={setting.deadline_hours:g} h, bid {setting.spot_price:g} $/h, "
+          f"relaunch {setting.ondemand_price:g} $/h",
+          ["choice", "mean hours", "mean cost $", "deadline met", "starts"],
+          [(r["choice"], f"{r['mean_hours']:.2f}", f"{r['mean_usd']:.2f}", f"{r['deadline_met_pct']:.1f}%", r["runs"])
+           for r in rows],
+          caption="a trace's unavailable ticks read as one machine's pauses; a raise ends a pause, a relaunch "
+                  "moves to an offer never paused (spot/pause.py)")
 
 
 def _ondemand_words(ondemand, flat: float) -> str:

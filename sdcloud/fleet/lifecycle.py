@@ -19,12 +19,13 @@ from typing import Any, Callable, Protocol, Sequence
 from ..errors import UserError
 from ..events import Kind
 from ..offers.optimizer import RESTART_HOURS, Offer
-from ..providers.base import FAILED, TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
 from ..offers.groups import group_price
+from ..providers.base import FAILED, PAUSED, TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
 from ..providers.groups import SweepsGroupLeftovers, adopt_found, has_group, nodes_of
-from ..providers.traits import traits
+from ..providers.traits import names, traits
 from ..spot.policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, ZoneView
 from .candidates import attempt_zone_key, zone_key
+from .pauses import PauseWatch
 
 # How long a zone counts as "no spot now" after a reclaim or a capacity error there is each
 # provider's own figure (traits(name).timing.cooldown_seconds): a cloud's zone stays cool for half
@@ -84,7 +85,8 @@ class Fleet:
 
     def __init__(self, owner_id: str, provider: Any, provider_name: str, records: Records, candidates: Sequence[Offer],
                  policy: Policy, events: Events, timing: Timing, spec_market: str | None = None,
-                 max_price: float | None = None, on_launched: Launched | None = None):
+                 max_price: float | None = None, on_launched: Launched | None = None,
+                 progress: Callable[[], Progress] | None = None):
         self.owner_id = owner_id
         self.provider = provider
         self.provider_name = provider_name
@@ -100,6 +102,11 @@ class Fleet:
         # Instances this fleet's provider has shown it (launched or described): one of them missing
         # later is gone; one it never saw (another machine's local host) is judged by its heartbeat.
         self._seen: set[str] = set()
+        # A market whose outbid hosts pause (Vast.ai): wait, raise the bid or relaunch (fleet/pauses.py).
+        # The owner's `progress` (deadline, work left) is what the pause policy decides from.
+        self.pauses: PauseWatch | None = None
+        if provider_name in names() and traits(provider_name).market.pauses:
+            self.pauses = PauseWatch(self, progress)
 
     # attempts
     def attempts(self) -> list[Any]:
@@ -239,7 +246,9 @@ class Fleet:
         # that machine): it is adopted through the bucket, judged by its heartbeat there (or its boot
         # time), never declared gone for being absent here.
         unknown = inst is None and phase != "preempted" and cur.instance_id not in self._seen
-        gone = not unknown and (inst is None or not inst.live)
+        # A paused host (outbid, no notice) is kept while the pause policy waits or raises the bid; else reclaimed.
+        paused_out = inst is not None and (inst.state == PAUSED if self.pauses is None else not self.pauses.keep(cur, inst))
+        gone = not unknown and (inst is None or not inst.live or paused_out)
         if gone and phase != "preempted" and inst is not None and inst.state == FAILED:
             self.event(Kind.HOST_FAILED, {"attempt": cur.n, "instance": cur.instance_id, "phase": phase,
                                           "state": inst.state})
@@ -260,6 +269,8 @@ class Fleet:
             return reason
         age = time.time() - (heartbeat if heartbeat else (cur.start or time.time()))
         limit = self.timing.heartbeat_timeout if heartbeat else self.timing.boot_timeout
+        if inst is not None and self.pauses is not None and self.pauses.waiting(inst.id, limit):
+            return "ok"  # its heartbeat stopped with the pause: not lost
         if age > limit:
             self.event(Kind.HOST_LOST, {"attempt": cur.n, "instance": cur.instance_id, "heartbeat_age_s": round(age)})
             if heartbeat:

@@ -18,7 +18,7 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
-from .catalog import ROW_FIELDS, CatalogRow
+from .catalog import MARKET_FIELDS, ROW_FIELDS, CatalogRow
 from .gpus import gpu_table
 
 
@@ -44,7 +44,10 @@ def fmt(x: float) -> str:
 
 def to_csv(rows: list[CatalogRow]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(ROW_FIELDS), lineterminator="\n")
+    blank = CatalogRow.__dataclass_fields__
+    unused = {f for f in MARKET_FIELDS if all(getattr(r, f) == blank[f].default for r in rows)}
+    writer = csv.DictWriter(out, fieldnames=[f for f in ROW_FIELDS if f not in unused], lineterminator="\n",
+                            extrasaction="ignore")
     writer.writeheader()
     for r in rows:
         d = r.as_dict()

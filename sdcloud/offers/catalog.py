@@ -109,6 +109,18 @@ class CatalogRow:
     spot_date: str = ""
     ondemand_source: str = ""
     spot_source: str = ""
+    # A marketplace machine (Vast.ai, MarketRules.bandwidth_priced): what its own offer says beyond the
+    # clouds' columns. `spot_price` is then the bid sdcloud places, `min_bid` the lowest the machine takes.
+    min_bid: float | None = None
+    upload_usd_per_gb: float = 0.0  # the run's bytes out of the machine (checkpoints to the store)
+    download_usd_per_gb: float = 0.0  # ...and into it (model, dataset, a restored checkpoint)
+    storage_usd_per_gb_month: float = 0.0  # its disk, billed running or paused
+    dlperf: float = 0.0  # the marketplace's own deep-learning score of the machine (a prior for unknown GPUs)
+    reliability: float = 0.0  # the host's measured reliability, 0-1
+
+    @property
+    def bandwidth_priced(self) -> bool:
+        return bool(self.upload_usd_per_gb or self.download_usd_per_gb or self.storage_usd_per_gb_month)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -177,6 +189,12 @@ def row_from_mapping(raw: dict) -> CatalogRow:
         spot_date=str(raw.get("spot_date") or ""),
         ondemand_source=str(raw.get("ondemand_source") or ""),
         spot_source=str(raw.get("spot_source") or ""),
+        min_bid=_opt_float(raw.get("min_bid")),
+        upload_usd_per_gb=float(raw.get("upload_usd_per_gb") or 0),
+        download_usd_per_gb=float(raw.get("download_usd_per_gb") or 0),
+        storage_usd_per_gb_month=float(raw.get("storage_usd_per_gb_month") or 0),
+        dlperf=float(raw.get("dlperf") or 0),
+        reliability=float(raw.get("reliability") or 0),
     )
 
 
@@ -279,7 +297,8 @@ def _apply_spot_assumption(rows: list[CatalogRow]) -> list[CatalogRow]:
     discounts: dict[str, float] = {}
     out = []
     for r in rows:
-        if r.spot_basis == "estimate" and r.ondemand_price is not None:
+        # A marketplace row's interruptible price is a bid on its minimum (min_bid), not a discount.
+        if r.spot_basis == "estimate" and r.ondemand_price is not None and r.min_bid is None:
             if r.provider not in discounts:
                 discounts[r.provider] = spot_discount(r.provider)
             discount = discounts[r.provider]
@@ -356,3 +375,5 @@ def write_refreshed(provider: str, rows: list[CatalogRow], errors: list[str] | N
 
 
 ROW_FIELDS = tuple(f.name for f in fields(CatalogRow))
+# The marketplace columns: a catalog file carries them only where one of its rows has them.
+MARKET_FIELDS = ("min_bid", "upload_usd_per_gb", "download_usd_per_gb", "storage_usd_per_gb_month", "dlperf", "reliability")

@@ -22,6 +22,7 @@ from .. import config
 from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, Catalog, CatalogRow, providers
 from ..errors import UserError
 from ..money import usd
+from .bandwidth import Bandwidth, bandwidth
 from .kinds import RunKind
 from .moves import Egress, MoveCost, move_cost
 
@@ -86,6 +87,7 @@ class Estimate:
     rate: Rate | None = None  # steps/s or images/s on this host, before overheads, and its source
     ref_rate: float = 0.0  # the tier's rate on one A10G: speed_rel is rate / ref_rate
     move: MoveCost | None = None  # the move from the home cloud an offer in another cloud starts with
+    bandwidth: Bandwidth | None = None  # a marketplace machine's priced bytes and disk, in est_cost (offers/bandwidth.py)
 
     def as_dict(self) -> dict:
         o, r = self.offer, self.offer.row
@@ -133,6 +135,9 @@ class Estimate:
             "move": None if self.move is None else {"egress_usd": round(self.move.egress_usd, 4),
                                                     "transfer_hours": round(self.move.transfer_hours, 4),
                                                     "bytes": self.move.bytes, "reason": self.move.reason},
+            "bandwidth": None if self.bandwidth is None else self.bandwidth.as_dict(),
+            "min_bid": r.min_bid,  # a marketplace machine's lowest interruptible bid; the spot price is sdcloud's bid
+            "bid": o.price_per_hour if o.market == "spot" and r.min_bid is not None else None,
         }
 
     @property
@@ -183,8 +188,9 @@ def estimate(tier: Tier, offer: Offer, job_size: int | None = None,
         warnings.append("no local NVMe: data and checkpoints on network disk")
     elif 0 < r.nvme_gb < tier.nvme_gb:
         warnings.append(f"{r.nvme_gb:g} GB NVMe is below the {tier.nvme_gb:g} GB the tier wants")
-    return Estimate(offer, hours * overhead, offer.price_per_hour_usd * hours * overhead, overhead, tuple(warnings), tier.kind,
-                    rate, tier.ref_rate)
+    bw = bandwidth(tier, r, hours * overhead, CHECKPOINT_INTERVAL_HOURS)
+    return Estimate(offer, hours * overhead, offer.price_per_hour_usd * hours * overhead + (bw.usd if bw else 0.0), overhead,
+                    tuple(warnings), tier.kind, rate, tier.ref_rate, bandwidth=bw)
 
 
 def fits(tier: Tier, row: CatalogRow) -> bool:

@@ -23,7 +23,9 @@ TAG_NODES = "sdcloud:nodes"  # ...and the group's size: a crash mid-launch leave
 
 # Instance states, normalised across providers.
 PENDING, RUNNING, STOPPING, TERMINATED, FAILED = "pending", "running", "stopping", "terminated", "failed"
-LIVE_STATES = (PENDING, RUNNING, STOPPING)
+# A marketplace host outbid (MarketRules.pauses): stopped with its disk, billed, resumable on the same machine.
+PAUSED = "paused"
+LIVE_STATES = (PENDING, RUNNING, STOPPING, PAUSED)
 
 
 def launch_token(run_id: str, attempt: int) -> str:

@@ -138,3 +138,13 @@ class SchedulesBatch(Protocol):
 
     # The schedule's state before (ENABLED or DISABLED), None where the cloud has no such schedule.
     def set_enabled(self, name: str, enabled: bool, infra: dict, client: Any = None) -> str | None: ...
+
+
+@runtime_checkable
+class ChangesBid(Protocol):
+    """A market whose interruptible price is a bid on one machine (Vast.ai): an outbid host pauses, and
+    a higher bid wins it back (fleet/pauses.py, spot/pause.py)."""
+
+    def change_bid(self, instance_id: str, price: float) -> None: ...
+
+    def min_bid(self, instance_id: str) -> float | None: ...

@@ -24,7 +24,7 @@ from ..offers import told
 
 # Every provider's package, in the order the CLI lists them. A provider's name is its package's name
 # under sdcloud.providers; one more is registered with `register(name)`.
-PACKAGES = ("aws", "tencent", "local", "ssh")
+PACKAGES = ("aws", "tencent", "local", "ssh", "vast")
 _registered: list[str] = []
 
 
@@ -73,6 +73,19 @@ class Billing:
     # user's account is billed in where the site decides it, not the provider (Tencent: china / international);
     # None: always `currency`. Its egress is then read from the list of that currency (loader.egress_price).
     account_currency: str | None = None
+
+
+@dataclass(frozen=True)
+class MarketRules:
+    """How the provider's market behaves where the clouds differ (a marketplace of machines is not a zone).
+    The defaults are the clouds': AWS and Tencent Cloud."""
+    multi_node: bool = True  # hosts of one run may form a group (providers/groups.py)
+    reclaim_notice: bool = True  # a spot host is warned before it is taken back (AWS: 2 min)
+    # An outbid host is paused, not ended: it keeps its disk (billed) and resumes on the same machine
+    # when its bid wins again (spot/pause.py decides: wait, raise the bid, or relaunch).
+    pauses: bool = False
+    bandwidth_priced: bool = False  # each machine prices the run's upload and download bytes (in the estimate)
+    object_store: bool = True  # the provider has a bucket of its own; False: the run's store is another cloud's
 
 
 @dataclass(frozen=True)
@@ -241,6 +254,8 @@ class ProviderTraits:
     object_key_bytes: int | None = None
     # The network between two of its hosts (`offers --nodes N`, the group launch): None, assumed.
     network: Network | None = None
+    # Where its market differs from the clouds': pauses, notices, priced bandwidth, its own bucket.
+    market: MarketRules = field(default_factory=MarketRules)
 
     @property
     def is_cloud(self) -> bool:

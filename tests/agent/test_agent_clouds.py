@@ -25,7 +25,7 @@ FOUR_THINGS = {
 
 
 def test_every_cloud_gives_the_four_things():
-    assert clouds.kinds() == ["aws", "tencent", "none"]
+    assert clouds.kinds() == ["aws", "tencent", "vast", "none"]
     for kind in clouds.kinds():
         cloud = clouds.for_kind(kind)
         assert cloud.KIND == kind
@@ -34,17 +34,19 @@ def test_every_cloud_gives_the_four_things():
             assert not missing, f"clouds/{kind}.py lacks {thing}: {missing}"
         assert callable(cloud.watcher) and callable(cloud.role_session) and callable(cloud.end_machine)
         assert isinstance(cloud.END_ACTION, str) and isinstance(cloud.ENDS_MACHINE, bool)
-        # A cloud with a metadata service fetches role keys from it at boot; one without has neither.
-        assert (cloud.METADATA_BASE is None) == (cloud.boot_role_keys is None)
+        # A cloud with a metadata service fetches role keys from it at boot; one without has none to
+        # fetch, unless its keys come in the machine's environment (a Vast.ai container's).
+        assert cloud.METADATA_BASE is None or cloud.boot_role_keys is not None
+        assert (cloud.boot_role_keys is None) == (cloud.METADATA_BASE is None and kind != "vast")
 
 
 def test_the_registry_maps_the_config_words():
     assert clouds.for_kind("") is clouds.for_kind(None) is clouds.for_kind("none")
-    with pytest.raises(ValueError, match="unknown metadata kind 'gcp': aws, tencent or none"):
+    with pytest.raises(ValueError, match="unknown metadata kind 'gcp': aws, tencent, vast or none"):
         clouds.for_kind("gcp")
     # self_end.provider: only a cloud of its own ends the machine.
-    assert [clouds.for_provider(p).END_ACTION for p in ("aws", "tencent", "ssh", "local", "none", None)] == \
-        ["os-shutdown", "terminate-instances", "agent-exit", "agent-exit", "agent-exit", "agent-exit"]
+    assert [clouds.for_provider(p).END_ACTION for p in ("aws", "tencent", "vast", "ssh", "local", "none", None)] == \
+        ["os-shutdown", "terminate-instances", "agent-exit", "agent-exit", "agent-exit", "agent-exit", "agent-exit"]
     assert [selfend.SelfEnd(provider=p).ends_machine for p in ("aws", "tencent", "ssh", "local")] == \
         [True, True, False, False]
     # The store's "credentials" wire value names Tencent's CVM role; anything else names no cloud.
@@ -140,3 +142,22 @@ def test_tencents_role_session_refreshes_from_the_cvm_role(monkeypatch):
     finally:
         srv.stop()
     assert clouds.for_kind("aws").role_session() is None and clouds.for_kind("none").role_session() is None
+
+
+def test_a_vast_containers_boot_client_signs_with_the_keys_in_its_environment(monkeypatch):
+    """No role on a stranger's machine: the boot's S3 client, alone as the user-data carries it, reads the
+    run-scoped session keys the create request put in the container's environment; none there is said."""
+    config = {"run_id": "r", "store": {"url": "s3://b/p"}, "metadata": {"kind": "vast"}}
+    source = userdata.boot_client(config)
+    assert clouds.for_kind("aws").METADATA_BASE not in source and clouds.for_kind("tencent").METADATA_BASE not in source
+    alone = _shipped_client(config)
+    keys = {"AWS_ACCESS_KEY_ID": "ASIAvast", "AWS_SECRET_ACCESS_KEY": "vastsecret", "AWS_SESSION_TOKEN": "vasttoken"}
+    for k, v in keys.items():
+        monkeypatch.setenv(k, v)
+    want = {"key": "ASIAvast", "secret": "vastsecret", "token": "vasttoken"}
+    assert alone["role_credentials"]({"kind": "vast"}, config["store"]) == want
+    assert s3lite.role_credentials({"kind": "vast"}, config["store"]) == want
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    with pytest.raises(RuntimeError, match="AWS_ACCESS_KEY_ID"):
+        alone["role_credentials"]({"kind": "vast"}, config["store"])
+    assert clouds.make_watcher({"kind": "vast"}) is None  # no notice ever comes

@@ -1,7 +1,7 @@
 """The contract every registered provider keeps (sdcloud/providers/base.py: Provider), run over each of
 `traits.names()`, each against the stand-in its own tests use: moto in-process for AWS, the CVM fake
 for Tencent, real agent processes on this machine for the local provider, a real sshd on 127.0.0.1
-for SSH (skipped where openssh-server is missing, as its own tests are).
+for SSH (skipped where openssh-server is missing, as its own tests are), the API fake over HTTPS for Vast.ai.
 
 - a launch is idempotent on its token: the same run and attempt adopt the live host, a new attempt
   starts another;
@@ -104,7 +104,26 @@ def _ssh(request, tmp_path) -> Driven:
                   lambda run, attempt: _agent_spec(tmp_path, run, attempt), lambda: 0.1)
 
 
-DRIVERS: dict[str, Callable[..., Driven]] = {"aws": _aws, "tencent": _tencent, "local": _local, "ssh": _ssh}
+def _vast(request, tmp_path) -> Driven:
+    from tests.support.fake_vast import KEY, FakeVastServer
+
+    server = FakeVastServer(tmp_path / "vast-tls").start()
+    request.addfinalizer(server.stop)
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    for k, v in {"SDCLOUD_VAST_ENDPOINT": server.url, "VAST_API_KEY": KEY, "SSL_CERT_FILE": str(server.ca_file)}.items():
+        monkeypatch.setenv(k, v)
+    provider = get_provider("vast", backoff=0.0, poll_interval=0.01)
+    offer = next(o for o in provider.offers(get_tier("sd15-lora"), "on-demand")
+                 if o.row.gpu == "RTX4090" and o.row.gpu_count == 1)
+
+    def refuse() -> None:  # every machine rented by someone else: no offer to create from
+        for a in server.fake.asks.values():
+            a["rented"] = True
+
+    return Driven(provider, offer, lambda run, attempt: LaunchSpec(run, attempt, user_data="echo"), refuse)
+
+
+DRIVERS: dict[str, Callable[..., Driven]] = {"aws": _aws, "tencent": _tencent, "local": _local, "ssh": _ssh, "vast": _vast}
 
 
 def wait_until(cond: Callable[[], object], timeout: float, what: str) -> None:

@@ -11,6 +11,7 @@ from sdcloud.providers.groups import host_spec
 from sdcloud.runs.inputs import spec as run_spec
 
 from tests.providers import test_limits as lim_tests
+from sdcloud.providers.traits import traits
 from tests.providers.test_limits import CLOUDS, REQUESTS, longest_region, tag_problems, user_data_problems
 
 TOKEN_CHARS = 64  # EC2 RunInstances ClientToken and CVM RunInstances ClientToken: at most 64 ASCII characters
@@ -26,7 +27,7 @@ def largest_group(monkeypatch):
     assert run_spec.MAX_NODES == MAX_NODES  # `up --nodes` and `offers --nodes` take the same limit
 
 
-@pytest.mark.parametrize("provider", CLOUDS)
+@pytest.mark.parametrize("provider", [p for p in CLOUDS if traits(p).market.multi_node])
 def test_every_host_of_the_largest_group_fits_the_cloud(provider, largest_group, tmp_path, sdcloud_home):
     spec = lim_tests.largest_launch(provider, "sdxl-finetune", "kohya", tmp_path, sdcloud_home)
     assert len(spec.node_user_data) == MAX_NODES

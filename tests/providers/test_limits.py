@@ -291,7 +291,18 @@ def _tencent_request(spec: LaunchSpec, region: str) -> tuple[dict, dict[str, dic
     return params, tags
 
 
-REQUESTS = {"aws": _aws_request, "tencent": _tencent_request}
+def _vast_request(spec: LaunchSpec, region: str) -> tuple[dict, dict[str, dict[str, str]]]:
+    from sdcloud.providers.vast.compute import VastProvider, tags_of
+
+    # The store's session keys as STS gives them (a session token runs to about 1-2 KB): the largest env.
+    keys = {"AWS_ACCESS_KEY_ID": "A" * 20, "AWS_SECRET_ACCESS_KEY": "s" * 40, "AWS_SESSION_TOKEN": "t" * 2048,
+            "SDCLOUD_STORE_KEYS_EXPIRE": "2026-12-31T23:59:59+00:00"}
+    body = VastProvider()._create_body(spec, keys)
+    assert len(body["label"]) <= limits("vast").LABEL_CHARS
+    return {**body, "UserData": body["onstart"]}, {"instance": tags_of(body["label"])}
+
+
+REQUESTS = {"aws": _aws_request, "tencent": _tencent_request, "vast": _vast_request}
 
 
 @pytest.mark.parametrize("provider", CLOUDS)

@@ -248,3 +248,45 @@ def test_the_local_copy_runs_a_job(copy_of, sdcloud_home, monkeypatch, capsys):
     assert [a["provider"] for a in status["attempts"]] == [name]
     # Its hosts were its own: under its own folder of $SDCLOUD_HOME, none under the original's.
     assert (sdcloud_home / name).is_dir() and not (sdcloud_home / "local").exists()
+
+
+# -- vast --------------------------------------------------------------------------------------------
+
+def test_the_vast_copy_lists_offers_refreshes_and_gcs_against_the_fake(copy_of, tmp_path, monkeypatch, capsys):
+    from tests.support.fake_vast import KEY, FakeVastServer
+
+    name = copy_of("vast", "vastcopy")
+    monkeypatch.delenv("VAST_API_KEY", raising=False)
+    assert main(["offers", "--tier", "sdxl-lora", "--provider", name, "--limit", "0", "--json"]) == 0
+    bundled = json.loads(capsys.readouterr().out)  # the bundled snapshot: no key needed
+    assert bundled and {e["provider"] for e in bundled} == {name} and {"RTX4090", "L40S"} <= {e["gpu"] for e in bundled}
+
+    with FakeVastServer(tmp_path / "tls") as srv:
+        for k, v in {"SDCLOUD_VAST_ENDPOINT": srv.url, "VAST_API_KEY": KEY, "SSL_CERT_FILE": str(srv.ca_file)}.items():
+            monkeypatch.setenv(k, v)
+        assert main(["catalog", "refresh", "--provider", name, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["rows"] > 0
+        assert main(["offers", "--tier", "sdxl-lora", "--provider", name, "--limit", "0", "--json"]) == 0
+        captured = capsys.readouterr()
+        assert "refreshed catalog" in captured.err and {e["provider"] for e in json.loads(captured.out)} == {name}
+
+        from sdcloud.offers.optimizer import Offer
+        from sdcloud.offers.tiers import get_tier
+        from sdcloud.providers import get_provider
+        from sdcloud.providers.base import LaunchSpec
+        from sdcloud.runs.records.state import StateStore
+
+        store = StateStore()
+        store.create_run("live-run", "sdxl-lora", {}, 100)
+        store.update_run("live-run", state="running")
+        store.close()
+        prov = get_provider(name, backoff=0.0)
+        assert prov.name == name
+        row = next(o.row for o in prov.offers(get_tier("sdxl-lora"), "spot") if o.row.gpu == "RTX4090")
+        keep = prov.launch(Offer(row, "spot"), LaunchSpec("live-run", 1, user_data="echo"), "spot")
+        stray = prov.launch(Offer(row, "spot"), LaunchSpec("crashed-run", 1, user_data="echo"), "spot")
+        srv.fake.outbid(stray.id, 5.0)  # paused: its disk still bills, so gc ends it too
+        assert main(["gc", "--provider", name, "--yes", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["provider"] == name and out["terminated"] == [stray.id]
+        assert [str(i) for i in srv.fake.instances] == [keep.id]

@@ -1,6 +1,6 @@
 """The host's side of the cloud seam: one module per cloud the agent runs on (docs/architecture.md).
 
-Each of `aws`, `tencent` and `none` gives the same four things, so that no other agent module asks
+Each of `aws`, `tencent`, `vast` and `none` gives the same four things, so that no other agent module asks
 which cloud it is on:
 
 - the metadata service: `METADATA_BASE` (None where there is none) and `KIND`, the value of the
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import aws, none, tencent
+from . import aws, none, tencent, vast
 
-CLOUDS: dict[str, ModuleType] = {m.KIND: m for m in (aws, tencent, none)}
+CLOUDS: dict[str, ModuleType] = {m.KIND: m for m in (aws, tencent, vast, none)}
 
 
 def kinds() -> list[str]:

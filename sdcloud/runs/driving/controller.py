@@ -111,8 +111,8 @@ class Controller:
         offers = fleet_candidates(self.provider, self.tier, self.spec.market, name=self.spec.provider,
                                   max_price=self.plan.max_price, region=self.spec.region, job_size=self.total_steps,
                                   events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self), nodes=self.spec.nodes)
-        self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
-                           self.event, self.timing, spec_market=self.spec.market, max_price=self.plan.max_price)
+        self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"), self.event,
+                           self.timing, spec_market=self.spec.market, max_price=self.plan.max_price, progress=self.progress)
         cloud_move.remember_home(self)  # across clouds: the home store stays, launches follow the run (cloud_move.py)
 
     @property

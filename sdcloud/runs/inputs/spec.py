@@ -216,6 +216,9 @@ def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
         data["nodes"] = _positive(data["nodes"], "--nodes", integer=True)
         if data["nodes"] > MAX_NODES:
             raise UserError(f"--nodes {data['nodes']}: at most {MAX_NODES} hosts train together")
+        if data["nodes"] > 1 and not kind.market.multi_node:  # machines of a marketplace share no private network
+            raise UserError(f"--nodes {data['nodes']}: the {data['provider']} provider rents single machines; "
+                            "several hosts train together on a cloud whose hosts share a network, or this machine")
         if data["nodes"] > 1 and data.get("providers"):  # a group's hosts meet over one cloud's private network
             raise UserError(f"--nodes {data['nodes']}: a group of hosts trains in one cloud; name one provider, "
                             f"not {','.join(data['providers'])}")
