@@ -54,6 +54,10 @@ def _options(kw: dict):
     from ..runs.inputs.spec import parse_duration
 
     check_settings()  # every section of config.toml ([hosts] self_end_grace reaches the hosts), before the job exists
+    if kw.get("name") is not None:  # checked as a run's name is (names.py): shown by status, never taken for an id
+        from ..names import check_name
+
+        kw["name"] = check_name(kw["name"])
     providers = None
     if "," in kw["provider"]:  # several clouds at once (docs/batch.md): the first is the home
         from ..batch.clouds import resolve

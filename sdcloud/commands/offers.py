@@ -75,15 +75,19 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
         from ..names import match_name
         from ..providers.traits import has_catalog, names
 
-        found = [match_name(p.strip(), names(where=has_catalog), "provider") for p in provider.split(",") if p.strip()]
-        found = list(dict.fromkeys(found))
-        if not found:
-            raise UserError(f"--provider needs a provider name, got {provider!r}")
+        from ..runs.inputs.clouds import split
+
+        found = [match_name(p, names(where=has_catalog), "provider") for p in split(provider)]
+        if len(set(found)) != len(found):
+            raise UserError(f"--provider {provider} names a provider twice; name each provider once")
         provider, several = (found[0], None) if len(found) == 1 else (None, found)
     if steps is not None and steps <= 0:
         raise UserError(f"--steps must be a positive whole number, got {steps}")
     if limit < 0:
         raise UserError(f"--limit must be 0 (all) or more, got {limit}")
+    from ..runs.inputs.config_check import check_settings
+
+    check_settings()  # config.toml's sections and keys ([currency] among them), named before anything is printed
     max_age_days()  # a bad setting is refused before anything is printed
     catalog = load_catalog(several)
     from ..runs.driving.lessons import user_book
