@@ -64,3 +64,16 @@ def test_up_and_offers_name_every_tier_they_take():
     assert all(t in up for t in TRAIN_TIER_NAMES) and not any(t in up for t in BATCH_TIER_NAMES), up
     offers = _option(["sdcloud", "offers"], "--tier").help
     assert all(t.name in offers for t in tiers), offers
+
+
+def test_simulate_help_names_every_policy_of_the_registry(capsys):
+    import re
+
+    from sdcloud.cli import main
+    from sdcloud.spot.simulate import all_policy_names
+
+    assert main(["simulate", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    listed = re.search(r"Policy to replay \(repeatable; default all\): (.*?)\.", text).group(1)
+    assert [n.strip() for n in listed.split(",")] == all_policy_names()
+    assert "sdcloud-one-cloud" in listed
