@@ -7,7 +7,8 @@ import click
 from ..offers.catalog import BAND_RECLAIMS_PER_HOUR, load_catalog, max_age_days, stale_warning
 from ..errors import UserError
 from ..offers.optimizer import rank
-from .common import BATCH_TIER_NAMES, TRAIN_TIER_NAMES, USD_PER_HOUR, complete_providers, complete_regions, complete_tiers, market_of, market_options
+from .common import (BATCH_TIER_NAMES, TRAIN_TIER_NAMES, USD_PER_HOUR, ProvidersHelp, complete_providers, complete_regions,
+                     complete_tiers, market_of, market_options)
 from ..render import emit_json, note, output_options, table, wide_option
 from ..offers.tiers import all_tiers, get_tier
 
@@ -50,7 +51,8 @@ def _short_notes(est) -> str:
                    + ", ".join(BATCH_TIER_NAMES) + "); sdcloud tiers.")
 @market_options
 @click.option("--max-price", type=USD_PER_HOUR, metavar="USD", help="Highest price per hour, USD.")
-@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws or tencent; aws,tencent ranks both in one table.")
+@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, cls=ProvidersHelp,
+              help="{catalog}; aws,tencent ranks both in one table.")
 @click.option("--region", metavar="REGION", shell_complete=complete_regions, help="One region, e.g. us-east-1 or ap-guangzhou.")
 @click.option("--steps", type=int, metavar="N", help="Job size in steps (images for batch tiers) instead of the tier's reference job.")
 @click.option("--limit", type=int, default=15, show_default=True, metavar="N", help="Rows to show (0 = all).")

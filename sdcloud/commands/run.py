@@ -18,7 +18,7 @@ import click
 from ..errors import UserError
 from ..render import emit_json, note, output_options
 from ..runs.inputs import clouds  # a run across clouds: its checks before anything is recorded
-from .common import (
+from .common import (ProvidersHelp, 
     EXIT_INTERRUPTED,
     EXIT_NOT_SUCCEEDED,
     USD, TRAIN_TIER_NAMES,
@@ -224,7 +224,8 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
 @click.option("--tier", metavar="TIER", shell_complete=complete_tiers, help=f"Training tier: {', '.join(TRAIN_TIER_NAMES)}.")
 @market_options
 @click.option("--max-price", type=USD_PER_HOUR, metavar="USD", help="Highest spot price per hour, USD.")
-@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws, tencent, local (default) or ssh; aws,tencent: the run may move between clouds.")
+@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, cls=ProvidersHelp,
+              help="{all} (default: local); aws,tencent: the run may move between clouds.")
 @click.option("--region", metavar="REGION", shell_complete=complete_regions, help="Region to run in (default: any).")
 @click.option("--deadline", metavar="DURATION", help="Finish within this long, e.g. 36h, 1d12h, 90m.")
 @click.option("--budget", type=USD, metavar="USD", help="Stop before spending more than this many USD (checkpoint kept).")

@@ -23,7 +23,8 @@ class _PolicyOption(click.Option):
 @output_options
 @wide_option
 @click.option("--trace", "traces", multiple=True, required=True, metavar="[CLOUD:]FILE",
-              help="Availability trace (JSON, one value per tick, > 0 = spot). Several = several zones; "
+              help="Availability trace (JSON, one value per tick: > 0 = spot in the spot-traces format, 1 = preempted in "
+                   "the SkyNomad one, or as metadata.data_means says). Several = several zones; "
                    "CLOUD:FILE puts the zone in a cloud, and a launch in another cloud than the checkpoint's is a move.")
 @click.option("--job-hours", type=float, required=True, metavar="HOURS", help="C: hours of work the job needs.")
 @click.option("--deadline-hours", type=float, required=True, metavar="HOURS", help="R: hours from start to deadline.")
@@ -36,7 +37,8 @@ class _PolicyOption(click.Option):
 @click.option("--ondemand-price", type=float, default=3.06, show_default=True, metavar="USD",
               help="On-demand USD per hour, for traces without their own (metadata.price_info.on_demand_price).")
 @click.option("--policy", "policies", multiple=True, metavar="P", cls=_PolicyOption,
-              help="Policy to replay (repeatable; default all): {names}.")
+              help="Policy to replay (repeatable): {names}. Default: all but sdcloud-one-cloud (one cloud) or "
+                   "optimal (several clouds).")
 @click.option("--starts", type=int, default=300, show_default=True, metavar="N", help="Random start points (the same for every policy).")
 @click.option("--seed", type=int, default=0, show_default=True, metavar="N", help="Seed for the start points.")
 @click.option("--single-zone", is_flag=True, help="Keep every policy to the zone it started in.")
