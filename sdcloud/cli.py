@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except sqlite3.OperationalError as exc:
         if "locked" not in str(exc):
             raise
-        from .runs.records.state import locked_message
+        from .runs.records.db_lock import locked_message
 
         click.echo(f"error: {locked_message()}", err=True)  # another sdcloud holds state.db past the wait
         return 2

@@ -18,11 +18,10 @@ import click
 from ..errors import UserError
 from ..render import emit_json, note, output_options
 from ..runs.inputs import clouds  # a run across clouds: its checks before anything is recorded
-from .common import (ProvidersHelp, 
+from .common import (
     EXIT_INTERRUPTED,
     EXIT_NOT_SUCCEEDED,
-    USD, TRAIN_TIER_NAMES,
-    USD_PER_HOUR,
+    USD, TRAIN_TIER_NAMES, ProvidersHelp, USD_PER_HOUR,
     complete_providers,
     complete_regions,
     complete_runs,

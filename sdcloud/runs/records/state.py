@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ... import config
+from ...errors import UserError
+from .db_lock import LOCK_WAIT_S
 from ...events import identity as event_identity
 from ...events import parse as parse_kind
 from ...offers.kinds import RunKind
@@ -208,37 +210,6 @@ class Attempt:
         return (self.price or 0.0) * self.hours
 
 
-# How long a command waits for another sdcloud that holds the database (a write in progress) before it
-# says so in one line (`locked_message`) instead of going on.
-LOCK_WAIT_S = 30.0
-
-
-def holders(path: Path) -> list[int]:
-    """The other processes of this machine that have `path` (or its -wal/-shm) open: who holds a lock on
-    it, as far as /proc tells (an empty list where there is no /proc, or nothing else has it open)."""
-    names = {str(path), f"{path}-wal", f"{path}-shm"}
-    found = []
-    proc = Path("/proc")
-    for entry in proc.iterdir() if proc.is_dir() else ():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if any(os.readlink(fd) in names for fd in (entry / "fd").iterdir()):
-                found.append(int(entry.name))
-        except OSError:  # gone meanwhile, or another user's
-            continue
-    return found
-
-
-def locked_message(path: Path | None = None) -> str:
-    """One line for a database another sdcloud has held past LOCK_WAIT_S: which file, and who holds it."""
-    path = path or config.home() / "state.db"
-    pids = holders(path)
-    who = f"another sdcloud (process {', '.join(map(str, pids))})" if pids else "another sdcloud process"
-    return (f"{path} is locked: {who} has held it for over {LOCK_WAIT_S:g} s; wait for it to finish "
-            "(sdcloud status shows the runs being driven) and try again")
-
-
 class StateStore:
     def __init__(self, path: Path | str | None = None):
         self.path = Path(path) if path else config.home() / "state.db"
@@ -267,8 +238,6 @@ class StateStore:
                 os.chmod(side, 0o600)
 
     def _unusable(self, exc: Exception) -> Exception:
-        from ...errors import UserError
-
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return UserError(f"{self.path} is not a state store sdcloud can read ({why}): move it aside (or set "
                          "SDCLOUD_HOME to a folder) and sdcloud starts a new one; each run's record stays in its "
@@ -291,15 +260,11 @@ class StateStore:
     def create_run(self, run_id: str, tier: str, spec: dict, total_steps: int, name: str | None = None) -> None:
         now = time.time()
         with self.tx() as db:  # BEGIN IMMEDIATE: the name's check and claim are one step for every process
-            if name is not None:
-                marks = ", ".join("?" * len(ACTIVE_RUN_STATES))  # an unfinished run of that name: one at a time
-                taken = db.execute(f"SELECT id, state FROM runs WHERE name = ? AND state IN ({marks}) "
-                                   "ORDER BY created DESC LIMIT 1", (name, *ACTIVE_RUN_STATES)).fetchone()
-                if taken is not None:
-                    from ...errors import UserError
-
-                    raise UserError(f"{name!r} is already the name of {taken['id']} ({taken['state']}), made a moment "
-                                    f"ago: see sdcloud status {taken['id']}")
+            taken = name is not None and db.execute(
+                f"SELECT id, state FROM runs WHERE name = ? AND state IN ({', '.join('?' * len(ACTIVE_RUN_STATES))}) "
+                "ORDER BY created DESC LIMIT 1", (name, *ACTIVE_RUN_STATES)).fetchone()
+            if taken:  # an unfinished run of that name: one at a time (two `up --name` at once make one run)
+                raise UserError(f"{name!r} is already the name of {taken['id']} ({taken['state']}): sdcloud status {taken['id']}")
             db.execute("INSERT INTO runs (id, name, tier, state, spec, total_steps, created, updated) VALUES (?,?,?,?,?,?,?,?)",
                        (run_id, name, tier, "pending", json.dumps(spec), total_steps, now, now))
 
