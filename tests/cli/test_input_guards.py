@@ -152,3 +152,13 @@ def test_a_good_name_passes(name):
 
 def test_strip_controls_removes_escapes_and_keeps_the_words():
     assert strip_controls("\x1b[2J\x1b[31mred\x1b[0m\tand\nblue\x07") == "red and blue"
+
+
+@pytest.mark.parametrize("secret", ["AKID" + "q8Wm3Kx7Lp2Nz5Rt9Vb4Yc6Hd1Jf0Gs", "hf_" + "Xq7LmN2pR9sT4vW8yZ1bC3dF5gH6jK0",
+                                    "c2VjcmV0LWtleS1tYXRlcmlhbC0xMjM0NTY3ODkwYWJjZGVmZ2hpams="])
+def test_config_show_masks_a_secret_pasted_under_another_key(sdcloud_home, capsys, secret):
+    sdcloud_home.mkdir(parents=True, exist_ok=True)
+    (sdcloud_home / "config.toml").write_text(f'[infra.extra]\nnote = "{secret}"\n')
+    main(["config", "show"])
+    got = capsys.readouterr()
+    assert secret not in got.out + got.err and "…" + secret[-4:] in got.out, got.out
