@@ -229,7 +229,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
 @click.option("--deadline", metavar="DURATION", help="Finish within this long, e.g. 36h, 1d12h, 90m.")
 @click.option("--budget", type=USD, metavar="USD", help="Stop before spending more than this many USD (checkpoint kept).")
 @click.option("--name", metavar="NAME", shell_complete=complete_runs,
-              help="A name for the run; an unfinished, stopped or failed run of that name is continued.")
+              help="A name for the run (letters, digits, . _ -; not an id); an unfinished, stopped or failed one is continued.")
 @click.option("--dataset", metavar="PATH", help="Images (and captions): a local folder or s3:// / cos:// URL.")
 @click.option("--trainer", metavar="TRAINER", help="builtin (default), diffusers, kohya or command.")
 @click.option("--model", metavar="MODEL", help="Base model: a hub id, a .safetensors file, a diffusers folder or a bucket URL "

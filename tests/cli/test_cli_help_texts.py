@@ -93,3 +93,9 @@ def test_up_and_offers_help_name_the_providers_of_the_registry():
 
     assert _help_of("up", "--provider").startswith(", ".join(names()) + " (default: local)")
     assert _help_of("offers", "--provider").startswith(", ".join(names(where=has_catalog)) + ";")
+    from sdcloud.cli import root
+
+    batch = root.get_command(click.Context(root), "batch")
+    submit = batch.get_command(click.Context(batch), "submit")
+    opt = next(p for p in submit.params if "--provider" in p.opts)
+    assert opt.get_help_record(click.Context(submit))[1].startswith(", ".join(names()) + ";")
