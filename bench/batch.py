@@ -44,12 +44,14 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--size", type=int, default=64)
-    ap.add_argument("--store", choices=["local", "seaweed"], default="local")
+    ap.add_argument("--store", choices=["local", "seaweed"], default=None, help="local (default; --smoke: seaweed)")
     ap.add_argument("--rounds", type=int, default=2, help="alternate plain and batch; the best of each counts")
-    ap.add_argument("--smoke", action="store_true", help="a quick form for the test suite: 2 images, 1 step, 1 round")
+    ap.add_argument("--smoke", action="store_true", help="a quick form for the test suite: 2 images, 1 step, 1 round, the SeaweedFS store")
     args = ap.parse_args()
     if args.smoke:
         args.prompts, args.count, args.steps, args.size, args.rounds = 2, 1, 1, 64, 1
+        args.store = args.store or "seaweed"  # the store start is what broke when the helpers moved
+    args.store = args.store or "local"
 
     from sdcloud.batch.prompts import Prompt, build_items
     from sdcloud_agent.batch.generate import DiffusersGenerator
