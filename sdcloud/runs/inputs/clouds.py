@@ -42,13 +42,13 @@ def named_here(key: str, fields: dict, in_file: set) -> bool:
     return key == "providers" and (fields.get("provider") is not None or "provider" in in_file)
 
 
-def resolve(value: object, shared: str = "a run") -> list[str]:
+def resolve(value: object, shared: str = "a run", flag: str = "--provider") -> list[str]:
     """The providers of a run (or batch job: `shared`), each matched to a known name; more than one must
     all be clouds with a catalog (a move copies the checkpoint, a job's relay its images, between two
     clouds' stores)."""
-    found = [match_name(p, names(), "provider") for p in split(value)]
+    found = [match_name(p, names(), "provider") for p in split(value, flag)]
     if len(set(found)) != len(found):
-        raise UserError(f"--provider {_shown(value)} names a provider twice; name each provider once")
+        raise UserError(f"{flag} {_shown(value)} names a provider twice; name each provider once")
     if len(found) > 1:
         for name in found:
             t = traits(name)

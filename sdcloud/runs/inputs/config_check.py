@@ -68,7 +68,7 @@ def _providers(value: object, what: str) -> None:
     """[defaults] providers: "aws,tencent" or a list, each a known provider (runs/inputs/clouds.py)."""
     from .clouds import split
 
-    for name in split(value):
+    for name in split(value, what):
         _provider(name, what)
 
 

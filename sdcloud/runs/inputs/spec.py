@@ -161,8 +161,8 @@ def _providers(data: dict) -> str:
     """The run's (home) provider; `aws,tencent` (the flag or `providers`) also sets the run's list."""
     from .clouds import resolve
 
-    given = data.get("providers") if data.get("providers") is not None else data.get("provider", "local")
-    found = resolve(given)
+    listed = data.get("providers") is not None  # [defaults] providers or the run file's: named as such in an error
+    found = resolve(data["providers"] if listed else data.get("provider", "local"), flag="providers" if listed else "--provider")
     data["providers"] = found if len(found) > 1 else None
     return found[0]
 
