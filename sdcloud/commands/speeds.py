@@ -14,7 +14,8 @@ from .common import complete_tiers, state_store
 ACTIONS = ("list", "add", "forget", "export")
 # Which options each action takes (the others are refused, so that a typo does not pass unseen).
 TAKES = {"list": {"gpu", "tier_name", "as_json"}, "add": {"gpu", "tier_name", "rate", "trainer", "note", "force", "as_json"},
-         "forget": {"gpu", "tier_name", "trainer", "observed", "row_id"}, "export": set()}
+         "forget": {"gpu", "tier_name", "trainer", "observed", "row_id", "as_json"},
+         "export": {"as_json"}}  # export prints JSON either way: --json, as its help says, is accepted
 FLAGS = {"gpu": "--gpu", "tier_name": "--tier", "rate": "--rate", "trainer": "--trainer", "note": "--note",
          "as_json": "--json", "observed": "--observed", "row_id": "--id", "force": "--force"}
 
@@ -136,7 +137,8 @@ def _add(gpu: str | None, tier_name: str | None, rate: float | None, trainer: st
                + "; sdcloud offers uses it for every host of that GPU")
 
 
-def _forget(gpu: str | None, tier_name: str | None, trainer: str | None, observed: bool, row_id: int | None) -> None:
+def _forget(gpu: str | None, tier_name: str | None, trainer: str | None, observed: bool, row_id: int | None,
+            as_json: bool = False) -> None:
     from ..speeds.records import RECORDED, forget
 
     if gpu is None and tier_name is None and trainer is None and row_id is None:
@@ -146,4 +148,6 @@ def _forget(gpu: str | None, tier_name: str | None, trainer: str | None, observe
     removed = forget(state_store(), origin=None if observed or row_id is not None else RECORDED, **keys)
     if not removed:
         raise UserError("no figure matches; see: sdcloud speeds")
+    if as_json:
+        return emit_json({"forgotten": removed})
     click.echo(f"forgot {removed} figure{'s' if removed != 1 else ''}")

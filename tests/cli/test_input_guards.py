@@ -162,3 +162,12 @@ def test_config_show_masks_a_secret_pasted_under_another_key(sdcloud_home, capsy
     main(["config", "show"])
     got = capsys.readouterr()
     assert secret not in got.out + got.err and "…" + secret[-4:] in got.out, got.out
+
+
+def test_speeds_export_and_forget_take_the_json_their_help_shows(capsys):
+    assert main(["speeds", "add", "--gpu", "L40S", "--tier", "sd15-lora", "--rate", "3"]) == 0
+    capsys.readouterr()
+    assert main(["speeds", "export", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)
+    assert main(["speeds", "forget", "--gpu", "L40S", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"forgotten": 1}
