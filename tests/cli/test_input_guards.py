@@ -171,3 +171,11 @@ def test_speeds_export_and_forget_take_the_json_their_help_shows(capsys):
     assert json.loads(capsys.readouterr().out)
     assert main(["speeds", "forget", "--gpu", "L40S", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"forgotten": 1}
+
+
+def test_a_batch_jobs_name_may_repeat_while_the_first_runs(sdcloud_home):
+    # A schedule's fires share the schedule's job name: the claim of a name holds for training runs only.
+    state = StateStore()
+    for job in ("b-00000001", "b-00000002"):
+        state.create_run(job, "batch-sd15", {"kind": "batch", "tier": "batch-sd15"}, 4, "nightly")
+    assert [r["id"] for r in state.list_runs()] == ["b-00000001", "b-00000002"]

@@ -260,10 +260,11 @@ class StateStore:
     def create_run(self, run_id: str, tier: str, spec: dict, total_steps: int, name: str | None = None) -> None:
         now = time.time()
         with self.tx() as db:  # BEGIN IMMEDIATE: the name's check and claim are one step for every process
-            taken = name is not None and db.execute(
+            # A batch job's name may repeat (a schedule's fires share theirs); a training run's may not.
+            taken = name is not None and spec.get("kind") != "batch" and db.execute(
                 f"SELECT id, state FROM runs WHERE name = ? AND state IN ({', '.join('?' * len(ACTIVE_RUN_STATES))}) "
                 "ORDER BY created DESC LIMIT 1", (name, *ACTIVE_RUN_STATES)).fetchone()
-            if taken:  # an unfinished run of that name: one at a time (two `up --name` at once make one run)
+            if taken:  # an unfinished run of that name: one at a time (two `up --name` at once make one)
                 raise UserError(f"{name!r} is already the name of {taken['id']} ({taken['state']}): sdcloud status {taken['id']}")
             db.execute("INSERT INTO runs (id, name, tier, state, spec, total_steps, created, updated) VALUES (?,?,?,?,?,?,?,?)",
                        (run_id, name, tier, "pending", json.dumps(spec), total_steps, now, now))
