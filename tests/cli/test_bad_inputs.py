@@ -31,6 +31,8 @@ def _files(F: Path) -> None:
     (F / "bad.yaml").write_text("tier: [sd15-lora\n")
     (F / "unknown.yaml").write_text("tier: sd15-lora\ncolour: blue\n")
     (F / "both.yaml").write_text("tier: sd15-lora\nspot: true\non-demand: true\n")
+    (F / "twice.yaml").write_text("tier: sd15-lora\nproviders: [aws, aws]\n")
+    (F / "named.yaml").write_text("tier: sd15-lora\nname: r-0badcafe\n")
     (F / "p.txt").write_text("a cat\na dog\n")
     (F / "empty.txt").write_text("\n# nothing\n")
     (F / "bad.jsonl").write_text('{"prompt": "a cat"\n')
@@ -214,7 +216,8 @@ CASES = [
     ("speeds add: 1e-300 forced", ["speeds", "add", "--gpu", "T4", "--tier", "sd15-lora", "--rate", "1e-300", "--force"],
      None),
     ("speeds add: rate nan", [*SPEEDS, "--rate", "nan"], None),
-    ("speeds add: note with an escape", [*SPEEDS, "--rate", "0.9", "--note", "\x1b[2Jgone"], None),
+    ("speeds add: note with a newline", [*SPEEDS[:-1], "sd15-lora", "--rate", "0.9", "--note", "a\nb"], None),
+    ("speeds add: note with an escape", [*SPEEDS[:-1], "sd15-lora", "--rate", "0.9", "--note", "\x1b[2Jgone"], None),
     # currency
     ("offers tencent: cny_per_usd nan", OFFERS_TC, "[currency]\ncny_per_usd = nan\n"),
     ("offers tencent: cny_per_usd inf", OFFERS_TC, "[currency]\ncny_per_usd = inf\n"),
@@ -231,6 +234,9 @@ CASES = [
     ("batch submit: provider repeated", [*SUB, "--provider", "aws,aws"], None),
     ("batch submit: provider list ends in a comma", [*SUB, "--provider", "aws,"], None),
     ("offers: provider repeated", ["offers", "--tier", "sdxl-lora", "--provider", "aws,aws"], None),
+    ("offers: provider list starts with a comma", ["offers", "--tier", "sdxl-lora", "--provider", ",aws"], None),
+    ("up: run file providers repeated", ["up", "-f", str(F / "twice.yaml"), "--yes"], None),
+    ("up: run file name like a run id", ["up", "-f", str(F / "named.yaml"), "--yes"], None),
     # names
     ("batch submit: name with an escape", [*SUB, "--name", "\x1b[2Jx"], None),
     ("batch submit: name with a newline", [*SUB, "--name", "a\nb"], None),
