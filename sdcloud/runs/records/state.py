@@ -261,7 +261,7 @@ class StateStore:
         now = time.time()
         with self.tx() as db:  # BEGIN IMMEDIATE: the name's check and claim are one step for every process
             # A batch job's name may repeat (a schedule's fires share theirs); a training run's may not.
-            taken = name is not None and spec.get("kind") != "batch" and db.execute(
+            taken = name is not None and RunKind.of(spec) is not RunKind.BATCH and db.execute(
                 f"SELECT id, state FROM runs WHERE name = ? AND state IN ({', '.join('?' * len(ACTIVE_RUN_STATES))}) "
                 "ORDER BY created DESC LIMIT 1", (name, *ACTIVE_RUN_STATES)).fetchone()
             if taken:  # an unfinished run of that name: one at a time (two `up --name` at once make one)
