@@ -46,7 +46,7 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--store", choices=["local", "seaweed"], default=None, help="local (default; --smoke: seaweed)")
     ap.add_argument("--rounds", type=int, default=2, help="alternate plain and batch; the best of each counts")
-    ap.add_argument("--smoke", action="store_true", help="a quick form for the test suite: 2 images, 1 step, 1 round, the SeaweedFS store")
+    ap.add_argument("--smoke", action="store_true", help="a quick form for the test suite: 2 images, 1 step, SeaweedFS")
     args = ap.parse_args()
     if args.smoke:
         args.prompts, args.count, args.steps, args.size, args.rounds = 2, 1, 1, 64, 1
