@@ -225,7 +225,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
 @click.option("--max-price", type=USD_PER_HOUR, metavar="USD", help="Highest spot price per hour, USD.")
 @click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, cls=ProvidersHelp,
               help="{all} (default: local); aws,tencent: the run may move between clouds.")
-@click.option("--region", metavar="REGION", shell_complete=complete_regions, help="A cloud's region (default: any; local, ssh: none).")
+@click.option("--region", metavar="REGION", shell_complete=complete_regions, help="Region (clouds only; default: any).")
 @click.option("--deadline", metavar="DURATION", help="Finish within this long, e.g. 36h, 1d12h, 90m.")
 @click.option("--budget", type=USD, metavar="USD", help="Stop before spending more than this many USD (checkpoint kept).")
 @click.option("--name", metavar="NAME", shell_complete=complete_runs,
