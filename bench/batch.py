@@ -20,9 +20,7 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bootstrap"))
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bootstrap")]  # the tests' helpers, as the tests import them
 
 
 class Timed:
@@ -41,14 +39,19 @@ class Timed:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--count", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--size", type=int, default=64)
-    ap.add_argument("--store", choices=["local", "seaweed"], default="local")
+    ap.add_argument("--store", choices=["local", "seaweed"], default=None, help="local (default; --smoke: seaweed)")
     ap.add_argument("--rounds", type=int, default=2, help="alternate plain and batch; the best of each counts")
+    ap.add_argument("--smoke", action="store_true", help="a quick form for the test suite: 2 images, 1 step, SeaweedFS")
     args = ap.parse_args()
+    if args.smoke:
+        args.prompts, args.count, args.steps, args.size, args.rounds = 2, 1, 1, 64, 1
+        args.store = args.store or "seaweed"  # the store start is what broke when the helpers moved
+    args.store = args.store or "local"
 
     from sdcloud.batch.prompts import Prompt, build_items
     from sdcloud_agent.batch.generate import DiffusersGenerator
@@ -79,10 +82,9 @@ def main() -> int:
         import os
 
         import boto3
-        from servers import SeaweedS3
+        from tests.support.server_seaweed import TEST_KEYS, SeaweedS3
 
         server = SeaweedS3().start()
-        from servers import TEST_KEYS
 
         key_id, secret = next(iter(TEST_KEYS.items()))
         os.environ.update({"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret,

@@ -77,12 +77,15 @@ def build(family: str, dtype):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--family", default="sd15,sdxl")
     ap.add_argument("--images", type=int, default=16)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--record", action="store_true", help="Record each figure with sdcloud speeds add.")
+    ap.add_argument("--smoke", action="store_true", help="a quick form for the test suite: SD1.5, 1 image")
     args = ap.parse_args()
+    if args.smoke:
+        args.family, args.images = "sd15", 1
     import torch
 
     if not torch.cuda.is_available():

@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "bootstrap")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bootstrap")]  # the tests' helpers, as the tests import them
 
-import bareroot  # noqa: E402
-from agent_fakes import AwsMetadataServer  # noqa: E402
-from servers import TEST_KEYS, SeaweedS3  # noqa: E402
+from tests.support import harness_bareroot as bareroot  # noqa: E402
+from tests.support.fake_host import AwsMetadataServer  # noqa: E402
+from tests.support.server_seaweed import TEST_KEYS, SeaweedS3  # noqa: E402
 
 
 def wait_first_step(store, run_id: str, timeout: float = 300) -> dict:
@@ -83,7 +83,7 @@ print(json.dumps({"how": how, "seconds": time.time() - t0}))
 
 def model_phase(scale: int) -> None:
     """Bytes from the hub and seconds of the model phase, cold and warm, and today's full download."""
-    from fake_hub import REPO_SDXL, FakeHub, sdxl_shaped
+    from tests.support.fake_hub import REPO_SDXL, FakeHub, sdxl_shaped
 
     repo = sdxl_shaped(scale)
     work = Path(tempfile.mkdtemp(prefix="sdcloud-bench-model-"))
@@ -112,10 +112,13 @@ def model_phase(scale: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model-only", action="store_true", help="only the model phase (no environment install)")
     ap.add_argument("--scale", type=int, default=1000, help="the SDXL-shaped repository's sizes divided by this")
+    ap.add_argument("--smoke", action="store_true", help="a quick form for the test suite: the model phase at 1/100000")
     args = ap.parse_args()
+    if args.smoke:
+        args.model_only, args.scale = True, 100_000
     model_phase(args.scale)
     if args.model_only:
         return

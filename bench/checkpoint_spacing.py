@@ -49,8 +49,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--notice", type=float, default=30.0, help="reclaim notice, seconds")
     parser.add_argument("--save", type=float, default=SAVE_S, help="seconds for a durable save")
+    parser.add_argument("--smoke", action="store_true", help="a quick form for the test suite: one zone, 2 starts")
     args = parser.parse_args()
     files = sorted(args.data.glob("*.json"))
+    if args.smoke:
+        files, args.starts = files[:1], 2
     if not files:
         sys.exit(f"{args.data} holds no traces: the shared spot traces are needed for this benchmark")
     save, notice = args.save / 3600, args.notice / 3600

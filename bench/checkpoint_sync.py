@@ -35,10 +35,9 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bootstrap"))
+sys.path[:0] = [str(ROOT), str(ROOT / "bootstrap")]  # the tests' helpers, as the tests import them
 
-from servers import SeaweedS3  # noqa: E402
+from tests.support.server_seaweed import TEST_KEYS, SeaweedS3  # noqa: E402
 
 from sdcloud_agent import manifest as mf  # noqa: E402
 from sdcloud_agent.store import open_store  # noqa: E402
@@ -234,7 +233,10 @@ def main() -> int:
                     help="the agent's upload engine (default auto: CRT where awscrt is installed)")
     ap.add_argument("--restore-workers", type=int, default=None, help="the agent's parallel ranged GETs on restore")
     ap.add_argument("--range-mib", type=int, default=None, help="the agent's block (and restore range) size in MiB")
+    ap.add_argument("--smoke", action="store_true", help="a quick form for the test suite: one 4 MB checkpoint")
     args = ap.parse_args()
+    if args.smoke:
+        args.sizes = "4"
     store_opts = {k: v for k, v in {"workers": args.workers, "engine": args.engine, "target_gbps": args.target_gbps,
                                     "part_size": args.part_mib and args.part_mib * 2**20,
                                     "restore_workers": args.restore_workers,
@@ -243,8 +245,6 @@ def main() -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="sdcloud-bench-"))
     # The server speaks HTTPS with a self-signed certificate, as production does; every tool trusts
     # it through its own variable (AWS_CA_BUNDLE for botocore and awscli, SSL_CERT_FILE for s5cmd).
-    from servers import TEST_KEYS
-
     server = SeaweedS3().start(timeout=180)
     key_id, secret = next(iter(TEST_KEYS.items()))
     env = {**os.environ, "AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret,

@@ -22,10 +22,10 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT.parent), str(ROOT.parent / "bootstrap")]  # its neighbour, the tests' helpers
 
 from checkpoint_sync import MB, make_checkpoint  # noqa: E402
-from servers import SeaweedS3  # noqa: E402
+from tests.support.server_seaweed import TEST_KEYS, SeaweedS3  # noqa: E402
 
 from sdcloud_agent import manifest as mf  # noqa: E402
 from sdcloud_agent import transfer  # noqa: E402
@@ -39,12 +39,18 @@ def main() -> int:
     ap.add_argument("--parts", default="8,16", help="part sizes in MiB")
     ap.add_argument("--workers", default="10,16")
     ap.add_argument("--io-kib", default="1024", help="restore write sizes in KiB")
+    ap.add_argument("--smoke", action="store_true", help="a quick form for the test suite: 4 MB, one setting")
     args = ap.parse_args()
+    if args.smoke:
+        args.size_mb, args.parts, args.workers = 4, "8", "4"
     work = Path(tempfile.mkdtemp(prefix="sdcloud-tune-"))
     server = SeaweedS3().start(timeout=180)
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
-    os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")})
+    key_id, secret = next(iter(TEST_KEYS.items()))  # the keys the server knows; its certificate trusted as production's
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret,
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_CA_BUNDLE": str(server.ca_file), "SSL_CERT_FILE": str(server.ca_file)}
+    os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+                                           "AWS_EC2_METADATA_DISABLED", "AWS_CA_BUNDLE")})
     try:
         import boto3
         bucket = f"tune-{uuid.uuid4().hex[:8]}"

@@ -61,7 +61,10 @@ def main() -> int:
     ap.add_argument("--every", type=float, default=1.0, help="seconds between samples in the sampled run")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2, help="off/on pairs, alternated (noise on a shared machine)")
+    ap.add_argument("--smoke", action="store_true", help="a quick form for the test suite: 3 steps, one round")
     a = ap.parse_args()
+    if a.smoke:
+        a.steps, a.warmup, a.rounds = 3, 1, 1
     tmp = Path(tempfile.mkdtemp(prefix="sdcloud-health-bench-"))
     off_all, on_all, health = [], [], {}
     try:

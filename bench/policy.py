@@ -167,7 +167,11 @@ def main() -> None:
     parser.add_argument("--mode", choices=("single", "multi"), help="only single-zone or only multi-zone groups")
     parser.add_argument("--cells", action="store_true", help="print one row per cell")
     parser.add_argument("--cache", type=Path, help="JSON file that keeps the optimum's figures between runs")
+    parser.add_argument("--smoke", action="store_true", help="a quick form for the test suite: one set, 2 starts")
     args = parser.parse_args()
+    if args.smoke:
+        args.starts, args.jobs, args.mode = 2, 1, "single"
+        args.only = args.only or "aws-2022-10-26"
     if not args.data.is_dir():
         sys.exit(f"{args.data} is absent: the shared spot traces are needed for this benchmark")
     series = None

@@ -28,7 +28,10 @@ def timed(cmd: list[str], repeat: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--smoke", action="store_true", help="a quick form for the test suite: each command once")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeat = 1
     py = sys.executable
     sdcloud = [py, "-m", "sdcloud.cli"]
     floor = timed([py, "-c", "pass"], args.repeat)

@@ -62,10 +62,13 @@ def best_ms(fn, repeat: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--items", type=int, nargs="+", default=[2000, 5000, 10000])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="a quick form for the test suite: 200 items, once")
     args = ap.parse_args()
+    if args.smoke:
+        args.items, args.repeat = [200], 1
     for n in args.items:
         with tempfile.TemporaryDirectory(prefix="sdcloud-bench-") as d:
             root = Path(d)

@@ -122,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--record", action="store_true", help="Record each tier's figure with sdcloud speeds add.")
+    p.add_argument("--smoke", action="store_true", help="a quick form for the test suite: sd15-lora, 1 step")
     a = p.parse_args(argv)
+    if a.smoke:
+        a.tiers, a.steps, a.warmup = "sd15-lora", 1, 0
     try:
         import torch
     except ImportError:

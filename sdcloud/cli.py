@@ -8,6 +8,7 @@ boto3, pulumi or torch import at start-up.
 from __future__ import annotations
 
 import importlib
+import sqlite3
 import sys
 
 import click
@@ -72,6 +73,15 @@ def _one_line(message: str) -> str:
     return " ".join(message.split())
 
 
+def _shown(message: str) -> str:
+    """An error as it may be printed: no secret it quotes (config.redact), no control character a
+    user typed (a name's ESC [2J would clear the screen), on one line."""
+    from .config import redact
+    from .names import strip_controls
+
+    return strip_controls(redact(message))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every error is one line on stderr and a non-zero exit code."""
     from . import render
@@ -80,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         root.main(args=argv, prog_name="sdcloud", standalone_mode=False)
     except UserError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {_shown(str(exc))}", err=True)
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
@@ -93,11 +103,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except click.UsageError as exc:
         hint = f" (see: sdcloud {exc.ctx.command_path.split(' ', 1)[1] if exc.ctx and ' ' in exc.ctx.command_path else ''} --help)"
-        click.echo(f"error: {_one_line(exc.format_message())}{hint.replace('sdcloud  --help', 'sdcloud --help')}", err=True)
+        click.echo(f"error: {_shown(_one_line(exc.format_message()))}{hint.replace('sdcloud  --help', 'sdcloud --help')}",
+                   err=True)
         return 2
     except click.ClickException as exc:
-        click.echo(f"error: {_one_line(exc.format_message())}", err=True)
+        click.echo(f"error: {_shown(_one_line(exc.format_message()))}", err=True)
         return exc.exit_code
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc):
+            raise
+        from .runs.records.db_lock import locked_message
+
+        click.echo(f"error: {locked_message()}", err=True)  # another sdcloud holds state.db past the wait
+        return 2
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,10 +49,16 @@ def settings() -> dict:
     path = home() / "config.toml"
     base: dict = {}
     if path.exists():
+        if path.is_dir():
+            raise UserError(f"{path} is a folder: config.toml must be a file (move the folder aside)")
         try:
             base = _load(str(path), path.stat().st_mtime)
         except tomllib.TOMLDecodeError as exc:
             raise UserError(f"{path}: not valid TOML ({exc})") from exc
+        except UnicodeDecodeError as exc:  # TOML is UTF-8: a file saved in another encoding, or not text
+            raise UserError(f"{path}: not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
+        except OSError as exc:
+            raise UserError(f"{path} cannot be read ({exc.strerror or exc})") from None
     recorded = _RUN_SETTINGS.get()
     return {**base, **recorded} if recorded else base
 
@@ -70,7 +78,7 @@ def _positive_float(value: object, what: str) -> float:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise UserError(f"{what} must be a positive number, got {value!r}") from None
-    if not number > 0:
+    if not 0 < number < math.inf:  # nan and inf too: a rate that ranks every yuan offer as free or priceless
         raise UserError(f"{what} must be a positive number, got {value!r}")
     return number
 
@@ -84,7 +92,10 @@ def usd_per(currency: str) -> float:
         env = os.environ.get("SDCLOUD_CNY_PER_USD")
         if env is not None:
             return 1.0 / _positive_float(env, "SDCLOUD_CNY_PER_USD")
-        conf = settings().get("currency", {}).get("cny_per_usd")
+        section = settings().get("currency", {})
+        if not isinstance(section, dict):
+            raise UserError(f"{home() / 'config.toml'}: [currency] must be a table")
+        conf = section.get("cny_per_usd")
         if conf is not None:
             return 1.0 / _positive_float(conf, "config.toml [currency] cny_per_usd")
         return 1.0 / DEFAULT_CNY_PER_USD
@@ -165,7 +176,7 @@ def self_end_grace() -> float:
 # A setting whose name holds one of these words, or whose value starts like a known credential, is a
 # secret: shown masked (config show), never written to state, journal, log or report.
 SECRET_KEY_WORDS = ("token", "secret", "password", "access_key", "credential", "private_key")
-SECRET_VALUE_PREFIXES = ("hf_", "AKIA", "ASIA", "-----BEGIN")
+SECRET_VALUE_PREFIXES = ("hf_", "AKIA", "ASIA", "AKID", "-----BEGIN")
 
 
 def looks_secret(key: str, value: object) -> bool:
@@ -177,6 +188,26 @@ def masked(value: object) -> str:
     """A secret as it may be shown: its kind prefix (`hf_`) and its last four characters, enough for
     the user to tell which token is in effect, e.g. `hf_…abcd`; a short one shows nothing of itself."""
     text = str(value)
-    prefix = next((p for p in ("hf_", "AKIA", "ASIA") if text.startswith(p)), "")
+    prefix = next((p for p in ("hf_", "AKIA", "ASIA", "AKID") if text.startswith(p)), "")
     rest = text[len(prefix):]
     return f"{prefix}…{rest[-4:]}" if len(rest) >= 12 else f"{prefix}…"
+
+
+# Values shaped like credentials, wherever they stand in a message: a Hugging Face token, an AWS or a
+# Tencent Cloud key id, and a long base64 run of mixed case and digits (a secret key, a token).
+_SECRET_SHAPES = re.compile(r"hf_[A-Za-z0-9]{8,}|(?:AKIA|ASIA)[A-Z0-9]{12,}|AKID[A-Za-z0-9]{12,}"
+                            r"|(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{32,}={0,2}")
+
+
+def _mask_match(m: re.Match) -> str:
+    text = m.group()
+    if text.startswith(("hf_", "AKIA", "ASIA", "AKID")):
+        return masked(text)
+    mixed = any(c.isupper() for c in text) and any(c.islower() for c in text) and any(c.isdigit() for c in text)
+    return masked(text) if mixed and "//" not in text else text  # a hex digest or a path stays as it is
+
+
+def redact(message: str) -> str:
+    """A message with every value that looks like a secret masked (`hf_…abcd`): an error quotes what the
+    user wrote, and a token pasted under the wrong key must not be echoed back to the terminal or a log."""
+    return _SECRET_SHAPES.sub(_mask_match, message)

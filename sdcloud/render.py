@@ -143,7 +143,10 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     from rich.table import Table
 
     out = console()
-    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    from .names import strip_controls
+
+    # A cell may hold what a user typed (a job's name, a note): no control character reaches the terminal.
+    cells = [["" if v is None else strip_controls(str(v)) for v in row] for row in rows]
     if not cells and empty:
         echo(empty)
         return []

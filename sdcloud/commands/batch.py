@@ -12,7 +12,7 @@ from ..render import echo, emit_json, note, output_options, table, wide_option
 # Every batch tier, for the help texts (batch/submit.py BATCH_TIERS holds their families; a test keeps
 # the two the same without importing the batch domain to render --help).
 from .batch_progress import BatchProgress
-from .common import BATCH_TIER_NAMES, USD, USD_PER_HOUR
+from .common import BATCH_TIER_NAMES, USD, USD_PER_HOUR, ProvidersHelp
 
 
 def submit_options(f):
@@ -33,9 +33,10 @@ def submit_options(f):
         click.option("--max-price", type=USD_PER_HOUR, default=None, help="USD per hour per host"),
         click.option("--deadline", default=None, metavar="DURATION", help="e.g. 8h, 1d12h"),
         click.option("--budget", type=USD, default=None, help="USD for the whole job"),
-        click.option("--provider", default="local", show_default=True, metavar="PROVIDER",
-                     help="local, ssh, aws or tencent; aws,tencent: workers in both, images in the first's store"),
-        click.option("--name", default=None, metavar="NAME", help="a name to use instead of the job id"),
+        click.option("--provider", default="local", show_default=True, metavar="PROVIDER", cls=ProvidersHelp,
+                     help="{all}; aws,tencent: workers in both, images in the first's store"),
+        click.option("--name", default=None, metavar="NAME",
+                     help="a name to use instead of the job id: letters, digits, '.', '_', '-' (at most 63), not an id"),
         click.option("--store", default=None, metavar="URL",
                      help="s3://BUCKET/PREFIX, cos://BUCKET-APPID/PREFIX or file:///DIR (default: the provider's run bucket)"),
         click.option("--max-failed-boots", type=int, default=None, metavar="N",
@@ -54,6 +55,10 @@ def _options(kw: dict):
     from ..runs.inputs.spec import parse_duration
 
     check_settings()  # every section of config.toml ([hosts] self_end_grace reaches the hosts), before the job exists
+    if kw.get("name") is not None:  # checked as a run's name is (names.py): shown by status, never taken for an id
+        from ..names import check_name
+
+        kw["name"] = check_name(kw["name"])
     providers = None
     if "," in kw["provider"]:  # several clouds at once (docs/batch.md): the first is the home
         from ..batch.clouds import resolve

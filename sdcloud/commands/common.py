@@ -39,6 +39,21 @@ def complete_tiers(ctx, param, incomplete: str):
     return [t for t in all_tiers() if t.startswith(incomplete.lower())]
 
 
+class ProvidersHelp(click.Option):
+    """An option whose help names the providers of the registry (providers/traits.py) when it is shown:
+    `{all}` every provider, `{catalog}` those with a price catalog, so that a provider added there is never
+    missing from the help (and nothing is imported until help is asked for)."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        from ..providers.traits import has_catalog, names
+
+        record = super().get_help_record(ctx)
+        if record is None:
+            return None
+        return record[0], record[1].replace("{all}", ", ".join(names())).replace(
+            "{catalog}", ", ".join(names(where=has_catalog)))
+
+
 def complete_providers(ctx, param, incomplete: str):
     from ..providers.traits import names
 

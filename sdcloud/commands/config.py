@@ -17,6 +17,8 @@ def _unsecret(name: str, value: object) -> object:
         return {k: _unsecret(f"{name}.{k}", v) for k, v in value.items()}
     if isinstance(value, list):
         return [_unsecret(name, v) for v in value]
+    if isinstance(value, str) and not cfg.looks_secret(name, value):
+        return cfg.redact(value)  # a secret pasted under another key: masked wherever it stands in the value
     return cfg.masked(value) if cfg.looks_secret(name, value) else value
 
 

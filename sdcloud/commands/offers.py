@@ -7,7 +7,8 @@ import click
 from ..offers.catalog import BAND_RECLAIMS_PER_HOUR, load_catalog, max_age_days, stale_warning
 from ..errors import UserError
 from ..offers.optimizer import rank
-from .common import BATCH_TIER_NAMES, TRAIN_TIER_NAMES, USD_PER_HOUR, complete_providers, complete_regions, complete_tiers, market_of, market_options
+from .common import (BATCH_TIER_NAMES, TRAIN_TIER_NAMES, USD_PER_HOUR, ProvidersHelp, complete_providers, complete_regions,
+                     complete_tiers, market_of, market_options)
 from ..render import emit_json, note, output_options, table, wide_option
 from ..offers.tiers import all_tiers, get_tier
 
@@ -50,7 +51,8 @@ def _short_notes(est) -> str:
                    + ", ".join(BATCH_TIER_NAMES) + "); sdcloud tiers.")
 @market_options
 @click.option("--max-price", type=USD_PER_HOUR, metavar="USD", help="Highest price per hour, USD.")
-@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws or tencent; aws,tencent ranks both in one table.")
+@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, cls=ProvidersHelp,
+              help="{catalog}; aws,tencent ranks both in one table.")
 @click.option("--region", metavar="REGION", shell_complete=complete_regions, help="One region, e.g. us-east-1 or ap-guangzhou.")
 @click.option("--steps", type=int, metavar="N", help="Job size in steps (images for batch tiers) instead of the tier's reference job.")
 @click.option("--limit", type=int, default=15, show_default=True, metavar="N", help="Rows to show (0 = all).")
@@ -78,15 +80,19 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
     if provider:
         from ..names import match_name
 
-        found = [match_name(p.strip(), names(where=has_catalog), "provider") for p in provider.split(",") if p.strip()]
-        found = list(dict.fromkeys(found))
-        if not found:
-            raise UserError(f"--provider needs a provider name, got {provider!r}")
+        from ..runs.inputs.clouds import split
+
+        found = [match_name(p, names(where=has_catalog), "provider") for p in split(provider)]
+        if len(set(found)) != len(found):
+            raise UserError(f"--provider {provider} names a provider twice; name each provider once")
         provider, several = (found[0], None) if len(found) == 1 else (None, found)
     if steps is not None and steps <= 0:
         raise UserError(f"--steps must be a positive whole number, got {steps}")
     if limit < 0:
         raise UserError(f"--limit must be 0 (all) or more, got {limit}")
+    from ..runs.inputs.config_check import check_settings
+
+    check_settings()  # config.toml's sections and keys ([currency] among them), named before anything is printed
     max_age_days()  # a bad setting is refused before anything is printed
     catalog = load_catalog(several)
     from ..runs.driving.lessons import user_book

@@ -18,9 +18,9 @@ import click
 from ..errors import UserError
 from ..render import emit_json, note, output_options
 from ..runs.inputs import clouds  # a run across clouds: its checks before anything is recorded
-from .common import (EXIT_INTERRUPTED, EXIT_NOT_SUCCEEDED, TRAIN_TIER_NAMES, USD, USD_PER_HOUR, complete_providers,
-                     complete_regions, complete_runs, complete_tiers, find_run, market_of, market_options, sample_options,
-                     state_store)
+from .common import (EXIT_INTERRUPTED, EXIT_NOT_SUCCEEDED, TRAIN_TIER_NAMES, USD, USD_PER_HOUR, ProvidersHelp,
+                     complete_providers, complete_regions, complete_runs, complete_tiers, find_run, market_of,
+                     market_options, sample_options, state_store)
 
 
 @dataclass(frozen=True)
@@ -219,12 +219,13 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
 @click.option("--tier", metavar="TIER", shell_complete=complete_tiers, help=f"Training tier: {', '.join(TRAIN_TIER_NAMES)}.")
 @market_options
 @click.option("--max-price", type=USD_PER_HOUR, metavar="USD", help="Highest spot price per hour, USD.")
-@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, help="aws, tencent, local (default) or ssh; aws,tencent: the run may move between clouds.")
-@click.option("--region", metavar="REGION", shell_complete=complete_regions, help="Region to run in (default: any).")
+@click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, cls=ProvidersHelp,
+              help="{all} (default: local); aws,tencent: the run may move between clouds.")
+@click.option("--region", metavar="REGION", shell_complete=complete_regions, help="Region (clouds only; default: any).")
 @click.option("--deadline", metavar="DURATION", help="Finish within this long, e.g. 36h, 1d12h, 90m.")
 @click.option("--budget", type=USD, metavar="USD", help="Stop before spending more than this many USD (checkpoint kept).")
 @click.option("--name", metavar="NAME", shell_complete=complete_runs,
-              help="A name for the run; an unfinished, stopped or failed run of that name is continued.")
+              help="A name for the run (letters, digits, . _ -; not an id); an unfinished, stopped or failed one is continued.")
 @click.option("--dataset", metavar="PATH", help="Images (and captions): a local folder or s3:// / cos:// URL.")
 @click.option("--trainer", metavar="TRAINER", help="builtin (default), diffusers, kohya or command.")
 @click.option("--model", metavar="MODEL", help="Base model: a hub id, a .safetensors file, a diffusers folder or a bucket URL "

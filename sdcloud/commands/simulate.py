@@ -8,11 +8,23 @@ from ..errors import UserError
 from ..render import emit_json, note, output_options, table, wide_option
 
 
+class _PolicyOption(click.Option):
+    """--policy, whose help names the policies of the registry (spot/policy.py and the optimum) when shown,
+    so that a policy added there is never missing here."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        from ..spot.simulate import all_policy_names
+
+        record = super().get_help_record(ctx)
+        return None if record is None else (record[0], record[1].replace("{names}", ", ".join(all_policy_names())))
+
+
 @click.command()
 @output_options
 @wide_option
 @click.option("--trace", "traces", multiple=True, required=True, metavar="[CLOUD:]FILE",
-              help="Availability trace (JSON, one value per tick, > 0 = spot). Several = several zones; "
+              help="Availability trace (JSON, one value per tick: > 0 = spot in the spot-traces format, 1 = preempted in "
+                   "the SkyNomad one, or as metadata.data_means says). Several = several zones; "
                    "CLOUD:FILE puts the zone in a cloud, and a launch in another cloud than the checkpoint's is a move.")
 @click.option("--job-hours", type=float, required=True, metavar="HOURS", help="C: hours of work the job needs.")
 @click.option("--deadline-hours", type=float, required=True, metavar="HOURS", help="R: hours from start to deadline.")
@@ -24,8 +36,9 @@ from ..render import emit_json, note, output_options, table, wide_option
                    "that trace (as ../shared/data/spot-prices/v100_spot_prices.json). A trace's own 'prices' win.")
 @click.option("--ondemand-price", type=float, default=3.06, show_default=True, metavar="USD",
               help="On-demand USD per hour, for traces without their own (metadata.price_info.on_demand_price).")
-@click.option("--policy", "policies", multiple=True, metavar="P",
-              help="Policy to replay (repeatable; default all): on-demand, greedy, uniform-progress, sdcloud, sdcloud-up, optimal.")
+@click.option("--policy", "policies", multiple=True, metavar="P", cls=_PolicyOption,
+              help="Policy to replay (repeatable): {names}. Default: all but sdcloud-one-cloud (one cloud) or "
+                   "optimal (several clouds).")
 @click.option("--starts", type=int, default=300, show_default=True, metavar="N", help="Random start points (the same for every policy).")
 @click.option("--seed", type=int, default=0, show_default=True, metavar="N", help="Seed for the start points.")
 @click.option("--single-zone", is_flag=True, help="Keep every policy to the zone it started in.")

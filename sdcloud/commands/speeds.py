@@ -13,10 +13,11 @@ from .common import complete_tiers, state_store
 
 ACTIONS = ("list", "add", "forget", "export")
 # Which options each action takes (the others are refused, so that a typo does not pass unseen).
-TAKES = {"list": {"gpu", "tier_name", "as_json"}, "add": {"gpu", "tier_name", "rate", "trainer", "note", "as_json"},
-         "forget": {"gpu", "tier_name", "trainer", "observed", "row_id"}, "export": set()}
+TAKES = {"list": {"gpu", "tier_name", "as_json"}, "add": {"gpu", "tier_name", "rate", "trainer", "note", "force", "as_json"},
+         "forget": {"gpu", "tier_name", "trainer", "observed", "row_id", "as_json"},
+         "export": {"as_json"}}  # export prints JSON either way: --json, as its help says, is accepted
 FLAGS = {"gpu": "--gpu", "tier_name": "--tier", "rate": "--rate", "trainer": "--trainer", "note": "--note",
-         "as_json": "--json", "observed": "--observed", "row_id": "--id"}
+         "as_json": "--json", "observed": "--observed", "row_id": "--id", "force": "--force"}
 
 
 def _gpu(name: str) -> str:
@@ -57,6 +58,7 @@ def _when(t: float) -> str:
 @click.option("--rate", type=float, metavar="PER_SECOND", help="add: steps/s (images/s for batch tiers) on one GPU.")
 @click.option("--trainer", metavar="TRAINER", help="add: the trainer it was measured with (default: any); forget: only these.")
 @click.option("--note", metavar="WORDS", help="add: where the figure comes from (one line).")
+@click.option("--force", is_flag=True, help="add: keep a figure more than 10x off the catalog's model for that GPU.")
 @click.option("--observed", is_flag=True, help="forget: what runs observed too (default: recorded figures only).")
 @click.option("--id", "row_id", type=int, metavar="N", help="forget: one figure by its id (sdcloud speeds --json, ids).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -109,7 +111,10 @@ def _list(gpu: str | None, tier_name: str | None, as_json: bool) -> None:
 
 
 def _add(gpu: str | None, tier_name: str | None, rate: float | None, trainer: str | None, note: str | None,
-         as_json: bool) -> None:
+         force: bool, as_json: bool) -> None:
+    from ..names import has_controls, printable
+    from ..speeds.figures import check_figure
+
     from ..speeds.records import add_recorded
 
     missing = [flag for flag, v in (("--gpu", gpu), ("--tier", tier_name), ("--rate", rate)) if v is None]
@@ -119,9 +124,10 @@ def _add(gpu: str | None, tier_name: str | None, rate: float | None, trainer: st
     if not 0 < rate < float("inf"):
         raise UserError(f"--rate must be a positive number of steps (or images) per second, got {rate:g}")
     note = (note or "").strip()
-    if "\n" in note:
-        raise UserError("--note must be one line")
+    if has_controls(note):  # a newline, a terminal escape: `speeds` would print it to the next user's screen
+        raise UserError(f"--note must be one line of printable text, got {printable(note)}")
     gpu, tier_name, trainer_name = _gpu(gpu), _tier(tier_name), _trainer(trainer)
+    check_figure(gpu, tier_name, rate, force)
     row_id = add_recorded(state_store(), gpu, tier_name, rate, trainer=trainer_name, note=note)
     if as_json:
         emit_json({"id": row_id, "gpu": gpu, "tier": tier_name, "rate": rate, "trainer": trainer_name or None,
@@ -131,7 +137,8 @@ def _add(gpu: str | None, tier_name: str | None, rate: float | None, trainer: st
                + "; sdcloud offers uses it for every host of that GPU")
 
 
-def _forget(gpu: str | None, tier_name: str | None, trainer: str | None, observed: bool, row_id: int | None) -> None:
+def _forget(gpu: str | None, tier_name: str | None, trainer: str | None, observed: bool, row_id: int | None,
+            as_json: bool = False) -> None:
     from ..speeds.records import RECORDED, forget
 
     if gpu is None and tier_name is None and trainer is None and row_id is None:
@@ -141,4 +148,6 @@ def _forget(gpu: str | None, tier_name: str | None, trainer: str | None, observe
     removed = forget(state_store(), origin=None if observed or row_id is not None else RECORDED, **keys)
     if not removed:
         raise UserError("no figure matches; see: sdcloud speeds")
+    if as_json:
+        return emit_json({"forgotten": removed})
     click.echo(f"forgot {removed} figure{'s' if removed != 1 else ''}")

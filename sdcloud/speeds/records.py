@@ -9,6 +9,7 @@ replaces its row.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -47,9 +48,28 @@ class SpeedRow:
         return {c: getattr(self, c) for c in COLUMNS}
 
 
+def _number(value: Any) -> float | None:
+    """A figure of a row as a finite number, or None: a row another tool or an old version wrote with text
+    or nan in a number's column is read as unknown, never a traceback in `speeds` or `offers`."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _row(r) -> SpeedRow:
     d = dict(r)
-    d["phases"] = json.loads(d["phases"]) if d.get("phases") else None
+    for col in ("rate", "first_step_s", "restart_s", "hours"):
+        d[col] = _number(d[col])
+    try:
+        d["phases"] = json.loads(d["phases"]) if d.get("phases") else None
+    except (TypeError, ValueError):
+        d["phases"] = None
+    if not isinstance(d["phases"], dict):
+        d["phases"] = None
     d["reclaimed"] = bool(d["reclaimed"])
     return SpeedRow(**{c: d[c] for c in COLUMNS})
 

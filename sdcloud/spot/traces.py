@@ -1,9 +1,17 @@
 """Spot availability traces as `sdcloud simulate` replays them: one zone's ticks, read from a file.
 
-A trace file is a JSON object: `metadata.gap_seconds` (the tick), `data` (one number per tick, > 0
-where spot could be had), and optionally `prices` (spot USD per hour, per tick) and `refused` (> 0
+A trace file is a JSON object: `metadata.gap_seconds` (the tick), `data` (one number per tick), and
+optionally `prices` (spot USD per hour, per tick) and `refused` (> 0
 where a spot launch was refused for capacity). The simulator (simulate.py) replays zones side by
 side on one clock (`stack`).
+
+What a value of `data` means depends on the format (../shared/data/README.md, "spot-traces"):
+- the spot-traces format (`skypilot-org/spot-traces`, no `price_info`): > 0 where spot could be had
+  (a multi-node file holds the nodes that were up);
+- the SkyNomad format (the multi-region sets, with `metadata.price_info`): 1 = preempted or
+  unavailable, 0 = available (its simulator's `spot_available()` is `not trace[tick]`).
+A file may say which in `metadata.data_means`: "available" or "preempted" (1 = that). A file with
+`price_info` whose `data` is not all 0 and 1 fits neither and is refused until it says so.
 
 The published multi-region trace sets also say what their prices are in `metadata.price_info`:
 `currency`, `price_unit` (per hour), `machine_type` (the whole traced machine, e.g. an 8-GPU
@@ -82,7 +90,34 @@ def load_trace(path: str | Path) -> Trace:
             raise UserError(f"trace file {path}: 'refused' must be a list of {len(data)} numbers (or booleans), one per tick")
         refused = np.asarray(refused, dtype=float) > 0
     basis, ondemand = _price_info(path, doc["metadata"].get("price_info"))
-    return Trace(path.stem, int(gap), np.asarray(data, dtype=float) > 0, prices, refused, ondemand, basis)
+    values = np.asarray(data, dtype=float)
+    if _ones_mean_preempted(path, doc["metadata"], values):
+        avail = values == 0
+    else:
+        avail = values > 0
+    return Trace(path.stem, int(gap), avail, prices, refused, ondemand, basis)
+
+
+# metadata.data_means: what a 1 in `data` says, where a file states it.
+DATA_MEANS = ("available", "preempted")
+
+
+def _ones_mean_preempted(path: Path, meta: dict, values: np.ndarray) -> bool:
+    """Whether the file's `data` marks preempted ticks (SkyNomad) rather than available ones (spot-traces)."""
+    said = meta.get("data_means")
+    if said is not None:
+        if said not in DATA_MEANS:
+            raise UserError(f"trace file {path}: metadata.data_means must be 'available' or 'preempted' "
+                            f"(what a 1 in 'data' says), got {said!r}")
+        if said == "preempted" and not np.isin(values, (0, 1)).all():
+            raise UserError(f"trace file {path}: metadata.data_means 'preempted' needs 'data' of 0 and 1 only")
+        return said == "preempted"
+    if "price_info" not in meta:
+        return False  # the spot-traces format: > 0 = available
+    if not np.isin(values, (0, 1)).all():
+        raise UserError(f"trace file {path} has metadata.price_info (the SkyNomad format, 1 = preempted) but 'data' is "
+                        "not all 0 and 1: say what it means with metadata.data_means \"available\" or \"preempted\"")
+    return True
 
 
 # Time units a published trace may name for "per hour"; any other unit is refused, not converted.

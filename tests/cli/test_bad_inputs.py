@@ -31,6 +31,8 @@ def _files(F: Path) -> None:
     (F / "bad.yaml").write_text("tier: [sd15-lora\n")
     (F / "unknown.yaml").write_text("tier: sd15-lora\ncolour: blue\n")
     (F / "both.yaml").write_text("tier: sd15-lora\nspot: true\non-demand: true\n")
+    (F / "twice.yaml").write_text("tier: sd15-lora\nproviders: [aws, aws]\n")
+    (F / "named.yaml").write_text("tier: sd15-lora\nname: r-0badcafe\n")
     (F / "p.txt").write_text("a cat\na dog\n")
     (F / "empty.txt").write_text("\n# nothing\n")
     (F / "bad.jsonl").write_text('{"prompt": "a cat"\n')
@@ -52,6 +54,16 @@ UP = ["up", "--tier", "sd15-lora", "--yes"]
 SUB = ["batch", "submit", "--tier", "batch-sd15", "--model", "tiny", "--prompts", str(F / "p.txt")]
 SCHED = ["batch", "schedule", "add", "--cron", "0 2 * * *", "--tz", "UTC", "--tier", "batch-sd15", "--model", "tiny",
          "--prompts", str(F / "p.txt")]
+
+SPEEDS = ["speeds", "add", "--gpu", "T4", "--tier", "sdxl-lora"]
+OFFERS_TC = ["offers", "--tier", "sdxl-lora", "--provider", "tencent"]
+CONF_DIR = "<config.toml a folder>"  # conf: make config.toml a folder instead of writing it
+# Secrets as a user might paste them under the wrong key: none may be echoed back (only their masked form).
+HF = "hf_" + "Xq7LmN2pR9sT4vW8yZ1bC3dF5gH6jK0"
+AKIA = "AKIA" + "Z7Q2M4N6P8R1T3V5"
+AKID = "AKID" + "q8Wm3Kx7Lp2Nz5Rt9Vb4Yc6Hd1Jf0Gs"
+B64 = "c2VjcmV0LWtleS1tYXRlcmlhbC0xMjM0NTY3ODkwYWJjZGVmZ2hpams="
+SECRETS = (HF, AKIA, AKID, B64)
 
 CASES = [
     ("up: unknown tier", ["up", "--tier", "sdxl", "--yes"], None),
@@ -210,6 +222,65 @@ CASES = [
     ("config: hf token in [defaults]", UP, '[defaults]\ntoken = "hf_abc"\n'),
     ("config show: unknown key", ["config", "show"], '[defaults]\nzone = "x"\n'),
     ("unknown command", ["nosuchcommand"], None),
+    # issue 53: absurd or impossible figures
+    ("speeds add: rate 1e-300", [*SPEEDS, "--rate", "1e-300"], None),
+    ("speeds add: rate 1e308", [*SPEEDS, "--rate", "1e308"], None),
+    ("speeds add: 5000 steps/s on a T4", [*SPEEDS, "--rate", "5000"], None),
+    ("speeds add: 1000x the model's figure", ["speeds", "add", "--gpu", "H100", "--tier", "sd15-lora", "--rate", "5000"], None),
+    ("speeds add: a tier the GPU cannot fit", ["speeds", "add", "--gpu", "T4", "--tier", "sdxl-dreambooth", "--rate", "0.1"],
+     None),
+    ("speeds add: 5000 steps/s SD1.5 on a T4, forced", ["speeds", "add", "--gpu", "T4", "--tier", "sd15-lora", "--rate",
+                                                         "5000", "--force"], None),
+    ("speeds add: 1e-300 forced", ["speeds", "add", "--gpu", "T4", "--tier", "sd15-lora", "--rate", "1e-300", "--force"],
+     None),
+    ("speeds add: rate nan", [*SPEEDS, "--rate", "nan"], None),
+    ("speeds add: note with a newline", [*SPEEDS[:-1], "sd15-lora", "--rate", "0.9", "--note", "a\nb"], None),
+    ("speeds add: note with an escape", [*SPEEDS[:-1], "sd15-lora", "--rate", "0.9", "--note", "\x1b[2Jgone"], None),
+    # currency
+    ("offers tencent: cny_per_usd nan", OFFERS_TC, "[currency]\ncny_per_usd = nan\n"),
+    ("offers tencent: cny_per_usd inf", OFFERS_TC, "[currency]\ncny_per_usd = inf\n"),
+    ("offers tencent: cny_per_usd 0", OFFERS_TC, "[currency]\ncny_per_usd = 0\n"),
+    ("offers: unknown key in [currency]", ["offers", "--tier", "sdxl-lora"], "[currency]\nusd_per_eur = 1.1\n"),
+    ("offers: [currency] not a table", ["offers", "--tier", "sdxl-lora"], "currency = 7\n"),
+    # provider lists
+    ("up: provider repeated", [*UP, "--provider", "aws,aws"], None),
+    ("up: provider list ends in a comma", [*UP, "--provider", "aws,"], None),
+    ("up: provider list starts with a comma", [*UP, "--provider", ",aws"], None),
+    ("up: provider repeated in another case", [*UP, "--provider", "aws,AWS"], None),
+    ("up: config providers with an empty item", UP, '[defaults]\nproviders = ["aws", ""]\n'),
+    ("up: config providers repeated", UP, '[defaults]\nproviders = "aws,aws"\n'),
+    ("batch submit: provider repeated", [*SUB, "--provider", "aws,aws"], None),
+    ("batch submit: provider list ends in a comma", [*SUB, "--provider", "aws,"], None),
+    ("offers: provider repeated", ["offers", "--tier", "sdxl-lora", "--provider", "aws,aws"], None),
+    ("offers: provider list starts with a comma", ["offers", "--tier", "sdxl-lora", "--provider", ",aws"], None),
+    ("up: run file providers repeated", ["up", "-f", str(F / "twice.yaml"), "--yes"], None),
+    ("up: run file name like a run id", ["up", "-f", str(F / "named.yaml"), "--yes"], None),
+    # names
+    ("batch submit: name with an escape", [*SUB, "--name", "\x1b[2Jx"], None),
+    ("batch submit: name with a newline", [*SUB, "--name", "a\nb"], None),
+    ("batch submit: name a path", [*SUB, "--name", "../../x"], None),
+    ("batch submit: empty name", [*SUB, "--name", ""], None),
+    ("batch submit: 300-character name", [*SUB, "--name", "x" * 300], None),
+    ("batch submit: name like a job id", [*SUB, "--name", "b-1234abcd"], None),
+    ("batch submit: name like a run id", [*SUB, "--name", "r-1234abcd"], None),
+    ("up: name like a run id", [*UP, "--name", "r-1234abcd"], None),
+    ("up: name like a job id", [*UP, "--name", "b-00000000"], None),
+    ("up: empty name", [*UP, "--name", ""], None),
+    ("up: name with an escape", [*UP, "--name", "\x1b[31mred"], None),
+    ("schedule add: name with an escape", [*SCHED, "--name", "\x1b[2Jx"], None),
+    # config files
+    ("up: config.toml a folder", UP, CONF_DIR),
+    ("up: config.toml not UTF-8", UP, b"[defaults]\nprovider = \"\xff\xfe\"\n"),
+    ("offers: config.toml a folder", ["offers", "--tier", "sdxl-lora"], CONF_DIR),
+    # a secret pasted under another key: refused, never echoed
+    ("up: token as the provider", UP, f'[defaults]\nprovider = "{HF}"\n'),
+    ("up: token as the region", [*UP, "--provider", "aws"], f'[defaults]\nregion = "{HF}"\n'),
+    ("up: AWS key as the tier", ["up", "--yes"], f'[defaults]\ntier = "{AKIA}"\n'),
+    ("up: Tencent key as the provider", UP, f'[defaults]\nprovider = "{AKID}"\n'),
+    ("up: base64 secret as the region", [*UP, "--provider", "aws"], f'[defaults]\nregion = "{B64}"\n'),
+    ("up: token as the unattended flag", UP, f'[defaults]\nunattended = "{HF}"\n'),
+    ("offers: token as cny_per_usd", OFFERS_TC, f'[currency]\ncny_per_usd = "{HF}"\n'),
+    ("up: token as --provider", [*UP, "--provider", HF], None),
 ]
 
 
@@ -222,7 +293,7 @@ def files(tmp_path_factory) -> Path:
 
 def _created(home: Path) -> list[str]:
     out = []
-    for db, tables in (("state.db", ("runs", "attempts")), ("schedules.db", ("schedules",))):
+    for db, tables in (("state.db", ("runs", "attempts", "speeds")), ("schedules.db", ("schedules",))):
         if (home / db).exists():
             con = sqlite3.connect(home / db)
             for table in tables:
@@ -245,7 +316,11 @@ def test_a_bad_input_is_one_line_exit_2_and_nothing_created(capsys, sdcloud_home
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)
     sdcloud_home.mkdir(parents=True, exist_ok=True)
-    if conf is not None:
+    if conf == CONF_DIR:
+        (sdcloud_home / "config.toml").mkdir()
+    elif isinstance(conf, bytes):
+        (sdcloud_home / "config.toml").write_bytes(conf)
+    elif conf is not None:
         (sdcloud_home / "config.toml").write_text(conf)
     args = [a.replace(str(F), str(files)) for a in argv]
     capsys.readouterr()
@@ -254,4 +329,6 @@ def test_a_bad_input_is_one_line_exit_2_and_nothing_created(capsys, sdcloud_home
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (what, code, err[-2000:])
     assert "Traceback" not in err
+    assert not any(secret in out + err for secret in SECRETS), (what, err)
+    assert "\x1b" not in err and "\r" not in err, (what, err)  # terminal escapes never printed raw
     assert _created(sdcloud_home) == [], what

@@ -64,3 +64,38 @@ def test_up_and_offers_name_every_tier_they_take():
     assert all(t in up for t in TRAIN_TIER_NAMES) and not any(t in up for t in BATCH_TIER_NAMES), up
     offers = _option(["sdcloud", "offers"], "--tier").help
     assert all(t.name in offers for t in tiers), offers
+
+
+def _help_of(command: str, flag: str) -> str:
+    """The help line of one option as `sdcloud COMMAND --help` shows it, before it is wrapped."""
+    from sdcloud.cli import root
+
+    cmd = root.get_command(click.Context(root), command)
+    ctx = click.Context(cmd, info_name=command)
+    opt = next(p for p in cmd.params if flag in p.opts)
+    return opt.get_help_record(ctx)[1]
+
+
+def test_simulate_help_names_every_policy_of_the_registry(capsys):
+    import re
+
+    from sdcloud.cli import main
+    from sdcloud.spot.simulate import all_policy_names
+
+    listed = re.search(r"Policy to replay \(repeatable\): (.*?)\. Default", _help_of("simulate", "--policy")).group(1)
+    assert [n.strip() for n in listed.split(",")] == all_policy_names()
+    assert "sdcloud-one-cloud" in listed
+    assert main(["simulate", "--help"]) == 0 and "sdcloud-one-cloud" in capsys.readouterr().out
+
+
+def test_up_and_offers_help_name_the_providers_of_the_registry():
+    from sdcloud.providers.traits import has_catalog, names
+
+    assert _help_of("up", "--provider").startswith(", ".join(names()) + " (default: local)")
+    assert _help_of("offers", "--provider").startswith(", ".join(names(where=has_catalog)) + ";")
+    from sdcloud.cli import root
+
+    batch = root.get_command(click.Context(root), "batch")
+    submit = batch.get_command(click.Context(batch), "submit")
+    opt = next(p for p in submit.params if "--provider" in p.opts)
+    assert opt.get_help_record(click.Context(submit))[1].startswith(", ".join(names()) + ";")

@@ -17,8 +17,10 @@ def test_the_spec_keeps_the_clouds_home_first_and_refuses_a_host_that_is_no_clou
     from sdcloud.errors import UserError
     from sdcloud.runs.inputs.spec import build_spec
 
-    plan = build_spec(None, {"tier": "sd15-lora", "provider": "aws, tencent,aws", "dataset": str(dataset), "steps": 10})
+    plan = build_spec(None, {"tier": "sd15-lora", "provider": "aws, tencent", "dataset": str(dataset), "steps": 10})
     assert plan.spec.provider == "aws" and plan.spec.providers == ["aws", "tencent"]
+    with pytest.raises(UserError, match="names aws twice"):  # a repeat is a typo as often as not: refused, not dropped
+        build_spec(None, {"tier": "sd15-lora", "provider": "aws, tencent,aws", "dataset": str(dataset), "steps": 10})
     assert plan.traits.name == "aws"
     one = build_spec(None, {"tier": "sd15-lora", "provider": "tencent", "dataset": str(dataset), "steps": 10})
     assert one.spec.providers is None and one.spec.provider == "tencent"

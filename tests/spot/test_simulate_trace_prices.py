@@ -23,7 +23,7 @@ def published(tmp_path, zone: str, avail: list[int], spot: list[float], ondemand
     if ondemand is not None:
         info |= {"on_demand_price": ondemand, "on_demand_price_unit": unit}
     doc = {"metadata": {"gap_seconds": GAP, "start_time": "2025-01-01T00:00:00Z", "zone": zone, "price_info": info},
-           "data": avail, "prices": spot}
+           "data": [0 if a else 1 for a in avail], "prices": spot}  # that format marks 1 = preempted
     path = tmp_path / f"{zone}_h100_8.json"
     path.write_text(json.dumps(doc))
     return str(path)

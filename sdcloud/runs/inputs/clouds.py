@@ -16,17 +16,25 @@ from ...names import match_name
 from ...providers.traits import names, traits
 
 
-def split(value: object) -> list[str]:
-    """Provider names from `aws,tencent`, a run file's list, or one name; spaces and repeats dropped."""
+def split(value: object, flag: str = "--provider") -> list[str]:
+    """Provider names from `aws,tencent`, a run file's list, or one name; spaces around a name dropped.
+
+    An empty item (`aws,`, `,aws`, `["aws", ""]`) or a name given twice is refused, not dropped: it is
+    a typo as often as not (`aws,,tencent`), and the list decides where the run may go."""
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
     out: list[str] = []
     for item in items:
         name = str(item).strip()
-        if name and name not in out:
-            out.append(name)
-    if not out:
-        raise UserError(f"--provider needs at least one provider name, got {value!r}")
+        if not name:
+            raise UserError(f"{flag} {_shown(value)} has an empty provider name; list them as aws,tencent")
+        if name.lower() in (o.lower() for o in out):
+            raise UserError(f"{flag} {_shown(value)} names {name} twice; name each provider once")
+        out.append(name)
     return out
+
+
+def _shown(value: object) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def named_here(key: str, fields: dict, in_file: set) -> bool:
@@ -34,12 +42,13 @@ def named_here(key: str, fields: dict, in_file: set) -> bool:
     return key == "providers" and (fields.get("provider") is not None or "provider" in in_file)
 
 
-def resolve(value: object, shared: str = "a run") -> list[str]:
+def resolve(value: object, shared: str = "a run", flag: str = "--provider") -> list[str]:
     """The providers of a run (or batch job: `shared`), each matched to a known name; more than one must
     all be clouds with a catalog (a move copies the checkpoint, a job's relay its images, between two
     clouds' stores)."""
-    found = [match_name(p, names(), "provider") for p in split(value)]
-    found = list(dict.fromkeys(found))
+    found = [match_name(p, names(), "provider") for p in split(value, flag)]
+    if len(set(found)) != len(found):
+        raise UserError(f"{flag} {_shown(value)} names a provider twice; name each provider once")
     if len(found) > 1:
         for name in found:
             t = traits(name)

@@ -9,6 +9,7 @@ section or key by name with the known ones, a bad value with the form it accepts
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from ... import config
@@ -29,7 +30,7 @@ def _number(low: float, high: float | None = None, low_open: bool = False, whole
             number = float(value)
         except ValueError:
             raise UserError(f"{what} must be {form}, got {value!r}") from None
-        if (whole and number != int(number)) or number < low or (low_open and number <= low) or (
+        if not math.isfinite(number) or (whole and number != int(number)) or number < low or (low_open and number <= low) or (
                 high is not None and number >= high):
             raise UserError(f"{what} must be {form}, got {value!r}")
     return check
@@ -67,7 +68,7 @@ def _providers(value: object, what: str) -> None:
     """[defaults] providers: "aws,tencent" or a list, each a known provider (runs/inputs/clouds.py)."""
     from .clouds import split
 
-    for name in split(value):
+    for name in split(value, what):
         _provider(name, what)
 
 

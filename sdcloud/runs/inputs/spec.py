@@ -9,7 +9,6 @@ never look a tier name up again.
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 from ...durations import parse_duration, parse_seconds  # noqa: F401 - re-exported: callers import them from here
 from ...errors import UserError
 from ...money import usd
-from ...names import match_name
+from ...names import check_name, match_name
 from ...providers.traits import ProviderTraits, traits
 from ...offers.kinds import RunKind
 from ...offers.tiers import Tier, get_tier
@@ -172,8 +171,8 @@ def _providers(data: dict) -> str:
     """The run's (home) provider; `aws,tencent` (the flag or `providers`) also sets the run's list."""
     from .clouds import resolve
 
-    given = data.get("providers") if data.get("providers") is not None else data.get("provider", "local")
-    found = resolve(given)
+    listed = data.get("providers") is not None  # [defaults] providers or the run file's: named as such in an error
+    found = resolve(data["providers"] if listed else data.get("provider", "local"), flag="providers" if listed else "--provider")
     data["providers"] = found if len(found) > 1 else None
     return found[0]
 
@@ -233,8 +232,8 @@ def build_spec(runfile: str | None, overrides: dict) -> RunPlan:
         data["simulate_preemption"] = _positive(data["simulate_preemption"], "--simulate-preemption")
         if not _simulates_reclaim(data.get("provider", "local")):
             raise UserError("--simulate-preemption works with the local provider only")
-    if data.get("name") is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", str(data["name"])):
-        raise UserError(f"--name must be letters, digits, '.', '_' or '-' (at most 63), got {data['name']!r}")
+    if data.get("name") is not None:
+        data["name"] = check_name(data["name"])
     if data.get("store") is not None:
         from .preflight import check_store_url
 

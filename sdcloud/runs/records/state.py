@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ... import config
+from ...errors import UserError
+from .db_lock import LOCK_WAIT_S
 from ...events import identity as event_identity
 from ...events import parse as parse_kind
 from ...offers.kinds import RunKind
@@ -218,7 +220,7 @@ class StateStore:
                 fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
                 os.close(fd)
             os.chmod(self.path, 0o600)
-            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            self._db = sqlite3.connect(self.path, timeout=LOCK_WAIT_S, isolation_level=None, check_same_thread=False)
         except (OSError, sqlite3.Error) as exc:  # SDCLOUD_HOME a file, state.db a folder...
             raise self._unusable(exc) from None
         self._db.row_factory = sqlite3.Row
@@ -236,8 +238,6 @@ class StateStore:
                 os.chmod(side, 0o600)
 
     def _unusable(self, exc: Exception) -> Exception:
-        from ...errors import UserError
-
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return UserError(f"{self.path} is not a state store sdcloud can read ({why}): move it aside (or set "
                          "SDCLOUD_HOME to a folder) and sdcloud starts a new one; each run's record stays in its "
@@ -259,7 +259,13 @@ class StateStore:
     # runs
     def create_run(self, run_id: str, tier: str, spec: dict, total_steps: int, name: str | None = None) -> None:
         now = time.time()
-        with self.tx() as db:
+        with self.tx() as db:  # BEGIN IMMEDIATE: the name's check and claim are one step for every process
+            # A batch job's name may repeat (a schedule's fires share theirs); a training run's may not.
+            taken = name is not None and RunKind.of(spec) is not RunKind.BATCH and db.execute(
+                f"SELECT id, state FROM runs WHERE name = ? AND state IN ({', '.join('?' * len(ACTIVE_RUN_STATES))}) "
+                "ORDER BY created DESC LIMIT 1", (name, *ACTIVE_RUN_STATES)).fetchone()
+            if taken:  # an unfinished run of that name: one at a time (two `up --name` at once make one)
+                raise UserError(f"{name!r} is already the name of {taken['id']} ({taken['state']}): sdcloud status {taken['id']}")
             db.execute("INSERT INTO runs (id, name, tier, state, spec, total_steps, created, updated) VALUES (?,?,?,?,?,?,?,?)",
                        (run_id, name, tier, "pending", json.dumps(spec), total_steps, now, now))
 
