@@ -218,10 +218,12 @@ def _explain(tier, job: int, shown, total: int) -> None:
 def _copy_rate(row) -> tuple[float | None, str]:
     """The rate a destination host copies a move at: its network figure, on one flow to the internet
     (EC2's single-flow cap outside a placement group), not this machine's uplink."""
-    from ..offers.groups import SINGLE_FLOW_GBPS, link_of
+    from ..offers.groups import DEFAULT_FLOW_GBPS, link_of
+    from ..providers.traits import traits
 
     link = link_of(row.provider, row.instance_type)
-    gbps = min(link.gbps, SINGLE_FLOW_GBPS["zone"])
+    network = traits(row.provider).network
+    gbps = min(link.gbps, network.zone_flow_gbps if network is not None else DEFAULT_FLOW_GBPS)
     return gbps, f"{link.basis}, one flow" if gbps < link.gbps else link.basis
 
 

@@ -29,9 +29,10 @@ def test_two_clouds_ranked_in_one_table_with_the_move_priced_in(capsys):
         m = r["move"]
         # 10 GB (10^9 bytes) at AWS's 0.09 $/GB list egress (us-east-1), copied by the destination host
         # at its network figure, one flow (capped at EC2's single-flow 5 Gbps): not a laptop's 40 MB/s.
-        from sdcloud.offers.groups import SINGLE_FLOW_GBPS, link_of
+        from sdcloud.offers.groups import link_of
+        from sdcloud.providers.traits import traits
 
-        gbps = min(link_of(r["provider"], r["instance_type"]).gbps, SINGLE_FLOW_GBPS["zone"])
+        gbps = min(link_of(r["provider"], r["instance_type"]).gbps, traits(r["provider"]).network.zone_flow_gbps)
         assert m["egress_usd"] == pytest.approx(10e9 / GIB * 0.09, abs=1e-4)
         assert m["transfer_hours"] == pytest.approx(10e9 / (gbps * 125e6) / 3600, abs=1e-4)  # JSON keeps 4 places
         assert m["transfer_hours"] < 250 / 3600
