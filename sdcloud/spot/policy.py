@@ -148,6 +148,12 @@ def spot_gone_after(refusals: int, has_deadline: bool) -> bool:
     return has_deadline and refusals >= SPOT_REFUSALS
 
 
+def dry_here(obs: Observation) -> bool:
+    """Across clouds (obs.data_cloud set), nothing runs and the checkpoint's cloud refused the last
+    SPOT_REFUSALS spot launches in a row, deadline or none: a time to weigh the other cloud's spot."""
+    return obs.data_cloud is not None and obs.market is None and obs.spot_refusals >= SPOT_REFUSALS
+
+
 # The answer when spot is gone: on-demand in the first zone offered (the caller's first candidate).
 SPOT_GONE_ACTION = Action(ON_DEMAND)
 
@@ -294,6 +300,8 @@ class Sdcloud(Policy):
     PROBE = 1.0
     RETURN = 1.5
     HOP_HOURS = 4.0
+    # How much cheaper the other cloud's spot must make the rest of the job to move for price alone.
+    MOVE_MARGIN: float | None = 0.10
 
     def __init__(self) -> None:
         self.reset()
@@ -319,18 +327,25 @@ class Sdcloud(Policy):
         return min((r - c) * max(0.0, r - t) / r, self.BETA * obs.work_left)
 
     def decide(self, obs: Observation) -> Action:
-        if spot_gone(obs):
-            return SPOT_GONE_ACTION
         d, t, tick = obs.restart_hours, obs.elapsed, obs.tick_hours
-        self._observe(obs)
         net = max(2 * d, d + tick)
         # Work at risk counts as lost already: a reclaim takes it, and then the argument below holds.
         slack = obs.time_left - obs.work_left - obs.at_risk
+        if spot_gone(obs) or dry_here(obs):
+            away = self._away(obs, slack, net)
+            if away is not None:
+                return away
+            if spot_gone(obs):
+                return SPOT_GONE_ACTION
+        self._observe(obs)
         if slack < net - EPS:
             return self._on_demand(obs)
         open_zones = [z for z in obs.zones if z.spot_available]
         near = [z for z in open_zones if not crosses(obs, z)]  # the cloud holding the checkpoint
         reserve = self.reserve(obs)
+        cheaper = self._cheaper_away(obs, near, open_zones, slack, net)
+        if cheaper is not None:
+            return cheaper
         if obs.market == SPOT and any(z.key == obs.zone for z in open_zones):
             return Action(SPOT, self._hop(obs, open_zones, slack, reserve))
         if obs.market == ON_DEMAND:
@@ -356,6 +371,36 @@ class Sdcloud(Policy):
         if movable:
             return Action(SPOT, Sdcloud._pick(far, obs.zone))
         return self._on_demand(obs)
+
+    def _away(self, obs: Observation, slack: float, net: float) -> Action | None:
+        """Spot refused SPOT_REFUSALS times in a row in the checkpoint's cloud: the other cloud's spot
+        instead of on-demand here (or, without a deadline, of launching into the refusals again), where
+        the move repays itself and, with a deadline, the slack after its restart and copy holds the net."""
+        if obs.data_cloud is None or obs.market is not None:
+            return None
+        far = self._far(obs, [z for z in obs.zones if z.spot_available], self._on_demand_price(obs))
+        if not far or (obs.has_deadline and slack - obs.restart_hours - obs.move_hours < net - EPS):
+            return None
+        return Action(SPOT, Sdcloud._pick(far, obs.zone))
+
+    def _cheaper_away(self, obs: Observation, near: Sequence[ZoneView], open_zones: Sequence[ZoneView],
+                      slack: float, net: float) -> Action | None:
+        """Nothing runs and spot is open in the checkpoint's cloud: move anyway when finishing the work
+        left on the other cloud's spot, its restart, copy and egress paid, is MOVE_MARGIN cheaper than
+        finishing here (a move is a restart with more at stake: a copy, a cold cache; a near tie stays).
+        MOVE_MARGIN None: never for price alone (the rule measured against it in docs/policies.md)."""
+        if self.MOVE_MARGIN is None or obs.data_cloud is None or obs.market is not None or not near:
+            return None
+        far = [z for z in open_zones if crosses(obs, z)]
+        if not far or slack - obs.restart_hours - obs.move_hours < net - EPS:
+            return None
+        here, there = min(z.spot_price for z in near), Sdcloud._pick(far, obs.zone)
+        best = next(z for z in far if z.key == there)
+        work, d = obs.work_left, obs.restart_hours
+        cost_there = best.spot_price * (work + d + obs.move_hours) + obs.move_usd
+        if cost_there < here * (work + d) * (1.0 - self.MOVE_MARGIN):
+            return Action(SPOT, there)
+        return None
 
     def _far(self, obs: Observation, zones: Sequence[ZoneView], instead: float) -> list[ZoneView]:
         """Zones with spot in another cloud whose move repays itself: HOP_HOURS of work (or what is

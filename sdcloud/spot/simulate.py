@@ -130,7 +130,7 @@ def choose_starts(n_ticks: int, n_zones: int, setting: Setting, gap_seconds: int
 def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: int, start: int, start_zone: int,
            setting: Setting, single_zone: bool = False, spot_prices: np.ndarray | None = None,
            ondemand_prices: np.ndarray | None = None, refused: np.ndarray | None = None,
-           clouds: Sequence[str] | None = None) -> Outcome:
+           clouds: Sequence[str] | None = None, log: list | None = None) -> Outcome:
     """Run one job through an online policy from tick `start`; the policy sees only tick k at k.
 
     spot_prices (zones x ticks) and ondemand_prices (one per zone) price each zone by its own
@@ -139,8 +139,10 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
     refused (zones x ticks): a spot launch there and then is refused; the tick passes unpaid.
     With setting.notice_save_lost, a reclaim loses the work since the last durable checkpoint.
     clouds (one per zone): the job's data starts in the first zone's cloud; a launch in another
-    cloud costs setting.move_hours more restart and setting.move_usd, and the data is there once
-    that launch's restart is through."""
+    cloud costs setting.move_hours more restart and setting.move_usd, and the data is there from
+    that launch on (it is copied before the launch, as `up` copies it). `log`: where given, each
+    launch tried is appended as (tick index from `start`, market, zone key, whether it moved,
+    whether it was refused): the decisions a run driven along the same trace makes (tests)."""
     g = gap_seconds / 3600
     c, d = setting.job_hours, setting.restart_hours
     lossy = setting.notice_save_lost
@@ -208,27 +210,37 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
             raise RuntimeError(f"policy {policy.name} answered an unknown action {act.kind!r}")
         kind = act.kind
         if kind != market or (kind == SPOT and z != zone):
-            if kind == SPOT and refused is not None and i < n_ticks and refused[z, i]:
-                refusals += 1  # no capacity there now
-                if market is None:  # nothing runs this tick, and nothing is paid
+            # A move: the checkpoint is copied to that cloud first (its egress paid), then the launch; the
+            # copy's hours are the launch's restart. As the controller does (runs/driving/placement.py).
+            moving = cl[z] != data
+            no_room = kind == SPOT and refused is not None and i < n_ticks and bool(refused[z, i])
+            if log is not None and (market is None or not no_room):
+                log.append((k, kind, keys[z], moving, no_room))
+            if no_room:
+                if market is None:  # nothing runs this tick, and nothing is paid but a copy made for it
+                    if moving:
+                        cost += setting.move_usd
+                        moves += 1
+                        data, refusals = cl[z], 0  # the refusals counted are the checkpoint's cloud's
+                    refusals += 1  # no capacity there now
                     zone = z
                     t += g
                     continue
-                kind, z = market, zone  # the host that runs keeps running
+                refusals += 1
+                kind, z = market, zone  # the host that runs keeps running (and nothing is copied)
             else:
                 refusals = 0
                 over = d
                 launches += 1
-                if cl[z] != data:  # a move: the checkpoint is copied to that cloud first
+                if moving:
                     over += setting.move_hours
                     cost += setting.move_usd
                     moves += 1
+                    data = cl[z]
                 durable, saving = p, 0.0  # the host left (or nothing ran): the work so far is saved
         market, zone = kind, z
         used = min(over, g)
         over -= used
-        if over <= 1e-12:
-            data = cl[z]  # the host is through its restart: the checkpoint is in its cloud
         if every == math.inf or market != SPOT:  # on-demand is never reclaimed: no periodic saves there
             gain = g - used
             if p + gain >= c - 1e-12:

@@ -22,7 +22,7 @@ import secrets
 import signal
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from ... import config
 from ...costs import ledger as cost_ledger
@@ -41,7 +41,8 @@ from ..inputs.spec import RunPlan, RunSpec
 from ..records import stop_request as stop_requests
 from ..records.state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore, run_kind
 from ..records.summary import summary
-from . import cloud_move, health_view, hostboot, lessons, oom_move, remote_end, simulated_reclaim
+from . import health_view, hostboot, lessons, oom_move, remote_end, simulated_reclaim
+from .placement import Clouds, Home, Placement, across, carry, dataset_in
 from .agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
 from .agent_reports import report_agent_problems
 from .background import controller_alive, detach
@@ -70,7 +71,7 @@ def store_url(spec: RunSpec, infra: dict | None) -> dict:
 class Controller:
     """A training run's driver; it holds `launching` (launching.py) and `host` (host_status.py)."""
     def __init__(self, state: StateStore, run_id: str, provider=None, emit: Callable[[Kind, dict], None] | None = None,
-                 timing: Timing | None = None, driver: str | None = None):
+                 timing: Timing | None = None, driver: str | None = None, clouds: dict[str, Any] | None = None):
         self.state = state
         run = state.get_run(run_id)
         if run is None:
@@ -92,7 +93,6 @@ class Controller:
         self.memo = Memo.read_back(state, self.run_id)  # the resumes already announced
         self._stop_reason: str | None = None
         self._infra = state.infra(self.spec.provider, self.spec.region or "") or {}
-        from ..inputs.training import gpus_used
         from ..records.journal import Journal
         from ..records.lease import DriverLease
         from ..records.store import open_run_store
@@ -108,16 +108,62 @@ class Controller:
         self.journal.lease = self.lease  # a driver that lost the run writes no more of it to the bucket
         self.launching = LaunchInputs(self)
         self.host = HostStatus(self)
-        offers = fleet_candidates(self.provider, self.tier, self.spec.market, name=self.spec.provider,
-                                  max_price=self.plan.max_price, region=self.spec.region, job_size=self.total_steps,
-                                  events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self), nodes=self.spec.nodes)
-        self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
-                           self.event, self.timing, spec_market=self.spec.market, max_price=self.plan.max_price)
-        cloud_move.remember_home(self)  # across clouds: the home store stays, launches follow the run (cloud_move.py)
+        # Across clouds (`--provider aws,tencent`): the home store keeps the journal, launches follow the
+        # placement (runs/driving/placement.py); `clouds` gives the other clouds' providers (made when asked).
+        home = Home(self.spec, self._infra, self.store_conf, self.store)
+        self.clouds = Clouds(state, self.run_id, home, self.tier, {**(clouds or {}), self.spec.provider: self.provider})
+        self.placement = Placement(self.spec.provider, None, None, self.store_conf)
+        self.policy = get_policy("sdcloud")  # one for the run's life: it remembers since when spot is up
+        self.fleet = self._fleet()
+        last = next(reversed(state.attempts(self.run_id)), None)
+        if last is not None and last.provider != self.placement.cloud and last.provider in self.clouds.names:
+            self.place(last.provider)  # a controller started again after a move carries on where the run went
 
     @property
     def candidates(self) -> list[Offer]:
         return self.fleet.candidates
+
+    # where the run is (runs/driving/placement.py)
+    def _offers(self, provider: Any, name: str, spec: RunSpec, plan: RunPlan) -> list[Offer]:
+        from ..inputs.training import gpus_used
+
+        return fleet_candidates(provider, self.tier, spec.market, name=name, max_price=plan.max_price,
+                                region=spec.region, job_size=self.total_steps, events=self.event,
+                                gpus_used=gpus_used(spec), book=lessons.run_book(self), nodes=spec.nodes)
+
+    def _fleet(self) -> Fleet:
+        """The fleet of the placement's cloud, the run's other clouds' candidates beside its own."""
+        offers = self._offers(self.provider, self.spec.provider, self.spec, self.plan)
+        return Fleet(self.run_id, self.provider, self.spec.provider, self.state, offers, self.policy, self.event,
+                     self.timing, spec_market=self.spec.market, max_price=self.plan.max_price,
+                     elsewhere=self.clouds.elsewhere(self.spec.provider, self._offers))
+
+    def place(self, cloud: str, zone: str | None = None, market: str | None = None) -> None:
+        """The one place the run's placement changes: a launch's zone and market, or another cloud (a
+        move landed, or a controller started again after one), where its launches, host status and fleet
+        then follow it; the journal, lease and stop requests stay in the home store."""
+        moved = cloud != self.placement.cloud
+        if moved:
+            bound = self.clouds.binding(cloud)
+            self.provider, self.spec, self.plan, self._infra = bound.provider, bound.spec, bound.plan, bound.infra
+            self.store_conf, self.store = bound.store_conf, bound.store
+            if self._inputs is not None:
+                dataset = dataset_in(self.clouds.home.store_conf, self.store_conf, self._inputs.get("dataset"))
+                self._inputs = dict(self._inputs, dataset=dataset)
+        self.placement = Placement(cloud, zone, market, self.store_conf)
+        if moved:
+            self.fleet = self._fleet()
+
+    def _move(self, dst: str, offer: Offer) -> bool:
+        """The policy chose a zone of cloud `dst`: carry the run's checkpoint and inputs there, then place
+        the run there. False when the copy did not land: nothing launches this step; the next one decides
+        again (a copy sends only what is missing), and after MAX_MOVE_FAILURES `dst` is no candidate."""
+        why = f"the spot policy chose {offer.key} ({offer.market})"
+        if carry(self.clouds, self.placement.cloud, dst, self.ensure_inputs(), self.event, why):
+            self.place(dst)
+            return True
+        self.fleet = self._fleet()
+        return False
 
     # events
     def event(self, kind: Kind, data: dict | None = None) -> None:
@@ -159,8 +205,10 @@ class Controller:
         return lessons.replan(self.state, self.run_id, planned, int(run["step"]), self.total_steps)
 
     def decide(self, running: Attempt | None) -> tuple[str, Offer | None]:
-        # The spot launches refused in a row count toward the policy's "spot is gone" rule.
-        return self.fleet.decide(self.progress(), running, spot_refusals=self.fleet.failed_launches(SPOT))
+        # The spot launches refused in a row (in the placement's cloud) count toward the policy's "spot is
+        # gone" rule; across clouds the policy is told where the checkpoint is and what a move adds.
+        moves = across(self.clouds, self.placement, self._inputs, len(self.attempts()))
+        return self.fleet.decide(self.progress(), running, spot_refusals=self.fleet.failed_launches(SPOT), across=moves)
 
     def _launches_exhausted(self) -> bool:
         """Give up launching: for a spot run with a deadline only when on-demand fails too (spot that
@@ -188,7 +236,7 @@ class Controller:
     def _stop_requested(self) -> dict | None:
         """A stop asked through the bucket (sdcloud down on a machine that does not drive the run)."""
         since = max((e["time"] for e in self.state.events(self.run_id) if e["kind"] == Kind.RESUME), default=0.0)
-        return stop_requests.requested(self.home_store, self.run_id, since)
+        return stop_requests.requested(self.clouds.home.store, self.run_id, since)
 
     def run(self, take_over: bool = False) -> dict:
         """Drive the run to its end here: take the driver lease, then one step a poll."""
@@ -226,7 +274,7 @@ class Controller:
         if self._stop_reason or asked is not None:
             self.finish_stop(self._stop_reason or str(asked.get("reason") or "stopped by sdcloud down"))
             if asked is not None:
-                stop_requests.clear(self.home_store, self.run_id)
+                stop_requests.clear(self.clouds.home.store, self.run_id)
             return True
         self.host.heartbeat()
         cur = self.current()
@@ -261,12 +309,11 @@ class Controller:
         if budget is not None and budget_spent(self.cost_so_far(), budget, self.attempts(), self.timing.poll_seconds):
             self.end_run("stopped", f"budget ${budget:g} spent")
             return
-        if cloud_move.cheaper_elsewhere(self):  # the run's other cloud, the move priced in
-            return
         kind, offer = self.decide(None)
         if self.row.fresh()["state"] in FINAL_RUN_STATES:
             return  # stopped by `down` (from another process) while this step decided: launch nothing
-        if kind == WAIT or offer is None:
+        dst = self.fleet.cloud_of(offer) if offer is not None and kind != WAIT else None
+        if kind == WAIT or offer is None or (dst is not None and not self._move(dst, offer)):
             self.row.update(state="recovering")
             return
         self.row.update(state="launching")
@@ -277,8 +324,6 @@ class Controller:
             self.end_run("failed", str(exc))
             raise
         if inst is None:
-            if cloud_move.after_spot_refused(self):  # spot gone here, the run's other cloud next
-                return
             if self._launches_exhausted():
                 self.end_run("failed", f"{self.fleet.failed_launches()} launches failed (capacity or price); "
                                         f"see: sdcloud logs {self.run_id}")
@@ -287,6 +332,7 @@ class Controller:
                                                    "next": "on-demand, to meet the deadline"})
             return
         self.row.update(state="running")
+        self.place(self.placement.cloud, inst.zone or offer.row.zone, kind)
         n = len(self.attempts())
         cost_ledger.started(self.state, self.run_id, n, offer, kind, self.memo.launched_spec.root_volume_gb,
                             zone=inst.zone or offer.row.zone)
