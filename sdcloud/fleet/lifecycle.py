@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
+from .. import config
 from ..errors import UserError
 from ..events import Kind
 from ..offers.optimizer import RESTART_HOURS, Offer
@@ -132,7 +133,7 @@ class Fleet:
         if seconds > 0:
             self.records.set_zone_cooldown(key, time.time() + seconds, reason, self.owner_id)
 
-    def _zone_views(self, now: float) -> list[ZoneView]:
+    def zone_views(self, now: float) -> list[ZoneView]:
         cooled = self.records.zone_cooldowns(now)
         seen: set[str] = set()
         views = []
@@ -141,9 +142,12 @@ class Fleet:
             if k in seen:
                 continue
             seen.add(k)
+            # In USD, as the policy compares them: across clouds a zone's prices may be in yuan.
+            usd = config.usd_per(o.row.currency)
             views.append(ZoneView(k, cooled.get(k, 0) <= now and o.row.spot_price is not None,
-                                  o.row.spot_price if o.row.spot_price is not None else float("inf"),
-                                  o.row.ondemand_price if o.row.ondemand_price is not None else float("inf"), cloud))
+                                  o.row.spot_price * usd if o.row.spot_price is not None else float("inf"),
+                                  o.row.ondemand_price * usd if o.row.ondemand_price is not None else float("inf"),
+                                  cloud))
         return views
 
     def _by_key(self, key: str | None, market: str) -> Offer | None:
@@ -166,7 +170,7 @@ class Fleet:
             best = next((o for o in self.candidates if o.market == ON_DEMAND), None) or self.candidates[0]
             return ON_DEMAND, Offer(best.row, ON_DEMAND)
         now = time.time()
-        zones = self._zone_views(now)
+        zones = self.zone_views(now)
         attempts = self.attempts()
         last = attempts[-1] if attempts else None
         obs = Observation(
