@@ -374,11 +374,13 @@ class Sdcloud(Policy):
 
     def _away(self, obs: Observation, slack: float, net: float) -> Action | None:
         """Spot refused SPOT_REFUSALS times in a row in the checkpoint's cloud: the other cloud's spot
-        instead of on-demand here (or, without a deadline, of launching into the refusals again), where
-        the move repays itself and, with a deadline, the slack after its restart and copy holds the net."""
+        instead. With a deadline it stands in for on-demand here: taken where the move repays itself
+        against that and the slack after its restart and copy holds the net. Without one it stands in
+        for launching into the refusals until the fleet gives up: the cheapest spot there is taken."""
         if obs.data_cloud is None or obs.market is not None:
             return None
-        far = self._far(obs, [z for z in obs.zones if z.spot_available], self._on_demand_price(obs))
+        open_far = [z for z in obs.zones if z.spot_available and crosses(obs, z)]
+        far = self._far(obs, open_far, self._on_demand_price(obs)) if obs.has_deadline else open_far
         if not far or (obs.has_deadline and slack - obs.restart_hours - obs.move_hours < net - EPS):
             return None
         return Action(SPOT, Sdcloud._pick(far, obs.zone))

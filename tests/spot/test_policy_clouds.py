@@ -220,3 +220,13 @@ def test_moving_costs_less_than_one_cloud_with_on_demand_on_the_shared_traces(c,
     out = {x["policy"]: x for x in json.loads(capsys.readouterr().out)}
     assert out["sdcloud"]["deadline_met"] == 1.0 and out["sdcloud-one-cloud"]["deadline_met"] == 1.0
     assert out["sdcloud"]["mean_cost"] < out["sdcloud-one-cloud"]["mean_cost"]
+
+
+def test_without_a_deadline_spot_gone_at_home_takes_the_other_clouds_spot_whatever_the_move_costs():
+    from sdcloud.spot.policy import SPOT_REFUSALS
+
+    dear = two_clouds(True, True, t=0.0, move_usd=50.0)  # the egress outweighs what the far spot saves
+    dear.spot_refusals = SPOT_REFUSALS
+    assert get_policy("sdcloud").decide(dear).kind == ON_DEMAND  # with a deadline: on-demand at home is cheaper
+    dear.has_deadline = False  # without one the alternative is launching into the refusals until the fleet gives up
+    assert get_policy("sdcloud").decide(dear).zone == "far-a"
