@@ -186,7 +186,7 @@ class BatchController:
             # job has no driver (its heartbeat stale, no cloud driver looking) ends after the grace;
             # none outlives its lifetime cap (sdcloud_agent/batch/lifetime.py, docs/batch.md).
             from .. import config
-            from ..runs.driving.agent_config import UNATTENDED_POLLS
+            from ..runs.inputs.agent_config import UNATTENDED_POLLS
 
             created = self.state.get_run(self.job_id)["created"]
             deadline = self.spec.get("deadline_hours")

@@ -43,7 +43,7 @@ from ..records.state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateS
 from ..records.summary import summary
 from . import health_view, hostboot, lessons, oom_move, remote_end, simulated_reclaim
 from .placement import Clouds, Home, Placement, across, carry, dataset_in
-from .agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
+from ..inputs.agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
 from .agent_reports import report_agent_problems
 from .background import controller_alive, detach
 from .budget_watch import budget_spent, budget_warnings

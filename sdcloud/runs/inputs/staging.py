@@ -104,7 +104,7 @@ def stage(ctl: Any, drive: str | None = None) -> dict:
 
 
 def _stage(ctl: Any, drive: str | None) -> dict:
-    from ..driving.agent_config import agent_config, self_end_grace
+    from .agent_config import agent_config, self_end_grace
     from .datasets import upload_dataset
     from .models import is_local_model, upload_model
     from .network import host_network, profile
