@@ -14,7 +14,8 @@ def detach(run_id: str) -> int:
     log_dir = config.home() / "runs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log = open(log_dir / f"{run_id}.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "sdcloud.runs.driving.controller", run_id], stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([sys.executable, "-m", "sdcloud.runs.driving.controller", run_id], stdout=log,
+                            stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     log.close()
     return proc.pid

@@ -34,22 +34,21 @@ from ...offers.kinds import RunKind
 from ...offers.groups import job_hours_on
 from ...offers.optimizer import Offer
 from ...providers import get_provider
-from ...providers.capabilities import Closable, RenewsHostCredentials
+from ...providers.capabilities import Closable
 from ...spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
 from ..inputs import staging as inputs
 from ..inputs.spec import RunPlan, RunSpec
 from ..records import stop_request as stop_requests
-from ..records.state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore, run_kind
+from ..records.state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, RESUMABLE_RUN_STATES, Attempt, RunState, StateStore, run_kind
 from ..records.summary import summary
-from . import health_view, hostboot, lessons, oom_move, remote_end, simulated_reclaim
+from . import hostboot, lessons, remote_end, watching
 from .placement import Clouds, Home, Placement, across, carry, dataset_in
 from ..inputs.agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
-from .agent_reports import report_agent_problems
 from .background import controller_alive, detach
-from .budget_watch import budget_spent, budget_warnings
+from .budget_watch import budget_spent
 from .host_status import HostStatus
 from .launching import LaunchInputs
-from .owner import Memo, steps_before
+from .owner import Memo
 from .run_row import RunRow
 
 # Names that commands/ and the tests import from here (their homes are the modules above).
@@ -188,7 +187,7 @@ class Controller:
     def cost_so_far(self) -> float:
         return cost_ledger.live_cost_usd(self.state, self.row.get())
 
-    def set_state(self, state: str) -> None:  # the owner contract's write of the run's state
+    def set_state(self, state: RunState) -> None:  # the owner contract's write of the run's state
         self.row.update(state=state)
 
     def current(self) -> Attempt | None:
@@ -307,121 +306,45 @@ class Controller:
     def _start_attempt(self) -> None:
         budget = self.spec.budget
         if budget is not None and budget_spent(self.cost_so_far(), budget, self.attempts(), self.timing.poll_seconds):
-            self.end_run("stopped", f"budget ${budget:g} spent")
+            self.end_run(RunState.STOPPED, f"budget ${budget:g} spent")
             return
         kind, offer = self.decide(None)
         if self.row.fresh()["state"] in FINAL_RUN_STATES:
             return  # stopped by `down` (from another process) while this step decided: launch nothing
         dst = self.fleet.cloud_of(offer) if offer is not None and kind != WAIT else None
         if kind == WAIT or offer is None or (dst is not None and not self._move(dst, offer)):
-            self.row.update(state="recovering")
+            self.row.update(state=RunState.RECOVERING)
             return
-        self.row.update(state="launching")
+        self.row.update(state=RunState.LAUNCHING)
         self.memo.launch_offer = offer  # its price bounds the host's lifetime cap (agent config's self_end)
         try:
             inst = self.fleet.launch(kind, offer, self.launching.launch_spec)
         except UserError as exc:
-            self.end_run("failed", str(exc))
+            self.end_run(RunState.FAILED, str(exc))
             raise
         if inst is None:
             if self._launches_exhausted():
-                self.end_run("failed", f"{self.fleet.failed_launches()} launches failed (capacity or price); "
-                                        f"see: sdcloud logs {self.run_id}")
+                self.end_run(RunState.FAILED, f"{self.fleet.failed_launches()} launches failed (capacity or price); "
+                                              f"see: sdcloud logs {self.run_id}")
             elif kind == SPOT and spot_gone_after(self.fleet.failed_launches(SPOT), self.spec.deadline_hours is not None):
                 self.event(Kind.SPOT_UNAVAILABLE, {"failed_launches": self.fleet.failed_launches(SPOT),
                                                    "next": "on-demand, to meet the deadline"})
             return
-        self.row.update(state="running")
+        self.row.update(state=RunState.RUNNING)
         self.place(self.placement.cloud, inst.zone or offer.row.zone, kind)
         n = len(self.attempts())
         cost_ledger.started(self.state, self.run_id, n, offer, kind, self.memo.launched_spec.root_volume_gb,
                             zone=inst.zone or offer.row.zone)
 
     def _watch(self, cur: Attempt) -> None:
-        status = self.host.read_status(strict=True)
-        if status and status.get("attempt") != cur.n:
-            status = None
-        if status is None:  # a store that refused the host's writes: the host's own copy, where readable
-            status = hostboot.host_side_status(self.provider, cur)
-        phase = status.get("phase") if status else None
-        cost_ledger.observe(self.state, self.run_id, cur, status, sample=lambda: self._price_sample(cur))
-        report_agent_problems(self, cur.n, status)
-        oom_move.oom_events(self, cur.n, status)
-        health_view.note(self, cur.n, status)
-        if oom_move.weigh_throttle(self, cur, status, total_steps=self.total_steps, every=self.spec.checkpoint_every):
-            return  # moving off a throttled GPU: the next attempt launches elsewhere
-        if status and status.get("step") is not None:
-            step = int(status["step"])
-            if cur.n not in self.memo.seen_attempts and phase in ("training", "saving", "uploading", "succeeded"):
-                self.memo.seen_attempts.add(cur.n)
-                if cur.n > 1:
-                    self._announce_resume(cur, status)
-            simulated_reclaim.on_progress(self, self.provider, cur, step)
-            self.row.update(step=step)
-            self.emit(Kind.PROGRESS, {"attempt": cur.n, "phase": phase, "step": step, "total": self.total_steps,
-                                      "it_per_s": status.get("it_per_s"), "cost": self.cost_so_far()})
-        if self.spec.budget is not None:
-            spent = self.cost_so_far()
-            budget_warnings(self, spent)
-            if budget_spent(spent, self.spec.budget, [cur], self.timing.poll_seconds):
-                self.event(Kind.BUDGET_REACHED, {"attempt": cur.n, "budget": self.spec.budget, "spent": round(spent, 4)})
-                self.end_attempt(cur, "budget")
-                self.end_run("stopped", f"budget ${self.spec.budget:g} reached; checkpoint kept in the bucket")
-                return
-        if status and status.get("ended_by") == "lifetime-cap" and phase in ("preempted", "failed", "succeeded"):
-            # The host saved and ended itself at its cap: not a reclaim, nothing to relaunch.
-            self.end_attempt(cur, "lifetime-cap")
-            self.end_run("stopped", f"the host's lifetime cap was reached ({status.get('cap')}); checkpoint kept in the bucket")
-            return
-        if phase == "succeeded":
-            self.end_attempt(cur, "succeeded")
-            self.end_run("succeeded", None)
-            return
-        if hostboot.on_failure_cause(self, cur, status):  # a refusal that recurs ends the run; others count
-            return
-        if hostboot.is_boot_failure(status):  # a bad host or image: the next offer, not the end
-            return hostboot.on_boot_failure(self, cur, status)
-        if oom_move.is_out_of_memory(status):  # the memory ladder is spent: an offer with more VRAM
-            return oom_move.on_out_of_memory(self, cur, status)
-        if phase == "failed":
-            self.end_attempt(cur, "failed")
-            self.end_run("failed", status.get("reason") or "the host agent failed")
-            return
-        outcome = self.fleet.check(cur, phase, status.get("time") if status else None,
-                                   status.get("step") if status else None)
-        if outcome in hostboot.COUNTED_OUTCOMES:  # never reported, or its agent failed: counted toward the limit
-            self._closed(cur, time.time())
-            return hostboot.check_limit(self)
-        if outcome == "ok" and isinstance(self.provider, RenewsHostCredentials) and cur.instance_id:
-            # A box of the user's holds short-lived store keys only: keep them fresh while it trains.
-            self.provider.renew_credentials(cur.instance_id, self.run_id, self.store_conf, events=lambda k, d: self.event(k, {"attempt": cur.n, **d}))
-        if outcome != "ok":
-            self._closed(cur, time.time())
-            self.row.update(state="recovering")
-            hostboot.check_unreported(self)
-            return
-        if cur.market == SPOT and self.spec.deadline_hours:
-            kind, offer = self.decide(cur)
-            if kind == ON_DEMAND:
-                self.event(Kind.DEADLINE_FALLBACK, {"attempt": cur.n, "to": offer.key if offer else None})
-                self.end_attempt(cur, "switched")
-
-    def _announce_resume(self, cur: Attempt, status: dict) -> None:
-        """Tell where attempt n took up the work: the step it resumed from and the steps redone."""
-        resumed = status.get("resumed_from")
-        if resumed is None:
-            resumed = max(0, int(status["step"]) - 1)
-        done_before = steps_before(self.state, self.row.get(), cur.n)  # as far as the attempts before got
-        self.event(Kind.RESUMED, {"attempt": cur.n, "from_step": int(resumed),
-                                  "lost_steps": max(0, done_before - int(resumed)), "zone": cur.zone,
-                                  "instance_type": cur.instance_type})
+        watching.watch(self, cur)  # the running attempt's status, recorded and acted on once (watching.py)
 
     def end_attempt(self, cur: Attempt, reason: str, said: str | None = None) -> None:
         """End the attempt's host for `reason` (`said`: the stop's own words, for `logs`) and price it; a host only
         the bucket reaches (another machine's) is asked to save and end there, and closed at its own end."""
-        self._closed(cur, self.fleet.end(cur, reason, at=remote_end.ask_host(self, cur, reason)), (reason, said))
+        self.close_attempt(cur, self.fleet.end(cur, reason, at=remote_end.ask_host(self, cur, reason)), (reason, said))
 
-    def _closed(self, cur: Attempt, end: float, ended_for: tuple[str, str | None] | None = None) -> None:
+    def close_attempt(self, cur: Attempt, end: float, ended_for: tuple[str, str | None] | None = None) -> None:
         """Price an ended attempt into the ledger (`ended_for`: (reason, words) when this driver ended it)."""
         ended_at = self.host.note_self_end(cur, status := self.host.read_status(), ended_for)
         self.host.settle_step(cur, status, ended_for)
@@ -433,15 +356,9 @@ class Controller:
                            poll_s=self.timing.poll_seconds)
         lessons.learn_attempt(self, cur)  # its steady rate, start-up and reclaim (sdcloud speeds)
 
-    def _price_sample(self, cur: Attempt) -> list:
-        """The current spot price of the attempt's own type and zone (Tencent: its one quote)."""
-        from ...costs.pricing import utc
-
-        return self.provider.price_history(cur.instance_type, cur.zone, (now := utc(time.time())), now)
-
-    def end_run(self, state: str, reason: str | None) -> None:
+    def end_run(self, state: RunState, reason: str | None) -> None:
         """End the run in `state` (succeeded, failed, stopped) with one line of `reason`."""
-        if state in ("stopped", "failed") and reason and "sdcloud resume" not in reason:
+        if state in RESUMABLE_RUN_STATES and reason and "sdcloud resume" not in reason:
             # Every stop says how to carry on from the durable checkpoint.
             run = self.row.get()
             reason += f"; resume with: sdcloud resume {run.get('name') or self.run_id}"
@@ -454,7 +371,7 @@ class Controller:
             cur = self.current()
             if cur is not None:
                 self.end_attempt(cur, "stopped", reason)
-            self.end_run("stopped", reason)
+            self.end_run(RunState.STOPPED, reason)
             self.journal.flush()
 
     def reconcile(self) -> None:
@@ -463,7 +380,7 @@ class Controller:
         if self.row.get()["state"] in ACTIVE_RUN_STATES:
             self.ensure_inputs()
         with config.run_settings(self.run_settings):
-            self.fleet.reconcile(on_end=self._closed)
+            self.fleet.reconcile(on_end=self.close_attempt)
             self.sweep_strays()
 
     def sweep_strays(self) -> None:

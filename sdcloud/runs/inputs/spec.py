@@ -48,7 +48,8 @@ def load_runfile(path: str) -> dict:
 
             data = yaml.safe_load(text) or {}
     except Exception as exc:  # a parse error of either format: one line
-        raise UserError(f"run file {path} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {str(exc).splitlines()[0]}") from None
+        kind = "TOML" if p.suffix == ".toml" else "YAML"
+        raise UserError(f"run file {path} is not valid {kind}: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise UserError(f"run file {path} must hold a mapping of fields (tier, provider, steps, ...)")
     if {"spot", "on-demand", "on_demand"} & set(data) and len({"spot", "on-demand", "on_demand", "market"} & set(data)) > 1:
