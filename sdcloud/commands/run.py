@@ -18,6 +18,7 @@ import click
 from ..errors import UserError
 from ..render import emit_json, note, output_options
 from ..runs.inputs import clouds  # a run across clouds: its checks before anything is recorded
+from ..runs.records.run_state import RESUMABLE_RUN_STATES, RunState
 from .common import (
     EXIT_INTERRUPTED,
     EXIT_NOT_SUCCEEDED,
@@ -140,7 +141,7 @@ def _run_ended(state, run_id: str, as_json: bool, interrupted: bool = False) -> 
     from .status import render_summary
 
     summ = summary(state, run_id)
-    if summ["state"] == "succeeded":
+    if summ["state"] == RunState.SUCCEEDED:
         from ..runs.records.artifacts import location
 
         try:
@@ -159,7 +160,7 @@ def _run_ended(state, run_id: str, as_json: bool, interrupted: bool = False) -> 
             echo(f"the model is in {summ['artifacts']}; download it with: sdcloud pull {run_id} [DIR]")
     if interrupted:
         raise SystemExit(EXIT_INTERRUPTED)
-    if summ["state"] != "succeeded":
+    if summ["state"] != RunState.SUCCEEDED:
         raise SystemExit(EXIT_NOT_SUCCEEDED)
 
 
@@ -175,7 +176,7 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
     if detach:
         pid = detach_run(run_id)
         if as_json:
-            emit_json({"run": run_id, "controller_pid": pid, "state": "running"})
+            emit_json({"run": run_id, "controller_pid": pid, "state": RunState.RUNNING})
         else:
             click.echo(f"run {run_id} continues in the background (pid {pid}); follow it with: sdcloud watch {run_id}")
         return
@@ -258,7 +259,7 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
     fields = opts.spec_fields()
     state = state_store()
     existing = state.get_run(opts.name) if opts.name else None
-    if existing and existing["state"] in ("stopped", "failed"):
+    if existing and existing["state"] in RESUMABLE_RUN_STATES:
         _resume(state, existing, fields, opts.runfile, opts.detach, opts.as_json)
         return
     from ..runs.inputs.spec import build_spec, load_runfile
@@ -282,7 +283,7 @@ def up(spot: bool | None, on_demand: bool | None, **flags) -> None:
         clouds.refuse_unattended(spec.providers)  # one cloud's driver holds no keys of the other
         check_cloud_driver(spec, _cached_infra(state, spec))
     existing = state.get_run(spec.name) if spec.name else None
-    if existing and existing["state"] in ("stopped", "failed"):
+    if existing and existing["state"] in RESUMABLE_RUN_STATES:
         _resume(state, existing, fields, opts.runfile, opts.detach, opts.as_json)
         return
     if existing and existing["state"] in ACTIVE_RUN_STATES:
@@ -400,7 +401,7 @@ def resume(run: str, budget: float | None, deadline: str | None, max_price: floa
     if run_kind(found) is RunKind.BATCH:
         return _resume_batch(state, found, detach)
     found = _refresh(state, found)
-    if found["state"] == "succeeded":
+    if found["state"] == RunState.SUCCEEDED:
         raise UserError(f"run {found['id']} has already succeeded; start a new one with sdcloud up")
     fields = {"budget": budget, "deadline_hours": deadline, "max_price": max_price,
               "market": market_of(spot, on_demand), "steps": steps}

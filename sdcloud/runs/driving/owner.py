@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ...fleet.lifecycle import Fleet, Timing
     from ...offers.optimizer import Offer
     from ...providers.base import LaunchSpec
+    from ..records.run_state import RunState
     from ..records.state import Attempt, StateStore
 
 
@@ -108,9 +109,9 @@ class RunOwner(Protocol):
     def end_attempt(self, cur: Attempt, reason: str) -> None:
         """End the host of attempt `cur` for `reason` (and price it, for a training run)."""
 
-    def end_run(self, state: str, reason: str | None) -> None:
+    def end_run(self, state: RunState, reason: str | None) -> None:
         """End the run (or job) in `state` with one line of `reason`."""
 
-    def set_state(self, state: str) -> None:
+    def set_state(self, state: RunState) -> None:
         """Put the run (or job) in `state` ('recovering'): through its driver, so that what the
         driver read of the run this step stays current (runs/driving/run_row.py)."""
