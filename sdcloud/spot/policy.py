@@ -23,84 +23,18 @@ docs/policies.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import UserError
 
-SPOT = "spot"
-ON_DEMAND = "on-demand"
-WAIT = "wait"
-KINDS = (SPOT, ON_DEMAND, WAIT)
-# Float slack for comparisons of hours that are sums of ticks.
-EPS = 1e-9
+# What a policy sees and answers (spot/observation.py); callers import these names from here.
+from .observation import (EPS, KINDS, ON_DEMAND, SPOT, WAIT, WAIT_ACTION, Action, Observation, ZoneView,  # noqa: F401
+                          crosses)
+from . import across
+
 # Spot launches refused in a row after which a job with a deadline goes on-demand (the fleet's bound
 # on failed launches, sdcloud.fleet.lifecycle.MAX_FAILED_LAUNCHES: a run without a deadline ends there).
 SPOT_REFUSALS = 12
-
-
-@dataclass(frozen=True, slots=True)
-class ZoneView:
-    """One zone (or region) the job may run in, as the controller sees it now."""
-
-    key: str
-    spot_available: bool
-    spot_price: float
-    ondemand_price: float
-    # The cloud the zone lies in, where a job may use more than one ("" where all are one). A
-    # launch in another cloud than the one holding the newest checkpoint is a move (docs/policies.md).
-    cloud: str = ""
-
-
-@dataclass(slots=True)
-class Observation:
-    """What a controller knows at a decision point.
-
-    `market` is the market of the instance running now, or None when nothing runs (never
-    started, waiting, or just reclaimed); `zone` is the zone of that instance, or of the last one
-    when nothing runs (None before the first launch). `tick_hours` is how long the answer will
-    stand before the next decision (the controller's poll interval); the safety margins use it.
-    `spot_refusals` counts the spot launches refused in a row since the last launch that went
-    through; `has_deadline` is False when `deadline_hours` only stands in for "none" (then spot
-    may be waited for however long it takes).
-    """
-
-    elapsed: float
-    progress: float
-    job_hours: float
-    deadline_hours: float
-    restart_hours: float
-    zone: str | None
-    market: str | None
-    zones: Sequence[ZoneView]
-    tick_hours: float = 0.0
-    spot_refusals: int = 0
-    has_deadline: bool = True
-    # Work a reclaim now would lose: since the last durable checkpoint, where the save at the notice
-    # cannot be durable (the simulator's checkpoint model); 0 where the notice save is.
-    at_risk: float = 0.0
-    # Across clouds: the cloud holding the newest checkpoint (None: one cloud, nothing ever moves),
-    # and what a launch in another cloud adds to a restart: the copy's hours and its egress in USD.
-    data_cloud: str | None = None
-    move_hours: float = 0.0
-    move_usd: float = 0.0
-
-    @property
-    def time_left(self) -> float:
-        return self.deadline_hours - self.elapsed
-
-    @property
-    def work_left(self) -> float:
-        return self.job_hours - self.progress
-
-
-@dataclass(frozen=True, slots=True)
-class Action:
-    kind: str  # "spot", "on-demand" or "wait"
-    zone: str | None = None  # the zone to run in (spot: required; on-demand: preferred)
-
-
-WAIT_ACTION = Action(WAIT)
 
 
 class Policy:
@@ -129,11 +63,6 @@ def _spot_here(obs: Observation) -> bool:
 
 def _on_demand(obs: Observation) -> Action:
     return Action(ON_DEMAND, _home(obs))
-
-
-def crosses(obs: Observation, zone: ZoneView) -> bool:
-    """Whether a launch in `zone` moves the job to another cloud (its checkpoint copied there first)."""
-    return obs.data_cloud is not None and zone.cloud != obs.data_cloud
 
 
 def spot_gone(obs: Observation) -> bool:
@@ -372,57 +301,19 @@ class Sdcloud(Policy):
             return Action(SPOT, Sdcloud._pick(far, obs.zone))
         return self._on_demand(obs)
 
+    # The rules across clouds (spot/across.py), with this policy's figures.
     def _away(self, obs: Observation, slack: float, net: float) -> Action | None:
-        """Spot refused SPOT_REFUSALS times in a row in the checkpoint's cloud: the other cloud's spot
-        instead. With a deadline it stands in for on-demand here: taken where the move repays itself
-        against that and the slack after its restart and copy holds the net. Without one it stands in
-        for launching into the refusals until the fleet gives up: the cheapest spot there is taken."""
-        if obs.data_cloud is None or obs.market is not None:
-            return None
-        open_far = [z for z in obs.zones if z.spot_available and crosses(obs, z)]
-        far = self._far(obs, open_far, self._on_demand_price(obs)) if obs.has_deadline else open_far
-        if not far or (obs.has_deadline and slack - obs.restart_hours - obs.move_hours < net - EPS):
-            return None
-        return Action(SPOT, Sdcloud._pick(far, obs.zone))
+        return across.away(obs, slack, net, self.HOP_HOURS)
 
     def _cheaper_away(self, obs: Observation, near: Sequence[ZoneView], open_zones: Sequence[ZoneView],
                       slack: float, net: float) -> Action | None:
-        """Nothing runs and spot is open in the checkpoint's cloud: move anyway when finishing the work
-        left on the other cloud's spot, its restart, copy and egress paid, is MOVE_MARGIN cheaper than
-        finishing here (a move is a restart with more at stake: a copy, a cold cache; a near tie stays).
-        MOVE_MARGIN None: never for price alone (the rule measured against it in docs/policies.md)."""
-        if self.MOVE_MARGIN is None or obs.data_cloud is None or obs.market is not None or not near:
-            return None
-        far = [z for z in open_zones if crosses(obs, z)]
-        if not far or slack - obs.restart_hours - obs.move_hours < net - EPS:
-            return None
-        here, there = min(z.spot_price for z in near), Sdcloud._pick(far, obs.zone)
-        best = next(z for z in far if z.key == there)
-        work, d = obs.work_left, obs.restart_hours
-        cost_there = best.spot_price * (work + d + obs.move_hours) + obs.move_usd
-        if cost_there < here * (work + d) * (1.0 - self.MOVE_MARGIN):
-            return Action(SPOT, there)
-        return None
+        return across.cheaper_away(obs, near, open_zones, slack, net, self.MOVE_MARGIN)
 
     def _far(self, obs: Observation, zones: Sequence[ZoneView], instead: float) -> list[ZoneView]:
-        """Zones with spot in another cloud whose move repays itself: HOP_HOURS of work (or what is
-        left) there, against `instead` USD per hour, save more than the move's egress and its
-        restart and copy hours paid at that spot price."""
-        hours = min(obs.work_left, self.HOP_HOURS)
-        launch = obs.restart_hours + obs.move_hours
-        return [z for z in zones
-                if crosses(obs, z) and (instead - z.spot_price) * hours > obs.move_usd + launch * z.spot_price]
+        return across.far_zones(obs, zones, instead, self.HOP_HOURS)
 
-    @staticmethod
-    def _here_ondemand(obs: Observation) -> float:
-        here = next((z for z in obs.zones if z.key == obs.zone), None)
-        return here.ondemand_price if here is not None else Sdcloud._on_demand_price(obs)
-
-    @staticmethod
-    def _on_demand_price(obs: Observation) -> float:
-        """The on-demand price the job would pay now: the least in the checkpoint's cloud."""
-        pool = [z for z in obs.zones if not crosses(obs, z)] or list(obs.zones)
-        return min((z.ondemand_price for z in pool), default=0.0)
+    _here_ondemand = staticmethod(across.here_ondemand)
+    _on_demand_price = staticmethod(across.on_demand_price)
 
     def _hop(self, obs: Observation, open_zones: Sequence[ZoneView], slack: float, reserve: float) -> str:
         """The zone to run spot in while spot runs in obs.zone: stay, unless another zone is so much

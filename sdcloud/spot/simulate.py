@@ -33,6 +33,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..errors import UserError
+from .saves import work_with_saves
 from .policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, SdcloudOneCloud, ZoneView, get_policy, policy_names
 # The traces' side, kept importable from here (commands/simulate.py, bench/ and the tests use these names).
 from .traces import (Trace, coarsen, load_trace, ondemand_by_zone, ondemand_for, region_of, stack, stack_prices,  # noqa: F401
@@ -252,7 +253,7 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
                 t += g
                 p += gain
         else:
-            p, durable, saving, spent = _work(p, durable, saving, g - used, c, every, setting.save_hours)
+            p, durable, saving, spent = work_with_saves(p, durable, saving, g - used, c, every, setting.save_hours)
             dt = used + spent
             t += dt
         if market == SPOT:
@@ -266,33 +267,6 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
         if p >= c:
             return Outcome(cost, t, spot_h, od_h, launches, reclaims, lost, moves)
     raise RuntimeError(f"policy {policy.name} did not finish the job within {limit} ticks")
-
-
-def _work(p: float, durable: float, saving: float, hours: float, c: float, every: float,
-          save: float) -> tuple[float, float, float, float]:
-    """`hours` on a running host with a periodic checkpoint every `every` hours of work, each taking
-    `save` hours without progress and durable when done. Returns progress, durable progress, save
-    hours still to go, and the hours used (less than `hours` only when the job ends)."""
-    spent = 0.0
-    for _ in range(int(hours / min(every, save or every)) + 4):  # saves and work alternate: bounded
-        left = hours - spent
-        if left <= 1e-12 or p >= c - 1e-12:
-            break
-        if saving > 0:
-            s = min(saving, left)
-            saving -= s
-            spent += s
-            if saving <= 1e-12:
-                saving, durable = 0.0, p
-            continue
-        work = min(left, c - p, durable + every - p)
-        p += work
-        spent += work
-        if p >= durable + every - 1e-12 and p < c - 1e-12:
-            saving = save
-    if p >= c - 1e-12:
-        p = c
-    return p, durable, saving, spent
 
 
 def optimal_costs(windows: np.ndarray, gap_seconds: int, setting: Setting, price_windows: np.ndarray | None = None,
