@@ -39,6 +39,7 @@ from ...spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
 from ..inputs import staging as inputs
 from ..inputs.spec import RunPlan, RunSpec
 from ..records import stop_request as stop_requests
+from ..records.lease import DriverLease, Guarded
 from ..records.state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, RESUMABLE_RUN_STATES, Attempt, RunState, StateStore, run_kind
 from ..records.summary import summary
 from . import hostboot, lessons, remote_end, watching
@@ -70,7 +71,8 @@ def store_url(spec: RunSpec, infra: dict | None) -> dict:
 class Controller:
     """A training run's driver; it holds `launching` (launching.py) and `host` (host_status.py)."""
     def __init__(self, state: StateStore, run_id: str, provider=None, emit: Callable[[Kind, dict], None] | None = None,
-                 timing: Timing | None = None, driver: str | None = None, clouds: dict[str, Any] | None = None):
+                 timing: Timing | None = None, driver: str | None = None, clouds: dict[str, Any] | None = None,
+                 lease: DriverLease | None = None):
         self.state = state
         run = state.get_run(run_id)
         if run is None:
@@ -93,7 +95,6 @@ class Controller:
         self._stop_reason: str | None = None
         self._infra = state.infra(self.spec.provider, self.spec.region or "") or {}
         from ..records.journal import Journal
-        from ..records.lease import DriverLease
         from ..records.store import open_run_store
         from ..records.store_of import run_store_conf
 
@@ -102,8 +103,10 @@ class Controller:
         self.store = open_run_store(self.store_conf)
         # The run's history in its bucket, after every step: any machine rebuilds state.db from it.
         self.journal = Journal(state, self.store, self.run_id)
-        # Exactly one driver acts on the run at a time (the laptop, its daemon, the cloud function).
-        self.lease = DriverLease(self.store, self.run_id, self.timing.poll_seconds, driver)
+        # Exactly one driver acts on the run at a time (the laptop, its daemon, the cloud function). A lease
+        # taken before (the cloud driver's) makes every launch and terminate conditional on still holding it.
+        self._guarded = lease is not None
+        self.lease = lease or DriverLease(self.store, self.run_id, self.timing.poll_seconds, driver)
         self.journal.lease = self.lease  # a driver that lost the run writes no more of it to the bucket
         self.launching = LaunchInputs(self)
         self.host = HostStatus(self)
@@ -133,7 +136,8 @@ class Controller:
     def _fleet(self) -> Fleet:
         """The fleet of the placement's cloud, the run's other clouds' candidates beside its own."""
         offers = self._offers(self.provider, self.spec.provider, self.spec, self.plan)
-        return Fleet(self.run_id, self.provider, self.spec.provider, self.state, offers, self.policy, self.event,
+        provider = Guarded(self.provider, self.lease) if self._guarded else self.provider
+        return Fleet(self.run_id, provider, self.spec.provider, self.state, offers, self.policy, self.event,
                      self.timing, spec_market=self.spec.market, max_price=self.plan.max_price,
                      elsewhere=self.clouds.elsewhere(self.spec.provider, self._offers))
 

@@ -56,6 +56,8 @@ class Memo:
     # Since when the store has been unreachable, and when that was last said (runs/driving/hostboot.py).
     store_down_since: float | None = None
     store_noted: float = 0.0
+    # The run's rate book (sdcloud speeds), read once from the state store (runs/driving/lessons.py).
+    rate_book: Any = None
 
     @classmethod
     def read_back(cls, state: StateStore, run_id: str) -> "Memo":
