@@ -206,13 +206,13 @@ def test_the_staged_dataset_is_read_from_the_store_of_the_cloud_the_run_is_in():
 
 
 def test_a_store_fault_halfway_through_a_presigned_copy_leaves_the_last_complete_checkpoint(s3_env, seaweed, tmp_path):
-    """The destination's store answers a checkpoint file's PUT with an error (tests/support/front_faults.py):
+    """The destination's store answers a checkpoint file's PUT with an error (tests/support/fronts/front_faults.py):
     the copy stops, no manifest lands, and a host there restores the complete checkpoint it had."""
     import boto3
 
     from sdcloud_agent.store import open_store
 
-    from tests.support.front_faults import FaultFront
+    from tests.support.fronts.front_faults import FaultFront
 
     s3 = boto3.client("s3", endpoint_url=s3_env["endpoint_url"])
     for bucket in ("cut-home", "cut-away"):
@@ -237,7 +237,7 @@ def test_a_store_fault_halfway_through_a_presigned_copy_leaves_the_last_complete
 
 
 def test_cos_takes_the_presigned_get_and_put_of_a_move(cos_env, tmp_path):
-    """The Tencent side of a move: COS at its own endpoint (tests/support/front_cos.py, HTTPS, virtual
+    """The Tencent side of a move: COS at its own endpoint (tests/support/fronts/front_cos.py, HTTPS, virtual
     hosts) answers the presigned GET and PUT as it answers its own client."""
     import uuid
 
