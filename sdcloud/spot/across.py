@@ -6,7 +6,7 @@ and pays the source's egress) is taken. docs/policies.md, "Across clouds", has t
   would pay instead, save more than the move's egress and its restart and copy hours.
 - `away`: spot refused SPOT_REFUSALS times in a row in the checkpoint's cloud sends the job to the
   other cloud's spot (with a deadline, where it repays against on-demand and the slack allows).
-- `cheaper_away`: at a launch, the other cloud's spot MOVE_MARGIN cheaper to finish on, the move paid.
+- `cheaper_away`: at a later launch, the other cloud's spot MOVE_MARGIN cheaper to finish on, the move paid.
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ def cheaper_away(obs: Observation, near: Sequence[ZoneView], open_zones: Sequenc
     """Nothing runs and spot is open in the checkpoint's cloud: move anyway when finishing the work
     left on the other cloud's spot, its restart, copy and egress paid, is `margin` cheaper than
     finishing here (a move is a restart with more at stake: a copy, a cold cache; a near tie stays).
-    `margin` None: never for price alone (the rule measured against it in docs/policies.md)."""
-    if margin is None or obs.data_cloud is None or obs.market is not None or not near:
+    `margin` None: never for price alone (the rule measured against it in docs/policies.md). Not at
+    the job's first launch (obs.zone None): that one is in the home cloud the user named first."""
+    if margin is None or obs.data_cloud is None or obs.market is not None or obs.zone is None or not near:
         return None
     far = [z for z in open_zones if crosses(obs, z)]
     if not far or slack - obs.restart_hours - obs.move_hours < net - EPS:
