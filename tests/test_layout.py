@@ -615,3 +615,42 @@ def test_every_import_of_sdcloud_names_a_module_that_exists():
             bad += [f"{path.relative_to(ROOT)}:{node.lineno} {t}" for t in found
                     if (t == "sdcloud" or t.startswith("sdcloud.")) and t not in mods]
     assert not bad, "imports of modules that do not exist:\n" + "\n".join(bad)
+
+
+# -- the controller's house (issue 52): its state is its own, its helpers read a typed contract -------
+
+# Folders whose every line keeps the house's 130 characters (the rest of sdcloud/ follows as it is touched).
+SHORT_LINED = ("sdcloud/runs", "sdcloud/spot", "sdcloud/fleet", "sdcloud/verbs", "sdcloud/driver")
+
+
+def controller_breaches(source: str, where: str) -> list[str]:
+    """Parameters typed `ctl: Any` (or `ctrl`, `controller`, `owner`), and getattr/hasattr/setattr probes of one."""
+    owners = {"ctl", "ctrl", "controller", "owner"}
+    bad = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.arg) and n.arg in owners and n.annotation is not None and ast.unparse(n.annotation) == "Any":
+            bad.append(f"{where}:{n.lineno} types {n.arg} as Any (give it the controller's protocol)")
+        elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr", "setattr")
+              and n.args and isinstance(n.args[0], ast.Name) and n.args[0].id in owners):
+            bad.append(f"{where}:{n.lineno} probes the controller by attribute name: {ast.unparse(n)[:60]}")
+    return bad
+
+
+def test_no_helper_types_the_controller_as_any_or_probes_it():
+    bad = []
+    for path in sorted((ROOT / "sdcloud").rglob("*.py")):
+        bad += controller_breaches(path.read_text(), str(path.relative_to(ROOT)))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_controller_check_can_fail():
+    src = "def f(ctl: Any):\n    return getattr(ctl, 'x', 0)\n\ndef g(ctl: Owner):\n    setattr(ctl, 'y', 1)\n"
+    assert [b.split(" ", 1)[1] for b in controller_breaches(src, "m.py")] == [
+        "types ctl as Any (give it the controller's protocol)", "probes the controller by attribute name: getattr(ctl, 'x', 0)",
+        "probes the controller by attribute name: setattr(ctl, 'y', 1)"]
+
+
+def test_the_runs_spot_fleet_verbs_and_driver_lines_keep_130_characters():
+    long = [f"{p.relative_to(ROOT)}:{i}" for top in SHORT_LINED for p in sorted((ROOT / top).rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if len(line) > 130]
+    assert not long, f"lines over 130 characters: {long}"

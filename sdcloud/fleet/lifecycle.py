@@ -133,11 +133,14 @@ class Fleet:
         if seconds > 0:
             self.records.set_zone_cooldown(key, time.time() + seconds, reason, self.owner_id)
 
-    def zone_views(self, now: float) -> list[ZoneView]:
+    def zone_views(self, now: float, across: bool = True) -> list[ZoneView]:
+        """Each candidate zone as the policy sees it; the other clouds' only where the policy is told of moves."""
         cooled = self.records.zone_cooldowns(now)
         seen: set[str] = set()
         views = []
-        for o, cloud in [(o, self.provider_name) for o in self.candidates] + [(o, o.row.provider) for o in self.elsewhere]:
+        pairs = [(o, self.provider_name) for o in self.candidates]
+        pairs += [(o, o.row.provider) for o in self.elsewhere] if across else []
+        for o, cloud in pairs:
             k = zone_key(o)
             if k in seen:
                 continue
@@ -170,7 +173,7 @@ class Fleet:
             best = next((o for o in self.candidates if o.market == ON_DEMAND), None) or self.candidates[0]
             return ON_DEMAND, Offer(best.row, ON_DEMAND)
         now = time.time()
-        zones = self.zone_views(now)
+        zones = self.zone_views(now, across=across is not None)
         attempts = self.attempts()
         last = attempts[-1] if attempts else None
         obs = Observation(

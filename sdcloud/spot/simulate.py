@@ -16,8 +16,9 @@ The model (docs/policies.md has it in full, with the hand-computed cases the tes
 - Saves that may not be durable (Setting.notice_hours given): where a save takes longer than the
   reclaim notice (save_hours > notice_hours), a reclaim loses the work since the last durable
   periodic checkpoint (taken on spot every checkpoint_hours of work, each costing save_hours of
-  no progress, paid; on-demand is never reclaimed and takes none). A stop the policy chooses (a move, a wait) saves with no notice to beat, so it
-  loses nothing. Without notice_hours (the default) the save at the notice is always durable.
+  no progress, paid; on-demand is never reclaimed and takes none). A stop the policy chooses (a move,
+  a wait) saves with no notice to beat, so it loses nothing. Without notice_hours (the default) the
+  save at the notice is always durable.
 - A trace may carry `refused` (one value per tick): a spot launch there in a tick whose value is > 0
   is refused (no capacity) and the tick passes with nothing run; the policy sees the refusals in a
   row (Observation.spot_refusals), as the controller counts them. The optimum never launches into a
