@@ -2,16 +2,19 @@
 
 The fleet (sdcloud.fleet) chooses offers, launches, watches instances and heartbeats, replaces
 reclaimed hosts, cools down zones and sweeps strays. The run decides what the host's status means
-(steps, succeeded, failed), when the deadline asks for on-demand (the spot policy decides, spot
-refused everywhere included), when the budget is spent, and it accounts for cost. Every
+(steps, succeeded, failed), when the deadline asks for on-demand or another cloud (the spot policy
+decides, spot refused everywhere included), when the budget is spent, and it accounts for cost. Where
+the run is (its cloud, zone, capacity kind and the store of its newest checkpoint) is its `placement`,
+changed in one place, `place` (placement.py). Every
 transition is written to the state store before its side effect, so a controller killed at any
 point and started again (`sdcloud up --name NAME`, or a detached controller) reconciles and
 carries on; the host agent resumes from the newest complete checkpoint.
 
 It holds its helpers, not mixes them in: `launching` (what a launch carries), `host` (status.json,
-self-ends, the heartbeat), `row` (the run's row, read once a step: run_row.py), each reading it
-through a small protocol; hostboot, oom_move, health_view
-and agent_reports act through the owner contract (owner.py). A host is told agent_config.py.
+self-ends, the heartbeat), `row` (the run's row, read once a step: run_row.py), `clouds` (the run's
+clouds: placement.py), each reading it through a small protocol; watching (one look at the running
+attempt), hostboot, oom_move, health_view and agent_reports act through the owner contract (owner.py).
+A host is told runs/inputs/agent_config.py.
 """
 
 from __future__ import annotations
@@ -118,8 +121,9 @@ class Controller:
         self.policy = get_policy("sdcloud")  # one for the run's life: it remembers since when spot is up
         self.fleet = self._fleet()
         last = next(reversed(state.attempts(self.run_id)), None)
-        if last is not None and last.provider != self.placement.cloud and last.provider in self.clouds.names:
-            self.place(last.provider)  # a controller started again after a move carries on where the run went
+        if last is not None:  # a controller started again (after a move too) carries on where the run went
+            here = last.provider if last.provider in self.clouds.names else self.placement.cloud
+            self.place(here, last.zone, last.market)
 
     @property
     def candidates(self) -> list[Offer]:
