@@ -207,10 +207,11 @@ class Sdcloud(Policy):
        not slack burnt, so it may dip a little below the waiting line.)
 
     Across clouds (Observation.data_cloud set): a zone of another cloud than the one holding the
-    newest checkpoint is a move, a restart that also costs the copy's hours and its egress. Spot in
-    the checkpoint's cloud always comes first; another cloud's spot is taken only where on-demand
-    would be (rule 4 past the reserve, or rule 6 from on-demand) and HOP_HOURS of work there repay
-    the move; the on-demand fallback and a hop stay in their cloud.
+    newest checkpoint is a move, a restart that also costs the copy's hours and its egress
+    (spot/across.py). Another cloud's spot is taken where on-demand would be (rule 4 past the
+    reserve, rule 6 from on-demand, or spot refused SPOT_REFUSALS times in the checkpoint's cloud)
+    and HOP_HOURS of work there repay the move, or at a later launch where finishing there is
+    MOVE_MARGIN cheaper, the move paid; the on-demand fallback and a hop stay in their cloud.
 
     Where the save at a reclaim notice cannot be durable (Observation.at_risk > 0), the work at
     risk counts as lost already: slack = time left - work left - at risk.
