@@ -353,7 +353,8 @@ def test_a_users_run_is_relaunched_and_finished_by_the_handler_alone(package, cl
 
     def invoke() -> dict:
         home = tmp_path / f"function-{len(reports)}"
-        run = subprocess.run([cloud.python, "-S", "-c", INVOKE, cloud.name, str(tmp_path / "authz"), str(SUPPORT / "authz" / "authz_record.py")],
+        recorder = str(SUPPORT / "authz" / "authz_record.py")
+        run = subprocess.run([cloud.python, "-S", "-c", INVOKE, cloud.name, str(tmp_path / "authz"), recorder],
                              env={**env, "SDCLOUD_HOME": str(home)}, cwd=tmp_path, capture_output=True, text=True,
                              timeout=120)
         assert run.returncode == 0, run.stderr[-3000:]
