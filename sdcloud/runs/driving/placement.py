@@ -24,12 +24,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
 from ...costs import ledger as cost_ledger
+from ...errors import UserError
 from ...events import Kind
 from ...fleet.lifecycle import Across
 from ...offers.moves import MoveCost, move_cost
 from ...offers.optimizer import Offer
 from ...offers.tiers import Tier
 from ...providers import get_provider
+from ...providers.base import ProviderError
 from ...providers.traits import default_region, traits
 from ..inputs.spec import RunPlan, RunSpec
 from ..records.state import StateStore
@@ -152,7 +154,10 @@ class Clouds:
                 continue
             if name not in self._offers:
                 spec = self.spec_in(name)
-                self._offers[name] = listing(self.provider(name), name, spec, RunPlan(spec, self.tier, traits(name)))
+                try:
+                    self._offers[name] = listing(self.provider(name), name, spec, RunPlan(spec, self.tier, traits(name)))
+                except (UserError, ProviderError):  # not reachable from here now (keys, its API): asked again later
+                    continue
             out += self._offers[name]
         return out
 

@@ -284,3 +284,21 @@ def test_a_file_over_one_puts_limit_goes_by_the_destinations_multipart_upload(s3
     assert dst.get(f"{PREFIX}/checkpoints/000000005/model.safetensors") == big
     head = s3.head_object(Bucket="big-away", Key=f"q/{PREFIX}/checkpoints/000000005/model.safetensors")
     assert head["ETag"].strip('"').endswith("-3")  # landed as a multipart object of three parts
+
+
+def test_a_cloud_not_reachable_from_here_is_no_candidate_now_and_asked_again_later(tmp_path):
+    from sdcloud.errors import UserError
+
+    clouds = _clouds(tmp_path, None)
+    clouds._providers["tencent"] = object()
+    clouds.state = type("S", (), {"infra": staticmethod(lambda name, region: {})})()
+    answers = [UserError("no Tencent Cloud credentials"), ["offer of tencent"]]
+
+    def listing(provider, name, spec, plan):
+        out = answers.pop(0)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    assert clouds.elsewhere("aws", listing) == []  # `down` on a machine without its keys still works
+    assert clouds.elsewhere("aws", listing) == ["offer of tencent"]
