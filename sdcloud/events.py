@@ -106,7 +106,7 @@ class Kind(StrEnum):
     WORKER_STARTED = "worker-started"
     WORKER_EXITED = "worker-exited"
     WORKER_ADOPTED = "worker-adopted"  # a resumed local job keeps a worker its dead driver left running
-    # -- a run across clouds (runs/driving/cloud_move.py) -----------------------------------------------
+    # -- a run across clouds (runs/driving/placement.py) ------------------------------------------------
     CLOUD_MOVED = "cloud-moved"  # the checkpoint landed in the other cloud's store; launches go there
     CLOUD_MOVE_FAILED = "cloud-move-failed"  # the copy was cut: no manifest landed, tried again later
 

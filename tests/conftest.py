@@ -24,7 +24,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 
 # The repository root on the path of every process the tests start, as it is on pytest's (its rootdir):
 # a helper run as a script (`python tests/support/fake_oom_trainer.py` as an agent's trainer,
-# `python -m tests.support.authz_run`) imports `tests.support` as the tests do, with no path edits.
+# `python -m tests.support.authz.authz_run`) imports `tests.support` as the tests do, with no path edits.
 _paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 if str(ROOT) not in _paths:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *_paths])
@@ -121,12 +121,12 @@ def pytest_collection_modifyitems(config, items) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def authz_log():
     """SDCLOUD_AUTHZ_LOG=<dir>: every AWS API call this worker's tests make, with the principal that
-    makes it in production, one JSON line each (tests/support/authz_record.py; docs/testing.md)."""
+    makes it in production, one JSON line each (tests/support/authz/authz_record.py; docs/testing.md)."""
     directory = os.environ.get("SDCLOUD_AUTHZ_LOG")
     if not directory:
         yield None
         return
-    from tests.support.authz_record import authz_log as sink, install
+    from tests.support.authz.authz_record import authz_log as sink, install
 
     with pytest.MonkeyPatch.context() as mp:
         install(sink(directory, os.environ.get("PYTEST_XDIST_WORKER", "main")), mp.setattr)
@@ -202,7 +202,7 @@ def clock(monkeypatch) -> Clock:
     To check that the whole suite passes at any hour, run it with every process's clock moved to
     23:59 UTC today (libfaketime; the clock keeps running, so the run crosses midnight): see
     docs/testing.md. SeaweedFS, which libfaketime cannot move, is then reached through
-    tests/support/front_clock.py (see `seaweed`).
+    tests/support/fronts/front_clock.py (see `seaweed`).
     """
     from sdcloud import clock as sdclock
 
@@ -215,7 +215,7 @@ def clock(monkeypatch) -> Clock:
 def seaweed() -> SeaweedS3:
     """One real S3 server (SeaweedFS `weed mini`) per session (per worker under pytest-xdist); tests
     use their own buckets. Under a clock moved by libfaketime (FAKETIME set), which cannot move weed's
-    (a Go program), the server is reached through tests/support/front_clock.py, which signs each request
+    (a Go program), the server is reached through tests/support/fronts/front_clock.py, which signs each request
     again at weed's time: weed refuses requests signed 15 minutes or more from its own time."""
     server = SeaweedS3().start()
     yield server
@@ -277,8 +277,8 @@ def _moto_reset(url: str) -> None:
 
 @pytest.fixture(scope="module")
 def cos_layer(seaweed):
-    """COS as it answers, at its own host names over HTTPS, in front of SeaweedFS (tests/support/front_cos.py)."""
-    from tests.support.front_cos import CosLayer
+    """COS as it answers, at its own host names over HTTPS, in front of SeaweedFS (tests/support/fronts/front_cos.py)."""
+    from tests.support.fronts.front_cos import CosLayer
 
     with CosLayer(seaweed) as layer:
         yield layer

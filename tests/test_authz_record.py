@@ -1,5 +1,5 @@
 """Who made each recorded call: the access key that signed it first, then the stack, and for a call
-from s3transfer's pool the principal of the thread that made its transfer task (tests/support/authz_record.py)."""
+from s3transfer's pool the principal of the thread that made its transfer task (tests/support/authz/authz_record.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def s3(monkeypatch):
 
 
 def test_a_multipart_upload_from_the_pool_is_the_hosts(s3, monkeypatch, tmp_path):
-    from tests.support.authz_record import record_calls
+    from tests.support.authz.authz_record import record_calls
 
     from sdcloud_agent.store import open_store
 
@@ -38,7 +38,7 @@ def test_a_multipart_upload_from_the_pool_is_the_hosts(s3, monkeypatch, tmp_path
 
 
 def test_the_signing_key_decides_before_the_stack(s3, monkeypatch):
-    from tests.support import authz_record
+    from tests.support.authz import authz_record
 
     from sdcloud_agent.store import open_store
 

@@ -147,6 +147,63 @@ def test_no_import_cycles_between_modules_or_domains():
     assert not _cycles(dgraph), f"domain import cycles: {_cycles(dgraph)}"
 
 
+# Rooms of one domain, lowest first: a room may import its own or a lower one, never a higher one.
+ROOM_RANKS = {"runs": {"records": 0, "inputs": 1, "driving": 2}}
+
+
+def room(mod: str) -> str | None:
+    """The sub-folder (room) of its domain a module lies in, `domain.room`; None for a domain's own modules."""
+    parts = mod.split(".")
+    return ".".join(parts[1:3]) if len(parts) > 3 else None
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Imports between the rooms of one domain (sdcloud/runs/inputs -> sdcloud/runs/records), each once."""
+    rgraph: dict[str, set[str]] = {}
+    for m, targets in graph.items():
+        for t in targets:
+            a, b = room(m), room(t)
+            if a and b and a != b and domain(m) == domain(t):
+                rgraph.setdefault(a, set()).add(b)
+    return rgraph
+
+
+def _module_graph() -> dict[str, set[str]]:
+    mods = sdcloud_modules()
+    return {m: {t for t in imports_of(p) if t in mods and t != m
+                and not (mods[t].name == "__init__.py" and m.startswith(t + "."))} for m, p in mods.items()}
+
+
+def test_no_import_cycles_between_the_rooms_of_a_domain():
+    rgraph = room_graph(_module_graph())
+    assert not _cycles(rgraph), f"import cycles between sub-folders: {_cycles(rgraph)}"
+
+
+def test_no_room_of_runs_imports_a_higher_one():
+    bad = []
+    for m, targets in _module_graph().items():
+        for t in targets:
+            a, b = room(m), room(t)
+            if not (a and b) or domain(m) not in ROOM_RANKS or domain(t) != domain(m):
+                continue
+            ranks = ROOM_RANKS[domain(m)]
+            if ranks[b.split(".")[1]] > ranks[a.split(".")[1]]:
+                bad.append(f"{m} -> {t}")
+    assert not bad, "imports that run upward between the rooms of runs/ (records < inputs < driving):\n" + "\n".join(bad)
+
+
+def test_every_room_of_runs_has_a_rank():
+    rooms = {p.name for p in (ROOT / "sdcloud" / "runs").iterdir() if (p / "__init__.py").exists()}
+    assert rooms == set(ROOM_RANKS["runs"]), f"give these rooms of runs/ a rank in ROOM_RANKS: {rooms}"
+
+
+def test_the_room_check_can_fail():
+    # Two rooms that import each other are a cycle, and a room that imports a higher one is seen.
+    graph = {"sdcloud.runs.records.a": {"sdcloud.runs.driving.b"}, "sdcloud.runs.driving.b": {"sdcloud.runs.records.a"}}
+    assert _cycles(room_graph(graph)) == [["runs.driving", "runs.records", "runs.driving"]]
+    assert room("sdcloud.runs.records.state") == "runs.records" and room("sdcloud.spot.policy") is None
+
+
 def test_the_ast_walk_sees_lazy_and_relative_imports(tmp_path):
     # The checks above must be able to fail: a function-level relative import is resolved and seen.
     mods = sdcloud_modules()
@@ -179,7 +236,8 @@ def test_the_ast_walk_sees_import_module_on_a_constant(tmp_path):
 
 def test_no_folder_holds_more_than_twenty_modules_side_by_side():
     crowded = {}
-    for folder in [ROOT / "sdcloud", *(p for p in (ROOT / "sdcloud").rglob("*") if p.is_dir())]:
+    folders = [ROOT / top for top in ("sdcloud", "tests")]
+    for folder in [*folders, *(p for top in folders for p in top.rglob("*") if p.is_dir())]:
         count = len(list(folder.glob("*.py")))
         if count > MAX_MODULES_PER_FOLDER:
             crowded[str(folder.relative_to(ROOT))] = count
@@ -559,3 +617,42 @@ def test_every_import_of_sdcloud_names_a_module_that_exists():
             bad += [f"{path.relative_to(ROOT)}:{node.lineno} {t}" for t in found
                     if (t == "sdcloud" or t.startswith("sdcloud.")) and t not in mods]
     assert not bad, "imports of modules that do not exist:\n" + "\n".join(bad)
+
+
+# -- the controller's house (issue 52): its state is its own, its helpers read a typed contract -------
+
+# Folders whose every line keeps the house's 130 characters (the rest of sdcloud/ follows as it is touched).
+SHORT_LINED = ("sdcloud/runs", "sdcloud/spot", "sdcloud/fleet", "sdcloud/verbs", "sdcloud/driver")
+
+
+def controller_breaches(source: str, where: str) -> list[str]:
+    """Parameters typed `ctl: Any` (or `ctrl`, `controller`, `owner`), and getattr/hasattr/setattr probes of one."""
+    owners = {"ctl", "ctrl", "controller", "owner"}
+    bad = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.arg) and n.arg in owners and n.annotation is not None and ast.unparse(n.annotation) == "Any":
+            bad.append(f"{where}:{n.lineno} types {n.arg} as Any (give it the controller's protocol)")
+        elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr", "setattr")
+              and n.args and isinstance(n.args[0], ast.Name) and n.args[0].id in owners):
+            bad.append(f"{where}:{n.lineno} probes the controller by attribute name: {ast.unparse(n)[:60]}")
+    return bad
+
+
+def test_no_helper_types_the_controller_as_any_or_probes_it():
+    bad = []
+    for path in sorted((ROOT / "sdcloud").rglob("*.py")):
+        bad += controller_breaches(path.read_text(), str(path.relative_to(ROOT)))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_controller_check_can_fail():
+    src = "def f(ctl: Any):\n    return getattr(ctl, 'x', 0)\n\ndef g(ctl: Owner):\n    setattr(ctl, 'y', 1)\n"
+    assert [b.split(" ", 1)[1] for b in controller_breaches(src, "m.py")] == [
+        "types ctl as Any (give it the controller's protocol)", "probes the controller by attribute name: getattr(ctl, 'x', 0)",
+        "probes the controller by attribute name: setattr(ctl, 'y', 1)"]
+
+
+def test_the_runs_spot_fleet_verbs_and_driver_lines_keep_130_characters():
+    long = [f"{p.relative_to(ROOT)}:{i}" for top in SHORT_LINED for p in sorted((ROOT / top).rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if len(line) > 130]
+    assert not long, f"lines over 130 characters: {long}"

@@ -31,6 +31,7 @@ from ..providers.traits import Hosts, ProviderTraits, traits
 from ..runs.driving import hostboot
 from ..runs.driving.owner import Memo
 from ..runs.records.state import FINAL_RUN_STATES
+from ..runs.records.run_state import ACTIVE_RUN_STATES, RunState
 from ..spot.policy import get_policy
 
 
@@ -125,7 +126,7 @@ class BatchController:
 
     def cancelled(self) -> bool:
         """A cancel from any place: the job's row (batch cancel, down) or the bucket's marker."""
-        if self.state.get_run(self.job_id)["state"] == "cancelled":
+        if self.state.get_run(self.job_id)["state"] == RunState.CANCELLED:
             return True
         return self.store.head(f"{self.spec['prefix']}/cancel") is not None
 
@@ -186,7 +187,7 @@ class BatchController:
             # job has no driver (its heartbeat stale, no cloud driver looking) ends after the grace;
             # none outlives its lifetime cap (sdcloud_agent/batch/lifetime.py, docs/batch.md).
             from .. import config
-            from ..runs.driving.agent_config import UNATTENDED_POLLS
+            from ..runs.inputs.agent_config import UNATTENDED_POLLS
 
             created = self.state.get_run(self.job_id)["created"]
             deadline = self.spec.get("deadline_hours")
@@ -255,7 +256,7 @@ class BatchController:
 
     def ended(self) -> bool:
         """Failed boots in a row, or a cancel: every host stops and nothing is launched again."""
-        return self.state.get_run(self.job_id)["state"] in ("failed", "cancelled")
+        return self.state.get_run(self.job_id)["state"] in (RunState.FAILED, RunState.CANCELLED)
 
     def step(self) -> bool:
         """One pass: watch the hosts, resize the pool. True when the job is over (all done or cancelled).
@@ -294,7 +295,7 @@ class BatchController:
             self.fleet.keep_alive(want, self.progress(done), self.launch_spec)
         if self.fleet.sweep_due():
             self.fleet.sweep_strays()
-        if self.state.get_run(self.job_id)["state"] == "recovering":  # hostboot's word for a lost host
+        if self.state.get_run(self.job_id)["state"] == RunState.RECOVERING:  # hostboot's word for a lost host
             self.state.update_run(self.job_id, state="running")
         return over
 
@@ -323,7 +324,7 @@ class BatchController:
         for cur in self.fleet.open_attempts():
             self.fleet.end(cur, "done")
         self.state.update_run(self.job_id, step=self._images_done(), controller_pid=None)
-        if self.state.get_run(self.job_id)["state"] in ("pending", "running", "recovering"):
+        if self.state.get_run(self.job_id)["state"] in ACTIVE_RUN_STATES:
             end = "cancelled" if self.cancelled() else "succeeded"
             self.state.update_run(self.job_id, state=end)
             self.event(batch_ended(end), {})
@@ -336,7 +337,7 @@ class BatchController:
         if self.state.get_run(self.job_id)["state"] in FINAL_RUN_STATES:
             self.finish()
             return True
-        if self.state.get_run(self.job_id)["state"] == "pending":
+        if self.state.get_run(self.job_id)["state"] == RunState.PENDING:
             self.state.update_run(self.job_id, state="running")
         over = self._guarded_step()
         if not over and self.fleet.exhausted():

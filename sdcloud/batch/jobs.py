@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import config
 from ..events import Kind
+from ..runs.records.run_state import RunState
 from .local_pool import run_local, worker_attempts_ended
 from .pull import pull
 from .status import find_job, job_over, job_store, list_jobs, on_this_machine, progress, state_store, verify_job
@@ -99,7 +100,7 @@ def end_hosts(job_id: str, wait_s: float | None = None, open_before: set[int] | 
     if not open_:
         return _ended_of(state, job_id, before)
     # What ended the hosts, as the cost report's "ended by" says it.
-    reason = "cancelled" if row["state"] == "cancelled" else "stopped"
+    reason = "cancelled" if row["state"] == RunState.CANCELLED else "stopped"
     if on_this_machine(row["spec"].get("provider", "local")):
         for a in open_:
             pid = a.instance_id.removeprefix("pid-") if a.instance_id else ""

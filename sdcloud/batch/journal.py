@@ -15,7 +15,7 @@ the runs' driver never mistakes a batch job for a run. Secrets are never in a ro
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from ..runs.records.state import ACTIVE_RUN_STATES, StateStore
 
@@ -79,19 +79,29 @@ def live_jobs(store: Any) -> list[str]:
     return [o.key.rsplit("/", 1)[-1] for o in sorted(store.list(f"{INDEX}/"), key=lambda o: o.key)]
 
 
+class CarriedOwner(Protocol):
+    """What a batch job's carried driving reads of its controller (batch/controller.py)."""
+
+    store: Any
+    job_id: str
+    timing: Any
+    provider_name: str
+    state: StateStore
+
+
 class Carried:
     """The laptop's driving of a job that the cloud driver can take over when the laptop goes: the
     job's driver lease (renewed each step; lost means another driver has the job) and its rows in
     the bucket after each step. None of it where the provider has no cloud driver."""
 
-    def __init__(self, ctl: Any):
+    def __init__(self, ctl: CarriedOwner):
         from ..runs.records.lease import DriverLease
 
         self.ctl = ctl
         self.lease = DriverLease(ctl.store, ctl.job_id, ctl.timing.poll_seconds)
 
     @classmethod
-    def of(cls, ctl: Any) -> "Carried | None":
+    def of(cls, ctl: CarriedOwner) -> "Carried | None":
         from ..providers.traits import traits
 
         return cls(ctl) if traits(ctl.provider_name).function is not None else None

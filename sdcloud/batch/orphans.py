@@ -14,16 +14,27 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from ..events import Kind
 from ..offers.optimizer import Offer
 from ..providers.base import TAG_ATTEMPT, TAG_TOKEN, LaunchSpec, ProviderError
+from ..fleet.lifecycle import Fleet
 
 ROOT_VOLUME_GB = next(f.default for f in dataclasses.fields(LaunchSpec) if f.name == "root_volume_gb")
 
 
-def _offer_for(ctl: Any, inst: Any) -> Offer | None:
+class OrphanOwner(Protocol):
+    """What adopting or ending a batch job's orphan hosts reads of its controller (batch/controller.py)."""
+
+    fleet: Fleet
+    provider: Any
+    job_id: str
+    state: Any
+    event: Callable[..., None]
+
+
+def _offer_for(ctl: OrphanOwner, inst: Any) -> Offer | None:
     """The candidate offer the host was launched from: its type in its zone, else its type anywhere."""
     same = [o for o in ctl.fleet.candidates if o.row.instance_type == inst.instance_type]
     best = next((o for o in same if o.row.zone == inst.zone), None) or next(iter(same), None)
@@ -35,7 +46,7 @@ def _attempt_of(inst: Any) -> int:
     return int(tag) if tag.isdigit() else 0
 
 
-def adopt_or_end(ctl: Any, want: int) -> dict[str, list[str]]:
+def adopt_or_end(ctl: OrphanOwner, want: int) -> dict[str, list[str]]:
     """Adopt the job's orphan hosts into the slots left of `want` open hosts; end the others.
     Returns what was done, by instance id. A cloud that cannot be asked now changes nothing
     (the sweep asks again; a launch then may briefly overlap a host the sweep ends)."""
@@ -66,7 +77,7 @@ def adopt_or_end(ctl: Any, want: int) -> dict[str, list[str]]:
     return done
 
 
-def _adopt(ctl: Any, inst: Any, n: int) -> None:
+def _adopt(ctl: OrphanOwner, inst: Any, n: int) -> None:
     from ..costs import ledger
 
     offer = _offer_for(ctl, inst)

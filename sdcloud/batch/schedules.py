@@ -26,6 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .. import config
 from ..errors import UserError
+from ..runs.records.run_state import ACTIVE_RUN_STATES
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS batch_schedules (
@@ -47,7 +48,7 @@ CREATE TABLE IF NOT EXISTS batch_fires (
     PRIMARY KEY (schedule_id, wall)
 );
 """
-ACTIVE = ("pending", "launching", "running", "recovering")
+ACTIVE = ACTIVE_RUN_STATES
 
 
 def check_cron(expr: str, tz: str) -> ZoneInfo:

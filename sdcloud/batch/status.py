@@ -12,6 +12,10 @@ from typing import Any
 
 from ..errors import UserError
 from ..offers.kinds import RunKind
+from ..runs.records.run_state import FINAL_RUN_STATES, RunState
+
+# A job that ended before its last item: what `batch status` says why of.
+ENDED_SHORT = (RunState.FAILED, RunState.STOPPED, RunState.CANCELLED)
 
 
 def on_this_machine(provider: str) -> bool:
@@ -51,7 +55,7 @@ def ended_reason(job: dict) -> str | None:
     None for a job that runs or succeeded."""
     from ..events import one_line
 
-    if job["state"] not in ("failed", "stopped", "cancelled") or not job.get("reason"):
+    if job["state"] not in ENDED_SHORT or not job.get("reason"):
         return None
     return one_line(job["reason"])
 
@@ -81,7 +85,7 @@ def progress(job_id: str) -> dict[str, Any]:
     prefix = job["spec"]["prefix"]
     done = [json.loads(store.get(o.key)) for o in store.list(f"{prefix}/done/")]
     images = sum(len(m["images"]) for m in done)
-    elapsed = max(1e-6, (job["updated"] if job["state"] in ("succeeded", "stopped", "failed", "cancelled") else time.time())
+    elapsed = max(1e-6, (job["updated"] if job["state"] in FINAL_RUN_STATES else time.time())
                   - job["spec"]["submitted"])
     rate = images / elapsed
     left = job["total_steps"] - images
@@ -135,7 +139,7 @@ def verdict(job_id: str) -> dict[str, Any]:
                       "items_done": p["items_done"], "items": p["items"], "images_present": p["images_done"],
                       "images_expected": p["images"], "redone_items": p["redone_items"]})
     v = verify_job(job["id"])
-    ended_early = job["state"] != "succeeded" and v["missing_items"]
+    ended_early = job["state"] != RunState.SUCCEEDED and v["missing_items"]
     made_right = not (v["missing_images"] or v["duplicate_keys"] or v["index_mismatches"])
     word = "ok" if v["ok"] else "incomplete" if ended_early and made_right else "FAILED"
     return _said({**v, "job": job["id"], "state": job["state"], "verdict": word})
@@ -147,7 +151,7 @@ def _said(v: dict[str, Any]) -> dict[str, Any]:
               f"{v['redone_items']} redone")
     if v["verdict"] != "incomplete":
         return {**v, "says": f"{v['verdict']}: {counts}"}
-    if v["state"] in ("cancelled", "stopped", "failed"):
+    if v["state"] in ENDED_SHORT:
         why = f"the job was {v['state']} before its last item; what it made is each there exactly once"
     else:
         why = f"the job is {v['state']}; verify it once it has finished (follow it with: sdcloud batch watch {v['job']})"

@@ -13,6 +13,7 @@ from ..errors import UserError
 from ..events import Kind
 from ..money import usd
 from ..offers.kinds import RunKind
+from ..runs.records.run_state import RunState
 from ..providers.traits import has_stack, names, traits
 from .prompts import build_items, parse_prompts
 from .status import on_this_machine, state_store
@@ -215,7 +216,7 @@ def resolve_lora_run(run_id: str, tier: str | None = None) -> LoraRun:
     if run is None or RunKind.of(run["spec"]) is RunKind.BATCH:
         what = "no training run with that id" if run_id.startswith("r-") else "neither a LoRA file nor a training run's name"
         raise UserError(f"--lora {run_id}: {what}; see: sdcloud status")
-    if run["state"] != "succeeded":
+    if run["state"] != RunState.SUCCEEDED:
         raise UserError(f"--lora {run_id}: the run is {run['state']}, not succeeded; its LoRA is not final")
     if tier is not None:
         _check_lora_family(run, run_id, tier)

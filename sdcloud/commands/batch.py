@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..render import echo, emit_json, note, output_options, table, wide_option
+from ..runs.records.run_state import RunState
 # Every batch tier, for the help texts (batch/submit.py BATCH_TIERS holds their families; a test keeps
 # the two the same without importing the batch domain to render --help).
 from .batch_progress import BatchProgress
@@ -218,7 +219,7 @@ def watch(job: str, interval: float) -> None:
     finally:
         view.close()
     click.echo(f"{p['job']} {p['state']}: {p['images_done']}/{p['images']} images, {p['redone_items']} redone")
-    if p["state"] != "succeeded":
+    if p["state"] != RunState.SUCCEEDED:
         raise SystemExit(EXIT_NOT_SUCCEEDED)
 
 
@@ -238,7 +239,7 @@ def cancel(job: str, as_json: bool) -> None:
         emit_json(res)
         return
     hosts = f"{res['hosts_ended']} host{'s' if res['hosts_ended'] != 1 else ''} ended"
-    if res["state"] == "cancelled" and before != "cancelled":
+    if res["state"] == RunState.CANCELLED and before != RunState.CANCELLED:
         click.echo(f"{res['job']}: cancelled (was {before}); {hosts}; the images it made stay: "
                    f"sdcloud batch pull {res['job']}")
     else:  # an ended job keeps its end: a cancel changes nothing there

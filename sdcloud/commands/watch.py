@@ -9,6 +9,7 @@ import click
 from ..errors import UserError
 from ..events import Kind
 from ..render import output_options
+from ..runs.records.run_state import RunState
 from .common import EXIT_INTERRUPTED, EXIT_NO_CONTROLLER, EXIT_NOT_SUCCEEDED, complete_runs, find_run, state_store
 
 
@@ -83,7 +84,7 @@ def watch(run: str, interval: float, take_over: bool) -> None:
         view.close()
     summ = summary(state, found["id"])
     render_summary(summ)
-    if summ["state"] != "succeeded":
+    if summ["state"] != RunState.SUCCEEDED:
         raise SystemExit(EXIT_NOT_SUCCEEDED)
 
 

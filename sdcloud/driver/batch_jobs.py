@@ -33,6 +33,7 @@ from typing import Any, Callable
 from ..batch import journal
 from ..batch.schedule_keys import fire_of, last_job_key, prompts_key, schedule_key
 from ..events import Kind
+from ..runs.records.run_state import ACTIVE_RUN_STATES
 
 # The cloud driver's period when its traits name none (a driver of a test).
 DEFAULT_PERIOD_S = 300
@@ -120,7 +121,7 @@ def step_job(store: Any, job_id: str, identity: str, driver: str, provider: Any 
     try:
         state = _fresh_state()  # read under the lease: a view from before it may be a step old
         run = journal.restore(state, store, job_id)
-        if run is None or run["state"] not in ("pending", "running", "recovering"):
+        if run is None or run["state"] not in ACTIVE_RUN_STATES:
             if run is not None:
                 journal.save(state, store, job_id)  # a finished job leaves the index
             return {"state": run["state"] if run else None}

@@ -103,7 +103,7 @@ def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
     warm function's /tmp is shared by its invocations) and is removed when it returns.
     """
     from ..runs.driving.controller import Controller
-    from ..runs.records.lease import DriverLease, LeaseLost, function_of, guard, invocation_id
+    from ..runs.records.lease import DriverLease, LeaseLost, function_of, invocation_id
     from ..runs.records.journal import forget, restore
     from ..runs.records.state import FINAL_RUN_STATES, StateStore
     from ..runs.records.store import open_run_store
@@ -143,8 +143,8 @@ def drive_lapsed(store_conf: dict, driver: str, time_left: Callable[[], float],
             if restore(state, store, run_id) is None:
                 lease.release()
                 continue
-            ctl = Controller(state, run_id, driver=invocation)
-            guard(ctl, lease)  # every launch and terminate is conditional on still holding it
+            # Every launch and terminate is conditional on still holding the lease (the controller guards them).
+            ctl = Controller(state, run_id, driver=invocation, lease=lease)
             # One record per take-over, with the figures of its moment (who had the run, its step).
             ctl.event(Kind.DRIVER_TOOK_OVER, {"driver": function, "invocation": invocation, "from": before,
                                               "step": state.get_run(run_id)["step"]})

@@ -36,8 +36,9 @@ def candidates(provider, tier: Tier, market: str, *, max_price: float | None, re
     boxes) lists its own; the others rank their catalog.
 
     `tier` is resolved already (the run's plan carries it); `name`: the provider's name as the run
-    chose it (default its own `name`: test doubles may carry none); `gpus_used`: how many of a host's GPUs the owner's work drives (None: all), so that a host is
-    estimated by the speed it will really give; `book`: the recorded and observed rates (sdcloud speeds);
+    chose it (default its own `name`: test doubles may carry none); `gpus_used`: how many of a host's
+    GPUs the owner's work drives (None: all), so that a host is estimated by the speed it will really
+    give; `book`: the recorded and observed rates (sdcloud speeds);
     `nodes`: a multi-node group's size: its hosts' offers ranked as groups (offers/groups.py), those no
     faster as a group than one host left out."""
     name = name or provider.name

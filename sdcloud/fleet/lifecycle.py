@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
+from .. import config
 from ..errors import UserError
 from ..events import Kind
 from ..offers.optimizer import RESTART_HOURS, Offer
@@ -70,6 +71,15 @@ class Progress:
     deadline_hours: float | None
 
 
+@dataclass(frozen=True)
+class Across:
+    """A run across clouds, as its policy is told (spot/policy.py, Observation): the cloud holding the
+    newest checkpoint, and what a launch in another cloud adds to a restart (the copy's hours, its egress)."""
+    data_cloud: str
+    move_hours: float
+    move_usd: float
+
+
 class Records(Protocol):
     """What a fleet needs of the state store (runs.records.state.StateStore provides it)."""
 
@@ -85,13 +95,16 @@ class Fleet:
 
     def __init__(self, owner_id: str, provider: Any, provider_name: str, records: Records, candidates: Sequence[Offer],
                  policy: Policy, events: Events, timing: Timing, spec_market: str | None = None,
-                 max_price: float | None = None, on_launched: Launched | None = None,
+                 max_price: float | None = None, on_launched: Launched | None = None, elsewhere: Sequence[Offer] = (),
                  progress: Callable[[], Progress] | None = None):
         self.owner_id = owner_id
         self.provider = provider
         self.provider_name = provider_name
         self.records = records
         self.candidates = list(candidates)
+        # Across clouds: the candidates of the owner's other clouds, which the policy weighs as moves
+        # (a launch there is the owner's to make, after it moved: Fleet.cloud_of says which cloud).
+        self.elsewhere = list(elsewhere)
         self.policy = policy
         self.event = events
         self.timing = timing
@@ -128,33 +141,47 @@ class Fleet:
         if seconds > 0:
             self.records.set_zone_cooldown(key, time.time() + seconds, reason, self.owner_id)
 
-    def _zone_views(self, now: float) -> list[ZoneView]:
+    def zone_views(self, now: float, across: bool = True) -> list[ZoneView]:
+        """Each candidate zone as the policy sees it; the other clouds' only where the policy is told of moves."""
         cooled = self.records.zone_cooldowns(now)
         seen: set[str] = set()
         views = []
-        for o in self.candidates:
+        pairs = [(o, self.provider_name) for o in self.candidates]
+        pairs += [(o, o.row.provider) for o in self.elsewhere] if across else []
+        for o, cloud in pairs:
             k = zone_key(o)
             if k in seen:
                 continue
             seen.add(k)
+            # In USD, as the policy compares them: across clouds a zone's prices may be in yuan.
+            usd = config.usd_per(o.row.currency)
             views.append(ZoneView(k, cooled.get(k, 0) <= now and o.row.spot_price is not None,
-                                  o.row.spot_price if o.row.spot_price is not None else float("inf"),
-                                  o.row.ondemand_price if o.row.ondemand_price is not None else float("inf")))
+                                  o.row.spot_price * usd if o.row.spot_price is not None else float("inf"),
+                                  o.row.ondemand_price * usd if o.row.ondemand_price is not None else float("inf"),
+                                  cloud))
         return views
 
     def _by_key(self, key: str | None, market: str) -> Offer | None:
-        for offer in self.candidates:
+        for offer in self.candidates + self.elsewhere:
             if offer.row.instance_type and zone_key(offer) == key:
                 return Offer(offer.row, market)
         return None
 
+    def cloud_of(self, offer: Offer) -> str | None:
+        """The other cloud an offer the policy chose lies in (a move), None where it is this fleet's own."""
+        key = zone_key(offer)
+        if any(zone_key(o) == key for o in self.candidates):
+            return None
+        return next((o.row.provider for o in self.elsewhere if zone_key(o) == key), None)
+
     # the policy
-    def decide(self, progress: Progress, running: Any | None, spot_refusals: int = 0) -> tuple[str, Offer | None]:
+    def decide(self, progress: Progress, running: Any | None, spot_refusals: int = 0,
+               across: Across | None = None) -> tuple[str, Offer | None]:
         if self.market == ON_DEMAND:
             best = next((o for o in self.candidates if o.market == ON_DEMAND), None) or self.candidates[0]
             return ON_DEMAND, Offer(best.row, ON_DEMAND)
         now = time.time()
-        zones = self._zone_views(now)
+        zones = self.zone_views(now, across=across is not None)
         attempts = self.attempts()
         last = attempts[-1] if attempts else None
         obs = Observation(
@@ -163,6 +190,8 @@ class Fleet:
             zone=attempt_zone_key(last.provider, last.region, last.zone, last.instance_type) if last else None,
             market=running.market if running else None, zones=zones, tick_hours=self.timing.poll_seconds / 3600.0,
             spot_refusals=spot_refusals, has_deadline=progress.deadline_hours is not None)
+        if across is not None and self.elsewhere:
+            obs.data_cloud, obs.move_hours, obs.move_usd = across.data_cloud, across.move_hours, across.move_usd
         action = self.policy.decide(obs)
         if action.kind == WAIT:
             return WAIT, None

@@ -10,7 +10,7 @@ optimum, tau = sqrt(2 x save time x mean time between reclaims) (Young, CACM 197
 
 The host measures its own save time; the control plane knows the mean time between reclaims: the
 zone's catalog band as a prior, sharpened by the reclaims the run has seen there. It sends the mean
-and the provider's notice in the agent config (runs/driving/agent_config.py); the host decides
+and the provider's notice in the agent config (runs/inputs/agent_config.py); the host decides
 (sdcloud_agent/checkpoint_spacing.py, which must not import this package and so carries the same
 few lines of arithmetic). The simulator uses `young_daly_hours` for the same interval.
 """

@@ -23,84 +23,18 @@ docs/policies.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import UserError
 
-SPOT = "spot"
-ON_DEMAND = "on-demand"
-WAIT = "wait"
-KINDS = (SPOT, ON_DEMAND, WAIT)
-# Float slack for comparisons of hours that are sums of ticks.
-EPS = 1e-9
+# What a policy sees and answers (spot/observation.py); callers import these names from here.
+from .observation import (EPS, KINDS, ON_DEMAND, SPOT, WAIT, WAIT_ACTION, Action, Observation, ZoneView,  # noqa: F401
+                          crosses)
+from . import across
+
 # Spot launches refused in a row after which a job with a deadline goes on-demand (the fleet's bound
 # on failed launches, sdcloud.fleet.lifecycle.MAX_FAILED_LAUNCHES: a run without a deadline ends there).
 SPOT_REFUSALS = 12
-
-
-@dataclass(frozen=True, slots=True)
-class ZoneView:
-    """One zone (or region) the job may run in, as the controller sees it now."""
-
-    key: str
-    spot_available: bool
-    spot_price: float
-    ondemand_price: float
-    # The cloud the zone lies in, where a job may use more than one ("" where all are one). A
-    # launch in another cloud than the one holding the newest checkpoint is a move (docs/policies.md).
-    cloud: str = ""
-
-
-@dataclass(slots=True)
-class Observation:
-    """What a controller knows at a decision point.
-
-    `market` is the market of the instance running now, or None when nothing runs (never
-    started, waiting, or just reclaimed); `zone` is the zone of that instance, or of the last one
-    when nothing runs (None before the first launch). `tick_hours` is how long the answer will
-    stand before the next decision (the controller's poll interval); the safety margins use it.
-    `spot_refusals` counts the spot launches refused in a row since the last launch that went
-    through; `has_deadline` is False when `deadline_hours` only stands in for "none" (then spot
-    may be waited for however long it takes).
-    """
-
-    elapsed: float
-    progress: float
-    job_hours: float
-    deadline_hours: float
-    restart_hours: float
-    zone: str | None
-    market: str | None
-    zones: Sequence[ZoneView]
-    tick_hours: float = 0.0
-    spot_refusals: int = 0
-    has_deadline: bool = True
-    # Work a reclaim now would lose: since the last durable checkpoint, where the save at the notice
-    # cannot be durable (the simulator's checkpoint model); 0 where the notice save is.
-    at_risk: float = 0.0
-    # Across clouds: the cloud holding the newest checkpoint (None: one cloud, nothing ever moves),
-    # and what a launch in another cloud adds to a restart: the copy's hours and its egress in USD.
-    data_cloud: str | None = None
-    move_hours: float = 0.0
-    move_usd: float = 0.0
-
-    @property
-    def time_left(self) -> float:
-        return self.deadline_hours - self.elapsed
-
-    @property
-    def work_left(self) -> float:
-        return self.job_hours - self.progress
-
-
-@dataclass(frozen=True, slots=True)
-class Action:
-    kind: str  # "spot", "on-demand" or "wait"
-    zone: str | None = None  # the zone to run in (spot: required; on-demand: preferred)
-
-
-WAIT_ACTION = Action(WAIT)
 
 
 class Policy:
@@ -131,11 +65,6 @@ def _on_demand(obs: Observation) -> Action:
     return Action(ON_DEMAND, _home(obs))
 
 
-def crosses(obs: Observation, zone: ZoneView) -> bool:
-    """Whether a launch in `zone` moves the job to another cloud (its checkpoint copied there first)."""
-    return obs.data_cloud is not None and zone.cloud != obs.data_cloud
-
-
 def spot_gone(obs: Observation) -> bool:
     """Nothing runs, a deadline stands, and spot refused the last SPOT_REFUSALS launches in a row:
     spot is not coming back soon enough to wait for, so the next launch is on-demand."""
@@ -146,6 +75,12 @@ def spot_gone_after(refusals: int, has_deadline: bool) -> bool:
     """Whether `refusals` spot launches refused in a row send the next launch on-demand (the
     controller asks it to say so after a refusal)."""
     return has_deadline and refusals >= SPOT_REFUSALS
+
+
+def dry_here(obs: Observation) -> bool:
+    """Across clouds (obs.data_cloud set), nothing runs and the checkpoint's cloud refused the last
+    SPOT_REFUSALS spot launches in a row, deadline or none: a time to weigh the other cloud's spot."""
+    return obs.data_cloud is not None and obs.market is None and obs.spot_refusals >= SPOT_REFUSALS
 
 
 # The answer when spot is gone: on-demand in the first zone offered (the caller's first candidate).
@@ -272,10 +207,11 @@ class Sdcloud(Policy):
        not slack burnt, so it may dip a little below the waiting line.)
 
     Across clouds (Observation.data_cloud set): a zone of another cloud than the one holding the
-    newest checkpoint is a move, a restart that also costs the copy's hours and its egress. Spot in
-    the checkpoint's cloud always comes first; another cloud's spot is taken only where on-demand
-    would be (rule 4 past the reserve, or rule 6 from on-demand) and HOP_HOURS of work there repay
-    the move; the on-demand fallback and a hop stay in their cloud.
+    newest checkpoint is a move, a restart that also costs the copy's hours and its egress
+    (spot/across.py). Another cloud's spot is taken where on-demand would be (rule 4 past the
+    reserve, rule 6 from on-demand, or spot refused SPOT_REFUSALS times in the checkpoint's cloud)
+    and HOP_HOURS of work there repay the move, or at a later launch where finishing there is
+    MOVE_MARGIN cheaper, the move paid; the on-demand fallback and a hop stay in their cloud.
 
     Where the save at a reclaim notice cannot be durable (Observation.at_risk > 0), the work at
     risk counts as lost already: slack = time left - work left - at risk.
@@ -294,6 +230,8 @@ class Sdcloud(Policy):
     PROBE = 1.0
     RETURN = 1.5
     HOP_HOURS = 4.0
+    # How much cheaper the other cloud's spot must make the rest of the job to move for price alone.
+    MOVE_MARGIN: float | None = 0.10
 
     def __init__(self) -> None:
         self.reset()
@@ -319,18 +257,25 @@ class Sdcloud(Policy):
         return min((r - c) * max(0.0, r - t) / r, self.BETA * obs.work_left)
 
     def decide(self, obs: Observation) -> Action:
-        if spot_gone(obs):
-            return SPOT_GONE_ACTION
         d, t, tick = obs.restart_hours, obs.elapsed, obs.tick_hours
-        self._observe(obs)
         net = max(2 * d, d + tick)
         # Work at risk counts as lost already: a reclaim takes it, and then the argument below holds.
         slack = obs.time_left - obs.work_left - obs.at_risk
+        if spot_gone(obs) or dry_here(obs):
+            away = self._away(obs, slack, net)
+            if away is not None:
+                return away
+            if spot_gone(obs):
+                return SPOT_GONE_ACTION
+        self._observe(obs)
         if slack < net - EPS:
             return self._on_demand(obs)
         open_zones = [z for z in obs.zones if z.spot_available]
         near = [z for z in open_zones if not crosses(obs, z)]  # the cloud holding the checkpoint
         reserve = self.reserve(obs)
+        cheaper = self._cheaper_away(obs, near, open_zones, slack, net)
+        if cheaper is not None:
+            return cheaper
         if obs.market == SPOT and any(z.key == obs.zone for z in open_zones):
             return Action(SPOT, self._hop(obs, open_zones, slack, reserve))
         if obs.market == ON_DEMAND:
@@ -357,25 +302,19 @@ class Sdcloud(Policy):
             return Action(SPOT, Sdcloud._pick(far, obs.zone))
         return self._on_demand(obs)
 
+    # The rules across clouds (spot/across.py), with this policy's figures.
+    def _away(self, obs: Observation, slack: float, net: float) -> Action | None:
+        return across.away(obs, slack, net, self.HOP_HOURS)
+
+    def _cheaper_away(self, obs: Observation, near: Sequence[ZoneView], open_zones: Sequence[ZoneView],
+                      slack: float, net: float) -> Action | None:
+        return across.cheaper_away(obs, near, open_zones, slack, net, self.MOVE_MARGIN)
+
     def _far(self, obs: Observation, zones: Sequence[ZoneView], instead: float) -> list[ZoneView]:
-        """Zones with spot in another cloud whose move repays itself: HOP_HOURS of work (or what is
-        left) there, against `instead` USD per hour, save more than the move's egress and its
-        restart and copy hours paid at that spot price."""
-        hours = min(obs.work_left, self.HOP_HOURS)
-        launch = obs.restart_hours + obs.move_hours
-        return [z for z in zones
-                if crosses(obs, z) and (instead - z.spot_price) * hours > obs.move_usd + launch * z.spot_price]
+        return across.far_zones(obs, zones, instead, self.HOP_HOURS)
 
-    @staticmethod
-    def _here_ondemand(obs: Observation) -> float:
-        here = next((z for z in obs.zones if z.key == obs.zone), None)
-        return here.ondemand_price if here is not None else Sdcloud._on_demand_price(obs)
-
-    @staticmethod
-    def _on_demand_price(obs: Observation) -> float:
-        """The on-demand price the job would pay now: the least in the checkpoint's cloud."""
-        pool = [z for z in obs.zones if not crosses(obs, z)] or list(obs.zones)
-        return min((z.ondemand_price for z in pool), default=0.0)
+    _here_ondemand = staticmethod(across.here_ondemand)
+    _on_demand_price = staticmethod(across.on_demand_price)
 
     def _hop(self, obs: Observation, open_zones: Sequence[ZoneView], slack: float, reserve: float) -> str:
         """The zone to run spot in while spot runs in obs.zone: stay, unless another zone is so much

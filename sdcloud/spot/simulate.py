@@ -16,8 +16,9 @@ The model (docs/policies.md has it in full, with the hand-computed cases the tes
 - Saves that may not be durable (Setting.notice_hours given): where a save takes longer than the
   reclaim notice (save_hours > notice_hours), a reclaim loses the work since the last durable
   periodic checkpoint (taken on spot every checkpoint_hours of work, each costing save_hours of
-  no progress, paid; on-demand is never reclaimed and takes none). A stop the policy chooses (a move, a wait) saves with no notice to beat, so it
-  loses nothing. Without notice_hours (the default) the save at the notice is always durable.
+  no progress, paid; on-demand is never reclaimed and takes none). A stop the policy chooses (a move,
+  a wait) saves with no notice to beat, so it loses nothing. Without notice_hours (the default) the
+  save at the notice is always durable.
 - A trace may carry `refused` (one value per tick): a spot launch there in a tick whose value is > 0
   is refused (no capacity) and the tick passes with nothing run; the policy sees the refusals in a
   row (Observation.spot_refusals), as the controller counts them. The optimum never launches into a
@@ -33,6 +34,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..errors import UserError
+from .saves import work_with_saves
 from .policy import ON_DEMAND, SPOT, WAIT, Observation, Policy, SdcloudOneCloud, ZoneView, get_policy, policy_names
 # The traces' side, kept importable from here (commands/simulate.py, bench/ and the tests use these names).
 from .traces import (Trace, coarsen, load_trace, ondemand_by_zone, ondemand_for, region_of, stack, stack_prices,  # noqa: F401
@@ -130,7 +132,7 @@ def choose_starts(n_ticks: int, n_zones: int, setting: Setting, gap_seconds: int
 def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: int, start: int, start_zone: int,
            setting: Setting, single_zone: bool = False, spot_prices: np.ndarray | None = None,
            ondemand_prices: np.ndarray | None = None, refused: np.ndarray | None = None,
-           clouds: Sequence[str] | None = None) -> Outcome:
+           clouds: Sequence[str] | None = None, log: list | None = None) -> Outcome:
     """Run one job through an online policy from tick `start`; the policy sees only tick k at k.
 
     spot_prices (zones x ticks) and ondemand_prices (one per zone) price each zone by its own
@@ -139,8 +141,10 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
     refused (zones x ticks): a spot launch there and then is refused; the tick passes unpaid.
     With setting.notice_save_lost, a reclaim loses the work since the last durable checkpoint.
     clouds (one per zone): the job's data starts in the first zone's cloud; a launch in another
-    cloud costs setting.move_hours more restart and setting.move_usd, and the data is there once
-    that launch's restart is through."""
+    cloud costs setting.move_hours more restart and setting.move_usd, and the data is there from
+    that launch on (it is copied before the launch, as `up` copies it). `log`: where given, each
+    launch tried is appended as (tick index from `start`, market, zone key, whether it moved,
+    whether it was refused): the decisions a run driven along the same trace makes (tests)."""
     g = gap_seconds / 3600
     c, d = setting.job_hours, setting.restart_hours
     lossy = setting.notice_save_lost
@@ -208,27 +212,37 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
             raise RuntimeError(f"policy {policy.name} answered an unknown action {act.kind!r}")
         kind = act.kind
         if kind != market or (kind == SPOT and z != zone):
-            if kind == SPOT and refused is not None and i < n_ticks and refused[z, i]:
-                refusals += 1  # no capacity there now
-                if market is None:  # nothing runs this tick, and nothing is paid
+            # A move: the checkpoint is copied to that cloud first (its egress paid), then the launch; the
+            # copy's hours are the launch's restart. As the controller does (runs/driving/placement.py).
+            moving = cl[z] != data
+            no_room = kind == SPOT and refused is not None and i < n_ticks and bool(refused[z, i])
+            if log is not None and (market is None or not no_room):
+                log.append((k, kind, keys[z], moving, no_room))
+            if no_room:
+                if market is None:  # nothing runs this tick, and nothing is paid but a copy made for it
+                    if moving:
+                        cost += setting.move_usd
+                        moves += 1
+                        data, refusals = cl[z], 0  # the refusals counted are the checkpoint's cloud's
+                    refusals += 1  # no capacity there now
                     zone = z
                     t += g
                     continue
-                kind, z = market, zone  # the host that runs keeps running
+                refusals += 1
+                kind, z = market, zone  # the host that runs keeps running (and nothing is copied)
             else:
                 refusals = 0
                 over = d
                 launches += 1
-                if cl[z] != data:  # a move: the checkpoint is copied to that cloud first
+                if moving:
                     over += setting.move_hours
                     cost += setting.move_usd
                     moves += 1
+                    data = cl[z]
                 durable, saving = p, 0.0  # the host left (or nothing ran): the work so far is saved
         market, zone = kind, z
         used = min(over, g)
         over -= used
-        if over <= 1e-12:
-            data = cl[z]  # the host is through its restart: the checkpoint is in its cloud
         if every == math.inf or market != SPOT:  # on-demand is never reclaimed: no periodic saves there
             gain = g - used
             if p + gain >= c - 1e-12:
@@ -240,7 +254,7 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
                 t += g
                 p += gain
         else:
-            p, durable, saving, spent = _work(p, durable, saving, g - used, c, every, setting.save_hours)
+            p, durable, saving, spent = work_with_saves(p, durable, saving, g - used, c, every, setting.save_hours)
             dt = used + spent
             t += dt
         if market == SPOT:
@@ -254,33 +268,6 @@ def replay(policy: Policy, avail: np.ndarray, keys: Sequence[str], gap_seconds: 
         if p >= c:
             return Outcome(cost, t, spot_h, od_h, launches, reclaims, lost, moves)
     raise RuntimeError(f"policy {policy.name} did not finish the job within {limit} ticks")
-
-
-def _work(p: float, durable: float, saving: float, hours: float, c: float, every: float,
-          save: float) -> tuple[float, float, float, float]:
-    """`hours` on a running host with a periodic checkpoint every `every` hours of work, each taking
-    `save` hours without progress and durable when done. Returns progress, durable progress, save
-    hours still to go, and the hours used (less than `hours` only when the job ends)."""
-    spent = 0.0
-    for _ in range(int(hours / min(every, save or every)) + 4):  # saves and work alternate: bounded
-        left = hours - spent
-        if left <= 1e-12 or p >= c - 1e-12:
-            break
-        if saving > 0:
-            s = min(saving, left)
-            saving -= s
-            spent += s
-            if saving <= 1e-12:
-                saving, durable = 0.0, p
-            continue
-        work = min(left, c - p, durable + every - p)
-        p += work
-        spent += work
-        if p >= durable + every - 1e-12 and p < c - 1e-12:
-            saving = save
-    if p >= c - 1e-12:
-        p = c
-    return p, durable, saving, spent
 
 
 def optimal_costs(windows: np.ndarray, gap_seconds: int, setting: Setting, price_windows: np.ndarray | None = None,

@@ -245,7 +245,8 @@ def ondemand_for(traces: Sequence[Trace], fallback: float, fallback_given: bool 
     if not own:
         unpriced = [t for t in traces if t.price_basis is not None and t.price_basis.machine]
         if unpriced and not fallback_given:
-            raise UserError(f"trace {unpriced[0].key} prices machine {unpriced[0].price_basis.machine} but gives no on-demand "  # type: ignore[union-attr]
+            machine = unpriced[0].price_basis.machine  # type: ignore[union-attr]
+            raise UserError(f"trace {unpriced[0].key} prices machine {machine} but gives no on-demand "
                             "price (metadata.price_info.on_demand_price); give --ondemand-price for that machine")
         return None
     missing = [t.key for t in traces if t.ondemand_price is None]

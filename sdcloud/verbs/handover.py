@@ -9,10 +9,13 @@ nobody and wait `pending` for ever, so it is refused before anything is recorded
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 from ..providers.traits import names, traits
+
+if TYPE_CHECKING:
+    from ..runs.driving.controller import Controller
 
 DRIVER_OUTPUT = "driver_function"
 
@@ -38,7 +41,7 @@ def check_cloud_driver(spec: Any, infra: dict | None) -> None:
                             f"{spec.store} is another; drop --store, or drive the run with --detach")
 
 
-def cloud_drives(ctl: Any) -> bool:
+def cloud_drives(ctl: Controller) -> bool:
     """Whether the run was handed to the cloud driver (its setting, recorded with its inputs)."""
     from ..runs.inputs import staging as inputs
 
@@ -46,7 +49,7 @@ def cloud_drives(ctl: Any) -> bool:
     return bool(rec and rec.get("drive") == "cloud") and traits(ctl.spec.provider).function is not None
 
 
-def hand_back(ctl: Any) -> str:
+def hand_back(ctl: Controller) -> str:
     """This driver stops driving the run and gives it back (the cloud driver, or a background
     controller of this machine); who has it now, in words."""
     if cloud_drives(ctl):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from ..runs.driving.host_status import status_key
+from ..runs.records.run_state import RunState
 from ..runs.records.state import StateStore
 
 
@@ -44,10 +45,10 @@ def settle_self_ended(state: StateStore, run: dict) -> bool:
             return False
         if doc.get("phase") == "succeeded":
             ctl.end_attempt(cur, "succeeded")
-            ctl.end_run("succeeded", None)
+            ctl.end_run(RunState.SUCCEEDED, None)
         else:
             ctl.end_attempt(cur, "self-ended")
-            ctl.end_run("stopped", f"its host ended itself ({se.get('reason')}"
+            ctl.end_run(RunState.STOPPED, f"its host ended itself ({se.get('reason')}"
                                    f"{', nobody drove the run' if se.get('unattended') else ''}); checkpoint kept in the bucket")
         return True
     finally:

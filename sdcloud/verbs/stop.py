@@ -13,9 +13,12 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..runs.records.stop_request import request
+
+if TYPE_CHECKING:
+    from ..runs.driving.controller import Controller
 
 # How long `down` waits for a live controller of this machine to stop its run before it ends the run itself.
 CONTROLLER_STOP_SECONDS = 120.0
@@ -33,7 +36,7 @@ class Stopped:
     requested: bool = False
 
 
-def stop_here(ctl: Any, reason: str) -> None:
+def stop_here(ctl: Controller, reason: str) -> None:
     """End the run from this process: the host saves, its instance is terminated, strays are swept."""
     ctl.finish_stop(reason)
     ctl.sweep_strays()
@@ -84,7 +87,7 @@ def stop_anywhere(state: Any, run_id: str, reason: str = "stopped by sdcloud dow
             ctl.provider.close()
 
 
-def _wait_for_driver(state: Any, ctl: Any, run_id: str, sleep: Any) -> str:
+def _wait_for_driver(state: Any, ctl: Controller, run_id: str, sleep: Any) -> str:
     """Follow the run's journal for a few of its driver's polls; the state it reached."""
     from ..runs.records.state import ACTIVE_RUN_STATES
     from ..runs.records.store_of import refresh

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..events import one_line
 from ..offers.kinds import RunKind
+from ..runs.records.run_state import RESUMABLE_RUN_STATES, RunState
 
 # (words in the recorded reason, what happened), first match wins.
 _CAUSES = (
@@ -30,7 +31,7 @@ def cause(reason: str | None, state: str) -> str:
     for needle, words in _CAUSES:
         if needle in text:
             return words
-    return "failed" if state == "failed" else "stopped"
+    return "failed" if state == RunState.FAILED else "stopped"
 
 
 def ended_line(run: dict) -> str | None:
@@ -40,14 +41,14 @@ def ended_line(run: dict) -> str | None:
     if RunKind.of(run) is RunKind.BATCH:
         return None
     state = run.get("state")
-    if state not in ("stopped", "failed"):
+    if state not in RESUMABLE_RUN_STATES:
         return None
     rid = run.get("run") or run.get("id")
     name = run.get("name") or rid
     step = run.get("step")
     kept = f"; checkpoint kept at step {step}" if step else ""
     what = cause(run.get("reason"), state)
-    if state == "failed" and what == "failed":
+    if state == RunState.FAILED and what == "failed":
         what = f"failed ({one_line(run['reason'])})" if run.get("reason") else "failed"
     budget = " --budget USD" if what == "stopped at its budget" else ""
     return f"run {rid}: {what}{kept}; continue it with: sdcloud resume {name}{budget}"

@@ -1,7 +1,7 @@
 """The CVM role's CAM policy: what a host may do in the run bucket, and nothing more.
 
 Kept apart from the stack program (no Pulumi import), so that the tests' COS layer can judge every
-request a host sends against exactly this document (tests/support/authz_cam.py).
+request a host sends against exactly this document (tests/support/authz/authz_cam.py).
 
 Each action is one the host code calls (COS action names: https://cloud.tencent.com/document/product/436/31923):
 - PutObject, GetObject, HeadObject: the agent's store, the boot's s3lite, the batch worker;

@@ -1,6 +1,6 @@
 """S3-compatible stores that are not AWS S3 (MinIO, Ceph, R2, B2, SeaweedFS behind TLS): one
 upload dialect, as for COS. The agent's store uploads, prunes and resumes through a front at a
-plain IP address that refuses trailer bodies as COS does (tests/support/front_s3_compatible.py), with no refusal."""
+plain IP address that refuses trailer bodies as COS does (tests/support/fronts/front_s3_compatible.py), with no refusal."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from sdcloud_agent import manifest as mf
 from sdcloud_agent.store import open_store
 from sdcloud_agent.sync import CheckpointSync
 
-from tests.support.front_s3_compatible import TrailerRefusingFront
+from tests.support.fronts.front_s3_compatible import TrailerRefusingFront
 from tests.support.server_seaweed import TEST_KEYS
 
 MiB = 1 << 20

@@ -1,6 +1,6 @@
 """Transient store faults are absorbed; refusals are told apart from them (issue 25, the faults half).
 
-The store talks to SeaweedFS through tests/support/front_faults.py, which answers 503 SlowDown, resets
+The store talks to SeaweedFS through tests/support/fronts/front_faults.py, which answers 503 SlowDown, resets
 connections, truncates GET bodies, stalls, and answers 500 after a write committed, seeded.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from sdcloud_agent.store import RetryPolicy, StoreError, failure_cause, is_transient, open_store
 
-from tests.support.front_faults import FaultFront, refuse_writes
+from tests.support.fronts.front_faults import FaultFront, refuse_writes
 
 FAST = RetryPolicy(attempts=8, base_delay=0.01, max_delay=0.05, deadline=30.0)
 

@@ -18,7 +18,7 @@ from sdcloud.batch.journal import Carried
 from sdcloud.fleet.lifecycle import Timing
 from sdcloud.runs.records.state import StateStore
 
-from tests.batch.test_batch_cloud import RecordingCloud, _submit
+from tests.batch.clouds.test_batch_cloud import RecordingCloud, _submit
 from tests.batch.test_batch_controller import _finish
 
 

@@ -1,8 +1,8 @@
 """End to end: the agent against SeaweedFS and a local metadata server, preempted at random points
 and resumed by a fresh agent in a fresh working directory, until the run finishes.
 
-A run on S3 records each agent's calls (tests/support/authz_run.py) and judges them against the AWS host
-role's policy for the run's bucket and prefix (tests/support/authz_judge.py): SeaweedFS's own keys grant
+A run on S3 records each agent's calls (tests/support/authz/authz_run.py) and judges them against the AWS host
+role's policy for the run's bucket and prefix (tests/support/authz/authz_judge.py): SeaweedFS's own keys grant
 everything, the policy is what AWS would hold the host to."""
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from sdcloud_agent.store import open_store
 
 from tests.support import SUPPORT
 from tests.support.fake_host import AwsMetadataServer, SlowProxy, TencentMetadataServer
-from tests.support.authz_judge import host_policy, refusals
-from tests.support.authz_record import read_log
+from tests.support.authz.authz_judge import host_policy, refusals
+from tests.support.authz.authz_record import read_log
 
 FAKE = str(SUPPORT / "fake_host.py")
 # Run as `python -m`, so the module it runs gets the path `python -m` gives it (the working folder first).
-AUTHZ_RUN = ["-m", "tests.support.authz_run"]
+AUTHZ_RUN = ["-m", "tests.support.authz.authz_run"]
 STEP_RE = re.compile(r"SDCLOUD_STEP (\{.*\})")
 
 

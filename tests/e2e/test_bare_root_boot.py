@@ -15,7 +15,7 @@ import os
 import pytest
 
 # An IAM user's keys left in boto3's default session must not sign the next test's calls.
-from tests.support.authz_moto_iam import fresh_boto3_default_session  # noqa: F401  (an autouse fixture)
+from tests.support.authz.authz_moto_iam import fresh_boto3_default_session  # noqa: F401  (an autouse fixture)
 
 from tests.support import harness_bareroot
 from tests.support.fake_host import AwsMetadataServer
@@ -34,7 +34,7 @@ def _config(endpoint, imds, bucket, run_id, attempt, root, **extra):
 
 
 # The hosts of the boots below sign with an IAM user's keys that hold exactly the AWS stack's host
-# role policy, against moto's S3 server enforcing IAM (tests/support/authz_moto_iam.py); the test itself (the
+# role policy, against moto's S3 server enforcing IAM (tests/support/authz/authz_moto_iam.py); the test itself (the
 # controller's side: the agent wheel, reading the reports) signs as the bucket's owner.
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # moto speaks plain http: no certificate is read
 
@@ -43,7 +43,7 @@ CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # moto speaks plain http: no c
 def host_policy_bucket(moto_server, monkeypatch):
     """(endpoint, store, host key, host secret) for the bucket `bare-root-policy`."""
 
-    from tests.support import authz_moto_iam
+    from tests.support.authz import authz_moto_iam
     from sdcloud_agent.store import open_store
 
     role_policy_document = stack_module("aws", "aws_host_policy").role_policy_document

@@ -40,8 +40,8 @@ def test_a_run_reclaimed_on_aws_with_spot_gone_there_finishes_on_tencent(moto_se
 
     from sdcloud.providers import get_provider
     from sdcloud.providers.base import CapacityError
-    from sdcloud.runs.driving import cloud_move
     from sdcloud.runs.driving.controller import Controller, Timing, new_run_id
+    from sdcloud.runs.driving.placement import Clouds
     from sdcloud.runs.records.state import StateStore
 
     for k, v in {"AWS_ENDPOINT_URL": moto_server, "SDCLOUD_STORE_ENDPOINT": s3_env["endpoint_url"],
@@ -56,9 +56,9 @@ def test_a_run_reclaimed_on_aws_with_spot_gone_there_finishes_on_tencent(moto_se
     for bucket in ("across-home", "across-tencent"):
         s3.create_bucket(Bucket=bucket)
     away = {"url": "s3://across-tencent/sdcloud", "endpoint_url": s3_env["endpoint_url"]}
-    real_conf = cloud_move.store_conf_for
+    real_conf = Clouds.store_conf
     # The Tencent stack's bucket, as plain S3 on the fixture (the COS dialect is tested on its own).
-    monkeypatch.setattr(cloud_move, "store_conf_for", lambda ctl, name: away if name == "tencent" else real_conf(ctl, name))
+    monkeypatch.setattr(Clouds, "store_conf", lambda self, name: away if name == "tencent" else real_conf(self, name))
     ec2 = boto3.client("ec2", endpoint_url=moto_server)
     photos = tmp_path / "photos"
     _photos(photos)
@@ -90,8 +90,8 @@ def test_a_run_reclaimed_on_aws_with_spot_gone_there_finishes_on_tencent(moto_se
             state.create_run(run_id, "sd15-lora", spec, STEPS)
             events: list[tuple[str, dict]] = []
             ctl = Controller(state, run_id, provider=aws, emit=lambda k, d: events.append((k, d)),
-                             timing=Timing(poll_seconds=0.5, boot_timeout=240, heartbeat_timeout=120))
-            ctl.cloud_providers = {"aws": aws, "tencent": tencent}
+                             timing=Timing(poll_seconds=0.5, boot_timeout=240, heartbeat_timeout=120),
+                             clouds={"tencent": tencent})
             result: dict = {}
             thread = threading.Thread(target=lambda: result.update(ctl.run()), daemon=True)
             thread.start()

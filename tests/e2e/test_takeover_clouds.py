@@ -14,8 +14,8 @@ host reports success; the handler ends the run and its host.
 The host side is a lightweight stand-in (say so: no agent runs on moto's or the fake's instances):
 it writes the run's status.json in the bucket as the agent does, training for the first attempt it
 sees, then succeeded. Authorization: on moto every AWS call the handler makes is recorded inside
-its process (tests/support/authz_record.py) and judged against the function role's policy the AWS stack
-builds (tests/support/authz_aws.py, with the stack's launch template: CreateTags on every type it tags; the run's
+its process (tests/support/authz/authz_record.py) and judged against the function role's policy the AWS stack
+builds (tests/support/authz/authz_aws.py, with the stack's launch template: CreateTags on every type it tags; the run's
 store there is the stack's bucket on moto's S3, so the journal and lease calls are judged too);
 on the Tencent fake the handler signs with keys holding only the SCF role's CAM policy, which the
 fake enforces on every CVM call (add_user_keys).
@@ -47,7 +47,7 @@ from tests.stacks.test_authz_aws import _env, stack  # noqa: F401  (stack: a fix
 from tests.stacks.test_authz_tencent import INFRA as TC_INFRA, TEMPLATE as TC_TEMPLATE, scf_policy  # noqa: F401
 from tests.stacks.test_stacks_driver import BUCKET, PREFIX
 from tests.infra.test_function_package import package  # noqa: F401  (package: the built function, per module)
-from tests.runs.test_handover_inputs import MIRROR, _agent, _user_inputs
+from tests.runs.drivers.test_handover_inputs import MIRROR, _agent, _user_inputs
 
 
 STEPS = 20
@@ -177,10 +177,10 @@ class Moto:
         self.ec2.terminate_instances(InstanceIds=[iid])
 
     def judge(self) -> list:
-        from tests.support.authz_record import read_log
+        from tests.support.authz.authz_record import read_log
 
-        from tests.support.authz_aws import refused
-        from tests.support.authz_expand import expand_aws
+        from tests.support.authz.authz_aws import refused
+        from tests.support.authz.authz_expand import expand_aws
 
         calls = [c for c in read_log(self.log) if c.ok]
         assert {("s3", "PutObject"), ("s3", "GetObject"), ("ec2", "RunInstances")} <= {
@@ -353,7 +353,8 @@ def test_a_users_run_is_relaunched_and_finished_by_the_handler_alone(package, cl
 
     def invoke() -> dict:
         home = tmp_path / f"function-{len(reports)}"
-        run = subprocess.run([cloud.python, "-S", "-c", INVOKE, cloud.name, str(tmp_path / "authz"), str(SUPPORT / "authz_record.py")],
+        recorder = str(SUPPORT / "authz" / "authz_record.py")
+        run = subprocess.run([cloud.python, "-S", "-c", INVOKE, cloud.name, str(tmp_path / "authz"), recorder],
                              env={**env, "SDCLOUD_HOME": str(home)}, cwd=tmp_path, capture_output=True, text=True,
                              timeout=120)
         assert run.returncode == 0, run.stderr[-3000:]

@@ -236,24 +236,17 @@ def test_where_no_host_can_copy_the_controller_streams_it_with_nothing_spooled(f
     assert manifest.newest_complete(here, PREFIX).step == 7
 
 
-def _ctl(src, events, records):
-    """The parts of a Controller a move reads (runs/driving/controller.py holds the real one)."""
-    from types import SimpleNamespace
-
+def _clouds(src, dst):
+    """The run's clouds as the controller holds them (runs/driving/placement.py): home on AWS in
+    sa-east-1 with store `src`, the other cloud's bucket `dst`."""
+    from sdcloud.offers.tiers import get_tier
+    from sdcloud.runs.driving.placement import Clouds, Home
     from sdcloud.runs.inputs.spec import RunSpec
 
-    class Fleet:
-        @staticmethod
-        def failed_launches(market=None):
-            return 12
-
-    class Ledger:  # the ledger's record_move as the controller's state store receives it
-        pass
-
-    return SimpleNamespace(spec=RunSpec(tier="sd15-lora", provider="aws", providers=["aws", "tencent"], region="sa-east-1"),
-                           cloud="aws", home_cloud="aws", fleet=Fleet(), store=src, home_store=src,
-                           home_store_conf={"url": "s3://x/y"}, run_id=RUN, ensure_inputs=lambda: {},
-                           event=lambda k, d: events.append((k, d)), state=Ledger())
+    spec = RunSpec(tier="sd15-lora", provider="aws", providers=["aws", "tencent"], region="sa-east-1")
+    clouds = Clouds(None, RUN, Home(spec, {}, {"url": "s3://x/y"}, src), get_tier("sd15-lora"))
+    clouds._stores["tencent"] = dst  # the other cloud's bucket, opened once
+    return clouds
 
 
 def test_a_move_between_buckets_sends_an_order_and_the_hosts_report_is_paid_at_the_sources_region(front, tmp_path,
@@ -264,24 +257,23 @@ def test_a_move_between_buckets_sends_an_order_and_the_hosts_report_is_paid_at_t
     src = open_store({"url": "s3://mv-home/p"})
     dst = open_store({"url": "s3://mv-away/q"})
     _home(src, tmp_path, {"model.safetensors": b"m" * 4000})
-    events, records, bound = [], [], []
-    ctl = _ctl(src, events, records)
-    monkeypatch.setattr(cloud_move, "store_conf_for", lambda c, name: {"url": "s3://mv-away/q"})
-    monkeypatch.setattr(cloud_move, "open_run_store", lambda conf: dst)
-    monkeypatch.setattr(cloud_move, "bind", lambda c, name: bound.append(name) or setattr(c, "store", dst))
+    from sdcloud.runs.driving import placement
+
+    events, records = [], []
+    clouds = _clouds(src, dst)
     monkeypatch.setattr(cloud_move.cost_ledger, "record_move", lambda *a, **k: records.append((a[2:], k)))
     with monkeypatch.context() as m:
         _no_bytes_here(m)
-        assert cloud_move.after_spot_refused(ctl) is True and bound == ["tencent"]
+        assert placement.carry(clouds, "aws", "tencent", {}, lambda k, d: events.append((k, d)), "spot gone") is True
     moved = dict(events)["cloud-moved"]
     assert records == []  # nothing crossed yet: the host's copy is paid as it reports it
     assert moved["bytes"] == sum(i["size"] for i in host_copy.read_order(dst, PREFIX)["files"]) + \
         host_copy.read_order(dst, PREFIX)["manifest"]["size"]
     assert moved["egress_usd"] == pytest.approx(moved["bytes"] / 2**30 * 0.15)  # sa-east-1's list price
     host_copy.fetch_ordered(dst, PREFIX)  # the host, at boot
-    cloud_move.settle_host_copy(ctl)
+    cloud_move.settle_host_copy(None, RUN, dst, "tencent", "aws", clouds.store)
     assert records == [(("aws", moved["bytes"], records[0][0][2]), {"region": "sa-east-1"})]
-    cloud_move.settle_host_copy(ctl)
+    cloud_move.settle_host_copy(None, RUN, dst, "tencent", "aws", clouds.store)
     assert len(records) == 1  # a report is paid once
 
 
@@ -302,12 +294,13 @@ def test_a_cut_controller_copy_has_its_egress_recorded(tmp_path, monkeypatch):
             super().put(key, data, metadata)
 
     dst = Cut(tmp_path / "away")
+    from sdcloud.runs.driving import placement
+
     events, records = [], []
-    ctl = _ctl(src, events, records)
-    monkeypatch.setattr(cloud_move, "store_conf_for", lambda c, name: {"url": "file:///away"})
-    monkeypatch.setattr(cloud_move, "open_run_store", lambda conf: dst)
+    clouds = _clouds(src, dst)
+    clouds.state = object()  # the ledger's state store (record_move is watched here)
     monkeypatch.setattr(cloud_move.cost_ledger, "record_move", lambda *a, **k: records.append((a[2:4], k)))
-    assert cloud_move.after_spot_refused(ctl) is True
+    assert placement.carry(clouds, "aws", "tencent", {}, lambda k, d: events.append((k, d)), "spot gone") is False
     assert [k for k, _ in events] == ["cloud-move-failed"]
     # Three tries; each read the dataset (the first try only: then it is there) and the model file.
     assert [r[0][0] for r in records] == ["aws"] * cloud_move.COPY_TRIES
@@ -352,10 +345,9 @@ def test_after_a_failed_host_copy_the_next_host_gets_fresh_urls_for_the_same_fil
     dst.put(f"{PREFIX}/{host_copy.ORDER_KEY}", json.dumps(order).encode())
     with pytest.raises(StoreError, match="expired"):
         host_copy.fetch_ordered(dst, PREFIX)
-    ctl = _ctl(src, [], [])
-    ctl.cloud, ctl.store = "tencent", dst  # the run is there now; its home store signs the source's URLs
+    # The run is in Tencent now; its home store (AWS) signs the source's URLs afresh.
     monkeypatch.setattr(cloud_move.cost_ledger, "record_move", lambda *a, **k: None)
-    cloud_move.settle_host_copy(ctl)
+    cloud_move.settle_host_copy(object(), RUN, dst, "tencent", "aws", lambda name: src)
     fresh = host_copy.read_order(dst, PREFIX)
     assert [i["key"] for i in fresh["files"]] == [i["key"] for i in order["files"]]
     assert all(i["expires"] > time.time() + 3600 for i in fresh["files"])  # alive for a boot and the copy

@@ -8,7 +8,7 @@ from sdcloud.errors import UserError
 
 
 def test_nodes_flows_from_the_flag_to_the_spec_and_the_agent_config(sdcloud_home):
-    from sdcloud.runs.driving.agent_config import agent_config
+    from sdcloud.runs.inputs.agent_config import agent_config
     from sdcloud.runs.inputs.spec import build_spec
 
     plan = build_spec(None, {"tier": "sd15-lora", "provider": "local", "nodes": "2"})
@@ -34,7 +34,7 @@ def test_a_bad_node_count_is_refused_before_launch(sdcloud_home, bad):
 
 
 def test_each_host_of_a_group_caps_its_life_by_the_groups_burn(sdcloud_home):
-    from sdcloud.runs.driving.agent_config import self_end_config
+    from sdcloud.runs.inputs.agent_config import self_end_config
     from sdcloud.runs.inputs.spec import build_spec
 
     spec = build_spec(None, {"tier": "sd15-lora", "provider": "aws", "nodes": "4", "budget": "10"}).spec

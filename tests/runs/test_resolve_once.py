@@ -107,7 +107,7 @@ def test_the_plan_carries_the_tier_and_traits_resolved_once(sdcloud_home, monkey
     assert plan.tier is tiers.get_tier("sd15-lora") and plan.spec.tier == "sd15-lora"
     assert plan.traits.is_cloud and plan.budget == 12.0 and plan.max_price is None
     assert plan.as_dict() == plan.spec.as_dict()
-    from sdcloud.runs.driving.agent_config import agent_config
+    from sdcloud.runs.inputs.agent_config import agent_config
 
     lookups.clear()
     assert agent_config(plan, "r1", 1, 10, {"url": "file:///tmp/x"})["tier"] == "sd15-lora"

@@ -108,7 +108,7 @@ def test_a_largest_tier_run_on_a_short_notice_loses_at_most_one_interval_per_rec
 def test_the_agent_config_carries_the_notice_and_the_mean(sdcloud_home):
     from types import SimpleNamespace
 
-    from sdcloud.runs.driving.agent_config import agent_config
+    from sdcloud.runs.inputs.agent_config import agent_config
     from sdcloud.runs.inputs.spec import build_spec
     from sdcloud.spot.checkpoint_spacing import zone_mean_hours
     from sdcloud_agent.config import from_dict

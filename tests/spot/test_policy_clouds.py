@@ -24,9 +24,72 @@ def two_clouds(home_up: bool, far_up: bool, *, t: float, p: float = 0.0, market=
 
 
 def test_spot_in_the_checkpoints_cloud_comes_first():
-    # Both clouds have spot, the far one cheaper: the job stays where its checkpoint is (no move).
-    act = get_policy("sdcloud").decide(two_clouds(True, True, t=0.0, far_spot=0.5))
+    # Both clouds have spot, the far one a little cheaper: the job stays where its checkpoint is (no move):
+    # 10 h + 0.2 h at 1 $ = 10.2 $ here; there 10.3 h at 0.9 $ + 0.5 $ = 9.77 $, not 10% less.
+    act = get_policy("sdcloud").decide(two_clouds(True, True, t=0.0, far_spot=0.9))
     assert (act.kind, act.zone) == (SPOT, "home-a")
+
+
+def test_a_far_spot_much_cheaper_to_finish_on_is_a_move_at_a_launch_but_never_of_a_running_host():
+    # Far spot at 0.5 $: 10.3 h x 0.5 $ + 0.5 $ egress = 5.65 $ against 10.2 $ here, more than 10% less:
+    # after a reclaim (the job ran in home-a) it moves; its first launch stays in the home cloud.
+    act = get_policy("sdcloud").decide(two_clouds(True, True, t=0.0, far_spot=0.5, zone="home-a"))
+    assert (act.kind, act.zone) == (SPOT, "far-a")
+    assert get_policy("sdcloud").decide(two_clouds(True, True, t=0.0, far_spot=0.5)).zone == "home-a"
+    # A host running spot at home stays there (a running host never changes cloud).
+    act = get_policy("sdcloud").decide(two_clouds(True, True, t=1.0, p=1.0, far_spot=0.5, market=SPOT, zone="home-a"))
+    assert (act.kind, act.zone) == (SPOT, "home-a")
+    # The egress eats the saving: 5.15 $ + 5 $ is not 10% under 10.2 $.
+    act = get_policy("sdcloud").decide(two_clouds(True, True, t=0.0, far_spot=0.5, move_usd=5.0, zone="home-a"))
+    assert (act.kind, act.zone) == (SPOT, "home-a")
+
+
+def test_the_price_rule_is_off_with_no_margin_and_needs_the_slack_for_its_restart():
+    from sdcloud.spot.policy import Sdcloud
+
+    sd = Sdcloud()
+    sd.MOVE_MARGIN = None
+    assert sd.decide(two_clouds(True, True, t=0.0, far_spot=0.5, zone="home-a")).zone == "home-a"
+    # Slack 0.45 h: a restart and copy (0.3 h) would leave it under the net (0.4 h): no move for price.
+    act = get_policy("sdcloud").decide(two_clouds(True, True, t=9.55, far_spot=0.5, zone="home-a"))
+    assert act.zone != "far-a"
+
+
+def test_spot_refused_in_the_checkpoints_cloud_moves_to_the_other_clouds_spot_deadline_or_none():
+    from sdcloud.spot.policy import SPOT_REFUSALS
+
+    refused = two_clouds(True, True, t=0.0)
+    refused.spot_refusals = SPOT_REFUSALS
+    act = get_policy("sdcloud").decide(refused)
+    assert (act.kind, act.zone) == (SPOT, "far-a")  # not on-demand here: the other cloud's spot
+    refused.has_deadline = False
+    assert get_policy("sdcloud").decide(refused).zone == "far-a"
+    refused.spot_refusals = SPOT_REFUSALS - 1  # not yet: home's spot is tried again
+    assert get_policy("sdcloud").decide(refused).zone == "home-a"
+    # With a deadline and no far spot, spot gone means on-demand at home, as in one cloud.
+    gone = two_clouds(True, False, t=0.0)
+    gone.spot_refusals = SPOT_REFUSALS
+    assert get_policy("sdcloud").decide(gone).kind == ON_DEMAND
+    # One cloud (data_cloud unset): nothing moves; spot gone with a deadline is on-demand.
+    gone.data_cloud = None
+    assert get_policy("sdcloud").decide(gone).kind == ON_DEMAND
+
+
+def test_replay_logs_each_launch_tried_with_its_move_and_refusal():
+    from sdcloud.spot.policy import SPOT_REFUSALS
+
+    n = SPOT_REFUSALS + 4
+    setting = Setting(1.0, 40.0, 0.2, 1.0, 3.0, move_hours=0.1, move_usd=0.5)
+    avail = np.ones((2, 400), bool)
+    refused = np.zeros((2, 400), bool)
+    refused[0, :n] = True  # home refuses every spot launch for a while; far takes them
+    log: list = []
+    out = replay(get_policy("sdcloud"), avail, ["home:a", "far:a"], TICK, 0, 0, setting, refused=refused,
+                 clouds=["home", "far"], log=log)
+    assert [e[4] for e in log[:SPOT_REFUSALS]] == [True] * SPOT_REFUSALS and {e[2] for e in log[:SPOT_REFUSALS]} == {"home:a"}
+    # After SPOT_REFUSALS refusals at home: the far cloud's spot, a move, at the next tick.
+    assert log[SPOT_REFUSALS] == (SPOT_REFUSALS, SPOT, "far:a", True, False)
+    assert out.moves == 1 and out.cost == pytest.approx(0.5 + 1.3)
 
 
 def test_another_clouds_spot_instead_of_on_demand_when_the_move_repays_itself():
@@ -159,3 +222,13 @@ def test_moving_costs_less_than_one_cloud_with_on_demand_on_the_shared_traces(c,
     out = {x["policy"]: x for x in json.loads(capsys.readouterr().out)}
     assert out["sdcloud"]["deadline_met"] == 1.0 and out["sdcloud-one-cloud"]["deadline_met"] == 1.0
     assert out["sdcloud"]["mean_cost"] < out["sdcloud-one-cloud"]["mean_cost"]
+
+
+def test_without_a_deadline_spot_gone_at_home_takes_the_other_clouds_spot_whatever_the_move_costs():
+    from sdcloud.spot.policy import SPOT_REFUSALS
+
+    dear = two_clouds(True, True, t=0.0, move_usd=50.0)  # the egress outweighs what the far spot saves
+    dear.spot_refusals = SPOT_REFUSALS
+    assert get_policy("sdcloud").decide(dear).kind == ON_DEMAND  # with a deadline: on-demand at home is cheaper
+    dear.has_deadline = False  # without one the alternative is launching into the refusals until the fleet gives up
+    assert get_policy("sdcloud").decide(dear).zone == "far-a"

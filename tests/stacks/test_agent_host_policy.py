@@ -3,7 +3,7 @@ role policy (stacks/aws/aws_host_policy.py), handed to the agent by the instance
 role credentials, against moto's S3 server with IAM enforced. The run trains, checkpoints (multipart
 and tagged), keeps two checkpoints (deleting older ones), ships its logs and status, is reclaimed
 and resumed by a fresh agent: every call it makes must pass under that policy alone, as on AWS.
-Each agent process records its calls (tests/support/authz_run.py) and the evaluator judges them too, with
+Each agent process records its calls (tests/support/authz/authz_run.py) and the evaluator judges them too, with
 the conditions moto passes over (s3:prefix on listings, the tagging a PUT carries, per-key deletes).
 """
 
@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 # An IAM user's keys left in boto3's default session must not sign the next test's calls.
-from tests.support.authz_moto_iam import fresh_boto3_default_session  # noqa: F401  (an autouse fixture)
+from tests.support.authz.authz_moto_iam import fresh_boto3_default_session  # noqa: F401  (an autouse fixture)
 
 from tests.support.fake_host import AwsMetadataServer
 from tests.e2e.test_agent_e2e import AUTHZ_RUN, FAKE, _steps_in
-from tests.support.authz_judge import host_policy, refusals
-from tests.support.authz_record import read_log
+from tests.support.authz.authz_judge import host_policy, refusals
+from tests.support.authz.authz_record import read_log
 
 
 from tests.support.harness_stacks import stack_module
@@ -36,8 +36,8 @@ BUCKET, PREFIX, REGION = "sdcloud-agent-policy", "sdcloud", "us-east-1"
 
 @pytest.fixture
 def host_keys(moto_server):
-    """moto's server enforcing IAM (tests/support/authz_moto_iam.py); yields keys_for(policy) -> (key, secret)."""
-    from tests.support import authz_moto_iam
+    """moto's server enforcing IAM (tests/support/authz/authz_moto_iam.py); yields keys_for(policy) -> (key, secret)."""
+    from tests.support.authz import authz_moto_iam
 
     with authz_moto_iam.enforced(moto_server, BUCKET) as keys_for:
         yield keys_for

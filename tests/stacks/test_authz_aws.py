@@ -1,10 +1,10 @@
 """Every AWS call the cloud driver and the host make, authorized as AWS authorizes it, against the
 policies the stack itself builds (stacks/aws, under Pulumi mocks: nothing is copied here).
 
-Each recorded call is expanded into the requests AWS evaluates (tests/support/authz_expand.py: a launch
+Each recorded call is expanded into the requests AWS evaluates (tests/support/authz/authz_expand.py: a launch
 from the stack's template is RunInstances on each resource it uses, ec2:CreateTags for each type
 the request or the template tags, iam:PassRole for the host role, the Spot service-linked role)
-and each request is judged, conditions included, by tests/support/authz_aws.py. Then each action is taken
+and each request is judged, conditions included, by tests/support/authz/authz_aws.py. Then each action is taken
 out of each policy in turn: some recorded call must be refused, or the grant is in UNREACHED with
 the path that needs it and why the suite does not take it.
 
@@ -26,9 +26,9 @@ from tests.support import ROOT
 pytest.importorskip("pulumi")
 pytest.importorskip("pulumi_aws")
 
-from tests.support.authz_aws import actions_of, refused, without_action
-from tests.support.authz_expand import AwsEnv, expand_aws
-from tests.support.authz_record import Call, record_calls
+from tests.support.authz.authz_aws import actions_of, refused, without_action
+from tests.support.authz.authz_expand import AwsEnv, expand_aws
+from tests.support.authz.authz_record import Call, record_calls
 from tests.stacks.test_aws_host_policy import BUCKET as HOST_BUCKET
 from tests.stacks.test_aws_host_policy import PREFIX as HOST_PREFIX
 from tests.stacks.test_aws_host_policy import _host_calls, aws_iam  # noqa: F401  (aws_iam: a fixture)
@@ -224,7 +224,7 @@ def test_the_template_launch_is_expanded_into_what_ec2_evaluates(driver):
 def test_conditions_are_evaluated_not_ignored(driver):
     """A launch without the run tag, an end of an untagged instance, a role passed to another
     service, a listing outside the prefix: each is refused by the function's policy."""
-    from tests.support.authz_aws import Request, decide
+    from tests.support.authz.authz_aws import Request, decide
 
     _, _, policy = driver
     inst = f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/*"

@@ -1,7 +1,7 @@
 """The batch workers' calls, judged as AWS judges them: a worker host holds the host role
 (stacks/aws/aws_host_policy.py), so its workers sign with keys that hold exactly that policy, against
-moto's S3 with IAM enforced (tests/support/authz_moto_iam.py), and each recorded call is expanded and decided with
-its conditions by the evaluator (tests/support/authz_judge.py), which is stricter than moto (s3:prefix,
+moto's S3 with IAM enforced (tests/support/authz/authz_moto_iam.py), and each recorded call is expanded and decided with
+its conditions by the evaluator (tests/support/authz/authz_judge.py), which is stricter than moto (s3:prefix,
 tagging, per-key deletes).
 
 Calls are attributed by the access key that signs them (authz_record.as_principal): the job's
@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from tests.support.fake_batch import FakeGenerator
 
-from tests.support.authz_judge import host_policy, needs, refusals
-from tests.support.authz_record import as_principal, record_calls
+from tests.support.authz.authz_judge import host_policy, needs, refusals
+from tests.support.authz.authz_record import as_principal, record_calls
 
 BUCKET, PREFIX, REGION = "sdcloud-batch-authz", "sdcloud", "us-east-1"
 
@@ -51,7 +51,7 @@ def _items(n: int, seeds: int = 2) -> list[dict]:
 def worker_calls(moto_server, tmp_path_factory):
     """A job's workers on the host role's keys: two workers share the job, one is stopped as on a
     reclaim notice (its lease released) and a fresh one finishes; each reads the driver's heartbeat."""
-    from tests.support import authz_moto_iam
+    from tests.support.authz import authz_moto_iam
     from sdcloud_agent.batch.lifetime import DriverWatch
     from sdcloud_agent.batch.verify import verify
     from sdcloud_agent.batch.worker import Worker, write_job
@@ -118,7 +118,7 @@ def test_each_grant_the_workers_do_not_need_is_listed_with_what_needs_it(worker_
 def test_the_same_workers_are_refused_a_listing_outside_the_prefix(worker_calls):
     """The check can fail: a worker whose store were one level up would list outside the prefix."""
     calls, policy = worker_calls
-    from tests.support.authz_record import Call
+    from tests.support.authz.authz_record import Call
 
     outside = [Call("batch-worker", "s3", "ListObjectsV2", {"Bucket": BUCKET, "Prefix": "batch/j1/done/"})]
     [why] = refusals(outside, policy)

@@ -1,4 +1,4 @@
-"""The tests' IAM evaluator (tests/support/authz_aws.py) on a negated condition operator whose key the
+"""The tests' IAM evaluator (tests/support/authz/authz_aws.py) on a negated condition operator whose key the
 request does not carry: true, as IAM evaluates it (issue 46).
 
 AWS's IAM User Guide, "IAM JSON policy elements: Condition operators"
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.authz_aws import Request, decide
+from tests.support.authz.authz_aws import Request, decide
 
 KEY = "aws:PrincipalTag/job-category"
 

@@ -21,8 +21,8 @@ pytest.importorskip("pulumi")
 pytest.importorskip("tencentcloud_iac_pulumi")
 
 from tests.support import fake_tencent_api
-from tests.support.authz_expand import cos_needs, cvm_needs
-from tests.support.authz_cam import allowed
+from tests.support.authz.authz_expand import cos_needs, cvm_needs
+from tests.support.authz.authz_cam import allowed
 from tests.support.fake_tencent_api import FakeServer
 from tests.stacks.test_stacks_driver import APP_ID, PREFIX, _of, _step_calls, _tencent_build
 

@@ -3,7 +3,7 @@ fake (`add_role_keys`), holding the two policies the Tencent stack attaches to t
 (stacks/tencent/host_policy.py: the COS objects under the prefix, and TerminateInstances held to the
 stack's tag). The host's store calls (the agent's checkpoint flow, the boot's cache write, the batch
 worker's create-only claims) go through the COS layer judging each request against those policies
-as CAM does (tests/support/front_cos.py); the self-end's TerminateInstances goes to the CVM fake, which
+as CAM does (tests/support/fronts/front_cos.py); the self-end's TerminateInstances goes to the CVM fake, which
 judges it by the instance's tags (tests/support/authz_expand.cvm_needs). Then each action of the role's
 policies is taken out in turn: some recorded request must be refused, or the action is in UNREACHED
 with the path that needs it and why the suite does not take it.
@@ -20,8 +20,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tests.support.fake_batch import FakeGenerator
-from tests.support.authz_cam import Need, allowed
-from tests.support.front_cos import CosLayer
+from tests.support.authz.authz_cam import Need, allowed
+from tests.support.fronts.front_cos import CosLayer
 from tests.support.server_seaweed import TEST_KEYS, SeaweedS3
 from tests.support.harness_stacks import stack_module
 
@@ -71,7 +71,7 @@ def _merged(policies: list[dict]) -> str:
 def host_run(anonymous_seaweed, tmp_path_factory):
     """The host's requests with the role's keys: (COS requests seen, CVM needs of its self-end)."""
     from tests.support import fake_tencent_api
-    from tests.support.authz_expand import cvm_needs
+    from tests.support.authz.authz_expand import cvm_needs
     from tests.support.fake_tencent_api import FakeServer
     from tests.agent.test_self_end import TencentMetadata, _fake_instance
 

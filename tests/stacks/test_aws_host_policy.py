@@ -45,7 +45,7 @@ def aws_iam(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "admin")
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
 
-    from tests.support.authz_moto_iam import iam_actions_for_s3, per_key_delete_of
+    from tests.support.authz.authz_moto_iam import iam_actions_for_s3, per_key_delete_of
 
     monkeypatch.setattr(S3Response, "_bucket_response_post", per_key_delete_of(S3Response._bucket_response_post))
     with mock_aws(config={"iam": {"load_aws_managed_policies": False}}), enable_iam_authentication(), \

@@ -1,7 +1,7 @@
 """A Tencent host's requests judged against the CAM policy the Tencent stack gives its CVM role.
 
 The host signs with the role's temporary keys (from a local metadata service, as on a CVM); the COS
-layer (tests/support/front_cos.py) checks each request, action by action, against the stack's own policy
+layer (tests/support/fronts/front_cos.py) checks each request, action by action, against the stack's own policy
 document (stacks/tencent/host_policy.py) and answers 403 AccessDenied where CAM would.
 """
 
@@ -13,7 +13,7 @@ import boto3
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
-from tests.support.front_cos import CosLayer
+from tests.support.fronts.front_cos import CosLayer
 from tests.support.server_seaweed import SeaweedS3
 from tests.providers.tencent.test_cos_role import RoleMetadata
 

@@ -19,7 +19,7 @@ import pytest
 
 from sdcloud.providers.traits import traits
 from tests.support import ROOT
-from tests.support.authz_driver_calls import assert_allowed, needed_actions, record_aws_calls
+from tests.support.authz.authz_driver_calls import assert_allowed, needed_actions, record_aws_calls
 from tests.support.harness_stacks import stack_module
 
 pulumi = pytest.importorskip("pulumi")

@@ -149,7 +149,7 @@ def test_role_policy_allows_only_the_bucket_prefix(built):
 
 def test_role_may_terminate_only_instances_with_the_stacks_tag(built):
     """A host ends itself with TerminateInstances; the condition keeps it to this stack's instances."""
-    from tests.support.authz_cam import Need, allowed
+    from tests.support.authz.authz_cam import Need, allowed
 
     mocks, _ = built
     [policy] = [p for p in mocks.of_type("Cam/policy:Policy") if p["name"].endswith("-self-end")]

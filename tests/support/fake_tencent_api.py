@@ -200,8 +200,8 @@ class FakeCVM:
             return None
         if role is not None and token != role["token"]:
             raise ApiError("AuthFailure.TokenFailure", "the token does not belong to these temporary keys")
-        from tests.support.authz_expand import cvm_needs
-        from tests.support.authz_cam import allowed
+        from tests.support.authz.authz_expand import cvm_needs
+        from tests.support.authz.authz_cam import allowed
 
         name = holder.get("role") or holder["name"]
         with self.lock:

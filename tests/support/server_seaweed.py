@@ -114,7 +114,7 @@ TEST_KEYS: dict[str, str] = {
 
 
 # COS's endpoints in the regions the tests use: SeaweedFS takes `<bucket>.<domain>` Host headers for
-# them (virtual-hosted addressing), as COS does; tests/support/front_cos.py forwards such requests to it.
+# them (virtual-hosted addressing), as COS does; tests/support/fronts/front_cos.py forwards such requests to it.
 COS_TEST_DOMAINS: tuple[str, ...] = tuple(f"cos.{r}.myqcloud.com" for r in
                                           ("ap-guangzhou", "ap-shanghai", "ap-beijing", "ap-singapore"))
 
@@ -224,14 +224,14 @@ class SeaweedS3:
 
     def _behind_clock_front(self) -> "SeaweedS3":
         """Under a clock moved by libfaketime (docs/testing.md), which cannot move weed's, the
-        fixture's ports are those of tests/support/front_clock.py, which signs each request again at weed's
+        fixture's ports are those of tests/support/fronts/front_clock.py, which signs each request again at weed's
         time; weed's own stay in `weed_port`, `weed_https_port`. Without identities weed checks no
         signature, so no front is needed."""
         self.weed_port, self.weed_https_port = self.port, self.https_port
         if not os.environ.get("FAKETIME") or self.keys is None:
             return self
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKETIME", "LD_PRELOAD", "AWS_"))}
-        self.front = subprocess.Popen([sys.executable, str(Path(__file__).with_name("front_clock.py")),
+        self.front = subprocess.Popen([sys.executable, str(Path(__file__).parent / "fronts" / "front_clock.py"),
                                        "--upstream", str(self.port), "--cert", str(self.ca_file),
                                        "--key", str(self.workdir / "tls" / "key.pem")],
                                       stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)

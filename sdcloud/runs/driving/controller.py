@@ -2,16 +2,19 @@
 
 The fleet (sdcloud.fleet) chooses offers, launches, watches instances and heartbeats, replaces
 reclaimed hosts, cools down zones and sweeps strays. The run decides what the host's status means
-(steps, succeeded, failed), when the deadline asks for on-demand (the spot policy decides, spot
-refused everywhere included), when the budget is spent, and it accounts for cost. Every
+(steps, succeeded, failed), when the deadline asks for on-demand or another cloud (the spot policy
+decides, spot refused everywhere included), when the budget is spent, and it accounts for cost. Where
+the run is (its cloud, zone, capacity kind and the store of its newest checkpoint) is its `placement`,
+changed in one place, `place` (placement.py). Every
 transition is written to the state store before its side effect, so a controller killed at any
 point and started again (`sdcloud up --name NAME`, or a detached controller) reconciles and
 carries on; the host agent resumes from the newest complete checkpoint.
 
 It holds its helpers, not mixes them in: `launching` (what a launch carries), `host` (status.json,
-self-ends, the heartbeat), `row` (the run's row, read once a step: run_row.py), each reading it
-through a small protocol; hostboot, oom_move, health_view
-and agent_reports act through the owner contract (owner.py). A host is told agent_config.py.
+self-ends, the heartbeat), `row` (the run's row, read once a step: run_row.py), `clouds` (the run's
+clouds: placement.py), each reading it through a small protocol; watching (one look at the running
+attempt), hostboot, oom_move, health_view and agent_reports act through the owner contract (owner.py).
+A host is told runs/inputs/agent_config.py.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import secrets
 import signal
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from ... import config
 from ...costs import ledger as cost_ledger
@@ -34,21 +37,23 @@ from ...offers.kinds import RunKind
 from ...offers.groups import job_hours_on
 from ...offers.optimizer import Offer
 from ...providers import get_provider
-from ...providers.capabilities import Closable, RenewsHostCredentials
+from ...providers.capabilities import Closable
 from ...spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
 from ..inputs import staging as inputs
 from ..inputs.spec import RunPlan, RunSpec
 from ..records import stop_request as stop_requests
-from ..records.state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore, run_kind
+from ..records.lease import DriverLease, Guarded
+from ..records.state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, RESUMABLE_RUN_STATES, Attempt, RunState, StateStore, run_kind
 from ..records.summary import summary
-from . import cloud_move, health_view, hostboot, lessons, oom_move, remote_end, simulated_reclaim
-from .agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
-from .agent_reports import report_agent_problems
+from . import hostboot, lessons, remote_end, watching
+from . import cloud_move
+from .placement import Clouds, Home, Placement, across, carry, dataset_in
+from ..inputs.agent_config import UNATTENDED_POLLS, agent_config, self_end_grace
 from .background import controller_alive, detach
-from .budget_watch import budget_spent, budget_warnings
+from .budget_watch import budget_spent
 from .host_status import HostStatus
 from .launching import LaunchInputs
-from .owner import Memo, steps_before
+from .owner import Memo
 from .run_row import RunRow
 
 # Names that commands/ and the tests import from here (their homes are the modules above).
@@ -70,7 +75,8 @@ def store_url(spec: RunSpec, infra: dict | None) -> dict:
 class Controller:
     """A training run's driver; it holds `launching` (launching.py) and `host` (host_status.py)."""
     def __init__(self, state: StateStore, run_id: str, provider=None, emit: Callable[[Kind, dict], None] | None = None,
-                 timing: Timing | None = None, driver: str | None = None):
+                 timing: Timing | None = None, driver: str | None = None, clouds: dict[str, Any] | None = None,
+                 lease: DriverLease | None = None):
         self.state = state
         run = state.get_run(run_id)
         if run is None:
@@ -92,9 +98,7 @@ class Controller:
         self.memo = Memo.read_back(state, self.run_id)  # the resumes already announced
         self._stop_reason: str | None = None
         self._infra = state.infra(self.spec.provider, self.spec.region or "") or {}
-        from ..inputs.training import gpus_used
         from ..records.journal import Journal
-        from ..records.lease import DriverLease
         from ..records.store import open_run_store
         from ..records.store_of import run_store_conf
 
@@ -103,21 +107,76 @@ class Controller:
         self.store = open_run_store(self.store_conf)
         # The run's history in its bucket, after every step: any machine rebuilds state.db from it.
         self.journal = Journal(state, self.store, self.run_id)
-        # Exactly one driver acts on the run at a time (the laptop, its daemon, the cloud function).
-        self.lease = DriverLease(self.store, self.run_id, self.timing.poll_seconds, driver)
+        # Exactly one driver acts on the run at a time (the laptop, its daemon, the cloud function). A lease
+        # taken before (the cloud driver's) makes every launch and terminate conditional on still holding it.
+        self._guarded = lease is not None
+        self.lease = lease or DriverLease(self.store, self.run_id, self.timing.poll_seconds, driver)
         self.journal.lease = self.lease  # a driver that lost the run writes no more of it to the bucket
         self.launching = LaunchInputs(self)
         self.host = HostStatus(self)
-        offers = fleet_candidates(self.provider, self.tier, self.spec.market, name=self.spec.provider,
-                                  max_price=self.plan.max_price, region=self.spec.region, job_size=self.total_steps,
-                                  events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self), nodes=self.spec.nodes)
-        self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"), self.event,
-                           self.timing, spec_market=self.spec.market, max_price=self.plan.max_price, progress=self.progress)
-        cloud_move.remember_home(self)  # across clouds: the home store stays, launches follow the run (cloud_move.py)
+        # Across clouds (`--provider aws,tencent`): the home store keeps the journal, launches follow the
+        # placement (runs/driving/placement.py); `clouds` gives the other clouds' providers (made when asked).
+        home = Home(self.spec, self._infra, self.store_conf, self.store)
+        self.clouds = Clouds(state, self.run_id, home, self.tier, {**(clouds or {}), self.spec.provider: self.provider})
+        self.placement = Placement(self.spec.provider, None, None, self.store_conf)
+        self.policy = get_policy("sdcloud")  # one for the run's life: it remembers since when spot is up
+        self.fleet = self._fleet()
+        last = next(reversed(state.attempts(self.run_id)), None)
+        if last is not None:  # a controller started again (after a move too) carries on where the run went
+            here = last.provider if last.provider in self.clouds.names else self.placement.cloud
+            self.place(here, last.zone, last.market)
 
     @property
     def candidates(self) -> list[Offer]:
         return self.fleet.candidates
+
+    # where the run is (runs/driving/placement.py)
+    def _offers(self, provider: Any, name: str, spec: RunSpec, plan: RunPlan) -> list[Offer]:
+        from ..inputs.training import gpus_used
+
+        return fleet_candidates(provider, self.tier, spec.market, name=name, max_price=plan.max_price,
+                                region=spec.region, job_size=self.total_steps, events=self.event,
+                                gpus_used=gpus_used(spec), book=lessons.run_book(self), nodes=spec.nodes)
+
+    def _fleet(self) -> Fleet:
+        """The fleet of the placement's cloud, the run's other clouds' candidates beside its own."""
+        offers = self._offers(self.provider, self.spec.provider, self.spec, self.plan)
+        provider = Guarded(self.provider, self.lease) if self._guarded else self.provider
+        return Fleet(self.run_id, provider, self.spec.provider, self.state, offers, self.policy, self.event,
+                     self.timing, spec_market=self.spec.market, max_price=self.plan.max_price,
+                     elsewhere=self.clouds.elsewhere(self.spec.provider, self._offers), progress=self.progress)
+
+    def place(self, cloud: str, zone: str | None = None, market: str | None = None) -> None:
+        """The one place the run's placement changes: a launch's zone and market, or another cloud (a
+        move landed, or a controller started again after one), where its launches, host status and fleet
+        then follow it; the journal, lease and stop requests stay in the home store."""
+        moved = cloud != self.placement.cloud
+        if moved:
+            bound = self.clouds.binding(cloud)
+            self.provider, self.spec, self.plan, self._infra = bound.provider, bound.spec, bound.plan, bound.infra
+            self.store_conf, self.store = bound.store_conf, bound.store
+            if self._inputs is not None:
+                dataset = dataset_in(self.clouds.home.store_conf, self.store_conf, self._inputs.get("dataset"))
+                self._inputs = dict(self._inputs, dataset=dataset)
+        self.placement = Placement(cloud, zone, market, self.store_conf)
+        if moved:
+            self.fleet = self._fleet()
+
+    def _move(self, dst: str, offer: Offer) -> bool:
+        """The policy chose a zone of cloud `dst`: carry the run's checkpoint and inputs there, then place
+        the run there. False when the copy did not land: nothing launches this step; the next one decides
+        again (a copy sends only what is missing), and after MAX_MOVE_FAILURES `dst` is no candidate."""
+        why = f"the spot policy chose {offer.key} ({offer.market})"
+        if carry(self.clouds, self.placement.cloud, dst, self.ensure_inputs(), self.event, why):
+            self.place(dst)
+            return True
+        self.fleet = self._fleet()
+        return False
+
+    def _settle_copy(self) -> None:
+        """A move's copy by the last host (its report in this cloud's store): its egress in the ledger."""
+        cloud_move.settle_host_copy(self.state, self.run_id, self.store, self.placement.cloud, self.clouds.home.cloud,
+                                    self.clouds.store)
 
     # events
     def event(self, kind: Kind, data: dict | None = None) -> None:
@@ -142,7 +201,7 @@ class Controller:
     def cost_so_far(self) -> float:
         return cost_ledger.live_cost_usd(self.state, self.row.get())
 
-    def set_state(self, state: str) -> None:  # the owner contract's write of the run's state
+    def set_state(self, state: RunState) -> None:  # the owner contract's write of the run's state
         self.row.update(state=state)
 
     def current(self) -> Attempt | None:
@@ -159,8 +218,10 @@ class Controller:
         return lessons.replan(self.state, self.run_id, planned, int(run["step"]), self.total_steps)
 
     def decide(self, running: Attempt | None) -> tuple[str, Offer | None]:
-        # The spot launches refused in a row count toward the policy's "spot is gone" rule.
-        return self.fleet.decide(self.progress(), running, spot_refusals=self.fleet.failed_launches(SPOT))
+        # The spot launches refused in a row (in the placement's cloud) count toward the policy's "spot is
+        # gone" rule; across clouds the policy is told where the checkpoint is and what a move adds.
+        moves = across(self.clouds, self.placement, self._inputs, len(self.attempts()))
+        return self.fleet.decide(self.progress(), running, spot_refusals=self.fleet.failed_launches(SPOT), across=moves)
 
     def _launches_exhausted(self) -> bool:
         """Give up launching: for a spot run with a deadline only when on-demand fails too (spot that
@@ -188,7 +249,7 @@ class Controller:
     def _stop_requested(self) -> dict | None:
         """A stop asked through the bucket (sdcloud down on a machine that does not drive the run)."""
         since = max((e["time"] for e in self.state.events(self.run_id) if e["kind"] == Kind.RESUME), default=0.0)
-        return stop_requests.requested(self.home_store, self.run_id, since)
+        return stop_requests.requested(self.clouds.home.store, self.run_id, since)
 
     def run(self, take_over: bool = False) -> dict:
         """Drive the run to its end here: take the driver lease, then one step a poll."""
@@ -226,7 +287,7 @@ class Controller:
         if self._stop_reason or asked is not None:
             self.finish_stop(self._stop_reason or str(asked.get("reason") or "stopped by sdcloud down"))
             if asked is not None:
-                stop_requests.clear(self.home_store, self.run_id)
+                stop_requests.clear(self.clouds.home.store, self.run_id)
             return True
         self.host.heartbeat()
         cur = self.current()
@@ -252,7 +313,7 @@ class Controller:
         """After the last step: strays swept and the lease handed back, if this driver still holds it."""
         if self.lease.held:
             self.sweep_strays()
-            cloud_move.settle_host_copy(self)  # a move's copy by the last host: its egress in the ledger
+            self._settle_copy()
         self.row.update(controller_pid=None)
         self.journal.flush()
         self.lease.release()
@@ -260,124 +321,46 @@ class Controller:
     def _start_attempt(self) -> None:
         budget = self.spec.budget
         if budget is not None and budget_spent(self.cost_so_far(), budget, self.attempts(), self.timing.poll_seconds):
-            self.end_run("stopped", f"budget ${budget:g} spent")
+            self.end_run(RunState.STOPPED, f"budget ${budget:g} spent")
             return
-        cloud_move.settle_host_copy(self)  # a move's copy by the last host: its egress in the ledger
-        if cloud_move.cheaper_elsewhere(self):  # the run's other cloud, the move priced in
-            return
+        self._settle_copy()
         kind, offer = self.decide(None)
         if self.row.fresh()["state"] in FINAL_RUN_STATES:
             return  # stopped by `down` (from another process) while this step decided: launch nothing
-        if kind == WAIT or offer is None:
-            self.row.update(state="recovering")
+        dst = self.fleet.cloud_of(offer) if offer is not None and kind != WAIT else None
+        if kind == WAIT or offer is None or (dst is not None and not self._move(dst, offer)):
+            self.row.update(state=RunState.RECOVERING)
             return
-        self.row.update(state="launching")
+        self.row.update(state=RunState.LAUNCHING)
         self.memo.launch_offer = offer  # its price bounds the host's lifetime cap (agent config's self_end)
         try:
             inst = self.fleet.launch(kind, offer, self.launching.launch_spec)
         except UserError as exc:
-            self.end_run("failed", str(exc))
+            self.end_run(RunState.FAILED, str(exc))
             raise
         if inst is None:
-            if cloud_move.after_spot_refused(self):  # spot gone here, the run's other cloud next
-                return
             if self._launches_exhausted():
-                self.end_run("failed", f"{self.fleet.failed_launches()} launches failed (capacity or price); "
-                                        f"see: sdcloud logs {self.run_id}")
+                self.end_run(RunState.FAILED, f"{self.fleet.failed_launches()} launches failed (capacity or price); "
+                                              f"see: sdcloud logs {self.run_id}")
             elif kind == SPOT and spot_gone_after(self.fleet.failed_launches(SPOT), self.spec.deadline_hours is not None):
                 self.event(Kind.SPOT_UNAVAILABLE, {"failed_launches": self.fleet.failed_launches(SPOT),
                                                    "next": "on-demand, to meet the deadline"})
             return
-        self.row.update(state="running")
+        self.row.update(state=RunState.RUNNING)
+        self.place(self.placement.cloud, inst.zone or offer.row.zone, kind)
         n = len(self.attempts())
         cost_ledger.started(self.state, self.run_id, n, offer, kind, self.memo.launched_spec.root_volume_gb,
                             zone=inst.zone or offer.row.zone)
 
     def _watch(self, cur: Attempt) -> None:
-        status = self.host.read_status(strict=True)
-        if status and status.get("attempt") != cur.n:
-            status = None
-        if status is None:  # a store that refused the host's writes: the host's own copy, where readable
-            status = hostboot.host_side_status(self.provider, cur)
-        phase = status.get("phase") if status else None
-        cost_ledger.observe(self.state, self.run_id, cur, status, sample=lambda: self._price_sample(cur))
-        report_agent_problems(self, cur.n, status)
-        oom_move.oom_events(self, cur.n, status)
-        health_view.note(self, cur.n, status)
-        if oom_move.weigh_throttle(self, cur, status, total_steps=self.total_steps, every=self.spec.checkpoint_every):
-            return  # moving off a throttled GPU: the next attempt launches elsewhere
-        if status and status.get("step") is not None:
-            step = int(status["step"])
-            if cur.n not in self.memo.seen_attempts and phase in ("training", "saving", "uploading", "succeeded"):
-                self.memo.seen_attempts.add(cur.n)
-                if cur.n > 1:
-                    self._announce_resume(cur, status)
-            simulated_reclaim.on_progress(self, self.provider, cur, step)
-            self.row.update(step=step)
-            self.emit(Kind.PROGRESS, {"attempt": cur.n, "phase": phase, "step": step, "total": self.total_steps,
-                                      "it_per_s": status.get("it_per_s"), "cost": self.cost_so_far()})
-        if self.spec.budget is not None:
-            spent = self.cost_so_far()
-            budget_warnings(self, spent)
-            if budget_spent(spent, self.spec.budget, [cur], self.timing.poll_seconds):
-                self.event(Kind.BUDGET_REACHED, {"attempt": cur.n, "budget": self.spec.budget, "spent": round(spent, 4)})
-                self.end_attempt(cur, "budget")
-                self.end_run("stopped", f"budget ${self.spec.budget:g} reached; checkpoint kept in the bucket")
-                return
-        if status and status.get("ended_by") == "lifetime-cap" and phase in ("preempted", "failed", "succeeded"):
-            # The host saved and ended itself at its cap: not a reclaim, nothing to relaunch.
-            self.end_attempt(cur, "lifetime-cap")
-            self.end_run("stopped", f"the host's lifetime cap was reached ({status.get('cap')}); checkpoint kept in the bucket")
-            return
-        if phase == "succeeded":
-            self.end_attempt(cur, "succeeded")
-            self.end_run("succeeded", None)
-            return
-        if hostboot.on_failure_cause(self, cur, status):  # a refusal that recurs ends the run; others count
-            return
-        if hostboot.is_boot_failure(status):  # a bad host or image: the next offer, not the end
-            return hostboot.on_boot_failure(self, cur, status)
-        if oom_move.is_out_of_memory(status):  # the memory ladder is spent: an offer with more VRAM
-            return oom_move.on_out_of_memory(self, cur, status)
-        if phase == "failed":
-            self.end_attempt(cur, "failed")
-            self.end_run("failed", status.get("reason") or "the host agent failed")
-            return
-        outcome = self.fleet.check(cur, phase, status.get("time") if status else None,
-                                   status.get("step") if status else None)
-        if outcome in hostboot.COUNTED_OUTCOMES:  # never reported, or its agent failed: counted toward the limit
-            self._closed(cur, time.time())
-            return hostboot.check_limit(self)
-        if outcome == "ok" and isinstance(self.provider, RenewsHostCredentials) and cur.instance_id:
-            # A box of the user's holds short-lived store keys only: keep them fresh while it trains.
-            self.provider.renew_credentials(cur.instance_id, self.run_id, self.store_conf, events=lambda k, d: self.event(k, {"attempt": cur.n, **d}))
-        if outcome != "ok":
-            self._closed(cur, time.time())
-            self.row.update(state="recovering")
-            hostboot.check_unreported(self)
-            return
-        if cur.market == SPOT and self.spec.deadline_hours:
-            kind, offer = self.decide(cur)
-            if kind == ON_DEMAND:
-                self.event(Kind.DEADLINE_FALLBACK, {"attempt": cur.n, "to": offer.key if offer else None})
-                self.end_attempt(cur, "switched")
-
-    def _announce_resume(self, cur: Attempt, status: dict) -> None:
-        """Tell where attempt n took up the work: the step it resumed from and the steps redone."""
-        resumed = status.get("resumed_from")
-        if resumed is None:
-            resumed = max(0, int(status["step"]) - 1)
-        done_before = steps_before(self.state, self.row.get(), cur.n)  # as far as the attempts before got
-        self.event(Kind.RESUMED, {"attempt": cur.n, "from_step": int(resumed),
-                                  "lost_steps": max(0, done_before - int(resumed)), "zone": cur.zone,
-                                  "instance_type": cur.instance_type})
+        watching.watch(self, cur)  # the running attempt's status, recorded and acted on once (watching.py)
 
     def end_attempt(self, cur: Attempt, reason: str, said: str | None = None) -> None:
         """End the attempt's host for `reason` (`said`: the stop's own words, for `logs`) and price it; a host only
         the bucket reaches (another machine's) is asked to save and end there, and closed at its own end."""
-        self._closed(cur, self.fleet.end(cur, reason, at=remote_end.ask_host(self, cur, reason)), (reason, said))
+        self.close_attempt(cur, self.fleet.end(cur, reason, at=remote_end.ask_host(self, cur, reason)), (reason, said))
 
-    def _closed(self, cur: Attempt, end: float, ended_for: tuple[str, str | None] | None = None) -> None:
+    def close_attempt(self, cur: Attempt, end: float, ended_for: tuple[str, str | None] | None = None) -> None:
         """Price an ended attempt into the ledger (`ended_for`: (reason, words) when this driver ended it)."""
         ended_at = self.host.note_self_end(cur, status := self.host.read_status(), ended_for)
         self.host.settle_step(cur, status, ended_for)
@@ -389,15 +372,9 @@ class Controller:
                            poll_s=self.timing.poll_seconds)
         lessons.learn_attempt(self, cur)  # its steady rate, start-up and reclaim (sdcloud speeds)
 
-    def _price_sample(self, cur: Attempt) -> list:
-        """The current spot price of the attempt's own type and zone (Tencent: its one quote)."""
-        from ...costs.pricing import utc
-
-        return self.provider.price_history(cur.instance_type, cur.zone, (now := utc(time.time())), now)
-
-    def end_run(self, state: str, reason: str | None) -> None:
+    def end_run(self, state: RunState, reason: str | None) -> None:
         """End the run in `state` (succeeded, failed, stopped) with one line of `reason`."""
-        if state in ("stopped", "failed") and reason and "sdcloud resume" not in reason:
+        if state in RESUMABLE_RUN_STATES and reason and "sdcloud resume" not in reason:
             # Every stop says how to carry on from the durable checkpoint.
             run = self.row.get()
             reason += f"; resume with: sdcloud resume {run.get('name') or self.run_id}"
@@ -410,7 +387,7 @@ class Controller:
             cur = self.current()
             if cur is not None:
                 self.end_attempt(cur, "stopped", reason)
-            self.end_run("stopped", reason)
+            self.end_run(RunState.STOPPED, reason)
             self.journal.flush()
 
     def reconcile(self) -> None:
@@ -419,7 +396,7 @@ class Controller:
         if self.row.get()["state"] in ACTIVE_RUN_STATES:
             self.ensure_inputs()
         with config.run_settings(self.run_settings):
-            self.fleet.reconcile(on_end=self._closed)
+            self.fleet.reconcile(on_end=self.close_attempt)
             self.sweep_strays()
 
     def sweep_strays(self) -> None:

@@ -25,6 +25,7 @@ from ... import events
 from ...events import Kind
 from ...providers.capabilities import HasHostDir
 from ...providers.traits import traits
+from ..records.run_state import RunState
 from .owner import RunOwner
 
 # What a tier's run file may override with `max-failed-boots:`.
@@ -100,9 +101,9 @@ def check_limit(ctrl: RunOwner, phase: str | None = None) -> None:
     n = failed_boots_in_a_row(ctrl.attempts())
     if n >= limit:
         where = f" (last: phase {phase})" if phase else ""
-        ctrl.end_run("failed", f"{n} failed boots in a row{where}; see: sdcloud logs {ctrl.run_id}")
+        ctrl.end_run(RunState.FAILED, f"{n} failed boots in a row{where}; see: sdcloud logs {ctrl.run_id}")
     else:
-        ctrl.set_state("recovering")
+        ctrl.set_state(RunState.RECOVERING)
 
 
 # -- why an attempt ended ---------------------------------------------------------------------------
@@ -135,7 +136,7 @@ def on_failure_cause(ctrl: RunOwner, cur, status: dict | None) -> bool:
         ctrl.event(Kind.HOST_FAILED, {"attempt": cur.n, "instance": cur.instance_id, "cause": cause,
                                       "reason": reason[:2000]})
         ctrl.end_attempt(cur, f"failed:{cause}")
-        ctrl.end_run("failed", f"{reason[:500]} (attempt {cur.n}; the next host would meet it too, so no other "
+        ctrl.end_run(RunState.FAILED, f"{reason[:500]} (attempt {cur.n}; the next host would meet it too, so no other "
                                 f"was launched)")
         return True
     if cause in COUNTED_CAUSES and not status.get("boot_phase"):
@@ -219,5 +220,5 @@ def check_unreported(ctrl: RunOwner) -> None:
             break
         n += 1
     if n >= MAX_UNREPORTED_ENDS:
-        ctrl.end_run("failed", f"{n} hosts in a row ended before they reported (reclaimed while booting, or refused "
+        ctrl.end_run(RunState.FAILED, f"{n} hosts in a row ended before they reported (reclaimed while booting, or refused "
                                 f"by the store); see: sdcloud logs {ctrl.run_id}")

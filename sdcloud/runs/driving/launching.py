@@ -16,7 +16,7 @@ from ...offers.groups import node_count
 from ...providers.base import LaunchSpec
 from ...providers.traits import Hosts
 from . import hostboot
-from .agent_config import agent_config, self_end_config
+from ..inputs.agent_config import agent_config, self_end_config
 from .owner import Memo
 from .run_row import RunRow
 from ..inputs.spec import RunPlan, RunSpec

@@ -3,26 +3,34 @@ observed, as the run's trainer sees them, and each ended attempt's own figures k
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
+
+from ...offers.optimizer import Offer
+from ...offers.tiers import Tier
+from ..records.run_spec import RunSpec
+from ..records.state import Attempt, StateStore
+from .owner import Memo
+
+from ..records.books import user_book  # noqa: F401 - offers, batch and up import it from here
 
 
-def user_book(trainer: str | None = None):
-    """This machine's recorded and observed rates ($SDCLOUD_HOME/state.db); none where there is no
-    state store yet, and none is made (`sdcloud offers` on a fresh machine writes nothing)."""
-    from ... import config
-    from ...speeds.book import Book, load_book
-    from ..records.state import StateStore
+class LessonsOwner(Protocol):
+    """What the run's lessons read of its controller."""
 
-    if not (config.home() / "state.db").exists():
-        return Book([], trainer)
-    state = StateStore()
-    try:
-        return load_book(state, trainer)
-    finally:
-        state.close()
+    spec: RunSpec
+    tier: Tier
+    state: StateStore
+    run_id: str
+    store: Any
+    memo: Memo
+
+    @property
+    def candidates(self) -> list[Offer]: ...
+
+    def attempts(self) -> list[Attempt]: ...
 
 
-def learn_attempt(ctl: Any, cur: Any) -> None:
+def learn_attempt(ctl: LessonsOwner, cur: Attempt) -> None:
     """Keep what the ended attempt `cur` of the controller's run measured: its steady rate, start-up
     and reclaim, keyed by its host's GPU, the tier, the trainer and the model (recipe '' for the tier's own)."""
     from ...speeds.observe import learn
@@ -41,13 +49,13 @@ def learn_attempt(ctl: Any, cur: Any) -> None:
         pass
 
 
-def run_book(ctl: Any):
-    """The controller's rate book, read once from its state store for its trainer."""
-    if getattr(ctl, "_rate_book", None) is None:
+def run_book(ctl: LessonsOwner):
+    """The controller's rate book, read once from its state store for its trainer (kept in its Memo)."""
+    if ctl.memo.rate_book is None:
         from ...speeds.book import load_book
 
-        ctl._rate_book = load_book(ctl.state, ctl.spec.trainer)
-    return ctl._rate_book
+        ctl.memo.rate_book = load_book(ctl.state, ctl.spec.trainer)
+    return ctl.memo.rate_book
 
 
 def replan(state, run_id: str, planned, step: int, total_steps: int):

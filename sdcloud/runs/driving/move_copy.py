@@ -209,5 +209,5 @@ def settle(store: Any, run_id: str) -> dict | None:
     return report
 
 
-__all__ = ["Copied", "Plan", "copy_checkpoint", "copy_object", "host_can_copy", "carried_bytes", "order_copy", "refresh_order", "plan_copy",
-           "settle", "url_seconds", "SINGLE_PUT_BYTES", "URL_SECONDS", "COPY_TRIES"]
+__all__ = ["Copied", "Plan", "copy_checkpoint", "copy_object", "host_can_copy", "carried_bytes", "order_copy",
+           "refresh_order", "plan_copy", "settle", "url_seconds", "SINGLE_PUT_BYTES", "URL_SECONDS", "COPY_TRIES"]

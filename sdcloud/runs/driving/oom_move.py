@@ -15,6 +15,7 @@ from typing import Any
 from ...events import Kind
 from ...fleet.candidates import attempt_zone_key, vram_of, with_more_vram
 from ...providers.traits import Hosts, traits
+from ..records.run_state import RunState
 from .owner import RunOwner
 
 OOM_CAUSE = "out-of-memory"
@@ -47,11 +48,11 @@ def on_out_of_memory(ctrl: RunOwner, cur: Any, status: dict) -> None:
                                     "rungs": [e.get("rung") for e in status.get("oom_events") or []],
                                     "next": [f"{o.row.instance_type} ({o.row.usable_vram_mib} MiB)" for o in bigger][:4]})
     if not bigger:
-        ctrl.end_run("failed", f"out of GPU memory on {cur.instance_type} with every rung of the memory ladder, "
+        ctrl.end_run(RunState.FAILED, f"out of GPU memory on {cur.instance_type} with every rung of the memory ladder, "
                                 "and no candidate offer has more VRAM; pick a tier with a bigger GPU")
         return
     ctrl.fleet.candidates = bigger
-    ctrl.set_state("recovering")
+    ctrl.set_state(RunState.RECOVERING)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,7 +94,7 @@ def weigh_throttle(ctrl: RunOwner, cur: Any, status: dict | None, *, total_steps
         ctrl.fleet.cool_down(key, THROTTLE_CAUSE)
         ctrl.event(Kind.THROTTLE_MOVE, ev)
         ctrl.end_attempt(cur, THROTTLE_CAUSE)
-        ctrl.set_state("recovering")
+        ctrl.set_state(RunState.RECOVERING)
         return True
     ctrl.event(Kind.THROTTLE_MOVE, ev)
     return False

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ...fleet.lifecycle import Fleet, Timing
     from ...offers.optimizer import Offer
     from ...providers.base import LaunchSpec
+    from ..records.run_state import RunState
     from ..records.state import Attempt, StateStore
 
 
@@ -55,6 +56,8 @@ class Memo:
     # Since when the store has been unreachable, and when that was last said (runs/driving/hostboot.py).
     store_down_since: float | None = None
     store_noted: float = 0.0
+    # The run's rate book (sdcloud speeds), read once from the state store (runs/driving/lessons.py).
+    rate_book: Any = None
 
     @classmethod
     def read_back(cls, state: StateStore, run_id: str) -> "Memo":
@@ -108,9 +111,9 @@ class RunOwner(Protocol):
     def end_attempt(self, cur: Attempt, reason: str) -> None:
         """End the host of attempt `cur` for `reason` (and price it, for a training run)."""
 
-    def end_run(self, state: str, reason: str | None) -> None:
+    def end_run(self, state: RunState, reason: str | None) -> None:
         """End the run (or job) in `state` with one line of `reason`."""
 
-    def set_state(self, state: str) -> None:
+    def set_state(self, state: RunState) -> None:
         """Put the run (or job) in `state` ('recovering'): through its driver, so that what the
         driver read of the run this step stays current (runs/driving/run_row.py)."""

@@ -11,19 +11,33 @@ time of its last report), with the step of its last durable checkpoint.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from sdcloud_agent.end_request import END_GRACE_S, ask
 
 from ..records.lease import this_driver
-from ..records.state import Attempt
+from ..records.lease import DriverLease
+from ..records.state import Attempt, StateStore
+from .host_status import HostStatus
 
 TERMINAL = ("preempted", "succeeded", "failed")
 # The driver waits this much beyond the host's own grace before it gives the host up as lost.
 SLACK_S = 30.0
 
 
-def alive_elsewhere(ctl: Any, cur: Attempt) -> dict | None:
+class RemoteEndOwner(Protocol):
+    """What ending a host through the bucket reads of the run's driver."""
+
+    provider: Any
+    host: HostStatus
+    timing: Any
+    run_id: str
+    store: Any
+    lease: DriverLease
+    state: StateStore
+
+
+def alive_elsewhere(ctl: RemoteEndOwner, cur: Attempt) -> dict | None:
     """The host's status when this machine's provider does not know its instance but the bucket
     says it lives (a fresh heartbeat, a phase that is not its last); otherwise None."""
     if not cur.instance_id:
@@ -41,7 +55,7 @@ def alive_elsewhere(ctl: Any, cur: Attempt) -> dict | None:
     return status
 
 
-def ask_host(ctl: Any, cur: Attempt, reason: str, sleep: Any = time.sleep) -> float | None:
+def ask_host(ctl: RemoteEndOwner, cur: Attempt, reason: str, sleep: Any = time.sleep) -> float | None:
     """Ask a host that only the bucket reaches to save and end, and wait for it: the time it ended (its
     last report), or None when the provider here reaches the host (nothing asked)."""
     status = alive_elsewhere(ctl, cur)

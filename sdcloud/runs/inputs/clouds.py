@@ -2,8 +2,8 @@
 
 The first provider named is the run's home: its store keeps the journal, the driver lease and the
 stop requests, and its first attempt launches there. The others are where the run may move when
-the home cloud's spot runs dry or turns dear (runs/driving/cloud_move.py). Everything a run across
-clouds needs is checked here before anything is recorded: each name known and a cloud with a price
+the home cloud's spot runs dry or turns dear (the spot policy decides; runs/driving/placement.py).
+Everything a run across clouds needs is checked here before anything is recorded: each name known and a cloud with a price
 catalog, credentials for every one of them, and no `--unattended` (see docs/runs.md, "Runs across
 clouds": no host or cloud function holds the other cloud's keys, so nothing unattended could drive
 the move).

@@ -32,7 +32,8 @@ CHUNK = 8 << 20
 
 def is_local_model(model: str | None, provider: str) -> bool:
     """A file or folder on this machine that the run's host cannot read: any host but this machine's."""
-    if not model or provider in names(where=lambda t: t.hosts is Hosts.THIS_MACHINE) or "://" in model or model.startswith("cache:"):
+    here = provider in names(where=lambda t: t.hosts is Hosts.THIS_MACHINE)
+    if not model or here or "://" in model or model.startswith("cache:"):
         return False
     from sdcloud_agent.trainers.models import is_tiny
 

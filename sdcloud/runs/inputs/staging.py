@@ -21,13 +21,30 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from ... import config
 from ...errors import UserError
 from ...events import Kind
 from ...providers.traits import Hosts, names, traits
+from ..records.run_spec import RunPlan, RunSpec
 from ..records.state import StateStore
+
+
+class StagingOwner(Protocol):
+    """What staging reads of the run's driver (runs/driving/controller.py) to put its inputs in its bucket."""
+
+    spec: RunSpec
+    plan: RunPlan
+    run_id: str
+    state: StateStore
+    store: Any
+    store_conf: dict
+    total_steps: int
+    event: Callable[..., None]
+
+    @property
+    def infra(self) -> dict: ...
 
 # The config.toml tables a run's driving reads, besides its provider's own (traits.config_sections).
 RUN_SECTIONS = ("network", "hosts", "currency", "catalog")
@@ -97,14 +114,14 @@ def _from_record(rec: dict | None, key: str, value: str, what: str, run_id: str)
                     f"resume it on the machine that has it: sdcloud resume {run_id}")
 
 
-def stage(ctl: Any, drive: str | None = None) -> dict:
+def stage(ctl: StagingOwner, drive: str | None = None) -> dict:
     """Put the run's inputs in its bucket and record them with its settings; the record."""
     with config.run_settings(None):  # this machine's own config.toml, not a run's recorded one
         return _stage(ctl, drive)
 
 
-def _stage(ctl: Any, drive: str | None) -> dict:
-    from ..driving.agent_config import agent_config, self_end_grace
+def _stage(ctl: StagingOwner, drive: str | None) -> dict:
+    from .agent_config import agent_config, self_end_grace
     from .datasets import upload_dataset
     from .models import is_local_model, upload_model
     from .network import host_network, profile

@@ -8,13 +8,12 @@ from ...errors import UserError
 
 
 def _store_and_url(run: dict):
-    from ..driving.controller import store_url
-    from ..inputs.spec import RunSpec
+    from .run_spec import RunSpec
     from .state import StateStore
-    from .store import open_run_store
+    from .store import open_run_store, store_config
 
     spec = RunSpec(**run["spec"])
-    conf = store_url(spec, StateStore().infra(spec.provider, spec.region or ""))
+    conf = store_config(spec.provider, spec.store, spec.region, StateStore().infra(spec.provider, spec.region or ""))
     return open_run_store(conf), conf["url"].rstrip("/")
 
 

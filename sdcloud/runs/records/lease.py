@@ -284,14 +284,6 @@ class Guarded:
         return getattr(self.inner, attr)
 
 
-def guard(ctl: Any, lease: DriverLease) -> None:
-    """Make `lease` the controller's, its journal's (nothing written once it is lost) and its fleet's
-    (no launch, no terminate without it)."""
-    ctl.lease = lease
-    ctl.journal.lease = lease
-    ctl.fleet.provider = Guarded(ctl.fleet.provider, lease)
-
-
 @dataclass(frozen=True)
 class Holder:
     """Who drives a run, as its lease in the bucket says (`status`, `watch`)."""

@@ -155,10 +155,8 @@ CREATE TABLE IF NOT EXISTS infra (
 );
 """
 
-ACTIVE_RUN_STATES = ("pending", "launching", "running", "recovering")
-# "cancelled": a batch job ended by `batch cancel` or `down` (final: nothing relaunches it). A training
-# run ended by `down` is "stopped": final for every driver too, and `sdcloud resume` may take it up again.
-FINAL_RUN_STATES = ("succeeded", "failed", "stopped", "cancelled")
+# The states of a run (runs/records/run_state.py), imported from here by most callers.
+from .run_state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, RESUMABLE_RUN_STATES, RunState  # noqa: E402,F401
 
 # The runs table is one honest union of two kinds: training runs and batch jobs (spec "kind": "batch").
 # Every command that lists or acts on rows asks run_kind (offers.kinds.RunKind), never RunSpec(**spec)
@@ -267,7 +265,7 @@ class StateStore:
             if taken:  # an unfinished run of that name: one at a time (two `up --name` at once make one)
                 raise UserError(f"{name!r} is already the name of {taken['id']} ({taken['state']}): sdcloud status {taken['id']}")
             db.execute("INSERT INTO runs (id, name, tier, state, spec, total_steps, created, updated) VALUES (?,?,?,?,?,?,?,?)",
-                       (run_id, name, tier, "pending", json.dumps(spec), total_steps, now, now))
+                       (run_id, name, tier, str(RunState.PENDING), json.dumps(spec), total_steps, now, now))
 
     def get_run(self, run_id: str) -> dict | None:
         row = self._db.execute("SELECT * FROM runs WHERE id = ? OR name = ? ORDER BY created DESC LIMIT 1",

@@ -66,7 +66,7 @@ def store_of(run: dict):
     """The open store of `run` (a row of the runs table): a batch job's spec holds its store's config
     itself; a training run's comes from its spec and the stack's outputs saved on this machine."""
     from ...offers.kinds import RunKind
-    from ..inputs.spec import RunSpec
+    from .run_spec import RunSpec
     from .state import StateStore, run_kind
     from .store import open_run_store
 
@@ -99,7 +99,7 @@ def url_conf(url: str, region: str | None = None) -> dict:
     dialect (`cos://`) in that dialect, opened with this machine's keys for that cloud."""
     from ...providers.loader import run_store
 
-    from ..inputs.preflight import check_store_url
+    from .store_urls import check_store_url
     from .store import store_config
 
     url = check_store_url(url)
@@ -152,7 +152,7 @@ def refresh_reached(state: Any, run: dict) -> dict:
     """A run this machine reached by its bucket's URL (status --store) and does not drive: its rows
     read again from the bucket, so that every `status` and `watch` shows what its driver wrote since,
     without --store again. Best effort: a bucket that cannot be read now leaves the rows as they are."""
-    from ..driving.background import controller_alive
+    from .alive import controller_alive
 
     if remembered(run["id"]) is None or controller_alive(run):
         return run

@@ -9,8 +9,8 @@ from ...offers.groups import node_count
 from ...offers.kinds import RunKind
 from ...offers.optimizer import rank
 from ...providers.traits import names
-from ..driving import health_view
-from ..inputs.spec import RunPlan, RunSpec
+from . import health
+from .run_spec import RunPlan, RunSpec
 from .state import ACTIVE_RUN_STATES, StateStore, run_kind
 
 
@@ -45,7 +45,7 @@ def summary(state: StateStore, run_id: str) -> dict:
         out["nodes_per_attempt"] = node_count(run["spec"])
         out["node_hours"] = node_hours(rows, out["nodes_per_attempt"])
     # The host's latest health verdict and its out-of-memory retries (runs/driving/health_view.py).
-    out["health"] = health_view.latest(state, run["id"])
+    out["health"] = health.latest(state, run["id"])
     spec = RunSpec(**run["spec"])
     if spec.provider in names(where=lambda t: not t.is_cloud):
         # A run on this machine or the user's boxes: what the best cloud offer would have cost (the

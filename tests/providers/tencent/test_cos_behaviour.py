@@ -1,5 +1,5 @@
 """Both stores against COS as it really answers: HTTPS at COS's own host names, through the
-COS-behaviour layer (tests/support/front_cos.py) in front of SeaweedFS.
+COS-behaviour layer (tests/support/fronts/front_cos.py) in front of SeaweedFS.
 
 The clients are configured exactly as in production (endpoint `https://cos.<region>.myqcloud.com`,
 virtual-hosted addressing); only HTTPS_PROXY and AWS_CA_BUNDLE point them at the layer, which

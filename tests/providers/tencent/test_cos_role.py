@@ -15,7 +15,7 @@ from sdcloud.runs.driving.controller import store_url
 from sdcloud.runs.inputs.spec import RunSpec
 from sdcloud_agent.store import open_store
 
-from tests.support.front_cos import CosLayer
+from tests.support.fronts.front_cos import CosLayer
 from tests.support.server_seaweed import SeaweedS3
 from tests.support.harness_stacks import stack_module
 from tests.support.server_http import LoopbackServer

@@ -11,7 +11,7 @@ import subprocess
 import zipfile
 
 import pytest
-from tests.batch.test_batch_scf_schedule import _add, scf  # noqa: F401 - the SCF fake and the CLI's schedule add
+from tests.batch.clouds.test_batch_scf_schedule import _add, scf  # noqa: F401 - the SCF fake and the CLI's schedule add
 
 from tests.support.harness_interpreters import python_for
 from sdcloud.errors import UserError

@@ -59,7 +59,7 @@ def test_client_uses_virtual_hosted_addressing_and_tencent_keys(monkeypatch):
 
 def test_store_on_cos_config_against_seaweed(cos_env, tmp_path):
     """Checkpoint-style traffic through the generic store with the COS settings, at COS's own endpoint
-    (tests/support/front_cos.py: HTTPS, virtual-hosted, refusing what COS refuses)."""
+    (tests/support/fronts/front_cos.py: HTTPS, virtual-hosted, refusing what COS refuses)."""
     store_mod = pytest.importorskip("sdcloud_agent.store")
     bucket = f"sdcloud-{uuid.uuid4().hex[:8]}-1250000000"
     store = cos.open_store(bucket, "team/sd", REGION, part_size=5 * 1024 * 1024)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from tests.support.fake_batch import FakeGenerator
-from tests.batch.test_batch_cloud import agent_config_of
+from tests.batch.clouds.test_batch_cloud import agent_config_of
 
 BUCKET = "sdcloud-batch-sched"
 INFRA = {"bucket": BUCKET, "prefix": "sdcloud", "region": "us-east-1", "driver_function": "sdcloud-test-driver",

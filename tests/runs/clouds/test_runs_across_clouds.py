@@ -107,3 +107,41 @@ def test_a_moves_egress_and_transfer_are_their_own_lines_beside_the_artifacts_eg
     text = lines(cost)
     assert any(t.startswith("move egress aws: 2 GB at 0.09 USD/GB") for t in text)
     assert "move transfer: 15 s copying checkpoints between clouds" in text
+
+
+def test_a_fleet_shows_the_policy_every_clouds_zones_in_usd_and_names_the_cloud_of_a_move(sdcloud_home):
+    from sdcloud import config
+    from sdcloud.fleet.lifecycle import Across, Fleet, Progress, Timing
+    from sdcloud.offers.catalog import CatalogRow
+    from sdcloud.offers.optimizer import Offer
+    from sdcloud.runs.records.state import StateStore
+    from sdcloud.spot.policy import SPOT, get_policy
+
+    def offer(provider, zone, spot, od, currency):
+        row = CatalogRow(provider=provider, region="r", zone=zone, instance_type="t", gpu="V100", gpu_count=1,
+                         vram_gb=16, vcpus=8, memory_gb=61, nvme_gb=0, ondemand_price=od, spot_price=spot,
+                         currency=currency, interruption_band=None, snapshot_date="2026-12-01", ondemand_estimate=False,
+                         spot_estimate=False, source="test")
+        return Offer(row, SPOT)
+
+    state = StateStore()
+    state.create_run("r-00000002", "sd15-lora", {"provider": "aws", "tier": "sd15-lora"}, 10)
+    state.add_attempt("r-00000002", 1, "aws", "t1", region="r", zone="a", instance_type="t", market="spot")
+    state.update_attempt("r-00000002", 1, state="ended", end_reason="preempted")
+    timing = Timing(poll_seconds=60, boot_timeout=10, heartbeat_timeout=10)
+    home, far = offer("aws", "a", 1.0, 3.0, "USD"), offer("tencent", "b", 1.0, 19.0, "CNY")
+    fleet = Fleet("r-00000002", None, "aws", state, [home], get_policy("sdcloud"), lambda k, d: None, timing,
+                  elsewhere=[far])
+    views = {v.key: v for v in fleet.zone_views(0.0)}
+    assert views["tencent/r/b/t"].cloud == "tencent" and views["aws/r/a/t"].cloud == "aws"
+    rate = config.usd_per("CNY")
+    there = views["tencent/r/b/t"]
+    assert there.spot_price == pytest.approx(rate) and there.ondemand_price == pytest.approx(19 * rate)
+    assert fleet.cloud_of(far) == "tencent" and fleet.cloud_of(home) is None
+    # 1 CNY is far cheaper than 1 USD: after the reclaim the policy moves the run there (told where the checkpoint is).
+    progress = Progress(elapsed_hours=1.0, done_hours=1.0, job_hours=10.0, deadline_hours=None)
+    kind, chosen = fleet.decide(progress, None, across=Across("aws", 0.01, 0.1))
+    assert kind == SPOT and fleet.cloud_of(chosen) == "tencent"
+    # Not told (one cloud, or no terms): the other cloud's zone is never the answer.
+    kind, chosen = fleet.decide(progress, None)
+    assert fleet.cloud_of(chosen) is None

@@ -1,11 +1,11 @@
 """Runs a module as `python -m` would, with every AWS call the process makes recorded as one
-principal's: `python -m tests.support.authz_run <log dir> <principal> <module> [args...]` (from the
+principal's: `python -m tests.support.authz.authz_run <log dir> <principal> <module> [args...]` (from the
 repository root, or with it on PYTHONPATH). Started with `-m`, the module it runs gets the path
 `python -m` gives it (the working folder first), not the tests' folder.
 
 A host agent is its own process on its own machine: every call it makes (its s3transfer threads'
 included) is the host role's. The calls go to <log dir>/calls-<principal>-<pid>.jsonl
-(tests/support/authz_record.py), for the test that started the process to judge against the role's policy.
+(tests/support/authz/authz_record.py), for the test that started the process to judge against the role's policy.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import runpy
 import sys
 
-from tests.support.authz_record import authz_log, install
+from tests.support.authz.authz_record import authz_log, install
 
 
 def main() -> None:

@@ -22,8 +22,8 @@ from sdcloud.cli import main
 from sdcloud.fleet.lifecycle import Timing
 from sdcloud.runs.records.state import StateStore
 
-from tests.batch.test_batch_cloud import _submit
-from tests.batch.test_batch_cloud_schedule import Hosts
+from tests.batch.clouds.test_batch_cloud import _submit
+from tests.batch.clouds.test_batch_cloud_schedule import Hosts
 
 TIMING = Timing(0.01, 60, 60)
 

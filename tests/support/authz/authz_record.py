@@ -179,6 +179,6 @@ def summary(directory: str | Path) -> dict[str, list[str]]:
     return {p: sorted(v) for p, v in sorted(seen.items())}
 
 
-if __name__ == "__main__":  # python tests/support/authz_record.py <log dir>: the calls each principal made
+if __name__ == "__main__":  # python tests/support/authz/authz_record.py <log dir>: the calls each principal made
     for principal, calls in summary(sys.argv[1]).items():
         print(f"{principal}: {', '.join(calls)}")

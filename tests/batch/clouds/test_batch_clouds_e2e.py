@@ -19,8 +19,8 @@ from sdcloud.batch.controller import BatchController
 from sdcloud.cli import main
 from sdcloud.fleet.lifecycle import Timing
 from sdcloud.runs.records.state import StateStore
-from tests.batch.test_batch_cloud import agent_config_of
-from tests.batch.test_batch_cloud_schedule import Hosts
+from tests.batch.clouds.test_batch_cloud import agent_config_of
+from tests.batch.clouds.test_batch_cloud_schedule import Hosts
 from tests.support import fake_tencent_api
 from tests.support.fake_batch import FakeGenerator
 

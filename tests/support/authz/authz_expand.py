@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tests.support.authz_aws import Request
-from tests.support.authz_cam import Need
+from tests.support.authz.authz_aws import Request
+from tests.support.authz.authz_cam import Need
 
 EC2_TAGGING = ("EC2 User Guide, 'Grant permission to tag Amazon EC2 resources during creation' "
                "(https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/supported-iam-actions-tagging.html): "

@@ -2,9 +2,10 @@
 
 The run's plan (runs/inputs/spec.py's RunPlan: the spec and its tier, resolved once) gives what to
 train and how often to save; the provider's declared host traits (the plan's `traits.host`) give
-what the machine is: local NVMe to prepare, a GPU required, which reclaim notice to watch, how often to beat and poll. `self_end` is how a host ends itself when
-nobody drives the run (sdcloud_agent/selfend.py). No secrets: credentials come from the instance
-role or the environment.
+what the machine is: local NVMe to prepare, a GPU required, which reclaim notice to watch, how often
+to beat and poll. `self_end` is how a host ends itself when nobody drives the run
+(sdcloud_agent/selfend.py). It sits with the run's inputs: the controller launches with it, and
+staging records it. No secrets: credentials come from the instance role or the environment.
 """
 
 from __future__ import annotations

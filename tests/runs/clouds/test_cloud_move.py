@@ -119,85 +119,100 @@ def test_between_two_buckets_the_bytes_go_through_presigned_urls(s3_env, tmp_pat
     assert dst.get(f"{PREFIX}/checkpoints/000000005/model.safetensors") == b"w" * 4096
 
 
-def _ctl(tmp_path, events, dst_store):
-    """The parts of a Controller a move reads (runs/driving/controller.py holds the real one)."""
-    from types import SimpleNamespace
-
+def _clouds(tmp_path, dst_store, state=None):
+    """The run's clouds as the controller holds them (runs/driving/placement.py), both stores folders here."""
+    from sdcloud.offers.tiers import get_tier
+    from sdcloud.runs.driving.placement import Clouds, Home
     from sdcloud.runs.inputs.spec import RunSpec
 
-    class Fleet:
-        @staticmethod
-        def failed_launches(market=None):
-            return 12
-
     src = _home(tmp_path)
-    return SimpleNamespace(spec=RunSpec(tier="sd15-lora", provider="aws", providers=["aws", "tencent"]),
-                           cloud="aws", home_cloud="aws", fleet=Fleet(), store=src, home_store=src,
-                           home_store_conf={"url": "file:///home"}, run_id=RUN, ensure_inputs=lambda: {},
-                           event=lambda k, d: events.append((k, d)), state=None)
+    spec = RunSpec(tier="sd15-lora", provider="aws", providers=["aws", "tencent"])
+    clouds = Clouds(state, RUN, Home(spec, {}, {"url": "file:///home"}, src), get_tier("sd15-lora"))
+    clouds._stores["tencent"] = dst_store  # the other cloud's bucket, opened once
+    return clouds
 
 
-def test_a_cut_move_launches_nothing_tries_again_and_the_landed_one_is_priced(tmp_path, monkeypatch):
-    from sdcloud.runs.driving import cloud_move
+def test_a_cut_move_lands_nothing_counts_a_failure_and_the_next_try_lands_it_priced(tmp_path, monkeypatch):
+    from sdcloud.runs.driving import placement
 
-    events, bound, moves = [], [], []
+    events, moves = [], []
     plain = LocalStore(tmp_path / "other")
     flaky = CutAfter(plain, 4)
-    ctl = _ctl(tmp_path, events, flaky)
-    monkeypatch.setattr(cloud_move, "store_conf_for", lambda c, name: {"url": "file:///other"})
-    monkeypatch.setattr(cloud_move, "open_run_store", lambda conf: flaky)
-    monkeypatch.setattr(cloud_move, "bind", lambda c, name: bound.append(name))
-    monkeypatch.setattr(cloud_move.cost_ledger, "record_move", lambda *a, **k: moves.append((*a, k)))
-    assert cloud_move.after_spot_refused(ctl) is True  # the copy was cut: no launch this step
-    assert bound == [] and moves == [] and [k for k, _ in events] == ["cloud-move-failed"]
+    clouds = _clouds(tmp_path, flaky)
+    monkeypatch.setattr(placement.cost_ledger, "record_move", lambda *a, **k: moves.append((*a, k)))
+    emit = lambda k, d: events.append((k, d))  # noqa: E731
+    assert placement.carry(clouds, "aws", "tencent", {}, emit, "spot gone") is False  # the copy was cut
+    assert moves == [] and [k for k, _ in events] == ["cloud-move-failed"] and clouds.moves.failures == {"tencent": 1}
     assert manifest.newest_complete(plain, PREFIX) is None
     flaky.left = 10**6  # the store answers again
-    assert cloud_move.after_spot_refused(ctl) is True
-    assert bound == ["tencent"] and [k for k, _ in events][-1] == "cloud-moved"
+    assert placement.carry(clouds, "aws", "tencent", {}, emit, "spot gone") is True
     moved = events[-1][1]
+    assert events[-1][0] == "cloud-moved" and moved["why"] == "spot gone"
     assert moved["step"] == 20 and moved["skipped"] == 4 and moved["egress_usd"] > 0
     assert moves == [(None, RUN, "aws", moved["bytes"], moved["seconds"], {"region": None})]
     assert manifest.newest_complete(plain, PREFIX).step == 20
 
 
-def test_a_run_with_one_cloud_or_on_demand_never_moves(tmp_path):
-    from dataclasses import replace
+def test_a_cloud_whose_copies_never_land_is_no_candidate_after_max_move_failures(tmp_path):
+    from sdcloud.runs.driving.placement import MAX_MOVE_FAILURES
 
-    from sdcloud.runs.driving import cloud_move
-
-    ctl = _ctl(tmp_path, [], None)
-    ctl.spec = replace(ctl.spec, providers=None)
-    assert cloud_move.other_cloud(ctl) is None and cloud_move.after_spot_refused(ctl) is False
-    ctl.spec = replace(ctl.spec, providers=["aws", "tencent"], market="on-demand")
-    assert cloud_move.other_cloud(ctl) == "tencent" and cloud_move.after_spot_refused(ctl) is False
-
-
-def test_the_other_cloud_must_be_cheaper_to_finish_with_the_move_priced_in():
-    from sdcloud.offers.moves import MoveCost
-    from sdcloud.runs.driving.cloud_move import MOVE_MARGIN, worth_moving
-
-    move = MoveCost(egress_usd=0.5, transfer_hours=0.1, bytes=2**30, reason="")
-    assert worth_moving(10.0, 5.0, move)
-    assert not worth_moving(10.0, 10.0 * (1 - MOVE_MARGIN) - 0.4, move)  # cheaper, but not once egress is paid
-    assert not worth_moving(10.0, None, move) and worth_moving(None, 3.0, move)
+    clouds = _clouds(tmp_path, None)
+    listed = []
+    listing = lambda provider, name, spec, plan: listed.append((name, spec.region)) or ["offer of " + name]  # noqa: E731
+    clouds._providers["tencent"] = object()
+    clouds.state = type("S", (), {"infra": staticmethod(lambda name, region: {})})()
+    assert clouds.elsewhere("aws", listing) == ["offer of tencent"]
+    assert clouds.elsewhere("aws", listing) == ["offer of tencent"] and len(listed) == 1  # listed once
+    assert listed[0][1] == "ap-guangzhou"  # the other cloud's default region, its stack's where it has one
+    clouds.moves.failures["tencent"] = MAX_MOVE_FAILURES
+    assert clouds.elsewhere("aws", listing) == []
+    clouds._providers["aws"] = object()
+    assert clouds.elsewhere("tencent", listing) == ["offer of aws"]  # from there, home is the other cloud
 
 
-def test_a_run_never_moves_back_for_price_to_the_cloud_whose_spot_ran_dry(tmp_path):
-    from sdcloud.runs.driving import cloud_move
+def test_the_policy_is_told_the_bytes_a_move_carries_priced_at_the_rate_moves_measured(tmp_path, sdcloud_home):
+    from sdcloud.events import Kind
+    from sdcloud.runs.driving.placement import Placement, across, carried_bytes, measured_mb_s
+    from sdcloud.runs.records.state import StateStore
 
-    ctl = _ctl(tmp_path, [], None)
-    ctl.cloud, ctl.clouds_refused = "tencent", {"aws"}
-    assert cloud_move.other_cloud(ctl) == "aws" and cloud_move.cheaper_elsewhere(ctl) is False
+    state = StateStore()
+    state.create_run(RUN, "sd15-lora", {"provider": "aws", "tier": "sd15-lora"}, 10)
+    clouds = _clouds(tmp_path, LocalStore(tmp_path / "other"), state)
+    model = {"model": "cache:cache/models/local-0123456789abcdef.tar"}
+    # Step 20's two files, the dataset's two, the token and the cached model.
+    assert carried_bytes(clouds.home.store, RUN, model) == 1500 + 30 + 7 + 19 + 300
+    at_home = Placement("aws", None, None, clouds.home.store_conf)
+    terms = across(clouds, at_home, model, 1)
+    assert terms.data_cloud == "aws" and terms.move_usd == pytest.approx(1856 / 2**30 * 0.09)
+    assert terms.move_hours == pytest.approx(1856 / 40e6 / 3600)  # the planning rate: no move measured yet
+    assert measured_mb_s(state, RUN) is None
+    state.event(RUN, Kind.CLOUD_MOVED, {"bytes": 8_000_000, "seconds": 2.0})
+    assert measured_mb_s(state, RUN) == pytest.approx(4.0)
+    assert across(clouds, at_home, model, 1) is terms  # measured once an attempt
+    again = across(clouds, at_home, model, 2)
+    assert again.move_hours == pytest.approx(1856 / 4e6 / 3600)  # this run's own rate now
+    one = _clouds(tmp_path / "one", None, state)
+    one.names = ["aws"]
+    assert across(one, at_home, model, 1) is None  # one cloud: the policy is told nothing of moves
+
+
+def test_the_staged_dataset_is_read_from_the_store_of_the_cloud_the_run_is_in():
+    from sdcloud.runs.driving.placement import dataset_in
+
+    home, away = {"url": "s3://home/sd"}, {"url": "s3://away/q/"}
+    assert dataset_in(home, away, "s3://home/sd/runs/r-1/dataset") == "s3://away/q/runs/r-1/dataset"
+    assert dataset_in(home, away, "hf://user/photos") == "hf://user/photos"  # not staged: read where it is
+    assert dataset_in(home, away, None) is None
 
 
 def test_a_store_fault_halfway_through_a_presigned_copy_leaves_the_last_complete_checkpoint(s3_env, seaweed, tmp_path):
-    """The destination's store answers a checkpoint file's PUT with an error (tests/support/front_faults.py):
+    """The destination's store answers a checkpoint file's PUT with an error (tests/support/fronts/front_faults.py):
     the copy stops, no manifest lands, and a host there restores the complete checkpoint it had."""
     import boto3
 
     from sdcloud_agent.store import open_store
 
-    from tests.support.front_faults import FaultFront
+    from tests.support.fronts.front_faults import FaultFront
 
     s3 = boto3.client("s3", endpoint_url=s3_env["endpoint_url"])
     for bucket in ("cut-home", "cut-away"):
@@ -222,7 +237,7 @@ def test_a_store_fault_halfway_through_a_presigned_copy_leaves_the_last_complete
 
 
 def test_cos_takes_the_presigned_get_and_put_of_a_move(cos_env, tmp_path):
-    """The Tencent side of a move: COS at its own endpoint (tests/support/front_cos.py, HTTPS, virtual
+    """The Tencent side of a move: COS at its own endpoint (tests/support/fronts/front_cos.py, HTTPS, virtual
     hosts) answers the presigned GET and PUT as it answers its own client."""
     import uuid
 
@@ -274,3 +289,21 @@ def test_a_file_over_one_puts_limit_goes_by_the_destinations_multipart_upload(s3
     assert dst.get(f"{PREFIX}/checkpoints/000000005/model.safetensors") == big
     head = s3.head_object(Bucket="big-away", Key=f"q/{PREFIX}/checkpoints/000000005/model.safetensors")
     assert head["ETag"].strip('"').endswith("-3")  # landed as a multipart object of three parts
+
+
+def test_a_cloud_not_reachable_from_here_is_no_candidate_now_and_asked_again_later(tmp_path):
+    from sdcloud.errors import UserError
+
+    clouds = _clouds(tmp_path, None)
+    clouds._providers["tencent"] = object()
+    clouds.state = type("S", (), {"infra": staticmethod(lambda name, region: {})})()
+    answers = [UserError("no Tencent Cloud credentials"), ["offer of tencent"]]
+
+    def listing(provider, name, spec, plan):
+        out = answers.pop(0)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    assert clouds.elsewhere("aws", listing) == []  # `down` on a machine without its keys still works
+    assert clouds.elsewhere("aws", listing) == ["offer of tencent"]

@@ -21,7 +21,7 @@ What COS refuses and this layer refuses too, in COS's XML error envelope
 
 Permissions, as CAM enforces them: `CosLayer(seaweed, policies={key_pattern: policy_json})` judges
 every request signed with a matching access key (a glob: `AKID-tmp-*` for a CVM role's temporary
-keys) against that CAM policy, action by action (tests/support/authz_cam.py), and answers 403 AccessDenied
+keys) against that CAM policy, action by action (tests/support/authz/authz_cam.py), and answers 403 AccessDenied
 in COS's envelope where the policy does not allow it. Keys with no policy are the account owner's.
 
 Create-only writes, as COS does them (not as S3 does):
@@ -55,7 +55,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 from xml.sax.saxutils import escape
 
-from tests.support import authz_cam
+from tests.support.authz import authz_cam
 from tests.support.server_seaweed import TEST_KEYS
 from tests.support.server_http import LoopbackServer, requests_from, tls_context
 

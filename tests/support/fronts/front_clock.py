@@ -12,7 +12,7 @@ to weed's plain port. Signature V4 in the Authorization header, with any payload
 signatures of STREAMING-AWS4-HMAC-SHA256-PAYLOAD bodies are signed again too. Requests that are not
 signed, or signed with a key weed does not know, go on unchanged, so weed refuses what it refused.
 
-    python tests/support/front_clock.py --upstream PORT --cert CERT --key KEY   # prints "HTTPS_PORT HTTP_PORT"
+    python tests/support/fronts/front_clock.py --upstream PORT --cert CERT --key KEY   # prints "HTTPS_PORT HTTP_PORT"
 """
 
 from __future__ import annotations

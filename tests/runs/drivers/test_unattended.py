@@ -196,7 +196,7 @@ def test_drivers_racing_for_one_run_launch_once_per_decision(tmp_path, monkeypat
 
 def test_up_unattended_is_refused_where_no_cloud_driver_exists(tmp_path, capsys, sdcloud_home):
     """The local provider has no cloud driver: `up --unattended` (or [defaults] unattended) would hand
-    the run to nobody, so it is refused before anything is recorded (tests/runs/test_handover_inputs.py
+    the run to nobody, so it is refused before anything is recorded (tests/runs/drivers/test_handover_inputs.py
     hands a run over where a driver exists)."""
     from sdcloud.cli import main
     from sdcloud.runs.records.state import StateStore

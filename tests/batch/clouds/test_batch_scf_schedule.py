@@ -14,7 +14,7 @@ import pytest
 from sdcloud.errors import UserError
 
 from tests.support import fake_tencent_api
-from tests.batch.test_batch_cloud import RecordingCloud
+from tests.batch.clouds.test_batch_cloud import RecordingCloud
 
 INFRA = {"bucket": "sd-1250000000", "region": "ap-guangzhou", "driver_function": "sdcloud-test-driver"}
 

@@ -1,5 +1,5 @@
 """Judging recorded AWS calls against a principal's policy: each call expanded into what AWS
-evaluates (tests/support/authz_expand.py) and each request decided with its conditions (tests/support/authz_aws.py).
+evaluates (tests/support/authz/authz_expand.py) and each request decided with its conditions (tests/support/authz/authz_aws.py).
 
 `refusals` names every request a policy refuses, with the call it comes from and its source;
 `unneeded` takes each action out of the policy in turn and returns those no recorded call needs
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 
-from tests.support.authz_aws import actions_of, refused, without_action
-from tests.support.authz_expand import AwsEnv, expand_aws
-from tests.support.authz_record import Call
+from tests.support.authz.authz_aws import actions_of, refused, without_action
+from tests.support.authz.authz_expand import AwsEnv, expand_aws
+from tests.support.authz.authz_record import Call
 from tests.support.harness_stacks import stack_module
 
 ACCOUNT = "123456789012"

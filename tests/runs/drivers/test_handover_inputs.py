@@ -196,7 +196,7 @@ def test_a_mainland_run_carries_its_trainer_sources_before_the_hand_over(tmp_pat
     from sdcloud.runs.inputs.carry import cache_dir
     from sdcloud.runs.records.state import StateStore
     from sdcloud_agent import scripts
-    from tests.runs.test_mainland_network import KOHYA, fake_kohya_archive
+    from tests.runs.clouds.test_mainland_network import KOHYA, fake_kohya_archive
 
     bucket = tmp_path / "bucket"
     store = LocalStore(bucket)
