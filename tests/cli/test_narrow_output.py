@@ -37,7 +37,9 @@ def test_offers_explain_shows_every_input_at_80_columns(capsys, monkeypatch, sdc
 
     for n, row in enumerate(json.loads(capsys.readouterr().out), 1):
         entry = next(ln for ln in lines if ln.startswith(f"{n}. "))
-        block = " ".join(ln.strip() for ln in lines[lines.index(entry):lines.index(entry) + 6])
+        after = lines[lines.index(entry):]  # the entry's wrapped lines, up to the next entry or the footer
+        end = next((i for i, ln in enumerate(after[1:], 1) if ln.startswith(f"{n + 1}. ") or not ln.strip()), len(after))
+        block = " ".join(ln.strip() for ln in after[:end])
         for word in ("price", "speed", "interruption", "overhead", row["instance_type"], f"{row['est_cost']:.2f}"):
             assert word in block, (word, block)
     # The footer's formula names overhead and est h: both are in every row's line.

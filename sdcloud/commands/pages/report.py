@@ -5,11 +5,13 @@ from __future__ import annotations
 import click
 
 from ...errors import UserError
+from ...render import output_options
 
 FORMATS = ("html", "json")
 
 
 @click.command()
+@output_options
 @click.argument("run")
 @click.option("--format", "fmt", default="html", show_default=True, metavar="FORMAT", help="html or json.")
 @click.option("--output", "-o", metavar="FILE", help="Write the page to this file instead of stdout.")
