@@ -182,8 +182,20 @@ class Controller:
                 self._inputs = inputs.stage(self, drive)
             else:
                 self._inputs = inputs.recorded(self.state, self.run_id)[0]
+                self._put_back_secrets()
             self.run_settings = self._inputs.get("settings")
         return self._inputs
+
+    def _put_back_secrets(self) -> None:
+        """A run taken up again from its record: its hub token, deleted at its last end, put back from
+        this machine's own (runs/inputs/hub_access.py; a driver without one leaves the host to say so)."""
+        from ..inputs import hub_access
+
+        if self.row.get()["state"] in ACTIVE_RUN_STATES and self._inputs:
+            try:
+                hub_access.put_back(self.store, self.run_id, self._inputs.get("model"))
+            except Exception:  # noqa: BLE001 - a token is the host's need, said by its model phase
+                pass
 
     def _stop_requested(self) -> dict | None:
         """A stop asked through the bucket (sdcloud down on a machine that does not drive the run)."""
@@ -401,6 +413,19 @@ class Controller:
             reason += f"; resume with: sdcloud resume {run.get('name') or self.run_id}"
         self.row.update(state=state, reason=reason)
         self.event(run_ended(state), {"reason": reason} if reason else {})
+        self._drop_secrets()
+
+    def _drop_secrets(self) -> None:
+        """A secret ends with its run (runs/inputs/hub_access.py): deleted at every end. A store that
+        cannot be reached now leaves it to the next end or `sdcloud gc`."""
+        from ..inputs import hub_access
+        from ..records.store import StoreError
+
+        try:
+            for store in {id(s): s for s in (self.store, getattr(self, "home_store", self.store))}.values():
+                hub_access.drop(store, self.run_id)  # across clouds: the home store's copy too
+        except (StoreError, OSError) as exc:
+            self.state.event(self.run_id, Kind.JOURNAL_DEFERRED, {"error": f"secrets not deleted: {exc}"[:200]})
 
     def finish_stop(self, reason: str) -> None:
         """Stop the run now (sdcloud down, a signal): its host ended, the run stopped, the journal written."""
