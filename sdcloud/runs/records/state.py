@@ -261,7 +261,10 @@ class StateStore:
             yield self._db
             self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            # A Ctrl-C can land after COMMIT ended the transaction (or before BEGIN opened it): then
+            # there is nothing to roll back, and the interrupt itself is what goes on.
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
             raise
 
     # runs
