@@ -81,6 +81,10 @@ class Records(Protocol):
 class Fleet:
     """Launches, watches, replaces and reaps the hosts of one owner (its id tags every instance)."""
 
+    # What one reclaim costs the policy before the host trains again: the owner sets what runs measured
+    # (offers/optimizer.restart_of: launch to the first trained step after a resume), else the assumption.
+    restart_hours: float = RESTART_HOURS
+
     def __init__(self, owner_id: str, provider: Any, provider_name: str, records: Records, candidates: Sequence[Offer],
                  policy: Policy, events: Events, timing: Timing, spec_market: str | None = None,
                  max_price: float | None = None, on_launched: Launched | None = None):
@@ -151,7 +155,7 @@ class Fleet:
         last = attempts[-1] if attempts else None
         obs = Observation(
             elapsed=progress.elapsed_hours, progress=progress.done_hours, job_hours=progress.job_hours,
-            deadline_hours=progress.deadline_hours or NO_DEADLINE_HOURS, restart_hours=RESTART_HOURS,
+            deadline_hours=progress.deadline_hours or NO_DEADLINE_HOURS, restart_hours=self.restart_hours,
             zone=attempt_zone_key(last.provider, last.region, last.zone, last.instance_type) if last else None,
             market=running.market if running else None, zones=zones, tick_hours=self.timing.poll_seconds / 3600.0,
             spot_refusals=spot_refusals, has_deadline=progress.deadline_hours is not None)

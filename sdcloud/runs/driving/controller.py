@@ -32,7 +32,7 @@ from ...fleet.candidates import candidates as fleet_candidates
 from ...fleet.lifecycle import MAX_FAILED_LAUNCHES, Fleet, Progress, Timing
 from ...offers.kinds import RunKind
 from ...offers.groups import job_hours_on
-from ...offers.optimizer import Offer
+from ...offers.optimizer import Offer, restart_of
 from ...providers import get_provider
 from ...providers.capabilities import Closable, RenewsHostCredentials
 from ...spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
@@ -113,6 +113,7 @@ class Controller:
                                   events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self), nodes=self.spec.nodes)
         self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
                            self.event, self.timing, spec_market=self.spec.market, max_price=self.plan.max_price)
+        self.fleet.restart_hours = restart_of(self.tier, self.spec.provider, lessons.run_book(self))[0]  # as measured
         cloud_move.remember_home(self)  # across clouds: the home store stays, launches follow the run (cloud_move.py)
 
     @property
