@@ -111,3 +111,29 @@ def test_the_fleet_policy_is_given_the_measured_restart(sdcloud_home):
     from sdcloud.fleet.lifecycle import Fleet
 
     assert Fleet.restart_hours == RESTART_HOURS  # the assumption, until an owner sets what runs measured
+
+
+def test_a_batch_workers_images_per_second_come_from_its_done_markers(sdcloud_home):
+    from types import SimpleNamespace
+
+    from sdcloud.speeds.observe import batch_rates, learn_batch
+
+    markers = [{"images": [{"worker": "b-1-a1", "seconds": 0.5}, {"worker": "b-1-a1", "seconds": 0.5},
+                           {"worker": "b-1-a2", "seconds": 0.25, "reused": True}]},
+               {"images": [{"worker": "b-1-a1", "seconds": 1.0}, {"worker": "b-1-a2", "seconds": 0.2},
+                           {"worker": "b-1-a2", "seconds": 0.2}, {"worker": "b-1-a2", "seconds": 0.2}]}]
+    got = batch_rates(markers)
+    assert got == {"b-1-a1": (3, 2.0), "b-1-a2": (3, pytest.approx(0.6))}
+    state = StateStore()
+    done = SimpleNamespace(n=1, provider="aws", instance_type="g5.xlarge", zone="us-east-1a", market="spot",
+                           end_reason="done", hours=0.5)
+    kept = learn_batch(state, "b-1", done, got["b-1-a1"], tier="batch-sd15", gpu="A10G", recipe="")
+    assert kept["rate"] == 1.5 and kept["gpu_count"] == 1 and kept["reclaimed"] == 0
+    gone = SimpleNamespace(**{**done.__dict__, "n": 2, "end_reason": "preempted"})
+    assert learn_batch(state, "b-1", gone, None, tier="batch-sd15", gpu="A10G", recipe="")["reclaimed"] == 1
+    idle = SimpleNamespace(**{**done.__dict__, "n": 3})
+    assert learn_batch(state, "b-1", idle, None, tier="batch-sd15", gpu="A10G", recipe="") is None
+    book = load_book(state)
+    rate = book.rate(get_tier("batch-sd15"), "aws", "g5.xlarge", "A10G", 1)
+    assert rate is not None and rate.value == 1.5 and rate.source.startswith("observed")
+    assert book.reclaims("aws", "us-east-1a") == (1, 1.0)
