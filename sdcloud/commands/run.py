@@ -191,11 +191,6 @@ def drive(state, run_id: str, detach: bool, as_json: bool, take_over: bool = Fal
                 from ..verbs.handover import hand_back as give_back
 
                 name = state.get_run(run_id).get("name") or run_id
-
-                def handing(*_):  # a second Ctrl-C does not cut the hand-back short (a run nobody drives)
-                    note(f"still handing run {run_id} back; it continues, then this stops")
-
-                signal.signal(signal.SIGINT, handing)
                 to = give_back(ctl)
                 view.close()
                 note(f"stopped driving run {run_id} here; it continues, driven by {to} "

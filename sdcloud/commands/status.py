@@ -94,16 +94,18 @@ def status(run: str | None, as_json: bool, store_url: str | None) -> None:
     state = state_store()
     if store_url and not run:
         raise UserError("--store reads one run's history: name the run, e.g. sdcloud status RUN --store URL")
+    from ..runs.records import journal
+
     seen_before = None
     if run and store_url:
         prior = state.get_run(run)
-        seen_before = state.journal_seen(prior["id"]) if prior else None
+        seen_before = journal.seen(state, prior["id"]) if prior else None
         _restore_from_bucket(state, run, store_url)
     if run:
         from ..runs.records.store_of import refresh_reached
 
         found = find_run(state, run)
-        seen_before = seen_before if store_url else state.journal_seen(found["id"])
+        seen_before = seen_before if store_url else journal.seen(state, found["id"])
         found = refresh_reached(state, found)  # the bucket's newer history: never this machine's stale view
         from ..verbs.self_ended import settle_self_ended
 
@@ -111,7 +113,7 @@ def status(run: str | None, as_json: bool, store_url: str | None) -> None:
             found = state.get_run(found["id"])
         summ = summary(state, found["id"])
         summ["driver"] = driver_of(found)  # who holds its lease in the bucket (None: never taken, ended)
-        record = state.journal_seen(found["id"])  # the bucket's record this view is (runs/records/journal.py)
+        record = journal.seen(state, found["id"])  # the bucket's record this view is (runs/records/journal.py)
         summ["record"] = record
         whose = _whose_record(record, seen_before)
         dead = controller_note(found, summ["driver"])

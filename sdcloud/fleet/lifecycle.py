@@ -81,9 +81,24 @@ class Records(Protocol):
 class Fleet:
     """Launches, watches, replaces and reaps the hosts of one owner (its id tags every instance)."""
 
-    # What one reclaim costs the policy before the host trains again: the owner sets what runs measured
-    # (offers/optimizer.restart_of: launch to the first trained step after a resume), else the assumption.
-    restart_hours: float = RESTART_HOURS
+    # What one reclaim costs the policy before the host trains again: what runs measured for the
+    # owner's tier on this provider (offers/optimizer.restart_of), else the assumption. Read once.
+    _restart: float | None = None
+
+    @property
+    def restart_hours(self) -> float:
+        if self._restart is None:
+            self._restart = RESTART_HOURS
+            try:
+                from ..offers.optimizer import restart_of
+                from ..offers.tiers import get_tier
+                from ..speeds.book import load_book
+
+                owner = self.records.get_run(self.owner_id)
+                self._restart = restart_of(get_tier(owner["tier"]), self.provider_name, load_book(self.records))[0]
+            except Exception:  # noqa: BLE001 - records without speeds (another cloud's share): the assumption
+                pass
+        return self._restart
 
     def __init__(self, owner_id: str, provider: Any, provider_name: str, records: Records, candidates: Sequence[Offer],
                  policy: Policy, events: Events, timing: Timing, spec_market: str | None = None,

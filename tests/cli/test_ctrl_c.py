@@ -56,6 +56,7 @@ def test_a_no_at_a_confirmation_prompt_is_aborted_not_interrupted(monkeypatch, c
 def test_an_interrupt_after_commit_leaves_no_rollback_error(tmp_path):
     """A Ctrl-C that lands once COMMIT has ended the transaction: the interrupt goes on, not
     `cannot rollback - no transaction is active`."""
+    from sdcloud.runs.records import journal
     from sdcloud.runs.records.state import StateStore
 
     state = StateStore(tmp_path / "state.db")
@@ -64,12 +65,12 @@ def test_an_interrupt_after_commit_leaves_no_rollback_error(tmp_path):
             db.execute("INSERT INTO journal_seen VALUES ('r-1', 1, '', 0)")
             db.execute("COMMIT")  # what the real COMMIT did just before the signal arrived
             raise KeyboardInterrupt
-    assert state.journal_seen("r-1")["seq"] == 1
+    assert journal.seen(state, "r-1")["seq"] == 1
     with pytest.raises(KeyboardInterrupt):  # and an interrupt inside an open one rolls it back
         with state.tx() as db:
             db.execute("INSERT INTO journal_seen VALUES ('r-2', 1, '', 0)")
             raise KeyboardInterrupt
-    assert state.journal_seen("r-2") is None
+    assert journal.seen(state, "r-2") is None
 
 
 def test_a_second_ctrl_c_during_the_hand_back_finishes_it(tmp_path, monkeypatch, capsys, sdcloud_home):

@@ -108,9 +108,29 @@ def test_offers_json_and_explain_name_the_reclaim_source(capsys, sdcloud_home):
 
 
 def test_the_fleet_policy_is_given_the_measured_restart(sdcloud_home):
+    """The restart the policy weighs (fleet/lifecycle.py Fleet.restart_hours): what runs measured for
+    the owner's tier on its provider, else the assumption."""
+    from types import SimpleNamespace
+
     from sdcloud.fleet.lifecycle import Fleet
 
-    assert Fleet.restart_hours == RESTART_HOURS  # the assumption, until an owner sets what runs measured
+    state = StateStore()
+    state.create_run("r-own1", "sdxl-lora", {"tier": "sdxl-lora", "provider": "aws"}, 100)
+
+    def fleet() -> Fleet:
+        f = Fleet.__new__(Fleet)
+        f.records, f.owner_id, f.provider_name = state, "r-own1", "aws"
+        return f
+
+    assert fleet().restart_hours == RESTART_HOURS
+    _observed(state, "r-z7", 2, "us-east-1a", 0.3, False, restart_s=540.0)
+    assert fleet().restart_hours == pytest.approx(0.15)
+    _observed(state, "r-z8", 2, "us-east-1a", 0.3, False, restart_s=1260.0)
+    assert fleet().restart_hours == pytest.approx(900.0 / 3600.0)
+    # Records that are not a state store (another cloud's share of a batch job): the assumption.
+    other = Fleet.__new__(Fleet)
+    other.records, other.owner_id, other.provider_name = SimpleNamespace(), "r-own1", "aws"
+    assert other.restart_hours == RESTART_HOURS
 
 
 def test_a_batch_workers_images_per_second_come_from_its_done_markers(sdcloud_home):

@@ -47,7 +47,7 @@ def test_each_write_carries_a_higher_sequence_number_and_its_writer(tmp_path):
     second = _record(store, rid)
     assert second["seq"] == first["seq"] + 1 and second["run"]["step"] == 9
     assert second["written_by"] == journal.writer_name()
-    assert state.journal_seen(rid)["seq"] == second["seq"]
+    assert journal.seen(state, rid)["seq"] == second["seq"]
 
 
 def test_a_stale_view_takes_the_bucket_record_instead_of_writing(tmp_path):
@@ -103,7 +103,7 @@ def test_a_write_that_loses_the_compare_and_swap_takes_the_winner(tmp_path):
     c.update_run(rid, step=12)
     j.flush()
     assert _record(store, rid)["run"]["step"] == 50
-    assert c.get_run(rid)["step"] == 50 and c.journal_seen(rid)["written_by"] == "other-host:77"
+    assert c.get_run(rid)["step"] == 50 and journal.seen(c, rid)["written_by"] == "other-host:77"
     assert key
 
 

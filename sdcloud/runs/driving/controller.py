@@ -32,11 +32,11 @@ from ...fleet.candidates import candidates as fleet_candidates
 from ...fleet.lifecycle import MAX_FAILED_LAUNCHES, Fleet, Progress, Timing
 from ...offers.kinds import RunKind
 from ...offers.groups import job_hours_on
-from ...offers.optimizer import Offer, restart_of
+from ...offers.optimizer import Offer
 from ...providers import get_provider
 from ...providers.capabilities import Closable, RenewsHostCredentials
 from ...spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
-from ..inputs import staging as inputs
+from ..inputs import hub_access, staging as inputs
 from ..inputs.spec import RunPlan, RunSpec
 from ..records import stop_request as stop_requests
 from ..records.state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, Attempt, StateStore, run_kind
@@ -113,7 +113,6 @@ class Controller:
                                   events=self.event, gpus_used=gpus_used(self.spec), book=lessons.run_book(self), nodes=self.spec.nodes)
         self.fleet = Fleet(self.run_id, self.provider, self.spec.provider, state, offers, get_policy("sdcloud"),
                            self.event, self.timing, spec_market=self.spec.market, max_price=self.plan.max_price)
-        self.fleet.restart_hours = restart_of(self.tier, self.spec.provider, lessons.run_book(self))[0]  # as measured
         cloud_move.remember_home(self)  # across clouds: the home store stays, launches follow the run (cloud_move.py)
 
     @property
@@ -179,24 +178,10 @@ class Controller:
         """The run's inputs as its hosts read them, with its settings: staged here when the run has
         no record yet (or the user resumed it on the machine that staged it), else the bucket's record."""
         if self._inputs is None or drive is not None:
-            if drive is not None or inputs.needs_staging(self.state, self.run_id):
-                self._inputs = inputs.stage(self, drive)
-            else:
-                self._inputs = inputs.recorded(self.state, self.run_id)[0]
-                self._put_back_secrets()
+            self._inputs = (inputs.stage(self, drive) if drive is not None or inputs.needs_staging(self.state, self.run_id)
+                            else hub_access.taken_up(self, inputs.recorded(self.state, self.run_id)[0]))
             self.run_settings = self._inputs.get("settings")
         return self._inputs
-
-    def _put_back_secrets(self) -> None:
-        """A run taken up again from its record: its hub token, deleted at its last end, put back from
-        this machine's own (runs/inputs/hub_access.py; a driver without one leaves the host to say so)."""
-        from ..inputs import hub_access
-
-        if self.row.get()["state"] in ACTIVE_RUN_STATES and self._inputs:
-            try:
-                hub_access.put_back(self.store, self.run_id, self._inputs.get("model"))
-            except Exception:  # noqa: BLE001 - a token is the host's need, said by its model phase
-                pass
 
     def _stop_requested(self) -> dict | None:
         """A stop asked through the bucket (sdcloud down on a machine that does not drive the run)."""
@@ -414,19 +399,7 @@ class Controller:
             reason += f"; resume with: sdcloud resume {run.get('name') or self.run_id}"
         self.row.update(state=state, reason=reason)
         self.event(run_ended(state), {"reason": reason} if reason else {})
-        self._drop_secrets()
-
-    def _drop_secrets(self) -> None:
-        """A secret ends with its run (runs/inputs/hub_access.py): deleted at every end. A store that
-        cannot be reached now leaves it to the next end or `sdcloud gc`."""
-        from ..inputs import hub_access
-        from ..records.store import StoreError
-
-        try:
-            for store in {id(s): s for s in (self.store, getattr(self, "home_store", self.store))}.values():
-                hub_access.drop(store, self.run_id)  # across clouds: the home store's copy too
-        except (StoreError, OSError) as exc:
-            self.state.event(self.run_id, Kind.JOURNAL_DEFERRED, {"error": f"secrets not deleted: {exc}"[:200]})
+        hub_access.drop_at_end(self)  # a secret ends with its run, whatever its end
 
     def finish_stop(self, reason: str) -> None:
         """Stop the run now (sdcloud down, a signal): its host ended, the run stopped, the journal written."""

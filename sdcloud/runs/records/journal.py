@@ -24,7 +24,7 @@ A driver that lost the run's lease writes nothing more (`lease`): what it saw af
 the new holder's to record. Secrets are never in a row, so none are in the journal.
 
 The record only moves forward. `run.json` carries a sequence number (`seq`) and who wrote it
-(`written_by`); each state.db keeps the newest one it read or wrote (StateStore.journal_seen). A
+(`written_by`); each state.db keeps the newest one it read or wrote (`seen`: state.db's journal_seen table). A
 writer reads the bucket's record before it replaces it: a record newer than the one its view grew
 from means that view is stale (another machine drove the run since), and the writer takes the
 bucket's record instead of writing its own (`restore`). The replace itself is a compare-and-swap
@@ -172,7 +172,7 @@ class Journal:
 
     def _flush_run(self, snap: dict, body: bytes, now: float, current: tuple[dict, str | None] | None) -> None:
         key = f"{prefix(self.run_id)}/run.json"
-        seq = max(int((self.state.journal_seen(self.run_id) or {}).get("seq") or 0),
+        seq = max(int((seen(self.state, self.run_id) or {}).get("seq") or 0),
                   int(current[0].get("seq") or 0) if current else 0) + 1
         writer = writer_name()
         written = json.dumps({**snap, "seq": seq, "written_by": writer}, sort_keys=True, default=str).encode()
@@ -182,7 +182,7 @@ class Journal:
             if again is not None:
                 self._take_theirs(again[0])
             return
-        self.state.set_journal_seen(self.run_id, seq, writer)
+        set_seen(self.state, self.run_id, seq, writer)
         # The index the cloud driver lists (one small object per live run, gone when it ends), so it
         # never lists a bucket full of checkpoints to find the runs it may have to drive.
         active = snap["run"]["state"] in ACTIVE_RUN_STATES
@@ -211,6 +211,19 @@ class Journal:
         events = self.state.events(self.run_id)
         self._event_id = events[-1]["id"] if events else self._event_id
         self._last_body, self._indexed = None, None
+
+
+def seen(state: StateStore, run_id: str) -> dict | None:
+    """The newest record of the run this state.db read from or wrote to its bucket: {seq, written_by,
+    time}, or None when it never met the run's bucket (its table: state.py's journal_seen)."""
+    with state.tx() as db:
+        row = db.execute("SELECT seq, written_by, time FROM journal_seen WHERE run_id = ?", (run_id,)).fetchone()
+    return dict(row) if row else None
+
+
+def set_seen(state: StateStore, run_id: str, seq: int, written_by: str) -> None:
+    with state.tx() as db:
+        db.execute("INSERT OR REPLACE INTO journal_seen VALUES (?,?,?,?)", (run_id, int(seq), written_by, time.time()))
 
 
 def writer_name() -> str:
@@ -244,9 +257,9 @@ def stale(state: StateStore, mine: dict, theirs: dict) -> bool:
     """Whether this state.db's view of the run (`mine`, a snapshot) is older than the bucket's record
     (`theirs`): the bucket holds a record newer than the newest this state.db read or wrote, or, for a
     state.db that never saw the record, one that is further on."""
-    seen = state.journal_seen(mine["run"]["id"])
-    if seen is not None:
-        return int(theirs.get("seq") or 0) > int(seen["seq"])
+    last = seen(state, mine["run"]["id"])
+    if last is not None:
+        return int(theirs.get("seq") or 0) > int(last["seq"])
     return _progress(theirs["run"]) > _progress(mine["run"])
 
 
@@ -257,7 +270,7 @@ def _import(state: StateStore, store: Any, snap: dict) -> dict | None:
         state.save_infra(spec.get("provider") or "", spec.get("region") or "", snap["infra"])
     events = [{**e, "kind": kinds.parse(e["kind"])} for e in bucket_events(store, run["id"])]
     state.import_run(snap, events)
-    state.set_journal_seen(run["id"], int(snap.get("seq") or 0), str(snap.get("written_by") or ""))
+    set_seen(state, run["id"], int(snap.get("seq") or 0), str(snap.get("written_by") or ""))
     _note(state, store, run["id"], (identity(e) for e in events))
     return state.get_run(run["id"])
 
@@ -283,13 +296,7 @@ def restore(state: StateStore, store: Any, run_id: str) -> dict | None:
 
         raise UserError(f"cannot read run {run_id}'s journal: {exc}") from None
     rid = snap["run"]["id"]
-    seen = state.journal_seen(rid)
-    if seen is not None and state.get_run(rid) is not None and int(snap.get("seq") or 0) <= int(seen["seq"]):
+    last = seen(state, rid)
+    if last is not None and state.get_run(rid) is not None and int(snap.get("seq") or 0) <= int(last["seq"]):
         return state.get_run(rid)
     return _import(state, store, snap)
-
-
-def record_of(state: StateStore, run_id: str) -> dict | None:
-    """Whose record of the run this machine shows: the bucket's sequence number it last read or
-    wrote and who wrote it (`status`), or None when it never met the run's bucket."""
-    return state.journal_seen(run_id)

@@ -144,14 +144,8 @@ CREATE TABLE IF NOT EXISTS speeds (
     time REAL NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS speeds_attempt ON speeds (run_id, n);
--- The newest record of each run this state.db read from or wrote to the run's bucket (runs/records/journal.py):
--- its sequence number and who wrote it. A view older than the bucket's is never written back.
-CREATE TABLE IF NOT EXISTS journal_seen (
-    run_id TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL,
-    written_by TEXT NOT NULL DEFAULT '',
-    time REAL NOT NULL
-);
+-- The newest record of each run this state.db read from or wrote to its bucket (runs/records/journal.py: seen).
+CREATE TABLE IF NOT EXISTS journal_seen (run_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, written_by TEXT NOT NULL, time REAL);
 CREATE TABLE IF NOT EXISTS infra (
     provider TEXT NOT NULL,
     region TEXT NOT NULL,
@@ -440,15 +434,6 @@ class StateStore:
                 have.add(key)
                 _insert(db, "events", {"run_id": rid, "time": e["time"], "kind": str(e["kind"]),
                                        "data": json.dumps(e["data"], default=str)})
-
-    # the bucket's record as this state.db last saw it (runs/records/journal.py)
-    def journal_seen(self, run_id: str) -> dict | None:
-        row = self._db.execute("SELECT seq, written_by, time FROM journal_seen WHERE run_id = ?", (run_id,)).fetchone()
-        return dict(row) if row else None
-
-    def set_journal_seen(self, run_id: str, seq: int, written_by: str) -> None:
-        with self.tx() as db:
-            db.execute("INSERT OR REPLACE INTO journal_seen VALUES (?,?,?,?)", (run_id, int(seq), written_by, time.time()))
 
     # infra outputs cache
     def save_infra(self, provider: str, region: str, outputs: dict) -> None:
