@@ -60,11 +60,12 @@ def test_a_stale_view_takes_the_bucket_record_instead_of_writing(tmp_path):
     journal.Journal(d, store, rid, clock=lambda: 0.0).flush()
     newest = _record(store, rid)
     # C still believes step 8, running, and ends the run from that view (its status once did).
-    c.update_run(rid, state="stopped", reason="its host ended itself (grace)")
+    c.update_run(rid, state="stopped", reason="its host ended itself (grace)", controller_pid=4242)
     c.event(rid, "run-stopped", {"reason": "its host ended itself (grace)"})
     journal.Journal(c, store, rid, clock=lambda: 0.0).flush()
     assert _record(store, rid) == newest, "the bucket's record did not go back"
     assert c.get_run(rid)["step"] == 33 and c.get_run(rid)["reason"] == "stopped by sdcloud down"
+    assert c.get_run(rid)["controller_pid"] == 4242, "this machine's own field stays this machine's"
     sent = [e for o in store.list(f"runs/{rid}/journal/events/") for e in json.loads(store.get(o.key))]
     assert not any("ended itself" in json.dumps(e) for e in sent), "the stale view's events stay here"
 

@@ -269,7 +269,11 @@ def _import(state: StateStore, store: Any, snap: dict) -> dict | None:
     if snap.get("infra"):
         state.save_infra(spec.get("provider") or "", spec.get("region") or "", snap["infra"])
     events = [{**e, "kind": kinds.parse(e["kind"])} for e in bucket_events(store, run["id"])]
+    before = state.get_run(run["id"])
     state.import_run(snap, events)
+    if before is not None and before.get("controller_pid") is not None:
+        # The controller process is this machine's own field: another machine's pid names nothing here.
+        state.update_run(run["id"], controller_pid=before["controller_pid"])
     set_seen(state, run["id"], int(snap.get("seq") or 0), str(snap.get("written_by") or ""))
     _note(state, store, run["id"], (identity(e) for e in events))
     return state.get_run(run["id"])
