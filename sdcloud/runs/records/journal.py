@@ -9,7 +9,8 @@ drivers/active/<id>                          present while the run is active (th
 ```
 
 `run.json` is rewritten when something in it changed, and at most once a minute otherwise, so a
-run costs a few thousand small PUTs a day at most (S3 Standard: $0.005 per 1,000 PUTs).
+run costs a few thousand small PUTs a day at most (S3 Standard: $0.005 per 1,000 PUTs), and as many
+GETs (the record read before each rewrite, below; $0.0004 per 1,000).
 
 An event's key is its identity (events.identity: its time, kind and fields, fixed when it
 happened), not the writer's count: a writer sends only the events whose identity the bucket does
