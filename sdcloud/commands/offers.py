@@ -181,7 +181,8 @@ def _explain(tier, job: int, shown, total: int) -> None:
                "interruption", "overhead", "est h", "est $", "move"]
     title = f"{tier.name}: {job} {tier.unit}, why each offer ranks where it does"
     formula = (f"{total} offers fit; est h = ({SETUP_HOURS:g} h setup + job / rate) x overhead; "
-               f"overhead = 1 + reclaims/h x ({RESTART_HOURS:g} h restart + {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2)"
+               f"overhead = 1 + reclaims/h x (restart, {RESTART_HOURS:g} h unless runs measured it, "
+               f"+ {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2)"
                + ("; offers outside the home cloud (the first --provider) add a move: est h + copy hours, "
                   "est $ + the copy's hours at $/h + the home cloud's egress" if any(e.move for e in shown) else "")
                + "; docs/offers.md explains each column")
