@@ -92,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         click.echo(f"error: {_shown(str(exc))}", err=True)
         return exc.exit_code
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        # click turns a Ctrl-C (in a prompt, or before a command's own handler) into Abort: still 130.
+        if isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
+            click.echo("interrupted", err=True)
+            return 130
         click.echo("aborted", err=True)
         return 1
     except click.exceptions.NoArgsIsHelpError as exc:

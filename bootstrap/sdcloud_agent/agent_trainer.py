@@ -92,6 +92,9 @@ class TrainerProcess:
             if prog.get("step") and not self._first_step:
                 self._first_step = True
                 self.phases.first_step()
+                # When this attempt first trained (the model loaded, a step done): the controller times
+                # the boot and a reclaim's restart to here, not to the trainer's start.
+                self.status.update(trained_at=round(time.time(), 3))
                 if self._resumed_from is not None:
                     # From this agent's start to training again: the restore, the staging beside
                     # it and the trainer's own start-up (the boot report has the host's share).

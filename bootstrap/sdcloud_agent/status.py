@@ -1,8 +1,9 @@
 """status.json (the heartbeat) and log shipping to the bucket.
 
 status.json: {"run", "attempt", "phase", "step", "total_steps", "it_per_s", "loss", "gpu_util",
-"disk_free_gb", "time", "reason"} (docs/architecture.md). Every write is atomic: an S3 PUT, or a
-temp file renamed in a local store; the local copy in the workdir is written the same way.
+"disk_free_gb", "time", "reason", "trained_at": when this attempt first trained a step}
+(docs/architecture.md). Every write is atomic: an S3 PUT, or a temp file renamed in a local store;
+the local copy in the workdir is written the same way.
 """
 
 from __future__ import annotations

@@ -324,12 +324,33 @@ class BatchController:
         for cur in self.fleet.open_attempts():
             self.fleet.end(cur, "done")
         self.state.update_run(self.job_id, step=self._images_done(), controller_pid=None)
+        self._learn_speeds()
         if self.state.get_run(self.job_id)["state"] in ACTIVE_RUN_STATES:
             end = "cancelled" if self.cancelled() else "succeeded"
             self.state.update_run(self.job_id, state=end)
             self.event(batch_ended(end), {})
         return {"job": self.job_id, "state": self.state.get_run(self.job_id)["state"],
                 "hosts": len(self.fleet.attempts()), "cost_usd": round(self.cost_so_far(), 6)}
+
+    def _learn_speeds(self) -> None:
+        """Each worker host's images/s per GPU, hours and reclaim, kept where `offers` reads them
+        (sdcloud/speeds): the figures a batch tier is ranked by next time. Never the job's end."""
+        from ..runs.records.store import StoreError
+        from ..speeds.observe import batch_rates, learn_batch
+
+        try:
+            made = batch_rates([json.loads(self.store.get(o.key))
+                                for o in self.store.list(f"{self.spec['prefix']}/done/")])
+            gpus = {o.row.instance_type: o.row.gpu for o in self.fleet.candidates}
+            model = self.spec.get("model") or ""
+            recipe = "" if not model or model == self.tier.base_model else model
+            for a in self.fleet.attempts():
+                if a.end is None:
+                    continue
+                learn_batch(self.state, self.job_id, a, made.get(f"{self.job_id}-a{a.n}"), tier=self.tier.name,
+                            gpu=gpus.get(a.instance_type or "", ""), recipe=recipe)
+        except (StoreError, OSError, ValueError, KeyError):
+            pass
 
     def drive_step(self) -> bool:
         """One step for a driver that comes and goes (the cloud function, one step an invocation):

@@ -62,6 +62,9 @@ def gc(provider: str, regions: tuple[str, ...], yes: bool, as_json: bool) -> Non
                     store.event(i.run_id, Kind.GC_TERMINATED, {"provider": provider, "instance_id": i.id, "region": region})
         elif strays:
             note("nothing terminated (not confirmed)")
+        dropped = _drop_left_secrets(store, provider)
+        if dropped:
+            note(f"deleted the secrets {dropped} ended run(s) had left in their buckets")
         from ..providers.groups import SweepsGroupLeftovers
 
         if isinstance(prov, SweepsGroupLeftovers):  # free leftovers of multi-node groups (placement groups)
@@ -76,3 +79,23 @@ def gc(provider: str, regions: tuple[str, ...], yes: bool, as_json: bool) -> Non
         note(f"terminated {len(terminated)} host(s): {', '.join(terminated)}")
     elif not strays:
         note(f"{provider}: no stray hosts" + (f" ({len(found)} tagged, each owned by a live run)" if found else ""))
+
+
+def _drop_left_secrets(state, provider: str) -> int:
+    """A secret ends with its run (runs/inputs/hub_access.py): one an ended run of `provider` left in
+    its bucket (its end could not reach the store) is deleted here. How many runs had one."""
+    from ..offers.kinds import RunKind
+    from ..runs.inputs import hub_access
+    from ..runs.records.state import FINAL_RUN_STATES, run_kind
+    from ..runs.records.store_of import store_of
+
+    n = 0
+    for run in state.list_runs(FINAL_RUN_STATES):
+        if run_kind(run) is not RunKind.TRAIN or (run["spec"] or {}).get("provider") != provider:
+            continue
+        try:
+            n += hub_access.drop(store_of(run), run["id"]) > 0
+        except Exception:  # noqa: BLE001 - a bucket this machine cannot reach now: the next gc
+            continue
+    return n
+

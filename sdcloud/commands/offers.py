@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..offers.catalog import BAND_RECLAIMS_PER_HOUR, load_catalog, max_age_days, stale_warning
+from ..offers.catalog import load_catalog, max_age_days, stale_warning
 from ..errors import UserError
 from ..offers.optimizer import rank
 from .common import (BATCH_TIER_NAMES, TRAIN_TIER_NAMES, USD_PER_HOUR, ProvidersHelp, complete_providers, complete_regions,
@@ -184,8 +184,10 @@ def _explain(tier, job: int, shown, total: int) -> None:
     for i, e in enumerate(shown):
         d = e.as_dict()
         r = e.offer.row
-        band = e.offer.band
-        reclaim = "" if band is None else f" ({BAND_RECLAIMS_PER_HOUR[band]:g}/h)"
+        # The reclaim rate the overhead used, and its source: the band, or what runs saw in the zone.
+        reclaim = "" if e.reclaims_per_hour is None else f" ({e.reclaims_per_hour:.3g}/h, {e.reclaim_source})"
+        if e.reclaims_per_hour is not None and e.restart_source != "assumed":
+            reclaim += f"; restart {e.restart_hours * 60:.1f} min ({e.restart_source})"
         rows.append((i + 1, f"{r.provider} {r.region} {r.instance_type}", e.offer.market, f"{d['price_per_hour_usd']:.4f}",
                      f"{d['price_basis']}, {_age(d['price_age_days'])}", d["price_source"],
                      f"{d['rate']:.3g} {d['rate_unit']} ({d['speed_rel']:g}x A10G)", d["rate_source"],
@@ -195,7 +197,8 @@ def _explain(tier, job: int, shown, total: int) -> None:
                "interruption", "overhead", "est h", "est $", "move"]
     title = f"{tier.name}: {job} {tier.unit}, why each offer ranks where it does"
     formula = (f"{total} offers fit; est h = ({SETUP_HOURS:g} h setup + job / rate) x overhead; "
-               f"overhead = 1 + reclaims/h x ({RESTART_HOURS:g} h restart + {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2)"
+               f"overhead = 1 + reclaims/h x (restart, {RESTART_HOURS:g} h unless runs measured it, "
+               f"+ {CHECKPOINT_INTERVAL_HOURS:g} h checkpoint / 2)"
                + ("; offers outside the home cloud (the first --provider) add a move: est h + copy hours, "
                   "est $ + the copy's hours at $/h + the home cloud's egress" if any(e.move for e in shown) else "")
                + "; docs/offers.md explains each column")

@@ -330,15 +330,14 @@ def _hand_over(state, run_id: str, as_json: bool) -> None:
 def _resume(state, run: dict, fields: dict, runfile, detach: bool, as_json: bool) -> None:
     """Continue a stopped or failed run under its own id; the flags given override its stored spec where safe."""
     from ..runs.inputs.spec import build_spec, load_runfile
-    from ..verbs.resume import prepare_resume
+    from ..verbs.resume import prepare_resume, resume_words
 
     given = dict(load_runfile(_local_path(runfile))) if runfile else {}
     given.update({k: v for k, v in fields.items() if v is not None})
     given.pop("name", None)
     checked = build_spec(None, {**run["spec"], **given}).as_dict()  # validated and normalised as a new run would be
     changed = prepare_resume(state, run, {k: checked[k] for k in given if k in checked})
-    note(f"resuming run {run['id']}" + (f" ({run['name']})" if run.get("name") else "") + f" from step {run['step']}"
-         + (f" with new {', '.join(changed)}" if changed else ""))
+    note(resume_words(run, changed))  # the step of the newest complete checkpoint: where the host resumes
     drive(state, run["id"], detach, as_json)
 
 

@@ -94,18 +94,28 @@ def status(run: str | None, as_json: bool, store_url: str | None) -> None:
     state = state_store()
     if store_url and not run:
         raise UserError("--store reads one run's history: name the run, e.g. sdcloud status RUN --store URL")
+    from ..runs.records import journal
+
+    seen_before = None
     if run and store_url:
+        prior = state.get_run(run)
+        seen_before = journal.seen(state, prior["id"]) if prior else None
         _restore_from_bucket(state, run, store_url)
     if run:
         from ..runs.records.store_of import refresh_reached
 
-        found = refresh_reached(state, find_run(state, run))  # the bucket's newer history, when reached by it
+        found = find_run(state, run)
+        seen_before = seen_before if store_url else journal.seen(state, found["id"])
+        found = refresh_reached(state, found)  # the bucket's newer history: never this machine's stale view
         from ..verbs.self_ended import settle_self_ended
 
         if settle_self_ended(state, found):  # its host ended itself while nobody drove it
             found = state.get_run(found["id"])
         summ = summary(state, found["id"])
         summ["driver"] = driver_of(found)  # who holds its lease in the bucket (None: never taken, ended)
+        record = journal.seen(state, found["id"])  # the bucket's record this view is (runs/records/journal.py)
+        summ["record"] = record
+        whose = _whose_record(record, seen_before)
         dead = controller_note(found, summ["driver"])
         summ["controller"] = "none" if dead else ("alive" if found["state"] in ACTIVE_RUN_STATES else "ended")
         host = _host_state(found)
@@ -121,6 +131,8 @@ def status(run: str | None, as_json: bool, store_url: str | None) -> None:
             emit_json(summ)
         else:
             render_summary(summ)
+            if whose:
+                echo(whose)
             if summ["driver"] and (summ["driver"]["live"] or dead):
                 echo(summ["driver"]["line"])
             if dead:
@@ -148,6 +160,17 @@ def status(run: str | None, as_json: bool, store_url: str | None) -> None:
     if any(r["controller"] == "none" for r in summs):
         echo("no controller: drive a run or batch job again with: sdcloud resume RUN; "
              "or stop it with: sdcloud down RUN")
+
+
+def _whose_record(record: dict | None, before: dict | None) -> str | None:
+    """One line when what is shown is a record another driver wrote to the bucket, read just now
+    (this machine's own view was older): whose it is."""
+    from ..runs.records.lease import Holder, describe
+
+    if not record or not record.get("written_by") or (before and before.get("seq") == record.get("seq")):
+        return None
+    who = describe(Holder.of({"worker": record["written_by"]}, 0.0))
+    return f"shown as the run's bucket records it (record {record['seq']}, written by {who})"
 
 
 def _host_state(run: dict) -> str | None:

@@ -68,8 +68,16 @@ def observe(state, run_id: str, attempt, status: dict | None, sample: Callable[[
     fields: dict[str, Any] = {}
     if status and status.get("attempt") == attempt.n and status.get("step") is not None and status.get("phase") == "training":
         step = int(status["step"])
+        if row.get("start_step") is None:
+            fields["start_step"] = step  # the step it starts from (a resume's restored one)
         if row.get("first_step_at") is None:
-            fields.update(first_step_at=float(status.get("time") or now), start_step=step)
+            # The first trained step: what the host stamped (its model loaded, a step done), else (an
+            # older agent) the first report past the step it restored. Not the trainer's start, which
+            # a resumed host reports as "training" with its restored step before the model has loaded.
+            if status.get("trained_at") is not None:
+                fields["first_step_at"] = float(status["trained_at"])
+            elif step > int(status.get("resumed_from") or 0):
+                fields["first_step_at"] = float(status.get("time") or now)
         fields.update(last_step=step, last_step_at=float(status.get("time") or now))
         if status.get("it_per_s"):
             fields["it_per_s"] = float(status["it_per_s"])

@@ -93,6 +93,25 @@ class Records(Protocol):
 class Fleet:
     """Launches, watches, replaces and reaps the hosts of one owner (its id tags every instance)."""
 
+    # What one reclaim costs the policy before the host trains again: what runs measured for the
+    # owner's tier on this provider (offers/optimizer.restart_of), else the assumption. Read once.
+    _restart: float | None = None
+
+    @property
+    def restart_hours(self) -> float:
+        if self._restart is None:
+            self._restart = RESTART_HOURS
+            try:
+                from ..offers.optimizer import restart_of
+                from ..offers.tiers import get_tier
+                from ..speeds.book import load_book
+
+                owner = self.records.get_run(self.owner_id)
+                self._restart = restart_of(get_tier(owner["tier"]), self.provider_name, load_book(self.records))[0]
+            except Exception:  # noqa: BLE001 - records without speeds (another cloud's share): the assumption
+                pass
+        return self._restart
+
     def __init__(self, owner_id: str, provider: Any, provider_name: str, records: Records, candidates: Sequence[Offer],
                  policy: Policy, events: Events, timing: Timing, spec_market: str | None = None,
                  max_price: float | None = None, on_launched: Launched | None = None, elsewhere: Sequence[Offer] = (),
@@ -186,7 +205,7 @@ class Fleet:
         last = attempts[-1] if attempts else None
         obs = Observation(
             elapsed=progress.elapsed_hours, progress=progress.done_hours, job_hours=progress.job_hours,
-            deadline_hours=progress.deadline_hours or NO_DEADLINE_HOURS, restart_hours=RESTART_HOURS,
+            deadline_hours=progress.deadline_hours or NO_DEADLINE_HOURS, restart_hours=self.restart_hours,
             zone=attempt_zone_key(last.provider, last.region, last.zone, last.instance_type) if last else None,
             market=running.market if running else None, zones=zones, tick_hours=self.timing.poll_seconds / 3600.0,
             spot_refusals=spot_refusals, has_deadline=progress.deadline_hours is not None)

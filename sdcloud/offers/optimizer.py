@@ -16,7 +16,7 @@ Inputs and their sources are in docs/offers.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import config
 from .catalog import BAND_LABELS, BAND_RECLAIMS_PER_HOUR, DEFAULT_BAND, Catalog, CatalogRow, providers
@@ -39,6 +39,9 @@ SETUP_HOURS = 0.15
 # checkpoint interval of lost work (the agent saves every 15 minutes by default).
 RESTART_HOURS = 0.2
 CHECKPOINT_INTERVAL_HOURS = 0.25
+# The band's reclaim rate counts as this many spot hours of evidence beside what runs observed in a
+# zone: one short attempt reclaimed (or never reclaimed) moves the rate, and does not replace it.
+PRIOR_SPOT_HOURS = 4.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,10 @@ class Estimate:
     ref_rate: float = 0.0  # the tier's rate on one A10G: speed_rel is rate / ref_rate
     move: MoveCost | None = None  # the move from the home cloud an offer in another cloud starts with
     bandwidth: Bandwidth | None = None  # a marketplace machine's priced bytes and disk, in est_cost (offers/bandwidth.py)
+    reclaims_per_hour: float | None = None  # spot: the rate the overhead used (None on-demand)
+    reclaim_source: str = ""  # where that rate comes from: the catalog's band, or what runs observed in the zone
+    restart_hours: float = RESTART_HOURS  # what one reclaim costs before the host trains again
+    restart_source: str = "assumed"
 
     def as_dict(self) -> dict:
         o, r = self.offer, self.offer.row
@@ -132,6 +139,10 @@ class Estimate:
             "rate_unit": ("steps/s" if self.kind == RunKind.TRAIN else "images/s") if self.kind else None,
             "rate_source": self.rate.source if self.rate else None,
             "warnings": list(self.warnings),
+            "reclaims_per_hour": None if self.reclaims_per_hour is None else round(self.reclaims_per_hour, 4),
+            "reclaim_source": self.reclaim_source or None,
+            "restart_hours": round(self.restart_hours, 4),
+            "restart_source": self.restart_source,
             "move": None if self.move is None else {"egress_usd": round(self.move.egress_usd, 4),
                                                     "transfer_hours": round(self.move.transfer_hours, 4),
                                                     "bytes": self.move.bytes, "reason": self.move.reason},
@@ -145,10 +156,38 @@ class Estimate:
         return self.rate.source if self.rate else "unknown GPU"
 
 
-def spot_overhead(band: int | None) -> float:
+def spot_overhead(band: int | None, reclaims_per_hour: float | None = None, restart_hours: float = RESTART_HOURS) -> float:
     if band is None:
         return 1.0
-    return 1.0 + BAND_RECLAIMS_PER_HOUR[band] * (RESTART_HOURS + CHECKPOINT_INTERVAL_HOURS / 2)
+    rate = BAND_RECLAIMS_PER_HOUR[band] if reclaims_per_hour is None else reclaims_per_hour
+    return 1.0 + rate * (restart_hours + CHECKPOINT_INTERVAL_HOURS / 2)
+
+
+def reclaim_rate(offer: Offer, book: Any = None) -> tuple[float | None, str]:
+    """A spot offer's reclaims per hour and where the figure comes from: the catalog's band, with what
+    runs observed in its zone where they did (the band counted as PRIOR_SPOT_HOURS of evidence)."""
+    band = offer.band
+    if band is None:
+        return None, ""
+    prior = BAND_RECLAIMS_PER_HOUR[band]
+    row = offer.row
+    seen = book.reclaims(row.provider, row.zone, row.region) if book is not None and hasattr(book, "reclaims") else None
+    if not seen:
+        return prior, f"band {BAND_LABELS[band]}"
+    n, hours = seen
+    rate = (n + prior * PRIOR_SPOT_HOURS) / (hours + PRIOR_SPOT_HOURS)
+    return rate, (f"observed: {n} reclaim{'s' if n != 1 else ''} in {hours:.2f} spot h in {row.zone or row.region}, "
+                  f"with the band's")
+
+
+def restart_of(tier: Tier, provider: str, book: Any = None) -> tuple[float, str]:
+    """Hours one reclaim costs before the host trains again: what runs measured on the provider (launch
+    to the first trained step after a resume), else RESTART_HOURS."""
+    seen = book.restart_seconds(tier, provider) if book is not None and hasattr(book, "restart_seconds") else None
+    if not seen:
+        return RESTART_HOURS, "assumed"
+    seconds, n = seen
+    return seconds / 3600.0, f"observed: median of {n} restart{'s' if n != 1 else ''}"
 
 
 def offer_rate(tier: Tier, row: CatalogRow, gpus_used: int | None = None, book: RateBook | None = None) -> Rate | None:
@@ -175,7 +214,9 @@ def estimate(tier: Tier, offer: Offer, job_size: int | None = None,
     if rate is None:
         return None
     hours = SETUP_HOURS + (job_size or tier.job_size) / rate.value / 3600.0
-    overhead = spot_overhead(offer.band)
+    reclaims, reclaim_source = reclaim_rate(offer, book)
+    restart, restart_source = restart_of(tier, offer.row.provider, book)
+    overhead = spot_overhead(offer.band, reclaims, restart)
     warnings = []
     r = offer.row
     usable_gb = r.usable_vram_mib / 1024
@@ -190,7 +231,8 @@ def estimate(tier: Tier, offer: Offer, job_size: int | None = None,
         warnings.append(f"{r.nvme_gb:g} GB NVMe is below the {tier.nvme_gb:g} GB the tier wants")
     bw = bandwidth(tier, r, hours * overhead, CHECKPOINT_INTERVAL_HOURS)
     return Estimate(offer, hours * overhead, offer.price_per_hour_usd * hours * overhead + (bw.usd if bw else 0.0), overhead,
-                    tuple(warnings), tier.kind, rate, tier.ref_rate, bandwidth=bw)
+                    tuple(warnings), tier.kind, rate, tier.ref_rate, bandwidth=bw, reclaims_per_hour=reclaims,
+                    reclaim_source=reclaim_source, restart_hours=restart, restart_source=restart_source)
 
 
 def fits(tier: Tier, row: CatalogRow) -> bool:

@@ -28,6 +28,28 @@ class Book:
     def __init__(self, found: list[SpeedRow], trainer: str | None = None):
         self.rows = [r for r in found if r.rate and r.rate > 0 and r.recipe == ""
                      and (trainer is None or r.trainer in ("", trainer))]
+        # Every observed attempt, with a rate or without: its spot hours and reclaims, its restart.
+        self.attempts = [r for r in found if r.origin == OBSERVED]
+
+    def reclaims(self, provider: str, zone: str, region: str = "") -> tuple[int, float] | None:
+        """(reclaims, spot hours) that runs observed in the zone (records.reclaims_per_hour's rows), or,
+        for an offer of a whole region (a catalog row without a zone), in the zones of that region
+        (a zone is named after its region: us-east-1a, ap-guangzhou-3); None where no spot hour was."""
+        def here(z: str) -> bool:
+            return z == zone if zone else bool(region) and z.startswith(region)
+
+        found = [r for r in self.attempts if r.market == "spot" and r.hours and r.provider == provider
+                 and r.zone and here(r.zone)]
+        hours = sum(float(r.hours or 0.0) for r in found)
+        return (sum(int(r.reclaimed) for r in found), hours) if hours > 0 else None
+
+    def restart_seconds(self, tier: Tier, provider: str) -> tuple[float, int] | None:
+        """(median seconds, attempts) from a launch after a reclaim to the first trained step, as the
+        tier's own model restarted on the provider's hosts; None where none was observed."""
+        found = [r.restart_s for r in self.attempts if r.restart_s and r.tier == tier.name and r.recipe == ""
+                 and r.provider == provider]
+        value = median([float(v) for v in found])
+        return None if value is None else (value, len(found))
 
     def _per_gpu(self, r: SpeedRow, kind: str) -> float:
         return float(r.rate or 0.0) / multi_gpu_speedup(r.gpu_count, kind)

@@ -8,6 +8,10 @@ the host reported, with their times, and the trainer's it/s) and the host's boot
   restart_s     the same, for an attempt that follows a reclaim: what a reclaim costs besides the redo;
   hours, reclaimed
                 the attempt's hours and whether it was reclaimed: reclaims per hour per zone.
+
+A batch job's worker measures each image it makes (its done markers' `seconds`, per image of a
+batch): `learn_batch` keeps each worker host's images/s per GPU, its hours and its reclaim, so that
+`offers` for a batch tier uses what workers measured as it does a training run's rate.
 """
 
 from __future__ import annotations
@@ -64,3 +68,33 @@ def learn(state, run_id: str, attempt: Any, *, tier: str, gpu: str, gpu_count: i
                   reclaimed=int(attempt.end_reason in ("preempted", "lost")))
     put_observed(state, run_id, attempt.n, **fields)
     return fields
+
+
+def batch_rates(markers: list[dict]) -> dict[str, tuple[int, float]]:
+    """Per worker, (images it made, seconds it spent making them) from a job's done markers; images
+    an earlier attempt had made (`reused`) count for none."""
+    out: dict[str, tuple[int, float]] = {}
+    for m in markers:
+        for line in m.get("images") or []:
+            if line.get("reused") or not isinstance(line.get("seconds"), (int, float)) or line["seconds"] <= 0:
+                continue
+            n, secs = out.get(str(line.get("worker")), (0, 0.0))
+            out[str(line.get("worker"))] = (n + 1, secs + float(line["seconds"]))
+    return out
+
+
+def learn_batch(state, job_id: str, attempt: Any, made: tuple[int, float] | None, *, tier: str, gpu: str,
+                recipe: str) -> dict | None:
+    """Keep what a batch job's worker host (`attempt`, ended) measured: images/s on its GPU (a worker
+    drives one), its hours and whether it was reclaimed; None where it made nothing and was not reclaimed."""
+    rate = made[0] / made[1] if made and made[0] >= WARM_STEPS and made[1] > 0 else None
+    reclaimed = attempt.end_reason in ("preempted", "lost")
+    if rate is None and not reclaimed:
+        return None
+    fields = dict(provider=attempt.provider or "", instance_type=attempt.instance_type or "", gpu=gpu, gpu_count=1,
+                  tier=tier, trainer="", recipe=recipe, zone=attempt.zone or "", market=attempt.market or "",
+                  rate=rate, first_step_s=None, phases=None, restart_s=None, hours=attempt.hours,
+                  reclaimed=int(reclaimed))
+    put_observed(state, job_id, attempt.n, **fields)
+    return fields
+

@@ -51,7 +51,14 @@ def cloud_drives(ctl: Controller) -> bool:
 
 def hand_back(ctl: Controller) -> str:
     """This driver stops driving the run and gives it back (the cloud driver, or a background
-    controller of this machine); who has it now, in words."""
+    controller of this machine); who has it now, in words. A second Ctrl-C meanwhile does not cut
+    it short (that would leave a run nobody drives): it says so, and the hand-back goes on (the
+    caller puts the default handler back once it is done)."""
+    import signal
+
+    from ..render import note
+
+    signal.signal(signal.SIGINT, lambda *_: note(f"still handing run {ctl.run_id} back; it continues, then this stops"))
     if cloud_drives(ctl):
         ctl.hand_over(stage=False)
         ctl.lease.release()

@@ -48,3 +48,29 @@ def prepare_resume(state: StateStore, run: dict, overrides: dict) -> dict:
     state.event(run["id"], Kind.RESUME, {"from_state": run["state"], "step": run["step"], "changed": sorted(changed),
                                          "spent_usd": round(spent, 4)})
     return changed
+
+
+def durable_step(run: dict) -> int | None:
+    """The step the next attempt really resumes from: the newest complete checkpoint in the run's
+    bucket (the host restores it, whatever a row says): 0 without one, None when it cannot be read."""
+    from sdcloud_agent import manifest
+
+    from ..runs.records.store_of import store_of
+
+    try:
+        newest = manifest.newest_complete(store_of(run), f"runs/{run['id']}")
+    except Exception:  # noqa: BLE001 - no keys or network now: the row's step is said instead
+        return None
+    return newest.step if newest is not None else 0
+
+
+def resume_words(run: dict, changed: dict) -> str:
+    """`resuming run R from step N`: the step of its newest complete checkpoint (0 without one), else
+    the run's recorded step where the bucket cannot be read."""
+    step = durable_step(run)
+    where = f"from step {step}" if step is not None else f"from step {run['step']} (as recorded here)"
+    if step is None and run["step"] == 0:
+        where = "from step 0"
+    return (f"resuming run {run['id']}" + (f" ({run['name']})" if run.get("name") else "") + f" {where}"
+            + (f" with new {', '.join(changed)}" if changed else ""))
+

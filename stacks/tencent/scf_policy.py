@@ -48,7 +48,10 @@ CODE_FOLDER = "sdcloud-driver-code"
 
 
 def code_key(filename: str) -> str:
-    return f"{CODE_FOLDER}/{filename}"
+    """The package's key in the bucket. Its name's `+` (the version's local part, `<base>+<sha12>`)
+    becomes `-`: COS reads a `+` in a key of a form or URL as a space, and SCF fetches the code by
+    Code.CosObjectName, so a key without one is the same object for every reader."""
+    return f"{CODE_FOLDER}/{filename.replace('+', '-')}"
 
 # The S3 API operations the store sends to COS, and the COS actions each needs.
 STORE_CALLS: dict[str, tuple[str, ...]] = {
@@ -60,7 +63,9 @@ STORE_CALLS: dict[str, tuple[str, ...]] = {
     "DeleteObjects": ("name/cos:DeleteMultipleObjects", "name/cos:DeleteObject"),
     "ListObjectsV2": ("name/cos:GetBucket",),
 }
-OBJECT_ACTIONS = ("name/cos:GetObject", "name/cos:HeadObject", "name/cos:PutObject", "name/cos:DeleteObject")
+# Every action STORE_CALLS names on an object: a copy (CopyObject) needs PutObjectCopy beside GetObject.
+OBJECT_ACTIONS = ("name/cos:GetObject", "name/cos:HeadObject", "name/cos:PutObject", "name/cos:PutObjectCopy",
+                  "name/cos:DeleteObject")
 # The CVM API actions the Tencent provider calls on a step's paths (sdcloud/providers/tencent/compute.py).
 CVM_ACTIONS = ("name/cvm:RunInstances", "name/cvm:InquiryPriceRunInstances", "name/cvm:DescribeInstances",
                "name/cvm:DescribeZones", "name/cvm:DescribeZoneInstanceConfigInfos")

@@ -155,3 +155,61 @@ def test_a_run_that_lost_nothing_prints_no_losses_line(sdcloud_home, capsys, tmp
     rep = json.loads(_out(capsys, "cost", "report", "r-calm0001", "--format", "json"))
     assert rep["runs"][0]["losses"]["total_minutes"] == 0
     assert "minutes lost" not in _out(capsys, "cost", "report", "r-calm0001")
+
+
+def _reclaimed_then_resumed(status_reports) -> tuple[StateStore, str]:
+    """Attempt 1 reclaimed at T0+600 past step 40 (checkpoint 40); attempt 2 launched at T0+700 and
+    reporting `status_reports` (each a status.json as its host wrote it)."""
+    state = StateStore()
+    run_id = "r-restart1"
+    state.create_run(run_id, "sd15-lora", {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1"}, 100, "r")
+    state.update_run(run_id, step=100, state="succeeded")
+    for n, start, end, why in ((1, T0, T0 + 600, "preempted"), (2, T0 + 700, T0 + 2000, "succeeded")):
+        state.add_attempt(run_id, n, "aws", f"tok{n}", region="us-east-1", zone="us-east-1a",
+                          instance_type="g5.xlarge", market="spot", price=0.4, currency="USD")
+        state.update_attempt(run_id, n, state="running", start=start, instance_id=f"i-{n}")
+        ledger.started(state, run_id, n, Offer(_row(), "spot"), "spot", 100, zone="us-east-1a", at=start)
+        if n == 1:
+            att = state.attempts(run_id)[0]
+            ledger.observe(state, run_id, att, {"attempt": 1, "phase": "training", "step": 1, "time": T0 + 60},
+                           now=T0 + 60)
+            ledger.observe(state, run_id, att, {"attempt": 1, "phase": "training", "step": 40, "time": T0 + 590,
+                                                "it_per_s": 1.0}, now=T0 + 590)
+        state.update_attempt(run_id, n, state="ended", end=end, end_reason=why)
+    att2 = state.attempts(run_id)[1]
+    for status in status_reports:
+        ledger.observe(state, run_id, att2, status, now=float(status["time"]))
+    return state, run_id
+
+
+def test_a_reclaims_restart_is_timed_to_the_first_trained_step_not_the_trainers_start(sdcloud_home):
+    """The resumed host says "training" at step 40 when its trainer starts (T0+720), then loads the
+    model and trains step 41 at T0+880 (its own stamp): the restart is 180 s, not 20 s."""
+    state, run_id = _reclaimed_then_resumed([
+        {"attempt": 2, "phase": "training", "step": 40, "resumed_from": 40, "time": T0 + 720},
+        {"attempt": 2, "phase": "training", "step": 41, "resumed_from": 40, "trained_at": T0 + 880,
+         "time": T0 + 885, "it_per_s": 1.0}])
+    costs = state.attempt_costs(run_id)[2]
+    assert costs["start_step"] == 40 and costs["first_step_at"] == T0 + 880
+    [over] = [v for v in ledger._overheads(state.attempts(run_id), state.attempt_costs(run_id)).values()]
+    assert over["boot_seconds"] == 180.0
+
+
+def test_an_older_agent_without_the_stamp_is_timed_to_its_first_report_past_the_restored_step(sdcloud_home):
+    state, run_id = _reclaimed_then_resumed([
+        {"attempt": 2, "phase": "training", "step": 40, "resumed_from": 40, "time": T0 + 720},
+        {"attempt": 2, "phase": "training", "step": 40, "resumed_from": 40, "time": T0 + 800},
+        {"attempt": 2, "phase": "training", "step": 43, "resumed_from": 40, "time": T0 + 900}])
+    assert state.attempt_costs(run_id)[2]["first_step_at"] == T0 + 900
+
+
+def test_speeds_record_the_restart_to_the_first_trained_step(sdcloud_home):
+    from sdcloud.speeds.observe import learn
+
+    state, run_id = _reclaimed_then_resumed([
+        {"attempt": 2, "phase": "training", "step": 40, "resumed_from": 40, "time": T0 + 720},
+        {"attempt": 2, "phase": "training", "step": 41, "resumed_from": 40, "trained_at": T0 + 1000,
+         "time": T0 + 1001}])
+    got = learn(state, run_id, state.attempts(run_id)[1], tier="sd15-lora", gpu="A10G", gpu_count=1, trainer="builtin",
+                recipe="")
+    assert got["restart_s"] == 300.0 and got["first_step_s"] == 300.0

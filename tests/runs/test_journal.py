@@ -26,6 +26,14 @@ class CountingStore(LocalStore):
         self.puts.append(key)
         return super().put(key, data, metadata)
 
+    def put_if_absent(self, key, data):  # the record's first write: create-only
+        self.puts.append(key)
+        return super().put_if_absent(key, data)
+
+    def put_if_match(self, key, data, etag):  # the record's later writes: over the one read
+        self.puts.append(key)
+        return super().put_if_match(key, data, etag)
+
 
 def _a_run(state: StateStore, run_id: str = "r-0000abcd") -> str:
     state.create_run(run_id, "sd15-lora", {"tier": "sd15-lora", "provider": "aws", "region": "us-east-1"}, 100,

@@ -134,3 +134,57 @@ def test_the_token_travels_in_the_bucket_and_nowhere_else(tmp_path, sdcloud_home
     texts += [o.key + store.get(o.key).decode(errors="replace") for o in store.list("runs/r-gated02/")
               if not o.key.endswith("secrets/hf-token") and o.size < 1_000_000]
     assert not [t for t in texts if ACCEPTED in t], "the token was written where it must never be"
+
+
+def _gated_run(tmp_path, gate_env, rid: str):
+    from tests.fleet.test_fleet import CloudDouble
+
+    from sdcloud.runs.driving.controller import Controller
+    from sdcloud.runs.records.state import StateStore
+    from sdcloud_agent.store import open_store
+
+    gate_env.setenv("HF_TOKEN", ACCEPTED)
+    url = (tmp_path / "bucket").as_uri()
+    state = StateStore()
+    spec = {"tier": "sd35m-lora", "provider": "aws", "region": "us-east-1", "model": REPO, "steps": 10,
+            "market": "spot", "store": url}
+    state.create_run(rid, "sd35m-lora", spec, 10)
+    ctl = Controller(state, rid, provider=CloudDouble())
+    ctl.launching.launch_spec(1)
+    return state, ctl, open_store({"url": url})
+
+
+@pytest.mark.parametrize("end", ["succeeded", "failed", "stopped"])
+def test_the_token_ends_with_its_run_in_every_end_state(tmp_path, sdcloud_home, hub, gate_env, end):
+    """No secrets/ object is left under a run that has ended, whatever its end."""
+    rid = f"r-gated-{end[:4]}"
+    state, ctl, store = _gated_run(tmp_path, gate_env, rid)
+    assert [o.key for o in store.list(f"runs/{rid}/secrets/")] == [f"runs/{rid}/secrets/hf-token"]
+    ctl.end_run(end, None if end == "succeeded" else "the trainer exited 1")
+    assert store.list(f"runs/{rid}/secrets/") == [], f"a {end} run left its token in the bucket"
+    assert state.get_run(rid)["state"] == end
+
+
+def test_the_token_object_is_readable_by_its_owner_only(tmp_path, sdcloud_home, hub, gate_env):
+    import stat
+
+    _, _, store = _gated_run(tmp_path, gate_env, "r-gated-mode")
+    path = tmp_path / "bucket" / "runs" / "r-gated-mode" / "secrets" / "hf-token"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    run_dir = tmp_path / "bucket" / "runs" / "r-gated-mode"
+    others = [p for p in run_dir.rglob("*") if p.is_file() and "secrets" not in p.parts]
+    assert all(stat.S_IMODE(p.stat().st_mode) & 0o044 for p in others), "other objects keep the umask's mode"
+
+
+def test_a_resumed_run_gets_its_token_back_from_the_driver_that_takes_it_up(tmp_path, sdcloud_home, hub, gate_env):
+    from tests.fleet.test_fleet import CloudDouble
+
+    from sdcloud.runs.driving.controller import Controller
+
+    state, ctl, store = _gated_run(tmp_path, gate_env, "r-gated-back")
+    ctl.end_run("stopped", "stopped by sdcloud down")
+    assert store.list("runs/r-gated-back/secrets/") == []
+    state.update_run("r-gated-back", state="recovering")  # taken up again (a resume on another machine)
+    again = Controller(state, "r-gated-back", provider=CloudDouble())
+    again.ensure_inputs()
+    assert store.get("runs/r-gated-back/secrets/hf-token").decode() == ACCEPTED

@@ -461,5 +461,8 @@ def test_every_call_a_step_makes_on_tencent_is_allowed_and_nothing_more(tencent_
     store_ops = {op for svc, op, _ in _step_calls(monkeypatch, tmp_path) if svc == "s3"}
     needed = {a for op in store_ops for a in tpol.STORE_CALLS[op]}
     needed |= _tencent_actions_called() | {"name/cam:PassRole"}
+    # The store's copy (CopyObject: a part, then its final key), which a driver that stages a run's inputs
+    # sends (runs/inputs/carry.py, models.py); COS authorizes it as PutObjectCopy on the destination.
+    needed |= set(tpol.STORE_CALLS["CopyObject"])
     # Every account_currency/catalog read is a step's too (DescribeZoneInstanceConfigInfos); nothing else.
     assert needed == granted, {"missing": sorted(needed - granted), "unused": sorted(granted - needed)}

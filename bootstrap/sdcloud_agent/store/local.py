@@ -14,6 +14,9 @@ from typing import Any, Callable
 from .base import _LOCAL_META_DIR, _LOCAL_TMP_PREFIX, Cancelled, MiB, NotFound, ObjectInfo
 
 
+SECRETS_DIR = "secrets"  # a run's secrets folder (runs/<id>/secrets/): its objects are 0600 here
+
+
 class LocalStore:
     """A directory as an object store. Crash-safe: temp file + fsync + rename for every write."""
 
@@ -36,8 +39,10 @@ class LocalStore:
     def _write_tmp(self, final: Path, writer: Callable[[Any], None]) -> Path:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f"{_LOCAL_TMP_PREFIX}{uuid.uuid4().hex}"
+        # A secret (runs/<id>/secrets/...) is readable by its owner only: the tightest a folder allows.
+        mode = 0o600 if SECRETS_DIR in final.relative_to(self.root).parts else 0o666
         try:
-            with open(tmp, "wb") as f:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as f:
                 writer(f)
                 f.flush()
                 os.fsync(f.fileno())

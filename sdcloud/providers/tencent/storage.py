@@ -98,10 +98,12 @@ def client(region: str, endpoint_url: str | None = None, secret_id: str | None =
            secret_key: str | None = None, session_token: str | None = None, where: str = "COS") -> Any:
     """A boto3 S3 client for COS: SigV4, virtual-hosted addressing, Tencent credentials when set.
 
-    Credentials: the arguments, else TENCENTCLOUD_SECRET_ID/KEY (COS takes them as S3 keys),
-    else boto3's own chain (AWS_ACCESS_KEY_ID, ...). With none of them, one line naming the keys
-    that are missing (`where`: the bucket), before any request: botocore would only fail at the
-    first request, with a NoCredentialsError traceback, in the middle of a `down` or a `resume`.
+    Credentials: the arguments, else TENCENTCLOUD_SECRET_ID/KEY (COS takes them as S3 keys), and
+    nothing else: a store's cloud comes from its URL, never from whichever keys the shell holds, so
+    AWS keys (boto3's own chain) never sign a request to COS. Without the Tencent keys, one line
+    naming the keys that are missing (`where`: the bucket), before any request: botocore would only
+    fail at the first request, with a NoCredentialsError traceback (or, signed with AWS keys, six
+    refused tries), in the middle of a `down` or a `resume`.
     """
     import boto3
     from botocore.config import Config
@@ -120,7 +122,7 @@ def client(region: str, endpoint_url: str | None = None, secret_id: str | None =
     cfg = Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60,
                  **cos.config_options())
     session = boto3.Session()
-    if not keys and session.get_credentials() is None:  # resolved once here; the client reuses it
+    if not keys:
         missing = " and ".join(v for v in KEY_VARS if not os.environ.get(v)) or " and ".join(KEY_VARS)
         raise UserError(f"cannot read {where}: no Tencent Cloud keys on this machine; set {missing} "
                         "(COS takes them as its S3 keys)")

@@ -39,7 +39,7 @@ from ...offers.optimizer import Offer
 from ...providers import get_provider
 from ...providers.capabilities import Closable
 from ...spot.policy import ON_DEMAND, SPOT, WAIT, get_policy, spot_gone_after
-from ..inputs import staging as inputs
+from ..inputs import hub_access, staging as inputs
 from ..inputs.spec import RunPlan, RunSpec
 from ..records import stop_request as stop_requests
 from ..records.lease import DriverLease, Guarded
@@ -239,10 +239,8 @@ class Controller:
         """The run's inputs as its hosts read them, with its settings: staged here when the run has
         no record yet (or the user resumed it on the machine that staged it), else the bucket's record."""
         if self._inputs is None or drive is not None:
-            if drive is not None or inputs.needs_staging(self.state, self.run_id):
-                self._inputs = inputs.stage(self, drive)
-            else:
-                self._inputs = inputs.recorded(self.state, self.run_id)[0]
+            self._inputs = (inputs.stage(self, drive) if drive is not None or inputs.needs_staging(self.state, self.run_id)
+                            else hub_access.taken_up(self, inputs.recorded(self.state, self.run_id)[0]))
             self.run_settings = self._inputs.get("settings")
         return self._inputs
 
@@ -380,6 +378,7 @@ class Controller:
             reason += f"; resume with: sdcloud resume {run.get('name') or self.run_id}"
         self.row.update(state=state, reason=reason)
         self.event(run_ended(state), {"reason": reason} if reason else {})
+        hub_access.drop_at_end(self)  # a secret ends with its run, whatever its end
 
     def finish_stop(self, reason: str) -> None:
         """Stop the run now (sdcloud down, a signal): its host ended, the run stopped, the journal written."""

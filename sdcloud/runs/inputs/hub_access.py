@@ -16,7 +16,11 @@ its model phase says so if the gate stops it there.
 The token never enters the agent's config, user-data, the state store, the run's journal or a log:
 the controller puts it in the run's bucket at ``runs/<run>/secrets/hf-token`` (the bucket is the
 run's, reached with the run's own credentials), the host's agent reads it into memory for the model
-fetch only (sdcloud_agent/models.py) and the key is deleted with the run's other objects.
+fetch only (sdcloud_agent/models.py). It lives as long as the run does: whoever ends the run (the
+controller here, its background process, the cloud function, a `status` that closes a run whose
+host ended itself) deletes `runs/<run>/secrets/` as it records the end, in every end state, and a
+driver that takes an unfinished run up again puts it back from its own machine's token when the
+bucket has none (`put_back`). In a local folder store the object is 0600.
 """
 
 from __future__ import annotations
@@ -81,3 +85,48 @@ def put_for_host(store, run_id: str) -> bool:
         return False
     store.put(f"runs/{run_id}/{SECRET_KEY}", tok.encode())
     return True
+
+
+def put_back(store, run_id: str, model: str | None) -> bool:
+    """A driver taking up an unfinished run of a hub model: the token put again when the bucket has
+    none (its end deleted it, and the user resumed it); whether one was put."""
+    from sdcloud_agent.trainers.models import looks_like_hub_id
+
+    if not model or not looks_like_hub_id(model) or store.head(f"runs/{run_id}/{SECRET_KEY}") is not None:
+        return False
+    return put_for_host(store, run_id)
+
+
+def drop(store, run_id: str) -> int:
+    """Delete every secret the run's hosts read (runs/<run>/secrets/): the run has ended. How many."""
+    keys = [o.key for o in store.list(f"runs/{run_id}/secrets/")]
+    if keys:
+        store.delete(keys)
+    return len(keys)
+
+
+def drop_at_end(ctl) -> None:
+    """The run has ended (the controller's end_run, whoever drives): its secrets deleted from its store
+    (across clouds, the home store's copy too). A store out of reach now leaves them to `sdcloud gc`."""
+    from ...events import Kind
+    from ..records.store import StoreError
+
+    try:
+        for store in {id(s): s for s in (ctl.store, getattr(ctl, "home_store", ctl.store))}.values():
+            drop(store, ctl.run_id)
+    except (StoreError, OSError) as exc:
+        ctl.state.event(ctl.run_id, Kind.JOURNAL_DEFERRED, {"error": f"secrets not deleted: {exc}"[:200]})
+
+
+def taken_up(ctl, record: dict | None) -> dict | None:
+    """A run a driver takes up from its inputs record: its token, deleted at its last end, put back
+    from this machine's own (a driver without one leaves the host's model phase to say so)."""
+    from ..records.state import ACTIVE_RUN_STATES
+
+    if record and ctl.row.get()["state"] in ACTIVE_RUN_STATES:
+        try:
+            put_back(ctl.store, ctl.run_id, record.get("model"))
+        except Exception:  # noqa: BLE001 - the token is the host's need, said by its model phase
+            pass
+    return record
+

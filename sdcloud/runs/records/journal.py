@@ -9,7 +9,8 @@ drivers/active/<id>                          present while the run is active (th
 ```
 
 `run.json` is rewritten when something in it changed, and at most once a minute otherwise, so a
-run costs a few thousand small PUTs a day at most (S3 Standard: $0.005 per 1,000 PUTs).
+run costs a few thousand small PUTs a day at most (S3 Standard: $0.005 per 1,000 PUTs), and as many
+GETs (the record read before each rewrite, below; $0.0004 per 1,000).
 
 An event's key is its identity (events.identity: its time, kind and fields, fixed when it
 happened), not the writer's count: a writer sends only the events whose identity the bucket does
@@ -22,6 +23,15 @@ with each invocation (docs/runs.md, "Who drives a run").
 
 A driver that lost the run's lease writes nothing more (`lease`): what it saw after the loss is
 the new holder's to record. Secrets are never in a row, so none are in the journal.
+
+The record only moves forward. `run.json` carries a sequence number (`seq`) and who wrote it
+(`written_by`); each state.db keeps the newest one it read or wrote (`seen`: state.db's journal_seen table). A
+writer reads the bucket's record before it replaces it: a record newer than the one its view grew
+from means that view is stale (another machine drove the run since), and the writer takes the
+bucket's record instead of writing its own (`restore`). The replace itself is a compare-and-swap
+where the store has one (S3's If-Match on the ETag read; a local folder's lock), so two writers that
+read the same record cannot both replace it; COS has none, and there the sequence number checked
+on read is the guard.
 """
 
 from __future__ import annotations
@@ -116,8 +126,17 @@ class Journal:
         if self.lease is not None and self.lease.lost:
             return
         try:
+            pending = self._run_pending()
+            current = None
+            if pending is not None:
+                # Read before anything is sent: a view older than the bucket's sends nothing.
+                current = read_record(self.store, self.run_id)
+                if current is not None and stale(self.state, pending[0], current[0]):
+                    self._take_theirs(current[0])
+                    return
             self._flush_events()
-            self._flush_run()
+            if pending is not None:
+                self._flush_run(*pending, current)
         except (StoreError, OSError) as exc:
             self.state.event(self.run_id, Kind.JOURNAL_DEFERRED, {"error": str(exc)[:200]})
 
@@ -142,14 +161,29 @@ class Journal:
             _note(self.state, self.store, self.run_id, keys)
         self._event_id = events[-1]["id"]
 
-    def _flush_run(self) -> None:
+    def _run_pending(self) -> tuple[dict, bytes, float] | None:
+        """The run's snapshot when `run.json` is due a write (it changed, or a minute passed), else None."""
         snap = snapshot(self.state, self.run_id)
         snap["run"].pop("updated")  # changes on every write; compared without it
         body = json.dumps(snap, sort_keys=True, default=str).encode()
         now = self.clock()
         if body == self._last_body and now - self._last_write < REWRITE_SECONDS:
+            return None
+        return snap, body, now
+
+    def _flush_run(self, snap: dict, body: bytes, now: float, current: tuple[dict, str | None] | None) -> None:
+        key = f"{prefix(self.run_id)}/run.json"
+        seq = max(int((seen(self.state, self.run_id) or {}).get("seq") or 0),
+                  int(current[0].get("seq") or 0) if current else 0) + 1
+        writer = writer_name()
+        written = json.dumps({**snap, "seq": seq, "written_by": writer}, sort_keys=True, default=str).encode()
+        if not self._replace(key, written, current):
+            # Another writer replaced the record between our read and our write: theirs is the newer.
+            again = read_record(self.store, self.run_id)
+            if again is not None:
+                self._take_theirs(again[0])
             return
-        self.store.put(f"{prefix(self.run_id)}/run.json", body)
+        set_seen(self.state, self.run_id, seq, writer)
         # The index the cloud driver lists (one small object per live run, gone when it ends), so it
         # never lists a bucket full of checkpoints to find the runs it may have to drive.
         active = snap["run"]["state"] in ACTIVE_RUN_STATES
@@ -161,14 +195,100 @@ class Journal:
             self._indexed = active
         self._last_body, self._last_write = body, now
 
+    def _replace(self, key: str, body: bytes, current: tuple[dict, str | None] | None) -> bool:
+        """Write the record; where the store has compare-and-swap, only over the one just read."""
+        etag = current[1] if current else None
+        if etag is not None and getattr(self.store, "compare_and_swap", False) and hasattr(self.store, "put_if_match"):
+            return self.store.put_if_match(key, body, etag) is not None
+        if current is None and hasattr(self.store, "put_if_absent"):
+            return self.store.put_if_absent(key, body) is not None
+        self.store.put(key, body)
+        return True
+
+    def _take_theirs(self, doc: dict) -> None:
+        """This view is older than the bucket's: the bucket's rows replace it here, and what this
+        machine recorded from its stale view is not sent (its events stay in this state.db only)."""
+        _import(self.state, self.store, doc)
+        events = self.state.events(self.run_id)
+        self._event_id = events[-1]["id"] if events else self._event_id
+        self._last_body, self._indexed = None, None
+
+
+def seen(state: StateStore, run_id: str) -> dict | None:
+    """The newest record of the run this state.db read from or wrote to its bucket: {seq, written_by,
+    time}, or None when it never met the run's bucket (its table: state.py's journal_seen)."""
+    with state.tx() as db:
+        row = db.execute("SELECT seq, written_by, time FROM journal_seen WHERE run_id = ?", (run_id,)).fetchone()
+    return dict(row) if row else None
+
+
+def set_seen(state: StateStore, run_id: str, seq: int, written_by: str) -> None:
+    with state.tx() as db:
+        db.execute("INSERT OR REPLACE INTO journal_seen VALUES (?,?,?,?)", (run_id, int(seq), written_by, time.time()))
+
+
+def writer_name() -> str:
+    """Who writes a record: the driver's name (machine and pid, or the function's invocation)."""
+    from .lease import this_driver
+
+    return this_driver()
+
+
+def read_record(store: Any, run_id: str) -> tuple[dict, str | None] | None:
+    """The bucket's `run.json` of the run and its ETag (None where the store gives none), or None."""
+    key = f"{prefix(run_id)}/run.json"
+    if hasattr(store, "get_versioned"):
+        got = store.get_versioned(key)
+        return None if got is None else (json.loads(got[0]), got[1])
+    from .store import NotFound
+
+    try:
+        return json.loads(store.get(key)), None
+    except NotFound:
+        return None
+
+
+def _progress(run: dict) -> tuple[int, int]:
+    """How far a record's run has got, for records that carry no sequence number (an older sdcloud's):
+    its step, then ended over active at the same step."""
+    return int(run.get("step") or 0), 0 if run.get("state") in ACTIVE_RUN_STATES else 1
+
+
+def stale(state: StateStore, mine: dict, theirs: dict) -> bool:
+    """Whether this state.db's view of the run (`mine`, a snapshot) is older than the bucket's record
+    (`theirs`): the bucket holds a record newer than the newest this state.db read or wrote, or, for a
+    state.db that never saw the record, one that is further on."""
+    last = seen(state, mine["run"]["id"])
+    if last is not None:
+        return int(theirs.get("seq") or 0) > int(last["seq"])
+    return _progress(theirs["run"]) > _progress(mine["run"])
+
+
+def _import(state: StateStore, store: Any, snap: dict) -> dict | None:
+    run = snap["run"]
+    spec = run["spec"] or {}
+    if snap.get("infra"):
+        state.save_infra(spec.get("provider") or "", spec.get("region") or "", snap["infra"])
+    events = [{**e, "kind": kinds.parse(e["kind"])} for e in bucket_events(store, run["id"])]
+    before = state.get_run(run["id"])
+    state.import_run(snap, events)
+    if before is not None and before.get("controller_pid") is not None:
+        # The controller process is this machine's own field: another machine's pid names nothing here.
+        state.update_run(run["id"], controller_pid=before["controller_pid"])
+    set_seen(state, run["id"], int(snap.get("seq") or 0), str(snap.get("written_by") or ""))
+    _note(state, store, run["id"], (identity(e) for e in events))
+    return state.get_run(run["id"])
+
 
 def restore(state: StateStore, store: Any, run_id: str) -> dict | None:
     """Rebuild the run's rows from its journal (None when the bucket has no journal for it).
 
-    Rows already here are replaced by the bucket's (the bucket is the source of truth); each event
-    is inserted once by its identity, however many of the bucket's objects hold a copy and whether
-    or not it is here already. A kind an older sdcloud spelled otherwise (`launch_failed`, `budget`)
-    is read back as today's (events.parse).
+    Rows already here are replaced by the bucket's (the bucket is the source of truth) when its
+    record is newer than the newest this state.db read or wrote (`journal_seen`); one no newer leaves
+    them (this machine's may hold what a step could not write yet). Each event is inserted once by
+    its identity, however many of the bucket's objects hold a copy and whether or not it is here
+    already. A kind an older sdcloud spelled otherwise (`launch_failed`, `budget`) is read back as
+    today's (events.parse).
     """
     from .store import NotFound, StoreError
 
@@ -180,11 +300,8 @@ def restore(state: StateStore, store: Any, run_id: str) -> dict | None:
         from ...errors import UserError
 
         raise UserError(f"cannot read run {run_id}'s journal: {exc}") from None
-    run = snap["run"]
-    spec = run["spec"] or {}
-    if snap.get("infra"):
-        state.save_infra(spec.get("provider") or "", spec.get("region") or "", snap["infra"])
-    events = [{**e, "kind": kinds.parse(e["kind"])} for e in bucket_events(store, run_id)]
-    state.import_run(snap, events)
-    _note(state, store, run["id"], (identity(e) for e in events))
-    return state.get_run(run["id"])
+    rid = snap["run"]["id"]
+    last = seen(state, rid)
+    if last is not None and state.get_run(rid) is not None and int(snap.get("seq") or 0) <= int(last["seq"]):
+        return state.get_run(rid)
+    return _import(state, store, snap)

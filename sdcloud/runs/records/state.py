@@ -146,6 +146,8 @@ CREATE TABLE IF NOT EXISTS speeds (
     time REAL NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS speeds_attempt ON speeds (run_id, n);
+-- The newest record of each run this state.db read from or wrote to its bucket (runs/records/journal.py: seen).
+CREATE TABLE IF NOT EXISTS journal_seen (run_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, written_by TEXT NOT NULL, time REAL);
 CREATE TABLE IF NOT EXISTS infra (
     provider TEXT NOT NULL,
     region TEXT NOT NULL,
@@ -251,7 +253,10 @@ class StateStore:
             yield self._db
             self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            # A Ctrl-C can land after COMMIT ended the transaction (or before BEGIN opened it): then
+            # there is nothing to roll back, and the interrupt itself is what goes on.
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
             raise
 
     # runs

@@ -149,12 +149,15 @@ def refresh(state: Any, store: Any, run_id: str) -> dict | None:
 
 
 def refresh_reached(state: Any, run: dict) -> dict:
-    """A run this machine reached by its bucket's URL (status --store) and does not drive: its rows
-    read again from the bucket, so that every `status` and `watch` shows what its driver wrote since,
-    without --store again. Best effort: a bucket that cannot be read now leaves the rows as they are."""
+    """A run this machine does not drive, read again from its bucket, so that every `status` and
+    `watch` shows what its driver wrote since: one reached by its bucket's URL (status --store), and
+    any this machine has as unfinished (another machine may have driven it on, or ended it, since).
+    The rows are replaced only by a newer record (journal.restore): this machine never writes back a
+    stale view. Best effort: a bucket that cannot be read now leaves the rows as they are."""
     from .alive import controller_alive
+    from .run_state import ACTIVE_RUN_STATES
 
-    if remembered(run["id"]) is None or controller_alive(run):
+    if controller_alive(run) or (remembered(run["id"]) is None and run["state"] not in ACTIVE_RUN_STATES):
         return run
     try:
         return refresh(state, store_of(run), run["id"]) or run

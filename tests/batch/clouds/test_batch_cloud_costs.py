@@ -170,3 +170,30 @@ def test_a_host_whose_end_failed_is_ended_before_its_slot_is_filled_again(cloud,
     launched = order.index(("launching", None, 2))
     assert ended < launched, order
     ctl.fleet.end(ctl.fleet.open_attempts()[0], "done")
+
+
+def test_a_finished_cloud_job_keeps_each_workers_images_per_second(cloud, tmp_path):
+    """What the worker measured (each image's seconds in its done markers) is kept as an observed
+    images/s of its host's GPU, as a training attempt's steps/s is: `offers` for the batch tier reads it."""
+    from sdcloud.speeds import records
+
+    ec2, aws = cloud
+    job, store, state = _job(tmp_path, prompts=4, workers=1)
+    ctl = BatchController(state, job, provider=aws, timing=TIMING)
+    ctl.step()
+    prefix = state.get_run(job)["spec"]["prefix"]
+    hosts = Hosts(ec2, job)
+    hosts.sync()
+    deadline = time.monotonic() + 60
+    while len(store.list(f"{prefix}/done/")) < int(state.get_run(job)["spec"]["items"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    hosts.stop()
+    ctl.finish()
+    lines = [ln for o in store.list(f"{prefix}/done/") for ln in json.loads(store.get(o.key))["images"]]
+    made = [ln for ln in lines if not ln.get("reused")]
+    (a,) = state.attempts(job)
+    [row] = [r for r in records.rows(state) if r.run_id == job]
+    assert row.origin == records.OBSERVED and row.n == a.n and row.tier == state.get_run(job)["tier"]
+    assert row.instance_type == a.instance_type and row.zone == a.zone and row.market == a.market
+    assert row.rate == pytest.approx(len(made) / sum(ln["seconds"] for ln in made), rel=1e-3)
+    assert row.hours == pytest.approx(a.hours, rel=1e-3) and not row.reclaimed

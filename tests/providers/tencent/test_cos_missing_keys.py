@@ -64,3 +64,40 @@ def test_only_the_missing_partner_is_named(monkeypatch, no_keys):
     monkeypatch.setenv("TENCENTCLOUD_SECRET_ID", "AKIDexample")
     with pytest.raises(UserError, match=r"set TENCENTCLOUD_SECRET_KEY \("):
         storage.open_store("sd-bucket-1250000000", "sd", "ap-guangzhou")
+
+
+@pytest.fixture
+def aws_keys_only(monkeypatch, no_keys):
+    """A shell with AWS keys (and an AWS endpoint) but no Tencent keys; every request botocore would
+    send, to any endpoint, counted and refused."""
+    import botocore.endpoint
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEEXAMPLE00")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-key-example-example-example-00")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    sent: list[str] = []
+
+    def refuse(self, request):
+        sent.append(f"{request.method} {request.url}")
+        raise AssertionError(f"a request was sent: {request.method} {request.url}")
+
+    monkeypatch.setattr(botocore.endpoint.Endpoint, "_send", refuse)
+    return sent
+
+
+@pytest.mark.parametrize("args", [["down", COS_RUN], ["resume", COS_RUN], ["logs", COS_RUN]])
+def test_a_cos_run_is_never_opened_with_the_aws_keys_of_the_shell(capsys, two_live_runs, aws_keys_only, args):
+    assert main(args) == 2
+    out = capsys.readouterr()
+    assert out.err.count("\n") == 1 and "Traceback" not in out.err and "StoreError" not in out.err, out.err
+    assert KEYS in out.err and "cos://sd-bucket-1250000000/sd" in out.err, out.err
+    assert aws_keys_only == [], "no request went anywhere (AWS least of all)"
+    assert two_live_runs.get_run(COS_RUN)["state"] == "running"
+
+
+def test_down_all_with_only_aws_keys_names_the_cos_run_and_sends_nothing(capsys, two_live_runs, aws_keys_only):
+    assert main(["down", "--all", "--yes"]) == 2
+    out = capsys.readouterr()
+    assert f"could not stop 1 run(s): {COS_RUN}" in out.err and KEYS in out.err, out.err
+    assert out.err.count("\n") == 1 and aws_keys_only == []
+    assert two_live_runs.get_run(LOCAL_RUN)["state"] == "stopped"
