@@ -240,7 +240,8 @@ class Controller:
         no record yet (or the user resumed it on the machine that staged it), else the bucket's record."""
         if self._inputs is None or drive is not None:
             self._inputs = (inputs.stage(self, drive) if drive is not None or inputs.needs_staging(self.state, self.run_id)
-                            else hub_access.taken_up(self, inputs.recorded(self.state, self.run_id)[0]))
+                            else hub_access.taken_up(self.store, self.run_id, self.row.get()["state"],
+                                                 inputs.recorded(self.state, self.run_id)[0]))
             self.run_settings = self._inputs.get("settings")
         return self._inputs
 
@@ -378,7 +379,7 @@ class Controller:
             reason += f"; resume with: sdcloud resume {run.get('name') or self.run_id}"
         self.row.update(state=state, reason=reason)
         self.event(run_ended(state), {"reason": reason} if reason else {})
-        hub_access.drop_at_end(self)  # a secret ends with its run, whatever its end
+        hub_access.drop_at_end(self.state, self.run_id, (self.store, self.clouds.home.store))  # a secret ends with its run, whatever its end
 
     def finish_stop(self, reason: str) -> None:
         """Stop the run now (sdcloud down, a signal): its host ended, the run stopped, the journal written."""

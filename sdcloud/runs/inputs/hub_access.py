@@ -25,7 +25,9 @@ bucket has none (`put_back`). In a local folder store the object is 0600.
 
 from __future__ import annotations
 
+
 import os
+from typing import Any, Sequence
 
 from ... import config
 from ...errors import UserError
@@ -105,27 +107,27 @@ def drop(store, run_id: str) -> int:
     return len(keys)
 
 
-def drop_at_end(ctl) -> None:
-    """The run has ended (the controller's end_run, whoever drives): its secrets deleted from its store
-    (across clouds, the home store's copy too). A store out of reach now leaves them to `sdcloud gc`."""
+def drop_at_end(state, run_id: str, stores: Sequence[Any]) -> None:
+    """The run has ended (the controller's end_run, whoever drives): its secrets deleted from its
+    `stores` (across clouds, the home store's copy too). A store out of reach now leaves them to `sdcloud gc`."""
     from ...events import Kind
     from ..records.store import StoreError
 
     try:
-        for store in {id(s): s for s in (ctl.store, getattr(ctl, "home_store", ctl.store))}.values():
-            drop(store, ctl.run_id)
+        for store in {id(s): s for s in stores}.values():
+            drop(store, run_id)
     except (StoreError, OSError) as exc:
-        ctl.state.event(ctl.run_id, Kind.JOURNAL_DEFERRED, {"error": f"secrets not deleted: {exc}"[:200]})
+        state.event(run_id, Kind.JOURNAL_DEFERRED, {"error": f"secrets not deleted: {exc}"[:200]})
 
 
-def taken_up(ctl, record: dict | None) -> dict | None:
+def taken_up(store, run_id: str, run_state: str, record: dict | None) -> dict | None:
     """A run a driver takes up from its inputs record: its token, deleted at its last end, put back
     from this machine's own (a driver without one leaves the host's model phase to say so)."""
-    from ..records.state import ACTIVE_RUN_STATES
+    from ..records.run_state import ACTIVE_RUN_STATES
 
-    if record and ctl.row.get()["state"] in ACTIVE_RUN_STATES:
+    if record and run_state in ACTIVE_RUN_STATES:
         try:
-            put_back(ctl.store, ctl.run_id, record.get("model"))
+            put_back(store, run_id, record.get("model"))
         except Exception:  # noqa: BLE001 - the token is the host's need, said by its model phase
             pass
     return record
