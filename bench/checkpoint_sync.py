@@ -209,7 +209,8 @@ def bench_size(size_mb: int, work: Path, endpoint: str, env: dict, store_opts: d
            "restore_MBps": mbps(down_s["agent"]), "s5cmd_restore_MBps": mbps(down_s["s5cmd"]),
            "notice_to_durable_s": notice_s, "reupload_s": reupload_s}
     # `workers` is s3transfer's knob; the CRT sizes its own connections.
-    knobs = f" workers={store.workers}" if store.engine == "s3transfer" else f" target_gbps={store_opts.get('target_gbps') or 'default'}"
+    knobs = (f" workers={store.workers}" if store.engine == "s3transfer"
+             else f" target_gbps={store_opts.get('target_gbps') or 'default'}")
     knobs += f" restore_workers={store.restore_workers} range={store.range_size // 2**20}MiB"
     print(f"size={size_mb}MB engine={store.engine} part={store.part_size // 2**20}MiB{knobs} "
           f"order={','.join(order)} | upload MB/s: "

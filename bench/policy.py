@@ -203,7 +203,8 @@ def main() -> None:
                   f"{100 * share(r, ANCHOR):.0f}% | {100 * r[ANCHOR][1]:.0f}% | {100 * r[OURS][1]:.0f}% | {verdict(r)} |")
         print()
     print("| trace set / mode | cells | " + " | ".join(policies) + " | optimal | sdcloud cost vs UP | "
-          "sdcloud/opt (of averages) | sdcloud/opt (mean of cells) | worst cell | UP/opt | cells below UP | met (sdcloud, worst cell) |")
+          "sdcloud/opt (of averages) | sdcloud/opt (mean of cells) | worst cell | UP/opt | cells below UP | "
+          "met (sdcloud, worst cell) |")
     print("|---" * (10 + len(policies)) + "|")
     for mode in ("single", "multi"):
         for name in sorted({r["set"] for r in rows}):

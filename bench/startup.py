@@ -37,14 +37,16 @@ def main() -> None:
     floor = timed([py, "-c", "pass"], args.repeat)
     help_s = timed(sdcloud + ["--help"], args.repeat)
     tiers = ["sd15-lora", "sdxl-lora", "sdxl-finetune", "batch-sdxl"]
-    offers = statistics.median(timed(sdcloud + ["offers", "--tier", t, "--json", "--limit", "0"], max(1, args.repeat // 2)) for t in tiers)
+    offers = statistics.median(timed(sdcloud + ["offers", "--tier", t, "--json", "--limit", "0"], max(1, args.repeat // 2))
+                               for t in tiers)
     aws = shutil.which("aws")
     aws_s = timed([aws, "--version"], args.repeat) if aws else float("nan")
     print(f"python -c pass          {floor * 1000:8.1f} ms  (interpreter floor)")
     print(f"sdcloud --help          {help_s * 1000:8.1f} ms")
     print(f"sdcloud offers (all)    {offers * 1000:8.1f} ms  (whole catalog, both markets, JSON)")
     print(f"aws --version           {aws_s * 1000:8.1f} ms  (peer CLI anchor)")
-    print(f"startup help_ms={help_s * 1000:.1f} offers_ms={offers * 1000:.1f} python_ms={floor * 1000:.1f} awscli_ms={aws_s * 1000:.1f}")
+    print(f"startup help_ms={help_s * 1000:.1f} offers_ms={offers * 1000:.1f} "
+          f"python_ms={floor * 1000:.1f} awscli_ms={aws_s * 1000:.1f}")
 
 
 if __name__ == "__main__":

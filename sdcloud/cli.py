@@ -32,7 +32,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "offers": ("offers", "offers", "Rank GPU offers by the expected cost to finish a job."),
     "catalog": ("catalog", "catalog", "Refresh or show the GPU offer catalog."),
     "speeds": ("speeds", "speeds", "List, record or forget the rates runs measured, beside the catalog's."),
-    "report": ("pages.report", "report", "A run's page: samples by checkpoint, charts with events, attempts, cost (HTML or JSON)."),
+    "report": ("pages.report", "report",
+               "A run's page: samples by checkpoint, charts with events, attempts, cost (HTML or JSON)."),
     "dashboard": ("pages.dashboard", "dashboard", "Serve this home's runs and batch jobs as live pages on 127.0.0.1."),
     "cost": ("cost", "cost", "Cost reports per run (table, JSON, CSV, HTML) and reconciliation with the bill."),
     "gc": ("gc", "gc", "Find and terminate hosts that sdcloud launched and no run owns."),
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(exc.ctx.get_help())
         return 0
     except click.UsageError as exc:
-        hint = f" (see: sdcloud {exc.ctx.command_path.split(' ', 1)[1] if exc.ctx and ' ' in exc.ctx.command_path else ''} --help)"
+        sub = exc.ctx.command_path.split(" ", 1)[1] if exc.ctx and " " in exc.ctx.command_path else ""
+        hint = f" (see: sdcloud {sub} --help)"
         click.echo(f"error: {_shown(_one_line(exc.format_message()))}{hint.replace('sdcloud  --help', 'sdcloud --help')}",
                    err=True)
         return 2

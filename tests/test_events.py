@@ -81,4 +81,5 @@ def test_inputs_staged_without_a_dataset_says_so_instead_of_none():
     assert said == "inputs staged on box:/home/u/.sdcloud: no dataset, model tiny, settings [hosts]"
     said = events.words(Kind.INPUTS_STAGED, {"dataset": "s3://b/p/datasets/ab12", "model": "tiny", "settings": {},
                                              "effective": {"network_profile": "mainland"}, "staged_on": "box:/h"})
-    assert said == "inputs staged on box:/h: dataset s3://b/p/datasets/ab12, model tiny, settings [none], network profile mainland"
+    assert said == ("inputs staged on box:/h: dataset s3://b/p/datasets/ab12, model tiny, settings [none], "
+                    "network profile mainland")

@@ -100,7 +100,8 @@ def check_no_secrets(obj: Any, path: str = "") -> None:
     if isinstance(obj, dict):
         for k, v in obj.items():
             if any(w in str(k).lower() for w in SECRET_WORDS):
-                raise ConfigError(f"config key {path + str(k)!r} looks like a secret: credentials come from the instance role or the environment")
+                raise ConfigError(f"config key {path + str(k)!r} looks like a secret: "
+                                  "credentials come from the instance role or the environment")
             check_no_secrets(v, f"{path}{k}.")
     elif isinstance(obj, list):
         for i, v in enumerate(obj):

@@ -87,7 +87,8 @@ def check(gpus: list[Gpu], min_vram_gb: float = 0, rec_vram_gb: float = 0, requi
                         f"floor of a {min_vram_gb:g} GB GPU this tier needs", )
     warnings = []
     if rec_vram_gb and smallest_mib < usable_floor_mib(rec_vram_gb):
-        warnings.append(f"{name} has {smallest:.1f} GB VRAM, below the recommended {rec_vram_gb:g} GB: expect a smaller batch or slower steps")
+        warnings.append(f"{name} has {smallest:.1f} GB VRAM, below the recommended {rec_vram_gb:g} GB: "
+                        "expect a smaller batch or slower steps")
     return GpuCheck(True, gpus, warnings=warnings)
 
 

@@ -27,8 +27,8 @@ from .submit import (BATCH_TIERS, SubmitOptions, job_prefix, lora_identity, stor
 
 # The names callers and tests import from here, wherever they live now.
 __all__ = ["BATCH_TIERS", "SubmitOptions", "cancel", "detach", "end_hosts", "find_job", "job_over", "job_prefix",
-           "job_store", "list_jobs", "lora_identity", "open_hosts", "progress", "pull", "run_job", "run_local", "store_conf", "submit",
-           "validate", "verify_job"]
+           "job_store", "list_jobs", "lora_identity", "open_hosts", "progress", "pull", "run_job", "run_local", "store_conf",
+           "submit", "validate", "verify_job"]
 
 
 def cancel(job_id: str, reason: str = "cancelled by sdcloud batch cancel") -> dict[str, Any]:

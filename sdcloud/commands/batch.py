@@ -20,7 +20,8 @@ def submit_options(f):
     opts = [
         click.option("--tier", required=True, metavar="TIER", help=", ".join(BATCH_TIER_NAMES)),
         click.option("--model", required=True, metavar="MODEL", help="base model (a hub id or a local folder on the host)"),
-        click.option("--lora", default=None, metavar="RUN|FILE", help="a training run (its id or name, see sdcloud status) or a LoRA file"),
+        click.option("--lora", default=None, metavar="RUN|FILE",
+                     help="a training run (its id or name, see sdcloud status) or a LoRA file"),
         click.option("--prompts", "prompts", required=True, type=click.Path(dir_okay=False), metavar="FILE",
                      help="text (one a line) or JSONL"),
         click.option("--images-per-prompt", type=int, default=1, show_default=True, metavar="N"),
@@ -29,7 +30,8 @@ def submit_options(f):
         click.option("--height", type=int, default=None, metavar="PX", help="image height (as --width)"),
         click.option("--steps", type=int, default=None, metavar="N",
                      help="sampling steps (as --width; default 30, tiny 2)"),
-        click.option("--workers", type=int, default=None, metavar="K", help="K hosts working in parallel (default 1, or what --deadline needs)"),
+        click.option("--workers", type=int, default=None, metavar="K",
+                     help="K hosts working in parallel (default 1, or what --deadline needs)"),
         click.option("--spot/--on-demand", "spot", default=True, show_default=True),
         click.option("--max-price", type=USD_PER_HOUR, default=None, help="USD per hour per host"),
         click.option("--deadline", default=None, metavar="DURATION", help="e.g. 8h, 1d12h"),
@@ -184,7 +186,8 @@ def status(job: str, as_json: bool) -> None:
 @batch.command()
 @output_options
 @click.argument("job")
-@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True, metavar="SECONDS", help="How often to look.")
+@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True, metavar="SECONDS",
+              help="How often to look.")
 def watch(job: str, interval: float) -> None:
     """Follow a job's progress until it ends. Exit 0 when it succeeded, 1 when it ended otherwise,
     4 when no driver is running it (as `sdcloud watch` does), 130 on Ctrl-C (the job continues)."""
@@ -294,7 +297,8 @@ def schedule() -> None:
 @schedule.command("add")
 @output_options
 @click.option("--cron", required=True, metavar="CRON", help='five fields, e.g. "0 2 * * *"')
-@click.option("--tz", default=None, metavar="TIMEZONE", help="IANA time zone, e.g. Europe/Berlin (default UTC; Tencent: Asia/Shanghai)")
+@click.option("--tz", default=None, metavar="TIMEZONE",
+              help="IANA time zone, e.g. Europe/Berlin (default UTC; Tencent: Asia/Shanghai)")
 @submit_options
 def schedule_add(cron: str, tz: str | None, **kw) -> None:
     """Add a schedule (the submit options are checked now, and again at each fire). With --provider aws or

@@ -32,7 +32,8 @@ def _refresher(provider: str):
 @output_options
 @wide_option
 @click.option("--provider", required=True, type=provider_choice(has_catalog), help="Which provider's catalog to refresh.")
-@click.option("--region", "regions", multiple=True, metavar="REGION", help="Region to refresh (repeatable; default: the catalog's regions).")
+@click.option("--region", "regions", multiple=True, metavar="REGION",
+              help="Region to refresh (repeatable; default: the catalog's regions).")
 @click.option("--public", is_flag=True, help="AWS: on-demand prices from the public bulk price list and bands from the "
               "spot advisor data, without credentials (per-zone spot prices stay as they were).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -103,7 +104,8 @@ def show(provider: str | None, region: str | None, as_json: bool) -> None:
         note(warning, wrap=True)
     table("GPU offer catalog", ["provider", "region", "zone", "type", "GPU", "VRAM MiB/GB", "vCPU", "RAM", "NVMe",
                                 "on-demand", "spot", "cur", "band"],
-          [(r.provider, r.region, r.zone or "*", r.instance_type, f"{r.gpu_count}x {r.gpu}", f"{r.usable_vram_mib}/{r.vram_gb:g}", r.vcpus,
+          [(r.provider, r.region, r.zone or "*", r.instance_type, f"{r.gpu_count}x {r.gpu}",
+            f"{r.usable_vram_mib}/{r.vram_gb:g}", r.vcpus,
             f"{r.memory_gb:g}", f"{r.nvme_gb:g}",
             "" if r.ondemand_price is None else f"{r.ondemand_price:g}" + ("~" if r.ondemand_estimate else ""),
             "" if r.spot_price is None else f"{r.spot_price:g}" + ("~" if r.spot_estimate else ""),

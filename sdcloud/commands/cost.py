@@ -101,7 +101,8 @@ def report(runs: tuple[str, ...], since: str | None, all_runs: bool, fmt: str, o
 @output_options
 @wide_option
 @click.option("--since", default="30d", show_default=True, metavar="DURATION", help="Runs created or active within this long.")
-@click.option("--threshold", default="10", show_default=True, metavar="PERCENT", help="Flag runs whose bill differs by more than this percent.")
+@click.option("--threshold", default="10", show_default=True, metavar="PERCENT",
+              help="Flag runs whose bill differs by more than this percent.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def reconcile(since: str, threshold: str, as_json: bool) -> None:
     """Fetch the billed amount of each run (AWS Cost Explorer, Tencent DescribeBillDetail) and compare."""

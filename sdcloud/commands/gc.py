@@ -25,8 +25,10 @@ def _row(inst) -> dict:
 @click.command()
 @output_options
 @wide_option
-@click.option("--provider", required=True, type=provider_choice(), help="Where to search: a cloud, your SSH hosts, or this machine.")
-@click.option("--region", "regions", multiple=True, metavar="REGION", help="Region to search (repeatable; default: the catalog's regions).")
+@click.option("--provider", required=True, type=provider_choice(),
+              help="Where to search: a cloud, your SSH hosts, or this machine.")
+@click.option("--region", "regions", multiple=True, metavar="REGION",
+              help="Region to search (repeatable; default: the catalog's regions).")
 @click.option("--yes", is_flag=True, help="Terminate without asking.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def gc(provider: str, regions: tuple[str, ...], yes: bool, as_json: bool) -> None:

@@ -15,11 +15,14 @@ _region = click.option("--region", required=True, metavar="REGION", help="Region
 def _settings(f):
     """The stack settings shared by up and preview (defaults: config.toml [infra], then built-in)."""
     for opt in reversed([
-        click.option("--ssh-cidr", metavar="CIDR", help="The only network allowed to SSH in ('' for none; default: this machine's address /32)."),
-        click.option("--public-key", metavar="KEY|FILE", help="OpenSSH public key text or .pub file (default: ~/.ssh/id_ed25519.pub or id_rsa.pub)."),
+        click.option("--ssh-cidr", metavar="CIDR",
+                     help="The only network allowed to SSH in ('' for none; default: this machine's address /32)."),
+        click.option("--public-key", metavar="KEY|FILE",
+                     help="OpenSSH public key text or .pub file (default: ~/.ssh/id_ed25519.pub or id_rsa.pub)."),
         click.option("--prefix", metavar="PREFIX", help="Key prefix in the bucket; the host role may touch nothing outside it."),
         click.option("--root-volume-gb", type=click.IntRange(min=1), metavar="GB", help="Root disk size of a host, GB."),
-        click.option("--checkpoint-expire-days", type=click.IntRange(min=0), metavar="DAYS", help="Days after which checkpoints and logs expire (0: keep)."),
+        click.option("--checkpoint-expire-days", type=click.IntRange(min=0), metavar="DAYS",
+                     help="Days after which checkpoints and logs expire (0: keep)."),
         click.option("--set", "extra", multiple=True, metavar="KEY=VALUE", help="Any other sdcloud:KEY stack setting."),
     ]):
         f = opt(f)

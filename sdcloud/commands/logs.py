@@ -20,7 +20,8 @@ from .common import complete_runs, find_run, state_store
 @click.option("--attempt", type=int, metavar="N", help="Only attempt N (and the controller's events about it).")
 @click.option("--steps", is_flag=True, help="Include the trainer's per-step lines.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON record per line: time, source, attempt, kind, text.")
-@click.option("--node", type=click.IntRange(min=0), metavar="K", help="One host of a multi-node run: its log alone (0 is rank 0).")
+@click.option("--node", type=click.IntRange(min=0), metavar="K",
+              help="One host of a multi-node run: its log alone (0 is rank 0).")
 def logs(run: str, follow: bool, tail_n: int | None, attempt: int | None, steps: bool, as_json: bool,
          node: int | None) -> None:
     """Print (or follow) a run's log: controller events and the hosts' logs, merged in time order.

@@ -31,7 +31,8 @@ def tiers(as_json: bool) -> None:
           [(t.name, f"{t.min_vram_gb:g}/{t.rec_vram_gb:g} GB", t.gpu_count, t.vcpus, f"{t.memory_gb:g} GB", f"{t.nvme_gb:g} GB",
             f"{t.job_size} {t.unit} @ {t.resolution}px bs{t.batch_size}", " ".join(t.gpus_fit()), t.description) for t in items],
           drop=["description", "fits", "NVMe", "reference job", "RAM", "vCPU", "GPUs"], wrap=["description", "fits"],
-          caption="VRAM is usable memory as the driver reports it; sources of each figure: sdcloud tiers --json, or docs/tiers.md")
+          caption="VRAM is usable memory as the driver reports it; sources of each figure: "
+                  "sdcloud tiers --json, or docs/tiers.md")
 
 
 def _short_notes(est) -> str:
@@ -54,9 +55,11 @@ def _short_notes(est) -> str:
 @click.option("--provider", metavar="PROVIDER", shell_complete=complete_providers, cls=ProvidersHelp,
               help="{catalog}; aws,tencent ranks both in one table.")
 @click.option("--region", metavar="REGION", shell_complete=complete_regions, help="One region, e.g. us-east-1 or ap-guangzhou.")
-@click.option("--steps", type=int, metavar="N", help="Job size in steps (images for batch tiers) instead of the tier's reference job.")
+@click.option("--steps", type=int, metavar="N",
+              help="Job size in steps (images for batch tiers) instead of the tier's reference job.")
 @click.option("--limit", type=int, default=15, show_default=True, metavar="N", help="Rows to show (0 = all).")
-@click.option("--explain", is_flag=True, help="Show why each row ranks where it does: price source and age, rate and its source, band, overhead.")
+@click.option("--explain", is_flag=True,
+              help="Show why each row ranks where it does: price source and age, rate and its source, band, overhead.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list ranked by est_cost.")
 @click.option("--nodes", type=int, default=1, show_default=True, metavar="N",
               help="Rank groups of N same-type hosts in one zone training together (training tiers).")
@@ -137,7 +140,8 @@ def offers(tier_name: str, spot: bool | None, on_demand: bool | None, max_price:
     table(f"{tier.name}: {job} {tier.unit}, cheapest to finish first",
           ["#", "provider", "region", "type", "GPU", "VRAM", "market", "$/h", "est h", "est $", "interruption", "notes"],
           [(i + 1, e.offer.row.provider, e.offer.row.region, e.offer.row.instance_type,
-            f"{e.offer.row.gpu_count}x {e.offer.row.gpu}", f"{e.offer.row.usable_vram_mib / 1024:.1f}/{e.offer.row.vram_gb:g} GB", e.offer.market,
+            f"{e.offer.row.gpu_count}x {e.offer.row.gpu}", f"{e.offer.row.usable_vram_mib / 1024:.1f}/{e.offer.row.vram_gb:g} GB",
+            e.offer.market,
             f"{e.offer.price_per_hour_usd:.4f}" + ("~" if _estimated(e) else ""),
             f"{e.est_hours:.2f}", f"{e.est_cost:.2f}", e.as_dict()["interruption"], _short_notes(e))
            for i, e in enumerate(shown)],

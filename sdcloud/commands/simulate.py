@@ -28,7 +28,8 @@ class _PolicyOption(click.Option):
                    "CLOUD:FILE puts the zone in a cloud, and a launch in another cloud than the checkpoint's is a move.")
 @click.option("--job-hours", type=float, required=True, metavar="HOURS", help="C: hours of work the job needs.")
 @click.option("--deadline-hours", type=float, required=True, metavar="HOURS", help="R: hours from start to deadline.")
-@click.option("--restart-hours", type=float, required=True, metavar="HOURS", help="d: hours lost on every launch, move or restart.")
+@click.option("--restart-hours", type=float, required=True, metavar="HOURS",
+              help="d: hours lost on every launch, move or restart.")
 @click.option("--spot-price", type=float, default=0.9731, show_default=True, metavar="USD",
               help="Spot USD per hour, for zones without a price series of their own.")
 @click.option("--prices", "prices_file", metavar="FILE",
@@ -39,10 +40,12 @@ class _PolicyOption(click.Option):
 @click.option("--policy", "policies", multiple=True, metavar="P", cls=_PolicyOption,
               help="Policy to replay (repeatable): {names}. Default: all but sdcloud-one-cloud (one cloud) or "
                    "optimal (several clouds).")
-@click.option("--starts", type=int, default=300, show_default=True, metavar="N", help="Random start points (the same for every policy).")
+@click.option("--starts", type=int, default=300, show_default=True, metavar="N",
+              help="Random start points (the same for every policy).")
 @click.option("--seed", type=int, default=0, show_default=True, metavar="N", help="Seed for the start points.")
 @click.option("--single-zone", is_flag=True, help="Keep every policy to the zone it started in.")
-@click.option("--tick", "tick_seconds", type=int, metavar="SECONDS", help="Coarsen the traces to this tick (seconds); a tick counts as "
+@click.option("--tick", "tick_seconds", type=int, metavar="SECONDS",
+              help="Coarsen the traces to this tick (seconds); a tick counts as "
               "available only if spot was there all through it.")
 @click.option("--cloud-prices", "cloud_prices", multiple=True, metavar="CLOUD:SPOT:ONDEMAND[:CURRENCY]",
               help="Flat prices per hour for one cloud's zones, in its currency (CNY turned into USD at the "

@@ -16,7 +16,8 @@ from .common import EXIT_INTERRUPTED, EXIT_NO_CONTROLLER, EXIT_NOT_SUCCEEDED, co
 @click.command()
 @output_options
 @click.argument("run", metavar="RUN", shell_complete=complete_runs)
-@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True, metavar="SECONDS", help="How often to look.")
+@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True, metavar="SECONDS",
+              help="How often to look.")
 @click.option("--drive", "take_over", is_flag=True,
               help="Take the run from whichever driver holds it (the cloud driver, another machine) and drive it here.")
 def watch(run: str, interval: float, take_over: bool) -> None:

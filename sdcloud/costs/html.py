@@ -150,7 +150,8 @@ def tables_html(report: dict) -> str:
     e = html.escape
     parts = ["<h2>Runs</h2><table><tr><th class=\"l\">run</th><th class=\"l\">tier</th><th class=\"l\">provider</th>"
              "<th>attempts</th><th>reclaims</th><th>lost h</th><th>estimate $</th><th>billed $</th><th>total $</th>"
-             "<th>on-demand $</th><th>saved $</th><th>saved %</th><th>$ / 1k steps</th><th>$ / image</th><th>$ / 1k images</th></tr>"]
+             "<th>on-demand $</th><th>saved $</th><th>saved %</th><th>$ / 1k steps</th><th>$ / image</th>"
+             "<th>$ / 1k images</th></tr>"]
     for r in report["runs"]:
         parts.append(f'<tr data-run="{e(r["run"])}">' + _cell(r["name"] or r["run"], left=True) + _cell(r["tier"], left=True)
                      + _cell(r["provider"], left=True) + _cell(len(r["attempts"])) + _cell(r["reclaims"], "reclaims")

@@ -293,7 +293,8 @@ def run_cost(state, run: dict, now: float | None = None) -> dict:
         "attempts": rows,
         "nodes": node_view(rows, nodes),  # a multi-node run: each node's hours and cost, the group's totals
         "run_items": {i["item"]: {"amount": round(i["amount"], DECIMALS + 2), "currency": i["currency"],
-                                  "usd": round(i["usd"], DECIMALS), "source": i["source"], "detail": i["detail"]} for i in run_items},
+                                  "usd": round(i["usd"], DECIMALS), "source": i["source"], "detail": i["detail"]}
+                      for i in run_items},
         # Only what a cloud or the simulation announced: a host lost from sight is no reclaim.
         "reclaims": sum(1 for a in attempts if a.end_reason == "preempted"),
         "lost_hours": round(lost_h, DECIMALS),
@@ -332,4 +333,5 @@ def summary_cost(state, run: dict, now: float | None = None) -> dict:
             "savings_pct": c["savings_pct"], "reclaims": c["reclaims"], "lost_hours": c["lost_hours"]}
 
 
-__all__ = ["savings", "summary_cost", "attempt_costs_usd", "started", "observe", "closed", "record_egress", "record_move", "price_attempt", "run_cost", "live_cost_usd", "mean_price"]
+__all__ = ["savings", "summary_cost", "attempt_costs_usd", "started", "observe", "closed", "record_egress", "record_move",
+           "price_attempt", "run_cost", "live_cost_usd", "mean_price"]

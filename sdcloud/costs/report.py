@@ -118,7 +118,8 @@ def fmt_image(value) -> str:
 
 CSV_COLUMNS = ["level", "run", "name", "tier", "provider", "attempt", "region", "zone", "instance_type", "market", "hours",
                "end_reason", *[f"{i}_usd" for i in ITEMS], "compute_source", "lost_hours", "cost_usd", "ondemand_usd",
-               "billed_usd", "total_usd", "savings_usd", "savings_pct", "cost_per_1k_steps", "images_done", "cost_per_image", "cost_per_1k_images",
+               "billed_usd", "total_usd", "savings_usd", "savings_pct", "cost_per_1k_steps", "images_done", "cost_per_image",
+               "cost_per_1k_images",
                "reclaims", "cause", "lost_minutes", "lost_usd"]
 
 
@@ -139,13 +140,15 @@ def to_csv(report: dict) -> str:
                         "cost_usd": fmt(a["cost_usd"]),
                         "ondemand_usd": fmt(a["ondemand_usd"]) if r["ondemand_usd"] is not None else ""})
         w.writerow({**base, "level": "run", "hours": fmt(r["hours"]), "lost_hours": fmt(r["lost_hours"]),
-                    "cost_usd": fmt(r["estimate_usd"]), "ondemand_usd": fmt(r["ondemand_usd"]), "billed_usd": fmt(r["billed_usd"]),
+                    "cost_usd": fmt(r["estimate_usd"]), "ondemand_usd": fmt(r["ondemand_usd"]),
+                    "billed_usd": fmt(r["billed_usd"]),
                     "total_usd": fmt(r["total_usd"]), "savings_usd": fmt(r["savings_usd"]), "savings_pct": fmt(r["savings_pct"]),
                     "cost_per_1k_steps": fmt(r["cost_per_1k_steps"]), "images_done": r.get("images_done", ""),
                     "cost_per_image": fmt_image(r["cost_per_image"]), "cost_per_1k_images": fmt(r.get("cost_per_1k_images")),
                     "reclaims": r["reclaims"]})
     t = report["totals"]
-    w.writerow({"level": "total", "hours": fmt(t["hours"]), "lost_hours": fmt(t["lost_hours"]), "cost_usd": fmt(t["estimate_usd"]),
+    w.writerow({"level": "total", "hours": fmt(t["hours"]), "lost_hours": fmt(t["lost_hours"]),
+                "cost_usd": fmt(t["estimate_usd"]),
                 "ondemand_usd": fmt(t["ondemand_usd"]), "total_usd": fmt(t["total_usd"]), "savings_usd": fmt(t["savings_usd"]),
                 "savings_pct": fmt(t["savings_pct"]), "reclaims": t["reclaims"]})
     from .losses import csv_rows
@@ -175,7 +178,8 @@ def print_tables(report: dict) -> None:
 
     for r in report["runs"]:
         batch = RunKind.of(r) is RunKind.BATCH
-        title = f"{'job' if batch else 'run'} {r['run']}" + (f" ({r['name']})" if r["name"] else "") + f": {r['tier']}, {r['state']}"
+        title = (f"{'job' if batch else 'run'} {r['run']}" + (f" ({r['name']})" if r["name"] else "")
+                 + f": {r['tier']}, {r['state']}")
         od_known = r["ondemand_usd"] is not None
         rows = [(a["n"], a["provider"], a["zone"], a["instance_type"], a["market"], fmt(a["hours"]), a["end_reason"] or "running",
                  *[fmt(a["items"][i]["usd"]) if i in a["items"] else "" for i in ITEMS], a["items"]["compute"]["source"],
@@ -208,11 +212,13 @@ def print_tables(report: dict) -> None:
     if not t["runs"]:
         echo("no runs or batch jobs to report: nothing was spent (see: sdcloud status)")
         return
-    over = "" if t.get("savings_over_runs", t["runs"]) == t["runs"] else f" (over the {t['savings_over_runs']} runs whose on-demand price is known)"
+    over = ("" if t.get("savings_over_runs", t["runs"]) == t["runs"]
+            else f" (over the {t['savings_over_runs']} runs whose on-demand price is known)")
     kinds = {"job" if RunKind.of(r) is RunKind.BATCH else "run" for r in report["runs"]}
     noun = "job" if kinds == {"job"} else "run"
     many = {"job": "jobs", "run": "runs"}[noun] if len(kinds) == 1 else "runs and jobs"
-    echo((f"the one {noun}" if t["runs"] == 1 else f"all {t['runs']} {many}") + f": total ${fmt(t['total_usd'])}; on-demand ${fmt(t['ondemand_usd'])}; "
+    echo((f"the one {noun}" if t["runs"] == 1 else f"all {t['runs']} {many}")
+         + f": total ${fmt(t['total_usd'])}; on-demand ${fmt(t['ondemand_usd'])}; "
          f"saved ${fmt(t['savings_usd'])}{over}; reclaims {t['reclaims']}, lost {fmt(t['lost_hours'])} h")
     for cur, rate in report["rates"].items():
         echo(f"{cur} converted at {rate['usd_per_unit']} USD per {cur}")

@@ -251,7 +251,8 @@ def _stack(provider: str, region: str, create: bool = True) -> Any:
             return auto.create_or_select_stack(region, project_name=project, program=_program(provider), opts=opts)
         return auto.select_stack(region, project_name=project, program=_program(provider), opts=opts)
     except auto.StackNotFoundError:
-        raise UserError(f"no {provider} stack in {region} yet: run `sdcloud infra up --provider {provider} --region {region}`") from None
+        raise UserError(f"no {provider} stack in {region} yet: "
+                        f"run `sdcloud infra up --provider {provider} --region {region}`") from None
     except auto.CommandError as exc:
         raise UserError(_short(exc), exit_code=1) from None
 

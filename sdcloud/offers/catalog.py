@@ -282,7 +282,8 @@ def stale_warning(sources: list[CatalogSource], now: datetime | None = None) -> 
             old.append((s, f"has prices from {stamp.date().isoformat()} ({days:.0f} days old)"))
     if not old:
         return None
-    parts = "; ".join(f"{s.provider} {s.origin} catalog {why}, refresh: {_HINTS.get(s.provider, f'`sdcloud catalog refresh --provider {s.provider}`')}"
+    parts = "; ".join(f"{s.provider} {s.origin} catalog {why}, refresh: "
+                      f"{_HINTS.get(s.provider, f'`sdcloud catalog refresh --provider {s.provider}`')}"
                       for s, why in old)
     return f"warning: prices older than {limit:g} days: {parts}"
 

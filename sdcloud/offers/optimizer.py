@@ -221,7 +221,8 @@ def estimate(tier: Tier, offer: Offer, job_size: int | None = None,
     r = offer.row
     usable_gb = r.usable_vram_mib / 1024
     if usable_gb < tier.rec_vram_gb:
-        warnings.append(f"{usable_gb:.1f} GB usable VRAM is below the recommended {tier.rec_vram_gb:g} GB: smaller batches, slower")
+        warnings.append(f"{usable_gb:.1f} GB usable VRAM is below the recommended {tier.rec_vram_gb:g} GB: "
+                        "smaller batches, slower")
     if r.vcpus and r.vcpus < tier.vcpus:
         # RAM below the tier's is filtered out (fits); fewer vCPUs only slows data loading: warned.
         warnings.append(f"{r.vcpus} vCPUs is below the {tier.vcpus} the tier asks for: image decoding may slow the GPU")
@@ -245,7 +246,8 @@ def check_region(rows: list, region: str, provider: str | None = None) -> None:
     """Refuse a region that no catalog row (of `provider`'s, when given) is in, naming the known ones."""
     regions = sorted({r.region for r in rows if provider is None or r.provider == provider})
     if region not in regions:
-        raise UserError(f"unknown region {region!r}" + (f" for {provider}" if provider else "") + f"; known: {', '.join(regions)}")
+        raise UserError(f"unknown region {region!r}" + (f" for {provider}" if provider else "")
+                        + f"; known: {', '.join(regions)}")
 
 
 def rank(

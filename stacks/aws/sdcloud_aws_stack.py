@@ -72,7 +72,8 @@ class StackConfig:
         self.prefix = check_prefix(self.prefix)
         self.ssh_cidr = check_ssh_cidr(self.ssh_cidr)
         if self.root_volume_gb < 30:
-            raise ValueError(f"sdcloud:rootVolumeGb must be at least 30 (the Deep Learning AMI needs it), got {self.root_volume_gb}")
+            raise ValueError(f"sdcloud:rootVolumeGb must be at least 30 (the Deep Learning AMI needs it), "
+                             f"got {self.root_volume_gb}")
         if self.checkpoint_expire_days < 0:
             raise ValueError(f"sdcloud:checkpointExpireDays must be 0 (keep forever) or more, got {self.checkpoint_expire_days}")
         if not 1 <= self.max_zones <= 16:
@@ -93,7 +94,8 @@ def load_config() -> StackConfig:
         public_key=conf.get("publicKey") or "",
         root_volume_gb=conf.get_int("rootVolumeGb") or defaults.root_volume_gb,
         owner_tag=conf.get("ownerTag") or "",
-        checkpoint_expire_days=conf.get_int("checkpointExpireDays") if conf.get("checkpointExpireDays") is not None else defaults.checkpoint_expire_days,
+        checkpoint_expire_days=(conf.get_int("checkpointExpireDays") if conf.get("checkpointExpireDays") is not None
+                                else defaults.checkpoint_expire_days),
         agent_source=conf.get("agentSource") or defaults.agent_source,
         ami_parameter=conf.get("amiParameter") or defaults.ami_parameter,
         vpc_cidr=conf.get("vpcCidr") or defaults.vpc_cidr,
@@ -257,8 +259,9 @@ def _driver(cfg: StackConfig, region: str, bucket: aws.s3.Bucket, host_role: aws
     role = aws.iam.Role("driver-role", description="sdcloud cloud driver: a controller step's calls, nothing more",
                         assume_role_policy=driver_policy.assume_role_policy("lambda.amazonaws.com"),
                         tags=tags_for(cfg, "driver-role"))
-    access = aws.iam.RolePolicy("driver-access", role=role.id, policy=pulumi.Output.all(bucket.bucket, host_role.arn, logs.arn).apply(
-        lambda v: driver_policy.function_policy_document(v[0], cfg.prefix, account, v[1], v[2])))
+    access = aws.iam.RolePolicy(
+        "driver-access", role=role.id, policy=pulumi.Output.all(bucket.bucket, host_role.arn, logs.arn).apply(
+            lambda v: driver_policy.function_policy_document(v[0], cfg.prefix, account, v[1], v[2])))
     function = aws.lambda_.Function(
         "driver", name=name, description="sdcloud cloud driver: steps for runs whose driver lease lapsed",
         role=role.arn, runtime=driver_policy.FUNCTION_RUNTIME, handler=driver_policy.FUNCTION_HANDLER,

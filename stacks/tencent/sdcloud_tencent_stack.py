@@ -94,7 +94,8 @@ def load_config() -> StackConfig:
         public_key=conf.get("publicKey") or "",
         root_volume_gb=conf.get_int("rootVolumeGb") or d.root_volume_gb,
         owner_tag=conf.get("ownerTag") or "",
-        checkpoint_expire_days=conf.get_int("checkpointExpireDays") if conf.get("checkpointExpireDays") is not None else d.checkpoint_expire_days,
+        checkpoint_expire_days=(conf.get_int("checkpointExpireDays") if conf.get("checkpointExpireDays") is not None
+                                else d.checkpoint_expire_days),
         agent_source=conf.get("agentSource") or d.agent_source,
         image_id=conf.get("imageId") or "",
         image_regex=conf.get("imageRegex") or d.image_regex,
@@ -123,7 +124,8 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
   # Wait for the dpkg lock: unattended upgrades hold it in a new instance's first minutes.
   apt-get -o DPkg::Lock::Timeout={APT_LOCK_WAIT} update -q
   # DKMS builds the driver's module for the running kernel: its headers come first.
-  apt-get -o DPkg::Lock::Timeout={APT_LOCK_WAIT} install -y -q "linux-headers-$(uname -r)" nvidia-driver-{driver} nvidia-utils-{driver} python3-venv
+  apt-get -o DPkg::Lock::Timeout={APT_LOCK_WAIT} install -y -q "linux-headers-$(uname -r)" nvidia-driver-{driver} \
+nvidia-utils-{driver} python3-venv
   modprobe nvidia || true
 fi
 """

@@ -444,7 +444,8 @@ def test_text_encoder_outputs_are_not_cached_when_kohyas_assert_would_fail(tmp_p
     opts = oom.script_options("kohya", base)
     r, _, change = oom.Ladder("kohya", base, script_options=opts).step(
         oom.Recipe(rungs=["gradient-checkpointing", "8bit-optimizer"]))
-    assert "text-encoder outputs cached" in change and oom.Ladder("kohya", base, script_options=opts).apply(r).get("cache_text_encoder_outputs") is True
+    assert ("text-encoder outputs cached" in change
+            and oom.Ladder("kohya", base, script_options=opts).apply(r).get("cache_text_encoder_outputs") is True)
     for blocker in ({"shuffle_caption": True}, {"caption_dropout_rate": 0.1}, {"token_warmup_step": 10},
                     {"caption_tag_dropout_rate": 0.2}):
         ladder = oom.Ladder("kohya", {**base, **blocker}, script_options=opts)

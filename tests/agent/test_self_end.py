@@ -315,7 +315,8 @@ def test_aws_host_ends_itself_when_the_controller_is_gone(moto_server, monkeypat
         for res in ec2.describe_instances(Filters=[{"Name": "tag:sdcloud:run", "Values": [ctl.run_id]}])["Reservations"]:
             for inst in res["Instances"]:
                 running = inst["State"]["Name"] == "running"
-                ud = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")["UserData"].get("Value", "") if running else ""
+                ud = (ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")["UserData"]
+                      .get("Value", "") if running else "")
                 yield inst["InstanceId"], running, ud
 
     # A failure the trainer reports itself: an unknown flag to the builtin trainer.

@@ -84,7 +84,8 @@ def test_a_local_run_with_a_token_set_leaves_it_in_no_output_or_file(sdcloud_hom
     html = tmp_path / "report.html"
     for args in (["status"], ["status", run_id], ["status", run_id, "--json"], ["logs", run_id], ["logs", run_id, "-v"],
                  ["cost", "report", run_id], ["cost", "report", run_id, "--format", "json"],
-                 ["cost", "report", "--all", "--format", "csv"], ["cost", "report", run_id, "--format", "html", "-o", str(html)], ["config", "show"], ["config", "show", "--json"],
+                 ["cost", "report", "--all", "--format", "csv"], ["cost", "report", run_id, "--format", "html", "-o", str(html)],
+                 ["config", "show"], ["config", "show", "--json"],
                  ["pull", run_id, str(tmp_path / "out")]):
         proc = run(*args, env=env)
         assert proc.returncode == 0, (args, proc.stderr[-2000:])

@@ -77,7 +77,8 @@ def troubled_run(sdcloud_home, tmp_path):
 
 # By hand: data wait 2 x 60 s x 40% = 48 s; throttling 2 x 60 s x (1 - 0.8) = 24 s; saves 2 x 60 s x
 # 10% = 12 s; OOM restarts +600 -> +690 = 90 s and 30 s measured; boot 240 s; no reclaim.
-BY_HAND_MIN = {"data_wait": 0.8, "throttling": 0.4, "saves": 0.2, "oom_restarts": 2.0, "reclaims": 0.0, "boots": 4.0, "sampling": 0.0}
+BY_HAND_MIN = {"data_wait": 0.8, "throttling": 0.4, "saves": 0.2, "oom_restarts": 2.0, "reclaims": 0.0, "boots": 4.0,
+               "sampling": 0.0}
 
 
 def _out(capsys, *args) -> str:
@@ -106,7 +107,8 @@ def test_minutes_lost_per_cause_with_their_cost_in_every_format(troubled_run, ca
     table = " ".join(_out(capsys, "cost", "report", run_id).split())
     assert (f"minutes lost: data wait 0.80 (${loss['usd']['data_wait']:.4f}), throttling 0.40 "
             f"(${loss['usd']['throttling']:.4f}), saves 0.20") in table
-    assert "OOM restarts 2.00" in table and "boots 4.00" in table and "reclaims" not in table.split("minutes lost")[1].split("in all")[0]
+    assert ("OOM restarts 2.00" in table and "boots 4.00" in table
+            and "reclaims" not in table.split("minutes lost")[1].split("in all")[0])
     page = tmp_path / "r.html"
     assert main(["cost", "report", run_id, "--format", "html", "--output", str(page)]) == 0
     text = page.read_text()

@@ -43,7 +43,8 @@ def one_hour_run(state: StateStore, run_id: str, provider: str, market: str, of:
 def set_ce_results(endpoint: str, groups: dict[str, str]) -> None:
     day = datetime.fromtimestamp(NOW, timezone.utc).strftime("%Y-%m-%d")
     result = {"ResultsByTime": [{"TimePeriod": {"Start": day, "End": day}, "Total": {}, "Estimated": True,
-                                 "Groups": [{"Keys": [f"sdcloud:run${rid}"], "Metrics": {"UnblendedCost": {"Amount": amt, "Unit": "USD"}}}
+                                 "Groups": [{"Keys": [f"sdcloud:run${rid}"],
+                                             "Metrics": {"UnblendedCost": {"Amount": amt, "Unit": "USD"}}}
                                             for rid, amt in groups.items()]}],
               "DimensionValueAttributes": []}
     req = urllib.request.Request(f"{endpoint}/moto-api/static/ce/cost-and-usage-results", method="POST",

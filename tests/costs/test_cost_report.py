@@ -30,7 +30,8 @@ GP3, S3GB, PUT, GET = 0.08, 0.023, 0.005, 0.0004
 def row(zone: str) -> CatalogRow:
     return CatalogRow(provider="aws", region="us-east-1", zone=zone, instance_type="g5.xlarge", gpu="A10G", gpu_count=1,
                       vram_gb=24, vcpus=4, memory_gb=16, nvme_gb=250, ondemand_price=OD, spot_price=0.40, currency="USD",
-                      interruption_band=2, snapshot_date="2026-11-01", ondemand_estimate=False, spot_estimate=False, source="test")
+                      interruption_band=2, snapshot_date="2026-11-01", ondemand_estimate=False, spot_estimate=False,
+                      source="test")
 
 
 class HistoryProvider:
@@ -76,7 +77,8 @@ def costed_run(tmp_path):
     plan = [
         # n, zone, market, start, end, end_reason, statuses, bucket objects at its end
         (1, "us-east-1a", "spot", T0, T0 + 2400, "preempted",
-         [status(1, 0, T0 + 300), status(1, 1050, T0 + 2390)], [("dataset/a", GIB), ("checkpoints/1", GIB), ("status.json", 100)]),
+         [status(1, 0, T0 + 300), status(1, 1050, T0 + 2390)],
+         [("dataset/a", GIB), ("checkpoints/1", GIB), ("status.json", 100)]),
         (2, "us-east-1b", "spot", T0 + 3000, T0 + 3000 + 7200, "preempted",
          [status(2, 1000, T0 + 3600), status(2, 2500, T0 + 10150)], [("checkpoints/2", GIB), ("checkpoints/3", GIB), ("x", 0)]),
         (3, "us-east-1b", "on-demand", T0 + 10800, T0 + 14400, "succeeded",

@@ -149,7 +149,8 @@ def test_a_mainland_host_boots_from_the_mirrors_and_the_bucket_alone_then_restor
             agent_log = (root1 / "var/lib/sdcloud/work/attempt-1.log").read_text()
             assert "resolution: 32 px from the model's config" in agent_log
             # The host's python is the system's, and the agent ran from the environment the boot built.
-            assert f"{root1}/opt/sdcloud/env/bin/python -m sdcloud_agent run" in (root1 / "etc/systemd/system/sdcloud-agent.service").read_text()
+            assert (f"{root1}/opt/sdcloud/env/bin/python -m sdcloud_agent run"
+                    in (root1 / "etc/systemd/system/sdcloud-agent.service").read_text())
 
             # Boot 2: a fresh root, the next run. The environment and the model come from the cache.
             root2 = tmp_path / "host2"

@@ -70,7 +70,8 @@ def test_aws_reclaim_relaunches_in_another_zone_and_finishes(moto_server, monkey
         for res in ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": ["sdcloud:run"]}])["Reservations"]:
             for inst in res["Instances"]:
                 running = inst["State"]["Name"] == "running"
-                ud = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")["UserData"].get("Value", "") if running else ""
+                ud = (ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")["UserData"]
+                      .get("Value", "") if running else "")
                 yield inst["InstanceId"], running, ud
 
     hosts = HostEmulator(listing, tmp_path / "hosts", env).start()
@@ -95,12 +96,14 @@ def test_aws_reclaim_relaunches_in_another_zone_and_finishes(moto_server, monkey
         # The second host resumed from a checkpoint instead of starting over.
         log = (tmp_path / "hosts" / attempts[1]["instance_id"] / "agent.log").read_text()
         assert "resum" in log.lower()
-        live = [i for r in ec2.describe_instances(Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"]
+        live = [i for r in ec2.describe_instances(
+                    Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"]
                 for i in r["Instances"]]
         assert live == []
         assert any(k == "reclaimed" for k, _ in events)
         # The local dataset went to the bucket once; both hosts staged it from there.
-        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="sdcloud-e2e", Prefix=f"runs-prefix/runs/{ctl.run_id}/dataset/")["Contents"]]
+        keys = [o["Key"] for o in
+                s3.list_objects_v2(Bucket="sdcloud-e2e", Prefix=f"runs-prefix/runs/{ctl.run_id}/dataset/")["Contents"]]
         assert len(keys) == 8
         assert {c["dataset"] for c in hosts.configs.values()} == {f"s3://sdcloud-e2e/runs-prefix/runs/{ctl.run_id}/dataset"}
         assert [k for k, _ in events].count("dataset-uploaded") == 1

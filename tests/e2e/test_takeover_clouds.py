@@ -347,7 +347,8 @@ def test_a_users_run_is_relaunched_and_finished_by_the_handler_alone(package, cl
     shutil.rmtree(sdcloud_home)
 
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(task), "HOME": str(tmp_path),
-           "SDCLOUD_STORE": url, "SDCLOUD_STORE_REGION": cloud.region, "SDCLOUD_DRIVER_SECONDS": str(4 * traits(cloud.name).timing.poll_seconds), "PYTHONDONTWRITEBYTECODE": "1",
+           "SDCLOUD_STORE": url, "SDCLOUD_STORE_REGION": cloud.region,
+           "SDCLOUD_DRIVER_SECONDS": str(4 * traits(cloud.name).timing.poll_seconds), "PYTHONDONTWRITEBYTECODE": "1",
            **cloud.env}
     reports = []
 

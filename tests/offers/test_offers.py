@@ -122,9 +122,11 @@ def test_refreshed_catalog_overrides_the_bundled_one(capsys):
 
 
 def test_steps_scale_the_estimate(capsys):
-    _, out, _ = run_cli(capsys, "offers", "--tier", "sdxl-lora", "--on-demand", "--provider", "aws", "--region", "us-east-1", "--json", "--limit", "0")
+    _, out, _ = run_cli(capsys, "offers", "--tier", "sdxl-lora", "--on-demand", "--provider", "aws", "--region", "us-east-1",
+                        "--json", "--limit", "0")
     base = {r["instance_type"]: r for r in json.loads(out)}
-    _, out, _ = run_cli(capsys, "offers", "--tier", "sdxl-lora", "--on-demand", "--provider", "aws", "--region", "us-east-1", "--steps", "6000", "--json", "--limit", "0")
+    _, out, _ = run_cli(capsys, "offers", "--tier", "sdxl-lora", "--on-demand", "--provider", "aws", "--region", "us-east-1",
+                        "--steps", "6000", "--json", "--limit", "0")
     double = {r["instance_type"]: r for r in json.loads(out)}
     for it, r in base.items():
         assert double[it]["est_hours"] > 1.8 * (r["est_hours"] - 0.15)
@@ -158,7 +160,8 @@ def test_max_price_keeps_only_offers_at_or_below_it(capsys):
 def test_help_imports_no_heavy_library():
     code = ("import sys; from sdcloud.cli import main; "
             "rc = main(['--help']); "
-            "heavy = [m for m in ('boto3', 'botocore', 'pulumi', 'torch', 'diffusers', 'tencentcloud', 'rich', 'paramiko') if m in sys.modules]; "
+            "heavy = [m for m in ('boto3', 'botocore', 'pulumi', 'torch', 'diffusers', 'tencentcloud', 'rich', 'paramiko') "
+            "if m in sys.modules]; "
             "print(heavy); sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
@@ -191,7 +194,8 @@ def test_every_price_names_its_basis_source_and_date():
                 if basis == "derived":
                     assert "median of" in source
                 # A date, or the source says that none was published.
-                assert row.market_date(market) or "no publication date" in source or source.startswith("estimate: "), (row, market)
+                assert (row.market_date(market) or "no publication date" in source
+                        or source.startswith("estimate: ")), (row, market)
                 assert len(source) < 100, source  # short enough for --explain; the row's source cites in full
 
 

@@ -37,7 +37,8 @@ class BareRootHosts:
     def _loop(self):
         while not self._stop.is_set():
             try:
-                for res in self.ec2.describe_instances(Filters=[{"Name": "instance-state-name", "Values": ["running"]}])["Reservations"]:
+                for res in self.ec2.describe_instances(
+                        Filters=[{"Name": "instance-state-name", "Values": ["running"]}])["Reservations"]:
                     for inst in res["Instances"]:
                         iid = inst["InstanceId"]
                         if iid in self.boots:
@@ -101,7 +102,8 @@ def test_failed_boots_end_attempts_then_the_run(moto_server, seaweed, monkeypatc
             assert report["failed"] == "driver"
             # The failure was reported at report["time"]; the controller ended the attempt within two polls.
             assert a.end - report["time"] < 2 * poll + 1.0, (a.end, report["time"])
-        live = [i for r in ec2.describe_instances(Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"]
+        live = [i for r in ec2.describe_instances(
+                    Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"]
                 for i in r["Instances"]]
         assert live == []
         capsys.readouterr()

@@ -265,7 +265,8 @@ def test_an_ssh_host_with_a_known_gpu_is_held_to_the_optimizers_estimate(sdcloud
                              "deadline_hours": "10m"}).spec
     hours = job_hours(tier, row, 1500, 1)
     assert hours > 10 / 60
-    with pytest.raises(UserError, match=r"10.0 min is shorter than the estimate on the fastest offer: .* for 1500 steps on box1 \(T4\)"):
+    with pytest.raises(UserError,
+                       match=r"10.0 min is shorter than the estimate on the fastest offer: .* for 1500 steps on box1 \(T4\)"):
         check_own_hosts(spec, tier, 1500, offers)
     spec.deadline_hours = hours * 1.01
     check_own_hosts(spec, tier, 1500, offers)

@@ -15,7 +15,8 @@ REASONS = [
     ("stopped", "stopped by sdcloud down", "stopped by you (sdcloud down)", ""),
     ("stopped", "interrupted (Ctrl-C); checkpoint kept", "interrupted (Ctrl-C)", ""),
     ("stopped", "budget $0.5 reached; checkpoint kept in the bucket", "stopped at its budget", " --budget USD"),
-    ("stopped", "its host ended itself (saved after a reclaim notice)", "its host ended itself after the grace, with nobody driving the run", ""),
+    ("stopped", "its host ended itself (saved after a reclaim notice)",
+     "its host ended itself after the grace, with nobody driving the run", ""),
     ("failed", "the host agent failed", "failed (the host agent failed)", ""),
 ]
 

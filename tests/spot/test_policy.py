@@ -49,7 +49,8 @@ def test_sdcloud_zones():
     sd = get_policy("sdcloud")
     two = (("a", True), ("b", True))
     # Running in b and b still has spot: stay (a hop costs a restart).
-    assert sd.decide(obs(t=1, p=0.8, zone="b", market=SPOT, zones=two)) == sd.decide(obs(t=1, p=0.8, zone="b", market=SPOT, zones=two))
+    assert (sd.decide(obs(t=1, p=0.8, zone="b", market=SPOT, zones=two))
+            == sd.decide(obs(t=1, p=0.8, zone="b", market=SPOT, zones=two)))
     assert sd.decide(obs(t=1, p=0.8, zone="b", market=SPOT, zones=two)).zone == "b"
     # Reclaimed in a: move to b, which has spot now, rather than wait.
     act = sd.decide(obs(t=1, p=0.8, zone="a", market=None, zones=(("a", False), ("b", True))))

@@ -193,7 +193,9 @@ def test_cli_json_and_table(tmp_path, capsys):
     (["--job-hours", "0"], "--job-hours must be more than 0"),
     (["--deadline-hours", "0.5"], "impossible deadline"),
     (["--restart-hours", "-0.1"], "--restart-hours must be 0 or more"),
-    (["--policy", "cheapest"], "unknown policy 'cheapest'; choose from: on-demand, greedy, uniform-progress, sdcloud, sdcloud-up, sdcloud-one-cloud, optimal"),
+    (["--policy", "cheapest"],
+     "unknown policy 'cheapest'; choose from: on-demand, greedy, uniform-progress, sdcloud, sdcloud-up, "
+     "sdcloud-one-cloud, optimal"),
     (["--starts", "0"], "--starts must be at least 1"),
     (["--deadline-hours", "100"], "less than the deadline window"),
 ])

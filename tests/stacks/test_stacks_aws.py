@@ -60,7 +60,8 @@ class Recorder(pulumi.runtime.Mocks):
             return {"region": "us-east-1", "name": "us-east-1", "id": "us-east-1", "endpoint": "ec2.us-east-1.amazonaws.com",
                     "description": "US East (N. Virginia)"}
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": "123456789012", "arn": "arn:aws:iam::123456789012:user/me", "userId": "AID", "id": "123456789012"}
+            return {"accountId": "123456789012", "arn": "arn:aws:iam::123456789012:user/me",
+                    "userId": "AID", "id": "123456789012"}
         raise AssertionError(f"unexpected invoke {args.token}")
 
     def of_type(self, suffix: str) -> list[dict]:

@@ -63,7 +63,8 @@ SDXL_BASE: dict[str, int] = {
 MODEL_INDEX = {"_class_name": "StableDiffusionXLPipeline", "_diffusers_version": "0.19.0.dev0",
                "force_zeros_for_empty_prompt": True, "add_watermarker": None,
                "scheduler": ["diffusers", "EulerDiscreteScheduler"],
-               "text_encoder": ["transformers", "CLIPTextModel"], "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
+               "text_encoder": ["transformers", "CLIPTextModel"],
+               "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
                "tokenizer": ["transformers", "CLIPTokenizer"], "tokenizer_2": ["transformers", "CLIPTokenizer"],
                "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"]}
 

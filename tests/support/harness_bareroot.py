@@ -102,7 +102,8 @@ done
 t0=$(date +%s.%N)
 if [ -n "$wait" ]; then flock -w "$wait" "$lock" true; else flock -n "$lock" true; fi || {
   echo "E: Could not get lock $lock. It is held by process 1234 (unattended-upgr)" >&2; exit 100; }
-echo "apt-get $cmd: lock after $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')s" >> "$SDCLOUD_ROOT/var/log/apt-shim.log"
+waited=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+echo "apt-get $cmd: lock after ${waited}s" >> "$SDCLOUD_ROOT/var/log/apt-shim.log"
 if [ "$cmd" = install ]; then
   for p in "$@"; do
     if [ "$p" = python3.11 ]; then printf '#!/bin/bash\nexec %s "$@"\n' "$REAL_PYTHON" > "$(dirname "$0")/python3.11"; fi

@@ -240,6 +240,7 @@ class Worker:
         s = item["settings"]
         # The model and LoRA belong to each image's record: a pulled folder must say what made it.
         return {"item": item["id"], "model": s.get("model"), "lora": s.get("lora"),
-                "prompt": s.get("prompt"), "negative_prompt": s.get("negative_prompt"), "seed": seed, "key": key, "worker": self.worker_id, "seconds": round(seconds, 4),
+                "prompt": s.get("prompt"), "negative_prompt": s.get("negative_prompt"), "seed": seed, "key": key,
+                "worker": self.worker_id, "seconds": round(seconds, 4),
                 "width": s.get("width"), "height": s.get("height"), "steps": s.get("steps"),
                 "guidance": s.get("guidance"), "scheduler": s.get("scheduler"), **({"reused": True} if reused else {})}

@@ -84,7 +84,8 @@ class S3Store:
             elif not self.on_aws:
                 options = cos.compatible_options(addressing_style)  # the same bodies, any addressing
             cfg = Config(retries={"max_attempts": 5, "mode": "standard"},
-                         max_pool_connections=max(16, workers * 2, self.restore_workers + 4), connect_timeout=5, read_timeout=read_timeout or 60, **options)
+                         max_pool_connections=max(16, workers * 2, self.restore_workers + 4), connect_timeout=5,
+                         read_timeout=read_timeout or 60, **options)
             # A named role: COS keys from the CVM's CAM role (boto3 only knows AWS's roles).
             if role is not None:
                 session = role.role_session()

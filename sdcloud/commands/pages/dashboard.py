@@ -16,7 +16,8 @@ DEFAULT_PORT = 8765
               help="Address to listen on; anything but loopback needs --token.")
 @click.option("--token", envvar="SDCLOUD_DASHBOARD_TOKEN", metavar="TOKEN",
               help="Every request must carry it (?token= once, then a cookie; or Authorization: Bearer).")
-@click.option("--store", "stores", multiple=True, metavar="URL", help="Also show the runs in this bucket: s3://, cos:// or file:// (repeatable).")
+@click.option("--store", "stores", multiple=True, metavar="URL",
+              help="Also show the runs in this bucket: s3://, cos:// or file:// (repeatable).")
 def dashboard(port: int, host: str, token: str | None, stores: tuple[str, ...]) -> None:
     """Serve the list of jobs and each job's page (samples, charts, cost), updated as they land."""
     from ...dashboard.serve import serve

@@ -211,7 +211,8 @@ def refresh_region(region: str, ec2, pricing, retry: Retry, previous: list[Catal
                               spot_source=old.market_source("spot")) if region_spot is not None and old is not None
                          else dict(spot_basis="none", spot_date="", spot_source="no spot quote for the region as a whole"))
             rows.append(CatalogRow(zone="", ondemand_price=od_price, spot_price=region_spot,
-                                   ondemand_estimate=od_est, spot_estimate=region_spot is not None and spot_meta["spot_basis"] == "estimate",
+                                   ondemand_estimate=od_est,
+                                   spot_estimate=region_spot is not None and spot_meta["spot_basis"] == "estimate",
                                    source=f"refreshed {today}: facts: describe_instance_types; {od_src}{spot_src}",
                                    **od_meta, **spot_meta, **common))
         for zone, (stamp, price) in sorted(zone_spots.items()):
@@ -219,7 +220,8 @@ def refresh_region(region: str, ec2, pricing, retry: Retry, previous: list[Catal
                                    spot_estimate=False,
                                    source=f"refreshed {today}: facts: describe_instance_types; "
                                           f"spot: describe_spot_price_history {zone} as of {stamp.isoformat()}",
-                                   ondemand_basis="none", ondemand_source="no on-demand price on a zone row (the region row has it)",
+                                   ondemand_basis="none",
+                                   ondemand_source="no on-demand price on a zone row (the region row has it)",
                                    spot_basis="quoted", spot_date=stamp.date().isoformat(),
                                    spot_source=f"describe_spot_price_history {zone}, {stamp.isoformat()}",
                                    **common))

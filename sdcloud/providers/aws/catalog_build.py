@@ -75,14 +75,16 @@ def build(shared: Path) -> list[CatalogRow]:
             spot, spot_basis, spot_date = None, "none", ""
             spot_src = "no spot quote for this region and type in the sources"
         band = bands.get((region, itype))
-        band_src = f"band: {ADVISOR_SOURCE}" if band is not None else "band: not in the advisor snapshot (the middle band is assumed)"
+        band_src = (f"band: {ADVISOR_SOURCE}" if band is not None
+                    else "band: not in the advisor snapshot (the middle band is assumed)")
         dates = [d for d in (od_date, spot_date) if d]
         return CatalogRow(
             provider=NAME, region=region, zone="", instance_type=itype, gpu=gpu, gpu_count=count,
             vram_gb=gpu_table()[gpu].vram_gb, vcpus=vcpus, memory_gb=memory, nvme_gb=float(fact["nvme_gb"]),
             ondemand_price=od, spot_price=spot, currency="USD", interruption_band=band,
             snapshot_date=min(dates) if dates else "", ondemand_estimate=False, spot_estimate=False,
-            source=(f"on-demand: {od_cite}; spot: {spot_src}" + (f" (zone names not kept) in the {SKYPILOT_SOURCE}" if quotes else "")
+            source=(f"on-demand: {od_cite}; spot: {spot_src}"
+                    + (f" (zone names not kept) in the {SKYPILOT_SOURCE}" if quotes else "")
                     + f"; {band_src}; NVMe: {fact['source']}"),
             vram_mib=usable_mib(gpu, reported_mib), ondemand_basis="listed" if od is not None else "none",
             spot_basis=spot_basis, ondemand_date=od_date, spot_date=spot_date, ondemand_source=od_src, spot_source=spot_src)

@@ -9,8 +9,8 @@
 Per-zone spot prices are not published: they stay as they were (bundled median of zone quotes, or
 a refresh with credentials), with their own source and date. The rows of the catalog in use are
 updated in place and written as the refreshed catalog; types the catalog does not have are left out
-(their local NVMe and GPU model are not in the price list). urllib and ijson only: no SDK, no credentials; the offer file is downloaded to a temporary file and
-streamed (a big region's file is hundreds of MB), never held in memory whole.
+(their local NVMe and GPU model are not in the price list). urllib and ijson only: no SDK, no credentials; the offer
+file is downloaded to a temporary file and streamed (a big region's file is hundreds of MB), never held in memory whole.
 SDCLOUD_AWS_PRICE_LIST_URL (with {region}) and SDCLOUD_SPOT_ADVISOR_URL point elsewhere, e.g. a mirror.
 """
 

@@ -74,7 +74,8 @@ class LocalProvider:
         self.price_per_hour = float(price_per_hour if price_per_hour is not None else conf.get("price_per_hour", 0.0))
         if self.price_per_hour < 0:
             raise UserError(f"local price_per_hour must be 0 or more, got {self.price_per_hour}")
-        self.notice_seconds = float(notice_seconds if notice_seconds is not None else conf.get("notice_seconds", DEFAULT_NOTICE_SECONDS))
+        self.notice_seconds = float(notice_seconds if notice_seconds is not None
+                                    else conf.get("notice_seconds", DEFAULT_NOTICE_SECONDS))
         self.python = python or sys.executable
         self.dir = config.home() / NAME
         (self.dir / "instances").mkdir(parents=True, exist_ok=True)

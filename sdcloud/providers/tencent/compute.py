@@ -290,7 +290,8 @@ class TencentProvider(TencentCatalog):
         if spec.user_data:
             encoded = base64.b64encode(spec.user_data.encode()).decode()
             if len(encoded) > USER_DATA_MAX:
-                raise UserError(f"the host's user-data is {len(encoded)} bytes in base64; Tencent Cloud takes at most {USER_DATA_MAX}")
+                raise UserError(f"the host's user-data is {len(encoded)} bytes in base64; "
+                                f"Tencent Cloud takes at most {USER_DATA_MAX}")
             params["UserData"] = encoded
         return params
 
@@ -354,7 +355,8 @@ class TencentProvider(TencentCatalog):
             for k, subnet in enumerate(subnets):
                 params = self._run_params(offer, spec, market, zone, price_text, subnet)
                 try:
-                    quote = self.call(region, "InquiryPriceRunInstances", {k: params[k] for k in INQUIRY_FIELDS if k in params}, events)
+                    quote = self.call(region, "InquiryPriceRunInstances",
+                                      {k: params[k] for k in INQUIRY_FIELDS if k in params}, events)
                     quoted = _num(((quote.get("Price") or {}).get("InstancePrice") or {}).get("UnitPriceDiscount"))
                     events(Kind.QUOTE, {"provider": NAME, "zone": zone, "instance_type": row.instance_type, "market": market,
                                         "price": quoted, "currency": currency, "max_price": local_max})
@@ -363,8 +365,8 @@ class TencentProvider(TencentCatalog):
                     resp = self.call(region, "RunInstances", params, events)
                 except _PriceTooLow as low:
                     too_low.append((zone, low.price))
-                    events(Kind.PRICE_TOO_LOW, {"provider": NAME, "zone": zone, "current_price": low.price, "max_price": local_max,
-                                                "currency": currency})
+                    events(Kind.PRICE_TOO_LOW, {"provider": NAME, "zone": zone, "current_price": low.price,
+                                                "max_price": local_max, "currency": currency})
                     break
                 except TencentCloudSDKException as exc:
                     code = _code(exc)
@@ -400,7 +402,8 @@ class TencentProvider(TencentCatalog):
                                        "instance_type": row.instance_type, "max_price": local_max, "currency": currency})
                 inst = self._wait(region, instance_id, events)
                 if inst.state == RUNNING:
-                    inst.price_per_hour = local_max if market == "spot" else (quoted or (row.ondemand_price or 0) * config.usd_per(row.currency) / usd)
+                    inst.price_per_hour = (local_max if market == "spot"
+                                           else (quoted or (row.ondemand_price or 0) * config.usd_per(row.currency) / usd))
                     return inst
                 # LAUNCH_FAILED (often a spot capacity shortfall): try the next zone. Such an instance
                 # is not billed, and TerminateInstances refuses it; it vanishes by itself.

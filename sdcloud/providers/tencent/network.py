@@ -12,7 +12,8 @@ from ..traits import NetworkProfile
 
 # Tencent Cloud regions in mainland China (Tencent's "Regions and Availability Zones" list, as COS
 # names them: Guangzhou, Shanghai, Nanjing, Beijing, Chengdu, Chongqing and the finance zones of
-# Shanghai, Shenzhen and Beijing; the catalog's ap-guangzhou, ap-shanghai and ap-beijing rows). Hong Kong, Taipei and every region outside China are not in it.
+# Shanghai, Shenzhen and Beijing; the catalog's ap-guangzhou, ap-shanghai and ap-beijing rows).
+# Hong Kong, Taipei and every region outside China are not in it.
 MAINLAND_REGIONS = frozenset({
     "ap-guangzhou", "ap-shanghai", "ap-nanjing", "ap-beijing", "ap-chengdu", "ap-chongqing",
     "ap-shanghai-fsi", "ap-shenzhen-fsi", "ap-beijing-fsi",

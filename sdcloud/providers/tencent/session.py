@@ -145,7 +145,8 @@ class Session:
         client = self._client(region)
         try:
             for attempt in Retrying(retry=retry_if_exception(_retryable), stop=stop_after_attempt(self.max_attempts),
-                                    wait=wait_exponential(multiplier=self.backoff, max=self.backoff_max) + wait_random(0, self.backoff),
+                                    wait=(wait_exponential(multiplier=self.backoff, max=self.backoff_max)
+                                          + wait_random(0, self.backoff)),
                                     before_sleep=report, reraise=True):
                 with attempt:
                     return client.call_json(action, params)["Response"]

@@ -62,7 +62,8 @@ def _shadow_wheel(folder: Path) -> Path:
     with zipfile.ZipFile(whl, "w") as zf:
         zf.writestr("shellingham.py", "__version__ = '0.0.1'\n")
         zf.writestr("shellingham-0.0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: shellingham\nVersion: 0.0.1\n")
-        zf.writestr("shellingham-0.0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr("shellingham-0.0.1.dist-info/WHEEL",
+                    "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         zf.writestr("shellingham-0.0.1.dist-info/RECORD", "")
     return whl
 

@@ -42,7 +42,8 @@ TEMPLATE = {"ImageId": "img-fake0001", "SystemDisk": {"DiskType": "CLOUD_BSSD", 
 
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
-    monkeypatch.setattr("sdcloud.providers.tencent.session.METADATA_URL", "http://127.0.0.1:9/")  # no metadata service, no network
+    # No metadata service, no network.
+    monkeypatch.setattr("sdcloud.providers.tencent.session.METADATA_URL", "http://127.0.0.1:9/")
     with fake_tencent_api.serving(monkeypatch, tmp_path) as srv:
         for template_id in ("lt-fake0001", "lt-gz3", "lt-gz4"):
             srv.cvm.add_launch_template(template_id, TEMPLATE)
@@ -80,7 +81,8 @@ def calls(srv, action: str) -> list[dict]:
 # -- the SDK, credentials, the endpoint ---------------------------------------------------------------
 
 def test_help_and_import_do_not_load_the_sdk():
-    code = ("import sys; from sdcloud.cli import main; import sdcloud.providers.tencent.compute, sdcloud.providers.tencent.storage\n"
+    code = ("import sys; from sdcloud.cli import main; "
+            "import sdcloud.providers.tencent.compute, sdcloud.providers.tencent.storage\n"
             "try: main(['--help'])\nexcept SystemExit: pass\n"
             "bad = [m for m in sys.modules if m.startswith(('tencentcloud', 'boto3'))]\n"
             "assert not bad, bad")
@@ -232,7 +234,8 @@ def test_spot_launch_with_max_price(fake, monkeypatch):
     (call,) = calls(fake, "RunInstances")
     p = call["params"]
     assert p["InstanceChargeType"] == "SPOTPAID"
-    assert p["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {"MaxPrice": "3.5000", "SpotInstanceType": "one-time"}}
+    assert p["InstanceMarketOptions"] == {"MarketType": "spot",
+                                          "SpotOptions": {"MaxPrice": "3.5000", "SpotInstanceType": "one-time"}}
     assert p["ClientToken"].startswith(spec().token) and len(p["ClientToken"]) <= 64
     assert base64.b64decode(p["UserData"]).decode() == spec().user_data
     assert p["LaunchTemplate"] == {"LaunchTemplateId": "lt-fake0001"}
@@ -509,7 +512,8 @@ def test_max_price_is_sent_in_the_accounts_currency(fake, monkeypatch, site, reg
     # Same currency both sides: the on-demand price as it is.
     ("china", "CNY", 9.55, "9.5500"),
 ])
-def test_the_default_spot_cap_is_the_rows_on_demand_price_in_the_accounts_currency(fake, monkeypatch, site, row_currency, od, sent):
+def test_the_default_spot_cap_is_the_rows_on_demand_price_in_the_accounts_currency(
+        fake, monkeypatch, site, row_currency, od, sent):
     monkeypatch.setenv("SDCLOUD_CNY_PER_USD", "7.0")
     fake.cvm.site = site
     provider().launch(Offer(row(zone="ap-guangzhou-4", od=od, spot=0.01, currency=row_currency), "spot"), spec(), "spot")
@@ -543,7 +547,8 @@ def test_refreshed_catalog_is_in_the_accounts_currency(fake, monkeypatch):
     _, cny_rows, _ = tencent.refresh_catalog([REGION])
     cny = next(r for r in cny_rows if r.instance_type == "GN7.2XLARGE32" and r.zone == gz.zone)
     assert cny.currency == "CNY"
-    assert RankedOffer(cny, "on-demand").price_per_hour_usd == pytest.approx(RankedOffer(gz, "on-demand").price_per_hour_usd, rel=1e-3)
+    assert RankedOffer(cny, "on-demand").price_per_hour_usd == pytest.approx(
+        RankedOffer(gz, "on-demand").price_per_hour_usd, rel=1e-3)
 
 
 # -- the launch template -------------------------------------------------------------------------------

@@ -100,7 +100,8 @@ def test_a_moves_egress_and_transfer_are_their_own_lines_beside_the_artifacts_eg
     cost = ledger.run_cost(state, state.get_run("r-00000002"))
     items = cost["run_items"]
     assert items["move egress aws"]["usd"] == pytest.approx(0.18) and items["move egress aws"]["detail"]["bytes"] == 2 * 2**30
-    assert items["move egress tencent"]["currency"] == "CNY" and items["move egress tencent"]["usd"] == pytest.approx(0.5 / 7, abs=1e-4)
+    assert (items["move egress tencent"]["currency"] == "CNY"
+            and items["move egress tencent"]["usd"] == pytest.approx(0.5 / 7, abs=1e-4))
     assert items["move transfer"]["detail"] == {"seconds": 15.0, "moves": 2} and items["move transfer"]["usd"] == 0
     assert "egress" in items  # the artifacts' own line kept
     assert cost["estimate_usd"] == pytest.approx(0.18 + 0.5 / 7 + 0.5 / 7, abs=1e-3)

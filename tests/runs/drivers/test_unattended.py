@@ -424,7 +424,8 @@ def test_with_no_laptop_a_run_without_spot_capacity_meets_its_deadline_on_demand
 
     fn = StateStore(tmp_path / "seen.db")  # the function's state.db is its invocation's own: the bucket says
     restore(fn, LocalStore(bucket), "r-dead0001")
-    assert live and live[0].market == "on-demand", (fn.get_run("r-dead0001"), [(e["kind"], e["data"]) for e in fn.events("r-dead0001")][-8:])
+    assert live and live[0].market == "on-demand", (fn.get_run("r-dead0001"),
+                                                    [(e["kind"], e["data"]) for e in fn.events("r-dead0001")][-8:])
     assert NoSpot.spot_tries >= 1, "spot was tried first"
     from sdcloud.runs.driving.controller import Controller
 

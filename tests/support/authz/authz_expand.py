@@ -99,7 +99,8 @@ def _run_instances(p: dict, env: AwsEnv) -> list[Request]:
         out.append(Request("ec2:RunInstances", arn("spot-instances-request"), _tag_context(tagged["spot-instances-request"]),
                            "RunInstances creates a tagged spot request", EC2_RUN))
     for kind, tags in sorted(tagged.items()):
-        origin = "the request" if any(s["ResourceType"] == kind for s in p.get("TagSpecifications") or []) else "the launch template"
+        origin = ("the request" if any(s["ResourceType"] == kind for s in p.get("TagSpecifications") or [])
+                  else "the launch template")
         out.append(Request("ec2:CreateTags", arn(kind), {"ec2:CreateAction": "RunInstances", **_tag_context(tags)},
                            f"{origin} tags the {kind}", EC2_TAGGING))
     profile = (p.get("IamInstanceProfile") or {})

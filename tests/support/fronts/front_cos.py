@@ -293,7 +293,8 @@ class CosLayer(LoopbackServer):
 
     def _exists(self, upstream: http.client.HTTPConnection, path: str, headers: dict[str, str]) -> bool:
         """HEAD the object the PUT names, signed as its client (the caller holds the key's lock)."""
-        head = self._resign("HEAD", urlsplit(path).path, {"host": headers["host"], "authorization": headers["authorization"]}, b"")
+        head = self._resign("HEAD", urlsplit(path).path,
+                            {"host": headers["host"], "authorization": headers["authorization"]}, b"")
         upstream.request("HEAD", urlsplit(path).path, headers=head)
         resp = upstream.getresponse()
         resp.read()
@@ -307,7 +308,8 @@ class CosLayer(LoopbackServer):
         url = urlsplit(path)
         if m["bucket"] is None:
             if url.path not in ("", "/"):  # GET Service (list buckets) is the one path-style call COS takes
-                return 403, "PathStyleDomainForbidden", "path-style requests are not supported: use <bucket>.cos.<region>.myqcloud.com"
+                return (403, "PathStyleDomainForbidden",
+                        "path-style requests are not supported: use <bucket>.cos.<region>.myqcloud.com")
             return None
         if not COS_BUCKET_RE.match(m["bucket"]):
             return 400, "InvalidBucketName", "the bucket name must be <name>-<appid>"

@@ -19,7 +19,8 @@ from .data import batch_indices, step_seed
 from .distributed import DIST
 from .model import ModelSetup, auto_precision
 from .output import Output
-from .protocol import EXIT_FAILED, EXIT_OK, EXIT_USAGE, OOM_AT_ENV, READ_DELAY_ENV, READ_SLOW_DIR_ENV, Signals, Stopped, UsageError, emit, log, reserve_stdout
+from .protocol import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, OOM_AT_ENV, READ_DELAY_ENV, READ_SLOW_DIR_ENV, Signals, Stopped,
+                       UsageError, emit, log, reserve_stdout)
 
 
 class Trainer(ModelSetup, CheckpointIO, Output):
