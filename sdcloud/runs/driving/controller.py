@@ -379,7 +379,8 @@ class Controller:
             reason += f"; resume with: sdcloud resume {run.get('name') or self.run_id}"
         self.row.update(state=state, reason=reason)
         self.event(run_ended(state), {"reason": reason} if reason else {})
-        hub_access.drop_at_end(self.state, self.run_id, (self.store, self.clouds.home.store))  # a secret ends with its run, whatever its end
+        # A secret ends with its run, whatever its end.
+        hub_access.drop_at_end(self.state, self.run_id, (self.store, self.clouds.home.store))
 
     def finish_stop(self, reason: str) -> None:
         """Stop the run now (sdcloud down, a signal): its host ended, the run stopped, the journal written."""

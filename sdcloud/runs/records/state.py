@@ -22,7 +22,9 @@ from .db_lock import LOCK_WAIT_S
 from ...events import identity as event_identity
 from ...events import parse as parse_kind
 from ...offers.kinds import RunKind
-from .schema import SCHEMA
+
+# The tables, created at every open: a data file beside this module (package data).
+SCHEMA = (Path(__file__).parent / "schema.sql").read_text(encoding="utf-8")
 
 # The states of a run (runs/records/run_state.py), imported from here by most callers.
 from .run_state import ACTIVE_RUN_STATES, FINAL_RUN_STATES, RESUMABLE_RUN_STATES, RunState  # noqa: E402,F401

@@ -1,7 +1,4 @@
-"""The tables of state.db ($SDCLOUD_HOME/state.db): runs, attempts, events, zone cooldowns, price
-samples, the cost ledger, bills, speeds, the bucket record last seen, and the stacks' outputs."""
-
-SCHEMA = """
+-- The tables of state.db ($SDCLOUD_HOME/state.db), created at every open (runs/records/state.py).
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY,
     name TEXT,
@@ -133,4 +130,3 @@ CREATE TABLE IF NOT EXISTS infra (
     updated REAL NOT NULL,
     PRIMARY KEY (provider, region)
 );
-"""
