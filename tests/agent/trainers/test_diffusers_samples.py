@@ -64,10 +64,11 @@ def test_its_validation_images_are_samples_of_the_checkpoints(diffusers_run):
     got = list_samples(store, "e2e")
     steps = [s.step for s in got]
     # An epoch's validation runs after its checkpoint: the first one's went up with the next checkpoint
-    # (or at the end); the one of the checkpoint the reclaim stopped at may be lost with its host.
+    # (or at the end); the one of the checkpoint the reclaim stopped at may be lost with its host, and a
+    # reclaim's urgent upload may skip a checkpoint for a newer one (its image is kept all the same).
     assert 10 in steps and len(steps) >= 2 and len(steps) == len(set(steps))
     kept = {c["step"] for c in kept_checkpoints(store, "e2e")}
-    assert set(steps) <= kept
+    assert set(steps) <= {10, 20, 30} and 10 in kept
     for s in got:
         assert s.read_bytes()[:4] == b"\x89PNG"
         assert (s.index, s.prompt, s.seed, s.trainer) == (0, PROMPT, 5, "diffusers")
