@@ -77,7 +77,8 @@ def troubled_run(sdcloud_home, tmp_path):
 
 # By hand: data wait 2 x 60 s x 40% = 48 s; throttling 2 x 60 s x (1 - 0.8) = 24 s; saves 2 x 60 s x
 # 10% = 12 s; OOM restarts +600 -> +690 = 90 s and 30 s measured; boot 240 s; no reclaim.
-BY_HAND_MIN = {"data_wait": 0.8, "throttling": 0.4, "saves": 0.2, "oom_restarts": 2.0, "reclaims": 0.0, "boots": 4.0, "sampling": 0.0}
+BY_HAND_MIN = {"data_wait": 0.8, "throttling": 0.4, "saves": 0.2, "oom_restarts": 2.0, "reclaims": 0.0, "boots": 4.0,
+               "sampling": 0.0}
 
 
 def _out(capsys, *args) -> str:

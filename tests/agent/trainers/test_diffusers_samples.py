@@ -18,6 +18,8 @@ from sdcloud_agent.trainers.diffusers import DiffusersTrainer
 from tests.agent.trainers.test_kohya_adapter import _images
 from tests.e2e.test_agent_e2e import FAKE, AwsMetadataServer, _config, _start_agent
 
+pytestmark = pytest.mark.slow  # each module's run takes a few seconds
+
 FAKESTEP = re.compile(r"FAKESTEP (\d+)")
 PROMPT = "a photo of sks toy"
 
