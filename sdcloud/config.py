@@ -177,10 +177,12 @@ def self_end_grace() -> float:
 # secret: shown masked (config show), never written to state, journal, log or report.
 SECRET_KEY_WORDS = ("token", "secret", "password", "access_key", "credential", "private_key")
 SECRET_VALUE_PREFIXES = ("hf_", "AKIA", "ASIA", "AKID", "-----BEGIN")
+# Settings that are secrets under a plain name (section.key).
+SECRET_SETTINGS = ("wandb.key",)
 
 
 def looks_secret(key: str, value: object) -> bool:
-    return any(w in key.lower() for w in SECRET_KEY_WORDS) or (
+    return key.lower() in SECRET_SETTINGS or any(w in key.lower() for w in SECRET_KEY_WORDS) or (
         isinstance(value, str) and value.startswith(SECRET_VALUE_PREFIXES))
 
 

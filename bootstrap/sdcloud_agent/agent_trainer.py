@@ -215,7 +215,7 @@ class TrainerProcess:
             found = self.trainer.samples(ctx, folder, step)
             if found:
                 n = samples.upload(self.store, self.cfg.run_prefix, found, ctx.samples, self.trainer.name)
-                log.info("%d samples of step %d up", n, step)
+                log.info("%d samples up with checkpoint %d (steps %s)", n, step, sorted({f.step for f in found}))
                 if self.cfg.keep_sampled:  # a user picks a model by its samples: keep it while the run goes
                     self.worker.sync.keep_also.update(f.step for f in found)
         logs = self.trainer.log_dir(ctx)

@@ -213,3 +213,22 @@ def test_retention_keep_sampled_reaches_the_host(sdcloud_home):
     assert agent_config(plan, "r-1", 1, 30, {"url": "file:///b"})["keep_sampled"] is True
     (sdcloud_home / "config.toml").write_text("[retention]\nkeep_sampled = false\n")
     assert agent_config(plan, "r-1", 1, 30, {"url": "file:///b"})["keep_sampled"] is False
+
+
+def test_a_polling_reader_gets_only_what_landed_since_its_last_poll(store):
+    from sdcloud.runs.records.metrics import MetricsCursor
+
+    cursor = MetricsCursor(store, "r1")
+    assert cursor.poll() == []
+    m = MetricsStream(store, "runs/r1", 1, tensorboard=False)
+    for s in (1, 2, 3):
+        m.feed({"step": s, "loss": 1.0})
+    m.flush()
+    assert [p.step for p in cursor.poll()] == [1, 2, 3]
+    assert cursor.poll() == []
+    resumed = MetricsStream(store, "runs/r1", 2, tensorboard=False)
+    for s in (3, 4):
+        resumed.feed({"step": s, "loss": 0.5})
+    resumed.flush()
+    assert [(p.step, p.attempt) for p in cursor.poll()] == [(3, 2), (4, 2)]
+    assert [(p.step, p.attempt) for p in cursor.points()] == [(1, 1), (2, 1), (3, 2), (4, 2)]

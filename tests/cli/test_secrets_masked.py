@@ -99,3 +99,13 @@ def test_a_local_run_with_a_token_set_leaves_it_in_no_output_or_file(sdcloud_hom
             leaked += [f"{path}: {t[:6]}" for t in (FILE_TOKEN, ENV_TOKEN) if t.encode() in data]
     leaked += [f"output: {t[:6]}" for t in (FILE_TOKEN, ENV_TOKEN) if t in shown]
     assert not leaked, leaked
+
+
+def test_config_show_masks_the_wandb_key(capsys, sdcloud_home):
+    key = "0123456789abcdef0123456789abcdefwxyz"
+    _config(sdcloud_home, f'[wandb]\nkey = "{key}"\n\n[retention]\nkeep_sampled = false\n')
+    assert main(["config", "show", "--json"]) == 0
+    out = capsys.readouterr().out
+    shown = json.loads(out)
+    assert shown["wandb.key"]["value"] == "…wxyz" and key not in out
+    assert str(shown["retention.keep_sampled"]["value"]).lower() == "false"

@@ -218,3 +218,36 @@ def test_the_same_through_up_with_kohya_on_the_fake_sd_scripts(tmp_path):
     mid = load_tensors(tmp_path / "mid" / "sdcloud-step00000020.safetensors")
     final = load_tensors(tmp_path / "final" / "sdcloud.safetensors")
     assert mid.keys() == final.keys() and mid != final
+
+
+def test_the_same_through_up_with_the_diffusers_scripts_one_validation_prompt(tmp_path):
+    """`up --trainer diffusers` with the fake example script, reclaimed: its validation images (one prompt, as
+    the scripts take) are the run's samples, filed under the checkpoints they follow."""
+    from PIL import Image
+
+    from sdcloud.runs.records.metrics import read_metrics
+    from tests.support import SUPPORT
+
+    home, photos = tmp_path / "home", tmp_path / "photos"
+    photos.mkdir()
+    for i in range(10):
+        Image.new("RGB", (40, 32), (20 * i, 30, 200)).save(photos / f"{i}.png")
+    proc = sdcloud(home, "up", "--provider", "local", "--tier", "sd15-lora", "--trainer", "diffusers",
+                   "--dataset", str(photos), "--trainer-arg", f"launcher={sys.executable} {SUPPORT / 'fake_host.py'}",
+                   "--trainer-arg", "script=diffusers", "--trainer-arg", "instance_prompt=a photo of sks toy",
+                   "--trainer-arg", "train_batch_size=1", "--steps", "30", "--checkpoint-every", "10",
+                   "--sample-prompt", PROMPTS[0], "--sample-seed", "3", "--simulate-preemption", "2", "--yes", "--json",
+                   env={"FAKE_STEP_SECONDS": "0.1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_id = json.loads(proc.stdout)["run"]
+    got = json.loads(sdcloud(home, "samples", run_id, "--json").stdout)["samples"]
+    kept = {c["step"] for c in json.loads(sdcloud(home, "pull", run_id, "--list", "--json").stdout)["checkpoints"]}
+    steps = [s["step"] for s in got]
+    # Each filed under the checkpoint step it follows; a reclaim's urgent upload may skip that checkpoint
+    # for a newer one (the image is kept all the same) or take the last epoch's image with its host.
+    assert 10 in steps and set(steps) <= {10, 20, 30} and len(steps) == len(set(steps)) >= 2
+    assert {(s["index"], s["prompt"], s["seed"], s["trainer"]) for s in got} == {(0, PROMPTS[0], 3, "diffusers")}
+    store = open_store({"url": (home / "bucket").as_uri()})
+    assert [p.step for p in read_metrics(store, run_id)] == list(range(1, 31))
+    assert sdcloud(home, "pull", run_id, str(tmp_path / "mid"), "--step", str(min(kept))).returncode == 0
+    assert (tmp_path / "mid" / "pytorch_lora_weights.safetensors").is_file()

@@ -60,8 +60,8 @@ def main() -> int:
     loaded = json.loads((resume / "optimizer.bin").read_text())["class"] if resume else None
     save_state = fake_host._save_state
 
-    def saving(d: Path, glob: int, slow: float) -> None:
-        save_state(d, glob, slow)
+    def saving(d: Path, glob: int, slow: float, extra: dict | None = None) -> None:
+        save_state(d, glob, slow, extra=extra)
         (d / "optimizer.bin").write_text(json.dumps({"class": opt}))
 
     fake_host._save_state = saving

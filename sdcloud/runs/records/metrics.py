@@ -65,23 +65,51 @@ MARKED = frozenset({Kind.LAUNCHED, Kind.RECLAIM_NOTICE, Kind.RECLAIMED, Kind.HOS
                     Kind.HOST_FAILED, Kind.BOOT_FAILED})
 
 
+class MetricsCursor:
+    """`read_metrics`, incrementally, for a page that polls: each `poll()` GETs only the objects that
+    appeared since the last one and says which steps they brought."""
+
+    def __init__(self, store: ObjectStore, run_id: str):
+        self.store, self.run_id = store, run_id
+        self._seen: set[str] = set()
+        self._by_step: dict[int, tuple[tuple[int, int], dict]] = {}  # step -> ((attempt, seq), record)
+
+    def poll(self) -> list[MetricPoint]:
+        """The points new or replaced since the last poll, by step."""
+        fresh = []
+        for info in self.store.list(layout.metrics_prefix(f"runs/{self.run_id}")):
+            parsed = layout.parse_key(info.key)
+            if parsed is not None and info.key not in self._seen:
+                fresh.append((parsed, info.key))
+        changed: set[int] = set()
+        for order, key in sorted(fresh):  # attempt, then sequence: a later record of a step wins
+            try:
+                recs = layout.decode(self.store.get(key))
+            except StoreError:
+                continue  # read again at the next poll
+            self._seen.add(key)
+            for rec in recs:
+                held = self._by_step.get(rec["step"])
+                if held is None or held[0] <= order:
+                    self._by_step[rec["step"]] = (order, rec)
+                    changed.add(rec["step"])
+        return [_point(self._by_step[s][1]) for s in sorted(changed)]
+
+    def points(self) -> list[MetricPoint]:
+        """Every step's point as of the last poll."""
+        return [_point(rec) for _, (_, rec) in sorted(self._by_step.items())]
+
+
+def _point(rec: dict) -> MetricPoint:
+    names = MetricPoint.__dataclass_fields__
+    return MetricPoint(**{k: v for k, v in rec.items() if k in names})
+
+
 def read_metrics(store: ObjectStore, run_id: str) -> list[MetricPoint]:
     """Every step's record, by step (the newest attempt's where steps were trained twice)."""
-    keys = []
-    for info in store.list(layout.metrics_prefix(f"runs/{run_id}")):
-        parsed = layout.parse_key(info.key)
-        if parsed is not None:
-            keys.append((parsed, info.key))
-    by_step: dict[int, dict] = {}
-    for _, key in sorted(keys):  # attempt, then sequence: later records overwrite earlier ones
-        try:
-            recs = layout.decode(store.get(key))
-        except StoreError:
-            continue
-        for rec in recs:
-            by_step[rec["step"]] = rec
-    names = set(MetricPoint.__dataclass_fields__)
-    return [MetricPoint(**{k: v for k, v in rec.items() if k in names}) for _, rec in sorted(by_step.items())]
+    cursor = MetricsCursor(store, run_id)
+    cursor.poll()
+    return cursor.points()
 
 
 def cost_at(attempts, t: float) -> float:

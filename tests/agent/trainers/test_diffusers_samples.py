@@ -18,6 +18,8 @@ from sdcloud_agent.trainers.diffusers import DiffusersTrainer
 from tests.agent.trainers.test_kohya_adapter import _images
 from tests.e2e.test_agent_e2e import FAKE, AwsMetadataServer, _config, _start_agent
 
+pytestmark = pytest.mark.slow  # each module's run takes a few seconds
+
 FAKESTEP = re.compile(r"FAKESTEP (\d+)")
 PROMPT = "a photo of sks toy"
 
@@ -64,10 +66,11 @@ def test_its_validation_images_are_samples_of_the_checkpoints(diffusers_run):
     got = list_samples(store, "e2e")
     steps = [s.step for s in got]
     # An epoch's validation runs after its checkpoint: the first one's went up with the next checkpoint
-    # (or at the end); the one of the checkpoint the reclaim stopped at may be lost with its host.
+    # (or at the end); the one of the checkpoint the reclaim stopped at may be lost with its host, and a
+    # reclaim's urgent upload may skip a checkpoint for a newer one (its image is kept all the same).
     assert 10 in steps and len(steps) >= 2 and len(steps) == len(set(steps))
     kept = {c["step"] for c in kept_checkpoints(store, "e2e")}
-    assert set(steps) <= kept
+    assert set(steps) <= {10, 20, 30} and 10 in kept
     for s in got:
         assert s.read_bytes()[:4] == b"\x89PNG"
         assert (s.index, s.prompt, s.seed, s.trainer) == (0, PROMPT, 5, "diffusers")

@@ -20,6 +20,8 @@ from tests.agent.trainers.test_kohya_adapter import FAKE_KOHYA, _images
 from tests.e2e.test_agent_e2e import AwsMetadataServer, _config, _start_agent
 from tests.support.fake_kohya import sample_prompts
 
+pytestmark = pytest.mark.slow  # each module's run takes a few seconds
+
 TRUE = re.compile(r"TRUESTEP (\d+)")
 PROMPTS = ["a red cube", "a blue ball"]
 WANDB_SECRET = "wandbkey" + "5" * 32
