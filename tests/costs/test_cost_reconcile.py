@@ -54,7 +54,7 @@ def set_ce_results(endpoint: str, groups: dict[str, str]) -> None:
 
 
 def test_aws_cost_explorer_and_tencent_bill_detail(moto_server, monkeypatch, capsys):
-    from tests.support.fake_tencent_billing import BillingServer
+    from tests.support.clouds.fake_tencent_billing import BillingServer
     from tests.support.fake_tencent_api import SECRET_ID, SECRET_KEY
 
     for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
@@ -108,7 +108,7 @@ def test_reconcile_bad_input(capsys):
 
 
 def test_bill_detail_months_and_refusals():
-    from tests.support.fake_tencent_billing import FakeBilling
+    from tests.support.clouds.fake_tencent_billing import FakeBilling
     from tests.support.fake_tencent_api import ApiError
 
     from sdcloud.providers.tencent.billing import _months

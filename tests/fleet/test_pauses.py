@@ -9,7 +9,7 @@ from sdcloud.providers import get_provider
 from sdcloud.runs.driving.controller import Controller
 from sdcloud.runs.records.state import StateStore
 
-from tests.support.fake_vast import KEY, FakeVastServer
+from tests.support.clouds.fake_vast import KEY, FakeVastServer
 
 
 @pytest.fixture

@@ -105,7 +105,7 @@ def _ssh(request, tmp_path) -> Driven:
 
 
 def _vast(request, tmp_path) -> Driven:
-    from tests.support.fake_vast import KEY, FakeVastServer
+    from tests.support.clouds.fake_vast import KEY, FakeVastServer
 
     server = FakeVastServer(tmp_path / "vast-tls").start()
     request.addfinalizer(server.stop)

@@ -253,7 +253,7 @@ def test_the_local_copy_runs_a_job(copy_of, sdcloud_home, monkeypatch, capsys):
 # -- vast --------------------------------------------------------------------------------------------
 
 def test_the_vast_copy_lists_offers_refreshes_and_gcs_against_the_fake(copy_of, tmp_path, monkeypatch, capsys):
-    from tests.support.fake_vast import KEY, FakeVastServer
+    from tests.support.clouds.fake_vast import KEY, FakeVastServer
 
     name = copy_of("vast", "vastcopy")
     monkeypatch.delenv("VAST_API_KEY", raising=False)

@@ -14,7 +14,7 @@ from moto import mock_aws
 
 from sdcloud.providers.groups import members
 
-from tests.support.fake_ec2_placement import PlacementGroups
+from tests.support.clouds.fake_ec2_placement import PlacementGroups
 
 AMI = "ami-12c6146b"
 

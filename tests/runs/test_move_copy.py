@@ -1,7 +1,7 @@
 """A move's bytes go where the bandwidth is (runs/driving/move_copy.py, sdcloud_agent/move_copy.py):
 the controller leaves a copy order of presigned GETs in the destination store, and the host there
 streams each file into its own bucket with its own keys, a file over one PUT's limit by multipart
-upload, the manifest last. Both buckets sit behind tests/support/front_s3_signatures.py, which checks
+upload, the manifest last. Both buckets sit behind tests/support/fronts/front_s3_signatures.py, which checks
 every presigned URL as S3 does and counts the bytes it serves. The stores are configured as
 production configures them: a bucket URL, the endpoint from the environment (AWS_ENDPOINT_URL_S3)."""
 
@@ -25,7 +25,7 @@ from sdcloud_agent.store import StoreError, open_store
 
 from sdcloud.runs.driving import move_copy
 
-from tests.support.front_s3_signatures import SignatureCheckingFront
+from tests.support.fronts.front_s3_signatures import SignatureCheckingFront
 from tests.support.server_seaweed import TEST_KEYS
 
 RUN = "r-0000copy"

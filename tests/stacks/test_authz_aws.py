@@ -141,7 +141,7 @@ def _driver_step(tmp_path, monkeypatch, stack: dict) -> tuple[list[Call], str]:
         provider.price_history("g5.xlarge", spot.zone, now - timedelta(hours=1), now)
         # A 2-node group: its cluster placement group (moto has none: answered by the fake), two launches
         # in it, then the group's end (its hosts, then the placement group).
-        from tests.support.fake_ec2_placement import PlacementGroups
+        from tests.support.clouds.fake_ec2_placement import PlacementGroups
 
         PlacementGroups(lambda: [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]).attach(
             provider.client("ec2", REGION))

@@ -277,7 +277,7 @@ def _step_calls(monkeypatch, tmp_path) -> list[tuple[str, str, dict]]:
         provider.price_history("g5.xlarge", inst.zone, now - timedelta(hours=1), now)
         provider.terminate([inst.id], "us-east-1")
         # A 2-node group's launch and end: its cluster placement group (moto has none: the fake answers).
-        from tests.support.fake_ec2_placement import PlacementGroups
+        from tests.support.clouds.fake_ec2_placement import PlacementGroups
 
         ec2 = boto3.client("ec2", region_name="us-east-1")
         PlacementGroups(lambda: [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]).attach(

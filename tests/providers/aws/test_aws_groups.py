@@ -1,5 +1,5 @@
 """A multi-node group on EC2 (moto in-process, placement groups and shutting down from
-tests/support/fake_ec2_placement.py): `--nodes 2` launches two hosts in one request, one zone and one
+tests/support/clouds/fake_ec2_placement.py): `--nodes 2` launches two hosts in one request, one zone and one
 cluster placement group, each taking its rank from its launch index; a reclaim of either ends both; the
 placement group is deleted on every path (a failed launch, a failed rank once its hosts are terminated,
 the run's next launch, gc)."""
@@ -29,7 +29,7 @@ from sdcloud.providers.groups import GROUP_SEP, members
 from sdcloud.runs.records.state import StateStore
 from sdcloud.spot.policy import get_policy
 
-from tests.support.fake_ec2_placement import PlacementGroups
+from tests.support.clouds.fake_ec2_placement import PlacementGroups
 
 REGION = "us-east-1"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.fake_vast import KEY, FakeVastServer
+from tests.support.clouds.fake_vast import KEY, FakeVastServer
 
 
 @pytest.fixture

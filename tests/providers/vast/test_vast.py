@@ -1,4 +1,4 @@
-"""The Vast.ai provider against the fake API (tests/support/fake_vast.py) on the real wire format, over HTTPS:
+"""The Vast.ai provider against the fake API (tests/support/clouds/fake_vast.py) on the real wire format, over HTTPS:
 bids sent as `price` and checked back, stale offers, labels, pauses and bids, 429s, the key on every call,
 the live catalog and the charges."""
 
@@ -17,7 +17,7 @@ from sdcloud.providers.vast import bids
 from sdcloud.providers.vast.compute import label_for, search_query, state_of, tags_of
 from sdcloud.providers.vast.session import Client, VastApiError
 
-from tests.support.fake_vast import KEY, ask
+from tests.support.clouds.fake_vast import KEY, ask
 
 
 def _offer(provider, market="spot", gpu="RTX4090", zone="DK"):
@@ -306,7 +306,7 @@ def test_the_fake_refuses_a_bid_under_the_minimum_as_the_api_does(fake):
 
 
 def test_fake_search_filters_like_the_api():
-    from tests.support.fake_vast import FakeVast
+    from tests.support.clouds.fake_vast import FakeVast
 
     f = FakeVast(asks=[ask(1, "RTX 4090", gpu_ram=24564), ask(2, "L40S", gpu_ram=46068), ask(3, "RTX 4090", verified=False)])
     q = {"gpu_ram": {"gte": 40000}, "verified": {"eq": True}}

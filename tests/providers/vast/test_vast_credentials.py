@@ -55,7 +55,7 @@ def test_the_keys_go_in_the_create_requests_env_never_the_onstart_script(sts, tm
     from sdcloud.offers.optimizer import Offer
     from sdcloud.offers.tiers import get_tier
     from sdcloud.providers import get_provider
-    from tests.support.fake_vast import KEY, FakeVastServer
+    from tests.support.clouds.fake_vast import KEY, FakeVastServer
 
     with FakeVastServer(tmp_path / "tls") as srv:
         for k, v in {"SDCLOUD_VAST_ENDPOINT": srv.url, "VAST_API_KEY": KEY, "SSL_CERT_FILE": str(srv.ca_file)}.items():

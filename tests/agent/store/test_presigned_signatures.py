@@ -1,7 +1,7 @@
 """Every presigned URL a store signs is SigV4, in every region, and S3's own check takes it as a
 sender sends it (urllib adds Content-Type to a PUT with a body). The store is configured as
 production configures it (a bucket and a region, no endpoint); its URL is delivered to
-tests/support/front_s3_signatures.py with the URL's own Host, as if DNS named the front, and the
+tests/support/fronts/front_s3_signatures.py with the URL's own Host, as if DNS named the front, and the
 front checks it with botocore's signers, as S3 does, then hands it to SeaweedFS."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from sdcloud_agent.store.s3 import S3Store
 
-from tests.support.front_s3_signatures import SignatureCheckingFront, check_v2, check_v4
+from tests.support.fronts.front_s3_signatures import SignatureCheckingFront, check_v2, check_v4
 from tests.support.server_seaweed import TEST_KEYS
 
 REGIONS = ("us-east-1", "eu-west-1", "ap-southeast-2")

@@ -1,0 +1,1 @@
+"""The agent's stores: S3 and its compatibles, presigned URLs, faults absorbed."""
