@@ -35,6 +35,18 @@ def _check_output(output: str | None) -> Path | None:
     return path
 
 
+def write_output(text: str, path: Path | None, output: str | None) -> None:
+    """A report to stdout, or to the file `--output` named (checked by _check_output), said in one line."""
+    if path is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise UserError(f"--output {output}: {exc.strerror or exc}") from None
+    click.echo(f"wrote {path}", err=True)
+
+
 @click.group()
 def cost() -> None:
     """Cost reports per run, and reconciliation with the cloud's bill."""
@@ -87,14 +99,7 @@ def report(runs: tuple[str, ...], since: str | None, all_runs: bool, fmt: str, o
         from ..costs.html import render_html
 
         text = render_html(rep)
-    if path is None:
-        click.echo(text, nl=False)
-        return
-    try:
-        path.write_text(text)
-    except OSError as exc:
-        raise UserError(f"--output {output}: {exc.strerror or exc}") from None
-    click.echo(f"wrote {path}", err=True)
+    write_output(text, path, output)
 
 
 @cost.command()

@@ -205,7 +205,7 @@ def test_a_checkpoint_with_samples_outlives_the_newest_k_rule(store, tmp_path):
 
 
 def test_retention_keep_sampled_reaches_the_host(sdcloud_home):
-    from sdcloud.runs.driving.agent_config import agent_config
+    from sdcloud.runs.inputs.agent_config import agent_config
     from sdcloud.runs.inputs.spec import build_spec
 
     sdcloud_home.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,10 @@
 """A run's samples and tracker as asked (runs/inputs/samples.py), what its host is told
-(runs/driving/agent_config.py, the adapters' command lines), and its events on the curves' time axis
+(runs/inputs/agent_config.py, the adapters' command lines), and its events on the curves' time axis
 (runs/records/metrics.py)."""
 
 from __future__ import annotations
 
-from sdcloud.runs.driving.agent_config import agent_config
+from sdcloud.runs.inputs.agent_config import agent_config
 from sdcloud.runs.inputs.spec import build_spec
 from sdcloud_agent.samples import SampleSettings
 from sdcloud_agent.trainers.base import Context

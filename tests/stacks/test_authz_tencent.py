@@ -3,7 +3,7 @@ role's policy the Tencent stack builds (under Pulumi mocks, from stacks/tencent:
 
 The CVM calls run through the real SDK against the fake CVM API signed with keys that hold only
 that policy: the fake refuses what CAM refuses (AuthFailure.UnauthorizedOperation, in the API's
-envelope), judging each call as tests/support/authz_expand.cvm_needs expands it (the instance's tags on
+envelope), judging each call as tests/support/authz/authz_expand.cvm_needs expands it (the instance's tags on
 TerminateInstances, cam:PassRole for the launch template's role). The store's calls (the same code
 on COS) are expanded into COS actions (authz_expand.cos_needs). Then each action is taken out of
 the policy in turn: some recorded call must be refused, or the grant is listed in UNREACHED.

@@ -4,7 +4,7 @@ fake (`add_role_keys`), holding the two policies the Tencent stack attaches to t
 stack's tag). The host's store calls (the agent's checkpoint flow, the boot's cache write, the batch
 worker's create-only claims) go through the COS layer judging each request against those policies
 as CAM does (tests/support/fronts/front_cos.py); the self-end's TerminateInstances goes to the CVM fake, which
-judges it by the instance's tags (tests/support/authz_expand.cvm_needs). Then each action of the role's
+judges it by the instance's tags (tests/support/authz/authz_expand.cvm_needs). Then each action of the role's
 policies is taken out in turn: some recorded request must be refused, or the action is in UNREACHED
 with the path that needs it and why the suite does not take it.
 """

@@ -191,7 +191,7 @@ class FakeCVM:
     def authorize(self, secret_id: str, token: str, action: str, region: str, params: dict) -> str | None:
         """The account's own keys may do anything; keys with CAM policies (a role's temporary keys,
         which need their token, or a sub-account's) must be allowed every authorization CAM
-        evaluates for the call (tests/support/authz_expand.cvm_needs: the instances' tags as
+        evaluates for the call (tests/support/authz/authz_expand.cvm_needs: the instances' tags as
         `qcs:resource_tag`, cam:PassRole for CamRoleName, the launch template's fields included),
         else AuthFailure.UnauthorizedOperation, as CVM answers. The caller's name, or None."""
         role = self.role_keys.get(secret_id)

@@ -28,16 +28,7 @@ def boot_role_keys(metadata: dict, opener) -> dict:
     return {"key": env["AWS_ACCESS_KEY_ID"], "secret": env["AWS_SECRET_ACCESS_KEY"], "token": env.get("AWS_SESSION_TOKEN", "")}
 
 
-def watcher(base_url: str | None = None) -> None:
-    """No notice ever comes: an outbid pauses the container at once."""
-    return None
-
-
-def role_session() -> None:
-    """None: boto3's own chain reads the keys from the environment."""
-    return None
-
-
-def end_machine(se) -> str:
-    """The machine is a stranger's: the agent exits, and the controller destroys the instance."""
-    return END_ACTION
+# As on a machine with no cloud of its own: no notice ever comes (an outbid pauses the container at
+# once), boto3's own chain reads the keys from the environment, and the agent exits rather than end
+# the machine (a stranger's: the controller destroys the instance).
+from .none import end_machine, role_session, watcher  # noqa: E402,F401

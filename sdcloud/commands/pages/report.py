@@ -17,7 +17,7 @@ FORMATS = ("html", "json")
 @click.option("--output", "-o", metavar="FILE", help="Write the page to this file instead of stdout.")
 def report(run: str, fmt: str, output: str | None) -> None:
     """A run's or batch job's page: header, samples by checkpoint, charts with events, attempts, cost."""
-    from ..cost import _check_output
+    from ..cost import _check_output, write_output
 
     fmt = fmt.lower()
     if fmt not in FORMATS:
@@ -38,11 +38,4 @@ def report(run: str, fmt: str, output: str | None) -> None:
 
         text = render(page)
     text = scrub(text, known(state.get_run(run)["spec"]))
-    if path is None:
-        click.echo(text, nl=False)
-        return
-    try:
-        path.write_text(text)
-    except OSError as exc:
-        raise UserError(f"--output {output}: {exc.strerror or exc}") from None
-    click.echo(f"wrote {path}", err=True)
+    write_output(text, path, output)

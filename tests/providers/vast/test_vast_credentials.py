@@ -1,6 +1,6 @@
 """The credential a Vast.ai host gets for the run's store: STS session keys scoped to `runs/<id>/` (and the
 shared cache), expiring, handed over in the create request's env only. moto's server answers STS, and
-judges S3 by the session's policy (tests/support/authz_moto_iam.py) when the host's store tries another prefix."""
+judges S3 by the session's policy (tests/support/authz/authz_moto_iam.py) when the host's store tries another prefix."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from sdcloud.providers.base import LaunchSpec
 from sdcloud.providers.ssh.credentials import scoped_policy
 from sdcloud.providers.vast.credentials import credentials_hours, host_env
-from tests.support.authz_moto_iam import fresh_boto3_default_session  # noqa: F401  (an autouse fixture)
+from tests.support.authz.authz_moto_iam import fresh_boto3_default_session  # noqa: F401  (an autouse fixture)
 
 BUCKET = "vast-runs"
 
@@ -75,7 +75,7 @@ def test_the_keys_go_in_the_create_requests_env_never_the_onstart_script(sts, tm
 def test_the_hosts_keys_reach_only_the_runs_prefix(moto_server, monkeypatch):
     """The session's policy as S3 judges it: the run's prefix and the cache are open, another run's is refused."""
     from sdcloud_agent.store import open_store
-    from tests.support import authz_moto_iam
+    from tests.support.authz import authz_moto_iam
 
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     with authz_moto_iam.enforced(moto_server, BUCKET) as keys_for:
