@@ -20,6 +20,7 @@ from .. import config
 from ..errors import UserError
 from ..events import Kind
 from ..offers.optimizer import RESTART_HOURS, Offer
+from ..offers.tiers import Tier
 from ..offers.groups import group_price
 from ..providers.base import FAILED, PAUSED, TAG_TOKEN, CapacityError, LaunchSpec, PriceTooLowError, ProviderError
 from ..providers.groups import SweepsGroupLeftovers, adopt_found, has_group, nodes_of
@@ -106,8 +107,9 @@ class Fleet:
                 from ..offers.tiers import get_tier
                 from ..speeds.book import load_book
 
-                owner = self.records.get_run(self.owner_id)
-                self._restart = restart_of(get_tier(owner["tier"]), self.provider_name, load_book(self.records))[0]
+                # The owner's tier as it holds it (a run's controller), else from its row: once a fleet.
+                tier = self.tier or get_tier(self.records.get_run(self.owner_id)["tier"])
+                self._restart = restart_of(tier, self.provider_name, load_book(self.records))[0]
             except Exception:  # noqa: BLE001 - records without speeds (another cloud's share): the assumption
                 pass
         return self._restart
@@ -115,8 +117,9 @@ class Fleet:
     def __init__(self, owner_id: str, provider: Any, provider_name: str, records: Records, candidates: Sequence[Offer],
                  policy: Policy, events: Events, timing: Timing, spec_market: str | None = None,
                  max_price: float | None = None, on_launched: Launched | None = None, elsewhere: Sequence[Offer] = (),
-                 progress: Callable[[], Progress] | None = None):
+                 progress: Callable[[], Progress] | None = None, tier: Tier | None = None):
         self.owner_id = owner_id
+        self.tier = tier  # the owner's tier where it holds one (a run's controller), else read from its row
         self.provider = provider
         self.provider_name = provider_name
         self.records = records

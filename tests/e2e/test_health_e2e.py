@@ -63,7 +63,7 @@ def test_verdicts_act_the_run_finishes_and_the_cost_report_counts_the_minutes_lo
     lost = rep["runs"][0]["losses"]["minutes"]
     # Saves as the host timed them: each of at least four saves (steps 2, 4, then every 4th) paused 0.6 s.
     assert lost["data_wait"] > 0 and lost["saves"] >= round(4 * 0.6 / 60, 2) and lost["oom_restarts"] > 0, lost
-    assert set(lost) == {"data_wait", "throttling", "saves", "oom_restarts", "reclaims", "boots"}
+    assert set(lost) == {"data_wait", "throttling", "saves", "oom_restarts", "reclaims", "boots", "sampling"}
     table = sdcloud("cost", "report", run).stdout
     assert "minutes lost: data wait" in " ".join(table.split())
     # The weights are those of a run without the trouble (gradient checkpointing, the rung taken,

@@ -144,7 +144,8 @@ class Controller:
         provider = Guarded(self.provider, self.lease) if self._guarded else self.provider
         return Fleet(self.run_id, provider, self.spec.provider, self.state, offers, self.policy, self.event,
                      self.timing, spec_market=self.spec.market, max_price=self.plan.max_price,
-                     elsewhere=self.clouds.elsewhere(self.spec.provider, self._offers), progress=self.progress)
+                     elsewhere=self.clouds.elsewhere(self.spec.provider, self._offers), progress=self.progress,
+                     tier=self.tier)
 
     def place(self, cloud: str, zone: str | None = None, market: str | None = None) -> None:
         """The one place the run's placement changes: a launch's zone and market, or another cloud (a
