@@ -93,9 +93,11 @@ class ReclaimPath:
         # save short, so only checkpoints that settled (or carry their trainer's marker) count.
         self._submit_finished(ctx, exited=True, killed=killed or proc.returncode not in (0, 143))
         self.status.set_phase("uploading", notice.detail)
-        done = self.worker.wait_idle(timeout=max(1.0, left() - 2))
+        done = self.worker.wait_newest(timeout=max(1.0, left() - 2))
         durable = self.worker.durable_step
         secs = time.monotonic() - t0
+        # Then the older checkpoints the newest went ahead of, with their samples, while the notice lasts.
+        done = self.worker.wait_idle(timeout=max(1.0, left() - 2)) and done
         log.warning("notice_to_durable_s=%.2f durable_step=%d uploads_done=%s", secs, durable, done)
         self.status.update(step=max(durable, 0))
         self._set_cause(cause)

@@ -229,7 +229,9 @@ class SyncWorker:
     """A background thread that uploads submitted checkpoints, newest first.
 
     In urgent mode (a reclaim notice) a newer submission cancels an older upload in flight, so the
-    newest checkpoint is the one that becomes durable within the notice."""
+    newest checkpoint is the one that becomes durable first within the notice; the older ones (the
+    cancelled one too) go up after it while the notice lasts, with their samples: a checkpoint the
+    trainer finished is not dropped for a newer one, unless `keep` newer ones would prune it at once."""
 
     def __init__(self, sync: CheckpointSync, *, checkpoint_tries: int = 3):
         self.sync = sync
@@ -243,6 +245,7 @@ class SyncWorker:
         self.urgent = False
         self.failed: list[int] = []
         self.results: list[UploadResult] = []
+        self._committed: set[int] = set()  # the steps this worker made durable
         self.phase_cb = None  # called with True while uploading, False when idle
         self._thread = threading.Thread(target=self._run, name="sdcloud-sync", daemon=True)
         self._thread.start()
@@ -269,6 +272,11 @@ class SyncWorker:
                 self._cancel.set()
             self._cv.notify_all()
 
+    def _superseded(self, step: int) -> bool:
+        """`keep` newer checkpoints are durable: pruning would delete this one as soon as it landed."""
+        newer = sum(1 for s in self._committed if s > step)
+        return newer >= self.sync.keep and step not in self.sync.keep_also
+
     def idle(self) -> bool:
         with self._cv:
             return not self._pending and self._current is None
@@ -282,6 +290,19 @@ class SyncWorker:
                     return False
                 self._cv.wait(left if left is not None else 1.0)
             return True
+
+    def wait_newest(self, timeout: float) -> bool:
+        """Until the newest checkpoint submitted is durable (or has failed); older ones may still be going up."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while True:
+                busy = [*self._pending, *([] if self._current is None else [self._current])]
+                if not busy or max(busy) <= self.sync.durable_step:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
 
     def close(self) -> None:
         with self._cv:
@@ -298,20 +319,30 @@ class SyncWorker:
                     self._cv.wait()
                 if self._stop:
                     return
-                step = max(self._pending)
-                folder = self._pending.pop(step)
-                if self.urgent:  # older pending checkpoints are superseded by the newest
-                    self._pending = {s: p for s, p in self._pending.items() if s > step}
-                self._current = step
-                self._cancel = threading.Event()
-                cancel = self._cancel
+                if self.urgent:  # only the older checkpoints that pruning would delete on arrival are skipped
+                    self._pending = {s: p for s, p in self._pending.items() if not self._superseded(s)}
+                step = max(self._pending, default=None)
+                if step is None:
+                    self._cv.notify_all()
+                else:
+                    folder = self._pending.pop(step)
+                    self._current = step
+                    self._cancel = threading.Event()
+                    cancel = self._cancel
+            if step is None:
+                if self.phase_cb:
+                    self.phase_cb(False)
+                continue
             if self.phase_cb:
                 self.phase_cb(True)
-            requeue = False
+            requeue = requeue_cancelled = False
             try:
                 self.results.append(self.sync.upload(folder, step, cancel=cancel))
+                self._committed.add(step)
             except Cancelled:
                 log.info("upload of step %d cancelled", step)
+                # For a newer one (a notice): it goes up after that one, if its folder is still there.
+                requeue_cancelled = not self._stop and folder.exists()
             except (StoreError, OSError, ValueError) as exc:
                 n = self._tries[step] = self._tries.get(step, 0) + 1
                 if n < self.checkpoint_tries and folder.exists():
@@ -327,6 +358,8 @@ class SyncWorker:
                 self._current = None
                 self._cancel = None
                 if requeue and step > self.sync.durable_step:
+                    self._pending.setdefault(step, folder)
+                if requeue_cancelled and step not in self._committed:
                     self._pending.setdefault(step, folder)
                 self._cv.notify_all()
             if self.phase_cb and self.idle():

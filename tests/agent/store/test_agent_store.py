@@ -322,22 +322,53 @@ def test_failed_uploads_are_retried_and_never_committed_early(tmp_path):
     assert inner.head(f"{mf.checkpoint_prefix(RUN, 20)}/manifest.json") is None
 
 
-def test_worker_in_urgent_mode_uploads_the_newest_first(tmp_path):
+def test_worker_in_urgent_mode_uploads_the_newest_first_then_the_older_one_it_cancelled(tmp_path):
+    manifests: list[int] = []
+    blocked = threading.Event()
+
     class Slow(LocalStore):
         def put_file(self, key, path, metadata=None, cancel=None):
-            if "000000010" in key:
+            if "000000010" in key and not blocked.is_set():  # the first try of step 10 waits for its cancel
+                blocked.set()
                 assert cancel is not None and cancel.wait(10), "the old upload was not cancelled"
                 raise Cancelled(key)
             return super().put_file(key, path, metadata, cancel)
 
+        def put(self, key, data, metadata=None):
+            if key.endswith("/manifest.json"):
+                manifests.append(int(key.split("/")[-2]))
+            return super().put(key, data, metadata)
+
     store = Slow(tmp_path / "bucket")
     worker = SyncWorker(CheckpointSync(store, RUN))
     worker.submit(10, _ckpt(tmp_path, 10))
+    assert blocked.wait(10)
     worker.set_urgent()
     worker.submit(15, _ckpt(tmp_path, 15))
     assert worker.wait_idle(timeout=20)
     worker.close()
-    assert mf.complete_steps(store, RUN) == [15]
+    # The notice's checkpoint first; the one it cancelled is not lost (nor its samples with it).
+    assert manifests == [15, 10] and mf.complete_steps(store, RUN) == [10, 15]
+
+
+def test_worker_in_urgent_mode_skips_an_older_checkpoint_that_pruning_would_delete(tmp_path):
+    gate = threading.Event()
+
+    class Gated(LocalStore):
+        def put_file(self, key, path, metadata=None, cancel=None):
+            if "000000020" in key:  # step 20 goes up while step 10 waits behind it
+                assert gate.wait(10)
+            return super().put_file(key, path, metadata, cancel)
+
+    store = Gated(tmp_path / "bucket")
+    worker = SyncWorker(CheckpointSync(store, RUN, keep=1))
+    worker.set_urgent()
+    worker.submit(20, _ckpt(tmp_path, 20))
+    worker.submit(10, _ckpt(tmp_path, 10))
+    gate.set()
+    assert worker.wait_idle(timeout=20)
+    worker.close()
+    assert mf.complete_steps(store, RUN) == [20] and not store.list(f"{mf.checkpoint_prefix(RUN, 10)}/")
 
 
 def test_staging_downloads_in_parallel_and_skips_present_files(store, tmp_path):
