@@ -97,6 +97,7 @@ class Fleet:
     # What one reclaim costs the policy before the host trains again: what runs measured for the
     # owner's tier on this provider (offers/optimizer.restart_of), else the assumption. Read once.
     _restart: float | None = None
+    tier: Tier | None = None  # the owner's tier where it holds one (a run's controller), else read from its row
 
     @property
     def restart_hours(self) -> float:
@@ -119,7 +120,7 @@ class Fleet:
                  max_price: float | None = None, on_launched: Launched | None = None, elsewhere: Sequence[Offer] = (),
                  progress: Callable[[], Progress] | None = None, tier: Tier | None = None):
         self.owner_id = owner_id
-        self.tier = tier  # the owner's tier where it holds one (a run's controller), else read from its row
+        self.tier = tier
         self.provider = provider
         self.provider_name = provider_name
         self.records = records
